@@ -1,0 +1,274 @@
+"""Tensor formats: one level kind per stored dimension, a mode order, optional dense blocks.
+
+A format describes how the nonzeros of a tensor are laid out, one *level* at a time
+(Kjolstad et al., "Format abstraction for sparse tensor algebra compilers"). Level ``k``
+stores dimension ``mode_order[k]``; its kind says which arrays it keeps and what a
+kernel can do with it (see ``LevelKind``). Formats are immutable values: they compare,
+hash and print, so they can key a kernel cache.
+
+Level strings use one letter per level: ``d`` dense, ``c`` compressed, ``q`` coordinate
+(so ``"dc"`` is CSR, ``"cc"`` is DCSR, ``"qq"`` is COO).
+"""
+from __future__ import annotations
+
+import enum
+from typing import Iterable, Optional, Sequence, Tuple, Union
+
+__all__ = [
+    "LevelKind", "dense", "compressed", "coordinate", "Format", "as_format", "FormatLike",
+]
+
+
+class LevelKind(enum.Enum):
+    """What one level stores, and so what a kernel may do with it.
+
+    * ``DENSE``: no arrays; every coordinate ``0..size-1`` exists. Can *locate* in O(1)
+      (child position = parent position * size + coordinate) and iterate all coordinates.
+    * ``COMPRESSED``: ``pos`` (one segment per parent position) and ``crd``; coordinates
+      inside a segment are sorted and unique. Can iterate a segment and *append*.
+    * ``COORDINATE``: ``crd`` with one coordinate per position. The first level of a run of
+      coordinate levels also has ``pos`` (one segment per parent position); the following
+      levels of the run share its positions (TACO's singleton). Inside a segment the
+      coordinate tuples of the run are sorted and unique; a single level of the run may
+      repeat a coordinate (the row of COO). Can iterate and append.
+    """
+
+    DENSE = "d"
+    COMPRESSED = "c"
+    COORDINATE = "q"
+
+    @property
+    def is_sparse(self) -> bool:
+        return self is not LevelKind.DENSE
+
+    @property
+    def letter(self) -> str:
+        return self.value
+
+    @property
+    def has_locate(self) -> bool:
+        """O(1) random access by coordinate."""
+        return self is LevelKind.DENSE
+
+    def __repr__(self) -> str:
+        return f"scorch.{self.name.lower()}"
+
+    __str__ = __repr__
+
+
+dense = LevelKind.DENSE
+compressed = LevelKind.COMPRESSED
+coordinate = LevelKind.COORDINATE
+
+_LEVEL_ALIASES = {
+    "d": dense, "dense": dense,
+    "c": compressed, "s": compressed, "compressed": compressed, "sparse": compressed,
+    "q": coordinate, "coordinate": coordinate, "coo": coordinate,
+}
+
+# Named 2-d formats: name -> (level letters, mode order).
+_NAMED_MATRIX = {
+    "csr": ("dc", (0, 1)),
+    "csc": ("dc", (1, 0)),
+    "dcsr": ("cc", (0, 1)),
+    "dcsc": ("cc", (1, 0)),
+}
+# Named formats of any rank: name -> level letter repeated rank times.
+_NAMED_ANY_RANK = {"dense": "d", "coo": "q", "csf": "c"}
+
+
+def _parse_level(x: Union[str, LevelKind]) -> LevelKind:
+    if isinstance(x, LevelKind):
+        return x
+    if isinstance(x, str) and x.lower() in _LEVEL_ALIASES:
+        return _LEVEL_ALIASES[x.lower()]
+    raise ValueError(
+        f"unknown level kind {x!r}: expected scorch.dense, scorch.compressed, scorch.coordinate "
+        f"or one of the letters 'd', 'c', 'q'")
+
+
+class Format:
+    """A storage format: ``levels[k]`` is the kind of level ``k``, which stores dimension
+    ``mode_order[k]``. ``block`` (one size per dimension) stores dense blocks: the levels
+    then index the grid of blocks and each stored block is a dense row-major array
+    (``Format("dc", block=(b, b))`` is BSR)."""
+
+    __slots__ = ("_levels", "_mode_order", "_block")
+
+    def __init__(self, levels: Union[str, Sequence[Union[str, LevelKind]]],
+                 mode_order: Optional[Sequence[int]] = None,
+                 block: Optional[Sequence[int]] = None) -> None:
+        if isinstance(levels, str):
+            if levels.lower() in _NAMED_MATRIX or levels.lower() in _NAMED_ANY_RANK:
+                raise ValueError(
+                    f"format name {levels!r} is not a level string; use scorch.as_format({levels!r}, rank)")
+            levels = list(levels)
+        lv = tuple(_parse_level(x) for x in levels)
+        if len(lv) == 0:
+            raise ValueError("a format needs at least one level (a 0-d tensor is dense)")
+        rank = len(lv)
+        if mode_order is None:
+            mo = tuple(range(rank))
+        else:
+            try:
+                mo = tuple(int(m) for m in mode_order)
+            except (TypeError, ValueError):
+                raise ValueError(f"mode_order must be a sequence of ints, got {mode_order!r}") from None
+            if sorted(mo) != list(range(rank)):
+                raise ValueError(
+                    f"mode_order {mode_order!r} is not a permutation of 0..{rank - 1} "
+                    f"for a format with {rank} levels")
+        blk = None
+        if block is not None:
+            try:
+                blk = tuple(int(b) for b in block)
+            except (TypeError, ValueError):
+                raise ValueError(f"block must be a sequence of ints, got {block!r}") from None
+            if len(blk) != rank:
+                raise ValueError(f"block {block!r} has {len(blk)} sizes but the format has {rank} levels")
+            if any(b <= 0 for b in blk):
+                raise ValueError(f"block sizes must be positive, got {block!r}")
+            if all(b == 1 for b in blk):
+                blk = None
+        self._levels = lv
+        self._mode_order = mo
+        self._block = blk
+
+    # --- value semantics -------------------------------------------------------------
+    @property
+    def levels(self) -> Tuple[LevelKind, ...]:
+        return self._levels
+
+    @property
+    def mode_order(self) -> Tuple[int, ...]:
+        return self._mode_order
+
+    @property
+    def block(self) -> Optional[Tuple[int, ...]]:
+        return self._block
+
+    @property
+    def rank(self) -> int:
+        return len(self._levels)
+
+    @property
+    def level_string(self) -> str:
+        return "".join(k.letter for k in self._levels)
+
+    @property
+    def is_dense(self) -> bool:
+        """All levels dense (a strided array in mode order)."""
+        return all(k is dense for k in self._levels)
+
+    @property
+    def is_sparse(self) -> bool:
+        return not self.is_dense
+
+    def level_of_dim(self, dim: int) -> int:
+        """Which level stores dimension ``dim``."""
+        return self._mode_order.index(dim)
+
+    def kind_of_dim(self, dim: int) -> LevelKind:
+        return self._levels[self.level_of_dim(dim)]
+
+    @property
+    def name(self) -> Optional[str]:
+        """The conventional name (``"csr"``, ``"coo"``, ...) when the format has one."""
+        ls, mo, r = self.level_string, self._mode_order, self.rank
+        if self._block is not None:
+            if r == 2 and ls == "dc":
+                return "bsr" if mo == (0, 1) else "bsc"
+            return None
+        if r == 2:
+            for name, (l2, m2) in _NAMED_MATRIX.items():
+                if ls == l2 and mo == m2:
+                    return name
+        if mo == tuple(range(r)):
+            if ls == "q" * r:
+                return "coo"
+            if ls == "d" * r:
+                return "dense"
+            if r >= 3 and ls == "c" * r:
+                return "csf"
+        return None
+
+    def with_mode_order(self, mode_order: Sequence[int]) -> "Format":
+        return Format(self._levels, mode_order, self._block)
+
+    def permuted(self, dims: Sequence[int]) -> "Format":
+        """The format of ``t.permute(dims)`` when ``t`` has this format (same storage)."""
+        inverse = [0] * self.rank
+        for new, old in enumerate(dims):
+            inverse[old] = new
+        blk = None if self._block is None else tuple(self._block[d] for d in dims)
+        return Format(self._levels, tuple(inverse[m] for m in self._mode_order), blk)
+
+    def _key(self):
+        return (self._levels, self._mode_order, self._block)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            try:
+                other = as_format(other, self.rank)
+            except ValueError:
+                return False
+        return isinstance(other, Format) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        args = [repr(self.level_string)]
+        if self._mode_order != tuple(range(self.rank)):
+            args.append(f"mode_order={self._mode_order}")
+        if self._block is not None:
+            args.append(f"block={self._block}")
+        return f"Format({', '.join(args)})"
+
+    def __str__(self) -> str:
+        return self.name or repr(self)
+
+    def __reduce__(self):
+        return (Format, (self.level_string, self._mode_order, self._block))
+
+
+FormatLike = Union[str, Format, Sequence[Union[str, LevelKind]]]
+
+
+def as_format(fmt: FormatLike, rank: Optional[int] = None) -> Format:
+    """Resolve a format name, level string or ``Format`` for a tensor of ``rank`` dimensions.
+
+    Raises ValueError for an unknown name or a format whose rank is not ``rank``.
+    """
+    if isinstance(fmt, Format):
+        result = fmt
+    elif isinstance(fmt, str):
+        key = fmt.lower()
+        if key in _NAMED_MATRIX:
+            letters, mo = _NAMED_MATRIX[key]
+            result = Format(letters, mo)
+        elif key in ("bsr", "bsc"):
+            raise ValueError(
+                f"format {fmt!r} needs a block size: use scorch.Format('dc', "
+                f"{'mode_order=(1, 0), ' if key == 'bsc' else ''}block=(b, b))")
+        elif key in _NAMED_ANY_RANK:
+            if rank is None:
+                raise ValueError(f"format {fmt!r} needs the tensor's rank")
+            if rank == 0:
+                raise ValueError(f"a 0-d tensor has no sparse format (asked for {fmt!r})")
+            result = Format(_NAMED_ANY_RANK[key] * rank)
+        elif key and all(ch in "dcq" for ch in key):
+            result = Format(key)
+        else:
+            raise ValueError(
+                f"unknown format {fmt!r}: expected one of dense, coo, csr, csc, dcsr, dcsc, csf, "
+                f"a level string of the letters d (dense), c (compressed), q (coordinate) such as "
+                f"'dcc', or a scorch.Format")
+    elif isinstance(fmt, Iterable):
+        result = Format(list(fmt))
+    else:
+        raise ValueError(f"not a format: {fmt!r}")
+    if rank is not None and result.rank != rank:
+        raise ValueError(
+            f"format {result} has {result.rank} levels but the tensor has {rank} dimensions")
+    return result

@@ -1,0 +1,147 @@
+"""Level storage: the arrays behind a sparse tensor, one ``Level`` per stored dimension.
+
+This is the contract between the tensor type, the conversion runtime and generated
+kernels. Positions run level by level from a single root position 0:
+
+* dense level of ``size`` n: child position = parent position * n + coordinate;
+  ``count = parent_count * n``.
+* compressed level: segment of parent position p is ``pos[p]:pos[p+1]``; ``crd[q]`` is the
+  coordinate at position q; ``count = pos[parent_count]``.
+* coordinate level heading a run of coordinate levels: like compressed (``pos`` and
+  ``crd``) except that a coordinate may repeat inside a segment when the next level is a
+  coordinate level too; the tuple of coordinates of the whole run is sorted and unique.
+* coordinate level inside a run (its parent is a coordinate level): only ``crd``, with the
+  same positions as its parent (``count = parent_count``).
+
+``values`` has one entry per position of the last level. For a blocked format the levels
+are the format's levels over the grid of blocks followed by one dense level per dimension
+(in dimension order) over the inside of a block, so a stored block is a row-major array.
+
+All ``pos``/``crd`` arrays are contiguous 1-d torch tensors of one index dtype: int32 when
+every dimension and every level's position count fit, else int64.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+import torch
+
+from .formats import Format, LevelKind
+
+__all__ = ["Level", "Storage", "index_dtype_for", "INT32_MAX"]
+
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Level:
+    """One stored dimension: its kind, which tensor dimension it indexes, its extent, and
+    the arrays the kind needs (``pos`` for compressed and run-heading coordinate levels,
+    ``crd`` for compressed and coordinate levels)."""
+
+    kind: LevelKind
+    dim: int
+    size: int
+    pos: Optional[torch.Tensor] = None
+    crd: Optional[torch.Tensor] = None
+    block_inner: bool = False  # a dense level inside a block
+
+    @property
+    def has_pos(self) -> bool:
+        return self.pos is not None
+
+
+def index_dtype_for(shape: Sequence[int], max_count: int) -> torch.dtype:
+    """int32 when every extent and every position count fits, else int64."""
+    biggest = max([int(max_count)] + [int(s) for s in shape])
+    return torch.int32 if biggest <= INT32_MAX else torch.int64
+
+
+def level_sizes(shape: Sequence[int], fmt: Format) -> Tuple[Tuple[int, int, bool], ...]:
+    """(dim, size, block_inner) of every stored level of ``fmt`` for a tensor of ``shape``."""
+    if fmt.block is None:
+        return tuple((d, int(shape[d]), False) for d in fmt.mode_order)
+    outer = tuple((d, int(shape[d]) // fmt.block[d], False) for d in fmt.mode_order)
+    inner = tuple((d, fmt.block[d], True) for d in range(fmt.rank))
+    return outer + inner
+
+
+def level_kinds(fmt: Format) -> Tuple[LevelKind, ...]:
+    """The kind of every stored level, inner block levels included."""
+    if fmt.block is None:
+        return fmt.levels
+    return fmt.levels + (LevelKind.DENSE,) * fmt.rank
+
+
+def run_heads(kinds: Sequence[LevelKind]) -> Tuple[bool, ...]:
+    """For each level: does it carry ``pos`` (compressed, or coordinate heading a run)?"""
+    out = []
+    for k, kind in enumerate(kinds):
+        if kind is LevelKind.COMPRESSED:
+            out.append(True)
+        elif kind is LevelKind.COORDINATE:
+            out.append(k == 0 or kinds[k - 1] is not LevelKind.COORDINATE)
+        else:
+            out.append(False)
+    return tuple(out)
+
+
+class Storage:
+    """The arrays of one sparse tensor in one format. Immutable by convention: conversions
+    build a new Storage; views (permute, detach) share the arrays."""
+
+    __slots__ = ("format", "shape", "levels", "values", "index_dtype")
+
+    def __init__(self, format: Format, shape: Sequence[int], levels: Sequence[Level],
+                 values: torch.Tensor, index_dtype: Optional[torch.dtype] = None) -> None:
+        self.format = format
+        self.shape = tuple(int(s) for s in shape)
+        self.levels = tuple(levels)
+        self.values = values
+        if index_dtype is None:
+            index_dtype = next((a.dtype for lv in self.levels for a in (lv.pos, lv.crd)
+                                if a is not None), torch.int32)
+        self.index_dtype = index_dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.values.dtype
+
+    @property
+    def nnz(self) -> int:
+        """Stored entries (explicit zeros and the insides of dense levels included)."""
+        return self.values.numel()
+
+    def arrays(self):
+        """Every tensor the storage holds, for memory accounting and sharing checks."""
+        out = []
+        for lv in self.levels:
+            out.extend(a for a in (lv.pos, lv.crd) if a is not None)
+        out.append(self.values)
+        return out
+
+    def nbytes(self) -> int:
+        return sum(a.numel() * a.element_size() for a in self.arrays())
+
+    def permuted(self, dims: Sequence[int]) -> "Storage":
+        """The same arrays seen as ``t.permute(dims)``: only dimension labels change."""
+        inverse = [0] * self.ndim
+        for new, old in enumerate(dims):
+            inverse[old] = new
+        levels = [Level(lv.kind, inverse[lv.dim], lv.size, lv.pos, lv.crd, lv.block_inner)
+                  for lv in self.levels]
+        if self.format.block is not None:
+            # inner block levels must stay in dimension order: a permuted block is no longer
+            # row-major, so blocked tensors are permuted by conversion instead.
+            raise NotImplementedError("permute of a blocked tensor needs a conversion")
+        return Storage(self.format.permuted(dims), tuple(self.shape[d] for d in dims), levels,
+                       self.values, self.index_dtype)
+
+    def __repr__(self) -> str:
+        return (f"Storage(format={self.format}, shape={self.shape}, nnz={self.nnz}, "
+                f"dtype={self.dtype}, index_dtype={self.index_dtype})")
