@@ -1,0 +1,30 @@
+"""Scorch: sparse tensors as a first-class, compiled part of PyTorch on the CPU.
+
+``import scorch as torch`` gives every public name of torch; scorch replaces only the
+functions it extends for sparse operands, and those give torch's own result, through
+torch's own kernels, when every operand is dense.
+"""
+import torch as _torch
+from torch import *  # noqa: F401,F403  (the drop-in surface)
+
+from . import _torch_alias
+
+_torch_alias.install()
+
+from . import nn, sparse  # noqa: E402,F401
+from .formats import Format, LevelKind, as_format, compressed, coordinate, dense  # noqa: E402,F401
+from .storage import Level, Storage  # noqa: E402,F401
+from .tensor import SparseTensor  # noqa: E402,F401
+from .constructors import from_scipy, sparse_tensor, tensor  # noqa: E402,F401
+from .ops import cache_clear, cache_info, einsum, explain  # noqa: E402,F401
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # everything torch has that scorch does not define (torch.float32, torch.linalg, ...)
+    return getattr(_torch, name)
+
+
+def __dir__():
+    return sorted(set(dir(_torch)) | set(globals()))

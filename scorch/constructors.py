@@ -1,0 +1,157 @@
+"""Ways into a sparse tensor: from dense torch / numpy, torch sparse layouts, scipy, and
+coordinate lists."""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+
+from . import interop
+from .formats import FormatLike, as_format
+from .tensor import SparseTensor, _TORCH_SPARSE_LAYOUTS
+
+__all__ = ["sparse_tensor", "tensor", "from_scipy"]
+
+_SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64, torch.bool,
+                     torch.float16, torch.bfloat16, torch.int8, torch.int16, torch.uint8,
+                     torch.complex64, torch.complex128)
+
+
+def _convert():
+    from ._runtime import convert
+    return convert
+
+
+def _check_size(size: Any, name: str = "size") -> tuple:
+    if isinstance(size, torch.Size):
+        return tuple(size)
+    if isinstance(size, numbers.Number):
+        size = (size,)
+    try:
+        dims = list(size)
+    except TypeError:
+        raise ValueError(f"{name} must be a sequence of non-negative ints, got {size!r}") from None
+    out = []
+    for d in dims:
+        if isinstance(d, torch.Tensor) and d.numel() == 1:
+            d = d.item()
+        if isinstance(d, float) and math.isnan(d):
+            raise ValueError(f"{name} contains NaN: {size!r}")
+        if isinstance(d, bool) or not isinstance(d, (numbers.Integral, np.integer)) and not (
+                isinstance(d, float) and d.is_integer()):
+            raise ValueError(f"{name} must contain integers, got {d!r} in {size!r}")
+        if d < 0:
+            raise ValueError(f"{name} has a negative dimension {int(d)} in {size!r}")
+        out.append(int(d))
+    return tuple(out)
+
+
+def _check_dtype(dtype: torch.dtype, name: str) -> None:
+    if dtype not in _SUPPORTED_DTYPES:
+        raise TypeError(f"{name}: dtype {dtype} is not supported for sparse tensors")
+
+
+def sparse_tensor(data: Any, size: Optional[Sequence[int]] = None, format: FormatLike = None,
+                  dtype: Optional[torch.dtype] = None, requires_grad: bool = False
+                  ) -> SparseTensor:
+    """A scorch sparse tensor from a dense torch tensor or numpy array, a torch sparse tensor
+    of any layout, a scipy.sparse matrix/array, or an ``(indices, values)`` pair.
+
+    ``format`` defaults to COO for dense, numpy and coordinate input, and to the matching
+    format (shared arrays, no copy) for torch sparse and scipy input. Duplicate coordinates
+    are summed. ``size`` is required only for ``(indices, values)`` input, where it defaults
+    to one more than the largest coordinate in each dimension."""
+    st = None
+    if isinstance(data, tuple) and len(data) == 2 and not isinstance(data, torch.Size):
+        indices, values = data
+        st = _from_coordinates(indices, values, size, format, dtype)
+    elif isinstance(data, SparseTensor):
+        st = data._storage
+    elif isinstance(data, torch.Tensor) and data.layout in _TORCH_SPARSE_LAYOUTS:
+        st = interop.from_torch(data)
+    elif interop.is_scipy_sparse(data):
+        st = interop.from_scipy(data)
+    elif isinstance(data, np.ndarray):
+        data = torch.from_numpy(np.ascontiguousarray(data)) if data.dtype != np.float16 \
+            else torch.from_numpy(data.copy())
+    elif not isinstance(data, torch.Tensor):
+        data = torch.tensor(data)
+    if st is None:
+        if data.device.type != "cpu":
+            raise ValueError(f"data: scorch sparse tensors live on the CPU, got {data.device}")
+        if data.dim() == 0:
+            raise ValueError("data: a 0-d tensor cannot be sparse")
+        if size is not None and _check_size(size) != tuple(data.shape):
+            raise ValueError(f"size {tuple(size)} disagrees with the data's shape {tuple(data.shape)}")
+        if dtype is not None:
+            data = data.to(dtype)
+        _check_dtype(data.dtype, "data")
+        fmt = as_format("coo" if format is None else format, data.dim())
+        st = _convert().from_dense(data.detach(), fmt)
+    else:
+        if size is not None and _check_size(size) != tuple(st.shape):
+            raise ValueError(f"size {tuple(size)} disagrees with the data's shape {tuple(st.shape)}")
+        if format is not None:
+            fmt = as_format(format, len(st.shape))
+            if fmt != st.format:
+                st = _convert().convert(st, fmt)
+        if dtype is not None and dtype != st.dtype:
+            from .tensor import with_values
+            st = with_values(SparseTensor(st), st.values.to(dtype))._storage
+    return SparseTensor(st, requires_grad)
+
+
+def _from_coordinates(indices, values, size, format, dtype):
+    if isinstance(indices, np.ndarray):
+        indices = torch.from_numpy(indices)
+    if isinstance(values, np.ndarray):
+        values = torch.from_numpy(values)
+    if not isinstance(indices, torch.Tensor):
+        indices = torch.as_tensor(indices)
+    if not isinstance(values, torch.Tensor):
+        values = torch.as_tensor(values)
+    if indices.dtype.is_floating_point or indices.dtype.is_complex or indices.dtype == torch.bool:
+        raise ValueError(f"indices must be integers, got dtype {indices.dtype}")
+    if indices.dim() == 1 and size is not None and len(_check_size(size)) == 1:
+        indices = indices.reshape(1, -1)
+    if indices.dim() != 2:
+        raise ValueError(f"indices must be 2-d (ndim x nnz), got shape {tuple(indices.shape)}")
+    if values.dim() != 1:
+        raise ValueError(f"values must be 1-d, got shape {tuple(values.shape)}")
+    if values.shape[0] != indices.shape[1]:
+        raise ValueError(f"values has {values.shape[0]} entries but indices has "
+                         f"{indices.shape[1]} coordinates")
+    if size is None:
+        if indices.shape[1] == 0:
+            raise ValueError("size is required when indices is empty")
+        size = tuple(int(m) + 1 for m in indices.max(dim=1).values)
+    size = _check_size(size)
+    if len(size) != indices.shape[0]:
+        raise ValueError(f"indices has {indices.shape[0]} rows but size {size} has "
+                         f"{len(size)} dimensions")
+    if dtype is not None:
+        values = values.to(dtype)
+    _check_dtype(values.dtype, "values")
+    fmt = as_format("coo" if format is None else format, len(size))
+    return _convert().from_coords(indices, values, size, fmt)
+
+
+def tensor(data: Any, *args, format: FormatLike = None, **kwargs) -> torch.Tensor:
+    """``torch.tensor`` extended with ``format=``: with a format the result is sparse."""
+    if format is None:
+        return torch.tensor(data, *args, **kwargs)
+    requires_grad = kwargs.pop("requires_grad", False)
+    if interop.is_scipy_sparse(data) or (isinstance(data, torch.Tensor)
+                                         and data.layout in _TORCH_SPARSE_LAYOUTS):
+        return sparse_tensor(data, format=format, dtype=kwargs.get("dtype"),
+                             requires_grad=requires_grad)
+    dense = torch.tensor(data, *args, **kwargs)
+    return sparse_tensor(dense, format=format, requires_grad=requires_grad)
+
+
+def from_scipy(m) -> SparseTensor:
+    """A sparse tensor sharing the scipy matrix's arrays where the layout is canonical."""
+    return SparseTensor(interop.from_scipy(m))

@@ -1,0 +1,218 @@
+"""``SparseTensor``: a torch.Tensor subclass whose data lives in level storage.
+
+It is a *wrapper* subclass: the torch side holds only metadata (shape, dtype, device,
+requires_grad), and ``_storage`` holds the level arrays. Calls reach scorch in two ways:
+
+* ``__torch_function__`` sees every torch API call with a SparseTensor among its arguments
+  (``torch.einsum``, ``torch.Tensor.to_dense``, operators ...). Functions scorch supports
+  sparsely are looked up in ``scorch._dispatch``; everything else falls through to torch.
+* ``__torch_dispatch__`` sees the ATen ops that reach the dispatcher. Storage-level ops
+  (detach, alias, clone, dtype casts, copy_) are done on the arrays; any other op runs on a
+  dense copy with a one-time warning naming it, so unported code keeps working and says why
+  it is slow. In-place ops other than ``copy_`` raise: a sparse tensor cannot silently
+  become dense.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from . import _dispatch
+from .formats import Format, FormatLike, as_format
+from .storage import Storage
+
+__all__ = ["SparseTensor"]
+
+
+def _convert_module():
+    from ._runtime import convert  # compiled at install time; imported lazily to keep import light
+    return convert
+
+
+class SparseTensor(torch.Tensor):
+    """A sparse tensor in any level format (see ``scorch.Format``)."""
+
+    _storage: Storage
+
+    @staticmethod
+    def __new__(cls, storage: Storage, requires_grad: bool = False) -> "SparseTensor":
+        if not isinstance(storage, Storage):
+            raise TypeError(
+                "SparseTensor(...) wraps a scorch Storage; build sparse tensors with "
+                "scorch.sparse_tensor(x, format=...)")
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, storage.shape, dtype=storage.dtype, device=torch.device("cpu"),
+            requires_grad=requires_grad)
+        r._storage = storage
+        return r
+
+    def __init__(self, storage: Storage, requires_grad: bool = False) -> None:
+        pass
+
+    @classmethod
+    def _from_storage(cls, storage: Storage, requires_grad: bool = False) -> "SparseTensor":
+        return cls(storage, requires_grad)
+
+    # --- sparse-specific attributes -------------------------------------------------------
+    @property
+    def format(self) -> Format:
+        return self._storage.format
+
+    @property
+    def nnz(self) -> int:
+        """Number of stored entries (stored zeros and dense-level fill included)."""
+        return self._storage.nnz
+
+    @property
+    def index_dtype(self) -> torch.dtype:
+        return self._storage.index_dtype
+
+    @property
+    def is_sparse(self) -> bool:  # torch's flag; True for every scorch format with a sparse level
+        return self._storage.format.is_sparse
+
+    def values(self) -> torch.Tensor:
+        """Stored values in storage order (1-d), sharing memory with the tensor."""
+        return self._storage.values
+
+    def indices(self) -> torch.Tensor:
+        """(ndim, nnz) int64 coordinates of ``values()``, as torch's COO ``indices()``."""
+        return _convert_module().coords(self._storage)
+
+    def to_dense(self, dtype: Optional[torch.dtype] = None, *, masked_grad=None) -> torch.Tensor:
+        out = _convert_module().to_dense(self._storage)
+        return out if dtype is None else out.to(dtype)
+
+    def to_format(self, format: FormatLike) -> "SparseTensor":
+        """The same tensor in another format, converted without passing through dense."""
+        fmt = as_format(format, self.dim())
+        if fmt == self._storage.format:
+            return self
+        return SparseTensor(_convert_module().convert(self._storage, fmt), self.requires_grad)
+
+    def to_torch(self) -> torch.Tensor:
+        """The torch layout that matches the format (COO, CSR, CSC, BSR, BSC); arrays are
+        shared where torch's layout agrees with the storage."""
+        from . import interop
+        return interop.to_torch(self._storage)
+
+    def to_scipy(self, kind: str = "array"):
+        """scipy.sparse array (``kind="matrix"`` for the matrix classes), sharing arrays."""
+        from . import interop
+        return interop.to_scipy(self._storage, kind)
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        st = self._storage
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return (f"SparseTensor(shape={tuple(st.shape)}, format={st.format}, nnz={st.nnz}, "
+                f"dtype={st.dtype}{grad})")
+
+    def __reduce_ex__(self, protocol):
+        st = self._storage
+        arrays = [(lv.kind.letter, lv.dim, lv.size, lv.pos, lv.crd, lv.block_inner)
+                  for lv in st.levels]
+        return (_rebuild, (st.format, st.shape, arrays, st.values, self.requires_grad))
+
+    def __deepcopy__(self, memo):
+        return _clone(self)
+
+    # Traceable-wrapper-subclass protocol: lets nn.Module.to()/.double() swap parameters and
+    # lets torch utilities see the arrays inside. Inner tensors are named by level.
+    def __tensor_flatten__(self):
+        st = self._storage
+        names = []
+        for k, lv in enumerate(st.levels):
+            if lv.pos is not None:
+                names.append(f"_level{k}_pos")
+            if lv.crd is not None:
+                names.append(f"_level{k}_crd")
+        names.append("_level_values")
+        meta = (st.format, st.shape, tuple((lv.kind.letter, lv.dim, lv.size, lv.block_inner)
+                                           for lv in st.levels))
+        return names, meta
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        fmt, shape, level_meta = meta
+        arrays = [(k, d, s, inner.get(f"_level{i}_pos"), inner.get(f"_level{i}_crd"), b)
+                  for i, (k, d, s, b) in enumerate(level_meta)]
+        return _rebuild(fmt, shape, arrays, inner["_level_values"], False)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_level"):
+            st = self.__dict__.get("_storage")
+            if st is not None:
+                if name == "_level_values":
+                    return st.values
+                k, _, which = name[len("_level"):].partition("_")
+                if k.isdigit() and which in ("pos", "crd"):
+                    return getattr(st.levels[int(k)], which)
+        raise AttributeError(f"'SparseTensor' object has no attribute {name!r}")
+
+    # --- dispatch ---------------------------------------------------------------------------
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        handler = _dispatch.lookup(func)
+        if handler is not None:
+            result = handler(*args, **kwargs)
+            if result is not NotImplemented:
+                return result
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _dispatch.aten_fallback(cls, func, args, kwargs or {})
+
+
+def _rebuild(fmt, shape, arrays, values, requires_grad):
+    from .formats import LevelKind
+    from .storage import Level
+    levels = [Level(LevelKind(k), d, s, p, c, b) for k, d, s, p, c, b in arrays]
+    return SparseTensor(Storage(fmt, shape, levels, values), requires_grad)
+
+
+def _clone(t: SparseTensor) -> SparseTensor:
+    from .storage import Level
+    st = t._storage
+    levels = [Level(lv.kind, lv.dim, lv.size,
+                    None if lv.pos is None else lv.pos.clone(),
+                    None if lv.crd is None else lv.crd.clone(), lv.block_inner)
+              for lv in st.levels]
+    return SparseTensor(Storage(st.format, st.shape, levels, st.values.clone(), st.index_dtype),
+                        t.requires_grad)
+
+
+def with_values(t: SparseTensor, values: torch.Tensor) -> SparseTensor:
+    """Same structure, new values (same length): the result of a zero-preserving map."""
+    st = t._storage
+    return SparseTensor(Storage(st.format, st.shape, st.levels, values, st.index_dtype))
+
+
+def is_sparse_operand(x) -> bool:
+    """A scorch SparseTensor or one of torch's own sparse layouts."""
+    return isinstance(x, SparseTensor) or (
+        isinstance(x, torch.Tensor) and x.layout in _TORCH_SPARSE_LAYOUTS)
+
+
+_TORCH_SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc,
+                         torch.sparse_bsr, torch.sparse_bsc)
+
+
+def as_scorch(x) -> object:
+    """Torch sparse layouts become SparseTensor (sharing arrays); anything else unchanged."""
+    if isinstance(x, torch.Tensor) and not isinstance(x, SparseTensor) \
+            and x.layout in _TORCH_SPARSE_LAYOUTS:
+        from . import interop
+        return SparseTensor(interop.from_torch(x), x.requires_grad)
+    return x
+
+
+def permute_view(t: SparseTensor, dims: Sequence[int]) -> SparseTensor:
+    """``t.permute(dims)`` without moving data: only the mode order changes."""
+    st = t._storage
+    if st.format.block is not None:
+        raise NotImplementedError("permute of a blocked sparse tensor: convert it first")
+    return SparseTensor(st.permuted(dims), t.requires_grad)
