@@ -1,0 +1,112 @@
+"""torch and scipy layouts in and out, sharing memory where the layouts agree."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+import scorch
+from scorch import Format
+
+
+def dense_example(m=6, n=8, density=0.4, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(m, n, generator=g)
+    return (x * (torch.rand(m, n, generator=g) < density)).to(dtype)
+
+
+def shares(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("layout,fmt", [
+    ("to_sparse_csr", Format("dc")), ("to_sparse_csc", Format("dc", (1, 0))),
+    ("to_sparse", Format("qq")),
+])
+def test_torch_in_shares_memory(layout, fmt):
+    x = dense_example()
+    t = getattr(x, layout)()
+    s = scorch.sparse_tensor(t)
+    assert s.format == fmt and torch.equal(s.to_dense(), x)
+    values = t.values() if layout != "to_sparse" else t._values()
+    assert shares(s.values(), values)
+    if layout == "to_sparse_csr":
+        assert shares(s._storage.levels[1].pos, t.crow_indices())
+        assert shares(s._storage.levels[1].crd, t.col_indices())
+    if layout == "to_sparse":
+        assert shares(s._storage.levels[1].crd, t._indices())
+
+
+@pytest.mark.parametrize("rowwise", [True, False])
+def test_torch_blocked_in_and_out(rowwise):
+    x = dense_example(6, 8, 0.3)
+    t = x.to_sparse_bsr((2, 2)) if rowwise else x.to_sparse_bsc((2, 2))
+    s = scorch.sparse_tensor(t)
+    assert s.format == Format("dc", (0, 1) if rowwise else (1, 0), block=(2, 2))
+    assert shares(s.values(), t.values()) and torch.equal(s.to_dense(), x)
+    back = s.to_torch()
+    assert back.layout == t.layout and shares(back.values(), t.values())
+    assert torch.equal(back.to_dense(), x)
+
+
+def test_uncoalesced_torch_coo_is_summed():
+    t = torch.sparse_coo_tensor(torch.tensor([[1, 0, 1], [2, 0, 2]]), torch.tensor([1.0, 2.0, 3.0]), (2, 3))
+    s = scorch.sparse_tensor(t)
+    assert s.nnz == 2 and torch.equal(s.to_dense(), t.to_dense())
+
+
+def test_hybrid_torch_coo():
+    x = dense_example(5, 4)
+    t = x.to_sparse(1)  # one sparse dim, one dense dim
+    s = scorch.sparse_tensor(t)
+    assert s.format == Format("qd") and torch.equal(s.to_dense(), x)
+    assert shares(s.values(), t._values())
+
+
+@pytest.mark.parametrize("fmt,layout", [
+    ("csr", torch.sparse_csr), ("csc", torch.sparse_csc), ("coo", torch.sparse_coo),
+    ("dcsr", torch.sparse_coo),
+])
+def test_to_torch(fmt, layout):
+    x = dense_example()
+    s = scorch.sparse_tensor(x, format=fmt)
+    t = s.to_torch()
+    assert t.layout == layout and torch.equal(t.to_dense(), x)
+    if layout in (torch.sparse_csr, torch.sparse_csc):
+        assert shares(t.values(), s.values())
+
+
+@pytest.mark.parametrize("kind", ["matrix", "array"])
+@pytest.mark.parametrize("name", ["csr", "csc", "coo", "bsr"])
+def test_scipy_roundtrip_shares_memory(kind, name):
+    x = dense_example(6, 8).numpy()
+    m = getattr(sp, f"{name}_{kind}")(x) if name != "bsr" else getattr(sp, f"bsr_{kind}")(x, blocksize=(2, 2))
+    if name == "coo":
+        m.sum_duplicates()
+    s = scorch.from_scipy(m)
+    assert np.array_equal(s.to_dense().numpy(), x)
+    assert np.shares_memory(s.values().numpy(), m.data)
+    back = s.to_scipy(kind)
+    assert back.format == name and np.shares_memory(back.data, m.data)
+    assert np.array_equal(back.toarray(), x)
+    assert (kind == "matrix") == sp.isspmatrix(back)
+
+
+def test_scipy_duplicates_and_unsorted_are_canonicalised():
+    m = sp.coo_array((np.array([1.0, 2.0, 3.0]), (np.array([1, 0, 1]), np.array([2, 0, 2]))), shape=(2, 3))
+    s = scorch.from_scipy(m)
+    assert s.nnz == 2 and np.array_equal(s.to_dense().numpy(), m.toarray())
+    csr = sp.csr_matrix((np.array([1.0, 2.0]), np.array([2, 0]), np.array([0, 2, 2])), shape=(2, 3))
+    assert np.array_equal(scorch.from_scipy(csr).to_dense().numpy(), csr.toarray())
+
+
+def test_numpy_in():
+    x = dense_example().numpy()
+    s = scorch.sparse_tensor(x, format="csr")
+    assert s.format.name == "csr" and np.array_equal(s.to_dense().numpy(), x)
+
+
+def test_torch_sparse_operand_read_as_matching_format():
+    x = dense_example()
+    csr = x.to_sparse_csr()
+    s = scorch.sparse_tensor(csr, format="csc")
+    assert s.format.name == "csc" and torch.equal(s.to_dense(), x)
