@@ -21,6 +21,7 @@ and each replace the file with an identical one; a process never sees a partial 
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -371,6 +372,11 @@ def _cythonize(pyx: Path, c_file: Path, name: str, cpp: bool, cdir: Path) -> Non
     listing = pyx.with_suffix(".lis")
     error_text = ""
     num_errors = 0
+    # Cython allocates many small objects; with torch loaded, cyclic-GC passes over
+    # torch's heap made the first compile ~0.35 s slower. Nothing here creates garbage
+    # cycles that must be collected mid-compile.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
     try:
         result = compile_single(str(pyx), options, name)
         num_errors = result.num_errors
@@ -381,6 +387,8 @@ def _cythonize(pyx: Path, c_file: Path, name: str, cpp: bool, cdir: Path) -> Non
         num_errors = max(num_errors, 1)
         error_text = f"{type(exc).__name__}: {exc}"
     finally:
+        if gc_was_enabled:
+            gc.enable()
         Errors.close_listing_file()
     if num_errors or not c_file.exists():
         if listing.exists():
