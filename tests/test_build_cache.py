@@ -1,0 +1,271 @@
+"""Tests for the kernel build-and-cache layer (scorch/compiler/build.py).
+
+Compiles cost ~0.4-1 s each, so kernels are built once per module where possible.
+Subprocesses load build.py by file path rather than ``import scorch`` so each one skips
+the ~1.5 s torch import; build.py has no scorch imports, so this is the same code.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scorch.compiler import build
+from scorch.compiler.build import CompileError, cache_clear, cache_info, load_kernel
+
+BUILD_PY = Path(build.__file__).resolve()
+
+SPMM = textwrap.dedent('''
+    from cython.parallel import prange
+    from libc.stdint cimport int32_t, int64_t
+
+    cdef void _spmm_i32(const int32_t* indptr, const int32_t* indices, const float* data,
+                        const float* B, float* C, Py_ssize_t nrows, Py_ssize_t ncols,
+                        int nthreads) noexcept nogil:
+        cdef Py_ssize_t i, jj, k
+        for i in prange(nrows, nogil=True, schedule='dynamic', num_threads=nthreads):
+            for jj in range(indptr[i], indptr[i + 1]):
+                for k in range(ncols):
+                    C[i * ncols + k] += data[jj] * B[indices[jj] * ncols + k]
+
+    cdef void _spmm_i64(const int64_t* indptr, const int64_t* indices, const float* data,
+                        const float* B, float* C, Py_ssize_t nrows, Py_ssize_t ncols,
+                        int nthreads) noexcept nogil:
+        cdef Py_ssize_t i, jj, k
+        for i in prange(nrows, nogil=True, schedule='dynamic', num_threads=nthreads):
+            for jj in range(indptr[i], indptr[i + 1]):
+                for k in range(ncols):
+                    C[i * ncols + k] += data[jj] * B[indices[jj] * ncols + k]
+
+    def spmm(size_t indptr, size_t indices, size_t data, size_t B, size_t C,
+             Py_ssize_t nrows, Py_ssize_t ncols, bint idx64, int nthreads=2):
+        with nogil:
+            if idx64:
+                _spmm_i64(<const int64_t*>indptr, <const int64_t*>indices,
+                          <const float*>data, <const float*>B, <float*>C, nrows, ncols,
+                          nthreads)
+            else:
+                _spmm_i32(<const int32_t*>indptr, <const int32_t*>indices,
+                          <const float*>data, <const float*>B, <float*>C, nrows, ncols,
+                          nthreads)
+''')
+
+LIBCPP_MAP = textwrap.dedent('''
+    from libcpp.map cimport map
+    from libc.stdint cimport int64_t
+
+    def count_distinct(size_t keys, Py_ssize_t n):
+        cdef map[int64_t, int64_t] m
+        cdef const int64_t* k = <const int64_t*>keys
+        cdef Py_ssize_t i
+        for i in range(n):
+            m[k[i]] += 1
+        return [(p.first, p.second) for p in m]
+''')
+
+# Loads build.py standalone, waits for a "go" file (so two copies really race), then
+# loads the kernel and reports where it came from.
+CHILD = textwrap.dedent('''
+    import importlib.util, json, os, sys, time
+    spec = importlib.util.spec_from_file_location("_scorch_build", sys.argv[1])
+    b = importlib.util.module_from_spec(spec)
+    sys.modules["_scorch_build"] = b
+    spec.loader.exec_module(b)
+    src = open(sys.argv[2]).read()
+    go = sys.argv[3] if len(sys.argv) > 3 else None
+    while go and not os.path.exists(go):
+        time.sleep(0.005)
+    m = b.load_kernel(src, "child")
+    ok = m.add(2, 3) == 5 if hasattr(m, "add") else True
+    print(json.dumps({"file": m.__file__, "ok": ok, **b.cache_info()}))
+''')
+
+
+def _csr(rng, nrows, ncols, density, idx_dtype):
+    dense = rng.random((nrows, ncols)).astype(np.float32)
+    dense[rng.random((nrows, ncols)) > density] = 0
+    indptr = np.zeros(nrows + 1, dtype=idx_dtype)
+    indptr[1:] = np.cumsum((dense != 0).sum(axis=1))
+    rows, cols = np.nonzero(dense)
+    return dense, indptr, cols.astype(idx_dtype), dense[rows, cols].astype(np.float32)
+
+
+def _run_child(script: Path, source_file: Path, cache: Path, go: Path | None = None):
+    env = dict(os.environ, SCORCH_CACHE_DIR=str(cache))
+    args = [sys.executable, str(script), str(BUILD_PY), str(source_file)]
+    if go is not None:
+        args.append(str(go))
+    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    """One cache dir for the module; the in-process table is global, so reset it."""
+    d = tmp_path_factory.mktemp("kcache")
+    old = os.environ.get("SCORCH_CACHE_DIR")
+    os.environ["SCORCH_CACHE_DIR"] = str(d)
+    cache_clear()
+    yield d
+    cache_clear()
+    if old is None:
+        os.environ.pop("SCORCH_CACHE_DIR", None)
+    else:
+        os.environ["SCORCH_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="module")
+def spmm_mod(cache_dir):
+    return load_kernel(SPMM, "spmm")
+
+
+@pytest.mark.parametrize("idx_dtype", [np.int32, np.int64])
+def test_kernel_compiles_and_computes(spmm_mod, idx_dtype):
+    rng = np.random.default_rng(0)
+    dense, indptr, indices, data = _csr(rng, 57, 41, 0.2, idx_dtype)
+    B = rng.random((41, 9)).astype(np.float32)
+    C = np.zeros((57, 9), dtype=np.float32)
+    spmm_mod.spmm(indptr.ctypes.data, indices.ctypes.data, data.ctypes.data, B.ctypes.data,
+                  C.ctypes.data, 57, 9, idx_dtype == np.int64)
+    np.testing.assert_allclose(C, dense @ B, rtol=1e-5, atol=1e-5)
+
+
+def test_disk_layout_and_memory_hit(spmm_mod, cache_dir):
+    info = cache_info()
+    assert info["misses"] == 1 and info["loaded"] == 1
+    so = Path(spmm_mod.__file__)
+    assert so.parent == cache_dir / f"kernels-v{build.BUILD_VERSION}"
+    assert so.with_name(so.name.split(".")[0] + ".pyx").read_text() == SPMM  # readable
+    assert info["disk_kernels"] == 1 and info["disk_bytes"] > so.stat().st_size
+    assert list((so.parent / "tmp").iterdir()) == []        # temp build dirs cleaned
+
+    hits = info["hits"]
+    t0 = time.perf_counter()
+    for _ in range(1000):
+        assert load_kernel(SPMM, "spmm") is spmm_mod
+    per_call = (time.perf_counter() - t0) / 1000
+    info = cache_info()
+    assert info["hits"] == hits + 1000 and info["misses"] == 1
+    assert per_call < 50e-6, f"warm lookup took {per_call * 1e6:.1f} us"
+
+
+def test_fresh_process_loads_from_disk(spmm_mod, cache_dir, tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    src = tmp_path / "src.pyx"
+    src.write_text(SPMM)
+    # name_hint is part of the identity; the child uses "child", so publish one under it
+    load_kernel(SPMM, "child")
+    p = _run_child(script, src, cache_dir)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    info = json.loads(out)
+    assert info["disk_hits"] == 1 and info["misses"] == 0, info
+    assert "compiling" not in err
+    assert Path(info["file"]).parent == Path(spmm_mod.__file__).parent
+
+
+def test_compile_logs_location(cache_dir, caplog):
+    src = SPMM.replace("nthreads=2", "nthreads=1")       # a new key
+    with caplog.at_level("INFO", logger="scorch"):
+        load_kernel(src, "logged")
+    msgs = [r.getMessage() for r in caplog.records if r.name == "scorch"]
+    assert any("compiling kernel" in m and str(cache_dir) in m for m in msgs), msgs
+
+
+def test_cache_clear(cache_dir):
+    mod = load_kernel(SPMM, "spmm")
+    assert cache_info()["disk_kernels"] >= 1
+    cache_clear()
+    info = cache_info()
+    assert info["disk_kernels"] == 0 and info["loaded"] == 0
+    assert info["hits"] == info["misses"] == 0
+    assert not any(p.suffix == ".pyx" for p in Path(info["cache_dir"]).iterdir())
+    # the module a caller holds keeps working
+    indptr = np.array([0, 1], dtype=np.int32)
+    indices = np.array([0], dtype=np.int32)
+    data = np.array([2.0], dtype=np.float32)
+    B = np.array([[3.0]], dtype=np.float32)
+    C = np.zeros((1, 1), dtype=np.float32)
+    mod.spmm(indptr.ctypes.data, indices.ctypes.data, data.ctypes.data, B.ctypes.data,
+             C.ctypes.data, 1, 1, False)
+    assert C[0, 0] == 6.0
+    # and the next load rebuilds the disk entry
+    again = load_kernel(SPMM, "spmm")
+    assert cache_info()["misses"] == 1 and cache_info()["disk_kernels"] == 1
+    assert Path(again.__file__).exists()
+
+
+def test_cython_error_raises_compile_error(cache_dir):
+    bad = "def f(x):\n    return x +* 2\n"
+    with pytest.raises(CompileError) as ei:
+        load_kernel(bad, "broken")
+    msg = str(ei.value)
+    pyx = Path(ei.value.pyx_path)
+    assert str(pyx) in msg and pyx.exists() and pyx.parent.name == "failed"
+    assert pyx.read_text() == bad
+    assert "Expected" in msg or "Syntax" in msg, msg                 # Cython's own words
+    assert f"{pyx}:2:" in msg                                           # position -> kept file
+    assert isinstance(ei.value, RuntimeError)
+
+
+def test_c_error_raises_compile_error(cache_dir):
+    bad = textwrap.dedent('''
+        cdef extern from "scorch_no_such_header.h":
+            int scorch_missing(int)
+
+        def f(int x):
+            return scorch_missing(x)
+    ''')
+    with pytest.raises(CompileError) as ei:
+        load_kernel(bad, "cbroken")
+    msg = str(ei.value)
+    pyx = Path(ei.value.pyx_path)
+    assert str(pyx) in msg and pyx.exists() and ei.value.stage == "cc"
+    assert "scorch_no_such_header.h" in msg and "error" in msg, msg   # gcc's stderr
+    tmp_root = Path(cache_info()["cache_dir"]) / "tmp"
+    assert str(tmp_root) not in msg                 # paths point at the kept copies
+    assert not list(tmp_root.iterdir())
+
+
+def test_concurrent_processes_same_key(tmp_path):
+    cache = tmp_path / "race-cache"
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    src = tmp_path / "src.pyx"
+    src.write_text(f"# race {time.time_ns()}\ndef add(int a, int b):\n    return a + b\n")
+    go = tmp_path / "go"
+    procs = [_run_child(script, src, cache, go) for _ in range(2)]
+    time.sleep(0.3)
+    go.touch()
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err
+        results.append((json.loads(out), err))
+    (a, err_a), (b, _) = results
+    assert a["ok"] and b["ok"]
+    assert a["file"] == b["file"] and Path(a["file"]).exists()
+    assert a["misses"] + a["disk_hits"] == 1 and b["misses"] + b["disk_hits"] == 1
+    # the very first compile in a process is visible with no logging configuration
+    if a["misses"]:
+        assert "compiling kernel" in err_a and "on first use" in err_a
+    kdir = Path(a["cache_dir"])
+    assert sorted(p.suffix for p in kdir.iterdir() if p.is_file()) == [".pyx", ".so"]
+    assert list((kdir / "tmp").iterdir()) == []
+
+
+def test_libcpp_kernel_builds_as_cpp(cache_dir):
+    assert build._is_cpp(LIBCPP_MAP)
+    assert build._is_cpp("# distutils: language = c++\ndef f(): pass\n")
+    assert not build._is_cpp(SPMM)
+    mod = load_kernel(LIBCPP_MAP, "cppmap")
+    keys = np.array([5, 1, 5, 3, 1, 5], dtype=np.int64)
+    assert mod.count_distinct(keys.ctypes.data, len(keys)) == [(1, 2), (3, 1), (5, 3)]
