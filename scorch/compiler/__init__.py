@@ -1,0 +1,411 @@
+"""The Scorch compiler: any einsum (or index expression) over any mix of formats becomes one
+fused, cached Cython kernel.
+
+Pipeline (paper, Algorithm 2): ``index_notation`` (parse) -> ``format_inference``
+(Algorithm 4) -> ``schedule`` (loop order, transposes, workspaces) -> ``concrete``
+(concrete index notation, for explain) -> ``codegen`` (Cython source, using ``levels`` and
+``merge_lattice``) -> ``build.load_kernel`` (compile and cache) -> run -> assemble the
+output (``levels.assemble_level``).
+
+Entry points: :func:`einsum`, :func:`explain`, :func:`compute` (an
+:class:`~scorch.compiler.index_notation.Assignment` such as ``A - 0.5 * B``).
+
+Caching: a plan cache in memory keyed by the equation, each operand's format, rank, value
+dtype and index dtype, and the requested output format (shapes are run-time arguments), so
+a warm call does one dict lookup plus argument marshalling; kernels themselves are cached
+in memory and on disk by ``build.load_kernel`` (keyed by the source text, which embeds
+everything the key needs, plus compiler flags and version).
+
+Outputs: dense results are torch tensors; sparse results are ``Storage`` objects. Sparse
+outputs keep computed zeros (entries where the operands are stored but the arithmetic
+gives 0) and never hold duplicate coordinates.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..formats import Format, LevelKind, as_format
+from ..storage import Level, Storage, index_dtype_for
+from . import codegen as _codegen
+from . import concrete as _concrete
+from .index_notation import Access, Assignment, parse_einsum
+from .levels import assemble_level
+from .schedule import Schedule, schedule as _schedule
+
+__all__ = ["einsum", "explain", "compute", "Plan", "plan_cache_clear", "plan_cache_info",
+           "COMPILER_VERSION"]
+
+COMPILER_VERSION = f"scorch-compiler-1.{_codegen.CODEGEN_VERSION}"
+
+
+# ------------------------------------------------------------------------------------
+# operands
+# ------------------------------------------------------------------------------------
+
+def _as_operand(x: Any):
+    """A dense strided torch tensor, or a Storage."""
+    if isinstance(x, Storage):
+        return x
+    st = getattr(x, "_storage", None)
+    if isinstance(st, Storage):
+        return st
+    if isinstance(x, torch.Tensor):
+        if x.layout != torch.strided:
+            from ..tensor import as_scorch  # torch's own sparse layouts
+            return as_scorch(x)._storage
+        return x.detach() if x.requires_grad else x
+    if isinstance(x, (int, float)):
+        return torch.tensor(x)
+    raise TypeError(f"einsum(): operand of type {type(x).__name__} is not a tensor")
+
+
+def convert_storage(st: Storage, fmt: Format) -> Storage:
+    """Re-format a storage (transposes, unblocking, requested output formats) through the
+    runtime's ``convert``."""
+    from .._runtime import convert as _conv  # lazy: built separately
+    return _conv.convert(st, fmt)
+
+
+def _unblocked(st: Storage) -> Storage:
+    return convert_storage(st, Format(st.format.levels, st.format.mode_order))
+
+
+def _cast_storage(st: Storage, dtype: torch.dtype) -> Storage:
+    if st.values.dtype == dtype:
+        return st
+    return Storage(st.format, st.shape, st.levels, st.values.to(dtype), st.index_dtype)
+
+
+# ------------------------------------------------------------------------------------
+# plans
+# ------------------------------------------------------------------------------------
+
+@dataclass
+class Plan:
+    """What the compiler will do for one expression and these operand formats.
+
+    ``loop_order`` (index variables, outermost first), ``workspaces`` (descriptions),
+    ``tiled`` (tiled variables), ``output_format`` (the result's format; all-dense for a
+    dense result), ``transposes`` (operands re-formatted, as ``(operand, from, to)``),
+    ``source`` (Cython), ``cin`` (concrete index notation)."""
+    loop_order: List[str]
+    workspaces: List[str]
+    tiled: List[str]
+    output_format: Format
+    source: str
+    cin: str
+    transposes: List[Tuple[int, Format, Format]]
+    assignment: Assignment
+    schedule: Schedule = field(repr=False, default=None)
+
+    def __str__(self) -> str:
+        lines = [f"expression:   {self.assignment}",
+                 f"loop order:   {', '.join(self.loop_order)}",
+                 f"output:       {self.output_format}",
+                 f"workspaces:   {', '.join(self.workspaces) or 'none'}",
+                 f"tiled:        {', '.join(self.tiled) or 'none'}"]
+        for n, a, b in self.transposes:
+            lines.append(f"transpose:    operand {n}: {a} -> {b}")
+        lines.append("concrete index notation:")
+        lines.extend("  " + ln for ln in self.cin.splitlines())
+        return "\n".join(lines)
+
+
+@dataclass
+class _Entry:
+    assignment: Assignment
+    operand_indices: List[Tuple[str, ...]]
+    schedule: Schedule
+    value_dtype: torch.dtype
+    out_rank: int
+    kernels: Dict[tuple, tuple] = field(default_factory=dict)  # index dtypes -> (module, args, source)
+
+
+_plans: Dict[tuple, _Entry] = {}
+_lock = threading.Lock()
+_stats = {"plan_hits": 0, "plan_misses": 0}
+
+
+def plan_cache_info() -> dict:
+    return {"plans": len(_plans), **_stats}
+
+
+def plan_cache_clear() -> None:
+    _plans.clear()
+
+
+def _fmt_key(x) -> tuple:
+    if isinstance(x, Storage):
+        return ("s", x.format, x.ndim, x.values.dtype, x.index_dtype)
+    return ("d", x.dim(), x.dtype)
+
+
+def _value_dtype(ops) -> torch.dtype:
+    dt = None
+    for x in ops:
+        d = x.values.dtype if isinstance(x, Storage) else x.dtype
+        dt = d if dt is None else torch.promote_types(dt, d)
+    if dt == torch.bool:
+        raise TypeError("einsum(): bool operands are not supported; convert them to a number type")
+    if dt not in _codegen.CTYPES:
+        raise TypeError(f"einsum(): unsupported dtype {dt}")
+    return dt
+
+
+def _formats_for(ops) -> List[Optional[Format]]:
+    out = []
+    for x in ops:
+        if isinstance(x, Storage):
+            f = x.format
+            out.append(Format(f.levels, f.mode_order) if f.block is not None else f)
+        else:
+            out.append(None)
+    return out
+
+
+def _make_entry(asg: Assignment, operand_indices, ops, out_format: Optional[Format]) -> _Entry:
+    vt = _value_dtype(ops)
+    sched = _schedule(asg, _formats_for(ops), out_format)
+    return _Entry(asg, list(operand_indices), sched, vt, len(asg.output))
+
+
+def _resolve_out_format(out_format, rank: int) -> Optional[Format]:
+    if out_format is None:
+        return None
+    if rank == 0:
+        return None
+    return as_format(out_format, rank)
+
+
+# ------------------------------------------------------------------------------------
+# running
+# ------------------------------------------------------------------------------------
+
+def _sizes(entry: _Entry, ops) -> Dict[str, int]:
+    sizes: Dict[str, int] = {}
+    seen: Dict[str, int] = {}
+    for n, (idx, x) in enumerate(zip(entry.operand_indices, ops)):
+        shape = x.shape
+        for v, s in zip(idx, shape):
+            old = sizes.get(v)
+            if old is None or old == 1:
+                sizes[v] = s
+                seen.setdefault(v, n)
+            elif s != old and s != 1:
+                name = v if not v.startswith("_") else f"... dimension {v[1:]}"
+                raise ValueError(
+                    f"einsum(): subscript {name} has size {s} for operand {n} which does not "
+                    f"broadcast with previously seen size {old} (operand {seen[v]})")
+    return sizes
+
+
+def _prepare(entry: _Entry, ops, sizes):
+    """Per access: the storage (transposed / unblocked / cast) or the dense tensor."""
+    vt = entry.value_dtype
+    data = {}
+    for ap in entry.schedule.accesses:
+        x = ops[ap.tensor]
+        if ap.sparse:
+            for v, s in zip(ap.indices, x.shape):
+                if s != sizes[v]:
+                    raise NotImplementedError(
+                        f"einsum(): broadcasting size-1 dimension of sparse operand {ap.tensor} "
+                        f"(subscript {v}) is not supported")
+            st = x
+            if st.format.block is not None:
+                st = _unblocked(st)
+            if ap.transposed:
+                st = convert_storage(st, ap.format)
+            data[ap.id] = _cast_storage(st, vt)
+        else:
+            if x.dtype != vt:
+                x = x.to(vt)
+            data[ap.id] = x
+    return data
+
+
+def _index_key(entry: _Entry, data) -> tuple:
+    return tuple(data[ap.id].index_dtype if ap.sparse else None for ap in entry.schedule.accesses)
+
+
+def _kernel_for(entry: _Entry, data, load: bool = True):
+    ikey = _index_key(entry, data)
+    k = entry.kernels.get(ikey)
+    if k is None:
+        idx = {ap.id: data[ap.id].index_dtype for ap in entry.schedule.accesses if ap.sparse}
+        src, args = _codegen.generate(entry.schedule, entry.value_dtype, idx)
+        mod = None
+        if load:
+            from .build import load_kernel
+            name = "k_" + "".join(ch for ch in "_".join(entry.schedule.loop_order) if ch.isalnum() or ch == "_")
+            mod = load_kernel(src, name_hint=name[:40])
+        k = (mod, args, src)
+        if load:
+            entry.kernels[ikey] = k
+    return k
+
+
+def _arg_values(args, entry: _Entry, data, sizes, out: Optional[torch.Tensor]) -> list:
+    vals = []
+    for _, _, what in args:
+        tag = what[0]
+        if tag == "size":
+            vals.append(sizes[what[1]])
+        elif tag == "pos":
+            vals.append(data[what[1]].levels[what[2]].pos.data_ptr())
+        elif tag == "crd":
+            vals.append(data[what[1]].levels[what[2]].crd.data_ptr())
+        elif tag == "vals":
+            x = data[what[1]]
+            vals.append(x.values.data_ptr() if isinstance(x, Storage) else x.data_ptr())
+        elif tag == "stride":
+            ap = entry.schedule.accesses[what[1]]
+            x = data[what[1]]
+            st = 0
+            for d, v in enumerate(ap.indices):
+                if v == what[2] and x.shape[d] != 1:
+                    st += x.stride(d)
+            vals.append(st)
+        elif tag == "out":
+            vals.append(out.data_ptr())
+        elif tag == "ostride":
+            vals.append(out.stride(entry.assignment.output.index(what[1])))
+    return vals
+
+
+def _assemble(entry: _Entry, crd, vals, sizes) -> Storage:
+    out = entry.schedule.output
+    fmt = out.format
+    r = len(out.level_vars)
+    coords = torch.from_numpy(crd).view(-1, r)
+    values = torch.from_numpy(vals)
+    n = values.numel()
+    shape = tuple(sizes[v] for v in out.vars)
+    kinds = fmt.levels
+    parent = torch.zeros(n, dtype=torch.int64)
+    count = 1
+    built = []
+    k = 0
+    while k < len(kinds):
+        arrays, parent, count, k2 = assemble_level(kinds, k, coords, parent, count, sizes[out.level_vars[k]])
+        built.extend(arrays)
+        k = k2
+    if count != n or kinds[-1] is LevelKind.DENSE:
+        full = torch.zeros(count, dtype=values.dtype)
+        if n:
+            full[parent] = values
+        values = full
+    idt = index_dtype_for(shape, max(count, n))
+    levels = []
+    for kind, v, (pos, c) in zip(kinds, out.level_vars, built):
+        levels.append(Level(kind, out.vars.index(v), sizes[v],
+                            None if pos is None else pos.to(idt),
+                            None if c is None else c.to(idt)))
+    st = Storage(fmt, shape, levels, values, idt)
+    if out.final_format is not None:
+        st = convert_storage(st, out.final_format)
+    return st
+
+
+def _run(entry: _Entry, ops):
+    sizes = _sizes(entry, ops)
+    data = _prepare(entry, ops, sizes)
+    mod, args, _ = _kernel_for(entry, data)
+    out_plan = entry.schedule.output
+    out = None
+    if out_plan.dense:
+        out = torch.zeros(tuple(sizes[v] for v in out_plan.vars), dtype=entry.value_dtype)
+    res = mod.kernel(_arg_values(args, entry, data, sizes, out), torch.get_num_threads())
+    if out_plan.dense:
+        return out
+    return _assemble(entry, res[0], res[1], sizes)
+
+
+def _entry(key, make):
+    e = _plans.get(key)
+    if e is not None:
+        _stats["plan_hits"] += 1
+        return e
+    with _lock:
+        e = _plans.get(key)
+        if e is None:
+            _stats["plan_misses"] += 1
+            e = make()
+            _plans[key] = e
+    return e
+
+
+def _einsum_entry(equation: str, ops, out_format):
+    key = (COMPILER_VERSION, equation, tuple(_fmt_key(x) for x in ops), out_format)
+
+    def make():
+        spec = parse_einsum(equation, [tuple(x.shape) for x in ops])
+        fmt = _resolve_out_format(out_format, len(spec.assignment.output))
+        return _make_entry(spec.assignment, spec.operand_indices, ops, fmt)
+    return _entry(key, make)
+
+
+def einsum(equation: str, *operands, out_format=None):
+    """``torch.einsum`` over dense tensors, Storages and SparseTensors (anything with a
+    ``._storage``) in any format. Dense operands only and no ``out_format``: exactly
+    ``torch.einsum``. Returns a dense tensor or a Storage (sparse result)."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    ops = [_as_operand(x) for x in operands]
+    if out_format is None and not any(isinstance(x, Storage) for x in ops):
+        return torch.einsum(equation, *ops)
+    entry = _einsum_entry(equation, ops, out_format)
+    return _run(entry, ops)
+
+
+def compute(assignment: Assignment, *operands, out_format=None):
+    """Evaluate an index-notation assignment (e.g. ``Assignment("ij", A - 0.5 * B)``) over
+    these operands through the same compiler path as einsum."""
+    ops = [_as_operand(x) for x in operands]
+    accs: Dict[int, Tuple[str, ...]] = {}
+    from .index_notation import accesses
+    for a in accesses(assignment.rhs):
+        if a.tensor >= len(ops):
+            raise ValueError(f"expression uses operand {a.tensor} but {len(ops)} were given")
+        if len(a.indices) != len(ops[a.tensor].shape):
+            raise ValueError(
+                f"operand {a.tensor} has {len(ops[a.tensor].shape)} dimensions but is indexed by {a.indices}")
+        accs.setdefault(a.tensor, a.indices)
+    operand_indices = [accs.get(n, ()) for n in range(len(ops))]
+    key = (COMPILER_VERSION, "expr", str(assignment), assignment,
+           tuple(_fmt_key(x) for x in ops), out_format)
+
+    def make():
+        fmt = _resolve_out_format(out_format, len(assignment.output))
+        return _make_entry(assignment, operand_indices, ops, fmt)
+    entry = _entry(key, make)
+    # every access of one operand must agree on sizes
+    for a in accesses(assignment.rhs):
+        pass
+    return _run(entry, ops)
+
+
+def explain(equation: str, *operands, out_format=None) -> Plan:
+    """The plan for ``einsum(equation, *operands)``; nothing is compiled or run."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    ops = [_as_operand(x) for x in operands]
+    entry = _einsum_entry(equation, ops, out_format)
+    s = entry.schedule
+    idx = {}
+    for ap in s.accesses:
+        if ap.sparse:
+            idx[ap.id] = ops[ap.tensor].index_dtype
+    src, _ = _codegen.generate(s, entry.value_dtype, idx)
+    out = s.output
+    if out.dense:
+        ofmt = Format("d" * max(1, len(out.vars))) if out.vars else Format("d")
+    else:
+        ofmt = out.final_format or out.format
+    transposes = [(ap.tensor, ap.source_format, ap.format) for ap in s.accesses if ap.transposed]
+    return Plan(list(s.loop_order), list(s.workspaces), list(s.tiled), ofmt, src,
+                str(_concrete.from_schedule(s)), transposes, s.assignment, s)

@@ -1,0 +1,431 @@
+"""Lowering of a :class:`~scorch.compiler.schedule.Schedule` to Cython source.
+
+The kernel is one loop nest, one loop per index variable in the schedule's order. At each
+loop the levels bound to its variable decide how it runs (``levels.py``), and the merge
+lattice (``merge_lattice.py``) decides which coordinates it visits:
+
+* no sparse level: ``for c in range(N)``, dense levels *locate*;
+* one sparse level that the expression needs: a loop over its segment;
+* several sparse levels: a two-pointer (k-pointer) merge visiting the smallest current
+  coordinate, entering the body where the lattice point holds (intersection for products,
+  union for sums);
+* sparse levels the expression does not need (a dense term in a sum): a dense loop with
+  the sparse iterators merged into it.
+
+Each access carries a presence flag (``"1"`` when known present), so an absent access
+reads as zero and its child levels see an empty segment.
+
+Generated code layout: ``cdef struct Args`` with typed raw pointers and sizes; ``cdef
+void run_chunk(...) noexcept nogil`` with the loop nest for one range of the outermost
+loop; ``def kernel(list args, int nthreads)`` that casts the Python ints (``data_ptr()``
+values and sizes) to the struct and runs chunks under ``prange`` when the outermost
+variable is an output variable (so chunks write disjoint parts of the output).
+
+Sparse output assembly. Each chunk appends, in loop order, the coordinate tuple and value
+of every output entry to its own growable buffer (``std::vector``), directly (loop order
+concordant with the output, reductions below the last output variable, with a scalar
+accumulator) or by draining a per-chunk ``std::map`` workspace in key order (a reduction
+above an output variable: Gustavson SpGEMM). Chunks cover increasing ranges of the
+outermost loop, so concatenating the buffers in chunk order gives sorted, unique tuples;
+``pos``/``crd`` are then built in one vectorized O(nnz) pass (``levels.assemble_level``).
+This needs no symbolic pass and no over-allocation bound, and one pass over the data.
+Entries are kept where the expression's operands are stored, even if the computed value is
+0 (e.g. ``A - A``): computed zeros are kept, never duplicates.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from . import merge_lattice as ml
+from .index_notation import Access, Add, Expr, Mul, Neg, Scalar, Sub
+from .levels import LevelPlan, group_end, segment_setup
+from .schedule import Schedule
+
+__all__ = ["generate", "CTYPES", "NPTYPES", "ArgSpec"]
+
+CODEGEN_VERSION = 1
+
+CTYPES = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t",
+          torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t",
+          torch.uint8: "uint8_t"}
+NPTYPES = {torch.float32: "float32", torch.float64: "float64", torch.int64: "int64",
+           torch.int32: "int32", torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8"}
+ITYPES = {torch.int32: "int32_t", torch.int64: "int64_t"}
+
+# An argument: (field name, C type, what it is). "what" is a tuple the runtime reads:
+# ("pos"|"crd", access, level) | ("vals", access) | ("stride", access, var) | ("size", var)
+# | ("out",) | ("ostride", var)
+ArgSpec = Tuple[str, str, tuple]
+
+
+def _cvar(v: str) -> str:
+    return "c_" + v
+
+
+class _Gen:
+    def __init__(self, s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, torch.dtype]):
+        self.s = s
+        self.vt = CTYPES[value_dtype]
+        self.npvt = NPTYPES[value_dtype]
+        self.idx = {i: ITYPES[d] for i, d in index_dtypes.items()}
+        self.args: List[ArgSpec] = []
+        self.locals: Dict[str, str] = {}
+        self.lines: List[str] = []
+        self.ids = ml.access_ids(s.assignment.rhs)
+        self.acc_by_id = {a.id: a for a in s.accesses}
+        self.out = s.output
+        self.chunk_kind: Optional[str] = None  # None | "dense" | "sparse"
+        self.chunk_level: Optional[LevelPlan] = None
+
+    # ---- helpers ------------------------------------------------------------------
+    def local(self, name: str, ctype: str = "int64_t") -> str:
+        self.locals.setdefault(name, ctype)
+        return name
+
+    def arg(self, name: str, ctype: str, what: tuple) -> str:
+        if all(a[0] != name for a in self.args):
+            self.args.append((name, ctype, what))
+        return "a." + name
+
+    def emit(self, ind: int, line: str) -> None:
+        self.lines.append("    " * ind + line)
+
+    def emit_all(self, ind: int, lines: List[str]) -> None:
+        for ln in lines:
+            self.emit(ind, ln)
+
+    # ---- arguments ----------------------------------------------------------------
+    def collect_args(self) -> None:
+        for v in self.s.loop_order:
+            self.arg(f"N_{v}", "int64_t", ("size", v))
+        for ap in self.s.accesses:
+            if ap.sparse:
+                it = self.idx[ap.id]
+                for lv in ap.levels:
+                    if lv.has_pos:
+                        self.arg(f"t{ap.id}_pos{lv.k}", it + "*", ("pos", ap.id, lv.k))
+                    if lv.kind.is_sparse:
+                        self.arg(f"t{ap.id}_crd{lv.k}", it + "*", ("crd", ap.id, lv.k))
+            else:
+                for v in dict.fromkeys(ap.indices):
+                    self.arg(f"t{ap.id}_st_{v}", "int64_t", ("stride", ap.id, v))
+            self.arg(f"t{ap.id}_vals", self.vt + "*", ("vals", ap.id))
+        if self.out.dense:
+            self.arg("out_vals", self.vt + "*", ("out",))
+            for v in self.out.vars:
+                self.arg(f"out_st_{v}", "int64_t", ("ostride", v))
+
+    # ---- expression ---------------------------------------------------------------
+    def value(self, e: Expr, st) -> str:
+        if isinstance(e, Access):
+            i = self.ids[e]
+            ap = self.acc_by_id[i]
+            p = st["pos"][i] if ap.sparse else st["off"][i]
+            code = f"a.t{i}_vals[{p}]"
+            pr = st["pres"][i]
+            return code if pr == "1" else f"({code} if {pr} else 0)"
+        if isinstance(e, Scalar):
+            return f"(<{self.vt}>{e.value!r})"
+        if isinstance(e, Neg):
+            return f"(-{self.value(e.a, st)})"
+        op = {Mul: "*", Add: "+", Sub: "-"}[type(e)]
+        return f"({self.value(e.a, st)} {op} {self.value(e.b, st)})"
+
+    # ---- output ---------------------------------------------------------------------
+    def emit_tuple(self, ind: int, val: str) -> None:
+        for v in self.out.level_vars:
+            self.emit(ind, f"deref(ocrd).push_back({_cvar(v)})")
+        self.emit(ind, f"deref(oval).push_back({val})")
+
+    def ws_key(self) -> str:
+        key = ""
+        for v in self.out.ws_vars:
+            key = _cvar(v) if not key else f"({key}) * a.N_{v} + {_cvar(v)}"
+        return key
+
+    def leaf(self, ind: int, st) -> None:
+        cond = ml.to_code(self.s.formula, lambda i: st["pres"][i])
+        if cond != "1":
+            self.emit(ind, f"if {cond}:")
+            ind += 1
+        val = self.value(self.s.assignment.rhs, st)
+        mode = self.out.mode
+        if mode == "dense":
+            self.emit(ind, f"a.out_vals[{st['oo']}] += {val}")
+        elif mode == "direct":
+            self.emit_tuple(ind, val)
+        elif mode == "acc":
+            self.emit(ind, f"acc += {val}")
+            self.emit(ind, "hit = 1")
+        else:
+            self.local("wkey")
+            self.local("wref", self.vt + "*")
+            self.emit(ind, f"wkey = {self.ws_key()}")
+            self.emit(ind, "wref = &ws[wkey]")
+            self.emit(ind, f"wref[0] = wref[0] + {val}")
+
+    # ---- loops ----------------------------------------------------------------------
+    def loop(self, depth: int, ind: int, st) -> None:
+        order = self.s.loop_order
+        if depth == len(order):
+            self.leaf(ind, st)
+            return
+        out = self.out
+        if out.mode == "ws" and depth == out.ws_depth:
+            self.emit(ind, "ws.clear()")
+        if out.mode == "acc" and depth == out.acc_depth:
+            self.local("acc", self.vt)
+            self.local("hit", "int")
+            self.emit(ind, "acc = 0")
+            self.emit(ind, "hit = 0")
+        self.loop_body(depth, ind, st)
+        if out.mode == "ws" and depth == out.ws_depth:
+            self.local("wit", f"cmap[int64_t, {self.vt}].iterator")
+            self.emit(ind, "wit = ws.begin()")
+            self.emit(ind, "while wit != ws.end():")
+            self.emit(ind + 1, "wkey = deref(wit).first")
+            for v in reversed(out.ws_vars):
+                self.emit(ind + 1, f"{_cvar(v)} = wkey % a.N_{v}")
+                self.emit(ind + 1, f"wkey = wkey // a.N_{v}")
+            self.emit_tuple(ind + 1, "deref(wit).second")
+            self.emit(ind + 1, "inc(wit)")
+        if out.mode == "acc" and depth == out.acc_depth:
+            self.emit(ind, "if hit:")
+            self.emit_tuple(ind + 1, "acc")
+
+    def loop_body(self, depth: int, ind: int, st) -> None:
+        v = self.s.loop_order[depth]
+        cv = self.local(_cvar(v))
+        f = self.s.formula
+        locs: List[LevelPlan] = []
+        iters: List[LevelPlan] = []
+        for ap in self.s.accesses:
+            if ap.sparse:
+                k = st["k"][ap.id]
+                if k < len(ap.levels) and ap.levels[k].var == v:
+                    (locs if ap.levels[k].locates else iters).append(ap.levels[k])
+        strided = [ap for ap in self.s.accesses if not ap.sparse and v in ap.indices]
+        it_ids = [lv.access for lv in iters]
+        dense = (not iters) or ml.dense_needed(f, it_ids)
+        nec = set(ml.necessary(f, it_ids)) if iters else set()
+        chunked = depth == 0 and self.chunk_kind is not None
+
+        # segment setup
+        for lv in iters:
+            self.local(lv.q)
+            self.local(lv.hi)
+            self.local(lv.qe)
+            if chunked and self.chunk_kind == "sparse":
+                continue
+            parent = st["pos"][lv.access] if lv.has_pos else st["seg"][lv.access]
+            self.emit_all(ind, segment_setup(lv, parent, st["pres"][lv.access]))
+
+        new = {"pos": dict(st["pos"]), "seg": dict(st["seg"]), "pres": dict(st["pres"]),
+               "k": dict(st["k"]), "off": dict(st["off"]), "oo": st["oo"]}
+        for lv in iters + locs:
+            new["k"][lv.access] += 1
+        body: List[str] = []  # lines at loop-body indentation, before the nested loops
+
+        def bind_children():
+            for lv in iters:
+                if lv.grouped:
+                    new["seg"][lv.access] = (lv.q, lv.qe)
+                    new["pos"][lv.access] = None
+                else:
+                    new["pos"][lv.access] = lv.q
+            for lv in locs:
+                p = self.local(lv.p)
+                par = st["pos"][lv.access]
+                body.append(f"{p} = {cv}" if par == "0" else f"{p} = {par} * a.N_{v} + {cv}")
+                new["pos"][lv.access] = p
+            for ap in strided:
+                o = self.local(f"o{ap.id}_{depth}")
+                prev = st["off"][ap.id]
+                body.append(f"{o} = {cv} * a.t{ap.id}_st_{v}" if prev == "0" else f"{o} = {prev} + {cv} * a.t{ap.id}_st_{v}")
+                new["off"][ap.id] = o
+            if self.out.dense and v in self.out.vars:
+                o = self.local(f"oo_{depth}")
+                body.append(f"{o} = {cv} * a.out_st_{v}" if st["oo"] == "0" else f"{o} = {st['oo']} + {cv} * a.out_st_{v}")
+                new["oo"] = o
+
+        if dense:
+            lo, hi = ("clo", "chi") if chunked else ("0", f"a.N_{v}")
+            self.emit(ind, f"for {cv} in range({lo}, {hi}):")
+            for lv in iters:
+                fl = self.local(lv.found, "int")
+                body.append(f"{fl} = {lv.q} < {lv.hi} and {lv.crd}[{lv.q}] == {cv}")
+                body.append(f"if {fl}:")
+                body.extend("    " + x for x in group_end(lv, cv))
+                new["pres"][lv.access] = fl
+            bind_children()
+            self.emit_all(ind + 1, body)
+            self.loop(depth + 1, ind + 1, new)
+            for lv in iters:
+                self.emit(ind + 1, f"if {lv.found}:")
+                self.emit(ind + 2, f"{lv.q} = {lv.qe}")
+        elif len(iters) == 1:
+            lv = iters[0]
+            new["pres"][lv.access] = "1"
+            if not lv.grouped:
+                lo, hi = ("clo", "chi") if chunked else (lv.q, lv.hi)
+                qv = lv.q
+                self.emit(ind, f"for {qv} in range({lo}, {hi}):")
+                body.append(f"{cv} = {lv.crd}[{qv}]")
+                bind_children()
+                self.emit_all(ind + 1, body)
+                self.loop(depth + 1, ind + 1, new)
+            else:
+                self.emit(ind, f"while {lv.q} < {lv.hi}:")
+                body.append(f"{cv} = {lv.crd}[{lv.q}]")
+                body.extend(group_end(lv, cv))
+                bind_children()
+                self.emit_all(ind + 1, body)
+                self.loop(depth + 1, ind + 1, new)
+                self.emit(ind + 1, f"{lv.q} = {lv.qe}")
+        else:
+            cond = ml.loop_condition(f, it_ids, lambda i: next(
+                f"{l.q} < {l.hi}" for l in iters if l.access == i))
+            self.emit(ind, f"while {cond}:")
+            big = "9223372036854775807"
+            body.append(f"{cv} = {big}")
+            for lv in iters:
+                body.append(f"if {lv.q} < {lv.hi} and {lv.crd}[{lv.q}] < {cv}:")
+                body.append(f"    {cv} = {lv.crd}[{lv.q}]")
+            for lv in iters:
+                fl = self.local(lv.found, "int")
+                body.append(f"{fl} = {lv.q} < {lv.hi} and {lv.crd}[{lv.q}] == {cv}")
+                body.append(f"if {fl}:")
+                body.extend("    " + x for x in group_end(lv, cv))
+                new["pres"][lv.access] = "1" if lv.access in nec else fl
+            guard = ml.to_code(f, lambda i: next((l.found for l in iters if l.access == i), "1"))
+            bind_children()
+            self.emit_all(ind + 1, body)
+            if guard != "1":
+                self.emit(ind + 1, f"if {guard}:")
+                self.loop(depth + 1, ind + 2, new)
+            else:
+                self.loop(depth + 1, ind + 1, new)
+            for lv in iters:
+                self.emit(ind + 1, f"if {lv.found}:")
+                self.emit(ind + 2, f"{lv.q} = {lv.qe}")
+
+    # ---- chunking -------------------------------------------------------------------
+    def decide_chunking(self) -> None:
+        order = self.s.loop_order
+        if not order or order[0] not in self.out.vars:
+            return
+        if self.out.mode == "ws" and self.out.ws_depth == 0:
+            return
+        v = order[0]
+        iters = []
+        for ap in self.s.accesses:
+            if ap.sparse and ap.levels[0].var == v and ap.levels[0].kind.is_sparse:
+                iters.append(ap.levels[0])
+        if not iters:
+            self.chunk_kind = "dense"
+        elif len(iters) == 1 and not iters[0].grouped and not ml.dense_needed(self.s.formula, [iters[0].access]):
+            self.chunk_kind = "sparse"
+            self.chunk_level = iters[0]
+
+    # ---- whole module -----------------------------------------------------------------
+    def generate(self) -> str:
+        self.collect_args()
+        self.decide_chunking()
+        init = {"pos": {a.id: "0" for a in self.s.accesses if a.sparse},
+                "seg": {}, "pres": {a.id: "1" for a in self.s.accesses},
+                "k": {a.id: 0 for a in self.s.accesses},
+                "off": {a.id: "0" for a in self.s.accesses if not a.sparse}, "oo": "0"}
+        if self.out.mode == "ws":
+            self.local("ws", f"cmap[int64_t, {self.vt}]")
+        self.loop(0, 1, init)
+        nest = self.lines
+        src: List[str] = []
+        w = src.append
+        w("# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True")
+        w("# distutils: language = c++")
+        w(f"# scorch generated kernel (codegen v{CODEGEN_VERSION})")
+        w(f"# {self.s.assignment}")
+        w(f"# loop order: {', '.join(self.s.loop_order)}")
+        for ap in self.s.accesses:
+            desc = f"{ap.format} levels {ap.level_vars}" if ap.sparse else f"dense strided {ap.indices}"
+            w(f"# T{ap.tensor} access {ap.id}: {desc}")
+        w(f"# output: {'dense' if self.out.dense else self.out.format} ({self.out.mode})")
+        w("from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t")
+        w("from libc.string cimport memcpy")
+        w("from libcpp.vector cimport vector")
+        if self.out.mode == "ws":
+            w("from libcpp.map cimport map as cmap")
+        w("from cython.operator cimport dereference as deref, preincrement as inc")
+        w("from cython.parallel cimport prange")
+        if not self.out.dense:
+            w("import numpy as np")
+        w("")
+        w("cdef struct Args:")
+        for name, ct, _ in self.args:
+            w(f"    {ct} {name}")
+        w("")
+        w(f"cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, "
+          f"vector[{self.vt}]* oval) noexcept nogil:")
+        w("    cdef Args a = pa[0]")
+        for name, ct in self.locals.items():
+            w(f"    cdef {ct} {name}")
+        src.extend(nest)
+        w("")
+        w("def kernel(list args, int nthreads):")
+        w("    cdef Args a")
+        for n, (name, ct, _) in enumerate(self.args):
+            cast = f"<{ct}><size_t>args[{n}]" if ct.endswith("*") else f"args[{n}]"
+            w(f"    a.{name} = {cast}")
+        w("    cdef int64_t lo0 = 0, hi0 = 0, nchunks = 1, t, n, total, off")
+        if self.chunk_kind == "dense":
+            w(f"    hi0 = a.N_{self.s.loop_order[0]}")
+        elif self.chunk_kind == "sparse":
+            lv = self.chunk_level
+            w(f"    lo0 = a.t{lv.access}_pos{lv.k}[0]")
+            w(f"    hi0 = a.t{lv.access}_pos{lv.k}[1]")
+        if self.chunk_kind is not None:
+            w("    if nthreads > 1 and hi0 - lo0 >= 64:")
+            w("        nchunks = min(hi0 - lo0, 8 * nthreads)")
+        w("    cdef vector[int64_t] bounds")
+        w("    bounds.resize(nchunks + 1)")
+        w("    for t in range(nchunks + 1):")
+        w("        bounds[t] = lo0 + ((hi0 - lo0) * t) // nchunks")
+        w("    cdef vector[vector[int64_t]] crds")
+        w(f"    cdef vector[vector[{self.vt}]] vals")
+        w("    crds.resize(nchunks)")
+        w("    vals.resize(nchunks)")
+        w("    if nchunks == 1:")
+        w("        with nogil:")
+        w("            run_chunk(&a, lo0, hi0, &crds[0], &vals[0])")
+        w("    else:")
+        w("        for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):")
+        w("            run_chunk(&a, bounds[t], bounds[t + 1], &crds[t], &vals[t])")
+        if self.out.dense:
+            w("    return None")
+        else:
+            r = len(self.out.level_vars)
+            w("    total = 0")
+            w("    for t in range(nchunks):")
+            w("        total += vals[t].size()")
+            w(f"    crd_arr = np.empty(total * {r}, dtype=np.int64)")
+            w(f"    val_arr = np.empty(total, dtype=np.{self.npvt})")
+            w("    cdef size_t cp = crd_arr.ctypes.data, vp = val_arr.ctypes.data")
+            w("    off = 0")
+            w("    for t in range(nchunks):")
+            w("        n = vals[t].size()")
+            w("        if n:")
+            w(f"            memcpy(<void*>(cp + off * {r} * sizeof(int64_t)), crds[t].data(), n * {r} * sizeof(int64_t))")
+            w(f"            memcpy(<void*>(vp + off * sizeof({self.vt})), vals[t].data(), n * sizeof({self.vt}))")
+            w("        off += n")
+            w("    return crd_arr, val_arr")
+        w("")
+        return "\n".join(src)
+
+
+def generate(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, torch.dtype]):
+    """Cython source of the kernel and its argument list (field, C type, meaning)."""
+    g = _Gen(s, value_dtype, index_dtypes)
+    src = g.generate()
+    return src, g.args

@@ -1,0 +1,287 @@
+"""Index notation: the expression language the compiler starts from.
+
+An :class:`Assignment` ``out(i, k) = sum_j A(i, j) * B(j, k)`` has output index variables
+and a right-hand side built from :class:`Access` (operand ``n`` indexed by variables),
+:class:`Mul`, :class:`Add`, :class:`Sub`, :class:`Neg` and :class:`Scalar`. Every variable of
+the right-hand side that is not an output variable is summed over (einsum semantics).
+
+``parse_einsum`` turns a torch-style einsum equation (implicit output, ``...``, batch
+indices, outer products, any number of operands) into an Assignment; elementwise
+expressions are built with Python operators on accesses::
+
+    A, B = Access(0, "ij"), Access(1, "ij")
+    Assignment("ij", A - 0.5 * B)
+
+Index variables are strings: the einsum letter, or ``"_0"``, ``"_1"``, ... for the
+dimensions an ellipsis stands for.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+__all__ = [
+    "Expr", "Access", "Mul", "Add", "Sub", "Neg", "Scalar", "Assignment",
+    "parse_einsum", "EinsumSpec", "accesses", "label_sort_key",
+]
+
+
+class Expr:
+    """A node of the right-hand side. Python operators build new nodes."""
+
+    def __mul__(self, other): return Mul(self, _wrap(other))
+    def __rmul__(self, other): return Mul(_wrap(other), self)
+    def __add__(self, other): return Add(self, _wrap(other))
+    def __radd__(self, other): return Add(_wrap(other), self)
+    def __sub__(self, other): return Sub(self, _wrap(other))
+    def __rsub__(self, other): return Sub(_wrap(other), self)
+    def __neg__(self): return Neg(self)
+
+    def vars(self) -> List[str]:
+        """Index variables in first-appearance order."""
+        out: List[str] = []
+        for a in accesses(self):
+            for v in a.indices:
+                if v not in out:
+                    out.append(v)
+        return out
+
+
+def _wrap(x) -> Expr:
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, (int, float)):
+        return Scalar(x)
+    raise TypeError(f"cannot use {type(x).__name__} in an index expression")
+
+
+@dataclass(frozen=True, eq=True)
+class Access(Expr):
+    """Operand number ``tensor`` indexed by ``indices`` (one variable per dimension)."""
+    tensor: int
+    indices: Tuple[str, ...]
+
+    def __init__(self, tensor: int, indices: Sequence[str]):
+        object.__setattr__(self, "tensor", int(tensor))
+        object.__setattr__(self, "indices", tuple(indices))
+
+    def __str__(self) -> str:
+        return f"T{self.tensor}({','.join(self.indices)})"
+
+
+@dataclass(frozen=True, eq=True)
+class Mul(Expr):
+    a: Expr
+    b: Expr
+
+    def __str__(self) -> str:
+        return f"{_paren(self.a, Mul)} * {_paren(self.b, Mul)}"
+
+
+@dataclass(frozen=True, eq=True)
+class Add(Expr):
+    a: Expr
+    b: Expr
+
+    def __str__(self) -> str:
+        return f"{self.a} + {_paren(self.b, Add)}"
+
+
+@dataclass(frozen=True, eq=True)
+class Sub(Expr):
+    a: Expr
+    b: Expr
+
+    def __str__(self) -> str:
+        return f"{self.a} - {_paren(self.b, Sub, always=True)}"
+
+
+@dataclass(frozen=True, eq=True)
+class Neg(Expr):
+    a: Expr
+
+    def __str__(self) -> str:
+        return f"-{_paren(self.a, Neg, always=True)}"
+
+
+@dataclass(frozen=True, eq=True)
+class Scalar(Expr):
+    value: float
+
+    def __str__(self) -> str:
+        return repr(self.value)
+
+
+def _paren(e: Expr, parent, always: bool = False) -> str:
+    if isinstance(e, (Access, Scalar)):
+        return str(e)
+    if isinstance(e, Mul) and parent in (Mul, Add, Sub, Neg) and not (always and parent is Neg):
+        return str(e)
+    if not always and isinstance(e, type(parent)) and parent in (Mul, Add):
+        return str(e)
+    return f"({e})"
+
+
+def accesses(e: Expr) -> List[Access]:
+    """Every access of ``e``, left to right."""
+    if isinstance(e, Access):
+        return [e]
+    if isinstance(e, (Mul, Add, Sub)):
+        return accesses(e.a) + accesses(e.b)
+    if isinstance(e, Neg):
+        return accesses(e.a)
+    return []
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """``out(output) = sum over reduction variables of rhs``."""
+    output: Tuple[str, ...]
+    rhs: Expr
+
+    def __init__(self, output: Sequence[str], rhs: Expr):
+        object.__setattr__(self, "output", tuple(output))
+        object.__setattr__(self, "rhs", rhs)
+        missing = [v for v in self.output if v not in rhs.vars()]
+        if missing:
+            raise ValueError(f"output index {missing[0]!r} does not appear on the right-hand side")
+        if len(set(self.output)) != len(self.output):
+            raise ValueError(f"output indices {self.output} repeat an index")
+
+    @property
+    def reduction(self) -> Tuple[str, ...]:
+        return tuple(v for v in self.rhs.vars() if v not in self.output)
+
+    @property
+    def all_vars(self) -> Tuple[str, ...]:
+        return tuple(self.rhs.vars())
+
+    def __str__(self) -> str:
+        red = "".join(f"sum_{v} " for v in self.reduction)
+        return f"out({','.join(self.output)}) = {red}{self.rhs}"
+
+
+# ---------------------------------------------------------------------------------------
+# einsum parsing
+# ---------------------------------------------------------------------------------------
+
+def label_sort_key(v: str):
+    """torch's implicit-output order: ellipsis dims first, then A-Z, then a-z."""
+    if v.startswith("_"):
+        return (0, int(v[1:]))
+    return (1, 0 if v.isupper() else 1, v)
+
+
+@dataclass
+class EinsumSpec:
+    """A parsed equation: the assignment, each operand's (possibly repeated) indices, and
+    the size of every index variable."""
+    assignment: Assignment
+    operand_indices: List[Tuple[str, ...]]
+    sizes: Dict[str, int]
+    broadcast: List[Tuple[int, ...]]  # per operand: dims of size 1 broadcast to a bigger size
+
+
+def _split_term(term: str, ndim: int, opno: int, equation: str) -> Tuple[List[str], int]:
+    if term.count("...") > 1 or ("." in term.replace("...", "")):
+        raise ValueError(f"einsum(): invalid ellipsis in subscript {term!r} of {equation!r}")
+    letters = [ch for ch in term.replace("...", "") ]
+    for ch in letters:
+        if not ch.isalpha() or not ch.isascii():
+            raise ValueError(f"einsum(): invalid subscript {ch!r} in {equation!r}: subscripts must be letters [a-zA-Z]")
+    if "..." in term:
+        n_ell = ndim - len(letters)
+        if n_ell < 0:
+            raise ValueError(
+                f"einsum(): the number of subscripts in the equation ({len(letters)}) is more than "
+                f"the number of dimensions ({ndim}) for operand {opno}")
+        before, after = term.split("...")
+        return list(before) + ["..."] + list(after), n_ell
+    if len(letters) != ndim:
+        raise ValueError(
+            f"einsum(): the number of subscripts in the equation ({len(letters)}) does not match "
+            f"the number of dimensions ({ndim}) for operand {opno} and no ellipsis was given")
+    return letters, 0
+
+
+def parse_einsum(equation: str, shapes: Sequence[Sequence[int]]) -> EinsumSpec:
+    """Parse ``equation`` for operands of the given shapes (torch.einsum's rules)."""
+    eq = equation.replace(" ", "")
+    if "->" in eq:
+        lhs, rhs = eq.split("->", 1)
+        explicit = True
+    else:
+        lhs, rhs, explicit = eq, "", False
+    terms = lhs.split(",")
+    if len(terms) != len(shapes):
+        raise ValueError(
+            f"einsum(): the equation {equation!r} has {len(terms)} operand subscripts but "
+            f"{len(shapes)} operands were given")
+    max_ell = 0
+    split = []
+    for n, (term, shape) in enumerate(zip(terms, shapes)):
+        parts, n_ell = _split_term(term, len(shape), n, equation)
+        split.append((parts, n_ell))
+        max_ell = max(max_ell, n_ell)
+    ell_names = [f"_{k}" for k in range(max_ell)]
+    sizes: Dict[str, int] = {}
+    seen_from: Dict[str, int] = {}
+    op_indices: List[Tuple[str, ...]] = []
+    broadcast: List[Tuple[int, ...]] = []
+    for n, ((parts, n_ell), shape) in enumerate(zip(split, shapes)):
+        idx: List[str] = []
+        for p in parts:
+            if p == "...":
+                idx.extend(ell_names[max_ell - n_ell:])
+            else:
+                idx.append(p)
+        op_indices.append(tuple(idx))
+    # sizes, with size-1 broadcasting like torch
+    for n, (idx, shape) in enumerate(zip(op_indices, shapes)):
+        for v, s in zip(idx, shape):
+            s = int(s)
+            if v not in sizes:
+                sizes[v] = s
+                seen_from[v] = n
+            elif sizes[v] == 1:
+                sizes[v] = s
+            elif s != sizes[v] and s != 1:
+                name = v if not v.startswith("_") else f"... dimension {v[1:]}"
+                raise ValueError(
+                    f"einsum(): subscript {name} has size {s} for operand {n} which does not "
+                    f"broadcast with previously seen size {sizes[v]} (operand {seen_from[v]})")
+    for n, (idx, shape) in enumerate(zip(op_indices, shapes)):
+        broadcast.append(tuple(d for d, (v, s) in enumerate(zip(idx, shape))
+                               if int(s) == 1 and sizes[v] != 1))
+    counts: Dict[str, int] = {}
+    for idx in op_indices:
+        for v in idx:
+            counts[v] = counts.get(v, 0) + 1
+    if explicit:
+        out_parts, _ = (list(rhs.replace("...", "")), 0)
+        for ch in out_parts:
+            if not ch.isalpha():
+                raise ValueError(f"einsum(): invalid output subscript {ch!r} in {equation!r}")
+        before, _, after = rhs.partition("...")
+        if "..." in rhs:
+            out = list(before) + ell_names + list(after)
+        else:
+            if max_ell and any(v in counts for v in ell_names):
+                pass  # ellipsis dims not in the output are summed (torch does the same)
+            out = list(rhs)
+        for v in out:
+            if v not in counts:
+                raise ValueError(
+                    f"einsum(): output subscript {v} does not appear in the equation for any input operand")
+        if len(set(out)) != len(out):
+            raise ValueError(f"einsum(): output subscript appears more than once in {equation!r}")
+    else:
+        out = ell_names + sorted((v for v in counts if counts[v] == 1 and not v.startswith("_")),
+                                 key=label_sort_key)
+    rhs_expr: Optional[Expr] = None
+    for n, idx in enumerate(op_indices):
+        acc = Access(n, idx)
+        rhs_expr = acc if rhs_expr is None else Mul(rhs_expr, acc)
+    if rhs_expr is None:
+        raise ValueError("einsum(): must provide at least one operand")
+    return EinsumSpec(Assignment(out, rhs_expr), op_indices, sizes, broadcast)

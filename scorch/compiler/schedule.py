@@ -1,0 +1,241 @@
+"""Scheduling: loop order, transposes of discordant operands, output format and workspaces.
+
+The result is a :class:`Schedule`, the data structure lowering consumes. This module makes
+*correct* and asymptotically sensible choices; the auto-scheduling issue extends
+:func:`order_cost` (Algorithm 1 cost moves) and adds tiling (Algorithm 3) here.
+
+Loop order. Every sparse access must be iterated in its mode order (a level is reachable
+only through its parent), so a loop order is *concordant* with an access when the access's
+variables appear in it in mode order. Dense strided operands and dense outputs are read by
+strides and accept any order. Candidate orders (all permutations up to 7 variables, a
+greedy search beyond) are ranked by :func:`order_cost`, lexicographically:
+
+1. the number of loops that must iterate densely (no sparse level filters them): the
+   work of the nest is roughly ``N ** dense_loops * s ** sparse_loops``, so this is the
+   asymptotic term. It rules out inner-product SpGEMM when a transpose gives Gustavson;
+2. the number of transposes (sparse operands re-formatted into a concordant mode order,
+   plus a final conversion when a requested output format is discordant);
+3. whether a sparse output needs a workspace (a reduction loop above an output loop);
+4. sparse loops as high as possible (early filtering), as a 0/1 pattern per depth;
+5. dense strided accesses read with stride 1 innermost (cache behaviour).
+
+Sparse outputs are written in a mode order concordant with the loop order, so they can be
+appended in order; when a reduction variable sits above some output variable the scatter
+goes through a workspace (``std::map`` keyed by the remaining output coordinates, one per
+thread), drained in sorted order into the output.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..formats import Format, LevelKind
+from . import merge_lattice as ml
+from .format_inference import infer_output_kinds
+from .index_notation import Access, Assignment
+from .levels import LevelPlan, level_plans
+
+__all__ = ["AccessPlan", "OutputPlan", "Schedule", "schedule", "order_cost"]
+
+
+@dataclass
+class AccessPlan:
+    id: int
+    tensor: int
+    indices: Tuple[str, ...]            # variable per dimension
+    sparse: bool
+    source_format: Optional[Format]     # operand's format (None: dense strided)
+    format: Optional[Format] = None     # format the kernel reads (after a transpose)
+    transposed: bool = False
+    levels: List[LevelPlan] = field(default_factory=list)
+
+    @property
+    def level_vars(self) -> Tuple[str, ...]:
+        return tuple(lv.var for lv in self.levels)
+
+
+@dataclass
+class OutputPlan:
+    dense: bool
+    vars: Tuple[str, ...]                     # output variables, dimension order
+    format: Optional[Format] = None           # produced format (sparse; concordant)
+    final_format: Optional[Format] = None     # requested format, converted to at the end
+    level_vars: Tuple[str, ...] = ()          # produced levels' variables
+    mode: str = "dense"                       # dense | direct | acc | ws
+    ws_depth: int = -1                        # loop depth whose loop the workspace wraps
+    ws_vars: Tuple[str, ...] = ()
+    acc_depth: int = -1                       # loop depth whose loop the accumulator wraps
+
+
+@dataclass
+class Schedule:
+    assignment: Assignment
+    loop_order: List[str]
+    accesses: List[AccessPlan]
+    output: OutputPlan
+    formula: object
+    workspaces: List[str]
+    tiled: List[str]
+    cost: tuple
+
+
+def _concordant_vars(indices: Sequence[str], fmt: Format, order: Sequence[str]) -> Tuple[Tuple[str, ...], bool]:
+    """Level variables of an access read in ``order``: its own mode order if concordant,
+    else the mode order sorted by loop position (a transpose)."""
+    own = tuple(indices[d] for d in fmt.mode_order)
+    rank = {v: n for n, v in enumerate(order)}
+    pos = [rank[v] for v in own]
+    if all(a < b for a, b in zip(pos, pos[1:])):
+        return own, False
+    return tuple(sorted(own, key=lambda v: rank[v])), True
+
+
+def order_cost(order: Sequence[str], asg: Assignment, ids: Dict[Access, int],
+               formats: Sequence[Optional[Format]], f, out_sparse: bool,
+               out_mode_vars: Optional[Tuple[str, ...]]) -> tuple:
+    """Cost tuple of a loop order (smaller is better); see the module docstring."""
+    sparse_at: Dict[str, List[int]] = {v: [] for v in order}
+    transposes = 0
+    for acc, i in ids.items():
+        fmt = formats[acc.tensor]
+        if fmt is None:
+            continue
+        lvars, tr = _concordant_vars(acc.indices, fmt, order)
+        transposes += tr
+        for kind, v in zip(fmt.levels, lvars):
+            if kind.is_sparse:
+                sparse_at[v].append(i)
+    pattern = []
+    for v in order:
+        its = sparse_at[v]
+        dense = (not its) or ml.dense_needed(f, its)
+        pattern.append(1 if dense else 0)
+    ws = 0
+    red = set(asg.reduction)
+    if out_sparse:
+        seen_red = False
+        for v in order:
+            if v in red:
+                seen_red = True
+            elif seen_red:
+                ws = 1
+                break
+        if out_mode_vars is not None:
+            rank = {v: n for n, v in enumerate(order)}
+            p = [rank[v] for v in out_mode_vars]
+            transposes += any(a > b for a, b in zip(p, p[1:]))
+    contig = 0
+    rank = {v: n for n, v in enumerate(order)}
+    for acc in ids:
+        if formats[acc.tensor] is None and acc.indices:
+            last = acc.indices[-1]
+            if max(rank[v] for v in acc.indices) != rank[last]:
+                contig += 1
+    if not out_sparse and asg.output:
+        if max(rank[v] for v in asg.output) != rank[asg.output[-1]]:
+            contig += 1
+    return (sum(pattern), transposes, ws, tuple(pattern), contig)
+
+
+def _choose_order(asg, ids, formats, f, out_sparse, out_mode_vars):
+    vars_ = list(asg.all_vars)
+    # canonical candidate order: output variables first, then reductions (deterministic)
+    base = list(asg.output) + [v for v in vars_ if v not in asg.output]
+
+    def cost(o):
+        return order_cost(o, asg, ids, formats, f, out_sparse, out_mode_vars) + (
+            tuple(base.index(v) for v in o),)
+    if len(vars_) <= 7:
+        return min((list(p) for p in itertools.permutations(base)), key=cost)
+    order: List[str] = []
+    rest = list(base)
+    while rest:
+        best = min(rest, key=lambda v: cost(order + [v] + [w for w in rest if w != v]))
+        order.append(best)
+        rest.remove(best)
+    return order
+
+
+def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
+             out_format: Optional[Format] = None) -> Schedule:
+    """Choose the loop order, transposes, output format and workspaces.
+
+    ``formats[n]`` is operand ``n``'s format, or None for a dense strided tensor (dense
+    torch tensors are read through strides, so they never need a transpose).
+    ``out_format`` overrides the inferred output format (``Format('d'*r)`` for dense).
+    """
+    ids = ml.access_ids(asg.rhs)
+    f = ml.formula(asg.rhs, ids)
+    for acc in ids:
+        fmt = formats[acc.tensor]
+        if fmt is not None:
+            if fmt.block is not None:
+                raise NotImplementedError("blocked operands are converted before scheduling")
+            if len(set(acc.indices)) != len(acc.indices):
+                raise NotImplementedError(
+                    f"repeated index in sparse operand {acc.tensor} ({''.join(acc.indices)}): "
+                    f"taking a diagonal of a sparse tensor is not supported yet")
+
+    def kind_of(acc: Access, v: str) -> LevelKind:
+        fmt = formats[acc.tensor]
+        if fmt is None:
+            return LevelKind.DENSE
+        return fmt.kind_of_dim(acc.indices.index(v))
+
+    # ---- output format (Algorithm 4 unless overridden) ----
+    rank = len(asg.output)
+    if out_format is not None:
+        out_dense = rank == 0 or out_format.is_dense
+        out_kinds = None
+        out_mode_vars = (None if out_dense else tuple(asg.output[d] for d in out_format.mode_order))
+    else:
+        kinds = infer_output_kinds(asg.rhs, asg.output, kind_of)
+        out_dense = rank == 0 or all(k is LevelKind.DENSE for k in kinds.values())
+        out_kinds = kinds
+        out_mode_vars = None
+    order = _choose_order(asg, ids, formats, f, not out_dense, out_mode_vars)
+    cost = order_cost(order, asg, ids, formats, f, not out_dense, out_mode_vars)
+    loop_rank = {v: n for n, v in enumerate(order)}
+
+    # ---- accesses ----
+    plans: List[AccessPlan] = []
+    for acc, i in ids.items():
+        fmt = formats[acc.tensor]
+        if fmt is None:
+            plans.append(AccessPlan(i, acc.tensor, acc.indices, False, None))
+            continue
+        lvars, tr = _concordant_vars(acc.indices, fmt, order)
+        read_fmt = fmt
+        if tr:
+            read_fmt = Format(fmt.levels, tuple(acc.indices.index(v) for v in lvars))
+        plans.append(AccessPlan(i, acc.tensor, acc.indices, True, fmt, read_fmt, tr,
+                                level_plans(i, read_fmt.levels, lvars)))
+
+    # ---- output ----
+    out = OutputPlan(dense=out_dense, vars=tuple(asg.output))
+    workspaces: List[str] = []
+    if not out_dense:
+        level_vars = tuple(sorted(asg.output, key=lambda v: loop_rank[v]))
+        mode_order = tuple(asg.output.index(v) for v in level_vars)
+        if out_format is not None:
+            produced = Format(out_format.levels, mode_order)
+            final = out_format if (out_format.block is not None or out_format.mode_order != mode_order) else None
+        else:
+            produced = Format([out_kinds[v] for v in level_vars], mode_order)
+            final = None
+        out.format, out.final_format, out.level_vars = produced, final, level_vars
+        red = set(asg.reduction)
+        first_red = next((n for n, v in enumerate(order) if v in red), None)
+        last_out = max(loop_rank[v] for v in asg.output)
+        if first_red is not None and first_red < last_out:
+            out.mode = "ws"
+            out.ws_depth = first_red
+            out.ws_vars = tuple(v for v in order[first_red:] if v not in red)
+            workspaces.append(f"{','.join(out.ws_vars)}: sparse workspace (std::map)")
+        elif last_out + 1 < len(order):
+            out.mode = "acc"
+            out.acc_depth = last_out + 1
+        else:
+            out.mode = "direct"
+    return Schedule(asg, order, plans, out, f, workspaces, [], cost)
