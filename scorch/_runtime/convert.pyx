@@ -1,0 +1,1045 @@
+# cython: language_level=3, boundscheck=False, wraparound=True, cdivision=True, initializedcheck=False
+"""Conversions between level formats, in one level-by-level algorithm.
+
+Every conversion is the same three steps, driven only by the level kinds of the two formats
+(TACO's mode-format view), never by format names:
+
+1. *Decode* the source into one coordinate array per target level, in the source's storage
+   order (a dense tensor is scanned in the target's level order instead, so it arrives sorted).
+   Arrays that the source already holds at the granularity of its values (the crd of its last
+   levels) are used as they are, not copied.
+2. *Sort* stably by the target levels, LSD style: a key suffix that is already in order (known
+   from the two formats, or checked in one early-exit pass) costs nothing; each remaining level
+   is a parallel counting sort (a linear transpose for CSR -> CSC), or a stable comparison sort
+   when the level is far larger than the number of entries.
+3. *Build* the target levels top-down from "entry offsets" (for every position of the level
+   built so far, the range of sorted entries below it): a dense level splits each range by
+   coordinate, a compressed level or coordinate run keeps the distinct coordinates of each
+   range, and the values of each final position are reduced from its range (duplicates summed,
+   positions that only a dense level creates get zero). When the entries are known to be
+   unique, the last sparse level is the sorted keys themselves and ``pos`` is the offsets array,
+   so a sorted COO -> CSR only computes ``pos``.
+
+All loops run without the GIL; the ones that touch every entry are split over
+``torch.get_num_threads()`` OpenMP threads.
+"""
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, intptr_t
+from libc.stdlib cimport calloc, free
+from libc.string cimport memcpy
+from cython.parallel cimport prange
+
+from typing import List, Optional, Sequence, Tuple
+
+import math
+import numbers
+
+import numpy as np
+import torch
+
+from scorch.formats import Format, LevelKind
+from scorch.storage import INT32_MAX, Level, Storage, index_dtype_for, level_kinds, level_sizes, run_heads
+
+__all__ = ["from_coords", "from_dense", "to_dense", "convert", "coords"]
+
+ctypedef fused idx_t:
+    int32_t
+    int64_t
+
+ctypedef float complex cfloat
+ctypedef double complex cdouble
+
+# value types that can be summed (bool is uint8_t and ORed)
+ctypedef fused num_t:
+    float
+    double
+    int32_t
+    int64_t
+    uint8_t
+    cfloat
+    cdouble
+
+# element types of a dense tensor, for the nonzero test (uint16_t = float16/bfloat16 bits)
+ctypedef fused scan_t:
+    float
+    double
+    int8_t
+    uint8_t
+    int16_t
+    uint16_t
+    int32_t
+    int64_t
+    cfloat
+    cdouble
+
+cdef struct b16:
+    uint64_t lo
+    uint64_t hi
+
+_DENSE, _COMPRESSED, _COORDINATE = LevelKind.DENSE, LevelKind.COMPRESSED, LevelKind.COORDINATE
+
+# how values are reduced: dtypes without a native sum are summed in a wider type and cast back
+_WIDEN = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.int8: torch.int64,
+          torch.int16: torch.int64, torch.uint8: torch.int64, torch.uint16: torch.int64,
+          torch.uint32: torch.int64, torch.uint64: torch.int64}
+_NATIVE_SUM = (torch.float32, torch.float64, torch.int32, torch.int64, torch.bool,
+               torch.complex64, torch.complex128)
+_SCAN_AS = {torch.float32: 0, torch.float64: 1, torch.int8: 2, torch.uint8: 3, torch.bool: 3,
+            torch.int16: 4, torch.uint16: 4, torch.float16: 5, torch.bfloat16: 5,
+            torch.int32: 6, torch.uint32: 6, torch.int64: 7, torch.uint64: 7,
+            torch.complex64: 8, torch.complex128: 9}
+
+
+cdef inline void* _ptr(t):
+    return <void*><intptr_t>t.data_ptr()
+
+
+cdef inline int _threads():
+    return max(1, torch.get_num_threads())
+
+
+cdef inline int64_t _lo(int64_t n, int t, int T) noexcept nogil:
+    return (n * t) // T
+
+
+# ----------------------------------------------------------------------------------------
+# kernels (nogil); every one that takes idx_t works for int32 and int64 index arrays
+# ----------------------------------------------------------------------------------------
+
+cdef void _expand_pos(idx_t* pos, int64_t P, idx_t* owner, int T) noexcept nogil:
+    """owner[q] = p for every q in pos[p]:pos[p+1] (the parent of each child position)."""
+    cdef int64_t p, q
+    for p in prange(P, schedule='guided', num_threads=T):
+        for q in range(pos[p], pos[p + 1]):
+            owner[q] = <idx_t>p
+
+
+cdef void _histogram(idx_t* key, int64_t n, int64_t s, idx_t* hist, int T) noexcept nogil:
+    cdef int t
+    cdef int64_t i, lo, hi
+    cdef idx_t* h
+    for t in prange(T, schedule='static', chunksize=1, num_threads=T):
+        lo = _lo(n, t, T)
+        hi = _lo(n, t + 1, T)
+        h = hist + t * s
+        for i in range(lo, hi):
+            h[key[i]] += 1
+
+
+cdef void _dest(idx_t* key, int64_t n, int64_t s, idx_t* hist, idx_t* dest, int T) noexcept nogil:
+    """Stable counting-sort destinations, each thread from its own running offsets."""
+    cdef int t
+    cdef int64_t i, lo, hi
+    cdef idx_t* h
+    cdef idx_t b
+    for t in prange(T, schedule='static', chunksize=1, num_threads=T):
+        lo = _lo(n, t, T)
+        hi = _lo(n, t + 1, T)
+        h = hist + t * s
+        for i in range(lo, hi):
+            b = key[i]
+            dest[i] = h[b]
+            h[b] += 1
+
+
+cdef void _offsets(idx_t* hist, int64_t s, int T, idx_t* offsets) noexcept nogil:
+    """Bucket starts, and turn the per-thread histograms into per-thread write offsets."""
+    cdef int64_t b, run = 0
+    cdef int t
+    cdef idx_t c
+    for b in range(s):
+        offsets[b] = <idx_t>run
+        for t in range(T):
+            c = hist[t * s + b]
+            hist[t * s + b] = <idx_t>run
+            run += c
+    offsets[s] = <idx_t>run
+
+
+cdef void _scatter(idx_t* dest, int64_t n, char* src, char* out, int itemsize, int T) noexcept nogil:
+    """out[dest[i]] = src[i] for elements of ``itemsize`` bytes."""
+    cdef int64_t i
+    if itemsize == 4:
+        for i in prange(n, schedule='static', num_threads=T):
+            (<uint32_t*>out)[dest[i]] = (<uint32_t*>src)[i]
+    elif itemsize == 8:
+        for i in prange(n, schedule='static', num_threads=T):
+            (<uint64_t*>out)[dest[i]] = (<uint64_t*>src)[i]
+    elif itemsize == 2:
+        for i in prange(n, schedule='static', num_threads=T):
+            (<uint16_t*>out)[dest[i]] = (<uint16_t*>src)[i]
+    elif itemsize == 1:
+        for i in prange(n, schedule='static', num_threads=T):
+            out[dest[i]] = src[i]
+    else:
+        for i in prange(n, schedule='static', num_threads=T):
+            (<b16*>out)[dest[i]] = (<b16*>src)[i]
+
+
+cdef int64_t _unsorted_at(idx_t** keys, int m, int64_t n, bint strict) noexcept nogil:
+    """First i whose key tuple sorts before entry i-1 (or equals it, when ``strict``);
+    n when the whole sequence is in order."""
+    cdef int64_t i
+    cdef int j
+    cdef idx_t a, b
+    for i in range(1, n):
+        for j in range(m):
+            a = keys[j][i - 1]
+            b = keys[j][i]
+            if a < b:
+                break
+            if a > b:
+                return i
+        else:
+            if strict:
+                return i
+    return n
+
+
+cdef void _dense_root(idx_t* key, int64_t n, int64_t s, idx_t* eoff, int T) noexcept nogil:
+    """eoff[c] = first entry with key >= c, for sorted keys under a single parent."""
+    cdef int64_t i, c, prev
+    if n == 0:
+        for c in range(s + 1):
+            eoff[c] = 0
+        return
+    for c in range(key[0] + 1):
+        eoff[c] = 0
+    for i in prange(1, n, schedule='static', num_threads=T):
+        for c in range(key[i - 1] + 1, key[i] + 1):
+            eoff[c] = <idx_t>i
+    for c in range(key[n - 1] + 1, s + 1):
+        eoff[c] = <idx_t>n
+
+
+cdef void _dense_split(idx_t* eoff, int64_t P, idx_t* key, int64_t s, idx_t* out, int T) noexcept nogil:
+    """Split every parent's entry range by the coordinate of a dense level."""
+    cdef int64_t p, c, i, end
+    for p in prange(P, schedule='guided', num_threads=T):
+        i = eoff[p]
+        end = eoff[p + 1]
+        for c in range(s):
+            out[p * s + c] = <idx_t>i
+            while i < end and key[i] == c:
+                i = i + 1
+    out[P * s] = eoff[P]
+
+
+cdef inline bint _differs(idx_t** keys, int m, int64_t i) noexcept nogil:
+    cdef int j
+    for j in range(m):
+        if keys[j][i] != keys[j][i - 1]:
+            return True
+    return False
+
+
+cdef void _distinct_count(idx_t* eoff, int64_t P, idx_t** keys, int m, idx_t* pos, int T) noexcept nogil:
+    """pos[p+1] = number of distinct key tuples in parent p's range (then a prefix sum)."""
+    cdef int64_t p, i, cnt, run
+    for p in prange(P, schedule='guided', num_threads=T):
+        cnt = 0
+        if eoff[p + 1] > eoff[p]:
+            cnt = 1
+            for i in range(eoff[p] + 1, eoff[p + 1]):
+                if _differs(keys, m, i):
+                    cnt = cnt + 1
+        pos[p + 1] = <idx_t>cnt
+    pos[0] = 0
+    run = 0
+    for p in range(P):
+        run += pos[p + 1]
+        pos[p + 1] = <idx_t>run
+
+
+cdef void _distinct_fill(idx_t* eoff, int64_t P, idx_t** keys, int m, idx_t* pos,
+                         idx_t** crds, idx_t* out, int T) noexcept nogil:
+    """Write each distinct tuple's coordinates and the start of its entry range."""
+    cdef int64_t p, i, q
+    cdef int j
+    for p in prange(P, schedule='guided', num_threads=T):
+        q = pos[p]
+        for i in range(eoff[p], eoff[p + 1]):
+            if i == eoff[p] or _differs(keys, m, i):
+                for j in range(m):
+                    crds[j][q] = keys[j][i]
+                out[q] = <idx_t>i
+                q = q + 1
+    out[pos[P]] = eoff[P]
+
+
+cdef void _reduce(idx_t* eoff, int64_t count, num_t* vals, num_t* out, int T) noexcept nogil:
+    """out[q] = sum of the values in q's entry range (OR for bool; 0 when empty)."""
+    cdef int64_t q, i
+    cdef num_t acc
+    for q in prange(count, schedule='static', num_threads=T):
+        acc = 0
+        for i in range(eoff[q], eoff[q + 1]):
+            if num_t is uint8_t:
+                acc = acc | vals[i]
+            else:
+                acc = acc + vals[i]
+        out[q] = acc
+
+
+cdef inline bint _nonzero(scan_t v) noexcept nogil:
+    if scan_t is cfloat or scan_t is cdouble:
+        return v.real != 0 or v.imag != 0
+    elif scan_t is uint16_t:
+        return (v & 0x7fff) != 0
+    else:
+        return v != 0
+
+
+cdef void _scan_count(scan_t* x, int64_t rows, int64_t* rstart, int64_t m, int64_t stride,
+                      int64_t* cnt, int T) noexcept nogil:
+    """Nonzeros of every row of a strided view (pass 1 of the dense -> sparse scan)."""
+    cdef int64_t r, j, c
+    cdef scan_t* row
+    for r in prange(rows, schedule='static', num_threads=T):
+        row = x + rstart[r]
+        c = 0
+        for j in range(m):
+            if _nonzero(row[j * stride]):
+                c = c + 1
+        cnt[r] = c
+
+
+cdef void _scan_fill(scan_t* x, int64_t rows, int64_t* rstart, int64_t m, int64_t stride,
+                     int64_t* off, idx_t* inner, scan_t* vals, int T) noexcept nogil:
+    """Pass 2: the last-level coordinate and the value of every nonzero, in storage order."""
+    cdef int64_t r, j, q
+    cdef scan_t* row
+    cdef scan_t v
+    for r in prange(rows, schedule='static', num_threads=T):
+        row = x + rstart[r]
+        q = off[r]
+        for j in range(m):
+            v = row[j * stride]
+            if _nonzero(v):
+                inner[q] = <idx_t>j
+                vals[q] = v
+                q = q + 1
+
+
+cdef void _rows_key(int64_t* off, int64_t rows, int64_t div, int64_t size, idx_t* key, int T) noexcept nogil:
+    """key of an outer level for every nonzero: (row // div) % size, repeated over the row."""
+    cdef int64_t r, q, c
+    for r in prange(rows, schedule='static', num_threads=T):
+        c = (r // div) % size
+        for q in range(off[r], off[r + 1]):
+            key[q] = <idx_t>c
+
+
+cdef void _place(idx_t* pos, idx_t* crd, int64_t P, int64_t* off, int64_t stride,
+                 int64_t* out, bint singleton, int T) noexcept nogil:
+    """Offsets into the dense result, one sparse level down (top-down to_dense)."""
+    cdef int64_t p, q
+    if singleton:
+        for q in prange(P, schedule='static', num_threads=T):
+            out[q] = off[q] + crd[q] * stride
+    else:
+        for p in prange(P, schedule='guided', num_threads=T):
+            for q in range(pos[p], pos[p + 1]):
+                out[q] = off[p] + crd[q] * stride
+
+
+cdef void _place_dense(int64_t P, int64_t s, int64_t* off, int64_t stride, int64_t* out, int T) noexcept nogil:
+    cdef int64_t p, c
+    for p in prange(P, schedule='static', num_threads=T):
+        for c in range(s):
+            out[p * s + c] = off[p] + c * stride
+
+
+# ----------------------------------------------------------------------------------------
+# typed dispatch (Python level; one call per kernel, not per entry)
+# ----------------------------------------------------------------------------------------
+
+cdef inline bint _is64(t):
+    return t.dtype == torch.int64
+
+
+def _k_expand_pos(pos, int64_t P, int64_t count):
+    owner = torch.empty(count, dtype=pos.dtype)
+    cdef int T = _threads()
+    if _is64(pos):
+        _expand_pos(<int64_t*>_ptr(pos), P, <int64_t*>_ptr(owner), T)
+    else:
+        _expand_pos(<int32_t*>_ptr(pos), P, <int32_t*>_ptr(owner), T)
+    return owner
+
+
+def _k_counting_sort(key, int64_t s):
+    """Destinations of a stable counting sort of ``key`` (values < s) and the bucket starts."""
+    cdef int T = _threads()
+    cdef int64_t n = key.numel()
+    if n < 65536:
+        T = 1
+    dest = torch.empty(n, dtype=key.dtype)
+    offsets = torch.empty(s + 1, dtype=key.dtype)
+    cdef void* hist = calloc(max(1, T * s), key.element_size())
+    if hist == NULL:
+        raise MemoryError("counting sort histogram")
+    try:
+        if _is64(key):
+            _histogram(<int64_t*>_ptr(key), n, s, <int64_t*>hist, T)
+            _offsets(<int64_t*>hist, s, T, <int64_t*>_ptr(offsets))
+            _dest(<int64_t*>_ptr(key), n, s, <int64_t*>hist, <int64_t*>_ptr(dest), T)
+        else:
+            _histogram(<int32_t*>_ptr(key), n, s, <int32_t*>hist, T)
+            _offsets(<int32_t*>hist, s, T, <int32_t*>_ptr(offsets))
+            _dest(<int32_t*>_ptr(key), n, s, <int32_t*>hist, <int32_t*>_ptr(dest), T)
+    finally:
+        free(hist)
+    return dest, offsets
+
+
+def _k_scatter(dest, src):
+    out = torch.empty_like(src)
+    cdef int T = _threads()
+    cdef int64_t n = src.numel()
+    cdef int isz = src.element_size()
+    if n < 65536:
+        T = 1
+    if _is64(dest):
+        _scatter(<int64_t*>_ptr(dest), n, <char*>_ptr(src), <char*>_ptr(out), isz, T)
+    else:
+        _scatter(<int32_t*>_ptr(dest), n, <char*>_ptr(src), <char*>_ptr(out), isz, T)
+    return out
+
+
+cdef class _PtrList:
+    """A C array of the data pointers of some index tensors (kept alive by ``refs``)."""
+    cdef void** p
+    cdef object refs
+
+    def __cinit__(self, tensors):
+        self.refs = list(tensors)
+        self.p = <void**>calloc(max(1, len(self.refs)), sizeof(void*))
+        for j, t in enumerate(self.refs):
+            self.p[j] = _ptr(t)
+
+    def __dealloc__(self):
+        free(self.p)
+
+
+def _k_unsorted_at(keys, bint strict=False):
+    """First entry out of lexicographic order of ``keys`` (len(keys[0]) when sorted)."""
+    if not keys:
+        return 0
+    cdef _PtrList pl = _PtrList(keys)
+    cdef int m = len(keys)
+    cdef int64_t n = keys[0].numel()
+    if _is64(keys[0]):
+        return _unsorted_at(<int64_t**>pl.p, m, n, strict)
+    return _unsorted_at(<int32_t**>pl.p, m, n, strict)
+
+
+def _k_dense_level(eoff, int64_t P, key, int64_t s):
+    cdef int T = _threads()
+    cdef int64_t n = key.numel()
+    out = torch.empty(P * s + 1, dtype=key.dtype)
+    if P == 1:
+        if _is64(key):
+            _dense_root(<int64_t*>_ptr(key), n, s, <int64_t*>_ptr(out), T)
+        else:
+            _dense_root(<int32_t*>_ptr(key), n, s, <int32_t*>_ptr(out), T)
+    elif _is64(key):
+        _dense_split(<int64_t*>_ptr(eoff), P, <int64_t*>_ptr(key), s, <int64_t*>_ptr(out), T)
+    else:
+        _dense_split(<int32_t*>_ptr(eoff), P, <int32_t*>_ptr(key), s, <int32_t*>_ptr(out), T)
+    return out
+
+
+def _k_distinct(eoff, int64_t P, keys):
+    """pos, crd per level of the run, and the entry offsets of the new positions."""
+    cdef int T = _threads()
+    cdef int m = len(keys)
+    cdef _PtrList pk = _PtrList(keys)
+    dt = eoff.dtype
+    pos = torch.empty(P + 1, dtype=dt)
+    if _is64(eoff):
+        _distinct_count(<int64_t*>_ptr(eoff), P, <int64_t**>pk.p, m, <int64_t*>_ptr(pos), T)
+    else:
+        _distinct_count(<int32_t*>_ptr(eoff), P, <int32_t**>pk.p, m, <int32_t*>_ptr(pos), T)
+    count = int(pos[P])
+    crds = [torch.empty(count, dtype=dt) for _ in range(m)]
+    out = torch.empty(count + 1, dtype=dt)
+    cdef _PtrList pc = _PtrList(crds)
+    if _is64(eoff):
+        _distinct_fill(<int64_t*>_ptr(eoff), P, <int64_t**>pk.p, m, <int64_t*>_ptr(pos),
+                       <int64_t**>pc.p, <int64_t*>_ptr(out), T)
+    else:
+        _distinct_fill(<int32_t*>_ptr(eoff), P, <int32_t**>pk.p, m, <int32_t*>_ptr(pos),
+                       <int32_t**>pc.p, <int32_t*>_ptr(out), T)
+    return pos, crds, out
+
+
+cdef _reduce_typed(eoff, int64_t count, vals, out, int T):
+    dt = vals.dtype
+    if _is64(eoff):
+        if dt == torch.float32:
+            _reduce(<int64_t*>_ptr(eoff), count, <float*>_ptr(vals), <float*>_ptr(out), T)
+        elif dt == torch.float64:
+            _reduce(<int64_t*>_ptr(eoff), count, <double*>_ptr(vals), <double*>_ptr(out), T)
+        elif dt == torch.int32:
+            _reduce(<int64_t*>_ptr(eoff), count, <int32_t*>_ptr(vals), <int32_t*>_ptr(out), T)
+        elif dt == torch.int64:
+            _reduce(<int64_t*>_ptr(eoff), count, <int64_t*>_ptr(vals), <int64_t*>_ptr(out), T)
+        elif dt == torch.bool:
+            _reduce(<int64_t*>_ptr(eoff), count, <uint8_t*>_ptr(vals), <uint8_t*>_ptr(out), T)
+        elif dt == torch.complex64:
+            _reduce(<int64_t*>_ptr(eoff), count, <cfloat*>_ptr(vals), <cfloat*>_ptr(out), T)
+        else:
+            _reduce(<int64_t*>_ptr(eoff), count, <cdouble*>_ptr(vals), <cdouble*>_ptr(out), T)
+    else:
+        if dt == torch.float32:
+            _reduce(<int32_t*>_ptr(eoff), count, <float*>_ptr(vals), <float*>_ptr(out), T)
+        elif dt == torch.float64:
+            _reduce(<int32_t*>_ptr(eoff), count, <double*>_ptr(vals), <double*>_ptr(out), T)
+        elif dt == torch.int32:
+            _reduce(<int32_t*>_ptr(eoff), count, <int32_t*>_ptr(vals), <int32_t*>_ptr(out), T)
+        elif dt == torch.int64:
+            _reduce(<int32_t*>_ptr(eoff), count, <int64_t*>_ptr(vals), <int64_t*>_ptr(out), T)
+        elif dt == torch.bool:
+            _reduce(<int32_t*>_ptr(eoff), count, <uint8_t*>_ptr(vals), <uint8_t*>_ptr(out), T)
+        elif dt == torch.complex64:
+            _reduce(<int32_t*>_ptr(eoff), count, <cfloat*>_ptr(vals), <cfloat*>_ptr(out), T)
+        else:
+            _reduce(<int32_t*>_ptr(eoff), count, <cdouble*>_ptr(vals), <cdouble*>_ptr(out), T)
+
+
+def _k_reduce(eoff, int64_t count, vals):
+    """Values of ``count`` positions from their entry ranges (sum of duplicates, zero fill)."""
+    dt = vals.dtype
+    if dt not in _NATIVE_SUM:
+        wide = _WIDEN.get(dt)
+        if wide is None:
+            raise TypeError(f"values of dtype {dt} cannot be summed")
+        return _k_reduce(eoff, count, vals.to(wide)).to(dt)
+    out = torch.empty(count, dtype=dt)
+    _reduce_typed(eoff, count, vals.contiguous(), out, _threads())
+    return out
+
+
+cdef _scan_typed(int kind, x, int64_t rows, rstart, int64_t m, int64_t stride, cnt, off, inner, vals,
+                 bint fill, int T):
+    cdef int64_t* rs = <int64_t*>_ptr(rstart)
+    cdef int64_t* cp = <int64_t*>_ptr(cnt)
+    cdef int64_t* op = <int64_t*>_ptr(off) if fill else NULL
+    cdef void* xp = _ptr(x)
+    cdef void* vp = _ptr(vals) if fill else NULL
+    cdef void* ip = _ptr(inner) if fill else NULL
+    cdef bint w64 = fill and _is64(inner)
+    # one branch per element type; the index type only matters for the fill pass
+    if kind == 0:
+        if not fill: _scan_count(<float*>xp, rows, rs, m, stride, cp, T)
+        elif w64: _scan_fill(<float*>xp, rows, rs, m, stride, op, <int64_t*>ip, <float*>vp, T)
+        else: _scan_fill(<float*>xp, rows, rs, m, stride, op, <int32_t*>ip, <float*>vp, T)
+    elif kind == 1:
+        if not fill: _scan_count(<double*>xp, rows, rs, m, stride, cp, T)
+        elif w64: _scan_fill(<double*>xp, rows, rs, m, stride, op, <int64_t*>ip, <double*>vp, T)
+        else: _scan_fill(<double*>xp, rows, rs, m, stride, op, <int32_t*>ip, <double*>vp, T)
+    elif kind == 2:
+        if not fill: _scan_count(<int8_t*>xp, rows, rs, m, stride, cp, T)
+        elif w64: _scan_fill(<int8_t*>xp, rows, rs, m, stride, op, <int64_t*>ip, <int8_t*>vp, T)
+        else: _scan_fill(<int8_t*>xp, rows, rs, m, stride, op, <int32_t*>ip, <int8_t*>vp, T)
+    elif kind == 3:
+        if not fill: _scan_count(<uint8_t*>xp, rows, rs, m, stride, cp, T)
+        elif w64: _scan_fill(<uint8_t*>xp, rows, rs, m, stride, op, <int64_t*>ip, <uint8_t*>vp, T)
+        else: _scan_fill(<uint8_t*>xp, rows, rs, m, stride, op, <int32_t*>ip, <uint8_t*>vp, T)
+    elif kind == 4:
+        if not fill: _scan_count(<int16_t*>xp, rows, rs, m, stride, cp, T)
+        elif w64: _scan_fill(<int16_t*>xp, rows, rs, m, stride, op, <int64_t*>ip, <int16_t*>vp, T)
+        else: _scan_fill(<int16_t*>xp, rows, rs, m, stride, op, <int32_t*>ip, <int16_t*>vp, T)
+    elif kind == 5:
+        if not fill: _scan_count(<uint16_t*>xp, rows, rs, m, stride, cp, T)
+        elif w64: _scan_fill(<uint16_t*>xp, rows, rs, m, stride, op, <int64_t*>ip, <uint16_t*>vp, T)
+        else: _scan_fill(<uint16_t*>xp, rows, rs, m, stride, op, <int32_t*>ip, <uint16_t*>vp, T)
+    elif kind == 6:
+        if not fill: _scan_count(<int32_t*>xp, rows, rs, m, stride, cp, T)
+        elif w64: _scan_fill(<int32_t*>xp, rows, rs, m, stride, op, <int64_t*>ip, <int32_t*>vp, T)
+        else: _scan_fill(<int32_t*>xp, rows, rs, m, stride, op, <int32_t*>ip, <int32_t*>vp, T)
+    elif kind == 7:
+        if not fill: _scan_count(<int64_t*>xp, rows, rs, m, stride, cp, T)
+        elif w64: _scan_fill(<int64_t*>xp, rows, rs, m, stride, op, <int64_t*>ip, <int64_t*>vp, T)
+        else: _scan_fill(<int64_t*>xp, rows, rs, m, stride, op, <int32_t*>ip, <int64_t*>vp, T)
+    elif kind == 8:
+        if not fill: _scan_count(<cfloat*>xp, rows, rs, m, stride, cp, T)
+        elif w64: _scan_fill(<cfloat*>xp, rows, rs, m, stride, op, <int64_t*>ip, <cfloat*>vp, T)
+        else: _scan_fill(<cfloat*>xp, rows, rs, m, stride, op, <int32_t*>ip, <cfloat*>vp, T)
+    else:
+        if not fill: _scan_count(<cdouble*>xp, rows, rs, m, stride, cp, T)
+        elif w64: _scan_fill(<cdouble*>xp, rows, rs, m, stride, op, <int64_t*>ip, <cdouble*>vp, T)
+        else: _scan_fill(<cdouble*>xp, rows, rs, m, stride, op, <int32_t*>ip, <cdouble*>vp, T)
+
+
+def _k_rows_key(off, int64_t rows, int64_t div, int64_t size, dtype):
+    key = torch.empty(int(off[rows]), dtype=dtype)
+    cdef int T = _threads()
+    if dtype == torch.int64:
+        _rows_key(<int64_t*>_ptr(off), rows, div, size, <int64_t*>_ptr(key), T)
+    else:
+        _rows_key(<int64_t*>_ptr(off), rows, div, size, <int32_t*>_ptr(key), T)
+    return key
+
+
+def _k_place(lv, int64_t P, int64_t count, off, int64_t stride):
+    out = torch.empty(count, dtype=torch.int64)
+    cdef int T = _threads()
+    cdef bint single = lv.pos is None
+    if lv.kind is _DENSE:
+        _place_dense(P, lv.size, <int64_t*>_ptr(off), stride, <int64_t*>_ptr(out), T)
+        return out
+    pos = lv.crd if single else lv.pos
+    crd = lv.crd
+    if _is64(crd):
+        _place(<int64_t*>_ptr(pos), <int64_t*>_ptr(crd), P, <int64_t*>_ptr(off), stride,
+               <int64_t*>_ptr(out), single, T)
+    else:
+        _place(<int32_t*>_ptr(pos), <int32_t*>_ptr(crd), P, <int64_t*>_ptr(off), stride,
+               <int64_t*>_ptr(out), single, T)
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# the level-by-level algorithm
+# ----------------------------------------------------------------------------------------
+
+def _level_counts(st: Storage) -> List[int]:
+    """Position count of every level of ``st`` (count[k] = positions of level k)."""
+    counts, P = [], 1
+    for lv in st.levels:
+        if lv.kind is _DENSE:
+            P = P * lv.size
+        elif lv.pos is not None:
+            P = int(lv.pos[P]) if lv.pos.numel() > P else 0
+        counts.append(P)
+    return counts
+
+
+def _decode(st: Storage, dtype: torch.dtype) -> List[torch.Tensor]:
+    """Coordinate of every stored value at every level of ``st``, in storage order.
+
+    Works bottom-up with the position of each value at the current level (``anc``), so a
+    level whose positions are the values' own (the last level, and coordinate levels of the
+    last run) hands over its ``crd`` without a copy."""
+    counts = _level_counts(st)
+    L = len(st.levels)
+    n = counts[-1] if L else 1
+    out: List[Optional[torch.Tensor]] = [None] * L
+    anc = None  # position of each value at level k; None = the identity
+    for k in range(L - 1, -1, -1):
+        lv = st.levels[k]
+        parents = counts[k - 1] if k else 1
+        if lv.kind is _DENSE:
+            a = anc if anc is not None else torch.arange(n, dtype=dtype)
+            if parents == 1:
+                out[k] = a
+                anc = torch.zeros(n, dtype=dtype) if k else None
+            else:
+                out[k] = torch.remainder(a, lv.size)
+                anc = torch.div(a, lv.size, rounding_mode="floor")
+            continue
+        crd = lv.crd.to(dtype)
+        out[k] = crd if anc is None else crd.index_select(0, anc)
+        if lv.pos is not None and k:
+            owner = _k_expand_pos(lv.pos.to(dtype), parents, counts[k])
+            anc = owner if anc is None else owner.index_select(0, anc)
+    return out
+
+
+def _keys_from_levels(lc: Sequence[torch.Tensor], src: Storage, fmt: Format,
+                      shape: Sequence[int], dtype: torch.dtype):
+    """Coordinates per target level from coordinates per source level (block aware); also
+    the source level each target key is (None where blocks differ and it is recomputed)."""
+    sizes = level_sizes(shape, fmt)
+    sblk, tblk = src.format.block, fmt.block
+    where = {(lv.dim, lv.block_inner): k for k, lv in enumerate(src.levels)}
+    keys, origin = [], []
+    for d, s, inner in sizes:
+        sb = sblk[d] if sblk else 1
+        tb = tblk[d] if tblk else 1
+        if sb == tb and (d, inner) in where:
+            k = where[(d, inner)]
+            keys.append(lc[k])
+            origin.append(k)
+            continue
+        full = lc[where[(d, False)]].to(torch.int64)
+        if (d, True) in where:
+            full = full * sb + lc[where[(d, True)]]
+        part = torch.remainder(full, tb) if inner else torch.div(full, tb, rounding_mode="floor")
+        keys.append(part.to(dtype))
+        origin.append(None)
+    return keys, origin
+
+
+def _work_dtype(shape: Sequence[int], fmt: Format, n: int) -> torch.dtype:
+    """Index type of the working arrays: int32 when even the largest possible result fits."""
+    bound = 1
+    for kind, (_, s, _) in zip(level_kinds(fmt), level_sizes(shape, fmt)):
+        bound = bound * s if kind is _DENSE else min(bound * s, n)
+    return index_dtype_for(shape, max(n, bound))
+
+
+def _sort(keys: List[torch.Tensor], values: torch.Tensor, sizes: Sequence[int], need: int,
+          keep_first: bool):
+    """Stable LSD sort of the entries by keys[0:need] (keys[need:] already in order).
+
+    Returns the sorted keys and values and, when the last pass was a counting sort on key
+    0, its bucket starts (then keys[0] is left unsorted unless ``keep_first``)."""
+    n = values.numel()
+    offsets0 = None
+    for k in range(need - 1, -1, -1):
+        s = sizes[k]
+        if s <= 4 * n + (1 << 16):
+            dest, offsets = _k_counting_sort(keys[k], s)
+            drop_own = k == 0 and not keep_first
+            keys = [keys[j] if (j == k and drop_own) else _k_scatter(dest, keys[j])
+                    for j in range(len(keys))]
+            values = _k_scatter(dest, values)
+            offsets0 = offsets if k == 0 else None
+            if drop_own:
+                keys[0] = None
+        else:
+            perm = torch.sort(keys[k], stable=True).indices
+            keys = [key.index_select(0, perm) for key in keys]
+            values = values.index_select(0, perm)
+            offsets0 = None
+    return keys, values, offsets0
+
+
+def _build(shape: Sequence[int], fmt: Format, keys: List[Optional[torch.Tensor]], values: torch.Tensor,
+           n_input: int, unique: bool, start: int = 0, eoff=None, parents: int = 1,
+           offsets0=None) -> Storage:
+    """Build the levels ``start:`` of ``fmt`` from entries sorted by level coordinates.
+
+    ``eoff`` gives, for each of the ``parents`` positions above level ``start``, where its
+    entries begin (None at the root). ``offsets0`` are the bucket starts of a counting sort
+    on level 0 (so keys[0] may be None)."""
+    kinds = level_kinds(fmt)
+    sizes = level_sizes(shape, fmt)
+    L = len(kinds)
+    n = values.numel()
+    wdt = next(k.dtype for k in keys if k is not None) if any(k is not None for k in keys) \
+        else (eoff.dtype if eoff is not None else _work_dtype(shape, fmt, n))
+    if start == 0 and eoff is None:
+        eoff = torch.tensor([0, n], dtype=wdt)
+    built = [(None, None)] * L  # levels above ``start`` are dense
+    k = start
+    while k < L:
+        kind = kinds[k]
+        s = sizes[k][1]
+        if eoff is None:  # every position so far holds one entry
+            eoff = torch.arange(parents + 1, dtype=wdt)
+        if kind is _DENSE:
+            if k == 0 and offsets0 is not None:
+                eoff = offsets0
+            else:
+                eoff = _k_dense_level(eoff, parents, keys[k], s)
+            parents *= s
+            built[k] = (None, None)
+            k += 1
+            continue
+        end = k + 1
+        if kind is _COORDINATE:
+            while end < L and kinds[end] is _COORDINATE:
+                end += 1
+        if k == 0 and offsets0 is not None and keys[0] is None:  # compressed root from the bucket starts
+            nonempty = torch.nonzero(offsets0[1:] != offsets0[:-1]).reshape(-1)
+            crds = [nonempty.to(wdt)]
+            eoff = torch.cat([offsets0[:-1][nonempty], offsets0[-1:]])
+            parents = nonempty.numel()
+            pos = torch.tensor([0, parents], dtype=wdt)
+        elif unique and end == L:
+            pos, crds, eoff = eoff, keys[k:end], None
+            parents = n
+        else:
+            pos, crds, eoff = _k_distinct(eoff, parents, keys[k:end])
+            parents = crds[0].numel()
+        for j in range(k, end):
+            built[j] = (pos if j == k else None, crds[j - k])
+        k = end
+    count = parents
+    vals = values if eoff is None else _k_reduce(eoff, count, values)
+    idx = index_dtype_for(shape, max(count, n_input))
+    levels = []
+    for (d, s, inner), kind, (pos, crd) in zip(sizes, kinds, built):
+        levels.append(Level(kind, d, s,
+                            None if pos is None else pos.to(idx).contiguous(),
+                            None if crd is None else crd.to(idx).contiguous(), inner))
+    return Storage(fmt, shape, levels, vals, idx)
+
+
+def _assemble(shape, fmt: Format, keys: List[torch.Tensor], values: torch.Tensor, n_input: int,
+              need: int, unique: bool, reject_duplicates: bool = False) -> Storage:
+    """Sort by the first ``need`` keys where the data is not already in order, then build."""
+    kinds = level_kinds(fmt)
+    sizes = [s for _, s, _ in level_sizes(shape, fmt)]
+    while need > 0 and _k_unsorted_at(keys[need - 1:]) == values.numel():
+        need -= 1
+    keep_first = kinds[0] is _COORDINATE or reject_duplicates
+    keys, values, offsets0 = _sort(keys, values, sizes, need, keep_first)
+    if reject_duplicates:
+        at = _k_unsorted_at(keys, True)
+        if at < values.numel():
+            dup = [int(k[at]) for k in keys]
+            raise ValueError(f"indices has a duplicate coordinate (level coordinates {dup}) and "
+                             f"sum_duplicates=False")
+        unique = True
+    return _build(shape, fmt, keys, values, n_input, unique, offsets0=offsets0)
+
+
+# ----------------------------------------------------------------------------------------
+# public functions
+# ----------------------------------------------------------------------------------------
+
+def _check_shape(shape) -> Tuple[int, ...]:
+    if isinstance(shape, torch.Size):
+        return tuple(int(s) for s in shape)
+    try:
+        items = list(shape)
+    except TypeError:
+        raise ValueError(f"size must be a sequence of non-negative ints, got {shape!r}") from None
+    out = []
+    for d, s in enumerate(items):
+        if isinstance(s, torch.Tensor) and s.numel() == 1:
+            s = s.item()
+        if isinstance(s, float) and math.isnan(s):
+            raise ValueError(f"size[{d}] is NaN; sizes must be non-negative ints")
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral):
+            raise ValueError(f"size[{d}] = {s!r} is not an int")
+        if s < 0:
+            raise ValueError(f"size[{d}] = {s} is negative")
+        out.append(int(s))
+    return tuple(out)
+
+
+def _check_format(fmt: Format, shape: Sequence[int]) -> None:
+    if not isinstance(fmt, Format):
+        raise ValueError(f"format must be a scorch.Format, got {fmt!r}")
+    if fmt.rank != len(shape):
+        raise ValueError(f"format {fmt} has {fmt.rank} levels but the tensor has {len(shape)} dimensions")
+    if fmt.block is not None:
+        for d, (s, b) in enumerate(zip(shape, fmt.block)):
+            if s % b:
+                raise ValueError(f"size[{d}] = {s} is not divisible by the block size {b} of format {fmt!r}")
+
+
+def _check_values_dtype(dtype) -> None:
+    if dtype not in _SCAN_AS:
+        raise TypeError(f"values of dtype {dtype} are not supported (expected a float, int, bool "
+                        f"or complex dtype)")
+
+
+def from_coords(indices, values, shape: Sequence[int], fmt: Format,
+                sum_duplicates: bool = True) -> Storage:
+    """Storage of ``fmt`` holding ``values`` at the columns of ``indices`` (ndim x n).
+
+    Entries may come in any order; duplicates are summed (ORed for bool) because that is
+    what torch's ``coalesce`` does, so a tensor built from coordinates means the same in
+    both libraries. ``sum_duplicates=False`` promises unique coordinates (a ValueError says
+    otherwise) and lets the last level reuse the sorted keys without a distinct pass."""
+    shape = _check_shape(shape)
+    _check_format(fmt, shape)
+    if not isinstance(indices, torch.Tensor):
+        try:
+            indices = torch.as_tensor(np.asarray(indices))
+        except Exception:
+            raise ValueError(f"indices must be an integer tensor of shape (ndim, n), got {type(indices).__name__}") from None
+    if indices.dtype.is_floating_point or indices.dtype.is_complex or indices.dtype == torch.bool:
+        raise ValueError(f"indices must have an integer dtype, got {indices.dtype}")
+    if indices.dim() != 2:
+        raise ValueError(f"indices must be 2-d (ndim x n), got {indices.dim()}-d of shape {tuple(indices.shape)}")
+    if indices.shape[0] != len(shape):
+        raise ValueError(f"indices has {indices.shape[0]} rows but size {shape} has {len(shape)} dimensions")
+    if not isinstance(values, torch.Tensor):
+        values = torch.as_tensor(values)
+    _check_values_dtype(values.dtype)
+    if values.dim() != 1:
+        raise ValueError(f"values must be 1-d, got shape {tuple(values.shape)}")
+    n = indices.shape[1]
+    if values.numel() != n:
+        raise ValueError(f"values has {values.numel()} entries but indices has {n} columns")
+    if n:
+        lo = indices.min(dim=1).values.tolist()
+        hi = indices.max(dim=1).values.tolist()
+        for d in range(len(shape)):
+            if lo[d] < 0 or hi[d] >= shape[d]:
+                bad = lo[d] if lo[d] < 0 else hi[d]
+                raise ValueError(f"indices out of range in dimension {d}: coordinate {bad} "
+                                 f"for size {shape[d]}")
+    values = values.contiguous()
+    wdt = _work_dtype(shape, fmt, n)
+    idx = indices.to(wdt)
+    dims = [idx[d].contiguous() for d in range(len(shape))]
+    if fmt.block is None:
+        keys = [dims[d] for d in fmt.mode_order]
+    else:
+        blk = fmt.block
+        keys = [torch.div(dims[d], blk[d], rounding_mode="floor") for d in fmt.mode_order]
+        keys += [torch.remainder(dims[d], blk[d]) for d in range(len(shape))]
+    return _assemble(shape, fmt, keys, values, n, len(keys), unique=False,
+                     reject_duplicates=not sum_duplicates)
+
+
+def _level_view(x: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """``x`` as a strided view with one dimension per stored level, in level order."""
+    if fmt.block is None:
+        return x.permute(fmt.mode_order)
+    r = x.dim()
+    split = x
+    for d in range(r - 1, -1, -1):
+        split = split.unflatten(d, (x.shape[d] // fmt.block[d], fmt.block[d]))
+    order = [2 * d for d in fmt.mode_order] + [2 * d + 1 for d in range(r)]
+    return split.permute(order)
+
+
+def from_dense(x: torch.Tensor, fmt: Format) -> Storage:
+    """Storage of ``fmt`` holding the nonzeros of the strided tensor ``x`` (any strides).
+
+    The tensor is scanned in the target's level order (two passes: count per row, then fill),
+    so the entries arrive sorted and nothing is sorted afterwards; the leading dense levels
+    come straight from the per-row counts."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.layout != torch.strided or x.device.type != "cpu":
+        raise ValueError(f"x must be a strided CPU tensor, got layout {x.layout} on {x.device}")
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension (a 0-d tensor has no sparse format)")
+    shape = tuple(x.shape)
+    _check_format(fmt, shape)
+    _check_values_dtype(x.dtype)
+    kinds = level_kinds(fmt)
+    sizes = [s for _, s, _ in level_sizes(shape, fmt)]
+    if all(kd is _DENSE for kd in kinds):  # every position stored: a permuted copy
+        vals = _level_view(x, fmt).contiguous().reshape(-1)
+        if vals.data_ptr() == x.data_ptr():
+            vals = vals.clone()
+        return _build(shape, fmt, [None] * len(kinds), vals, int((x != 0).sum()), True,
+                      start=len(kinds), eoff=None, parents=vals.numel())
+    y = _level_view(x, fmt)
+    L = y.dim()
+    m, stride = sizes[-1], y.stride(-1)
+    outer = sizes[:-1]
+    rows = 1
+    for s in outer:
+        rows *= s
+    # start offset (in elements) of every row of the level view
+    rstart = torch.zeros(1, dtype=torch.int64)
+    for s, st in zip(outer, y.stride()[:-1]):
+        rstart = (rstart[:, None] + torch.arange(s, dtype=torch.int64)[None, :] * st).reshape(-1)
+    cdef int T = _threads()
+    cdef int kind = _SCAN_AS[x.dtype]
+    cnt = torch.empty(rows, dtype=torch.int64)
+    # data_ptr of the view already includes the storage offset
+    _scan_typed(kind, y, rows, rstart, m, stride, cnt, None, None, None, False, T)
+    off = torch.zeros(rows + 1, dtype=torch.int64)
+    torch.cumsum(cnt, 0, out=off[1:])
+    n = int(off[rows])
+    wdt = _work_dtype(shape, fmt, n)
+    inner = torch.empty(n, dtype=wdt)
+    vals = torch.empty(n, dtype=x.dtype)
+    _scan_typed(kind, y, rows, rstart, m, stride, cnt, off, inner, vals, True, T)
+    # leading dense levels come from the row counts; the other outer keys are written out
+    lead = 0
+    while lead < L - 1 and kinds[lead] is _DENSE:
+        lead += 1
+    keys: List[Optional[torch.Tensor]] = [None] * L
+    keys[L - 1] = inner
+    div = rows
+    for k in range(L - 1):
+        div = div // outer[k] if outer[k] else 0
+        if k >= lead:
+            keys[k] = _k_rows_key(off, rows, div, outer[k], wdt) if rows else torch.empty(0, dtype=wdt)
+    group, parents = 1, 1
+    for s in outer[lead:]:
+        group *= s
+    for s in outer[:lead]:
+        parents *= s
+    eoff = off[::group].to(wdt).contiguous() if rows else torch.zeros(parents + 1, dtype=wdt)
+    return _build(shape, fmt, keys, vals, n, True, start=lead, eoff=eoff, parents=parents)
+
+
+def _dense_strides(st: Storage) -> List[int]:
+    """Element stride in the contiguous dense result of one step at each level."""
+    cstride = [1] * st.ndim
+    for d in range(st.ndim - 2, -1, -1):
+        cstride[d] = cstride[d + 1] * st.shape[d + 1]
+    blk = st.format.block
+    return [cstride[lv.dim] * (1 if (blk is None or lv.block_inner) else blk[lv.dim])
+            for lv in st.levels]
+
+
+def to_dense(st: Storage) -> torch.Tensor:
+    """The contiguous dense tensor (dimension order) of a storage."""
+    if st.ndim == 0:
+        return st.values.reshape(()).clone()
+    fmt = st.format
+    if fmt.block is None and fmt.is_dense:
+        inverse = [0] * st.ndim
+        for k, d in enumerate(fmt.mode_order):
+            inverse[d] = k
+        lvshape = [st.shape[d] for d in fmt.mode_order]
+        dense = st.values.reshape(lvshape).permute(inverse).contiguous()
+        return dense.clone() if dense.data_ptr() == st.values.data_ptr() else dense
+    out = torch.zeros(st.shape, dtype=st.dtype)
+    strides = _dense_strides(st)
+    off = torch.zeros(1, dtype=torch.int64)
+    P = 1
+    for lv, stride in zip(st.levels, strides):
+        if lv.kind is _DENSE:
+            count = P * lv.size
+        elif lv.pos is not None:
+            count = int(lv.pos[P]) if lv.pos.numel() > P else 0
+        else:
+            count = P
+        off = _k_place(lv, P, count, off, stride)
+        P = count
+    if P:
+        out.view(-1)[off] = st.values
+    return out
+
+
+def coords(st: Storage) -> torch.Tensor:
+    """int64 (ndim, nnz): the coordinate of every stored value, in storage order."""
+    nnz = st.nnz
+    out = torch.empty((st.ndim, nnz), dtype=torch.int64)
+    if st.ndim == 0:
+        return out
+    lc = _decode(st, st.index_dtype)
+    blk = st.format.block
+    if blk is None:
+        for lv, c in zip(st.levels, lc):
+            out[lv.dim].copy_(c)
+        return out
+    out.zero_()
+    for lv, c in zip(st.levels, lc):
+        if lv.block_inner:
+            out[lv.dim].add_(c)
+        else:
+            out[lv.dim].add_(c.to(torch.int64) * blk[lv.dim])
+    return out
+
+
+def _presorted(src: Storage, origin: Sequence[Optional[int]]) -> int:
+    """Smallest k such that the source's storage order already sorts the keys k: (it does
+    when they are the source's own first levels, in order)."""
+    need = len(origin)
+    for k in range(len(origin) - 1, -1, -1):
+        if list(origin[k:]) == list(range(len(origin) - k)):
+            need = k
+    return need
+
+
+def convert(st: Storage, fmt: Format) -> Storage:
+    """The same tensor in another format, without a dense intermediate; stored values (also
+    stored zeros) are kept, and only positions that a dense target level creates are zero."""
+    _check_format(fmt, st.shape)
+    if fmt == st.format:
+        return st
+    n = st.nnz
+    wdt = _work_dtype(st.shape, fmt, n)
+    lc = _decode(st, wdt)
+    keys, origin = _keys_from_levels(lc, st, fmt, st.shape, wdt)
+    keys = [k.contiguous() for k in keys]
+    need = _presorted(st, origin)
+    return _assemble(st.shape, fmt, keys, st.values, n, need, unique=True)

@@ -1,0 +1,283 @@
+"""Property tests of the Cython conversion runtime against the numpy reference model.
+
+Every storage the runtime builds must be *identical* (same pos/crd/values arrays, same
+index dtype) to what ``tests/reference_storage.py`` builds, and must densify to the same
+tensor; formats are drawn at random (any rank 1-4, any mix of level kinds, any mode order,
+blocked 2-d formats), so no named-format special case can hide a gap.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scorch.formats import Format
+from scorch.storage import Level, Storage
+from scorch._runtime import convert as C
+
+from reference_storage import (reference_coords, reference_from_coords, reference_from_dense,
+                               reference_to_dense)
+
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64, torch.bool]
+
+
+def assert_same_storage(got: Storage, want: Storage) -> None:
+    assert got.format == want.format
+    assert got.shape == want.shape
+    assert got.index_dtype == want.index_dtype, (got.index_dtype, want.index_dtype)
+    assert len(got.levels) == len(want.levels)
+    for k, (a, b) in enumerate(zip(got.levels, want.levels)):
+        assert (a.kind, a.dim, a.size, a.block_inner) == (b.kind, b.dim, b.size, b.block_inner), k
+        for name in ("pos", "crd"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None) == (y is None), f"level {k} {name}"
+            if x is not None:
+                assert x.dtype == y.dtype == want.index_dtype, f"level {k} {name} dtype"
+                assert x.is_contiguous() and x.dim() == 1
+                assert torch.equal(x, y), f"level {k} {name}: {x} != {y}"
+    assert got.values.dtype == want.values.dtype
+    assert torch.equal(got.values, want.values), f"values {got.values} != {want.values}"
+
+
+@st.composite
+def formats(draw, rank=None, allow_block=True):
+    rank = rank if rank is not None else draw(st.integers(1, 4))
+    levels = draw(st.text(alphabet="dcq", min_size=rank, max_size=rank))
+    order = draw(st.permutations(range(rank)))
+    block = None
+    if allow_block and rank == 2 and draw(st.integers(0, 3)) == 0:
+        block = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    return Format(levels, order, block)
+
+
+@st.composite
+def shapes_for(draw, fmt):
+    blk = fmt.block or (1,) * fmt.rank
+    return tuple(draw(st.integers(0, 4 if fmt.rank <= 2 else 3)) * b for b in blk)
+
+
+def random_dense(seed, shape, dtype, density):
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(shape, generator=g) < density
+    if dtype == torch.bool:
+        return mask
+    vals = torch.randint(-5, 6, shape, generator=g).to(dtype)
+    if dtype.is_floating_point:
+        vals = vals + torch.rand(shape, generator=g, dtype=torch.float64).to(dtype)
+    return torch.where(mask, vals, torch.zeros((), dtype=dtype))
+
+
+densities = st.sampled_from([0.0, 0.15, 0.5, 1.0])
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(data=st.data(), dtype=st.sampled_from(DTYPES), density=densities, seed=st.integers(0, 2**31))
+def test_from_dense_matches_reference(data, dtype, density, seed):
+    fmt = data.draw(formats())
+    shape = data.draw(shapes_for(fmt))
+    x = random_dense(seed, shape, dtype, density)
+    got = C.from_dense(x, fmt)
+    want = reference_from_dense(x, fmt)
+    assert_same_storage(got, want)
+    assert torch.equal(C.to_dense(got), x)
+    assert torch.equal(C.coords(got), torch.from_numpy(reference_coords(want)))
+
+
+@settings(max_examples=200, **SETTINGS)
+@given(data=st.data(), dtype=st.sampled_from(DTYPES), density=densities, seed=st.integers(0, 2**31))
+def test_convert_matches_reference(data, dtype, density, seed):
+    src_fmt = data.draw(formats())
+    shape = data.draw(shapes_for(src_fmt))
+    blk = src_fmt.block
+    dst_fmt = data.draw(formats(rank=src_fmt.rank, allow_block=False))
+    if src_fmt.rank == 2 and data.draw(st.booleans()):
+        # another block size that also divides the shape
+        opts = [b for b in itertools.product(range(1, 4), repeat=2)
+                if all(s % bb == 0 for s, bb in zip(shape, b))]
+        dst_fmt = Format(dst_fmt.levels, dst_fmt.mode_order, data.draw(st.sampled_from(opts)))
+    x = random_dense(seed, shape, dtype, density)
+    src = C.from_dense(x, src_fmt)
+    got = C.convert(src, dst_fmt)
+    # stored zeros of the source (dense levels) are kept: the oracle gets every stored value
+    want = reference_from_coords(C.coords(src).numpy(), src.values, shape, dst_fmt)
+    assert_same_storage(got, want)
+    assert torch.equal(C.to_dense(got), x)
+    assert torch.equal(reference_to_dense(got), x)
+    if dst_fmt == src_fmt:
+        assert got is src
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(data=st.data(), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31),
+       n=st.integers(0, 40))
+def test_from_coords_duplicates_unsorted(data, dtype, seed, n):
+    fmt = data.draw(formats())
+    shape = data.draw(shapes_for(fmt))
+    if 0 in shape:
+        n = 0
+    rng = np.random.default_rng(seed)
+    # few distinct coordinates so that duplicates are common; random (unsorted) order
+    base = np.stack([rng.integers(0, max(s, 1), size=max(1, n // 3)) for s in shape])
+    idx = base[:, rng.integers(0, base.shape[1], size=n)] if n else np.zeros((len(shape), 0), np.int64)
+    vals = torch.from_numpy(rng.normal(size=n)).to(dtype) if dtype != torch.bool \
+        else torch.from_numpy(rng.random(n) < 0.5)
+    if dtype in (torch.int32, torch.int64):
+        vals = torch.from_numpy(rng.integers(-9, 10, size=n)).to(dtype)
+    index_type = data.draw(st.sampled_from([np.int64, np.int32, "torch"]))
+    indices = torch.from_numpy(idx) if index_type == "torch" else idx.astype(index_type)
+    got = C.from_coords(indices, vals, shape, fmt)
+    want = reference_from_coords(idx, vals, shape, fmt)
+    assert_same_storage(got, want)
+    dense = torch.zeros(shape, dtype=torch.float64)
+    if n:
+        dense.index_put_(tuple(torch.from_numpy(r) for r in idx), vals.to(torch.float64), accumulate=True)
+    if dtype.is_floating_point:
+        torch.testing.assert_close(C.to_dense(got).double(), dense, rtol=1e-5, atol=1e-5)
+    else:
+        assert torch.equal(C.to_dense(got), dense.to(dtype) if dtype != torch.bool else dense != 0)
+
+
+def _with_int64_arrays(s: Storage) -> Storage:
+    levels = [Level(lv.kind, lv.dim, lv.size,
+                    None if lv.pos is None else lv.pos.long(),
+                    None if lv.crd is None else lv.crd.long(), lv.block_inner) for lv in s.levels]
+    return Storage(s.format, s.shape, levels, s.values, torch.int64)
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(data=st.data(), seed=st.integers(0, 2**31))
+def test_int64_input_arrays_are_accepted(data, seed):
+    src_fmt = data.draw(formats())
+    shape = data.draw(shapes_for(src_fmt))
+    dst_fmt = data.draw(formats(rank=src_fmt.rank, allow_block=False))
+    x = random_dense(seed, shape, torch.float32, 0.3)
+    src = _with_int64_arrays(C.from_dense(x, src_fmt))
+    assert torch.equal(C.to_dense(src), x)
+    assert torch.equal(C.coords(src), torch.from_numpy(reference_coords(src)))
+    got = C.convert(src, dst_fmt)
+    want = reference_from_coords(reference_coords(src), src.values, shape, dst_fmt)
+    if dst_fmt != src_fmt:
+        assert_same_storage(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
+                                   torch.int8, torch.uint8, torch.int16])
+def test_other_value_dtypes_round_trip(dtype):
+    x = random_dense(3, (6, 5, 4), torch.float64, 0.3)
+    x = (x * 3).to(dtype) if not dtype.is_complex else torch.complex(x, x.flip(0)).to(dtype)
+    for fmt in (Format("dcc"), Format("qqq", (2, 0, 1)), Format("cdd", (1, 2, 0))):
+        s = C.from_dense(x, fmt)
+        assert s.dtype == dtype
+        assert torch.equal(C.to_dense(s), x)
+        assert torch.equal(C.to_dense(C.convert(s, Format("cdc", (2, 1, 0)))), x)
+    # duplicates are summed in a type wide enough for the sum
+    s = C.from_coords(torch.tensor([[0, 1, 0], [2, 2, 2]]), torch.ones(3, dtype=dtype), (2, 3),
+                      Format("dc"))
+    assert s.values.tolist() == torch.tensor([2, 1], dtype=dtype).tolist()
+
+
+def test_strided_inputs():
+    base = random_dense(7, (9, 12, 6), torch.float64, 0.4)
+    views = [base.transpose(0, 2), base[::2, 1::3], base.permute(1, 2, 0)[:, 1:, :],
+             base[3], base[:, 4, ::2], base.expand(2, 9, 12, 6)[:, ::3]]
+    for x in views:
+        for fmt in (Format("c" * x.dim()), Format("d" * (x.dim() - 1) + "c", tuple(reversed(range(x.dim())))),
+                    Format("q" * x.dim())):
+            got = C.from_dense(x, fmt)
+            assert_same_storage(got, reference_from_dense(x.contiguous(), fmt))
+            assert torch.equal(C.to_dense(got), x)
+
+
+def test_large_matches_scipy():
+    """Big enough for the parallel (multi-thread) counting-sort and scan paths."""
+    sp = pytest.importorskip("scipy.sparse")
+    rng = np.random.default_rng(1)
+    m, n, nnz = 3000, 2000, 200_000
+    a = sp.random(m, n, density=nnz / (m * n), format="coo", random_state=rng, dtype=np.float32)
+    # unsorted COO with duplicates
+    r = np.concatenate([a.row, a.row[:5000]])
+    c = np.concatenate([a.col, a.col[:5000]])
+    v = np.concatenate([a.data, a.data[:5000]])
+    perm = rng.permutation(len(r))
+    r, c, v = r[perm], c[perm], v[perm]
+    csr_ref = sp.coo_array((v, (r, c)), shape=(m, n)).tocsr()
+    csr_ref.sum_duplicates()
+    csr_ref.sort_indices()
+    s = C.from_coords(np.stack([r, c]), torch.from_numpy(v), (m, n), Format("dc"))
+    assert np.array_equal(s.levels[1].pos.numpy(), csr_ref.indptr)
+    assert np.array_equal(s.levels[1].crd.numpy(), csr_ref.indices)
+    np.testing.assert_allclose(s.values.numpy(), csr_ref.data, rtol=1e-6)
+    csc = C.convert(s, Format("dc", (1, 0)))
+    csc_ref = csr_ref.tocsc()
+    csc_ref.sort_indices()
+    assert np.array_equal(csc.levels[1].pos.numpy(), csc_ref.indptr)
+    assert np.array_equal(csc.levels[1].crd.numpy(), csc_ref.indices)
+    assert np.array_equal(csc.values.numpy(), csc_ref.data)
+    dense = torch.from_numpy(csr_ref.toarray())
+    assert_same_storage(C.from_dense(dense, Format("dc")), s)
+    assert_same_storage(C.from_dense(dense.t(), Format("dc", (1, 0))),
+                        C.convert(s, Format("dc", (0, 1))).__class__(
+                            Format("dc", (1, 0)), (n, m), [Level(lv.kind, 1 - lv.dim, lv.size, lv.pos, lv.crd)
+                                                           for lv in s.levels], s.values))
+    coo = C.convert(s, Format("qq"))
+    back = C.convert(coo, Format("dc"))
+    assert_same_storage(back, s)
+    assert back.values.data_ptr() == coo.values.data_ptr()  # sorted COO -> CSR shares values
+    assert torch.equal(C.coords(csc), torch.from_numpy(reference_coords(csc)))
+    assert torch.equal(C.to_dense(csc), dense)
+
+
+def test_huge_dimensions_use_int64_and_comparison_sort():
+    big = 3_000_000_000
+    idx = torch.tensor([[5, big - 1, 5, 0], [7, 2, 7, big - 2]])
+    vals = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    for fmt in (Format("qq"), Format("cc", (1, 0)), Format("qq", (1, 0))):
+        s = C.from_coords(idx, vals, (big, big), fmt)
+        assert s.index_dtype == torch.int64
+        assert_same_storage(s, reference_from_coords(idx.numpy(), vals, (big, big), fmt))
+    s = C.from_coords(idx, vals, (big, big), Format("qq"))
+    t = C.convert(s, Format("cc", (1, 0)))
+    assert_same_storage(t, reference_from_coords(idx.numpy(), vals, (big, big), Format("cc", (1, 0))))
+
+
+def test_sum_duplicates_false():
+    idx = torch.tensor([[0, 1, 1], [2, 0, 1]])
+    s = C.from_coords(idx, torch.ones(3), (2, 3), Format("dc"), sum_duplicates=False)
+    assert_same_storage(s, reference_from_coords(idx.numpy(), torch.ones(3), (2, 3), Format("dc")))
+    with pytest.raises(ValueError, match="duplicate"):
+        C.from_coords(torch.tensor([[1, 0, 1], [1, 0, 1]]), torch.ones(3), (2, 3), Format("dc"),
+                      sum_duplicates=False)
+
+
+@pytest.mark.parametrize("indices, values, size, match", [
+    (torch.zeros(3, dtype=torch.long), torch.ones(3), (4, 4), "indices must be 2-d"),
+    (torch.zeros((3, 2), dtype=torch.long), torch.ones(2), (4, 4), "indices has 3 rows"),
+    (torch.zeros((2, 2)), torch.ones(2), (4, 4), "indices must have an integer dtype"),
+    (torch.tensor([[0, 1], [0, 4]]), torch.ones(2), (4, 4), r"indices out of range in dimension 1: coordinate 4"),
+    (torch.tensor([[0, -1], [0, 1]]), torch.ones(2), (4, 4), r"indices out of range in dimension 0: coordinate -1"),
+    (torch.tensor([[0, 1], [0, 1]]), torch.ones(3), (4, 4), "values has 3 entries but indices has 2"),
+    (torch.tensor([[0, 1], [0, 1]]), torch.ones(2, 1), (4, 4), "values must be 1-d"),
+    (torch.tensor([[0, 1], [0, 1]]), torch.ones(2), (4, -4), r"size\[1\] = -4 is negative"),
+    (torch.tensor([[0, 1], [0, 1]]), torch.ones(2), (4, 2.5), r"size\[1\] = 2.5 is not an int"),
+    (torch.tensor([[0, 1], [0, 1]]), torch.ones(2), (float("nan"), 4), r"size\[0\] is NaN"),
+])
+def test_from_coords_errors_name_the_argument(indices, values, size, match):
+    with pytest.raises(ValueError, match=match):
+        C.from_coords(indices, values, size, Format("dc"))
+
+
+def test_other_errors():
+    with pytest.raises(TypeError, match="values of dtype torch.float8_e4m3fn"):
+        C.from_coords(torch.zeros((1, 1), dtype=torch.long), torch.zeros(1, dtype=torch.float8_e4m3fn),
+                      (2,), Format("c"))
+    with pytest.raises(ValueError, match="not divisible by the block size"):
+        C.from_dense(torch.ones(5, 4), Format("dc", block=(2, 2)))
+    with pytest.raises(ValueError, match="has 2 levels but the tensor has 3"):
+        C.from_dense(torch.ones(2, 2, 2), Format("dc"))
+    with pytest.raises(ValueError, match="has 2 levels but the tensor has 1"):
+        C.convert(C.from_dense(torch.ones(3), Format("c")), Format("dc"))
