@@ -1,0 +1,591 @@
+"""Standard-kernel report: scorch vs torch.sparse (CSR, COO) vs scipy, in one process.
+
+    python benchmarks/report_kernels.py                       # every matrix, 1 and 2 threads
+    python benchmarks/report_kernels.py --quick               # 3 small/medium matrices
+    python benchmarks/report_kernels.py --threads 2 --kernels spmm sddmm --matrices 4elt mdual
+
+Writes ``benchmarks/results/kernels.md`` (table, per-kernel geometric means, targets, STREAM
+bandwidth of this machine), ``kernels.json`` (raw numbers) and ``kernels.png`` (ratio plot).
+
+Method: for every case (kernel, K, matrix) the operands are built once; each implementation
+is called once and its result checked against a float64 reference (a wrong result is timed
+but gets no ratio), then called once more as warm-up, then timed back to back: the median of
+>= 7 runs (up to 101 runs for sub-ms calls; 3 runs after a single warm-up for calls over 1 s).
+Threads via ``torch.set_num_threads``; scorch and torch follow it, scipy is single-threaded
+and is measured once per case (its row is repeated for every thread count).
+"best peer" = the faster of torch CSR and scipy; ratio = best peer / scorch (> 1: scorch
+faster). scorch GB/s = the bytes that must move (``kernels.bytes_moved``) / scorch's median.
+
+The machine is shared: before each case the script waits (up to ``--quiet-wait`` s) until
+other processes use < 0.3 cores, and it records the CPU time other processes used while the
+case was measured; rows measured under load are flagged.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+warnings.filterwarnings("ignore", message=".*Sparse CSR tensor support is in beta.*")
+warnings.filterwarnings("ignore", message=".*Sparse invariant checks.*")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import kernels as K  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# targets at 2 threads: geometric mean over matrices (all K pooled) of best-peer / scorch
+TARGETS = {"spmm": 1.5, "sddmm": 2.0, "spgemm": 1.2, "spmv": 1.0}
+MIN_CASE_TARGET = 0.8
+FLAG_LOAD = 0.3  # cores used by other processes during a case that flag its rows
+
+
+# --------------------------------------------------------------------------- machine load
+
+def _proc_busy_ticks() -> int:
+    with open("/proc/stat") as f:
+        parts = f.readline().split()
+    v = [int(x) for x in parts[1:]]
+    # user nice system idle iowait irq softirq steal
+    return v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)
+
+
+def _self_ticks() -> int:
+    with open("/proc/self/stat") as f:
+        s = f.read()
+    fields = s[s.rindex(")") + 2:].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+
+
+class LoadMeter:
+    """CPU cores used by *other* processes over a window (from /proc; 0 where unavailable)."""
+
+    def __init__(self):
+        self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.start()
+
+    def start(self):
+        try:
+            self.t0, self.b0, self.s0 = time.monotonic(), _proc_busy_ticks(), _self_ticks()
+        except OSError:
+            self.t0, self.b0, self.s0 = time.monotonic(), None, None
+
+    def foreign_cores(self) -> float:
+        if self.b0 is None:
+            return 0.0
+        dt = time.monotonic() - self.t0
+        if dt <= 0:
+            return 0.0
+        return max(0.0, (_proc_busy_ticks() - self.b0 - (_self_ticks() - self.s0)) / self.hz / dt)
+
+
+def wait_quiet(max_wait: float, threshold: float = FLAG_LOAD, window: float = 0.5) -> float:
+    """Wait until other processes use < threshold cores (or max_wait passes); return the last
+    reading."""
+    deadline = time.monotonic() + max_wait
+    while True:
+        m = LoadMeter()
+        time.sleep(window)
+        load = m.foreign_cores()
+        if load < threshold or time.monotonic() >= deadline:
+            return load
+
+
+# --------------------------------------------------------------------------- timing
+
+def measure(fn, min_runs: int = 7, max_runs: int = 101, target_s: float = 0.5,
+            slow_s: float = 1.0):
+    """(first_result, median_s, runs, all_times). The first call's result is returned for
+    checking; that call and one more are warm-ups (only the first for calls over slow_s)."""
+    gc.collect()
+    t = time.perf_counter()
+    first = fn()
+    t_first = time.perf_counter() - t
+    if t_first < slow_s:
+        t = time.perf_counter()
+        fn()
+        t_est = time.perf_counter() - t
+    else:
+        t_est = t_first
+    if t_est >= slow_s:
+        runs = 3
+    else:
+        runs = int(max(min_runs, min(max_runs, target_s / max(t_est, 1e-9))))
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return first, statistics.median(times), runs, times
+
+
+def short_error(e: BaseException, n: int = 90) -> str:
+    msg = f"{type(e).__name__}: {e}".replace("\n", " ").replace("|", "/")
+    return msg if len(msg) <= n else msg[: n - 3] + "..."
+
+
+# --------------------------------------------------------------------------- STREAM
+
+def stream(n: int = 1 << 25, reps: int = 8, threads=(1, 2)) -> List[Dict[str, Any]]:
+    """STREAM-style copy (b = a) and triad (a = b + s c) on float64 arrays of n elements
+    (256 MiB each by default, far larger than L3). GB/s with STREAM's byte counting (copy
+    2 words/element, triad 3), best of reps; write-allocate traffic would add one word."""
+    out = []
+    a = torch.empty(n, dtype=torch.float64).fill_(1.0)
+    b = torch.empty(n, dtype=torch.float64).fill_(2.0)
+    c = torch.empty(n, dtype=torch.float64).fill_(0.5)
+    word = 8
+    saved = torch.get_num_threads()
+    for t in threads:
+        torch.set_num_threads(t)
+        for name, fn, words in (("copy", lambda: b.copy_(a), 2),
+                                ("triad", lambda: torch.add(b, c, alpha=3.0, out=a), 3)):
+            fn()
+            best = min(_timeit(fn) for _ in range(reps))
+            out.append({"impl": f"torch, {t} thread{'s' if t > 1 else ''}", "op": name,
+                        "gbs": words * word * n / best / 1e9, "ms": best * 1e3})
+    torch.set_num_threads(saved)
+    an, bn = a.numpy(), b.numpy()
+    np.copyto(bn, an)
+    best = min(_timeit(lambda: np.copyto(bn, an)) for _ in range(reps))
+    out.append({"impl": "numpy, 1 thread", "op": "copy", "gbs": 2 * word * n / best / 1e9,
+                "ms": best * 1e3})
+    del a, b, c
+    return out
+
+
+def _timeit(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+# --------------------------------------------------------------------------- running
+
+def run_case(case: K.Case, threads: List[int], impls: List[str], args) -> List[Dict[str, Any]]:
+    """Rows (one per thread count) for one case."""
+    built: Dict[str, Any] = {}
+    for impl in impls:
+        try:
+            built[impl] = K.make_impl(case, impl)
+        except K.Unavailable as e:
+            built[impl] = ("n/a", str(e))
+        except Exception as e:  # noqa: BLE001  (scorch not ready / unsupported: record it)
+            built[impl] = ("error", short_error(e))
+            if args.verbose:
+                traceback.print_exc()
+    rows = []
+    scipy_cell = None
+    meter = LoadMeter()
+    for t in threads:
+        K.set_threads(t)
+        row = {"kernel": case.kernel, "k": case.k, "label": case.label, "matrix": case.matrix,
+               "threads": t, "cells": {}}
+        for impl in impls:
+            b = built[impl]
+            if impl == "scipy" and scipy_cell is not None:
+                row["cells"][impl] = dict(scipy_cell, reused=True)
+                continue
+            if isinstance(b, tuple):
+                cell = {"status": b[0], "msg": b[1]}
+            else:
+                cell = _time_impl(case, b, args)
+            row["cells"][impl] = cell
+            if impl == "scipy":
+                scipy_cell = cell
+        rows.append(row)
+    load = meter.foreign_cores()
+    for row in rows:
+        row["foreign_load"] = load
+        _derive(case, row)
+    return rows
+
+
+def _time_impl(case: K.Case, impl: K.Impl, args) -> Dict[str, Any]:
+    try:
+        first, med, runs, times = measure(impl.fn, min_runs=args.runs, slow_s=args.slow)
+    except Exception as e:  # noqa: BLE001
+        if args.verbose:
+            traceback.print_exc()
+        return {"status": "error", "msg": short_error(e), "api": impl.api}
+    try:
+        host = impl.to_host(first)
+        ok, msg = K.check(case, host)
+        out_nnz = getattr(host, "nnz", None)
+    except Exception as e:  # noqa: BLE001
+        ok, msg, out_nnz = False, "check failed: " + short_error(e), None
+    del first
+    return {"status": "ok" if ok else "wrong", "ms": med * 1e3, "runs": runs,
+            "min_ms": min(times) * 1e3, "msg": msg, "api": impl.api, "out_nnz": out_nnz}
+
+
+def _ms(cell) -> Optional[float]:
+    return cell["ms"] if cell and cell.get("status") == "ok" else None
+
+
+def _derive(case: K.Case, row: Dict[str, Any]) -> None:
+    c = row["cells"]
+    peers = {p: _ms(c.get(p)) for p in ("torch_csr", "scipy")}
+    peers = {p: v for p, v in peers.items() if v is not None}
+    row["best_peer"] = min(peers, key=peers.get) if peers else None
+    row["best_peer_ms"] = peers[row["best_peer"]] if peers else None
+    s = _ms(c.get("scorch"))
+    row["scorch_ms"] = s
+    row["ratio"] = (row["best_peer_ms"] / s) if (s and row["best_peer_ms"]) else None
+    row["ratio_torch_csr"] = (peers["torch_csr"] / s) if (s and "torch_csr" in peers) else None
+    row["scorch_gbs"] = (K.bytes_moved(case) / (s * 1e-3) / 1e9) if s else None
+    pm = row["best_peer_ms"]
+    row["peer_gbs"] = (K.bytes_moved(case) / (pm * 1e-3) / 1e9) if pm else None
+
+
+def geomean(xs: List[float]) -> Optional[float]:
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+# --------------------------------------------------------------------------- report
+
+def _fmt_ms(v: float) -> str:
+    if v >= 100:
+        return f"{v:.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    if v >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3f}"
+
+
+def _cell_text(cell) -> str:
+    if cell is None:
+        return ""
+    st = cell["status"]
+    if st == "ok":
+        return _fmt_ms(cell["ms"]) + (" (1T)" if cell.get("reused") else "")
+    if st == "wrong":
+        return f"{_fmt_ms(cell['ms'])} WRONG ({cell['msg']})"
+    if st == "n/a":
+        return "n/a: no kernel"
+    return f"ERR {cell['msg']}"
+
+
+def summarize(rows: List[Dict[str, Any]], threads_for_targets: int = 2) -> Dict[str, Any]:
+    summary: Dict[str, Any] = {"per_kernel": {}, "per_label": {}, "targets": {}}
+    t_rows = [r for r in rows if r["threads"] == threads_for_targets]
+    if not t_rows:
+        threads_for_targets = max(r["threads"] for r in rows)
+        t_rows = [r for r in rows if r["threads"] == threads_for_targets]
+    summary["threads"] = threads_for_targets
+    for kname in K.KERNELS:
+        kr = [r for r in t_rows if r["kernel"] == kname]
+        if not kr:
+            continue
+        ratios = [r["ratio"] for r in kr if r["ratio"]]
+        g = geomean(ratios)
+        summary["per_kernel"][kname] = {"geomean": g, "n": len(ratios), "cases": len(kr),
+                                        "geomean_vs_torch_csr": geomean(
+                                            [r["ratio_torch_csr"] for r in kr])}
+        for lab in sorted({r["label"] for r in kr}):
+            lr = [r["ratio"] for r in kr if r["label"] == lab and r["ratio"]]
+            summary["per_label"][lab] = {"geomean": geomean(lr), "n": len(lr),
+                                         "cases": sum(1 for r in kr if r["label"] == lab)}
+        tgt = TARGETS[kname]
+        holds = g is not None and len(ratios) == len(kr) and g >= tgt
+        summary["targets"][kname] = {"target": tgt, "geomean": g, "holds": holds,
+                                     "complete": len(ratios) == len(kr)}
+    all_ratios = [(r["ratio"], r) for r in t_rows if r["ratio"]]
+    if all_ratios:
+        mn, mr = min(all_ratios, key=lambda x: x[0])
+        summary["min_case"] = {"ratio": mn, "case": f"{mr['label']} {mr['matrix']}"}
+    else:
+        summary["min_case"] = None
+    missing = sum(1 for r in t_rows if not r["ratio"])
+    summary["min_case_holds"] = bool(all_ratios) and missing == 0 and \
+        min(x for x, _ in all_ratios) >= MIN_CASE_TARGET
+    summary["missing"] = missing
+    return summary
+
+
+def write_markdown(path: Path, rows, summary, streams, meta, args) -> None:
+    L: List[str] = []
+    L.append("# Standard kernels: scorch vs torch.sparse vs scipy\n")
+    L.append(f"Generated by `python benchmarks/report_kernels.py {' '.join(meta['argv'])}` "
+             f"on {meta['date']}.\n")
+    L.append(f"- machine: {meta['cpu']}, {meta['cores']} cores; torch {meta['torch']}, "
+             f"scipy {meta['scipy']}, numpy {meta['numpy']}; scorch at git {meta['git']}")
+    L.append("- float32 everywhere; times are medians (ms) of >= 7 back-to-back runs after 2 "
+             "warm-ups (3 runs after 1 warm-up for calls over 1 s); each result was checked "
+             "against a float64 reference before timing")
+    L.append("- ratio = best peer / scorch, best peer = the faster of torch CSR and scipy "
+             "(> 1: scorch is faster); torch COO is shown for context only")
+    L.append("- scipy (and the numpy gather-dot SDDMM) is single-threaded: measured once per "
+             "case, shown as `(1T)` in the other thread rows")
+    L.append("- torch CSR uses int32 indices (MKL's native type); SDDMM peer is "
+             "`torch.sparse.sampled_addmm(A, B, C, beta=0)` followed by an in-place multiply "
+             "of its values by A's values (sampled_addmm ignores A's values); SpGEMM is "
+             "A @ A^T with A truncated to square (paper App. E.1), A^T given to every "
+             "implementation as CSR")
+    L.append("- torch COO has no SDDMM kernel (sampled_addmm is CSR-only; the dense route "
+             "forms the m x n product): `n/a`")
+    L.append("- scorch GB/s = bytes that must move (index arrays + values + dense operands "
+             "read + output written; SpGEMM output counted as CSR with int32 indices, SDDMM "
+             "output as values only) / scorch time. Compare with the STREAM numbers below; "
+             "small matrices fit in L2/L3 and can exceed DRAM bandwidth")
+    L.append(f"- `~` after the matrix: other processes used >= {FLAG_LOAD} cores while the "
+             "case ran (shared machine): treat that row as noisy\n")
+
+    L.append("## Matrices\n")
+    for name in meta["matrices"]:
+        L.append(f"- {name}")
+    L.append("")
+
+    L.append("## Results\n")
+    L.append("| kernel | matrix | threads | scorch ms | torch CSR ms | torch COO ms | scipy ms "
+             "| best peer | ratio best-peer/scorch | scorch GB/s | peer GB/s |")
+    L.append("|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+    for r in rows:
+        c = r["cells"]
+        flag = " ~" if r.get("foreign_load", 0) >= FLAG_LOAD else ""
+        ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "-"
+        L.append("| " + " | ".join([
+            r["label"], r["matrix"] + flag, str(r["threads"]),
+            _cell_text(c.get("scorch")), _cell_text(c.get("torch_csr")),
+            _cell_text(c.get("torch_coo")), _cell_text(c.get("scipy")),
+            K.IMPL_LABELS.get(r["best_peer"], "-") if r["best_peer"] else "-", ratio,
+            f"{r['scorch_gbs']:.1f}" if r["scorch_gbs"] else "-",
+            f"{r['peer_gbs']:.1f}" if r["peer_gbs"] else "-",
+        ]) + " |")
+    L.append("")
+
+    t = summary["threads"]
+    L.append(f"## Summary at {t} threads (geometric mean over matrices)\n")
+    L.append("| kernel | geomean best-peer/scorch | geomean torch-CSR/scorch | cases with a ratio "
+             "| target | holds |")
+    L.append("|---|---:|---:|---:|---:|---|")
+    for kname, s in summary["per_kernel"].items():
+        tg = summary["targets"][kname]
+        g = f"{s['geomean']:.2f}x" if s["geomean"] else "-"
+        gt = f"{s['geomean_vs_torch_csr']:.2f}x" if s["geomean_vs_torch_csr"] else "-"
+        holds = "yes" if tg["holds"] else ("no" if tg["complete"] else "no (incomplete)")
+        L.append(f"| {K.KERNEL_LABELS[kname]} | {g} | {gt} | {s['n']}/{s['cases']} | "
+                 f">= {tg['target']}x | {holds} |")
+    L.append("")
+    L.append("Per kernel and K:\n")
+    for lab, s in summary["per_label"].items():
+        g = f"{s['geomean']:.2f}x" if s["geomean"] else "-"
+        L.append(f"- {lab}: {g} ({s['n']}/{s['cases']} cases)")
+    mc = summary["min_case"]
+    L.append("")
+    if mc:
+        L.append(f"Minimum single-case ratio at {t} threads: **{mc['ratio']:.2f}x** "
+                 f"({mc['case']}); target >= {MIN_CASE_TARGET}x: "
+                 f"{'holds' if summary['min_case_holds'] else 'does not hold'}"
+                 + (f" ({summary['missing']} cases without a ratio)"
+                    if summary["missing"] else ""))
+    else:
+        L.append(f"No scorch ratios at {t} threads ({summary['missing']} cases without a "
+                 "ratio): targets cannot be checked yet.")
+    L.append("")
+    L.append("Targets (2 threads, geometric mean over matrices, peer = faster of torch CSR "
+             "and scipy): SpMM >= 1.5x, SDDMM >= 2.0x, SpGEMM >= 1.2x, SpMV >= 1.0x, no single "
+             "case < 0.8x.\n")
+
+    if streams:
+        L.append("## Machine bandwidth (STREAM-style)\n")
+        L.append("float64 arrays of 2^25 elements (256 MiB each, L3 is 32 MiB), best of 8; "
+                 "STREAM byte counting (copy 16 B/element, triad 24 B/element; with "
+                 "write-allocate the hardware moves 1.5x and 1.33x that).\n")
+        L.append("| implementation | op | GB/s | ms |")
+        L.append("|---|---|---:|---:|")
+        for s in streams:
+            L.append(f"| {s['impl']} | {s['op']} | {s['gbs']:.1f} | {s['ms']:.1f} |")
+        L.append("")
+
+    apis = {}
+    for r in rows:
+        for impl, cell in r["cells"].items():
+            if cell.get("api"):
+                apis.setdefault((r["kernel"], impl), cell["api"])
+    if apis:
+        L.append("## Calls timed\n")
+        for (kname, impl), api in sorted(apis.items()):
+            L.append(f"- {K.KERNEL_LABELS[kname]}, {K.IMPL_LABELS[impl]}: `{api}`")
+        L.append("")
+    path.write_text("\n".join(L) + "\n")
+
+
+def plot(path: Path, rows, summary) -> Optional[str]:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib not installed (pip install -e '.[bench]'): no plot"
+    labels = []
+    for r in rows:
+        if r["label"] not in labels:
+            labels.append(r["label"])
+    threads = sorted({r["threads"] for r in rows})
+    matrices = []
+    for r in rows:
+        if r["matrix"] not in matrices:
+            matrices.append(r["matrix"])
+    ncol = min(4, len(labels))
+    nrow = math.ceil(len(labels) / ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.6 * nrow), squeeze=False)
+    any_ratio = any(r["ratio"] for r in rows)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    width = 0.8 / max(1, len(threads))
+    for ax, lab in zip(axes.flat, labels):
+        kname = next(r["kernel"] for r in rows if r["label"] == lab)
+        for ti, t in enumerate(threads):
+            vals = []
+            for m in matrices:
+                rr = [r for r in rows if r["label"] == lab and r["matrix"] == m
+                      and r["threads"] == t]
+                vals.append(rr[0]["ratio"] if rr and rr[0]["ratio"] else np.nan)
+            xs = np.arange(len(matrices)) + (ti - (len(threads) - 1) / 2) * width
+            ax.bar(xs, vals, width=width, color=colors[ti % len(colors)],
+                   label=f"{t} thread{'s' if t > 1 else ''}")
+        ax.axhline(1.0, color="black", linewidth=1)
+        ax.axhline(TARGETS[kname], color="green", linewidth=1, linestyle="--",
+                   label=f"target {TARGETS[kname]}x")
+        ax.axhline(MIN_CASE_TARGET, color="red", linewidth=0.8, linestyle=":")
+        ax.set_yscale("log")
+        ax.set_title(lab)
+        ax.set_xticks(np.arange(len(matrices)))
+        ax.set_xticklabels(matrices, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("best peer / scorch")
+        if not any_ratio:
+            ax.text(0.5, 0.5, "no scorch results", transform=ax.transAxes, ha="center")
+            ax.set_ylim(0.1, 10)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(labels):]:
+        ax.axis("off")
+    fig.suptitle("scorch speedup over the faster of torch.sparse CSR and scipy (log scale)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def _meta(argv, matrices) -> Dict[str, Any]:
+    import scipy
+    cpu = platform.processor() or "cpu"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        import subprocess
+        git = subprocess.run(["git", "-C", str(K.REPO), "log", "-1", "--format=%h %s"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+    except Exception:  # noqa: BLE001
+        git = "?"
+    return {"argv": argv, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu": cpu,
+            "cores": os.cpu_count(), "torch": torch.__version__, "scipy": scipy.__version__,
+            "numpy": np.__version__, "git": git,
+            "matrices": [K.describe_matrix(m) for m in matrices]}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--kernels", nargs="+", default=list(K.KERNELS), choices=list(K.KERNELS))
+    p.add_argument("--matrices", nargs="+", default=None,
+                   help=f"default: all ({', '.join(K.MATRICES_ALL)})")
+    p.add_argument("--quick", action="store_true",
+                   help=f"only {', '.join(K.MATRICES_QUICK)}")
+    p.add_argument("--impls", nargs="+", default=list(K.IMPLS), choices=K.IMPLS)
+    p.add_argument("--runs", type=int, default=7, help="minimum timed runs per call")
+    p.add_argument("--slow", type=float, default=1.0,
+                   help="seconds above which a call gets 1 warm-up and 3 runs")
+    p.add_argument("--quiet-wait", type=float, default=20.0,
+                   help="seconds to wait per case for other processes to go quiet")
+    p.add_argument("--no-stream", action="store_true")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("-v", "--verbose", action="store_true")
+    args = p.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+
+    matrices = args.matrices or (K.MATRICES_QUICK if args.quick else K.MATRICES_ALL)
+    unknown = [m for m in matrices if m != K.RANDOM_MATRIX and m not in K.scorch.datasets.MATRICES]
+    if unknown:
+        p.error(f"unknown matrices {unknown}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    saved_threads = torch.get_num_threads()
+
+    streams = []
+    if not args.no_stream:
+        wait_quiet(args.quiet_wait)
+        streams = stream()
+        for s in streams:
+            print(f"STREAM {s['impl']:18s} {s['op']:5s} {s['gbs']:6.1f} GB/s", flush=True)
+
+    rows: List[Dict[str, Any]] = []
+    all_cases = K.cases(args.kernels, matrices)
+    t_start = time.monotonic()
+    for i, case in enumerate(all_cases, 1):
+        load_before = wait_quiet(args.quiet_wait)
+        t0 = time.monotonic()
+        case_rows = run_case(case, args.threads, args.impls, args)
+        rows.extend(case_rows)
+        for r in case_rows:
+            cells = "  ".join(f"{K.IMPL_LABELS[k]}={_cell_text(v)[:60]}"
+                              for k, v in r["cells"].items())
+            ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "-"
+            print(f"[{i}/{len(all_cases)}] {r['label']:12s} {r['matrix']:20s} "
+                  f"T={r['threads']}  {cells}  ratio={ratio}  "
+                  f"load={r['foreign_load']:.2f}/{load_before:.2f}  "
+                  f"({time.monotonic() - t0:.1f}s)", flush=True)
+        K.operands.cache_clear()
+        K.reference.cache_clear()
+        gc.collect()
+    torch.set_num_threads(saved_threads)
+    print(f"total {time.monotonic() - t_start:.0f}s", flush=True)
+
+    summary = summarize(rows)
+    meta = _meta(argv, matrices)
+    md = args.out / "kernels.md"
+    write_markdown(md, rows, summary, streams, meta, args)
+    (args.out / "kernels.json").write_text(json.dumps(
+        {"meta": meta, "rows": rows, "summary": summary, "stream": streams}, indent=1,
+        default=str))
+    if not args.no_plot:
+        msg = plot(args.out / "kernels.png", rows, summary)
+        if msg:
+            print(msg)
+
+    print(f"\nwrote {md}")
+    t = summary["threads"]
+    for kname, tg in summary["targets"].items():
+        g = f"{tg['geomean']:.2f}x" if tg["geomean"] else "n/a"
+        print(f"target {K.KERNEL_LABELS[kname]:6s} >= {tg['target']}x at {t} threads: "
+              f"geomean {g} -> {'HOLDS' if tg['holds'] else 'does not hold'}"
+              + ("" if tg["complete"] else " (incomplete)"))
+    mc = summary["min_case"]
+    print(f"target min single case >= {MIN_CASE_TARGET}x: "
+          + (f"{mc['ratio']:.2f}x ({mc['case']})" if mc else "n/a")
+          + f" -> {'HOLDS' if summary['min_case_holds'] else 'does not hold'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
