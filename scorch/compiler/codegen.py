@@ -159,6 +159,11 @@ class _Gen:
         elif mode == "acc":
             self.emit(ind, f"acc += {val}")
             self.emit(ind, "hit = 1")
+        elif self.out.ws_dense:
+            self.local("wkey")
+            self.emit(ind, f"wkey = {self.ws_key()}")
+            self.emit(ind, f"wsv[wkey] = wsv[wkey] + {val}")
+            self.emit(ind, "wsf[wkey] = 1")
         else:
             self.local("wkey")
             self.local("wref", self.vt + "*")
@@ -173,7 +178,7 @@ class _Gen:
             self.leaf(ind, st)
             return
         out = self.out
-        if out.mode == "ws" and depth == out.ws_depth:
+        if out.mode == "ws" and depth == out.ws_depth and not out.ws_dense:
             self.emit(ind, "ws.clear()")
         if out.mode == "acc" and depth == out.acc_depth:
             self.local("acc", self.vt)
@@ -181,7 +186,18 @@ class _Gen:
             self.emit(ind, "acc = 0")
             self.emit(ind, "hit = 0")
         self.loop_body(depth, ind, st)
-        if out.mode == "ws" and depth == out.ws_depth:
+        if out.mode == "ws" and depth == out.ws_depth and out.ws_dense:
+            self.local("wkey")
+            self.emit(ind, "for wi in range(wsize):")
+            self.emit(ind + 1, "if wsf[wi]:")
+            self.emit(ind + 2, "wkey = wi")
+            for v in reversed(out.ws_vars):
+                self.emit(ind + 2, f"{_cvar(v)} = wkey % a.N_{v}")
+                self.emit(ind + 2, f"wkey = wkey // a.N_{v}")
+            self.emit_tuple(ind + 2, "wsv[wi]")
+            self.emit(ind + 2, "wsv[wi] = 0")
+            self.emit(ind + 2, "wsf[wi] = 0")
+        elif out.mode == "ws" and depth == out.ws_depth:
             self.local("wit", f"cmap[int64_t, {self.vt}].iterator")
             self.emit(ind, "wit = ws.begin()")
             self.emit(ind, "while wit != ws.end():")
@@ -337,9 +353,21 @@ class _Gen:
                 "seg": {}, "pres": {a.id: "1" for a in self.s.accesses},
                 "k": {a.id: 0 for a in self.s.accesses},
                 "off": {a.id: "0" for a in self.s.accesses if not a.sparse}, "oo": "0"}
-        if self.out.mode == "ws":
+        if self.out.mode == "ws" and self.out.ws_dense:
+            self.local("wsize")
+            self.local("wi")
+            self.local("wsv", self.vt + "*")
+            self.local("wsf", "char*")
+            size = " * ".join(f"a.N_{v}" for v in self.out.ws_vars)
+            self.lines.append(f"    wsize = {size}")
+            self.lines.append(f"    wsv = <{self.vt}*>calloc(wsize + 1, sizeof({self.vt}))")
+            self.lines.append("    wsf = <char*>calloc(wsize + 1, 1)")
+        elif self.out.mode == "ws":
             self.local("ws", f"cmap[int64_t, {self.vt}]")
         self.loop(0, 1, init)
+        if self.out.mode == "ws" and self.out.ws_dense:
+            self.lines.append("    free(wsv)")
+            self.lines.append("    free(wsf)")
         nest = self.lines
         src: List[str] = []
         w = src.append
@@ -354,6 +382,8 @@ class _Gen:
         w(f"# output: {'dense' if self.out.dense else self.out.format} ({self.out.mode})")
         w("from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t")
         w("from libc.string cimport memcpy")
+        if self.out.mode == "ws" and self.out.ws_dense:
+            w("from libc.stdlib cimport calloc, free")
         w("from libcpp.vector cimport vector")
         if self.out.mode == "ws":
             w("from libcpp.map cimport map as cmap")

@@ -15,14 +15,15 @@ greedy search beyond) are ranked by :func:`order_cost`, lexicographically:
    asymptotic term. It rules out inner-product SpGEMM when a transpose gives Gustavson;
 2. the number of transposes (sparse operands re-formatted into a concordant mode order,
    plus a final conversion when a requested output format is discordant);
-3. whether a sparse output needs a workspace (a reduction loop above an output loop);
-4. sparse loops as high as possible (early filtering), as a 0/1 pattern per depth;
+3. sparse loops as high as possible (early filtering), as a 0/1 pattern per depth;
+4. whether a sparse output needs a workspace (a reduction loop above an output loop);
 5. dense strided accesses read with stride 1 innermost (cache behaviour).
 
 Sparse outputs are written in a mode order concordant with the loop order, so they can be
 appended in order; when a reduction variable sits above some output variable the scatter
-goes through a workspace (``std::map`` keyed by the remaining output coordinates, one per
-thread), drained in sorted order into the output.
+goes through a workspace, one per thread, drained in sorted order into the output: a
+``std::map`` keyed by the remaining output coordinates, or a dense array with touched flags
+when the output stores those levels densely anyway.
 """
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ class OutputPlan:
     mode: str = "dense"                       # dense | direct | acc | ws
     ws_depth: int = -1                        # loop depth whose loop the workspace wraps
     ws_vars: Tuple[str, ...] = ()
+    ws_dense: bool = False                    # dense array + touched flags, else std::map
     acc_depth: int = -1                       # loop depth whose loop the accumulator wraps
 
 
@@ -135,7 +137,7 @@ def order_cost(order: Sequence[str], asg: Assignment, ids: Dict[Access, int],
     if not out_sparse and asg.output:
         if max(rank[v] for v in asg.output) != rank[asg.output[-1]]:
             contig += 1
-    return (sum(pattern), transposes, ws, tuple(pattern), contig)
+    return (sum(pattern), transposes, tuple(pattern), ws, contig)
 
 
 def _choose_order(asg, ids, formats, f, out_sparse, out_mode_vars):
@@ -232,7 +234,11 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
             out.mode = "ws"
             out.ws_depth = first_red
             out.ws_vars = tuple(v for v in order[first_red:] if v not in red)
-            workspaces.append(f"{','.join(out.ws_vars)}: sparse workspace (std::map)")
+            # the workspace is dense when the output stores those levels densely anyway
+            out.ws_dense = all(produced.levels[level_vars.index(v)] is LevelKind.DENSE
+                               for v in out.ws_vars)
+            kind = "dense workspace (touched flags)" if out.ws_dense else "sparse workspace (std::map)"
+            workspaces.append(f"{','.join(out.ws_vars)}: {kind}")
         elif last_out + 1 < len(order):
             out.mode = "acc"
             out.acc_depth = last_out + 1

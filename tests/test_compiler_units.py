@@ -1,0 +1,293 @@
+"""Unit tests per compiler layer: parsing, printer, format inference, schedule decisions,
+lowering of each level-kind combination, caching and errors."""
+import pytest
+import torch
+
+from compiler_helpers import check_storage, dense, install_convert_fallback, rand, sparse
+import scorch.compiler as C
+from scorch.compiler import concrete, merge_lattice as ml
+from scorch.compiler.format_inference import infer_output_kinds
+from scorch.compiler.index_notation import Access, Assignment, Scalar, parse_einsum
+from scorch.compiler.schedule import schedule
+from scorch.formats import Format, LevelKind, as_format
+
+install_convert_fallback()
+
+
+# ---------------------------------------------------------------- parsing
+def test_parse_explicit_and_implicit():
+    s = parse_einsum("ij,jk->ik", [(2, 3), (3, 4)])
+    assert s.assignment.output == ("i", "k")
+    assert s.assignment.reduction == ("j",)
+    assert s.sizes == {"i": 2, "j": 3, "k": 4}
+    s = parse_einsum("bA,ba", [(2, 3), (2, 3)])  # torch: upper case before lower case
+    assert s.assignment.output == ("A", "a")
+    s = parse_einsum("ij,jk", [(2, 3), (3, 4)])
+    assert s.assignment.output == ("i", "k")
+
+
+def test_parse_ellipsis_and_broadcast():
+    s = parse_einsum("...ij,...jk->...ik", [(5, 2, 3), (1, 3, 4)])
+    assert s.assignment.output == ("_0", "i", "k")
+    assert s.sizes["_0"] == 5
+    assert s.broadcast[1] == (0,)
+    s = parse_einsum("...ij,jk", [(7, 5, 2, 3), (3, 4)])
+    assert s.assignment.output == ("_0", "_1", "i", "k")
+
+
+def test_parse_errors_name_index_and_operands():
+    with pytest.raises(ValueError, match=r"subscript j has size 4 for operand 1.*size 3 \(operand 0\)"):
+        parse_einsum("ij,jk->ik", [(2, 3), (4, 4)])
+    with pytest.raises(ValueError, match="number of subscripts"):
+        parse_einsum("ijk,jk->i", [(2, 3), (3, 4)])
+    with pytest.raises(ValueError, match="output subscript"):
+        parse_einsum("ij->z", [(2, 3)])
+
+
+def test_einsum_size_error_at_runtime():
+    a = sparse(rand((3, 4)), "csr")
+    with pytest.raises(ValueError, match="subscript j has size 5 for operand 1"):
+        C.einsum("ij,jk->ik", a, torch.randn(5, 2, dtype=torch.float64))
+
+
+def test_expression_printer():
+    A, B = Access(0, "ij"), Access(1, "ij")
+    asg = Assignment("ij", A - 0.5 * B)
+    assert str(asg) == "out(i,j) = T0(i,j) - 0.5 * T1(i,j)"
+    assert str(Assignment("ij", A - (B - A))) == "out(i,j) = T0(i,j) - (T1(i,j) - T0(i,j))"
+    asg = Assignment("i", A * B + A)
+    assert str(asg) == "out(i) = sum_j T0(i,j) * T1(i,j) + T0(i,j)"
+
+
+# ---------------------------------------------------------------- merge lattice
+def test_presence_formula():
+    A, B, D = Access(0, "ij"), Access(1, "ij"), Access(2, "ij")
+    ids = ml.access_ids(A * B + D)
+    f = ml.formula(A * B + D, ids)
+    assert ml.dense_needed(f, [0, 1]) is True      # D present everywhere -> dense loop
+    assert ml.dense_needed(ml.formula(A * B, ids), [0, 1]) is False
+    assert ml.necessary(ml.formula(A * B, ids), [0, 1]) == [0, 1]
+    assert ml.necessary(ml.formula(A + B, ids), [0, 1]) == []
+    assert ml.to_code(ml.formula(A + B, ids), {0: "f0", 1: "f1"}.get) == "(f0 or f1)"
+
+
+# ---------------------------------------------------------------- format inference
+def _kinds(eq, fmts):
+    s = parse_einsum(eq, [(3,) * len(t) for t in eq.split("->")[0].split(",")])
+
+    def kind_of(acc, v):
+        f = fmts[acc.tensor]
+        return LevelKind.DENSE if f is None else f.kind_of_dim(acc.indices.index(v))
+    return "".join(k.letter for k in infer_output_kinds(s.assignment.rhs, s.assignment.output, kind_of).values())
+
+
+def test_format_inference_algorithm4():
+    csr, dcsr, coo = as_format("csr"), as_format("dcsr"), as_format("coo", 2)
+    assert _kinds("ij,jk->ik", [csr, None]) == "dd"          # SpMM: dense
+    assert _kinds("ij,jk->ik", [csr, csr]) == "dc"           # SpGEMM: CSR
+    assert _kinds("ij,ik,kj->ij", [csr, None, None]) == "dc"  # SDDMM: like S
+    assert _kinds("ij,ij->ij", [coo, None]) == "qq"
+    assert _kinds("bd,ndh,bn->bh", [None, None, coo]) == "qd"
+    A, B, D = Access(0, "ij"), Access(1, "ij"), Access(2, "ij")
+    fm = [csr, dcsr, None]
+
+    def kind_of(acc, v):
+        f = fm[acc.tensor]
+        return LevelKind.DENSE if f is None else f.kind_of_dim(acc.indices.index(v))
+    got = infer_output_kinds(A + B, ("i", "j"), kind_of)
+    assert [k.letter for k in got.values()] == ["d", "c"]     # paper D.3: CSR
+    got = infer_output_kinds(A + D, ("i", "j"), kind_of)
+    assert [k.letter for k in got.values()] == ["d", "d"]     # adding dense gives dense
+    got = infer_output_kinds(A * D, ("i", "j"), kind_of)
+    assert [k.letter for k in got.values()] == ["d", "c"]     # product with sparse stays sparse
+
+
+# ---------------------------------------------------------------- schedule decisions
+def _sched(eq, fmts, out=None):
+    s = parse_einsum(eq, [(3,) * len(t) for t in eq.split("->")[0].split(",")])
+    return schedule(s.assignment, fmts, out)
+
+
+def test_schedule_spgemm_gustavson():
+    s = _sched("ij,jk->ik", [as_format("csr"), as_format("csr")])
+    assert s.loop_order == ["i", "j", "k"]
+    assert s.output.mode == "ws" and s.output.ws_vars == ("k",)
+    assert s.workspaces == ["k: sparse workspace (std::map)"]
+    assert not any(a.transposed for a in s.accesses)
+
+
+def test_schedule_spgemm_csr_csc_transposes_instead_of_inner_product():
+    s = _sched("ij,jk->ik", [as_format("csr"), as_format("csc")])
+    assert s.loop_order == ["i", "j", "k"]          # not the inner product i,k,j
+    assert [a.transposed for a in s.accesses] == [False, True]
+    assert s.accesses[1].format == as_format("csr")
+
+
+def test_schedule_sddmm_fused_ijk():
+    s = _sched("ij,ik,kj->ij", [as_format("csr"), None, None])
+    assert s.loop_order == ["i", "j", "k"]
+    assert s.output.format == as_format("csr") and s.output.mode == "acc"
+    assert s.workspaces == []
+
+
+def test_schedule_spmm_and_concordance():
+    s = _sched("ij,jk->ik", [as_format("csr"), None])
+    assert s.loop_order == ["i", "j", "k"] and s.output.dense
+    s = _sched("ij,jk->ik", [as_format("csc"), None])   # concordant j,i,k: no transpose
+    assert s.loop_order[:2] == ["j", "i"] and not s.accesses[0].transposed
+
+
+def test_schedule_moe_gate_sparse():
+    s = _sched("bd,ndh,bn->bh", [None, None, as_format("coo", 2)])
+    assert s.loop_order == ["b", "n", "d", "h"]
+
+
+def test_schedule_conflicting_mode_orders_fewest_transposes():
+    s = _sched("ij,ij,ij->ij", [as_format("csr"), as_format("csc"), as_format("csr")])
+    assert [a.transposed for a in s.accesses] == [False, True, False]
+
+
+def test_concrete_printer():
+    s = _sched("ij,jk->ik", [as_format("csr"), as_format("csr")])
+    text = str(concrete.from_schedule(s))
+    assert text.splitlines() == [
+        "forall i", "  where", "    forall k", "      out(i,k) = w(k)",
+        "    forall j", "      forall k", "        w(k) += T0(i,j) * T1(j,k)"]
+
+
+# ---------------------------------------------------------------- lowering: level-kind combos
+LEVELS2 = ["dc", "cc", "qq", "cd", "dd", "qc", "dq", "cq"]
+
+
+@pytest.mark.parametrize("kinds", LEVELS2)
+@pytest.mark.parametrize("mode", [(0, 1), (1, 0)])
+def test_spmv_every_level_combination(kinds, mode):
+    x = rand((7, 6), 0.4, seed=3)
+    v = torch.randn(6, dtype=torch.float64)
+    a = sparse(x, Format(kinds, mode))
+    torch.testing.assert_close(dense(C.einsum("ij,j->i", a, v)), x @ v)
+
+
+@pytest.mark.parametrize("ka,kb", [("dc", "dc"), ("cc", "qq"), ("qq", "dc"), ("dc", "dd"), ("cd", "cc")])
+def test_elementwise_products_and_sums(ka, kb):
+    x, y = rand((5, 6), 0.4, seed=1), rand((5, 6), 0.4, seed=2)
+    a, b = sparse(x, Format(ka)), sparse(y, Format(kb))
+    r = C.einsum("ij,ij->ij", a, b)
+    torch.testing.assert_close(dense(r), x * y)
+    A, B = Access(0, "ij"), Access(1, "ij")
+    r = C.compute(Assignment("ij", A - 0.5 * B), a, b)
+    if not isinstance(r, torch.Tensor):
+        check_storage(r)
+    torch.testing.assert_close(dense(r), x - 0.5 * y)
+    r = C.compute(Assignment("ij", A + B), a, b)
+    torch.testing.assert_close(dense(r), x + y)
+
+
+def test_elementwise_with_dense_operand_is_dense():
+    x = rand((5, 6), 0.4, seed=1)
+    d = torch.randn(5, 6, dtype=torch.float64)
+    a = sparse(x, "csr")
+    A, D = Access(0, "ij"), Access(1, "ij")
+    r = C.compute(Assignment("ij", A + D), a, d)
+    assert isinstance(r, torch.Tensor)
+    torch.testing.assert_close(r, x + d)
+    r = C.compute(Assignment("ij", A * D), a, d)
+    assert not isinstance(r, torch.Tensor) and r.format == as_format("csr")
+    torch.testing.assert_close(dense(r), x * d)
+
+
+def test_coo_three_level_grouping():
+    x = rand((4, 3, 5), 0.5, seed=4)
+    a = sparse(x, "coo")
+    w = torch.randn(5, dtype=torch.float64)
+    torch.testing.assert_close(dense(C.einsum("ijk,k->ij", a, w)), x @ w)
+    r = C.einsum("ijk->ijk", a)
+    check_storage(r)
+    assert r.format == as_format("coo", 3)
+    torch.testing.assert_close(dense(r), x)
+
+
+@pytest.mark.parametrize("idt", [torch.int32, torch.int64])
+def test_index_widths(idt):
+    x = rand((6, 5), 0.5, seed=5)
+    a = sparse(x, "csr", index_dtype=idt)
+    assert a.index_dtype == idt
+    b = torch.randn(5, 3, dtype=torch.float64)
+    torch.testing.assert_close(C.einsum("ij,jk->ik", a, b), x @ b)
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.int64])
+def test_value_dtypes(dt):
+    x = (rand((6, 5), 0.5, seed=6) * 4).to(dt)
+    b = (torch.randn(5, 3) * 4).to(dt)
+    r = C.einsum("ij,jk->ik", sparse(x, "csr"), b)
+    assert r.dtype == dt
+    torch.testing.assert_close(r, torch.einsum("ij,jk->ik", x, b), rtol=1e-5, atol=1e-4)
+
+
+def test_spgemm_sparse_output_structure():
+    x, y = rand((8, 7), 0.3, seed=7), rand((7, 9), 0.3, seed=8)
+    r = C.einsum("ij,jk->ik", sparse(x, "csr"), sparse(y, "csr"))
+    assert r.format == as_format("csr")
+    check_storage(r)
+    torch.testing.assert_close(dense(r), x @ y)
+
+
+def test_out_format_override():
+    x, y = rand((8, 7), 0.3, seed=7), rand((7, 9), 0.3, seed=8)
+    r = C.einsum("ij,jk->ik", sparse(x, "csr"), y, out_format="csr")
+    assert r.format == as_format("csr")
+    torch.testing.assert_close(dense(r), x @ y)
+    r = C.einsum("ij,jk->ik", sparse(x, "csr"), sparse(y, "csr"), out_format="dense")
+    assert isinstance(r, torch.Tensor)
+    torch.testing.assert_close(r, x @ y)
+    r = C.einsum("ij,jk->ik", sparse(x, "csr"), sparse(y, "csr"), out_format="csc")
+    assert r.format == as_format("csc")
+    torch.testing.assert_close(dense(r), x @ y)
+
+
+def test_dense_only_is_torch_einsum():
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    assert torch.equal(C.einsum("ij,jk->ik", a, b), torch.einsum("ij,jk->ik", a, b))
+
+
+def test_dense_diagonal_and_broadcast():
+    x = rand((4, 4, 3), 0.6, seed=9)
+    m = torch.randn(4, 4, dtype=torch.float64)
+    a = sparse(x, "dcc")
+    torch.testing.assert_close(dense(C.einsum("ijk,ii->jk", a, m)), torch.einsum("ijk,ii->jk", x, m))
+    e = torch.randn(1, 3, dtype=torch.float64)  # size-1 dim of a dense operand broadcasts
+    torch.testing.assert_close(dense(C.einsum("ijk,jk->ijk", a, e)), torch.einsum("ijk,jk->ijk", x, e))
+
+
+def test_sparse_diagonal_not_implemented():
+    with pytest.raises(NotImplementedError, match="repeated index"):
+        C.einsum("ii->i", sparse(rand((3, 3)), "csr"))
+
+
+def test_plan_cache_warm_call_reuses_plan():
+    x = rand((6, 5), 0.5, seed=10)
+    b = torch.randn(5, 3, dtype=torch.float64)
+    a = sparse(x, "csr")
+    C.einsum("ij,jk->ik", a, b)
+    hits = C.plan_cache_info()["plan_hits"]
+    C.einsum("ij,jk->ik", sparse(rand((9, 5), 0.5, seed=11), "csr"), torch.randn(5, 4, dtype=torch.float64))
+    assert C.plan_cache_info()["plan_hits"] == hits + 1
+
+
+def test_explain_runs_nothing_and_reports():
+    a, b = sparse(rand((6, 5)), "csr"), sparse(rand((5, 4)), "csr")
+    p = C.explain("ij,jk->ik", a, b)
+    assert p.loop_order == ["i", "j", "k"]
+    assert p.workspaces == ["k: sparse workspace (std::map)"]
+    assert p.tiled == []
+    assert p.output_format == as_format("csr")
+    assert "def kernel" in p.source and "cmap[int64_t, double]" in p.source
+    text = str(p)
+    assert "forall i" in text and "where" in text
+
+
+def test_generated_source_uses_raw_pointers_not_memoryviews():
+    p = C.explain("ij,jk->ik", sparse(rand((6, 5)), "csr"), torch.randn(5, 4, dtype=torch.float64))
+    assert "[:]" not in p.source and "<double*><size_t>" in p.source
+    assert "prange" in p.source and "nogil" in p.source
