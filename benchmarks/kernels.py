@@ -50,6 +50,11 @@ import torch  # noqa: E402
 import scorch  # noqa: E402
 import scorch.datasets  # noqa: E402
 
+try:  # `from torch import *` in scorch/__init__ binds scorch.compiler to torch.compiler until
+    import scorch.compiler  # noqa: E402,F401  the real submodule is imported (then einsum works)
+except Exception:  # noqa: BLE001  (compiler not there yet: scorch rows record the error)
+    pass
+
 __all__ = [
     "Case", "Impl", "Unavailable", "KERNELS", "KERNEL_LABELS", "IMPLS", "IMPL_LABELS",
     "MATRICES_QUICK", "MATRICES_MAIN", "MATRICES_EXTRA", "MATRICES_ALL", "RANDOM_MATRIX",

@@ -189,9 +189,9 @@ def run_case(case: K.Case, threads: List[int], impls: List[str], args) -> List[D
                 traceback.print_exc()
     rows = []
     scipy_cell = None
-    meter = LoadMeter()
     for t in threads:
         K.set_threads(t)
+        meter = LoadMeter()
         row = {"kernel": case.kernel, "k": case.k, "label": case.label, "matrix": case.matrix,
                "threads": t, "cells": {}}
         for impl in impls:
@@ -206,11 +206,9 @@ def run_case(case: K.Case, threads: List[int], impls: List[str], args) -> List[D
             row["cells"][impl] = cell
             if impl == "scipy":
                 scipy_cell = cell
-        rows.append(row)
-    load = meter.foreign_cores()
-    for row in rows:
-        row["foreign_load"] = load
+        row["foreign_load"] = meter.foreign_cores()
         _derive(case, row)
+        rows.append(row)
     return rows
 
 
@@ -518,6 +516,8 @@ def main(argv=None) -> int:
                    help="seconds above which a call gets 1 warm-up and 3 runs")
     p.add_argument("--quiet-wait", type=float, default=20.0,
                    help="seconds to wait per case for other processes to go quiet")
+    p.add_argument("--retries", type=int, default=1,
+                   help="passes that re-measure rows taken under foreign load")
     p.add_argument("--no-stream", action="store_true")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -542,11 +542,11 @@ def main(argv=None) -> int:
     rows: List[Dict[str, Any]] = []
     all_cases = K.cases(args.kernels, matrices)
     t_start = time.monotonic()
-    for i, case in enumerate(all_cases, 1):
+
+    def measure_case(i, case, threads):
         load_before = wait_quiet(args.quiet_wait)
         t0 = time.monotonic()
-        case_rows = run_case(case, args.threads, args.impls, args)
-        rows.extend(case_rows)
+        case_rows = run_case(case, threads, args.impls, args)
         for r in case_rows:
             cells = "  ".join(f"{K.IMPL_LABELS[k]}={_cell_text(v)[:60]}"
                               for k, v in r["cells"].items())
@@ -558,6 +558,28 @@ def main(argv=None) -> int:
         K.operands.cache_clear()
         K.reference.cache_clear()
         gc.collect()
+        return case_rows
+
+    for i, case in enumerate(all_cases, 1):
+        rows.extend(measure_case(i, case, args.threads))
+    # shared machine: measure again the rows that ran while other processes were busy and
+    # keep, per row, the measurement taken under the least foreign load
+    for attempt in range(args.retries):
+        loaded = [r for r in rows if r["foreign_load"] >= FLAG_LOAD]
+        if not loaded:
+            break
+        print(f"retry {attempt + 1}/{args.retries}: {len(loaded)} rows measured under load",
+              flush=True)
+        by_case: Dict[K.Case, List[int]] = {}
+        for r in loaded:
+            by_case.setdefault(K.Case(r["kernel"], r["matrix"], r["k"]), []).append(r["threads"])
+        for i, (case, ths) in enumerate(by_case.items(), 1):
+            for new in measure_case(i, case, sorted(ths)):
+                j = next(j for j, r in enumerate(rows) if r["kernel"] == new["kernel"]
+                         and r["k"] == new["k"] and r["matrix"] == new["matrix"]
+                         and r["threads"] == new["threads"])
+                if new["foreign_load"] < rows[j]["foreign_load"]:
+                    rows[j] = new
     torch.set_num_threads(saved_threads)
     print(f"total {time.monotonic() - t_start:.0f}s", flush=True)
 
