@@ -269,3 +269,17 @@ def test_libcpp_kernel_builds_as_cpp(cache_dir):
     mod = load_kernel(LIBCPP_MAP, "cppmap")
     keys = np.array([5, 1, 5, 3, 1, 5], dtype=np.int64)
     assert mod.count_distinct(keys.ctypes.data, len(keys)) == [(1, 2), (3, 1), (5, 3)]
+
+
+def test_cpp_kernels_use_precompiled_header_once_built(cache_dir):
+    """The first C++ kernel starts the PCH build; later ones compile with -include."""
+    load_kernel(LIBCPP_MAP, "cppmap")
+    for t in list(build._pch_threads.values()):
+        t.join(timeout=120)
+    gch = list((Path(cache_info()["cache_dir"]) / "pch").glob("*.h.gch"))
+    assert len(gch) == 1, "PCH was not built"
+    src = LIBCPP_MAP.replace("count_distinct", "count_distinct2")
+    mod = load_kernel(src, "cppmap_pch")
+    assert "-include" in build._last_cc_cmd
+    keys = np.array([7, 7, 2], dtype=np.int64)
+    assert mod.count_distinct2(keys.ctypes.data, 3) == [(2, 1), (7, 2)]
