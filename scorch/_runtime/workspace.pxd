@@ -1,0 +1,63 @@
+"""Sparse workspaces that generated kernels cimport (C++ templates from workspace.h).
+
+``SparseWorkspace[V]`` (std::map, ordered) and ``DenseWorkspace[V]`` (dense array + markers +
+touched list) for V in float, double, int32_t, int64_t. Each is a plain C++ object with
+inline nogil members and no locking: create ONE PER THREAD inside a ``parallel()`` block.
+The kernel must be compiled as C++ (``# distutils: language = c++`` as its first line).
+``drain`` writes the sorted coordinates to ``crd[offset:]`` and the values to
+``vals[offset:]`` (crd may be int32_t* or int64_t*), returns the end offset, and leaves the
+workspace empty for the next fiber::
+
+    # distutils: language = c++
+    from libc.stdint cimport int32_t, int64_t
+    from cython.parallel cimport parallel, prange
+    from scorch._runtime.workspace cimport SparseWorkspace, DenseWorkspace
+
+    cdef DenseWorkspace[double]* ws      # or SparseWorkspace[double]* (no extent needed)
+    cdef int64_t i, p, end
+    with nogil, parallel(num_threads=T):
+        ws = new DenseWorkspace[double](ncols)    # per thread: assigned inside parallel()
+        for i in prange(nrows, schedule='dynamic'):
+            for p in range(A_pos[i], A_pos[i + 1]):
+                ws.add(A_crd[p], A_vals[p] * alpha)
+            end = ws.drain(&C_crd[0], &C_vals[0], C_pos[i])   # sorted; ws is empty again
+        del ws
+
+``size()`` gives the number of distinct coordinates (for a counting pass that sizes the
+output before a fill pass); ``drain_unsorted`` (dense only) skips the sort; ``scatter(out)``
+(dense only) writes the values into a dense fiber; ``reset()``/``clear()`` drop the contents.
+"""
+from libc.stdint cimport int32_t, int64_t
+from libcpp cimport bool as cbool
+
+
+cdef extern from "workspace.h" namespace "scorch" nogil:
+    cdef cppclass SparseWorkspace[V]:
+        SparseWorkspace()
+        void add(int64_t coord, V value)
+        int64_t size()
+        cbool empty()
+        cbool contains(int64_t coord)
+        V get(int64_t coord)
+        int64_t drain(int32_t* crd, V* vals, int64_t offset)
+        int64_t drain(int64_t* crd, V* vals, int64_t offset)
+        int64_t drain_coords(int32_t* crd, int64_t offset)
+        int64_t drain_coords(int64_t* crd, int64_t offset)
+        void clear()
+
+    cdef cppclass DenseWorkspace[V]:
+        DenseWorkspace()
+        DenseWorkspace(int64_t n)
+        void resize(int64_t n)
+        int64_t extent()
+        int64_t size()
+        cbool empty()
+        cbool contains(int64_t coord)
+        V get(int64_t coord)
+        void add(int64_t coord, V value)
+        int64_t drain(int32_t* crd, V* vals, int64_t offset)
+        int64_t drain(int64_t* crd, V* vals, int64_t offset)
+        int64_t drain_unsorted(int32_t* crd, V* vals, int64_t offset)
+        int64_t drain_unsorted(int64_t* crd, V* vals, int64_t offset)
+        void scatter(V* out)
+        void reset()
