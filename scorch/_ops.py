@@ -38,6 +38,12 @@ def _equation_and_operands(args):
     return eq, tuple(ops)
 
 
+def _compiler():
+    # import by full name: the attribute ``scorch.compiler`` is torch.compiler (drop-in)
+    import importlib
+    return importlib.import_module("scorch.compiler")
+
+
 def _wrap(result):
     from .storage import Storage
     return SparseTensor(result) if isinstance(result, Storage) else result
@@ -50,7 +56,7 @@ def einsum(*args: Any, out_format: Optional[FormatLike] = None) -> torch.Tensor:
     equation, operands = _equation_and_operands(args)
     if out_format is None and not any(is_sparse_operand(x) for x in operands):
         return torch.einsum(equation, *operands)
-    from . import compiler
+    compiler = _compiler()
     operands = tuple(as_scorch(x) for x in operands)
     return _wrap(compiler.einsum(equation, *operands, out_format=out_format))
 
@@ -58,19 +64,19 @@ def einsum(*args: Any, out_format: Optional[FormatLike] = None) -> torch.Tensor:
 def explain(*args: Any, out_format: Optional[FormatLike] = None):
     """The compiler's plan for this einsum and these operands; nothing runs."""
     equation, operands = _equation_and_operands(args)
-    from . import compiler
+    compiler = _compiler()
     operands = tuple(as_scorch(x) for x in operands)
     return compiler.explain(equation, *operands, out_format=out_format)
 
 
 def cache_info() -> dict:
     """Kernel cache: directory, kernels on disk and in memory, hits and misses."""
-    from .compiler import build
+    build = _compiler().build
     return build.cache_info()
 
 
 def cache_clear() -> None:
-    from .compiler import build
+    build = _compiler().build
     build.cache_clear()
 
 
