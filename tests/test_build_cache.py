@@ -276,7 +276,7 @@ def test_cpp_kernels_use_precompiled_header_once_built(cache_dir):
     load_kernel(LIBCPP_MAP, "cppmap")
     for t in list(build._pch_threads.values()):
         t.join(timeout=120)
-    gch = list((Path(cache_info()["cache_dir"]) / "pch").glob("*.h.gch"))
+    gch = list((Path(cache_info()["cache_dir"]) / "pch").glob("scorch_cxx_*.h.gch"))
     assert len(gch) == 1, "PCH was not built"
     src = LIBCPP_MAP.replace("count_distinct", "count_distinct2")
     mod = load_kernel(src, "cppmap_pch")
