@@ -152,7 +152,7 @@ def from_scipy(m) -> Storage:
         coords = np.vstack(m.coords)
         return _convert().from_coords(_t(coords), _t(m.data), shape, as_format("coo", len(shape)))
     if fmt_name in ("csr", "csc", "bsr"):
-        if not m.has_canonical_format:
+        if not _is_canonical_compressed(m.indptr, m.indices):
             m = m.copy()
             m.sum_duplicates()  # also sorts indices; scipy's own canonicalisation
         pos, crd = _index_pair(_t(m.indptr), _t(m.indices))
@@ -178,6 +178,19 @@ def from_scipy(m) -> Storage:
         return Storage(Format("qq"), shape, levels, data, row.dtype)
     return _convert().from_coords(torch.stack([row.to(torch.int64), col.to(torch.int64)]),
                                   data, shape, Format("qq"))
+
+
+def _is_canonical_compressed(indptr: np.ndarray, indices: np.ndarray) -> bool:
+    """Coordinates strictly increasing inside every segment (scipy's own flag is computed
+    lazily and is not always set, so check; one vectorised pass)."""
+    nnz = len(indices)
+    if nnz < 2:
+        return True
+    inside = np.ones(nnz - 1, bool)
+    starts = indptr[1:-1]
+    starts = starts[(starts > 0) & (starts < nnz)]
+    inside[starts - 1] = False
+    return bool((np.diff(indices)[inside] > 0).all())
 
 
 def _is_canonical_coo(row: np.ndarray, col: np.ndarray) -> bool:

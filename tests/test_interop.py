@@ -80,8 +80,7 @@ def test_to_torch(fmt, layout):
 def test_scipy_roundtrip_shares_memory(kind, name):
     x = dense_example(6, 8).numpy()
     m = getattr(sp, f"{name}_{kind}")(x) if name != "bsr" else getattr(sp, f"bsr_{kind}")(x, blocksize=(2, 2))
-    if name == "coo":
-        m.sum_duplicates()
+    m.sum_duplicates()  # canonical: sorted, no duplicates (scipy's bsr from dense is unsorted)
     s = scorch.from_scipy(m)
     assert np.array_equal(s.to_dense().numpy(), x)
     assert np.shares_memory(s.values().numpy(), m.data)
@@ -97,6 +96,15 @@ def test_scipy_duplicates_and_unsorted_are_canonicalised():
     assert s.nnz == 2 and np.array_equal(s.to_dense().numpy(), m.toarray())
     csr = sp.csr_matrix((np.array([1.0, 2.0]), np.array([2, 0]), np.array([0, 2, 2])), shape=(2, 3))
     assert np.array_equal(scorch.from_scipy(csr).to_dense().numpy(), csr.toarray())
+
+
+def test_unsorted_scipy_bsr_is_sorted_on_the_way_in():
+    x = dense_example(6, 8, 0.6).numpy()
+    m = sp.bsr_array(x, blocksize=(2, 2))
+    s = scorch.from_scipy(m)
+    assert np.array_equal(s.to_dense().numpy(), x)
+    crd, pos = s._storage.levels[1].crd.numpy(), s._storage.levels[1].pos.numpy()
+    assert all((np.diff(crd[pos[r]:pos[r + 1]]) > 0).all() for r in range(len(pos) - 1))
 
 
 def test_numpy_in():
