@@ -75,6 +75,14 @@ cdef struct b16:
     uint64_t lo
     uint64_t hi
 
+# element types that values are moved as (by size: bool/int8 ... complex128)
+ctypedef fused mv_t:
+    uint8_t
+    uint16_t
+    uint32_t
+    uint64_t
+    b16
+
 _DENSE, _COMPRESSED, _COORDINATE = LevelKind.DENSE, LevelKind.COMPRESSED, LevelKind.COORDINATE
 
 # how values are reduced: dtypes without a native sum are summed in a wider type and cast back
@@ -105,40 +113,53 @@ cdef inline int64_t _lo(int64_t n, int t, int T) noexcept nogil:
 # kernels (nogil); every one that takes idx_t works for int32 and int64 index arrays
 # ----------------------------------------------------------------------------------------
 
-cdef void _expand_pos(idx_t* pos, int64_t P, idx_t* owner, int T) noexcept nogil:
-    """owner[q] = p for every q in pos[p]:pos[p+1] (the parent of each child position)."""
+cdef void _split_by_pos(idx_t* pos, int64_t P, int T, int64_t* bounds) noexcept nogil:
+    """Parent ranges with about equal numbers of children, one per thread."""
+    cdef int64_t n = pos[P], lo, hi, mid, want
+    cdef int t
+    bounds[0] = 0
+    bounds[T] = P
+    for t in range(1, T):
+        want = _lo(n, t, T)
+        lo = bounds[t - 1]
+        hi = P
+        while lo < hi:  # first parent whose children start at or after ``want``
+            mid = (lo + hi) // 2
+            if pos[mid] < want:
+                lo = mid + 1
+            else:
+                hi = mid
+        bounds[t] = lo
+
+
+cdef inline void _expand_chunk(idx_t* pos, int64_t lo, int64_t hi, idx_t* owner) noexcept nogil:
     cdef int64_t p, q
-    for p in prange(P, schedule='guided', num_threads=T):
+    for p in range(lo, hi):
         for q in range(pos[p], pos[p + 1]):
             owner[q] = <idx_t>p
 
 
-cdef void _histogram(idx_t* key, int64_t n, int64_t s, idx_t* hist, int T) noexcept nogil:
+cdef void _expand_pos(idx_t* pos, int64_t P, idx_t* owner, int64_t* bounds, int T) noexcept nogil:
+    """owner[q] = p for every q in pos[p]:pos[p+1] (the parent of each child position)."""
     cdef int t
-    cdef int64_t i, lo, hi
-    cdef idx_t* h
+    _split_by_pos(pos, P, T, bounds)
     for t in prange(T, schedule='static', chunksize=1, num_threads=T):
-        lo = _lo(n, t, T)
-        hi = _lo(n, t + 1, T)
-        h = hist + t * s
-        for i in range(lo, hi):
-            h[key[i]] += 1
+        _expand_chunk(pos, bounds[t], bounds[t + 1], owner)
 
 
-cdef void _dest(idx_t* key, int64_t n, int64_t s, idx_t* hist, idx_t* dest, int T) noexcept nogil:
-    """Stable counting-sort destinations, each thread from its own running offsets."""
-    cdef int t
-    cdef int64_t i, lo, hi
-    cdef idx_t* h
+cdef inline void _count_chunk(idx_t* key, int64_t lo, int64_t hi, idx_t* h) noexcept nogil:
+    cdef int64_t i
+    for i in range(lo, hi):
+        h[key[i]] += 1
+
+
+cdef inline void _dest_chunk(idx_t* key, int64_t lo, int64_t hi, idx_t* h, idx_t* dest) noexcept nogil:
+    cdef int64_t i
     cdef idx_t b
-    for t in prange(T, schedule='static', chunksize=1, num_threads=T):
-        lo = _lo(n, t, T)
-        hi = _lo(n, t + 1, T)
-        h = hist + t * s
-        for i in range(lo, hi):
-            b = key[i]
-            dest[i] = h[b]
-            h[b] += 1
+    for i in range(lo, hi):
+        b = key[i]
+        dest[i] = h[b]
+        h[b] += 1
 
 
 cdef void _offsets(idx_t* hist, int64_t s, int T, idx_t* offsets) noexcept nogil:
@@ -155,24 +176,64 @@ cdef void _offsets(idx_t* hist, int64_t s, int T, idx_t* offsets) noexcept nogil
     offsets[s] = <idx_t>run
 
 
-cdef void _scatter(idx_t* dest, int64_t n, char* src, char* out, int itemsize, int T) noexcept nogil:
-    """out[dest[i]] = src[i] for elements of ``itemsize`` bytes."""
+cdef void _counting_sort(idx_t* key, int64_t n, int64_t s, idx_t* hist, idx_t* offsets, idx_t* dest,
+                         int T) noexcept nogil:
+    """Stable counting sort: per-thread histograms of contiguous chunks, then each thread
+    writes the destinations of its chunk from its own running offsets."""
+    cdef int t
+    for t in prange(T, schedule='static', chunksize=1, num_threads=T):
+        _count_chunk(key, _lo(n, t, T), _lo(n, t + 1, T), hist + t * s)
+    _offsets(hist, s, T, offsets)
+    for t in prange(T, schedule='static', chunksize=1, num_threads=T):
+        _dest_chunk(key, _lo(n, t, T), _lo(n, t + 1, T), hist + t * s, dest)
+
+
+cdef inline void _scatter_chunk(idx_t* dest, int64_t lo, int64_t hi, mv_t* src, mv_t* out) noexcept nogil:
     cdef int64_t i
-    if itemsize == 4:
-        for i in prange(n, schedule='static', num_threads=T):
-            (<uint32_t*>out)[dest[i]] = (<uint32_t*>src)[i]
-    elif itemsize == 8:
-        for i in prange(n, schedule='static', num_threads=T):
-            (<uint64_t*>out)[dest[i]] = (<uint64_t*>src)[i]
-    elif itemsize == 2:
-        for i in prange(n, schedule='static', num_threads=T):
-            (<uint16_t*>out)[dest[i]] = (<uint16_t*>src)[i]
-    elif itemsize == 1:
-        for i in prange(n, schedule='static', num_threads=T):
-            out[dest[i]] = src[i]
-    else:
-        for i in prange(n, schedule='static', num_threads=T):
-            (<b16*>out)[dest[i]] = (<b16*>src)[i]
+    for i in range(lo, hi):
+        out[dest[i]] = src[i]
+
+
+cdef void _scatter(idx_t* dest, int64_t n, mv_t* src, mv_t* out, int T) noexcept nogil:
+    """out[dest[i]] = src[i]."""
+    cdef int t
+    for t in prange(T, schedule='static', chunksize=1, num_threads=T):
+        _scatter_chunk(dest, _lo(n, t, T), _lo(n, t + 1, T), src, out)
+
+
+cdef inline void _tcount_chunk(idx_t* pos, idx_t* crd, int64_t lo, int64_t hi, idx_t* h) noexcept nogil:
+    cdef int64_t q
+    for q in range(pos[lo], pos[hi]):
+        h[crd[q]] += 1
+
+
+cdef inline void _tfill_chunk(idx_t* pos, idx_t* crd, idx_t* rowmap, int64_t lo, int64_t hi, mv_t* vals,
+                              idx_t* h, idx_t* rows_out, mv_t* vals_out) noexcept nogil:
+    cdef int64_t p, q
+    cdef idx_t r, c, d
+    for p in range(lo, hi):
+        r = rowmap[p] if rowmap != NULL else <idx_t>p
+        for q in range(pos[p], pos[p + 1]):
+            c = crd[q]
+            d = h[c]
+            h[c] = d + 1
+            rows_out[d] = r
+            vals_out[d] = vals[q]
+
+
+cdef void _transpose(idx_t* pos, idx_t* crd, idx_t* rowmap, int64_t P, int64_t s, mv_t* vals,
+                     idx_t* hist, int64_t* bounds, idx_t* offsets, idx_t* rows_out, mv_t* vals_out,
+                     int T) noexcept nogil:
+    """Counting-sort transpose of a compressed level under P parents (scipy's csr_tocsc, split
+    over threads by rows): the child coordinates become buckets, the parent coordinate
+    (``rowmap[p]``, or p itself) and the value move into bucket order."""
+    cdef int t
+    _split_by_pos(pos, P, T, bounds)
+    for t in prange(T, schedule='static', chunksize=1, num_threads=T):
+        _tcount_chunk(pos, crd, bounds[t], bounds[t + 1], hist + t * s)
+    _offsets(hist, s, T, offsets)
+    for t in prange(T, schedule='static', chunksize=1, num_threads=T):
+        _tfill_chunk(pos, crd, rowmap, bounds[t], bounds[t + 1], vals, hist + t * s, rows_out, vals_out)
 
 
 cdef int64_t _unsorted_at(idx_t** keys, int m, int64_t n, bint strict) noexcept nogil:
@@ -195,18 +256,30 @@ cdef int64_t _unsorted_at(idx_t** keys, int m, int64_t n, bint strict) noexcept 
     return n
 
 
+cdef inline void _root_chunk(idx_t* key, int64_t lo, int64_t hi, idx_t* eoff) noexcept nogil:
+    cdef int64_t i, c
+    cdef idx_t a, b
+    for i in range(lo, hi):
+        a = key[i - 1]
+        b = key[i]
+        if a != b:
+            for c in range(a + 1, b + 1):
+                eoff[c] = <idx_t>i
+
+
 cdef void _dense_root(idx_t* key, int64_t n, int64_t s, idx_t* eoff, int T) noexcept nogil:
-    """eoff[c] = first entry with key >= c, for sorted keys under a single parent."""
-    cdef int64_t i, c, prev
+    """eoff[c] = first entry with key >= c, for sorted keys under a single parent (the
+    row pointer of a sorted COO): each thread fills the boundaries inside its chunk."""
+    cdef int64_t c
+    cdef int t
     if n == 0:
         for c in range(s + 1):
             eoff[c] = 0
         return
     for c in range(key[0] + 1):
         eoff[c] = 0
-    for i in prange(1, n, schedule='static', num_threads=T):
-        for c in range(key[i - 1] + 1, key[i] + 1):
-            eoff[c] = <idx_t>i
+    for t in prange(T, schedule='static', chunksize=1, num_threads=T):
+        _root_chunk(key, max(1, _lo(n, t, T)), _lo(n, t + 1, T), eoff)
     for c in range(key[n - 1] + 1, s + 1):
         eoff[c] = <idx_t>n
 
@@ -357,22 +430,28 @@ cdef inline bint _is64(t):
     return t.dtype == torch.int64
 
 
+cdef int _team(int64_t work):
+    """Threads worth waking for ``work`` entries: small arrays stay on one thread, because
+    waking a second one costs more than it saves (much more on a busy machine)."""
+    return 1 if work < 100_000 else _threads()
+
+
 def _k_expand_pos(pos, int64_t P, int64_t count):
     owner = torch.empty(count, dtype=pos.dtype)
-    cdef int T = _threads()
+    cdef int T = _team(count)
+    cdef int64_t bounds[65]
+    T = min(T, 64)
     if _is64(pos):
-        _expand_pos(<int64_t*>_ptr(pos), P, <int64_t*>_ptr(owner), T)
+        _expand_pos(<int64_t*>_ptr(pos), P, <int64_t*>_ptr(owner), bounds, T)
     else:
-        _expand_pos(<int32_t*>_ptr(pos), P, <int32_t*>_ptr(owner), T)
+        _expand_pos(<int32_t*>_ptr(pos), P, <int32_t*>_ptr(owner), bounds, T)
     return owner
 
 
 def _k_counting_sort(key, int64_t s):
     """Destinations of a stable counting sort of ``key`` (values < s) and the bucket starts."""
-    cdef int T = _threads()
     cdef int64_t n = key.numel()
-    if n < 65536:
-        T = 1
+    cdef int T = _team(n)
     dest = torch.empty(n, dtype=key.dtype)
     offsets = torch.empty(s + 1, dtype=key.dtype)
     cdef void* hist = calloc(max(1, T * s), key.element_size())
@@ -380,30 +459,82 @@ def _k_counting_sort(key, int64_t s):
         raise MemoryError("counting sort histogram")
     try:
         if _is64(key):
-            _histogram(<int64_t*>_ptr(key), n, s, <int64_t*>hist, T)
-            _offsets(<int64_t*>hist, s, T, <int64_t*>_ptr(offsets))
-            _dest(<int64_t*>_ptr(key), n, s, <int64_t*>hist, <int64_t*>_ptr(dest), T)
+            _counting_sort(<int64_t*>_ptr(key), n, s, <int64_t*>hist, <int64_t*>_ptr(offsets),
+                           <int64_t*>_ptr(dest), T)
         else:
-            _histogram(<int32_t*>_ptr(key), n, s, <int32_t*>hist, T)
-            _offsets(<int32_t*>hist, s, T, <int32_t*>_ptr(offsets))
-            _dest(<int32_t*>_ptr(key), n, s, <int32_t*>hist, <int32_t*>_ptr(dest), T)
+            _counting_sort(<int32_t*>_ptr(key), n, s, <int32_t*>hist, <int32_t*>_ptr(offsets),
+                           <int32_t*>_ptr(dest), T)
     finally:
         free(hist)
     return dest, offsets
 
 
+cdef void _scatter_any(idx_t* dest, int64_t n, void* src, void* out, int isz, int T) noexcept nogil:
+    if isz == 4:
+        _scatter(dest, n, <uint32_t*>src, <uint32_t*>out, T)
+    elif isz == 8:
+        _scatter(dest, n, <uint64_t*>src, <uint64_t*>out, T)
+    elif isz == 2:
+        _scatter(dest, n, <uint16_t*>src, <uint16_t*>out, T)
+    elif isz == 1:
+        _scatter(dest, n, <uint8_t*>src, <uint8_t*>out, T)
+    else:
+        _scatter(dest, n, <b16*>src, <b16*>out, T)
+
+
 def _k_scatter(dest, src):
     out = torch.empty_like(src)
-    cdef int T = _threads()
     cdef int64_t n = src.numel()
+    cdef int T = _team(n)
     cdef int isz = src.element_size()
-    if n < 65536:
-        T = 1
     if _is64(dest):
-        _scatter(<int64_t*>_ptr(dest), n, <char*>_ptr(src), <char*>_ptr(out), isz, T)
+        _scatter_any(<int64_t*>_ptr(dest), n, _ptr(src), _ptr(out), isz, T)
     else:
-        _scatter(<int32_t*>_ptr(dest), n, <char*>_ptr(src), <char*>_ptr(out), isz, T)
+        _scatter_any(<int32_t*>_ptr(dest), n, _ptr(src), _ptr(out), isz, T)
     return out
+
+
+cdef void _transpose_any(idx_t* pos, idx_t* crd, idx_t* rowmap, int64_t P, int64_t s, void* vals,
+                         idx_t* hist, int64_t* bounds, idx_t* offsets, idx_t* rows_out, void* vals_out,
+                         int isz, int T) noexcept nogil:
+    if isz == 4:
+        _transpose(pos, crd, rowmap, P, s, <uint32_t*>vals, hist, bounds, offsets, rows_out, <uint32_t*>vals_out, T)
+    elif isz == 8:
+        _transpose(pos, crd, rowmap, P, s, <uint64_t*>vals, hist, bounds, offsets, rows_out, <uint64_t*>vals_out, T)
+    elif isz == 2:
+        _transpose(pos, crd, rowmap, P, s, <uint16_t*>vals, hist, bounds, offsets, rows_out, <uint16_t*>vals_out, T)
+    elif isz == 1:
+        _transpose(pos, crd, rowmap, P, s, <uint8_t*>vals, hist, bounds, offsets, rows_out, <uint8_t*>vals_out, T)
+    else:
+        _transpose(pos, crd, rowmap, P, s, <b16*>vals, hist, bounds, offsets, rows_out, <b16*>vals_out, T)
+
+
+def _k_transpose(pos, crd, rowmap, int64_t P, int64_t s, vals):
+    """(bucket starts, parent coordinate per entry, values) of a compressed level sorted by
+    its own coordinate; pos/crd/rowmap share one index dtype."""
+    cdef int64_t n = crd.numel()
+    cdef int T = min(_team(n), 64)
+    cdef int64_t bounds[65]
+    offsets = torch.empty(s + 1, dtype=crd.dtype)
+    rows = torch.empty(n, dtype=crd.dtype)
+    out = torch.empty_like(vals)
+    cdef void* hist = calloc(max(1, T * s), crd.element_size())
+    if hist == NULL:
+        raise MemoryError("transpose histogram")
+    cdef void* rm = NULL if rowmap is None else _ptr(rowmap)
+    cdef int isz = vals.element_size()
+    try:
+        if _is64(crd):
+            _transpose_any(<int64_t*>_ptr(pos), <int64_t*>_ptr(crd), <int64_t*>rm, P, s, _ptr(vals),
+                           <int64_t*>hist, bounds, <int64_t*>_ptr(offsets), <int64_t*>_ptr(rows),
+                           _ptr(out), isz, T)
+        else:
+            _transpose_any(<int32_t*>_ptr(pos), <int32_t*>_ptr(crd), <int32_t*>rm, P, s, _ptr(vals),
+                           <int32_t*>hist, bounds, <int32_t*>_ptr(offsets), <int32_t*>_ptr(rows),
+                           _ptr(out), isz, T)
+    finally:
+        free(hist)
+    return offsets, rows, out
 
 
 cdef class _PtrList:
@@ -434,8 +565,8 @@ def _k_unsorted_at(keys, bint strict=False):
 
 
 def _k_dense_level(eoff, int64_t P, key, int64_t s):
-    cdef int T = _threads()
     cdef int64_t n = key.numel()
+    cdef int T = _team(n + P * s)
     out = torch.empty(P * s + 1, dtype=key.dtype)
     if P == 1:
         if _is64(key):
@@ -451,7 +582,7 @@ def _k_dense_level(eoff, int64_t P, key, int64_t s):
 
 def _k_distinct(eoff, int64_t P, keys):
     """pos, crd per level of the run, and the entry offsets of the new positions."""
-    cdef int T = _threads()
+    cdef int T = _team(eoff[P].item() + P)
     cdef int m = len(keys)
     cdef _PtrList pk = _PtrList(keys)
     dt = eoff.dtype
@@ -516,7 +647,7 @@ def _k_reduce(eoff, int64_t count, vals):
             raise TypeError(f"values of dtype {dt} cannot be summed")
         return _k_reduce(eoff, count, vals.to(wide)).to(dt)
     out = torch.empty(count, dtype=dt)
-    _reduce_typed(eoff, count, vals.contiguous(), out, _threads())
+    _reduce_typed(eoff, count, vals.contiguous(), out, _team(count + vals.numel()))
     return out
 
 
@@ -574,7 +705,7 @@ cdef _scan_typed(int kind, x, int64_t rows, rstart, int64_t m, int64_t stride, c
 
 def _k_rows_key(off, int64_t rows, int64_t div, int64_t size, dtype):
     key = torch.empty(int(off[rows]), dtype=dtype)
-    cdef int T = _threads()
+    cdef int T = _team(key.numel())
     if dtype == torch.int64:
         _rows_key(<int64_t*>_ptr(off), rows, div, size, <int64_t*>_ptr(key), T)
     else:
@@ -584,7 +715,7 @@ def _k_rows_key(off, int64_t rows, int64_t div, int64_t size, dtype):
 
 def _k_place(lv, int64_t P, int64_t count, off, int64_t stride):
     out = torch.empty(count, dtype=torch.int64)
-    cdef int T = _threads()
+    cdef int T = _team(count)
     cdef bint single = lv.pos is None
     if lv.kind is _DENSE:
         _place_dense(P, lv.size, <int64_t*>_ptr(off), stride, <int64_t*>_ptr(out), T)
@@ -721,19 +852,21 @@ def _build(shape: Sequence[int], fmt: Format, keys: List[Optional[torch.Tensor]]
     n = values.numel()
     wdt = next(k.dtype for k in keys if k is not None) if any(k is not None for k in keys) \
         else (eoff.dtype if eoff is not None else _work_dtype(shape, fmt, n))
-    if start == 0 and eoff is None:
-        eoff = torch.tensor([0, n], dtype=wdt)
+    root = start == 0 and eoff is None
     built = [(None, None)] * L  # levels above ``start`` are dense
     k = start
     while k < L:
         kind = kinds[k]
         s = sizes[k][1]
-        if eoff is None:  # every position so far holds one entry
+        if root and (kind is not _DENSE or offsets0 is None) and not (kind is _DENSE and parents == 1):
+            eoff = torch.tensor([0, n], dtype=wdt)
+        elif eoff is None and not root:  # every position so far holds one entry
             eoff = torch.arange(parents + 1, dtype=wdt)
+        root = False
         if kind is _DENSE:
             if k == 0 and offsets0 is not None:
                 eoff = offsets0
-            else:
+            else:  # (a single parent needs no entry offsets)
                 eoff = _k_dense_level(eoff, parents, keys[k], s)
             parents *= s
             built[k] = (None, None)
@@ -761,12 +894,15 @@ def _build(shape: Sequence[int], fmt: Format, keys: List[Optional[torch.Tensor]]
     count = parents
     vals = values if eoff is None else _k_reduce(eoff, count, values)
     idx = index_dtype_for(shape, max(count, n_input))
-    levels = []
-    for (d, s, inner), kind, (pos, crd) in zip(sizes, kinds, built):
-        levels.append(Level(kind, d, s,
-                            None if pos is None else pos.to(idx).contiguous(),
-                            None if crd is None else crd.to(idx).contiguous(), inner))
+    levels = [Level(kind, d, s, _as_index(pos, idx), _as_index(crd, idx), inner)
+              for (d, s, inner), kind, (pos, crd) in zip(sizes, kinds, built)]
     return Storage(fmt, shape, levels, vals, idx)
+
+
+cdef _as_index(t, idx):
+    if t is None or (t.dtype == idx and t.is_contiguous()):
+        return t
+    return t.to(idx).contiguous()
 
 
 def _assemble(shape, fmt: Format, keys: List[torch.Tensor], values: torch.Tensor, n_input: int,
@@ -927,7 +1063,7 @@ def from_dense(x: torch.Tensor, fmt: Format) -> Storage:
     rstart = torch.zeros(1, dtype=torch.int64)
     for s, st in zip(outer, y.stride()[:-1]):
         rstart = (rstart[:, None] + torch.arange(s, dtype=torch.int64)[None, :] * st).reshape(-1)
-    cdef int T = _threads()
+    cdef int T = _team(x.numel())
     cdef int kind = _SCAN_AS[x.dtype]
     cnt = torch.empty(rows, dtype=torch.int64)
     # data_ptr of the view already includes the storage offset
@@ -1030,6 +1166,16 @@ def _presorted(src: Storage, origin: Sequence[Optional[int]]) -> int:
     return need
 
 
+def _is_transpose(st: Storage, fmt: Format) -> bool:
+    """A 2-level source ending in a compressed level whose dimensions the (non-coordinate
+    rooted) target stores in the other order: CSR <-> CSC, DCSR -> DCSC, CSR -> DCSC, ..."""
+    if len(st.levels) != 2 or st.format.block is not None or fmt.block is not None:
+        return False
+    k0, k1 = st.levels[0].kind, st.levels[1].kind
+    return (k1 is _COMPRESSED and k0 is not _COORDINATE and fmt.levels[0] is not _COORDINATE
+            and fmt.mode_order == st.format.mode_order[::-1])
+
+
 def convert(st: Storage, fmt: Format) -> Storage:
     """The same tensor in another format, without a dense intermediate; stored values (also
     stored zeros) are kept, and only positions that a dense target level creates are zero."""
@@ -1038,6 +1184,15 @@ def convert(st: Storage, fmt: Format) -> Storage:
         return st
     n = st.nnz
     wdt = _work_dtype(st.shape, fmt, n)
+    if _is_transpose(st, fmt):
+        # the source's last level is compressed and the target stores its dimensions the other
+        # way round: one counting-sort transpose moves parent coordinates and values at once
+        lv0, lv1 = st.levels
+        rowmap = None if lv0.kind is _DENSE else lv0.crd.to(wdt)
+        parents = lv0.size if lv0.kind is _DENSE else lv0.crd.numel()
+        offsets, rows, vals = _k_transpose(lv1.pos.to(wdt), lv1.crd.to(wdt), rowmap, parents,
+                                           lv1.size, st.values)
+        return _build(st.shape, fmt, [None, rows], vals, n, True, offsets0=offsets)
     lc = _decode(st, wdt)
     keys, origin = _keys_from_levels(lc, st, fmt, st.shape, wdt)
     keys = [k.contiguous() for k in keys]
