@@ -64,3 +64,68 @@ def test_random_einsum_matches_torch(problem):
     assert got.shape == want.shape
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(got, want, **tol)
+
+
+# ------------------------------------------------------------------ elementwise expressions
+from scorch.compiler.index_notation import Access, Assignment  # noqa: E402
+
+_A, _B, _D = Access(0, "ij"), Access(1, "ij"), Access(2, "ij")
+_ROW = Access(2, "i")
+EXPRESSIONS = [
+    (Assignment("ij", _A + _B), 2),
+    (Assignment("ij", _A - 0.5 * _B), 2),
+    (Assignment("ij", _A * _B + _D), 3),
+    (Assignment("ij", (_A + _B) * _D), 3),
+    (Assignment("ij", _A - _B * _D), 3),
+    (Assignment("ij", -_A + _B), 2),
+    (Assignment("i", _A * _B + _A), 2),       # sum over j of a union
+    (Assignment("ij", _A * _B - _ROW), "row"),  # broadcast term of a difference
+]
+FORMATS2 = [None, Format("dc"), Format("dc", (1, 0)), Format("cc"), Format("qq"), Format("cd")]
+
+
+@st.composite
+def expressions(draw):
+    asg, kind = draw(st.sampled_from(EXPRESSIONS))
+    m, n = draw(st.integers(0, 5)), draw(st.integers(1, 5))
+    dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    nops = 3 if kind in (3, "row") else 2
+    dense_ops, ops = [], []
+    for t in range(nops):
+        shape = (m,) if (kind == "row" and t == 2) else (m, n)
+        density = draw(st.sampled_from([0.0, 0.2, 0.6, 1.0]))
+        x = torch.randn(shape, generator=g).to(dtype) * (torch.rand(shape, generator=g) < density)
+        fmts = FORMATS[1] if len(shape) == 1 else FORMATS2
+        fmt = draw(st.sampled_from(fmts))
+        dense_ops.append(x)
+        ops.append(x if fmt is None else sparse(x, fmt))
+    return asg, ops, dense_ops, dtype
+
+
+def _eval_dense(e, ops):
+    from scorch.compiler.index_notation import Add, Mul, Neg, Scalar, Sub
+    if isinstance(e, Access):
+        x = ops[e.tensor]
+        return x if len(e.indices) == 2 else x[:, None]
+    if isinstance(e, Scalar):
+        return e.value
+    if isinstance(e, Neg):
+        return -_eval_dense(e.a, ops)
+    a, b = _eval_dense(e.a, ops), _eval_dense(e.b, ops)
+    return {Add: lambda: a + b, Sub: lambda: a - b, Mul: lambda: a * b}[type(e)]()
+
+
+@settings(max_examples=80, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(expressions())
+def test_random_elementwise_matches_dense(problem):
+    asg, ops, dense_ops, dtype = problem
+    got = C.compute(asg, *ops)
+    want = _eval_dense(asg.rhs, dense_ops)
+    if asg.output == ("i",):
+        want = want.sum(1)
+    if isinstance(got, Storage):
+        check_storage(got)
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(dense(got), want.to(dtype), **tol)
