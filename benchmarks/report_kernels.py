@@ -7,12 +7,16 @@
 Writes ``benchmarks/results/kernels.md`` (table, per-kernel geometric means, targets, STREAM
 bandwidth of this machine), ``kernels.json`` (raw numbers) and ``kernels.png`` (ratio plot).
 
-Method: for every case (kernel, K, matrix) the operands are built once; each implementation
-is called once and its result checked against a float64 reference (a wrong result is timed
-but gets no ratio), then called once more as warm-up, then timed back to back: the median of
->= 7 runs (up to 101 runs for sub-ms calls; 3 runs after a single warm-up for calls over 1 s).
-Threads via ``torch.set_num_threads``; scorch and torch follow it, scipy is single-threaded
-and is measured once per case (its row is repeated for every thread count).
+Method: for every case (kernel, K, matrix) the operands are built once; at each thread count
+each implementation is called once and its result checked against a float64 reference (a
+wrong result is timed but gets no ratio; this first call also compiles scorch's kernel), and
+once more as warm-up. Then the implementations are timed in >= 7 interleaved rounds (rotating
+order; a fast call is repeated within a round, up to 15x, to fill ~0.7 s per implementation),
+so load from other processes falls on every peer alike; the time is the median of all timed
+calls. Calls over 1 s take part in 3 rounds; a first call over ``--max-call`` seconds is not
+repeated and its single time is reported, marked ``(1x)``.
+Threads via ``torch.set_num_threads``; scorch and torch follow it; scipy is single-threaded
+(measured at every thread count all the same, as a noise check).
 "best peer" = the faster of torch CSR and scipy; ratio = best peer / scorch (> 1: scorch
 faster). scorch GB/s = the bytes that must move (``kernels.bytes_moved``) / scorch's median.
 
@@ -106,32 +110,6 @@ def wait_quiet(max_wait: float, threshold: float = FLAG_LOAD, window: float = 0.
 
 # --------------------------------------------------------------------------- timing
 
-def measure(fn, min_runs: int = 7, max_runs: int = 101, target_s: float = 0.5,
-            slow_s: float = 1.0):
-    """(first_result, median_s, runs, all_times). The first call's result is returned for
-    checking; that call and one more are warm-ups (only the first for calls over slow_s)."""
-    gc.collect()
-    t = time.perf_counter()
-    first = fn()
-    t_first = time.perf_counter() - t
-    if t_first < slow_s:
-        t = time.perf_counter()
-        fn()
-        t_est = time.perf_counter() - t
-    else:
-        t_est = t_first
-    if t_est >= slow_s:
-        runs = 3
-    else:
-        runs = int(max(min_runs, min(max_runs, target_s / max(t_est, 1e-9))))
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return first, statistics.median(times), runs, times
-
-
 def short_error(e: BaseException, n: int = 90) -> str:
     msg = f"{type(e).__name__}: {e}".replace("\n", " ").replace("|", "/")
     return msg if len(msg) <= n else msg[: n - 3] + "..."
@@ -188,46 +166,96 @@ def run_case(case: K.Case, threads: List[int], impls: List[str], args) -> List[D
             if args.verbose:
                 traceback.print_exc()
     rows = []
-    scipy_cell = None
     for t in threads:
         K.set_threads(t)
         meter = LoadMeter()
         row = {"kernel": case.kernel, "k": case.k, "label": case.label, "matrix": case.matrix,
                "threads": t, "cells": {}}
+        timed: Dict[str, Any] = {}
         for impl in impls:
             b = built[impl]
-            if impl == "scipy" and scipy_cell is not None:
-                row["cells"][impl] = dict(scipy_cell, reused=True)
-                continue
             if isinstance(b, tuple):
-                cell = {"status": b[0], "msg": b[1]}
-            else:
-                cell = _time_impl(case, b, args)
+                row["cells"][impl] = {"status": b[0], "msg": b[1]}
+                continue
+            cell, t_est = _check_and_warm(case, b, args)
             row["cells"][impl] = cell
-            if impl == "scipy":
-                scipy_cell = cell
+            if t_est is not None:
+                timed[impl] = (b, t_est, cell)
+        _interleaved(timed, args)
+        for cell in row["cells"].values():
+            times = cell.pop("times", None)
+            if times:
+                cell["ms"] = statistics.median(times) * 1e3
+                cell["min_ms"] = min(times) * 1e3
+                cell["runs"] = 0 if cell.get("single") else len(times)
+            elif cell.get("status") in ("ok", "wrong"):
+                cell.update(status="error", msg=cell.get("msg", "no timing"))
         row["foreign_load"] = meter.foreign_cores()
         _derive(case, row)
         rows.append(row)
     return rows
 
 
-def _time_impl(case: K.Case, impl: K.Impl, args) -> Dict[str, Any]:
+def _check_and_warm(case: K.Case, impl: K.Impl, args):
+    """First call (result checked against the reference; may include a kernel compile),
+    then one warm-up call. Returns (cell, t_est); t_est is None when no more runs follow."""
+    base = {"api": impl.api, "times": []}
+    gc.collect()
     try:
-        first, med, runs, times = measure(impl.fn, min_runs=args.runs, slow_s=args.slow)
+        t = time.perf_counter()
+        first = impl.fn()
+        t_first = time.perf_counter() - t
     except Exception as e:  # noqa: BLE001
         if args.verbose:
             traceback.print_exc()
-        return {"status": "error", "msg": short_error(e), "api": impl.api}
+        return dict(base, status="error", msg=short_error(e)), None
     try:
         host = impl.to_host(first)
         ok, msg = K.check(case, host)
         out_nnz = getattr(host, "nnz", None)
+        del host
     except Exception as e:  # noqa: BLE001
         ok, msg, out_nnz = False, "check failed: " + short_error(e), None
     del first
-    return {"status": "ok" if ok else "wrong", "ms": med * 1e3, "runs": runs,
-            "min_ms": min(times) * 1e3, "msg": msg, "api": impl.api, "out_nnz": out_nnz}
+    cell = dict(base, status="ok" if ok else "wrong", msg=msg, out_nnz=out_nnz)
+    if t_first >= args.max_call:
+        cell.update(times=[t_first], single=True)
+        return cell, None
+    try:
+        t = time.perf_counter()
+        impl.fn()
+        t_est = time.perf_counter() - t
+    except Exception as e:  # noqa: BLE001
+        return dict(base, status="error", msg=short_error(e)), None
+    return cell, t_est
+
+
+def _interleaved(timed: Dict[str, Any], args) -> None:
+    """Time the implementations in interleaved rounds (a rotating order; each round calls
+    each implementation a few times back to back), so load from other processes falls on
+    every peer alike. >= args.runs rounds; calls slower than args.slow take part in 3."""
+    if not timed:
+        return
+    rounds = max(1, args.runs)
+    per_round = args.target / rounds
+    reps = {n: (1 if te >= args.slow else int(min(15, max(1, per_round / max(te, 1e-9)))))
+            for n, (_, te, _) in timed.items()}
+    names = list(timed)
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            impl, te, cell = timed[n]
+            if cell["status"] == "error" or (te >= args.slow and r >= 3):
+                continue
+            gc.collect(0)
+            for _ in range(reps[n]):
+                try:
+                    t = time.perf_counter()
+                    impl.fn()
+                    cell["times"].append(time.perf_counter() - t)
+                except Exception as e:  # noqa: BLE001
+                    cell.update(status="error", msg=short_error(e), times=[])
+                    break
 
 
 def _ms(cell) -> Optional[float]:
@@ -271,7 +299,7 @@ def _cell_text(cell) -> str:
         return ""
     st = cell["status"]
     if st == "ok":
-        return _fmt_ms(cell["ms"]) + (" (1T)" if cell.get("reused") else "")
+        return _fmt_ms(cell["ms"]) + (" (1x)" if cell.get("runs") == 0 else "")
     if st == "wrong":
         return f"{_fmt_ms(cell['ms'])} WRONG ({cell['msg']})"
     if st == "n/a":
@@ -295,7 +323,8 @@ def summarize(rows: List[Dict[str, Any]], threads_for_targets: int = 2) -> Dict[
         summary["per_kernel"][kname] = {"geomean": g, "n": len(ratios), "cases": len(kr),
                                         "geomean_vs_torch_csr": geomean(
                                             [r["ratio_torch_csr"] for r in kr])}
-        for lab in sorted({r["label"] for r in kr}):
+        for lab in sorted({r["label"] for r in kr},
+                          key=lambda lb: next(r["k"] or 0 for r in kr if r["label"] == lb)):
             lr = [r["ratio"] for r in kr if r["label"] == lab and r["ratio"]]
             summary["per_label"][lab] = {"geomean": geomean(lr), "n": len(lr),
                                          "cases": sum(1 for r in kr if r["label"] == lab)}
@@ -323,13 +352,15 @@ def write_markdown(path: Path, rows, summary, streams, meta, args) -> None:
              f"on {meta['date']}.\n")
     L.append(f"- machine: {meta['cpu']}, {meta['cores']} cores; torch {meta['torch']}, "
              f"scipy {meta['scipy']}, numpy {meta['numpy']}; scorch at git {meta['git']}")
-    L.append("- float32 everywhere; times are medians (ms) of >= 7 back-to-back runs after 2 "
-             "warm-ups (3 runs after 1 warm-up for calls over 1 s); each result was checked "
-             "against a float64 reference before timing")
+    L.append("- float32 everywhere; times are medians (ms) of the timed calls: >= 7 "
+             "interleaved rounds per implementation after a checked first call and a warm-up "
+             "(3 rounds for calls over 1 s; `(1x)`: a first call over --max-call s, not "
+             "repeated, the time of that single call); every result was checked against a "
+             "float64 reference before timing (`WRONG`: timed, no ratio)")
     L.append("- ratio = best peer / scorch, best peer = the faster of torch CSR and scipy "
              "(> 1: scorch is faster); torch COO is shown for context only")
-    L.append("- scipy (and the numpy gather-dot SDDMM) is single-threaded: measured once per "
-             "case, shown as `(1T)` in the other thread rows")
+    L.append("- scipy (and the numpy gather-dot SDDMM) is single-threaded: its rows at 2 "
+             "threads repeat the same work (a noise check)")
     L.append("- torch CSR uses int32 indices (MKL's native type); SDDMM peer is "
              "`torch.sparse.sampled_addmm(A, B, C, beta=0)` followed by an in-place multiply "
              "of its values by A's values (sampled_addmm ignores A's values); SpGEMM is "
@@ -455,8 +486,9 @@ def plot(path: Path, rows, summary) -> Optional[str]:
                       and r["threads"] == t]
                 vals.append(rr[0]["ratio"] if rr and rr[0]["ratio"] else np.nan)
             xs = np.arange(len(matrices)) + (ti - (len(threads) - 1) / 2) * width
-            ax.bar(xs, vals, width=width, color=colors[ti % len(colors)],
-                   label=f"{t} thread{'s' if t > 1 else ''}")
+            vals = np.asarray(vals, dtype=float)
+            ax.bar(xs, vals - 1.0, bottom=1.0, width=width, color=colors[ti % len(colors)],
+                   label=f"{t} thread{'s' if t > 1 else ''}")  # bars grow from 1.0
         ax.axhline(1.0, color="black", linewidth=1)
         ax.axhline(TARGETS[kname], color="green", linewidth=1, linestyle="--",
                    label=f"target {TARGETS[kname]}x")
@@ -511,9 +543,16 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true",
                    help=f"only {', '.join(K.MATRICES_QUICK)}")
     p.add_argument("--impls", nargs="+", default=list(K.IMPLS), choices=K.IMPLS)
-    p.add_argument("--runs", type=int, default=7, help="minimum timed runs per call")
+    p.add_argument("--runs", type=int, default=7,
+                   help="interleaved timing rounds (>= 1 timed call each) per implementation")
+    p.add_argument("--target", type=float, default=0.7,
+                   help="seconds of timed calls per implementation and case (fast calls are "
+                        "repeated within a round up to 15x to fill it)")
     p.add_argument("--slow", type=float, default=1.0,
-                   help="seconds above which a call gets 1 warm-up and 3 runs")
+                   help="seconds above which a call gets only 3 timed runs")
+    p.add_argument("--max-call", type=float, default=20.0,
+                   help="seconds above which a first call is not repeated (its time is "
+                        "reported, marked 1x)")
     p.add_argument("--quiet-wait", type=float, default=20.0,
                    help="seconds to wait per case for other processes to go quiet")
     p.add_argument("--retries", type=int, default=1,
