@@ -260,9 +260,29 @@ def test_dense_diagonal_and_broadcast():
     torch.testing.assert_close(dense(C.einsum("ijk,jk->ijk", a, e)), torch.einsum("ijk,jk->ijk", x, e))
 
 
-def test_sparse_diagonal_not_implemented():
-    with pytest.raises(NotImplementedError, match="repeated index"):
-        C.einsum("ii->i", sparse(rand((3, 3)), "csr"))
+@pytest.mark.parametrize("eq", ["ii->i", "iij->j", "iji->ij", "ii,ij->j"])
+@pytest.mark.parametrize("kinds", ["dc", "cc", "qq"])
+def test_sparse_diagonal(eq, kinds):
+    x2, x3 = rand((4, 4), 0.7, seed=3), rand((4, 4, 4), 0.6, seed=2)
+    xs = [x3 if len(t) == 3 else x2 for t in eq.split("->")[0].split(",")]
+    ops = [sparse(x, Format(kinds + kinds[-1] * (x.dim() - 2))) for x in xs]
+    torch.testing.assert_close(dense(C.einsum(eq, *ops)), torch.einsum(eq, *xs))
+
+
+@pytest.mark.parametrize("kinds", ["dc", "qq"])
+def test_sparse_size1_broadcast(kinds):
+    a, b = rand((1, 5), 0.6, seed=4), rand((3, 5), 0.6, seed=5)
+    r = C.einsum("ij,ij->ij", sparse(a, Format(kinds)), sparse(b, "csr"))
+    torch.testing.assert_close(dense(r), a * b)
+    r = C.einsum("...j,...j->...j", sparse(a, Format(kinds)), b)
+    torch.testing.assert_close(dense(r), a * b)
+
+
+def test_ellipsis_with_sparse_batch():
+    x = rand((2, 4, 3), 0.5, seed=12)
+    y = torch.randn(2, 3, 5, dtype=torch.float64)
+    r = C.einsum("...ij,...jk->...ik", sparse(x, "dcc"), y)
+    torch.testing.assert_close(dense(r), torch.einsum("...ij,...jk->...ik", x, y))
 
 
 def test_plan_cache_warm_call_reuses_plan():

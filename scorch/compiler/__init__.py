@@ -340,13 +340,36 @@ def _entry(key, make):
 
 
 def _einsum_entry(equation: str, ops, out_format):
-    key = (COMPILER_VERSION, equation, tuple(_fmt_key(x) for x in ops), out_format)
+    # size-1 dimensions of sparse operands that broadcast are part of the plan (they are
+    # read through a variable of their own); dense operands broadcast through stride 0
+    bmask = tuple(tuple(s == 1 for s in x.shape) if isinstance(x, Storage) else None for x in ops)
+    key = (COMPILER_VERSION, equation, tuple(_fmt_key(x) for x in ops), bmask, out_format)
 
     def make():
         spec = parse_einsum(equation, [tuple(x.shape) for x in ops])
-        fmt = _resolve_out_format(out_format, len(spec.assignment.output))
-        return _make_entry(spec.assignment, spec.operand_indices, ops, fmt)
+        asg, op_idx = spec.assignment, list(spec.operand_indices)
+        if any(spec.broadcast[n] for n, x in enumerate(ops) if isinstance(x, Storage)):
+            asg, op_idx = _rename_broadcast(spec, ops)
+        fmt = _resolve_out_format(out_format, len(asg.output))
+        return _make_entry(asg, op_idx, ops, fmt)
     return _entry(key, make)
+
+
+def _rename_broadcast(spec, ops):
+    """Give each broadcast size-1 dimension of a sparse operand its own variable of size 1:
+    summing over one coordinate is the identity, and the operand no longer depends on the
+    broadcast variable."""
+    from .index_notation import Mul
+    op_idx = []
+    for n, idx in enumerate(spec.operand_indices):
+        if isinstance(ops[n], Storage) and spec.broadcast[n]:
+            idx = tuple(f"_b{n}_{d}" if d in spec.broadcast[n] else v for d, v in enumerate(idx))
+        op_idx.append(tuple(idx))
+    rhs = None
+    for n, idx in enumerate(op_idx):
+        a = Access(n, idx)
+        rhs = a if rhs is None else Mul(rhs, a)
+    return Assignment(spec.assignment.output, rhs), op_idx
 
 
 def einsum(equation: str, *operands, out_format=None):

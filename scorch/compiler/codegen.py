@@ -244,6 +244,41 @@ class _Gen:
             new["k"][lv.access] += 1
         body: List[str] = []  # lines at loop-body indentation, before the nested loops
 
+        bound = set(self.s.loop_order[:depth + 1])
+
+        def chase():
+            # levels whose variable is already bound (a repeated index: a diagonal) locate
+            # the bound coordinate: dense levels by arithmetic, sparse levels by a search
+            for ap in self.s.accesses:
+                if not ap.sparse:
+                    continue
+                while new["k"][ap.id] < len(ap.levels) and ap.levels[new["k"][ap.id]].var in bound:
+                    lv = ap.levels[new["k"][ap.id]]
+                    new["k"][ap.id] += 1
+                    cu = _cvar(lv.var)
+                    if lv.locates:
+                        p = self.local(lv.p)
+                        body.append(f"{p} = {new['pos'][ap.id]} * a.N_{lv.var} + {cu}")
+                        new["pos"][ap.id] = p
+                        continue
+                    self.local(lv.q)
+                    self.local(lv.hi)
+                    self.local(lv.qe)
+                    fl = self.local(lv.found, "int")
+                    parent = new["pos"][ap.id] if lv.has_pos else new["seg"][ap.id]
+                    body.extend(segment_setup(lv, parent, new["pres"][ap.id]))
+                    body.append(f"while {lv.q} < {lv.hi} and {lv.crd}[{lv.q}] < {cu}:")
+                    body.append(f"    {lv.q} += 1")
+                    body.append(f"{fl} = {lv.q} < {lv.hi} and {lv.crd}[{lv.q}] == {cu}")
+                    body.append(f"if {fl}:")
+                    body.extend("    " + x for x in group_end(lv, cu))
+                    new["pres"][ap.id] = fl
+                    if lv.grouped:
+                        new["seg"][ap.id] = (lv.q, lv.qe)
+                        new["pos"][ap.id] = None
+                    else:
+                        new["pos"][ap.id] = lv.q
+
         def bind_children():
             for lv in iters:
                 if lv.grouped:
@@ -265,6 +300,7 @@ class _Gen:
                 o = self.local(f"oo_{depth}")
                 body.append(f"{o} = {cv} * a.out_st_{v}" if st["oo"] == "0" else f"{o} = {st['oo']} + {cv} * a.out_st_{v}")
                 new["oo"] = o
+            chase()
 
         if dense:
             lo, hi = ("clo", "chi") if chunked else ("0", f"a.N_{v}")

@@ -82,15 +82,21 @@ class Schedule:
     cost: tuple
 
 
-def _concordant_vars(indices: Sequence[str], fmt: Format, order: Sequence[str]) -> Tuple[Tuple[str, ...], bool]:
-    """Level variables of an access read in ``order``: its own mode order if concordant,
-    else the mode order sorted by loop position (a transpose)."""
-    own = tuple(indices[d] for d in fmt.mode_order)
+def _concordant_dims(indices: Sequence[str], fmt: Format, order: Sequence[str]) -> Tuple[Tuple[int, ...], bool]:
+    """Mode order an access is read in under loop ``order``: its own if concordant (loop
+    positions of its level variables nondecreasing; a repeated variable, a diagonal, sits
+    on consecutive-or-later levels), else its dimensions sorted by loop position (a
+    transpose)."""
     rank = {v: n for n, v in enumerate(order)}
-    pos = [rank[v] for v in own]
-    if all(a < b for a, b in zip(pos, pos[1:])):
-        return own, False
-    return tuple(sorted(own, key=lambda v: rank[v])), True
+    pos = [rank[indices[d]] for d in fmt.mode_order]
+    if all(a <= b for a, b in zip(pos, pos[1:])):
+        return tuple(fmt.mode_order), False
+    return tuple(sorted(range(len(indices)), key=lambda d: (rank[indices[d]], d))), True
+
+
+def _concordant_vars(indices: Sequence[str], fmt: Format, order: Sequence[str]) -> Tuple[Tuple[str, ...], bool]:
+    dims, tr = _concordant_dims(indices, fmt, order)
+    return tuple(indices[d] for d in dims), tr
 
 
 def order_cost(order: Sequence[str], asg: Assignment, ids: Dict[Access, int],
@@ -174,11 +180,6 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
         if fmt is not None:
             if fmt.block is not None:
                 raise NotImplementedError("blocked operands are converted before scheduling")
-            if len(set(acc.indices)) != len(acc.indices):
-                raise NotImplementedError(
-                    f"repeated index in sparse operand {acc.tensor} ({''.join(acc.indices)}): "
-                    f"taking a diagonal of a sparse tensor is not supported yet")
-
     def kind_of(acc: Access, v: str) -> LevelKind:
         fmt = formats[acc.tensor]
         if fmt is None:
@@ -207,10 +208,9 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
         if fmt is None:
             plans.append(AccessPlan(i, acc.tensor, acc.indices, False, None))
             continue
-        lvars, tr = _concordant_vars(acc.indices, fmt, order)
-        read_fmt = fmt
-        if tr:
-            read_fmt = Format(fmt.levels, tuple(acc.indices.index(v) for v in lvars))
+        dims, tr = _concordant_dims(acc.indices, fmt, order)
+        lvars = tuple(acc.indices[d] for d in dims)
+        read_fmt = Format(fmt.levels, dims) if tr else fmt
         plans.append(AccessPlan(i, acc.tensor, acc.indices, True, fmt, read_fmt, tr,
                                 level_plans(i, read_fmt.levels, lvars)))
 
