@@ -302,7 +302,7 @@ def test_explain_runs_nothing_and_reports():
     assert p.workspaces == ["k: sparse workspace (std::map)"]
     assert p.tiled == []
     assert p.output_format == as_format("csr")
-    assert "def kernel" in p.source and "cmap[int64_t, double]" in p.source
+    assert "def kernel" in p.source and "SparseWorkspace[double]" in p.source
     text = str(p)
     assert "forall i" in text and "where" in text
 

@@ -78,6 +78,10 @@ class _Gen:
         self.out = s.output
         self.chunk_kind: Optional[str] = None  # None | "dense" | "sparse"
         self.chunk_level: Optional[LevelPlan] = None
+        # sparse workspaces come from the runtime (scorch._runtime.workspace, a std::map per
+        # thread) for the value types it is instantiated for; otherwise std::map directly
+        self.rt_ws = (s.output.mode == "ws" and not s.output.ws_dense
+                      and self.vt in ("float", "double", "int32_t", "int64_t"))
 
     # ---- helpers ------------------------------------------------------------------
     def local(self, name: str, ctype: str = "int64_t") -> str:
@@ -164,6 +168,10 @@ class _Gen:
             self.emit(ind, f"wkey = {self.ws_key()}")
             self.emit(ind, f"wsv[wkey] = wsv[wkey] + {val}")
             self.emit(ind, "wsf[wkey] = 1")
+        elif self.rt_ws:
+            self.local("wkey")
+            self.emit(ind, f"wkey = {self.ws_key()}")
+            self.emit(ind, f"ws.add(wkey, {val})")
         else:
             self.local("wkey")
             self.local("wref", self.vt + "*")
@@ -178,7 +186,7 @@ class _Gen:
             self.leaf(ind, st)
             return
         out = self.out
-        if out.mode == "ws" and depth == out.ws_depth and not out.ws_dense:
+        if out.mode == "ws" and depth == out.ws_depth and not out.ws_dense and not self.rt_ws:
             self.emit(ind, "ws.clear()")
         if out.mode == "acc" and depth == out.acc_depth:
             self.local("acc", self.vt)
@@ -197,6 +205,23 @@ class _Gen:
             self.emit_tuple(ind + 2, "wsv[wi]")
             self.emit(ind + 2, "wsv[wi] = 0")
             self.emit(ind + 2, "wsf[wi] = 0")
+        elif out.mode == "ws" and depth == out.ws_depth and self.rt_ws:
+            # drain the runtime workspace (sorted, leaves it empty) and append the tuples
+            self.local("wn")
+            self.local("wi")
+            self.local("wkeys", "vector[int64_t]")
+            self.local("wvals", f"vector[{self.vt}]")
+            self.emit(ind, "wn = ws.size()")
+            self.emit(ind, "if wn:")
+            self.emit(ind + 1, "wkeys.resize(wn)")
+            self.emit(ind + 1, "wvals.resize(wn)")
+            self.emit(ind + 1, "ws.drain(wkeys.data(), wvals.data(), 0)")
+            self.emit(ind + 1, "for wi in range(wn):")
+            self.emit(ind + 2, "wkey = wkeys[wi]")
+            for v in reversed(out.ws_vars):
+                self.emit(ind + 2, f"{_cvar(v)} = wkey % a.N_{v}")
+                self.emit(ind + 2, f"wkey = wkey // a.N_{v}")
+            self.emit_tuple(ind + 2, "wvals[wi]")
         elif out.mode == "ws" and depth == out.ws_depth:
             self.local("wit", f"cmap[int64_t, {self.vt}].iterator")
             self.emit(ind, "wit = ws.begin()")
@@ -398,6 +423,8 @@ class _Gen:
             self.lines.append(f"    wsize = {size}")
             self.lines.append(f"    wsv = <{self.vt}*>calloc(wsize + 1, sizeof({self.vt}))")
             self.lines.append("    wsf = <char*>calloc(wsize + 1, 1)")
+        elif self.out.mode == "ws" and self.rt_ws:
+            self.local("ws", f"SparseWorkspace[{self.vt}]")
         elif self.out.mode == "ws":
             self.local("ws", f"cmap[int64_t, {self.vt}]")
         self.loop(0, 1, init)
@@ -421,7 +448,9 @@ class _Gen:
         if self.out.mode == "ws" and self.out.ws_dense:
             w("from libc.stdlib cimport calloc, free")
         w("from libcpp.vector cimport vector")
-        if self.out.mode == "ws":
+        if self.out.mode == "ws" and self.rt_ws:
+            w("from scorch._runtime.workspace cimport SparseWorkspace")
+        elif self.out.mode == "ws" and not self.out.ws_dense:
             w("from libcpp.map cimport map as cmap")
         w("from cython.operator cimport dereference as deref, preincrement as inc")
         w("from cython.parallel cimport prange")

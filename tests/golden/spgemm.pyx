@@ -9,7 +9,7 @@
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t
 from libc.string cimport memcpy
 from libcpp.vector cimport vector
-from libcpp.map cimport map as cmap
+from scorch._runtime.workspace cimport SparseWorkspace
 from cython.operator cimport dereference as deref, preincrement as inc
 from cython.parallel cimport prange
 import numpy as np
@@ -27,7 +27,7 @@ cdef struct Args:
 
 cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, vector[float]* oval) noexcept nogil:
     cdef Args a = pa[0]
-    cdef cmap[int64_t, float] ws
+    cdef SparseWorkspace[float] ws
     cdef int64_t c_i
     cdef int64_t p0_0
     cdef int64_t c_j
@@ -40,11 +40,12 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, v
     cdef int64_t h1_1
     cdef int64_t e1_1
     cdef int64_t wkey
-    cdef float* wref
-    cdef cmap[int64_t, float].iterator wit
+    cdef int64_t wn
+    cdef int64_t wi
+    cdef vector[int64_t] wkeys
+    cdef vector[float] wvals
     for c_i in range(clo, chi):
         p0_0 = c_i
-        ws.clear()
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
         for q0_1 in range(q0_1, h0_1):
@@ -55,17 +56,19 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, v
             for q1_1 in range(q1_1, h1_1):
                 c_k = a.t1_crd1[q1_1]
                 wkey = c_k
-                wref = &ws[wkey]
-                wref[0] = wref[0] + (a.t0_vals[q0_1] * a.t1_vals[q1_1])
-        wit = ws.begin()
-        while wit != ws.end():
-            wkey = deref(wit).first
-            c_k = wkey % a.N_k
-            wkey = wkey // a.N_k
-            deref(ocrd).push_back(c_i)
-            deref(ocrd).push_back(c_k)
-            deref(oval).push_back(deref(wit).second)
-            inc(wit)
+                ws.add(wkey, (a.t0_vals[q0_1] * a.t1_vals[q1_1]))
+        wn = ws.size()
+        if wn:
+            wkeys.resize(wn)
+            wvals.resize(wn)
+            ws.drain(wkeys.data(), wvals.data(), 0)
+            for wi in range(wn):
+                wkey = wkeys[wi]
+                c_k = wkey % a.N_k
+                wkey = wkey // a.N_k
+                deref(ocrd).push_back(c_i)
+                deref(ocrd).push_back(c_k)
+                deref(oval).push_back(wvals[wi])
 
 def kernel(list args, int nthreads):
     cdef Args a
