@@ -27,6 +27,8 @@ warnings.filterwarnings("ignore", message=".*Sparse invariant checks.*")
 import kernels as K  # noqa: E402
 
 pytest.importorskip("pytest_benchmark")
+pytestmark = [pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta"),
+              pytest.mark.filterwarnings("ignore:Sparse invariant checks")]
 
 THREADS = [int(t) for t in os.environ.get("SCORCH_BENCH_THREADS", "1 2").split()]
 CASES = K.cases()  # quick matrices unless SCORCH_BENCH_FULL=1
