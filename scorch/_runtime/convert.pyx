@@ -32,6 +32,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import math
 import numbers
+import os
+import time
 
 import numpy as np
 import torch
@@ -103,6 +105,9 @@ cdef inline void* _ptr(t):
 
 cdef inline int _threads():
     return max(1, torch.get_num_threads())
+
+
+cdef int _NCPU = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 cdef inline int64_t _lo(int64_t n, int t, int T) noexcept nogil:
@@ -430,10 +435,42 @@ cdef inline bint _is64(t):
     return t.dtype == torch.int64
 
 
+cdef double _busy_checked = -1.0
+cdef int _busy_others = 0
+
+
+cdef int _runnable_others():
+    """Runnable threads of other processes right now (from /proc/loadavg, re-read at most
+    every 20 ms): 0 when it cannot be read."""
+    global _busy_checked, _busy_others
+    cdef double now = time.monotonic()
+    if now - _busy_checked < 0.02:
+        return _busy_others
+    _busy_checked = now
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            running = int(f.read().split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        running = 0
+    # minus this thread; our own idle OpenMP workers may still be spinning (runnable) for a
+    # fraction of a millisecond after a parallel region, so they are not counted as others
+    _busy_others = max(0, running - _threads())
+    return _busy_others
+
+
 cdef int _team(int64_t work):
-    """Threads worth waking for ``work`` entries: small arrays stay on one thread, because
-    waking a second one costs more than it saves (much more on a busy machine)."""
-    return 1 if work < 100_000 else _threads()
+    """Threads worth waking for ``work`` entries. Small arrays stay on one thread, because
+    waking a second one costs more than it saves. So does an oversubscribed machine: every
+    parallel region ends in a barrier, and a worker that has to wait for a core costs a
+    scheduler time slice (milliseconds, 10-20x the conversion itself) -- OpenMP's own
+    dynamic mode (OMP_DYNAMIC) makes the same call from the load average."""
+    if work < 100_000:
+        return 1
+    cdef int T = _threads()
+    if T == 1:
+        return 1
+    cdef int free_cores = _NCPU - _runnable_others()
+    return max(1, min(T, free_cores))
 
 
 def _k_expand_pos(pos, int64_t P, int64_t count):
