@@ -58,7 +58,7 @@ except Exception:  # noqa: BLE001  (compiler not there yet: scorch rows record t
 __all__ = [
     "Case", "Impl", "Unavailable", "KERNELS", "KERNEL_LABELS", "IMPLS", "IMPL_LABELS",
     "MATRICES_QUICK", "MATRICES_MAIN", "MATRICES_EXTRA", "MATRICES_ALL", "RANDOM_MATRIX",
-    "cases", "load_matrix", "operands", "make_impl", "reference", "check", "bytes_moved",
+    "cases", "skip_reason", "spgemm_flops", "load_matrix", "operands", "make_impl", "reference", "check", "bytes_moved",
     "set_threads", "describe_matrix", "full_run_requested", "default_matrices",
 ]
 
@@ -147,8 +147,35 @@ class Case:
         return EQUATIONS[self.kernel]
 
 
+# SpGEMM cases whose A @ A^T needs more multiplications than this are skipped: their output
+# is too large to hold several times over (NotreDame_www: 4.2e8 multiplications, 2.9e8 output
+# entries, ~20 GB across the implementations and the reference; arrow_spqr_46500 has a dense
+# row and column, so A @ A^T is dense: 2.2e9 entries).
+SPGEMM_MAX_FLOPS = float(os.environ.get("SCORCH_BENCH_SPGEMM_MAX_FLOPS", 1e8))
+
+
+@functools.lru_cache(maxsize=None)
+def spgemm_flops(matrix: str) -> int:
+    """Multiplications in A @ A^T (A truncated to square) = sum_j nnz(column j)^2."""
+    A = load_matrix(matrix)
+    s = min(A.shape)
+    A = A[:s, :s] if A.shape[0] != A.shape[1] else A
+    c = np.bincount(A.indices, minlength=A.shape[1]).astype(np.int64)
+    return int((c * c).sum())
+
+
+def skip_reason(case: Case) -> Optional[str]:
+    if case.kernel == "spgemm" and spgemm_flops(case.matrix) > SPGEMM_MAX_FLOPS:
+        return (f"A @ A^T needs {spgemm_flops(case.matrix):.2g} multiplications "
+                f"(> SCORCH_BENCH_SPGEMM_MAX_FLOPS = {SPGEMM_MAX_FLOPS:.2g}): output too large "
+                "to hold for every implementation")
+    return None
+
+
 def cases(kernels: Optional[Sequence[str]] = None, matrices: Optional[Sequence[str]] = None,
-          ks: Optional[Sequence[int]] = None) -> List[Case]:
+          ks: Optional[Sequence[int]] = None, with_skipped: bool = False) -> List[Case]:
+    """The cases, in kernel, K, matrix order; cases with a ``skip_reason`` are left out
+    unless ``with_skipped``."""
     kernels = list(kernels or KERNELS)
     matrices = list(matrices or default_matrices())
     for kname in kernels:
@@ -160,7 +187,9 @@ def cases(kernels: Optional[Sequence[str]] = None, matrices: Optional[Sequence[s
             if ks and k is not None and k not in ks:
                 continue
             for m in matrices:
-                out.append(Case(kname, m, k))
+                c = Case(kname, m, k)
+                if with_skipped or skip_reason(c) is None:
+                    out.append(c)
     return out
 
 
