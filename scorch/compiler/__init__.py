@@ -22,7 +22,9 @@ gives 0) and never hold duplicate coordinates.
 """
 from __future__ import annotations
 
+import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -36,7 +38,9 @@ from .index_notation import Access, Assignment, parse_einsum
 from .levels import assemble_level
 from .schedule import Schedule, schedule as _schedule
 
-__all__ = ["einsum", "explain", "compute", "Plan", "plan_cache_clear", "plan_cache_info",
+from .index_notation import Access, Assignment  # noqa: E402
+
+__all__ = ["einsum", "explain", "compute", "Access", "Assignment", "Plan", "plan_cache_clear", "plan_cache_info",
            "COMPILER_VERSION"]
 
 COMPILER_VERSION = f"scorch-compiler-1.{_codegen.CODEGEN_VERSION}"
@@ -294,7 +298,7 @@ def _assemble(entry: _Entry, crd, vals, sizes) -> Storage:
         arrays, parent, count, k2 = assemble_level(kinds, k, coords, parent, count, sizes[out.level_vars[k]])
         built.extend(arrays)
         k = k2
-    if count != n or kinds[-1] is LevelKind.DENSE:
+    if kinds[-1] is LevelKind.DENSE:
         full = torch.zeros(count, dtype=values.dtype)
         if n:
             full[parent] = values
@@ -311,6 +315,43 @@ def _assemble(entry: _Entry, crd, vals, sizes) -> Storage:
     return st
 
 
+_NCPU = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+_load = {"t": -1.0, "others": 0}
+
+
+def _runnable_others() -> int:
+    """Runnable threads of other processes (from /proc/loadavg, re-read every 20 ms)."""
+    now = time.monotonic()
+    if now - _load["t"] < 0.02:
+        return _load["others"]
+    _load["t"] = now
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            running = int(f.read().split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        running = 0
+    _load["others"] = max(0, running - 1)
+    return _load["others"]
+
+
+def _threads_for(work: int) -> int:
+    """``torch.get_num_threads()``, except: small problems run on one thread (waking a
+    second costs more than it saves), and an oversubscribed machine gets only its free
+    cores (every parallel region ends in a barrier, and a worker waiting for a core costs a
+    scheduler time slice, far more than a small kernel)."""
+    T = torch.get_num_threads()
+    if T == 1 or work < 50_000:
+        return 1
+    return max(1, min(T, _NCPU - _runnable_others()))
+
+
+def _work(data) -> int:
+    w = 0
+    for x in data.values():
+        w += x.values.numel() if isinstance(x, Storage) else x.numel()
+    return w
+
+
 def _run(entry: _Entry, ops):
     sizes = _sizes(entry, ops)
     data = _prepare(entry, ops, sizes)
@@ -319,7 +360,7 @@ def _run(entry: _Entry, ops):
     out = None
     if out_plan.dense:
         out = torch.zeros(tuple(sizes[v] for v in out_plan.vars), dtype=entry.value_dtype)
-    res = mod.kernel(_arg_values(args, entry, data, sizes, out), torch.get_num_threads())
+    res = mod.kernel(_arg_values(args, entry, data, sizes, out), _threads_for(_work(data)))
     if out_plan.dense:
         return out
     return _assemble(entry, res[0], res[1], sizes)

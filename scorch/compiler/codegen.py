@@ -47,6 +47,10 @@ __all__ = ["generate", "CTYPES", "NPTYPES", "ArgSpec"]
 
 CODEGEN_VERSION = 1
 
+#: a sparse workspace whose extent is at most this many entries runs as a dense array with
+#: a touched list (one per thread); larger ones use the std::map
+DENSE_WS_LIMIT = 1 << 22
+
 CTYPES = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t",
           torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t",
           torch.uint8: "uint8_t"}
@@ -171,7 +175,10 @@ class _Gen:
         elif self.rt_ws:
             self.local("wkey")
             self.emit(ind, f"wkey = {self.ws_key()}")
-            self.emit(ind, f"ws.add(wkey, {val})")
+            self.emit(ind, "if wdense:")
+            self.emit(ind + 1, f"dws.add(wkey, {val})")
+            self.emit(ind, "else:")
+            self.emit(ind + 1, f"ws.add(wkey, {val})")
         else:
             self.local("wkey")
             self.local("wref", self.vt + "*")
@@ -211,11 +218,14 @@ class _Gen:
             self.local("wi")
             self.local("wkeys", "vector[int64_t]")
             self.local("wvals", f"vector[{self.vt}]")
-            self.emit(ind, "wn = ws.size()")
+            self.emit(ind, "wn = dws.size() if wdense else ws.size()")
             self.emit(ind, "if wn:")
             self.emit(ind + 1, "wkeys.resize(wn)")
             self.emit(ind + 1, "wvals.resize(wn)")
-            self.emit(ind + 1, "ws.drain(wkeys.data(), wvals.data(), 0)")
+            self.emit(ind + 1, "if wdense:")
+            self.emit(ind + 2, "dws.drain(wkeys.data(), wvals.data(), 0)")
+            self.emit(ind + 1, "else:")
+            self.emit(ind + 2, "ws.drain(wkeys.data(), wvals.data(), 0)")
             self.emit(ind + 1, "for wi in range(wn):")
             self.emit(ind + 2, "wkey = wkeys[wi]")
             for v in reversed(out.ws_vars):
@@ -424,7 +434,15 @@ class _Gen:
             self.lines.append(f"    wsv = <{self.vt}*>calloc(wsize + 1, sizeof({self.vt}))")
             self.lines.append("    wsf = <char*>calloc(wsize + 1, 1)")
         elif self.out.mode == "ws" and self.rt_ws:
+            # std::map (the paper's red-black tree) in general; a dense array with a
+            # touched list when the workspace's extent is small enough to allocate per thread
             self.local("ws", f"SparseWorkspace[{self.vt}]")
+            self.local("dws", f"DenseWorkspace[{self.vt}]")
+            self.local("wdense", "int")
+            size = " * ".join(f"a.N_{v}" for v in self.out.ws_vars)
+            self.lines.append(f"    wdense = {size} <= {DENSE_WS_LIMIT}")
+            self.lines.append("    if wdense:")
+            self.lines.append(f"        dws.resize({size})")
         elif self.out.mode == "ws":
             self.local("ws", f"cmap[int64_t, {self.vt}]")
         self.loop(0, 1, init)
@@ -449,7 +467,7 @@ class _Gen:
             w("from libc.stdlib cimport calloc, free")
         w("from libcpp.vector cimport vector")
         if self.out.mode == "ws" and self.rt_ws:
-            w("from scorch._runtime.workspace cimport SparseWorkspace")
+            w("from scorch._runtime.workspace cimport DenseWorkspace, SparseWorkspace")
         elif self.out.mode == "ws" and not self.out.ws_dense:
             w("from libcpp.map cimport map as cmap")
         w("from cython.operator cimport dereference as deref, preincrement as inc")

@@ -128,6 +128,13 @@ def assemble_level(kinds: Sequence[LevelKind], k: int, coords: torch.Tensor,
     if kind is LevelKind.COORDINATE:
         while end < len(kinds) and kinds[end] is LevelKind.COORDINATE:
             end += 1
+    if end == len(kinds):
+        # the last levels: tuples are unique, so every entry is new here (no search needed)
+        counts = torch.bincount(parent, minlength=parent_count) if n else torch.zeros(parent_count, dtype=torch.int64)
+        pos = torch.zeros(parent_count + 1, dtype=torch.int64)
+        torch.cumsum(counts, 0, out=pos[1:])
+        arrays = [(pos if j == k else None, coords[:, j]) for j in range(k, end)]
+        return arrays, None, n, end  # positions = entry order
     new = torch.ones(n, dtype=torch.bool)
     if n > 1:
         diff = parent[1:] != parent[:-1]

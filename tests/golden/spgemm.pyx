@@ -9,7 +9,7 @@
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t
 from libc.string cimport memcpy
 from libcpp.vector cimport vector
-from scorch._runtime.workspace cimport SparseWorkspace
+from scorch._runtime.workspace cimport DenseWorkspace, SparseWorkspace
 from cython.operator cimport dereference as deref, preincrement as inc
 from cython.parallel cimport prange
 import numpy as np
@@ -28,6 +28,8 @@ cdef struct Args:
 cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, vector[float]* oval) noexcept nogil:
     cdef Args a = pa[0]
     cdef SparseWorkspace[float] ws
+    cdef DenseWorkspace[float] dws
+    cdef int wdense
     cdef int64_t c_i
     cdef int64_t p0_0
     cdef int64_t c_j
@@ -44,6 +46,9 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, v
     cdef int64_t wi
     cdef vector[int64_t] wkeys
     cdef vector[float] wvals
+    wdense = a.N_k <= 4194304
+    if wdense:
+        dws.resize(a.N_k)
     for c_i in range(clo, chi):
         p0_0 = c_i
         q0_1 = a.t0_pos1[p0_0]
@@ -56,12 +61,18 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, v
             for q1_1 in range(q1_1, h1_1):
                 c_k = a.t1_crd1[q1_1]
                 wkey = c_k
-                ws.add(wkey, (a.t0_vals[q0_1] * a.t1_vals[q1_1]))
-        wn = ws.size()
+                if wdense:
+                    dws.add(wkey, (a.t0_vals[q0_1] * a.t1_vals[q1_1]))
+                else:
+                    ws.add(wkey, (a.t0_vals[q0_1] * a.t1_vals[q1_1]))
+        wn = dws.size() if wdense else ws.size()
         if wn:
             wkeys.resize(wn)
             wvals.resize(wn)
-            ws.drain(wkeys.data(), wvals.data(), 0)
+            if wdense:
+                dws.drain(wkeys.data(), wvals.data(), 0)
+            else:
+                ws.drain(wkeys.data(), wvals.data(), 0)
             for wi in range(wn):
                 wkey = wkeys[wi]
                 c_k = wkey % a.N_k
