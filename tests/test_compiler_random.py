@@ -50,7 +50,7 @@ def problems(draw):
     return eq, ops, dense_ops, dtype
 
 
-@settings(max_examples=200, deadline=None, derandomize=True,
+@settings(max_examples=160, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(problems())
 def test_random_einsum_matches_torch(problem):
@@ -116,7 +116,7 @@ def _eval_dense(e, ops):
     return {Add: lambda: a + b, Sub: lambda: a - b, Mul: lambda: a * b}[type(e)]()
 
 
-@settings(max_examples=80, deadline=None, derandomize=True,
+@settings(max_examples=60, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(expressions())
 def test_random_elementwise_matches_dense(problem):

@@ -79,9 +79,10 @@ def _unblocked(st: Storage) -> Storage:
 
 
 def _cast_storage(st: Storage, dtype: torch.dtype) -> Storage:
-    if st.values.dtype == dtype:
+    v = st.values
+    if v.dtype == dtype and v.is_contiguous() and not v.requires_grad:
         return st
-    return Storage(st.format, st.shape, st.levels, st.values.to(dtype), st.index_dtype)
+    return Storage(st.format, st.shape, st.levels, v.detach().to(dtype).contiguous(), st.index_dtype)
 
 
 # ------------------------------------------------------------------------------------
@@ -127,6 +128,7 @@ class _Entry:
     value_dtype: torch.dtype
     out_rank: int
     kernels: Dict[tuple, tuple] = field(default_factory=dict)  # index dtypes -> (module, args, source)
+    relayout: Dict[int, tuple] = field(default_factory=dict)   # dense access -> (dim, perm, inverse)
 
 
 _plans: Dict[tuple, _Entry] = {}
@@ -174,7 +176,19 @@ def _formats_for(ops) -> List[Optional[Format]]:
 def _make_entry(asg: Assignment, operand_indices, ops, out_format: Optional[Format]) -> _Entry:
     vt = _value_dtype(ops)
     sched = _schedule(asg, _formats_for(ops), out_format)
-    return _Entry(asg, list(operand_indices), sched, vt, len(asg.output))
+    entry = _Entry(asg, list(operand_indices), sched, vt, len(asg.output))
+    # a dense operand streamed by the innermost loop is read with stride 1: when its layout
+    # does not allow that, the kernel reads a copy laid out in loop order (e.g. SDDMM's C)
+    rank = {v: n for n, v in enumerate(sched.loop_order)}
+    for ap in sched.accesses:
+        if not ap.sparse and len(ap.indices) >= 2 and ap.indices and sched.loop_order \
+                and sched.loop_order[-1] in ap.indices and len(set(ap.indices)) == len(ap.indices):
+            perm = sorted(range(len(ap.indices)), key=lambda d: rank[ap.indices[d]])
+            inv = [0] * len(perm)
+            for n, d in enumerate(perm):
+                inv[d] = n
+            entry.relayout[ap.id] = (ap.indices.index(sched.loop_order[-1]), tuple(perm), tuple(inv))
+    return entry
 
 
 def _resolve_out_format(out_format, rank: int) -> Optional[Format]:
@@ -228,6 +242,9 @@ def _prepare(entry: _Entry, ops, sizes):
         else:
             if x.dtype != vt:
                 x = x.to(vt)
+            rl = entry.relayout.get(ap.id)
+            if rl is not None and x.stride(rl[0]) != 1 and x.shape[rl[0]] > 1 and x.numel() <= (1 << 26):
+                x = x.permute(rl[1]).contiguous().permute(rl[2])
             data[ap.id] = x
     return data
 
