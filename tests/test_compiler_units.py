@@ -311,3 +311,78 @@ def test_generated_source_uses_raw_pointers_not_memoryviews():
     p = C.explain("ij,jk->ik", sparse(rand((6, 5)), "csr"), torch.randn(5, 4, dtype=torch.float64))
     assert "[:]" not in p.source and "<double*><size_t>" in p.source
     assert "prange" in p.source and "nogil" in p.source
+
+
+@pytest.mark.parametrize("fmt", [Format("dc", block=(2, 2)), Format("dc", (1, 0), block=(3, 2)),
+                                 Format("cc", block=(2, 4))])
+def test_blocked_operands(fmt):
+    x = rand((6, 8), 0.3, seed=1)
+    d = torch.randn(8, 3, dtype=torch.float64)
+    s = sparse(x, fmt)
+    torch.testing.assert_close(dense(C.einsum("ij,jk->ik", s, d)), x @ d)
+    torch.testing.assert_close(dense(C.einsum("ij,ij->ij", s, sparse(x, "csr"))), x * x)
+
+
+def test_blocked_output_format():
+    x = rand((6, 8), 0.3, seed=1)
+    d = torch.randn(8, 4, dtype=torch.float64)
+    bsr = Format("dc", block=(2, 2))
+    r = C.einsum("ij,jk->ik", sparse(x, "csr"), d, out_format=bsr)
+    assert r.format == bsr
+    torch.testing.assert_close(dense(r), x @ d)
+
+
+def test_three_operand_chain_and_outer_product():
+    x, y = rand((5, 4), 0.5, seed=13), rand((4, 6), 0.5, seed=14)
+    z = torch.randn(6, 3, dtype=torch.float64)
+    r = C.einsum("ij,jk,kl->il", sparse(x, "csr"), sparse(y, "csc"), z)
+    torch.testing.assert_close(dense(r), x @ y @ z)
+    u, v = rand((5,), 0.5, seed=15), rand((4,), 0.5, seed=16)
+    r = C.einsum("i,j->ij", sparse(u, Format("c")), sparse(v, Format("q")))
+    torch.testing.assert_close(dense(r), torch.outer(u, v))
+
+
+def test_empty_and_zero_sized():
+    z = torch.zeros(4, 5, dtype=torch.float64)
+    r = C.einsum("ij,jk->ik", sparse(z, "csr"), sparse(z.T.contiguous(), "csr"))
+    assert r.nnz == 0
+    torch.testing.assert_close(dense(r), torch.zeros(4, 4, dtype=torch.float64))
+    e = torch.zeros(0, 3, dtype=torch.float64)
+    torch.testing.assert_close(dense(C.einsum("ij,jk->ik", sparse(e, "csr"), torch.randn(3, 2, dtype=torch.float64))),
+                               torch.zeros(0, 2, dtype=torch.float64))
+
+
+def test_int64_indices_with_transpose():
+    x, y = rand((6, 5), 0.5, seed=17), rand((5, 7), 0.5, seed=18)
+    a = sparse(x, "csr", index_dtype=torch.int64)
+    b = sparse(y, "csc", index_dtype=torch.int64)
+    torch.testing.assert_close(dense(C.einsum("ij,jk->ik", a, b)), x @ y)
+
+
+def test_mixed_dtypes_promote():
+    x = rand((4, 5), 0.5, dtype=torch.float32, seed=19)
+    d = torch.randn(5, 3, dtype=torch.float64)
+    r = C.einsum("ij,jk->ik", sparse(x, "csr"), d)
+    assert r.dtype == torch.float64
+    torch.testing.assert_close(r, x.double() @ d)
+
+
+def test_noncontiguous_dense_operands():
+    x = rand((6, 5), 0.5, seed=20)
+    d = torch.randn(3, 5, dtype=torch.float64).T  # transposed view
+    torch.testing.assert_close(C.einsum("ij,jk->ik", sparse(x, "csr"), d), x @ d)
+    big = torch.randn(6, 10, dtype=torch.float64)[:, ::2]  # strided view
+    torch.testing.assert_close(dense(C.einsum("ij,ij->ij", sparse(x, "csr"), big)), x * big)
+
+
+def test_sddmm_output_keeps_structure_of_s():
+    s = rand((7, 9), 0.3, seed=21)
+    b, c = torch.randn(7, 4, dtype=torch.float64), torch.randn(4, 9, dtype=torch.float64)
+    S = sparse(s, "csr")
+    r = C.einsum("ij,ik,kj->ij", S, b, c)
+    assert r.format == S.format
+    assert torch.equal(r.levels[1].pos.long(), S.levels[1].pos.long())
+    assert torch.equal(r.levels[1].crd.long(), S.levels[1].crd.long())
+    torch.testing.assert_close(dense(r), s * (b @ c))
+    p = C.explain("ij,ik,kj->ij", S, b, c)
+    assert p.loop_order == ["i", "j", "k"] and p.workspaces == []
