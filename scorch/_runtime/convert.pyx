@@ -262,14 +262,13 @@ cdef int64_t _unsorted_at(idx_t** keys, int m, int64_t n, bint strict) noexcept 
 
 
 cdef inline void _root_chunk(idx_t* key, int64_t lo, int64_t hi, idx_t* eoff) noexcept nogil:
-    cdef int64_t i, c
-    cdef idx_t a, b
+    cdef int64_t i
+    cdef idx_t a = key[lo - 1], b  # the previous key stays in a register (eoff may alias key)
     for i in range(lo, hi):
-        a = key[i - 1]
         b = key[i]
-        if a != b:
-            for c in range(a + 1, b + 1):
-                eoff[c] = <idx_t>i
+        while a < b:
+            a += 1
+            eoff[a] = <idx_t>i
 
 
 cdef void _dense_root(idx_t* key, int64_t n, int64_t s, idx_t* eoff, int T) noexcept nogil:
@@ -440,8 +439,9 @@ cdef int _busy_others = 0
 
 
 cdef int _runnable_others():
-    """Runnable threads of other processes right now (from /proc/loadavg, re-read at most
-    every 20 ms): 0 when it cannot be read."""
+    """Runnable threads of other processes right now: all runnable threads (/proc/loadavg)
+    minus this process's own (its idle OpenMP workers may still be spinning). Re-read at most
+    every 20 ms; 0 where /proc cannot be read."""
     global _busy_checked, _busy_others
     cdef double now = time.monotonic()
     if now - _busy_checked < 0.02:
@@ -450,11 +450,17 @@ cdef int _runnable_others():
     try:
         with open("/proc/loadavg", "rb") as f:
             running = int(f.read().split()[3].split(b"/")[0])
+        own = 0
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                    st = f.read()
+                own += st[st.rindex(b")") + 2:st.rindex(b")") + 3] == b"R"
+            except OSError:
+                pass
+        _busy_others = max(0, running - max(own, 1))
     except (OSError, ValueError, IndexError):
-        running = 0
-    # minus this thread; our own idle OpenMP workers may still be spinning (runnable) for a
-    # fraction of a millisecond after a parallel region, so they are not counted as others
-    _busy_others = max(0, running - _threads())
+        _busy_others = 0
     return _busy_others
 
 
