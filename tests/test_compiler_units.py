@@ -386,3 +386,26 @@ def test_sddmm_output_keeps_structure_of_s():
     torch.testing.assert_close(dense(r), s * (b @ c))
     p = C.explain("ij,ik,kj->ij", S, b, c)
     assert p.loop_order == ["i", "j", "k"] and p.workspaces == []
+
+
+def test_blocked_operand_read_natively():
+    x = rand((6, 8), 0.3, seed=22)
+    d = torch.randn(8, 3, dtype=torch.float64)
+    bsr = sparse(x, Format("dc", block=(2, 4)))
+    p = C.explain("ij,jk->ik", bsr, d)
+    assert p.loop_order == ["i_o", "j_o", "i_i", "j_i", "k"]   # block grid, then inside blocks
+    assert p.transposes == []
+    torch.testing.assert_close(C.einsum("ij,jk->ik", bsr, d), x @ d)
+    v = torch.randn(8, dtype=torch.float64)
+    torch.testing.assert_close(C.einsum("ij,j->i", bsr, v), x @ v)
+    bsc = sparse(x, Format("dc", (1, 0), block=(3, 2)))
+    torch.testing.assert_close(dense(C.einsum("ij,jk->ik", bsc, d)), x @ d)  # CSC-like: sparse rows
+    e = torch.randn(6, 2, dtype=torch.float64)
+    torch.testing.assert_close(C.einsum("ji,jk->ik", bsc, e), x.T @ e)
+
+
+def test_blocked_conflicting_inner_orders_fall_back():
+    x = rand((4, 4), 0.5, seed=23)
+    a = sparse(x, Format("dc", block=(2, 2)))
+    r = C.einsum("ij,ji->i", a, a)
+    torch.testing.assert_close(dense(r), torch.einsum("ij,ji->i", x, x))

@@ -129,6 +129,9 @@ class _Entry:
     out_rank: int
     kernels: Dict[tuple, tuple] = field(default_factory=dict)  # index dtypes -> (module, args, source)
     relayout: Dict[int, tuple] = field(default_factory=dict)   # dense access -> (dim, perm, inverse)
+    split: Optional[Dict[str, int]] = None   # blocked operands read natively: var -> block size
+    orig_output: Tuple[str, ...] = ()
+    orig_indices: List[Tuple[str, ...]] = field(default_factory=list)
 
 
 _plans: Dict[tuple, _Entry] = {}
@@ -173,9 +176,10 @@ def _formats_for(ops) -> List[Optional[Format]]:
     return out
 
 
-def _make_entry(asg: Assignment, operand_indices, ops, out_format: Optional[Format]) -> _Entry:
+def _make_entry(asg: Assignment, operand_indices, ops, out_format: Optional[Format],
+                formats=None, fixed_tail=None) -> _Entry:
     vt = _value_dtype(ops)
-    sched = _schedule(asg, _formats_for(ops), out_format)
+    sched = _schedule(asg, formats if formats is not None else _formats_for(ops), out_format, fixed_tail)
     entry = _Entry(asg, list(operand_indices), sched, vt, len(asg.output))
     # a dense operand streamed by the innermost loop is read with stride 1: when its layout
     # does not allow that, the kernel reads a copy laid out in loop order (e.g. SDDMM's C)
@@ -221,7 +225,7 @@ def _sizes(entry: _Entry, ops) -> Dict[str, int]:
     return sizes
 
 
-def _prepare(entry: _Entry, ops, sizes):
+def _prepare(entry: _Entry, ops, sizes, orig=None):
     """Per access: the storage (transposed / unblocked / cast) or the dense tensor."""
     vt = entry.value_dtype
     data = {}
@@ -236,7 +240,11 @@ def _prepare(entry: _Entry, ops, sizes):
             st = x
             if st.format.block is not None:
                 st = _unblocked(st)
-            if ap.transposed:
+            if ap.transposed and orig is not None and orig[ap.tensor].format.block is not None:
+                o = orig[ap.tensor]   # natively read blocked operand: re-order its block grid
+                grid = ap.format.mode_order[:o.ndim]
+                st = _split_operand(entry, ap.tensor, convert_storage(o, Format(o.format.levels, grid, o.format.block)))
+            elif ap.transposed:
                 st = convert_storage(st, ap.format)
             data[ap.id] = _cast_storage(st, vt)
         else:
@@ -370,8 +378,12 @@ def _work(data) -> int:
 
 
 def _run(entry: _Entry, ops):
+    orig = None
+    if entry.split is not None:
+        orig = ops
+        ops = [_split_operand(entry, n, x) for n, x in enumerate(ops)]
     sizes = _sizes(entry, ops)
-    data = _prepare(entry, ops, sizes)
+    data = _prepare(entry, ops, sizes, orig)
     mod, args, _ = _kernel_for(entry, data)
     out_plan = entry.schedule.output
     out = None
@@ -379,6 +391,10 @@ def _run(entry: _Entry, ops):
         out = torch.zeros(tuple(sizes[v] for v in out_plan.vars), dtype=entry.value_dtype)
     res = mod.kernel(_arg_values(args, entry, data, sizes, out), _threads_for(_work(data)))
     if out_plan.dense:
+        if entry.split is not None:
+            bs = entry.split
+            out = out.reshape(tuple(sizes[_bo(v)] * sizes[_bi(v)] if v in bs else sizes[v]
+                                    for v in entry.orig_output))
         return out
     return _assemble(entry, res[0], res[1], sizes)
 
@@ -409,8 +425,106 @@ def _einsum_entry(equation: str, ops, out_format):
         if any(spec.broadcast[n] for n, x in enumerate(ops) if isinstance(x, Storage)):
             asg, op_idx = _rename_broadcast(spec, ops)
         fmt = _resolve_out_format(out_format, len(asg.output))
-        return _make_entry(asg, op_idx, ops, fmt)
+        native = _blocked_entry(asg, op_idx, ops, fmt)
+        return native if native is not None else _make_entry(asg, op_idx, ops, fmt)
     return _entry(key, make)
+
+
+def _bo(v: str) -> str:
+    return v + "_o"
+
+
+def _bi(v: str) -> str:
+    return v + "_i"
+
+
+def _blocked_entry(asg: Assignment, op_idx, ops, out_fmt: Optional[Format]) -> Optional[_Entry]:
+    """Read blocked operands natively: each blocked index variable ``v`` (block ``b``) is
+    split into ``v_o`` (over the grid of blocks) and ``v_i`` (inside a block), so a blocked
+    operand is a tensor of twice the rank whose last levels are the dense block insides,
+    dense operands and the dense output are read through ``v = v_o * b + v_i`` strides, and
+    the kernel co-iterates the block grid and runs dense loops inside blocks. Used when the
+    split is consistent (every sparse operand on a split variable is blocked with the same
+    block size on it) and the output is dense; otherwise (None) blocked operands are
+    converted to their unblocked format first."""
+    blocked = [n for n, x in enumerate(ops) if isinstance(x, Storage) and x.format.block is not None]
+    if not blocked or (out_fmt is not None and not out_fmt.is_dense):
+        return None
+    bs: Dict[str, int] = {}
+    for n in blocked:
+        idx = op_idx[n]
+        if len(set(idx)) != len(idx) or len(idx) != ops[n].ndim:
+            return None
+        for d, v in enumerate(idx):
+            if bs.setdefault(v, ops[n].format.block[d]) != ops[n].format.block[d]:
+                return None
+    for n, x in enumerate(ops):
+        if n in blocked:
+            continue
+        if isinstance(x, Storage) and any(v in bs for v in op_idx[n]):
+            return None
+        if any(op_idx[n].count(v) > 1 for v in bs):
+            return None
+    from .index_notation import Mul
+
+    def expand(idx):
+        out = []
+        for v in idx:
+            out.extend((_bo(v), _bi(v)) if v in bs else (v,))
+        return tuple(out)
+    new_idx, formats, tail = [], [], {}
+    for n, (idx, x) in enumerate(zip(op_idx, ops)):
+        if n in blocked:
+            r = len(idx)
+            new_idx.append(tuple(_bo(v) for v in idx) + tuple(_bi(v) for v in idx))
+            f = x.format
+            formats.append(Format(f.levels + (LevelKind.DENSE,) * r, f.mode_order + tuple(range(r, 2 * r))))
+            tail[n] = r
+        else:
+            new_idx.append(expand(idx))
+            formats.append(Format(x.format.levels, x.format.mode_order) if isinstance(x, Storage) else None)
+    rhs = None
+    for n, idx in enumerate(new_idx):
+        a = Access(n, idx)
+        rhs = a if rhs is None else Mul(rhs, a)
+    new_asg = Assignment(expand(asg.output), rhs)
+    from .schedule import NoValidOrder
+    try:
+        entry = _make_entry(new_asg, new_idx, ops, None if out_fmt is None else Format("d" * len(new_asg.output)),
+                            formats, tail)
+    except NoValidOrder:
+        return None
+    if not entry.schedule.output.dense:
+        return None
+    entry.split = bs
+    entry.orig_output = tuple(asg.output)
+    entry.orig_indices = [tuple(i) for i in op_idx]
+    return entry
+
+
+def _split_operand(entry: _Entry, n: int, x):
+    """Operand ``n`` as the split plan reads it (blocked storages: twice the rank)."""
+    bs = entry.split
+    if isinstance(x, Storage):
+        if x.format.block is None:
+            return x
+        r = x.ndim
+        levels = []
+        for lv in x.levels:
+            levels.append(Level(lv.kind, lv.dim + r if lv.block_inner else lv.dim, lv.size, lv.pos, lv.crd))
+        f = x.format
+        fmt = Format(f.levels + (LevelKind.DENSE,) * r, f.mode_order + tuple(range(r, 2 * r)))
+        shape = tuple(s // b for s, b in zip(x.shape, f.block)) + tuple(f.block)
+        return Storage(fmt, shape, levels, x.values, x.index_dtype)
+    idx = entry.orig_indices[n]
+    for d in reversed(range(len(idx))):
+        b = bs.get(idx[d])
+        if b is not None:
+            if x.shape[d] % b:
+                raise ValueError(f"einsum(): size {x.shape[d]} of operand {n} (subscript {idx[d]}) "
+                                 f"is not a multiple of the block size {b}")
+            x = x.unflatten(d, (x.shape[d] // b, b))
+    return x
 
 
 def _rename_broadcast(spec, ops):

@@ -82,34 +82,53 @@ class Schedule:
     cost: tuple
 
 
-def _concordant_dims(indices: Sequence[str], fmt: Format, order: Sequence[str]) -> Tuple[Tuple[int, ...], bool]:
+def _concordant_dims(indices: Sequence[str], fmt: Format, order: Sequence[str],
+                     tail: int = 0) -> Tuple[Optional[Tuple[int, ...]], bool]:
     """Mode order an access is read in under loop ``order``: its own if concordant (loop
     positions of its level variables nondecreasing; a repeated variable, a diagonal, sits
     on consecutive-or-later levels), else its dimensions sorted by loop position (a
-    transpose)."""
+    transpose). The last ``tail`` levels are fixed (the insides of blocks): only the levels
+    above them may be re-ordered, and ``None`` says no transpose makes the access
+    concordant."""
     rank = {v: n for n, v in enumerate(order)}
-    pos = [rank[indices[d]] for d in fmt.mode_order]
-    if all(a <= b for a, b in zip(pos, pos[1:])):
+
+    def ok(dims):
+        pos = [rank[indices[d]] for d in dims]
+        return all(a <= b for a, b in zip(pos, pos[1:]))
+    if ok(fmt.mode_order):
         return tuple(fmt.mode_order), False
-    return tuple(sorted(range(len(indices)), key=lambda d: (rank[indices[d]], d))), True
+    if not tail:
+        return tuple(sorted(range(len(indices)), key=lambda d: (rank[indices[d]], d))), True
+    head, fixed = fmt.mode_order[:-tail], fmt.mode_order[-tail:]
+    dims = tuple(sorted(head, key=lambda d: (rank[indices[d]], d))) + tuple(fixed)
+    return (dims if ok(dims) else None), True
 
 
-def _concordant_vars(indices: Sequence[str], fmt: Format, order: Sequence[str]) -> Tuple[Tuple[str, ...], bool]:
-    dims, tr = _concordant_dims(indices, fmt, order)
-    return tuple(indices[d] for d in dims), tr
+def _concordant_vars(indices: Sequence[str], fmt: Format, order: Sequence[str],
+                     tail: int = 0) -> Tuple[Optional[Tuple[str, ...]], bool]:
+    dims, tr = _concordant_dims(indices, fmt, order, tail)
+    return (None if dims is None else tuple(indices[d] for d in dims)), tr
+
+
+class NoValidOrder(Exception):
+    """No loop order is concordant with every access, even after transposes (only possible
+    with fixed block-inner levels)."""
 
 
 def order_cost(order: Sequence[str], asg: Assignment, ids: Dict[Access, int],
                formats: Sequence[Optional[Format]], f, out_sparse: bool,
-               out_mode_vars: Optional[Tuple[str, ...]]) -> tuple:
+               out_mode_vars: Optional[Tuple[str, ...]], fixed_tail=None) -> tuple:
     """Cost tuple of a loop order (smaller is better); see the module docstring."""
+    fixed_tail = fixed_tail or {}
     sparse_at: Dict[str, List[int]] = {v: [] for v in order}
     transposes = 0
     for acc, i in ids.items():
         fmt = formats[acc.tensor]
         if fmt is None:
             continue
-        lvars, tr = _concordant_vars(acc.indices, fmt, order)
+        lvars, tr = _concordant_vars(acc.indices, fmt, order, fixed_tail.get(acc.tensor, 0))
+        if lvars is None:
+            return (10 ** 9,)
         transposes += tr
         for kind, v in zip(fmt.levels, lvars):
             if kind.is_sparse:
@@ -146,33 +165,41 @@ def order_cost(order: Sequence[str], asg: Assignment, ids: Dict[Access, int],
     return (sum(pattern), transposes, tuple(pattern), ws, contig)
 
 
-def _choose_order(asg, ids, formats, f, out_sparse, out_mode_vars):
+def _choose_order(asg, ids, formats, f, out_sparse, out_mode_vars, fixed_tail=None):
     vars_ = list(asg.all_vars)
     # canonical candidate order: output variables first, then reductions (deterministic)
     base = list(asg.output) + [v for v in vars_ if v not in asg.output]
 
     def cost(o):
-        return order_cost(o, asg, ids, formats, f, out_sparse, out_mode_vars) + (
+        return order_cost(o, asg, ids, formats, f, out_sparse, out_mode_vars, fixed_tail) + (
             tuple(base.index(v) for v in o),)
     if len(vars_) <= 7:
-        return min((list(p) for p in itertools.permutations(base)), key=cost)
+        best = min((list(p) for p in itertools.permutations(base)), key=cost)
+        if cost(best)[0] >= 10 ** 9:
+            raise NoValidOrder("no loop order is concordant with the blocked operands")
+        return best
     order: List[str] = []
     rest = list(base)
     while rest:
         best = min(rest, key=lambda v: cost(order + [v] + [w for w in rest if w != v]))
         order.append(best)
         rest.remove(best)
+    if cost(order)[0] >= 10 ** 9:
+        raise NoValidOrder("no loop order is concordant with the blocked operands")
     return order
 
 
 def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
-             out_format: Optional[Format] = None) -> Schedule:
+             out_format: Optional[Format] = None, fixed_tail=None) -> Schedule:
     """Choose the loop order, transposes, output format and workspaces.
 
     ``formats[n]`` is operand ``n``'s format, or None for a dense strided tensor (dense
     torch tensors are read through strides, so they never need a transpose).
     ``out_format`` overrides the inferred output format (``Format('d'*r)`` for dense).
+    ``fixed_tail[n]``: operand ``n``'s last levels that cannot be re-ordered (a blocked
+    operand read natively: its block-inner dense levels).
     """
+    fixed_tail = fixed_tail or {}
     ids = ml.access_ids(asg.rhs)
     f = ml.formula(asg.rhs, ids)
     for acc in ids:
@@ -197,8 +224,8 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
         out_dense = rank == 0 or all(k is LevelKind.DENSE for k in kinds.values())
         out_kinds = kinds
         out_mode_vars = None
-    order = _choose_order(asg, ids, formats, f, not out_dense, out_mode_vars)
-    cost = order_cost(order, asg, ids, formats, f, not out_dense, out_mode_vars)
+    order = _choose_order(asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail)
+    cost = order_cost(order, asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail)
     loop_rank = {v: n for n, v in enumerate(order)}
 
     # ---- accesses ----
@@ -208,7 +235,7 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
         if fmt is None:
             plans.append(AccessPlan(i, acc.tensor, acc.indices, False, None))
             continue
-        dims, tr = _concordant_dims(acc.indices, fmt, order)
+        dims, tr = _concordant_dims(acc.indices, fmt, order, fixed_tail.get(acc.tensor, 0))
         lvars = tuple(acc.indices[d] for d in dims)
         read_fmt = Format(fmt.levels, dims) if tr else fmt
         plans.append(AccessPlan(i, acc.tensor, acc.indices, True, fmt, read_fmt, tr,
