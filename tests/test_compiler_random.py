@@ -129,3 +129,38 @@ def test_random_elementwise_matches_dense(problem):
         check_storage(got)
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(dense(got), want.to(dtype), **tol)
+
+
+# ------------------------------------------------------------------ blocked operands
+BLOCKED = [Format("dc", block=(2, 2)), Format("dc", (1, 0), block=(2, 2)), Format("cc", block=(2, 1)),
+           Format("dc", block=(1, 2))]
+BLOCK_EQUATIONS = ["ij,jk->ik", "ij,j->i", "ij,ij->ij", "ij,ik,kj->ij", "ji,jk->ik", "ij->"]
+
+
+@st.composite
+def blocked_problems(draw):
+    eq = draw(st.sampled_from(BLOCK_EQUATIONS))
+    terms = eq.split("->")[0].split(",")
+    sizes = {v: draw(st.sampled_from([2, 4, 6])) for v in sorted(set("".join(terms)))}
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    dense_ops, ops = [], []
+    for n, term in enumerate(terms):
+        shape = [sizes[v] for v in term]
+        x = torch.randn(shape, generator=g, dtype=torch.float64)
+        x = x * (torch.rand(shape, generator=g) < draw(st.sampled_from([0.0, 0.3, 1.0])))
+        dense_ops.append(x)
+        if n == 0:
+            ops.append(sparse(x, draw(st.sampled_from(BLOCKED))))
+        else:
+            fmt = draw(st.sampled_from([None, None, Format("dc")] + (BLOCKED if len(term) == 2 else [])))
+            ops.append(x if fmt is None or len(term) != 2 else sparse(x, fmt))
+    return eq, ops, dense_ops
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(blocked_problems())
+def test_random_blocked_einsum(problem):
+    eq, ops, dense_ops = problem
+    got = dense(C.einsum(eq, *ops))
+    torch.testing.assert_close(got, torch.einsum(eq, *dense_ops))
