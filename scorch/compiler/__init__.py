@@ -181,17 +181,17 @@ def _make_entry(asg: Assignment, operand_indices, ops, out_format: Optional[Form
     vt = _value_dtype(ops)
     sched = _schedule(asg, formats if formats is not None else _formats_for(ops), out_format, fixed_tail)
     entry = _Entry(asg, list(operand_indices), sched, vt, len(asg.output))
-    # a dense operand streamed by the innermost loop is read with stride 1: when its layout
-    # does not allow that, the kernel reads a copy laid out in loop order (e.g. SDDMM's C)
+    # a dense operand streamed by the innermost loop is read with stride 1 (the kernel is
+    # specialized for it): when its layout does not give that, the kernel reads a copy laid
+    # out in loop order (e.g. SDDMM's C, read along k)
     rank = {v: n for n, v in enumerate(sched.loop_order)}
-    for ap in sched.accesses:
-        if not ap.sparse and len(ap.indices) >= 2 and ap.indices and sched.loop_order \
-                and sched.loop_order[-1] in ap.indices and len(set(ap.indices)) == len(ap.indices):
-            perm = sorted(range(len(ap.indices)), key=lambda d: rank[ap.indices[d]])
-            inv = [0] * len(perm)
-            for n, d in enumerate(perm):
-                inv[d] = n
-            entry.relayout[ap.id] = (ap.indices.index(sched.loop_order[-1]), tuple(perm), tuple(inv))
+    for i in _codegen.unit_stride_accesses(sched):
+        ap = sched.accesses[i]
+        perm = sorted(range(len(ap.indices)), key=lambda d: rank[ap.indices[d]])
+        inv = [0] * len(perm)
+        for n, d in enumerate(perm):
+            inv[d] = n
+        entry.relayout[ap.id] = (ap.indices.index(sched.loop_order[-1]), tuple(perm), tuple(inv))
     return entry
 
 
@@ -251,8 +251,12 @@ def _prepare(entry: _Entry, ops, sizes, orig=None):
             if x.dtype != vt:
                 x = x.to(vt)
             rl = entry.relayout.get(ap.id)
-            if rl is not None and x.stride(rl[0]) != 1 and x.shape[rl[0]] > 1 and x.numel() <= (1 << 26):
-                x = x.permute(rl[1]).contiguous().permute(rl[2])
+            if rl is not None:
+                full = tuple(sizes[v] for v in ap.indices)
+                if tuple(x.shape) != full:      # size-1 broadcast: materialize
+                    x = x.expand(full)
+                if x.stride(rl[0]) != 1 and full[rl[0]] > 1:
+                    x = x.permute(rl[1]).contiguous().permute(rl[2])
             data[ap.id] = x
     return data
 

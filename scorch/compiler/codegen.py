@@ -64,6 +64,17 @@ ITYPES = {torch.int32: "int32_t", torch.int64: "int64_t"}
 ArgSpec = Tuple[str, str, tuple]
 
 
+def unit_stride_accesses(s: Schedule):
+    """Dense strided accesses that the innermost loop streams: the runtime hands them over
+    with stride 1 in that variable (re-laid out if need be), so the kernel indexes them with
+    ``+ c`` (vectorizable) instead of ``+ c * stride``."""
+    if not s.loop_order:
+        return set()
+    last = s.loop_order[-1]
+    return {ap.id for ap in s.accesses
+            if not ap.sparse and last in ap.indices and len(set(ap.indices)) == len(ap.indices)}
+
+
 def _cvar(v: str) -> str:
     return "c_" + v
 
@@ -84,6 +95,9 @@ class _Gen:
         self.chunk_level: Optional[LevelPlan] = None
         # sparse workspaces come from the runtime (scorch._runtime.workspace, a std::map per
         # thread) for the value types it is instantiated for; otherwise std::map directly
+        self.unit = unit_stride_accesses(s)
+        last = s.loop_order[-1] if s.loop_order else None
+        self.out_unit = last if (s.output.dense and s.output.vars and s.output.vars[-1] == last) else None
         self.rt_ws = (s.output.mode == "ws" and not s.output.ws_dense
                       and self.vt in ("float", "double", "int32_t", "int64_t"))
 
@@ -329,11 +343,14 @@ class _Gen:
             for ap in strided:
                 o = self.local(f"o{ap.id}_{depth}")
                 prev = st["off"][ap.id]
-                body.append(f"{o} = {cv} * a.t{ap.id}_st_{v}" if prev == "0" else f"{o} = {prev} + {cv} * a.t{ap.id}_st_{v}")
+                unit = ap.id in self.unit and v == self.s.loop_order[-1]
+                step = cv if unit else f"{cv} * a.t{ap.id}_st_{v}"
+                body.append(f"{o} = {step}" if prev == "0" else f"{o} = {prev} + {step}")
                 new["off"][ap.id] = o
             if self.out.dense and v in self.out.vars:
                 o = self.local(f"oo_{depth}")
-                body.append(f"{o} = {cv} * a.out_st_{v}" if st["oo"] == "0" else f"{o} = {st['oo']} + {cv} * a.out_st_{v}")
+                step = cv if self.out_unit == v else f"{cv} * a.out_st_{v}"
+                body.append(f"{o} = {step}" if st["oo"] == "0" else f"{o} = {st['oo']} + {step}")
                 new["oo"] = o
             chase()
 

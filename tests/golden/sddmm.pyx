@@ -54,8 +54,8 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, v
             acc = 0
             hit = 0
             for c_k in range(0, a.N_k):
-                o1_2 = o1_0 + c_k * a.t1_st_k
-                o2_2 = o2_1 + c_k * a.t2_st_k
+                o1_2 = o1_0 + c_k
+                o2_2 = o2_1 + c_k
                 acc += ((a.t0_vals[q0_1] * a.t1_vals[o1_2]) * a.t2_vals[o2_2])
                 hit = 1
             if hit:

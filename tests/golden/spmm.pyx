@@ -48,8 +48,8 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, v
             c_j = a.t0_crd1[q0_1]
             o1_1 = c_j * a.t1_st_j
             for c_k in range(0, a.N_k):
-                o1_2 = o1_1 + c_k * a.t1_st_k
-                oo_2 = oo_0 + c_k * a.out_st_k
+                o1_2 = o1_1 + c_k
+                oo_2 = oo_0 + c_k
                 a.out_vals[oo_2] += (a.t0_vals[q0_1] * a.t1_vals[o1_2])
 
 def kernel(list args, int nthreads):
