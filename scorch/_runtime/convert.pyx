@@ -436,13 +436,42 @@ cdef inline bint _is64(t):
 
 cdef double _busy_checked = -1.0
 cdef int _busy_others = 0
+# the averaging window: start time, everyone's busy ticks, this process's ticks at its start,
+# and the cores other processes used in the last completed window
+cdef double _win_t = 0.0, _win_avg = 0.0
+cdef int64_t _win_busy = 0, _win_own = 0
+_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _ticks():
+    """(CPU ticks of everyone, of this process) from /proc."""
+    with open("/proc/stat", "rb") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    with open("/proc/self/stat", "rb") as f:
+        st = f.read()
+    own = st[st.rindex(b")") + 2:].split()
+    return v[0] + v[1] + v[2] + v[5] + v[6] + v[7], int(own[11]) + int(own[12])
+
+
+def _own_runnable() -> int:
+    n = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                st = f.read()
+            n += st[st.rindex(b")") + 2:st.rindex(b")") + 3] == b"R"
+        except OSError:
+            pass
+    return max(n, 1)
 
 
 cdef int _runnable_others():
-    """Runnable threads of other processes right now: all runnable threads (/proc/loadavg)
-    minus this process's own (its idle OpenMP workers may still be spinning). Re-read at most
-    every 20 ms; 0 where /proc cannot be read."""
-    global _busy_checked, _busy_others
+    """Cores other processes are using: the larger of what runs right now (/proc/loadavg's
+    runnable threads minus this process's own, whose idle OpenMP workers may still be
+    spinning) and their average over the last tenth of a second or more (/proc/stat minus
+    this process's ticks), so that bursty neighbours count too. Re-read at most every 20 ms;
+    0 where /proc cannot be read."""
+    global _busy_checked, _busy_others, _win_t, _win_avg, _win_busy, _win_own
     cdef double now = time.monotonic()
     if now - _busy_checked < 0.02:
         return _busy_others
@@ -450,15 +479,13 @@ cdef int _runnable_others():
     try:
         with open("/proc/loadavg", "rb") as f:
             running = int(f.read().split()[3].split(b"/")[0])
-        own = 0
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                with open(f"/proc/self/task/{tid}/stat", "rb") as f:
-                    st = f.read()
-                own += st[st.rindex(b")") + 2:st.rindex(b")") + 3] == b"R"
-            except OSError:
-                pass
-        _busy_others = max(0, running - max(own, 1))
+        others = max(0, running - _own_runnable())
+        if now - _win_t >= 0.1:
+            busy, own = _ticks()
+            if _win_t > 0:
+                _win_avg = (busy - _win_busy - (own - _win_own)) / _HZ / (now - _win_t)
+            _win_t, _win_busy, _win_own = now, busy, own
+        _busy_others = max(others, int(_win_avg + 0.5))
     except (OSError, ValueError, IndexError):
         _busy_others = 0
     return _busy_others
@@ -1241,3 +1268,8 @@ def convert(st: Storage, fmt: Format) -> Storage:
     keys = [k.contiguous() for k in keys]
     need = _presorted(st, origin)
     return _assemble(st.shape, fmt, keys, st.values, n, need, unique=True)
+
+
+def _threads_for(work: int) -> int:
+    """The team size a kernel over ``work`` entries would use now (for tests and tuning)."""
+    return _team(work)
