@@ -338,6 +338,15 @@ def summarize(rows: List[Dict[str, Any]], threads_for_targets: int = 2) -> Dict[
         summary["min_case"] = {"ratio": mn, "case": f"{mr['label']} {mr['matrix']}"}
     else:
         summary["min_case"] = None
+    quiet = [(r["ratio"], r) for r in t_rows
+             if r["ratio"] and r.get("foreign_load", 0) < FLAG_LOAD]
+    if quiet:
+        mn, mr = min(quiet, key=lambda x: x[0])
+        summary["min_case_quiet"] = {"ratio": mn, "case": f"{mr['label']} {mr['matrix']}",
+                                     "n": len(quiet)}
+    else:
+        summary["min_case_quiet"] = None
+    summary["flagged"] = sum(1 for r in t_rows if r.get("foreign_load", 0) >= FLAG_LOAD)
     missing = sum(1 for r in t_rows if not r["ratio"])
     summary["min_case_holds"] = bool(all_ratios) and missing == 0 and \
         min(x for x, _ in all_ratios) >= MIN_CASE_TARGET
@@ -430,6 +439,12 @@ def write_markdown(path: Path, rows, summary, streams, meta, args) -> None:
                  f"{'holds' if summary['min_case_holds'] else 'does not hold'}"
                  + (f" ({summary['missing']} cases without a ratio)"
                     if summary["missing"] else ""))
+        mq = summary.get("min_case_quiet")
+        if summary.get("flagged"):
+            L.append("")
+            L.append(f"{summary['flagged']} of the {t}-thread rows ran while other processes "
+                     f"used >= {FLAG_LOAD} cores (`~`); minimum over the other rows: "
+                     + (f"{mq['ratio']:.2f}x ({mq['case']})" if mq else "none"))
     else:
         L.append(f"No scorch ratios at {t} threads ({summary['missing']} cases without a "
                  "ratio): targets cannot be checked yet.")
