@@ -409,3 +409,19 @@ def test_blocked_conflicting_inner_orders_fall_back():
     a = sparse(x, Format("dc", block=(2, 2)))
     r = C.einsum("ij,ji->i", a, a)
     torch.testing.assert_close(dense(r), torch.einsum("ij,ji->i", x, x))
+
+
+def test_warm_fast_path_and_its_fallbacks():
+    x = rand((6, 5), 0.5, seed=24)
+    a = sparse(x, "csr")
+    b = torch.randn(5, 3, dtype=torch.float64)
+    C.einsum("ij,jk->ik", a, b)
+    entry = next(e for k, e in C._plans.items() if k[1] == "ij,jk->ik" and k[2][0][1] == a.format
+                 and k[2][0][3] == torch.float64 and k[2][1][0] == "d")
+    assert entry.runner is not None and "KERNEL(" in entry.runner.source
+    y = rand((9, 5), 0.3, seed=25)
+    torch.testing.assert_close(C.einsum("ij,jk->ik", sparse(y, "csr"), b), y @ b)  # other shape
+    torch.testing.assert_close(C.einsum("ij,jk->ik", a, b.T.contiguous().T), x @ b)  # non-unit stride
+    torch.testing.assert_close(C.einsum("ij,jk->ik", a, b[:1].expand(5, 3)), x @ b[:1].expand(5, 3))
+    with pytest.raises(ValueError, match="subscript j"):
+        C.einsum("ij,jk->ik", a, torch.randn(4, 3, dtype=torch.float64))

@@ -26,7 +26,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple  # noqa: F401
 
 import torch
 
@@ -130,11 +130,14 @@ class _Entry:
     kernels: Dict[tuple, tuple] = field(default_factory=dict)  # index dtypes -> (module, args, source)
     relayout: Dict[int, tuple] = field(default_factory=dict)   # dense access -> (dim, perm, inverse)
     split: Optional[Dict[str, int]] = None   # blocked operands read natively: var -> block size
+    runner: Any = None            # warm-call fast path (runner.py), once a kernel is loaded
+    formats: Tuple[Any, ...] = ()  # operand format objects, for the identity-checked fast key
     orig_output: Tuple[str, ...] = ()
     orig_indices: List[Tuple[str, ...]] = field(default_factory=list)
 
 
 _plans: Dict[tuple, _Entry] = {}
+_fast: Dict[tuple, tuple] = {}   # identity-keyed front cache of _plans (see einsum)
 _lock = threading.Lock()
 _stats = {"plan_hits": 0, "plan_misses": 0}
 
@@ -145,6 +148,7 @@ def plan_cache_info() -> dict:
 
 def plan_cache_clear() -> None:
     _plans.clear()
+    _fast.clear()
 
 
 def _fmt_key(x) -> tuple:
@@ -382,13 +386,26 @@ def _work(data) -> int:
 
 
 def _run(entry: _Entry, ops):
+    run = entry.runner
+    if run is not None:
+        r = run(ops)
+        if r is not None:
+            return r
     orig = None
     if entry.split is not None:
         orig = ops
         ops = [_split_operand(entry, n, x) for n, x in enumerate(ops)]
     sizes = _sizes(entry, ops)
     data = _prepare(entry, ops, sizes, orig)
+    fresh = not entry.kernels
     mod, args, _ = _kernel_for(entry, data)
+    if fresh and entry.runner is None:
+        from .runner import make_runner
+        idx = {ap.id: data[ap.id].index_dtype for ap in entry.schedule.accesses if ap.sparse}
+        try:
+            entry.runner = make_runner(entry, mod, args, idx, _threads_for, _assemble)
+        except Exception:  # the general path always works
+            entry.runner = None
     out_plan = entry.schedule.output
     out = None
     if out_plan.dense:
@@ -555,9 +572,32 @@ def einsum(equation: str, *operands, out_format=None):
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     ops = [_as_operand(x) for x in operands]
-    if out_format is None and not any(isinstance(x, Storage) for x in ops):
+    key = [equation, out_format]
+    sparse_formats = []
+    for x in ops:
+        if type(x) is Storage:
+            f = x.format
+            sparse_formats.append(f)
+            key.append(id(f))
+            key.append(x.values.dtype)
+            key.append(x.index_dtype)
+            key.append(1 in x.shape and tuple(s == 1 for s in x.shape))
+        else:
+            key.append(x.dtype)
+            key.append(x.dim())
+    if out_format is None and not sparse_formats:
         return torch.einsum(equation, *ops)
-    entry = _einsum_entry(equation, ops, out_format)
+    key = tuple(key)
+    hit = _fast.get(key)
+    # identity check: the cached format objects are kept alive, so their ids are not reused
+    if hit is not None and len(hit[1]) == len(sparse_formats) and all(
+            a is b for a, b in zip(hit[1], sparse_formats)):
+        entry = hit[0]
+    else:
+        entry = _einsum_entry(equation, ops, out_format)
+        if len(_fast) > 4096:
+            _fast.clear()
+        _fast[key] = (entry, tuple(sparse_formats))
     return _run(entry, ops)
 
 
