@@ -261,31 +261,56 @@ cdef int64_t _unsorted_at(idx_t** keys, int m, int64_t n, bint strict) noexcept 
     return n
 
 
-cdef inline void _root_chunk(idx_t* key, int64_t lo, int64_t hi, idx_t* eoff) noexcept nogil:
+cdef inline void _root_mark(idx_t* key, int64_t lo, int64_t hi, idx_t* eoff, int64_t scratch) noexcept nogil:
+    """eoff[key[i]] = i where a new key starts; other entries store to a scratch slot, so the
+    loop has no branch to mispredict on short, irregular rows."""
     cdef int64_t i
     cdef idx_t a = key[lo - 1], b  # the previous key stays in a register (eoff may alias key)
     for i in range(lo, hi):
         b = key[i]
-        while a < b:
-            a += 1
-            eoff[a] = <idx_t>i
+        eoff[b if b != a else scratch] = <idx_t>i
+        a = b
+
+
+cdef inline void _suffix_min(idx_t* eoff, int64_t lo, int64_t hi, idx_t carry) noexcept nogil:
+    cdef int64_t c
+    cdef idx_t m = carry, v
+    for c in range(hi - 1, lo - 1, -1):
+        v = eoff[c]
+        m = v if v < m else m
+        eoff[c] = m
+
+
+cdef inline void _fill_idx(idx_t* a, int64_t lo, int64_t hi, idx_t v) noexcept nogil:
+    cdef int64_t i
+    for i in range(lo, hi):
+        a[i] = v
 
 
 cdef void _dense_root(idx_t* key, int64_t n, int64_t s, idx_t* eoff, int T) noexcept nogil:
-    """eoff[c] = first entry with key >= c, for sorted keys under a single parent (the
-    row pointer of a sorted COO): each thread fills the boundaries inside its chunk."""
-    cdef int64_t c
+    """eoff[c] = first entry with key >= c, for sorted keys under a single parent (the row
+    pointer of a sorted COO). Every row start is marked at its entry, then rows without
+    entries take the next start (a suffix minimum, n marking "not seen"); both passes split
+    over threads. eoff needs 16 * T scratch slots after its s + 1 entries."""
     cdef int t
-    if n == 0:
-        for c in range(s + 1):
-            eoff[c] = 0
-        return
-    for c in range(key[0] + 1):
-        eoff[c] = 0
+    cdef int64_t c
+    cdef idx_t carry
     for t in prange(T, schedule='static', chunksize=1, num_threads=T):
-        _root_chunk(key, max(1, _lo(n, t, T)), _lo(n, t + 1, T), eoff)
-    for c in range(key[n - 1] + 1, s + 1):
-        eoff[c] = <idx_t>n
+        _fill_idx(eoff, _lo(s + 1, t, T), _lo(s + 1, t + 1, T), <idx_t>n)
+    if n == 0:
+        return
+    eoff[key[0]] = 0
+    for t in prange(T, schedule='static', chunksize=1, num_threads=T):
+        _root_mark(key, max(1, _lo(n, t, T)), _lo(n, t + 1, T), eoff, s + 1 + 16 * t)
+    for t in prange(T, schedule='static', chunksize=1, num_threads=T):
+        _suffix_min(eoff, _lo(s + 1, t, T), _lo(s + 1, t + 1, T), <idx_t>n)
+    # chunks ending in rows without entries take the start of the chunk after them
+    for t in range(T - 2, -1, -1):
+        carry = eoff[_lo(s + 1, t + 1, T)]
+        c = _lo(s + 1, t + 1, T) - 1
+        while c >= _lo(s + 1, t, T) and eoff[c] == n:
+            eoff[c] = carry
+            c -= 1
 
 
 cdef void _dense_split(idx_t* eoff, int64_t P, idx_t* key, int64_t s, idx_t* out, int T) noexcept nogil:
@@ -637,7 +662,10 @@ def _k_unsorted_at(keys, bint strict=False):
 def _k_dense_level(eoff, int64_t P, key, int64_t s):
     cdef int64_t n = key.numel()
     cdef int T = _team(n + P * s)
-    out = torch.empty(P * s + 1, dtype=key.dtype)
+    if P == 1:  # with the scratch slots of _dense_root
+        out = torch.empty(s + 1 + 16 * T, dtype=key.dtype)[:s + 1]
+    else:
+        out = torch.empty(P * s + 1, dtype=key.dtype)
     if P == 1:
         if _is64(key):
             _dense_root(<int64_t*>_ptr(key), n, s, <int64_t*>_ptr(out), T)
@@ -674,38 +702,26 @@ def _k_distinct(eoff, int64_t P, keys):
     return pos, crds, out
 
 
-cdef _reduce_typed(eoff, int64_t count, vals, out, int T):
-    dt = vals.dtype
-    if _is64(eoff):
-        if dt == torch.float32:
-            _reduce(<int64_t*>_ptr(eoff), count, <float*>_ptr(vals), <float*>_ptr(out), T)
-        elif dt == torch.float64:
-            _reduce(<int64_t*>_ptr(eoff), count, <double*>_ptr(vals), <double*>_ptr(out), T)
-        elif dt == torch.int32:
-            _reduce(<int64_t*>_ptr(eoff), count, <int32_t*>_ptr(vals), <int32_t*>_ptr(out), T)
-        elif dt == torch.int64:
-            _reduce(<int64_t*>_ptr(eoff), count, <int64_t*>_ptr(vals), <int64_t*>_ptr(out), T)
-        elif dt == torch.bool:
-            _reduce(<int64_t*>_ptr(eoff), count, <uint8_t*>_ptr(vals), <uint8_t*>_ptr(out), T)
-        elif dt == torch.complex64:
-            _reduce(<int64_t*>_ptr(eoff), count, <cfloat*>_ptr(vals), <cfloat*>_ptr(out), T)
-        else:
-            _reduce(<int64_t*>_ptr(eoff), count, <cdouble*>_ptr(vals), <cdouble*>_ptr(out), T)
+cdef void _reduce_any(void* eoff, bint e64, int64_t count, num_t* vals, num_t* out, int T) noexcept nogil:
+    if e64:
+        _reduce(<int64_t*>eoff, count, vals, out, T)
     else:
-        if dt == torch.float32:
-            _reduce(<int32_t*>_ptr(eoff), count, <float*>_ptr(vals), <float*>_ptr(out), T)
-        elif dt == torch.float64:
-            _reduce(<int32_t*>_ptr(eoff), count, <double*>_ptr(vals), <double*>_ptr(out), T)
-        elif dt == torch.int32:
-            _reduce(<int32_t*>_ptr(eoff), count, <int32_t*>_ptr(vals), <int32_t*>_ptr(out), T)
-        elif dt == torch.int64:
-            _reduce(<int32_t*>_ptr(eoff), count, <int64_t*>_ptr(vals), <int64_t*>_ptr(out), T)
-        elif dt == torch.bool:
-            _reduce(<int32_t*>_ptr(eoff), count, <uint8_t*>_ptr(vals), <uint8_t*>_ptr(out), T)
-        elif dt == torch.complex64:
-            _reduce(<int32_t*>_ptr(eoff), count, <cfloat*>_ptr(vals), <cfloat*>_ptr(out), T)
-        else:
-            _reduce(<int32_t*>_ptr(eoff), count, <cdouble*>_ptr(vals), <cdouble*>_ptr(out), T)
+        _reduce(<int32_t*>eoff, count, vals, out, T)
+
+
+cdef _reduce_typed(eoff, int64_t count, vals, out, int T):
+    cdef void* ep = _ptr(eoff)
+    cdef bint e64 = _is64(eoff)
+    cdef void* vp = _ptr(vals)
+    cdef void* op = _ptr(out)
+    dt = vals.dtype
+    if dt == torch.float32: _reduce_any(ep, e64, count, <float*>vp, <float*>op, T)
+    elif dt == torch.float64: _reduce_any(ep, e64, count, <double*>vp, <double*>op, T)
+    elif dt == torch.int32: _reduce_any(ep, e64, count, <int32_t*>vp, <int32_t*>op, T)
+    elif dt == torch.int64: _reduce_any(ep, e64, count, <int64_t*>vp, <int64_t*>op, T)
+    elif dt == torch.bool: _reduce_any(ep, e64, count, <uint8_t*>vp, <uint8_t*>op, T)
+    elif dt == torch.complex64: _reduce_any(ep, e64, count, <cfloat*>vp, <cfloat*>op, T)
+    else: _reduce_any(ep, e64, count, <cdouble*>vp, <cdouble*>op, T)
 
 
 def _k_reduce(eoff, int64_t count, vals):
@@ -721,8 +737,20 @@ def _k_reduce(eoff, int64_t count, vals):
     return out
 
 
+cdef void _scan_any(scan_t* x, int64_t rows, int64_t* rs, int64_t m, int64_t stride, int64_t* cnt,
+                    int64_t* off, void* inner, bint w64, void* vals, bint fill, int T) noexcept nogil:
+    if not fill:
+        _scan_count(x, rows, rs, m, stride, cnt, T)
+    elif w64:
+        _scan_fill(x, rows, rs, m, stride, off, <int64_t*>inner, <scan_t*>vals, T)
+    else:
+        _scan_fill(x, rows, rs, m, stride, off, <int32_t*>inner, <scan_t*>vals, T)
+
+
 cdef _scan_typed(int kind, x, int64_t rows, rstart, int64_t m, int64_t stride, cnt, off, inner, vals,
                  bint fill, int T):
+    """Pass 1 (count, ``fill`` False) or 2 (fill) of the dense scan, for the element type
+    ``kind`` (see _SCAN_AS)."""
     cdef int64_t* rs = <int64_t*>_ptr(rstart)
     cdef int64_t* cp = <int64_t*>_ptr(cnt)
     cdef int64_t* op = <int64_t*>_ptr(off) if fill else NULL
@@ -730,47 +758,16 @@ cdef _scan_typed(int kind, x, int64_t rows, rstart, int64_t m, int64_t stride, c
     cdef void* vp = _ptr(vals) if fill else NULL
     cdef void* ip = _ptr(inner) if fill else NULL
     cdef bint w64 = fill and _is64(inner)
-    # one branch per element type; the index type only matters for the fill pass
-    if kind == 0:
-        if not fill: _scan_count(<float*>xp, rows, rs, m, stride, cp, T)
-        elif w64: _scan_fill(<float*>xp, rows, rs, m, stride, op, <int64_t*>ip, <float*>vp, T)
-        else: _scan_fill(<float*>xp, rows, rs, m, stride, op, <int32_t*>ip, <float*>vp, T)
-    elif kind == 1:
-        if not fill: _scan_count(<double*>xp, rows, rs, m, stride, cp, T)
-        elif w64: _scan_fill(<double*>xp, rows, rs, m, stride, op, <int64_t*>ip, <double*>vp, T)
-        else: _scan_fill(<double*>xp, rows, rs, m, stride, op, <int32_t*>ip, <double*>vp, T)
-    elif kind == 2:
-        if not fill: _scan_count(<int8_t*>xp, rows, rs, m, stride, cp, T)
-        elif w64: _scan_fill(<int8_t*>xp, rows, rs, m, stride, op, <int64_t*>ip, <int8_t*>vp, T)
-        else: _scan_fill(<int8_t*>xp, rows, rs, m, stride, op, <int32_t*>ip, <int8_t*>vp, T)
-    elif kind == 3:
-        if not fill: _scan_count(<uint8_t*>xp, rows, rs, m, stride, cp, T)
-        elif w64: _scan_fill(<uint8_t*>xp, rows, rs, m, stride, op, <int64_t*>ip, <uint8_t*>vp, T)
-        else: _scan_fill(<uint8_t*>xp, rows, rs, m, stride, op, <int32_t*>ip, <uint8_t*>vp, T)
-    elif kind == 4:
-        if not fill: _scan_count(<int16_t*>xp, rows, rs, m, stride, cp, T)
-        elif w64: _scan_fill(<int16_t*>xp, rows, rs, m, stride, op, <int64_t*>ip, <int16_t*>vp, T)
-        else: _scan_fill(<int16_t*>xp, rows, rs, m, stride, op, <int32_t*>ip, <int16_t*>vp, T)
-    elif kind == 5:
-        if not fill: _scan_count(<uint16_t*>xp, rows, rs, m, stride, cp, T)
-        elif w64: _scan_fill(<uint16_t*>xp, rows, rs, m, stride, op, <int64_t*>ip, <uint16_t*>vp, T)
-        else: _scan_fill(<uint16_t*>xp, rows, rs, m, stride, op, <int32_t*>ip, <uint16_t*>vp, T)
-    elif kind == 6:
-        if not fill: _scan_count(<int32_t*>xp, rows, rs, m, stride, cp, T)
-        elif w64: _scan_fill(<int32_t*>xp, rows, rs, m, stride, op, <int64_t*>ip, <int32_t*>vp, T)
-        else: _scan_fill(<int32_t*>xp, rows, rs, m, stride, op, <int32_t*>ip, <int32_t*>vp, T)
-    elif kind == 7:
-        if not fill: _scan_count(<int64_t*>xp, rows, rs, m, stride, cp, T)
-        elif w64: _scan_fill(<int64_t*>xp, rows, rs, m, stride, op, <int64_t*>ip, <int64_t*>vp, T)
-        else: _scan_fill(<int64_t*>xp, rows, rs, m, stride, op, <int32_t*>ip, <int64_t*>vp, T)
-    elif kind == 8:
-        if not fill: _scan_count(<cfloat*>xp, rows, rs, m, stride, cp, T)
-        elif w64: _scan_fill(<cfloat*>xp, rows, rs, m, stride, op, <int64_t*>ip, <cfloat*>vp, T)
-        else: _scan_fill(<cfloat*>xp, rows, rs, m, stride, op, <int32_t*>ip, <cfloat*>vp, T)
-    else:
-        if not fill: _scan_count(<cdouble*>xp, rows, rs, m, stride, cp, T)
-        elif w64: _scan_fill(<cdouble*>xp, rows, rs, m, stride, op, <int64_t*>ip, <cdouble*>vp, T)
-        else: _scan_fill(<cdouble*>xp, rows, rs, m, stride, op, <int32_t*>ip, <cdouble*>vp, T)
+    if kind == 0: _scan_any(<float*>xp, rows, rs, m, stride, cp, op, ip, w64, vp, fill, T)
+    elif kind == 1: _scan_any(<double*>xp, rows, rs, m, stride, cp, op, ip, w64, vp, fill, T)
+    elif kind == 2: _scan_any(<int8_t*>xp, rows, rs, m, stride, cp, op, ip, w64, vp, fill, T)
+    elif kind == 3: _scan_any(<uint8_t*>xp, rows, rs, m, stride, cp, op, ip, w64, vp, fill, T)
+    elif kind == 4: _scan_any(<int16_t*>xp, rows, rs, m, stride, cp, op, ip, w64, vp, fill, T)
+    elif kind == 5: _scan_any(<uint16_t*>xp, rows, rs, m, stride, cp, op, ip, w64, vp, fill, T)
+    elif kind == 6: _scan_any(<int32_t*>xp, rows, rs, m, stride, cp, op, ip, w64, vp, fill, T)
+    elif kind == 7: _scan_any(<int64_t*>xp, rows, rs, m, stride, cp, op, ip, w64, vp, fill, T)
+    elif kind == 8: _scan_any(<cfloat*>xp, rows, rs, m, stride, cp, op, ip, w64, vp, fill, T)
+    else: _scan_any(<cdouble*>xp, rows, rs, m, stride, cp, op, ip, w64, vp, fill, T)
 
 
 def _k_rows_key(off, int64_t rows, int64_t div, int64_t size, dtype):
