@@ -7,7 +7,13 @@ import torch
 from reference_storage import reference_from_dense, reference_to_dense
 from scorch.formats import Format, as_format
 from scorch.storage import Storage
-import scorch.compiler as C
+import importlib
+C = importlib.import_module("scorch.compiler")  # the attribute scorch.compiler is torch.compiler (drop-in)
+import scorch as _scorch  # noqa: E402
+
+# importing the submodule rebinds the package attribute; the drop-in contract says
+# ``scorch.compiler is torch.compiler``, so put it back
+_scorch.compiler = torch.compiler
 
 
 def _runtime_convert_available() -> bool:
