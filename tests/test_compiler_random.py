@@ -45,7 +45,12 @@ def problems(draw):
         shape = [sizes[v] for v in term]
         density = draw(st.sampled_from([0.0, 0.15, 0.5, 1.0]))
         x = torch.randn(shape, generator=g).to(dtype) * (torch.rand(shape, generator=g) < density)
-        fmt = draw(st.sampled_from(FORMATS[len(term)]))
+        if draw(st.integers(0, 3)) == 0:  # any level kinds, any mode order
+            r = len(term)
+            kinds = "".join(draw(st.sampled_from("dcq")) for _ in range(r))
+            fmt = Format(kinds, draw(st.permutations(range(r))))
+        else:
+            fmt = draw(st.sampled_from(FORMATS[len(term)]))
         dense_ops.append(x)
         ops.append(x if fmt is None else sparse(x, fmt))
     return eq, ops, dense_ops, dtype
