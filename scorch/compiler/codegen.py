@@ -508,6 +508,10 @@ class _Gen:
         for n, (name, ct, _) in enumerate(self.args):
             cast = f"<{ct}><size_t>args[{n}]" if ct.endswith("*") else f"args[{n}]"
             w(f"    a.{name} = {cast}")
+        if self.out.mode == "ws":
+            prod = " * ".join(f"<object>a.N_{v}" for v in self.out.ws_vars)
+            w(f"    if {prod} >= 4611686018427387904:")
+            w(f"        raise OverflowError('workspace over {','.join(self.out.ws_vars)} is too large to index with int64')")
         w("    cdef int64_t lo0 = 0, hi0 = 0, nchunks = 1, t, n, total, off")
         if self.chunk_kind == "dense":
             w(f"    hi0 = a.N_{self.s.loop_order[0]}")

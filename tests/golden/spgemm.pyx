@@ -92,6 +92,8 @@ def kernel(list args, int nthreads):
     a.t1_pos1 = <int32_t*><size_t>args[6]
     a.t1_crd1 = <int32_t*><size_t>args[7]
     a.t1_vals = <float*><size_t>args[8]
+    if <object>a.N_k >= 4611686018427387904:
+        raise OverflowError('workspace over k is too large to index with int64')
     cdef int64_t lo0 = 0, hi0 = 0, nchunks = 1, t, n, total, off
     hi0 = a.N_i
     if nthreads > 1 and hi0 - lo0 >= 64:
