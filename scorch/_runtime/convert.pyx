@@ -212,33 +212,73 @@ cdef inline void _tcount_chunk(idx_t* pos, idx_t* crd, int64_t lo, int64_t hi, i
         h[crd[q]] += 1
 
 
-cdef inline void _tfill_chunk(idx_t* pos, idx_t* crd, idx_t* rowmap, int64_t lo, int64_t hi, mv_t* vals,
-                              idx_t* h, idx_t* rows_out, mv_t* vals_out) noexcept nogil:
-    cdef int64_t p, q
+cdef inline void _tfill_cols(idx_t* pos, idx_t* crd, idx_t* rowmap, int64_t P, idx_t lo, idx_t hi,
+                             bint first, mv_t* vals, idx_t* nxt, idx_t* rows_out, mv_t* vals_out) noexcept nogil:
+    """Scatter the entries whose coordinate lies in [lo, hi) -- a segment of every (sorted)
+    row -- to their buckets; rows are visited in order, so each bucket stays sorted."""
+    cdef int64_t p, q, e, l, h, mid
     cdef idx_t r, c, d
-    for p in range(lo, hi):
-        r = rowmap[p] if rowmap != NULL else <idx_t>p
-        for q in range(pos[p], pos[p + 1]):
-            c = crd[q]
-            d = h[c]
-            h[c] = d + 1
-            rows_out[d] = r
-            vals_out[d] = vals[q]
+    for p in range(P):
+        q = pos[p]
+        e = pos[p + 1]
+        if not first:  # lower bound of lo inside the row
+            l, h = q, e
+            while l < h:
+                mid = (l + h) >> 1
+                if crd[mid] < lo:
+                    l = mid + 1
+                else:
+                    h = mid
+            q = l
+        if q < e and crd[q] < hi:
+            r = rowmap[p] if rowmap != NULL else <idx_t>p
+            while q < e:
+                c = crd[q]
+                if c >= hi:
+                    break
+                d = nxt[c]
+                nxt[c] = d + 1
+                rows_out[d] = r
+                vals_out[d] = vals[q]
+                q += 1
 
 
 cdef void _transpose(idx_t* pos, idx_t* crd, idx_t* rowmap, int64_t P, int64_t s, mv_t* vals,
                      idx_t* hist, int64_t* bounds, idx_t* offsets, idx_t* rows_out, mv_t* vals_out,
                      int T) noexcept nogil:
-    """Counting-sort transpose of a compressed level under P parents (scipy's csr_tocsc, split
-    over threads by rows): the child coordinates become buckets, the parent coordinate
-    (``rowmap[p]``, or p itself) and the value move into bucket order."""
+    """Counting-sort transpose of a compressed level under P parents (scipy's csr_tocsc): the
+    child coordinates become buckets, the parent coordinate (``rowmap[p]``, or p itself) and
+    the value move into bucket order. Threads count by rows (private histograms), then
+    scatter by *bucket* ranges of equal size, so no two threads write the same cache line
+    of the output."""
     cdef int t
+    cdef int64_t b, run = 0, n = pos[P], lo, hi, mid
+    cdef idx_t c
     _split_by_pos(pos, P, T, bounds)
     for t in prange(T, schedule='static', chunksize=1, num_threads=T):
         _tcount_chunk(pos, crd, bounds[t], bounds[t + 1], hist + t * s)
-    _offsets(hist, s, T, offsets)
+    for b in range(s):  # bucket starts; hist[0:s] becomes the write cursor of each bucket
+        c = hist[b]
+        for t in range(1, T):
+            c += hist[t * s + b]
+        offsets[b] = <idx_t>run
+        hist[b] = <idx_t>run
+        run += c
+    offsets[s] = <idx_t>run
+    bounds[0] = 0
+    bounds[T] = s
+    for t in range(1, T):  # bucket ranges holding about n / T entries each
+        lo, hi = bounds[t - 1], s
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if offsets[mid] < _lo(n, t, T):
+                lo = mid + 1
+            else:
+                hi = mid
+        bounds[t] = lo
     for t in prange(T, schedule='static', chunksize=1, num_threads=T):
-        _tfill_chunk(pos, crd, rowmap, bounds[t], bounds[t + 1], vals, hist + t * s, rows_out, vals_out)
+        _tfill_cols(pos, crd, rowmap, P, <idx_t>bounds[t], <idx_t>bounds[t + 1], t == 0, vals, hist,
+                    rows_out, vals_out)
 
 
 cdef int64_t _unsorted_at(idx_t** keys, int m, int64_t n, bint strict) noexcept nogil:
@@ -459,6 +499,9 @@ cdef inline bint _is64(t):
     return t.dtype == torch.int64
 
 
+# SCORCH_ADAPTIVE_THREADS=0 keeps torch.get_num_threads() threads even on a busy machine
+# (for measurements that want the parallel code path whatever the load)
+cdef bint _ADAPTIVE = os.environ.get("SCORCH_ADAPTIVE_THREADS", "1") != "0"
 cdef double _busy_checked = -1.0
 cdef int _busy_others = 0
 # the averaging window: start time, everyone's busy ticks, this process's ticks at its start,
@@ -525,8 +568,8 @@ cdef int _team(int64_t work):
     if work < 100_000:
         return 1
     cdef int T = _threads()
-    if T == 1:
-        return 1
+    if T == 1 or not _ADAPTIVE:
+        return T
     cdef int free_cores = _NCPU - _runnable_others()
     return max(1, min(T, free_cores))
 
