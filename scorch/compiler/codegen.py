@@ -174,7 +174,9 @@ class _Gen:
             ind += 1
         val = self.value(self.s.assignment.rhs, st)
         mode = self.out.mode
-        if mode == "dense":
+        if mode == "dense" and self.out.acc_depth >= 0:
+            self.emit(ind, f"acc += {val}")
+        elif mode == "dense":
             self.emit(ind, f"a.out_vals[{st['oo']}] += {val}")
         elif mode == "direct":
             self.emit_tuple(ind, val)
@@ -214,6 +216,9 @@ class _Gen:
             self.local("hit", "int")
             self.emit(ind, "acc = 0")
             self.emit(ind, "hit = 0")
+        if out.mode == "dense" and depth == out.acc_depth:
+            self.local("acc", self.vt)
+            self.emit(ind, "acc = 0")
         self.loop_body(depth, ind, st)
         if out.mode == "ws" and depth == out.ws_depth and out.ws_dense:
             self.local("wkey")
@@ -259,6 +264,8 @@ class _Gen:
         if out.mode == "acc" and depth == out.acc_depth:
             self.emit(ind, "if hit:")
             self.emit_tuple(ind + 1, "acc")
+        if out.mode == "dense" and depth == out.acc_depth:
+            self.emit(ind, f"a.out_vals[{st['oo']}] += acc")
 
     def loop_body(self, depth: int, ind: int, st) -> None:
         v = self.s.loop_order[depth]

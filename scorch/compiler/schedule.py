@@ -244,6 +244,11 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
     # ---- output ----
     out = OutputPlan(dense=out_dense, vars=tuple(asg.output))
     workspaces: List[str] = []
+    if out_dense and asg.output:
+        # reductions below every output loop accumulate in a register, stored once
+        last_out = max(loop_rank[v] for v in asg.output)
+        if last_out + 1 < len(order):
+            out.acc_depth = last_out + 1
     if not out_dense:
         level_vars = tuple(sorted(asg.output, key=lambda v: loop_rank[v]))
         mode_order = tuple(asg.output.index(v) for v in level_vars)
