@@ -486,7 +486,7 @@ class _Gen:
             w(f"# T{ap.tensor} access {ap.id}: {desc}")
         w(f"# output: {'dense' if self.out.dense else self.out.format} ({self.out.mode})")
         w("from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t")
-        w("from libc.string cimport memcpy")
+        w("from libc.string cimport memcpy, memset")
         if self.out.mode == "ws" and self.out.ws_dense:
             w("from libc.stdlib cimport calloc, free")
         w("from libcpp.vector cimport vector")
@@ -529,6 +529,10 @@ class _Gen:
         if self.chunk_kind is not None:
             w("    if nthreads > 1 and hi0 - lo0 >= 64:")
             w("        nchunks = min(hi0 - lo0, 8 * nthreads)")
+        if self.out.dense:
+            # the output arrives uninitialized (torch.empty: cheaper than torch.zeros' dispatch)
+            size = " * ".join(f"a.N_{v}" for v in self.out.vars) or "1"
+            w(f"    memset(<void*>a.out_vals, 0, {size} * sizeof({self.vt}))")
         w("    cdef vector[int64_t] bounds")
         w("    bounds.resize(nchunks + 1)")
         w("    for t in range(nchunks + 1):")

@@ -64,7 +64,7 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], threa
     out = s.output
     if out.dense:
         shape = ", ".join(seen[v] for v in out.vars)
-        w(f"    out = torch.zeros(({shape}{',' if len(out.vars) == 1 else ''}), dtype=VT)")
+        w(f"    out = torch.empty(({shape}{',' if len(out.vars) == 1 else ''}), dtype=VT)  # zeroed by the kernel")
     vals = []
     for _, _, what in args:
         tag = what[0]

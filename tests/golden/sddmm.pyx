@@ -8,7 +8,7 @@
 # T2 access 2: dense strided ('k', 'j')
 # output: csr (acc)
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 from libcpp.vector cimport vector
 from cython.operator cimport dereference as deref, preincrement as inc
 from cython.parallel cimport prange

@@ -7,7 +7,7 @@
 # T1 access 1: csr levels ('j', 'k')
 # output: csr (ws)
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 from libcpp.vector cimport vector
 from scorch._runtime.workspace cimport DenseWorkspace, SparseWorkspace
 from cython.operator cimport dereference as deref, preincrement as inc

@@ -7,7 +7,7 @@
 # T1 access 1: dense strided ('j', 'k')
 # output: dense (dense)
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 from libcpp.vector cimport vector
 from cython.operator cimport dereference as deref, preincrement as inc
 from cython.parallel cimport prange
@@ -70,6 +70,7 @@ def kernel(list args, int nthreads):
     hi0 = a.N_i
     if nthreads > 1 and hi0 - lo0 >= 64:
         nchunks = min(hi0 - lo0, 8 * nthreads)
+    memset(<void*>a.out_vals, 0, a.N_i * a.N_k * sizeof(float))
     cdef vector[int64_t] bounds
     bounds.resize(nchunks + 1)
     for t in range(nchunks + 1):
