@@ -28,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # a source checkout, not installed
 warnings.filterwarnings("ignore", message=".*Sparse CSR tensor support is in beta.*")
+warnings.filterwarnings("ignore", message=".*Sparse invariant checks.*")
 
 from conftest import load_matrix  # noqa: E402
 from scorch.formats import Format  # noqa: E402
