@@ -92,3 +92,22 @@ def test_moe_csr_gate_and_dense_output_override():
     y = C.einsum("bd,ndh,bn->bh", x, E, sparse(gates, "csr"), out_format="dense")
     assert isinstance(y, torch.Tensor)
     torch.testing.assert_close(y, torch.einsum("bd,ndh,bn->bh", x, E, gates))
+
+
+def test_parallel_chunks_match_serial(monkeypatch):
+    """Large enough for several prange chunks: dense outputs, sparse outputs appended per
+    chunk (direct, accumulator, workspace) must equal the one-thread result exactly."""
+    from compiler_helpers import rand
+    x, y = rand((300, 280), 0.4, seed=31), rand((280, 260), 0.4, seed=32)
+    b, c = torch.randn(300, 8, dtype=torch.float64), torch.randn(8, 280, dtype=torch.float64)
+    a, bb = sparse(x, "csr"), sparse(y, "csr")
+    cases = [("ij,jk->ik", (a, y)), ("ij,jk->ik", (a, bb)), ("ij,ik,kj->ij", (a, b, c)),
+             ("ij,ij->ij", (a, sparse(x * 2, "dcsr"))), ("ij,j->i", (sparse(x, "coo"), y[:, 0]))]
+    for eq, ops in cases:
+        monkeypatch.setattr(C, "_threads_for", lambda w: 1)
+        one = dense(C.einsum(eq, *ops))
+        monkeypatch.setattr(C, "_threads_for", lambda w: 4)
+        many = dense(C.einsum(eq, *ops))
+        torch.testing.assert_close(many, one, rtol=0, atol=0)
+        want = torch.einsum(eq, *[dense(o) for o in ops])
+        torch.testing.assert_close(many, want)

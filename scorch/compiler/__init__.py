@@ -403,7 +403,7 @@ def _run(entry: _Entry, ops):
         from .runner import make_runner
         idx = {ap.id: data[ap.id].index_dtype for ap in entry.schedule.accesses if ap.sparse}
         try:
-            entry.runner = make_runner(entry, mod, args, idx, _threads_for, _assemble)
+            entry.runner = make_runner(entry, mod, args, idx, lambda w: _threads_for(w), _assemble)
         except Exception:  # the general path always works
             entry.runner = None
     out_plan = entry.schedule.output
