@@ -426,3 +426,12 @@ def test_warm_fast_path_and_its_fallbacks():
     torch.testing.assert_close(C.einsum("ij,jk->ik", a, b[:1].expand(5, 3)), x @ b[:1].expand(5, 3))
     with pytest.raises(ValueError, match="subscript j"):
         C.einsum("ij,jk->ik", a, torch.randn(4, 3, dtype=torch.float64))
+
+
+def test_compute_checks_sizes_of_every_access():
+    a = sparse(rand((3, 4), 0.5, seed=26), "csr")
+    A, At = Access(0, "ij"), Access(0, "ji")
+    with pytest.raises(ValueError, match="index"):
+        C.compute(Assignment("ij", A * At), a)
+    x = rand((4, 4), 0.5, seed=27)
+    torch.testing.assert_close(dense(C.compute(Assignment("ij", A * At), sparse(x, "csr"))), x * x.T)

@@ -614,6 +614,16 @@ def compute(assignment: Assignment, *operands, out_format=None):
             raise ValueError(
                 f"operand {a.tensor} has {len(ops[a.tensor].shape)} dimensions but is indexed by {a.indices}")
         accs.setdefault(a.tensor, a.indices)
+    seen: Dict[str, Tuple[int, int]] = {}
+    for a in accesses(assignment.rhs):
+        x = ops[a.tensor]
+        for v, sz in zip(a.indices, x.shape):
+            if sz == 1 and not isinstance(x, Storage):
+                continue  # a dense operand broadcasts a size-1 dimension
+            old = seen.setdefault(v, (sz, a.tensor))
+            if old[0] != sz:
+                raise ValueError(f"index {v} has size {sz} for operand {a.tensor} but size {old[0]} "
+                                 f"for operand {old[1]}")
     operand_indices = [accs.get(n, ()) for n in range(len(ops))]
     key = (COMPILER_VERSION, "expr", str(assignment), assignment,
            tuple(_fmt_key(x) for x in ops), out_format)
@@ -622,9 +632,6 @@ def compute(assignment: Assignment, *operands, out_format=None):
         fmt = _resolve_out_format(out_format, len(assignment.output))
         return _make_entry(assignment, operand_indices, ops, fmt)
     entry = _entry(key, make)
-    # every access of one operand must agree on sizes
-    for a in accesses(assignment.rhs):
-        pass
     return _run(entry, ops)
 
 
