@@ -435,3 +435,26 @@ def test_compute_checks_sizes_of_every_access():
         C.compute(Assignment("ij", A * At), a)
     x = rand((4, 4), 0.5, seed=27)
     torch.testing.assert_close(dense(C.compute(Assignment("ij", A * At), sparse(x, "csr"))), x * x.T)
+
+
+@pytest.mark.parametrize("ofmt", [Format("dc"), Format("cd", (1, 0)), Format("qq"), Format("qd"),
+                                  Format("dq", (1, 0)), Format("cc", (1, 0)), Format("dd")])
+def test_every_output_format(ofmt):
+    x, y = rand((6, 5), 0.4, seed=28), rand((5, 7), 0.4, seed=29)
+    r = C.einsum("ij,jk->ik", sparse(x, "csr"), sparse(y, "csr"), out_format=ofmt)
+    if ofmt.is_dense:
+        assert isinstance(r, torch.Tensor)
+    else:
+        assert r.format == ofmt
+        check_storage(r)
+    torch.testing.assert_close(dense(r), x @ y)
+
+
+@pytest.mark.parametrize("ofmt", [Format("qqq"), Format("cqq", (2, 0, 1)), Format("dcd", (1, 2, 0))])
+def test_every_output_format_rank3(ofmt):
+    x = rand((3, 4, 5), 0.4, seed=30)
+    w = torch.randn(5, dtype=torch.float64)
+    r = C.einsum("ijk,k->ijk", sparse(x, "csf"), w, out_format=ofmt)
+    assert r.format == ofmt
+    check_storage(r)
+    torch.testing.assert_close(dense(r), x * w)
