@@ -27,6 +27,7 @@ from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, u
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
 from cython.parallel cimport prange
+from openmp cimport omp_get_wtime
 
 from typing import List, Optional, Sequence, Tuple
 
@@ -110,6 +111,14 @@ cdef inline int _threads():
 cdef int _NCPU = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+cdef double _start_at[64]  # when each thread of the last instrumented region began its chunk
+
+
+cdef void _started(int t) noexcept nogil:
+    if t < 64:
+        _start_at[t] = omp_get_wtime()
+
+
 cdef inline int64_t _lo(int64_t n, int t, int T) noexcept nogil:
     return (n * t) // T
 
@@ -149,6 +158,7 @@ cdef void _expand_pos(idx_t* pos, int64_t P, idx_t* owner, int64_t* bounds, int 
     cdef int t
     _split_by_pos(pos, P, T, bounds)
     for t in prange(T, schedule='static', chunksize=1, num_threads=T):
+        _started(t)
         _expand_chunk(pos, bounds[t], bounds[t + 1], owner)
 
 
@@ -187,6 +197,7 @@ cdef void _counting_sort(idx_t* key, int64_t n, int64_t s, idx_t* hist, idx_t* o
     writes the destinations of its chunk from its own running offsets."""
     cdef int t
     for t in prange(T, schedule='static', chunksize=1, num_threads=T):
+        _started(t)
         _count_chunk(key, _lo(n, t, T), _lo(n, t + 1, T), hist + t * s)
     _offsets(hist, s, T, offsets)
     for t in prange(T, schedule='static', chunksize=1, num_threads=T):
@@ -256,6 +267,7 @@ cdef void _transpose(idx_t* pos, idx_t* crd, idx_t* rowmap, int64_t P, int64_t s
     cdef idx_t c
     _split_by_pos(pos, P, T, bounds)
     for t in prange(T, schedule='static', chunksize=1, num_threads=T):
+        _started(t)
         _tcount_chunk(pos, crd, bounds[t], bounds[t + 1], hist + t * s)
     for b in range(s):  # bucket starts; hist[0:s] becomes the write cursor of each bucket
         c = hist[b]
@@ -341,6 +353,7 @@ cdef void _dense_root(idx_t* key, int64_t n, int64_t s, idx_t* eoff, int T) noex
         return
     eoff[key[0]] = 0
     for t in prange(T, schedule='static', chunksize=1, num_threads=T):
+        _started(t)
         _root_mark(key, max(1, _lo(n, t, T)), _lo(n, t + 1, T), eoff, s + 1 + 16 * t)
     for t in prange(T, schedule='static', chunksize=1, num_threads=T):
         _suffix_min(eoff, _lo(s + 1, t, T), _lo(s + 1, t + 1, T), <idx_t>n)
@@ -504,21 +517,7 @@ cdef inline bint _is64(t):
 cdef bint _ADAPTIVE = os.environ.get("SCORCH_ADAPTIVE_THREADS", "1") != "0"
 cdef double _busy_checked = -1.0
 cdef int _busy_others = 0
-# the averaging window: start time, everyone's busy ticks, this process's ticks at its start,
-# and the cores other processes used in the last completed window
-cdef double _win_t = 0.0, _win_avg = 0.0
-cdef int64_t _win_busy = 0, _win_own = 0
-_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _ticks():
-    """(CPU ticks of everyone, of this process) from /proc."""
-    with open("/proc/stat", "rb") as f:
-        v = [int(x) for x in f.readline().split()[1:9]]
-    with open("/proc/self/stat", "rb") as f:
-        st = f.read()
-    own = st[st.rindex(b")") + 2:].split()
-    return v[0] + v[1] + v[2] + v[5] + v[6] + v[7], int(own[11]) + int(own[12])
+cdef double _slow_until = 0.0
 
 
 def _own_runnable() -> int:
@@ -534,29 +533,39 @@ def _own_runnable() -> int:
 
 
 cdef int _runnable_others():
-    """Cores other processes are using: the larger of what runs right now (/proc/loadavg's
-    runnable threads minus this process's own, whose idle OpenMP workers may still be
-    spinning) and their average over the last tenth of a second or more (/proc/stat minus
-    this process's ticks), so that bursty neighbours count too. Re-read at most every 20 ms;
-    0 where /proc cannot be read."""
-    global _busy_checked, _busy_others, _win_t, _win_avg, _win_busy, _win_own
+    """Runnable threads of other processes right now: /proc/loadavg's runnable threads minus
+    this process's own (its idle OpenMP workers may still be spinning; counted before and
+    after, since one may fall asleep in between). Re-read at most every 20 ms; 0 where /proc
+    cannot be read."""
+    global _busy_checked, _busy_others
     cdef double now = time.monotonic()
     if now - _busy_checked < 0.02:
         return _busy_others
     _busy_checked = now
     try:
+        own = _own_runnable()
         with open("/proc/loadavg", "rb") as f:
             running = int(f.read().split()[3].split(b"/")[0])
-        others = max(0, running - _own_runnable())
-        if now - _win_t >= 0.1:
-            busy, own = _ticks()
-            if _win_t > 0:
-                _win_avg = (busy - _win_busy - (own - _win_own)) / _HZ / (now - _win_t)
-            _win_t, _win_busy, _win_own = now, busy, own
-        _busy_others = max(others, int(_win_avg + 0.5))
+        _busy_others = max(0, running - max(own, _own_runnable()))
     except (OSError, ValueError, IndexError):
         _busy_others = 0
     return _busy_others
+
+
+cdef void _note_start_lag(int T):
+    """After a parallel region of T threads: a worker that began its chunk long after the
+    first one had to wait for a core (a neighbour was running), so use one thread for the
+    next half second. This catches bursty neighbours that a /proc snapshot misses."""
+    global _slow_until
+    if T < 2:
+        return
+    cdef double lo = _start_at[0], hi = _start_at[0]
+    cdef int t
+    for t in range(1, min(T, 64)):
+        lo = min(lo, _start_at[t])
+        hi = max(hi, _start_at[t])
+    if hi - lo > 2e-4:
+        _slow_until = time.monotonic() + 0.5
 
 
 cdef int _team(int64_t work):
@@ -570,6 +579,8 @@ cdef int _team(int64_t work):
     cdef int T = _threads()
     if T == 1 or not _ADAPTIVE:
         return T
+    if time.monotonic() < _slow_until:
+        return 1
     cdef int free_cores = _NCPU - _runnable_others()
     return max(1, min(T, free_cores))
 
@@ -583,6 +594,7 @@ def _k_expand_pos(pos, int64_t P, int64_t count):
         _expand_pos(<int64_t*>_ptr(pos), P, <int64_t*>_ptr(owner), bounds, T)
     else:
         _expand_pos(<int32_t*>_ptr(pos), P, <int32_t*>_ptr(owner), bounds, T)
+    _note_start_lag(T)
     return owner
 
 
@@ -604,6 +616,7 @@ def _k_counting_sort(key, int64_t s):
                            <int32_t*>_ptr(dest), T)
     finally:
         free(hist)
+    _note_start_lag(T)
     return dest, offsets
 
 
@@ -672,6 +685,7 @@ def _k_transpose(pos, crd, rowmap, int64_t P, int64_t s, vals):
                            _ptr(out), isz, T)
     finally:
         free(hist)
+    _note_start_lag(T)
     return offsets, rows, out
 
 
@@ -714,6 +728,7 @@ def _k_dense_level(eoff, int64_t P, key, int64_t s):
             _dense_root(<int64_t*>_ptr(key), n, s, <int64_t*>_ptr(out), T)
         else:
             _dense_root(<int32_t*>_ptr(key), n, s, <int32_t*>_ptr(out), T)
+        _note_start_lag(T)
     elif _is64(key):
         _dense_split(<int64_t*>_ptr(eoff), P, <int64_t*>_ptr(key), s, <int64_t*>_ptr(out), T)
     else:
