@@ -223,74 +223,34 @@ cdef inline void _tcount_chunk(idx_t* pos, idx_t* crd, int64_t lo, int64_t hi, i
         h[crd[q]] += 1
 
 
-cdef inline void _tfill_cols(idx_t* pos, idx_t* crd, idx_t* rowmap, int64_t P, idx_t lo, idx_t hi,
-                             bint first, mv_t* vals, idx_t* nxt, idx_t* rows_out, mv_t* vals_out) noexcept nogil:
-    """Scatter the entries whose coordinate lies in [lo, hi) -- a segment of every (sorted)
-    row -- to their buckets; rows are visited in order, so each bucket stays sorted."""
-    cdef int64_t p, q, e, l, h, mid
+cdef inline void _tfill_chunk(idx_t* pos, idx_t* crd, idx_t* rowmap, int64_t lo, int64_t hi, mv_t* vals,
+                              idx_t* h, idx_t* rows_out, mv_t* vals_out) noexcept nogil:
+    cdef int64_t p, q
     cdef idx_t r, c, d
-    for p in range(P):
-        q = pos[p]
-        e = pos[p + 1]
-        if not first:  # lower bound of lo inside the row
-            l, h = q, e
-            while l < h:
-                mid = (l + h) >> 1
-                if crd[mid] < lo:
-                    l = mid + 1
-                else:
-                    h = mid
-            q = l
-        if q < e and crd[q] < hi:
-            r = rowmap[p] if rowmap != NULL else <idx_t>p
-            while q < e:
-                c = crd[q]
-                if c >= hi:
-                    break
-                d = nxt[c]
-                nxt[c] = d + 1
-                rows_out[d] = r
-                vals_out[d] = vals[q]
-                q += 1
+    for p in range(lo, hi):
+        r = rowmap[p] if rowmap != NULL else <idx_t>p
+        for q in range(pos[p], pos[p + 1]):
+            c = crd[q]
+            d = h[c]
+            h[c] = d + 1
+            rows_out[d] = r
+            vals_out[d] = vals[q]
 
 
 cdef void _transpose(idx_t* pos, idx_t* crd, idx_t* rowmap, int64_t P, int64_t s, mv_t* vals,
                      idx_t* hist, int64_t* bounds, idx_t* offsets, idx_t* rows_out, mv_t* vals_out,
                      int T) noexcept nogil:
-    """Counting-sort transpose of a compressed level under P parents (scipy's csr_tocsc): the
-    child coordinates become buckets, the parent coordinate (``rowmap[p]``, or p itself) and
-    the value move into bucket order. Threads count by rows (private histograms), then
-    scatter by *bucket* ranges of equal size, so no two threads write the same cache line
-    of the output."""
+    """Counting-sort transpose of a compressed level under P parents (scipy's csr_tocsc, split
+    over threads by rows): the child coordinates become buckets, the parent coordinate
+    (``rowmap[p]``, or p itself) and the value move into bucket order."""
     cdef int t
-    cdef int64_t b, run = 0, n = pos[P], lo, hi, mid
-    cdef idx_t c
     _split_by_pos(pos, P, T, bounds)
     for t in prange(T, schedule='static', chunksize=1, num_threads=T):
         _started(t)
         _tcount_chunk(pos, crd, bounds[t], bounds[t + 1], hist + t * s)
-    for b in range(s):  # bucket starts; hist[0:s] becomes the write cursor of each bucket
-        c = hist[b]
-        for t in range(1, T):
-            c += hist[t * s + b]
-        offsets[b] = <idx_t>run
-        hist[b] = <idx_t>run
-        run += c
-    offsets[s] = <idx_t>run
-    bounds[0] = 0
-    bounds[T] = s
-    for t in range(1, T):  # bucket ranges holding about n / T entries each
-        lo, hi = bounds[t - 1], s
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if offsets[mid] < _lo(n, t, T):
-                lo = mid + 1
-            else:
-                hi = mid
-        bounds[t] = lo
+    _offsets(hist, s, T, offsets)
     for t in prange(T, schedule='static', chunksize=1, num_threads=T):
-        _tfill_cols(pos, crd, rowmap, P, <idx_t>bounds[t], <idx_t>bounds[t + 1], t == 0, vals, hist,
-                    rows_out, vals_out)
+        _tfill_chunk(pos, crd, rowmap, bounds[t], bounds[t + 1], vals, hist + t * s, rows_out, vals_out)
 
 
 cdef int64_t _unsorted_at(idx_t** keys, int m, int64_t n, bint strict) noexcept nogil:
