@@ -318,7 +318,7 @@ def _assemble(entry: _Entry, crd, vals, sizes) -> Storage:
     out = entry.schedule.output
     fmt = out.format
     r = len(out.level_vars)
-    coords = torch.from_numpy(crd).view(-1, r)
+    coords = torch.from_numpy(crd).view(r, -1).t()  # kernels return level-major coordinates
     values = torch.from_numpy(vals)
     n = values.numel()
     shape = tuple(sizes[v] for v in out.vars)

@@ -87,6 +87,10 @@ NUMPY_DEFINES: tuple[str, ...] = ("-DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION",
 _PKG_DIR = Path(__file__).resolve().parent.parent          # .../scorch
 _PKG_ROOT = _PKG_DIR.parent                                 # dir containing scorch/
 _RUNTIME_DIR = _PKG_DIR / "_runtime"
+#: Read-only kernels compiled when the package was installed (``scorch.compiler.prebuilt``),
+#: laid out like the disk cache and looked up by the same key, so a standard kernel's
+#: first call pays no compile; a package moved to another CPU simply misses.
+PREBUILT_DIR = _PKG_DIR / "_prebuilt"
 _EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
 
 _CPP_MARKER = re.compile(r"^#\s*distutils\s*:\s*language\s*=\s*c\+\+", re.M)
@@ -249,6 +253,9 @@ def _load_slow(source: str, name_hint: str) -> types.ModuleType:
         name = _module_name(name_hint, key)
         cdir = cache_dir()
         so_path = cdir / (name + _EXT_SUFFIX)
+        prebuilt = PREBUILT_DIR / (name + _EXT_SUFFIX)
+        if not so_path.exists() and prebuilt.exists():
+            so_path = prebuilt                   # compiled at install time, same key
         mod = None
         if so_path.exists():
             try:
@@ -264,7 +271,7 @@ def _load_slow(source: str, name_hint: str) -> types.ModuleType:
             _build(source, name, cdir)
             _stats["compile_seconds"] += time.perf_counter() - t0
             _stats["misses"] += 1
-            mod = _import_extension(name, so_path)
+            mod = _import_extension(name, cdir / (name + _EXT_SUFFIX))
         _memory[(name_hint, source)] = mod
         return mod
 

@@ -157,8 +157,9 @@ class _Gen:
 
     # ---- output ---------------------------------------------------------------------
     def emit_tuple(self, ind: int, val: str) -> None:
-        for v in self.out.level_vars:
-            self.emit(ind, f"deref(ocrd).push_back({_cvar(v)})")
+        # one coordinate vector per output level (ocrd[l]), one value vector
+        for l, v in enumerate(self.out.level_vars):
+            self.emit(ind, f"ocrd[{l}].push_back({_cvar(v)})")
         self.emit(ind, f"deref(oval).push_back({val})")
 
     def ws_key(self) -> str:
@@ -235,22 +236,38 @@ class _Gen:
             # drain the runtime workspace (sorted, leaves it empty) and append the tuples
             self.local("wn")
             self.local("wi")
-            self.local("wkeys", "vector[int64_t]")
-            self.local("wvals", f"vector[{self.vt}]")
+            if len(out.ws_vars) > 1:
+                self.local("wkeys", "vector[int64_t]")
+                self.local("wvals", f"vector[{self.vt}]")
             self.emit(ind, "wn = dws.size() if wdense else ws.size()")
             self.emit(ind, "if wn:")
-            self.emit(ind + 1, "wkeys.resize(wn)")
-            self.emit(ind + 1, "wvals.resize(wn)")
-            self.emit(ind + 1, "if wdense:")
-            self.emit(ind + 2, "dws.drain(wkeys.data(), wvals.data(), 0)")
-            self.emit(ind + 1, "else:")
-            self.emit(ind + 2, "ws.drain(wkeys.data(), wvals.data(), 0)")
-            self.emit(ind + 1, "for wi in range(wn):")
-            self.emit(ind + 2, "wkey = wkeys[wi]")
-            for v in reversed(out.ws_vars):
-                self.emit(ind + 2, f"{_cvar(v)} = wkey % a.N_{v}")
-                self.emit(ind + 2, f"wkey = wkey // a.N_{v}")
-            self.emit_tuple(ind + 2, "wvals[wi]")
+            if len(out.ws_vars) == 1:
+                # the key is the last level's coordinate: drain straight into the output
+                # buffers, and repeat the prefix coordinates wn times
+                L = len(out.level_vars) - 1
+                self.local("wb")
+                self.emit(ind + 1, "wb = deref(oval).size()")
+                self.emit(ind + 1, "deref(oval).resize(wb + wn)")
+                self.emit(ind + 1, f"ocrd[{L}].resize(wb + wn)")
+                self.emit(ind + 1, "if wdense:")
+                self.emit(ind + 2, f"dws.drain(ocrd[{L}].data() + wb, deref(oval).data() + wb, 0)")
+                self.emit(ind + 1, "else:")
+                self.emit(ind + 2, f"ws.drain(ocrd[{L}].data() + wb, deref(oval).data() + wb, 0)")
+                for l, v in enumerate(out.level_vars[:L]):
+                    self.emit(ind + 1, f"ocrd[{l}].insert(ocrd[{l}].end(), <size_t>wn, {_cvar(v)})")
+            else:
+                self.emit(ind + 1, "wkeys.resize(wn)")
+                self.emit(ind + 1, "wvals.resize(wn)")
+                self.emit(ind + 1, "if wdense:")
+                self.emit(ind + 2, "dws.drain(wkeys.data(), wvals.data(), 0)")
+                self.emit(ind + 1, "else:")
+                self.emit(ind + 2, "ws.drain(wkeys.data(), wvals.data(), 0)")
+                self.emit(ind + 1, "for wi in range(wn):")
+                self.emit(ind + 2, "wkey = wkeys[wi]")
+                for v in reversed(out.ws_vars):
+                    self.emit(ind + 2, f"{_cvar(v)} = wkey % a.N_{v}")
+                    self.emit(ind + 2, f"wkey = wkey // a.N_{v}")
+                self.emit_tuple(ind + 2, "wvals[wi]")
         elif out.mode == "ws" and depth == out.ws_depth:
             self.local("wit", f"cmap[int64_t, {self.vt}].iterator")
             self.emit(ind, "wit = ws.begin()")
@@ -537,16 +554,17 @@ class _Gen:
         w("    bounds.resize(nchunks + 1)")
         w("    for t in range(nchunks + 1):")
         w("        bounds[t] = lo0 + ((hi0 - lo0) * t) // nchunks")
+        R = max(1, len(self.out.level_vars))
         w("    cdef vector[vector[int64_t]] crds")
         w(f"    cdef vector[vector[{self.vt}]] vals")
-        w("    crds.resize(nchunks)")
+        w(f"    crds.resize(nchunks * {R})")
         w("    vals.resize(nchunks)")
         w("    if nchunks == 1:")
         w("        with nogil:")
         w("            run_chunk(&a, lo0, hi0, &crds[0], &vals[0])")
         w("    else:")
         w("        for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):")
-        w("            run_chunk(&a, bounds[t], bounds[t + 1], &crds[t], &vals[t])")
+        w(f"            run_chunk(&a, bounds[t], bounds[t + 1], &crds[t * {R}], &vals[t])")
         if self.out.dense:
             w("    return None")
         else:
@@ -554,14 +572,16 @@ class _Gen:
             w("    total = 0")
             w("    for t in range(nchunks):")
             w("        total += vals[t].size()")
-            w(f"    crd_arr = np.empty(total * {r}, dtype=np.int64)")
+            w(f"    crd_arr = np.empty({r} * total, dtype=np.int64)  # level-major: row l = level l")
             w(f"    val_arr = np.empty(total, dtype=np.{self.npvt})")
             w("    cdef size_t cp = crd_arr.ctypes.data, vp = val_arr.ctypes.data")
+            w("    cdef int64_t l")
             w("    off = 0")
             w("    for t in range(nchunks):")
             w("        n = vals[t].size()")
             w("        if n:")
-            w(f"            memcpy(<void*>(cp + off * {r} * sizeof(int64_t)), crds[t].data(), n * {r} * sizeof(int64_t))")
+            w(f"            for l in range({r}):")
+            w(f"                memcpy(<void*>(cp + (l * total + off) * sizeof(int64_t)), crds[t * {r} + l].data(), n * sizeof(int64_t))")
             w(f"            memcpy(<void*>(vp + off * sizeof({self.vt})), vals[t].data(), n * sizeof({self.vt}))")
             w("        off += n")
             w("    return crd_arr, val_arr")

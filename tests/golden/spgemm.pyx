@@ -44,8 +44,7 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, v
     cdef int64_t wkey
     cdef int64_t wn
     cdef int64_t wi
-    cdef vector[int64_t] wkeys
-    cdef vector[float] wvals
+    cdef int64_t wb
     wdense = a.N_k <= 4194304
     if wdense:
         dws.resize(a.N_k)
@@ -67,19 +66,14 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, v
                     ws.add(wkey, (a.t0_vals[q0_1] * a.t1_vals[q1_1]))
         wn = dws.size() if wdense else ws.size()
         if wn:
-            wkeys.resize(wn)
-            wvals.resize(wn)
+            wb = deref(oval).size()
+            deref(oval).resize(wb + wn)
+            ocrd[1].resize(wb + wn)
             if wdense:
-                dws.drain(wkeys.data(), wvals.data(), 0)
+                dws.drain(ocrd[1].data() + wb, deref(oval).data() + wb, 0)
             else:
-                ws.drain(wkeys.data(), wvals.data(), 0)
-            for wi in range(wn):
-                wkey = wkeys[wi]
-                c_k = wkey % a.N_k
-                wkey = wkey // a.N_k
-                deref(ocrd).push_back(c_i)
-                deref(ocrd).push_back(c_k)
-                deref(oval).push_back(wvals[wi])
+                ws.drain(ocrd[1].data() + wb, deref(oval).data() + wb, 0)
+            ocrd[0].insert(ocrd[0].end(), <size_t>wn, c_i)
 
 def kernel(list args, int nthreads):
     cdef Args a
@@ -104,25 +98,27 @@ def kernel(list args, int nthreads):
         bounds[t] = lo0 + ((hi0 - lo0) * t) // nchunks
     cdef vector[vector[int64_t]] crds
     cdef vector[vector[float]] vals
-    crds.resize(nchunks)
+    crds.resize(nchunks * 2)
     vals.resize(nchunks)
     if nchunks == 1:
         with nogil:
             run_chunk(&a, lo0, hi0, &crds[0], &vals[0])
     else:
         for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):
-            run_chunk(&a, bounds[t], bounds[t + 1], &crds[t], &vals[t])
+            run_chunk(&a, bounds[t], bounds[t + 1], &crds[t * 2], &vals[t])
     total = 0
     for t in range(nchunks):
         total += vals[t].size()
-    crd_arr = np.empty(total * 2, dtype=np.int64)
+    crd_arr = np.empty(2 * total, dtype=np.int64)  # level-major: row l = level l
     val_arr = np.empty(total, dtype=np.float32)
     cdef size_t cp = crd_arr.ctypes.data, vp = val_arr.ctypes.data
+    cdef int64_t l
     off = 0
     for t in range(nchunks):
         n = vals[t].size()
         if n:
-            memcpy(<void*>(cp + off * 2 * sizeof(int64_t)), crds[t].data(), n * 2 * sizeof(int64_t))
+            for l in range(2):
+                memcpy(<void*>(cp + (l * total + off) * sizeof(int64_t)), crds[t * 2 + l].data(), n * sizeof(int64_t))
             memcpy(<void*>(vp + off * sizeof(float)), vals[t].data(), n * sizeof(float))
         off += n
     return crd_arr, val_arr

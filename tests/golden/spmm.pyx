@@ -77,12 +77,12 @@ def kernel(list args, int nthreads):
         bounds[t] = lo0 + ((hi0 - lo0) * t) // nchunks
     cdef vector[vector[int64_t]] crds
     cdef vector[vector[float]] vals
-    crds.resize(nchunks)
+    crds.resize(nchunks * 1)
     vals.resize(nchunks)
     if nchunks == 1:
         with nogil:
             run_chunk(&a, lo0, hi0, &crds[0], &vals[0])
     else:
         for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):
-            run_chunk(&a, bounds[t], bounds[t + 1], &crds[t], &vals[t])
+            run_chunk(&a, bounds[t], bounds[t + 1], &crds[t * 1], &vals[t])
     return None

@@ -1,0 +1,108 @@
+"""Standard kernels compiled at install time, so their first call pays no compile.
+
+SpMV, SpMM, SDDMM, SpGEMM and elementwise add/mul, for CSR, CSC and COO operands in
+float32 and float64 (int32 indices, as scorch builds them, plus int64 CSR, as torch's own
+CSR tensors arrive), are produced by running each operation once on small operands: the
+kernels come out of the ordinary compiler path (nothing is written by hand) and land in a
+scratch kernel cache, from which the compiled modules are copied into ``scorch/_prebuilt``.
+``build.load_kernel`` looks there with the same key as the disk cache, so a kernel whose
+source, flags or CPU differ is simply compiled on first use as usual.
+
+Run ``python -m scorch.compiler.prebuilt`` (setup.py does, after building the runtime).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable, List, Tuple
+
+__all__ = ["standard_cases", "build_prebuilt"]
+
+FORMATS = ("csr", "csc", "coo")
+
+
+def standard_cases() -> List[Tuple[str, Callable[[], object]]]:
+    """(name, thunk) per standard kernel; each thunk runs the operation once."""
+    import torch
+
+    import scorch
+    from . import compute
+    from .index_notation import Access, Assignment
+
+    g = torch.Generator().manual_seed(0)
+    cases = []
+    add = Assignment(("i", "j"), Access(0, ("i", "j")) + Access(1, ("i", "j")))
+    for dtype in (torch.float32, torch.float64):
+        dense = (torch.rand(8, 8, generator=g) * (torch.rand(8, 8, generator=g) < 0.4)).to(dtype)
+        x, X = torch.rand(8, dtype=dtype), torch.rand(8, 4, dtype=dtype)
+        B, C = torch.rand(8, 4, dtype=dtype), torch.rand(4, 8, dtype=dtype)
+        operands = [(f, scorch.sparse_tensor(dense, format=f)) for f in FORMATS]
+        operands.append(("csr-int64", dense.to_sparse_csr()))  # torch's CSR: int64 indices
+        for label, A in operands:
+            tag = f"{label}-{str(dtype).split('.')[-1]}"
+            cases += [
+                (f"spmv-{tag}", lambda A=A, x=x: scorch.einsum("ij,j->i", A, x)),
+                (f"spmm-{tag}", lambda A=A, X=X: scorch.einsum("ij,jk->ik", A, X)),
+                (f"sddmm-{tag}", lambda A=A, B=B, C=C: scorch.einsum("ij,ik,kj->ij", A, B, C)),
+                (f"spgemm-{tag}", lambda A=A: scorch.einsum("ij,jk->ik", A, A)),
+                (f"mul-{tag}", lambda A=A: scorch.einsum("ij,ij->ij", A, A)),
+                (f"add-{tag}", lambda A=A: compute(add, _storage_of(A), _storage_of(A))),
+            ]
+    return cases
+
+
+def _storage_of(x):
+    from ..tensor import as_scorch
+    return as_scorch(x)._storage
+
+
+def _run_part(part: int, parts: int) -> None:
+    for n, (_name, thunk) in enumerate(standard_cases()):
+        if n % parts == part:
+            thunk()
+
+
+def build_prebuilt(dest: Path | None = None, jobs: int = 2) -> int:
+    """Compile every standard kernel into ``dest`` (default ``scorch/_prebuilt``); returns
+    how many kernel modules it holds. Runs ``jobs`` worker processes (Cython compiles are
+    serialised within one process)."""
+    from .build import PREBUILT_DIR, BUILD_VERSION
+    dest = Path(dest) if dest is not None else PREBUILT_DIR
+    with tempfile.TemporaryDirectory(prefix="scorch-prebuilt-") as scratch:
+        env = dict(os.environ, SCORCH_CACHE_DIR=scratch)
+        procs = [subprocess.Popen([sys.executable, "-m", "scorch.compiler.prebuilt", "--part",
+                                   str(p), str(jobs)], env=env) for p in range(jobs)]
+        failed = [p.args for p in procs if p.wait() != 0]
+        if failed:
+            raise RuntimeError(f"prebuilt kernels: worker failed: {failed}")
+        built = Path(scratch) / f"kernels-v{BUILD_VERSION}"
+        dest.mkdir(parents=True, exist_ok=True)
+        count = 0
+        for f in sorted(built.glob("*")):
+            if f.suffix in (".so", ".pyx") or f.name.endswith(".pyd"):
+                shutil.copy2(f, dest / f.name)
+                count += f.suffix != ".pyx"
+    (dest / "__init__.py").write_text('"""Kernels compiled at install time (scorch.compiler.prebuilt)."""\n')
+    return count
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description="compile scorch's standard kernels")
+    parser.add_argument("--part", nargs=2, type=int, metavar=("I", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--dest", default=None)
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args(argv)
+    if args.part:
+        _run_part(*args.part)
+        return
+    n = build_prebuilt(args.dest, args.jobs)
+    print(f"scorch: {n} standard kernels compiled into {args.dest or 'scorch/_prebuilt'}")
+
+
+if __name__ == "__main__":
+    main()
