@@ -21,14 +21,16 @@ loop; ``def kernel(list args, int nthreads)`` that casts the Python ints (``data
 values and sizes) to the struct and runs chunks under ``prange`` when the outermost
 variable is an output variable (so chunks write disjoint parts of the output).
 
-Sparse output assembly. Each chunk appends, in loop order, the coordinate tuple and value
-of every output entry to its own growable buffer (``std::vector``), directly (loop order
-concordant with the output, reductions below the last output variable, with a scalar
-accumulator) or by draining a per-chunk ``std::map`` workspace in key order (a reduction
-above an output variable: Gustavson SpGEMM). Chunks cover increasing ranges of the
-outermost loop, so concatenating the buffers in chunk order gives sorted, unique tuples;
-``pos``/``crd`` are then built in one vectorized O(nnz) pass (``levels.assemble_level``).
-This needs no symbolic pass and no over-allocation bound, and one pass over the data.
+Sparse output assembly. Each chunk appends, in loop order, every output entry to its own
+growable buffers (``std::vector``: one coordinate vector per output level and one value
+vector): directly (loop order concordant with the output, reductions below the last output
+variable through a scalar accumulator), or by draining a per-chunk workspace in key order (a
+reduction above an output variable: Gustavson SpGEMM; a one-variable workspace drains
+straight into the buffers). Chunks cover increasing ranges of the outermost loop, so
+concatenating the buffers in chunk order gives sorted, unique coordinate tuples, returned
+level-major; ``pos``/``crd`` are then built in one vectorized O(nnz) pass
+(``levels.assemble_level``). This needs no symbolic pass and no over-allocation bound, and
+reads the inputs once; the price is one copy of the output through the buffers.
 Entries are kept where the expression's operands are stored, even if the computed value is
 0 (e.g. ``A - A``): computed zeros are kept, never duplicates.
 """
