@@ -1,11 +1,16 @@
-"""Builds the Cython runtime (level storage conversions, workspaces) with -O3 and OpenMP."""
+"""Builds the Cython runtime (level storage conversions, workspaces) with -O3 and OpenMP,
+then compiles the standard kernels (scorch.compiler.prebuilt) so their first call pays no
+compile. Set SCORCH_SKIP_PREBUILT=1 to skip the second step (kernels then compile on
+first use)."""
 import glob
 import os
+import subprocess
 import sys
 
 import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 COMPILE_ARGS = ["-O3", "-fopenmp", "-std=c++17", "-Wno-unused-function", "-Wno-sign-compare"]
 LINK_ARGS = ["-fopenmp"]
@@ -24,7 +29,34 @@ def runtime_extensions():
     return exts
 
 
+class build_ext_and_kernels(build_ext):
+    """build_ext, then the standard kernels through the freshly built package.
+
+    The kernel step needs torch, which pip's isolated build environment hides: it runs in
+    a subprocess with pip's path overrides removed, so it sees the environment the package
+    is being installed into. A failure is reported and skipped, never fatal: the kernels
+    then compile on first use (and tests/test_prebuilt.py says so)."""
+
+    def run(self):
+        super().run()
+        if os.environ.get("SCORCH_SKIP_PREBUILT"):
+            return
+        root = os.path.abspath("." if self.inplace else self.build_lib)
+        dest = os.path.join(root, "scorch", "_prebuilt")
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME", "PYTHONSAFEPATH")}
+        env["PYTHONPATH"] = root
+        cmd = [sys.executable, "-m", "scorch.compiler.prebuilt", "--dest", dest]
+        print("scorch: compiling the standard kernels:", " ".join(cmd), flush=True)
+        try:
+            subprocess.run(cmd, env=env, cwd=root, check=True)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            print(f"scorch: WARNING: standard kernels not prebuilt ({exc}); they will "
+                  f"compile on first use", flush=True)
+
+
 setup(
+    cmdclass={"build_ext": build_ext_and_kernels},
     ext_modules=cythonize(
         runtime_extensions(),
         compiler_directives={"language_level": 3, "boundscheck": False, "wraparound": False,
