@@ -1,5 +1,5 @@
 """Builds the Cython runtime (level storage conversions, workspaces) with -O3 and OpenMP,
-then compiles the standard kernels (scorch.compiler.prebuilt) so their first call pays no
+then compiles the standard kernels (scorch.tensor_compiler.prebuilt) so their first call pays no
 compile. Set SCORCH_SKIP_PREBUILT=1 to skip the second step (kernels then compile on
 first use)."""
 import glob
@@ -46,7 +46,7 @@ class build_ext_and_kernels(build_ext):
         env = {k: v for k, v in os.environ.items()
                if k not in ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME", "PYTHONSAFEPATH")}
         env["PYTHONPATH"] = root
-        cmd = [sys.executable, "-m", "scorch.compiler.prebuilt", "--dest", dest]
+        cmd = [sys.executable, "-m", "scorch.tensor_compiler.prebuilt", "--dest", dest]
         print("scorch: compiling the standard kernels:", " ".join(cmd), flush=True)
         try:
             subprocess.run(cmd, env=env, cwd=root, check=True)

@@ -21,9 +21,8 @@ import warnings  # noqa: E402
 import torch  # noqa: E402
 
 import scorch  # noqa: E402
-import importlib  # noqa: E402
 
-C = importlib.import_module("scorch.compiler")
+import scorch.tensor_compiler as C
 warnings.filterwarnings("ignore")
 
 

@@ -50,8 +50,8 @@ import torch  # noqa: E402
 import scorch  # noqa: E402
 import scorch.datasets  # noqa: E402
 
-try:  # `from torch import *` in scorch/__init__ binds scorch.compiler to torch.compiler until
-    import scorch.compiler  # noqa: E402,F401  the real submodule is imported (then einsum works)
+try:  # `from torch import *` in scorch/__init__ binds scorch.tensor_compiler to torch.compiler until
+    import scorch.tensor_compiler  # noqa: E402,F401  the real submodule is imported (then einsum works)
 except Exception:  # noqa: BLE001  (compiler not there yet: scorch rows record the error)
     pass
 

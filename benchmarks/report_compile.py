@@ -1,4 +1,4 @@
-"""Report kernel build/cache timings for scorch.compiler.build.
+"""Report kernel build/cache timings for scorch.tensor_compiler.build.
 
     python benchmarks/report_compile.py [--rounds 7]
 
@@ -78,7 +78,7 @@ SPMM = textwrap.dedent('''
 
 CHILD = textwrap.dedent('''
     import json, resource, sys, time
-    import scorch.compiler.build as b
+    import scorch.tensor_compiler.build as b
     src = open(sys.argv[1]).read()
     def cpu():
         s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -123,7 +123,7 @@ def main() -> None:
     args = ap.parse_args()
     n = max(args.rounds, 5)
 
-    import scorch.compiler.build as b
+    import scorch.tensor_compiler.build as b
 
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,6 +1,6 @@
 """Torch functions with sparse support, registered with the dispatcher.
 
-Every op here lowers to the compiler (``scorch.compiler``); with only dense operands each
+Every op here lowers to the compiler (``scorch.tensor_compiler``); with only dense operands each
 function is torch's own, unchanged.
 """
 from __future__ import annotations
@@ -39,13 +39,13 @@ def _equation_and_operands(args):
 
 
 def _compiler():
-    # import by full name: the attribute ``scorch.compiler`` is torch.compiler (drop-in)
+    # import by full name: the attribute ``scorch.tensor_compiler`` is torch.compiler (drop-in)
     import importlib
-    return importlib.import_module("scorch.compiler")
+    return importlib.import_module("scorch.tensor_compiler")
 
 
 def _wrap(result):
-    from .storage import Storage
+    from .level_storage import Storage
     return SparseTensor(result) if isinstance(result, Storage) else result
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .formats import Format, LevelKind, as_format
-from .storage import Level, Storage
+from .level_storage import Level, Storage
 
 __all__ = ["from_torch", "to_torch", "from_scipy", "to_scipy"]
 

@@ -20,7 +20,7 @@ import torch
 
 from . import _dispatch
 from .formats import Format, FormatLike, as_format
-from .storage import Storage
+from .level_storage import Storage
 
 __all__ = ["SparseTensor"]
 
@@ -169,13 +169,13 @@ class SparseTensor(torch.Tensor):
 
 def _rebuild(fmt, shape, arrays, values, requires_grad):
     from .formats import LevelKind
-    from .storage import Level
+    from .level_storage import Level
     levels = [Level(LevelKind(k), d, s, p, c, b) for k, d, s, p, c, b in arrays]
     return SparseTensor(Storage(fmt, shape, levels, values), requires_grad)
 
 
 def _clone(t: SparseTensor) -> SparseTensor:
-    from .storage import Level
+    from .level_storage import Level
     st = t._storage
     levels = [Level(lv.kind, lv.dim, lv.size,
                     None if lv.pos is None else lv.pos.clone(),

@@ -6,14 +6,8 @@ import torch
 
 from reference_storage import reference_from_dense, reference_to_dense
 from scorch.formats import Format, as_format
-from scorch.storage import Storage
-import importlib
-C = importlib.import_module("scorch.compiler")  # the attribute scorch.compiler is torch.compiler (drop-in)
-import scorch as _scorch  # noqa: E402
-
-# importing the submodule rebinds the package attribute; the drop-in contract says
-# ``scorch.compiler is torch.compiler``, so put it back
-_scorch.compiler = torch.compiler
+from scorch.level_storage import Storage
+import scorch.tensor_compiler as C
 
 
 def _runtime_convert_available() -> bool:
@@ -35,7 +29,7 @@ def sparse(x: torch.Tensor, fmt, index_dtype=None) -> Storage:
     f = fmt if isinstance(fmt, Format) else as_format(fmt, x.dim())
     st = reference_from_dense(x, f)
     if index_dtype is not None and st.index_dtype != index_dtype:
-        from scorch.storage import Level
+        from scorch.level_storage import Level
         lv = [Level(l.kind, l.dim, l.size,
                     None if l.pos is None else l.pos.to(index_dtype),
                     None if l.crd is None else l.crd.to(index_dtype), l.block_inner)

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from scorch.formats import Format, LevelKind
-from scorch.storage import Level, Storage, index_dtype_for, level_kinds, level_sizes, run_heads
+from scorch.level_storage import Level, Storage, index_dtype_for, level_kinds, level_sizes, run_heads
 
 
 def _split_blocks(coords: np.ndarray, fmt: Format) -> np.ndarray:

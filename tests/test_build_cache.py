@@ -1,4 +1,4 @@
-"""Tests for the kernel build-and-cache layer (scorch/compiler/build.py).
+"""Tests for the kernel build-and-cache layer (scorch/tensor_compiler/build.py).
 
 Compiles cost ~0.4-1 s each, so kernels are built once per module where possible.
 Subprocesses load build.py by file path rather than ``import scorch`` so each one skips
@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scorch.compiler import build
-from scorch.compiler.build import CompileError, cache_clear, cache_info, load_kernel
+from scorch.tensor_compiler import build
+from scorch.tensor_compiler.build import CompileError, cache_clear, cache_info, load_kernel
 
 BUILD_PY = Path(build.__file__).resolve()
 

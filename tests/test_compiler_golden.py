@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from compiler_helpers import rand, sparse
-import importlib
-C = importlib.import_module("scorch.compiler")  # the attribute scorch.compiler is torch.compiler (drop-in)
+import scorch.tensor_compiler as C
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -9,10 +9,9 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from compiler_helpers import check_storage, dense, install_convert_fallback, sparse
-import importlib
-C = importlib.import_module("scorch.compiler")  # the attribute scorch.compiler is torch.compiler (drop-in)
+import scorch.tensor_compiler as C
 from scorch.formats import Format
-from scorch.storage import Storage
+from scorch.level_storage import Storage
 
 install_convert_fallback()
 
@@ -73,7 +72,7 @@ def test_random_einsum_matches_torch(problem):
 
 
 # ------------------------------------------------------------------ elementwise expressions
-from scorch.compiler.index_notation import Access, Assignment  # noqa: E402
+from scorch.tensor_compiler.index_notation import Access, Assignment  # noqa: E402
 
 _A, _B, _D = Access(0, "ij"), Access(1, "ij"), Access(2, "ij")
 _ROW = Access(2, "i")
@@ -110,7 +109,7 @@ def expressions(draw):
 
 
 def _eval_dense(e, ops):
-    from scorch.compiler.index_notation import Add, Mul, Neg, Scalar, Sub
+    from scorch.tensor_compiler.index_notation import Add, Mul, Neg, Scalar, Sub
     if isinstance(e, Access):
         x = ops[e.tensor]
         return x if len(e.indices) == 2 else x[:, None]

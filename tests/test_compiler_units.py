@@ -4,12 +4,11 @@ import pytest
 import torch
 
 from compiler_helpers import check_storage, dense, install_convert_fallback, rand, sparse
-import importlib
-C = importlib.import_module("scorch.compiler")  # the attribute scorch.compiler is torch.compiler (drop-in)
-from scorch.compiler import concrete, merge_lattice as ml
-from scorch.compiler.format_inference import infer_output_kinds
-from scorch.compiler.index_notation import Access, Assignment, Scalar, parse_einsum
-from scorch.compiler.schedule import schedule
+import scorch.tensor_compiler as C
+from scorch.tensor_compiler import concrete, merge_lattice as ml
+from scorch.tensor_compiler.format_inference import infer_output_kinds
+from scorch.tensor_compiler.index_notation import Access, Assignment, Scalar, parse_einsum
+from scorch.tensor_compiler.schedule import schedule
 from scorch.formats import Format, LevelKind, as_format
 
 install_convert_fallback()

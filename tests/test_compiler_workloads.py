@@ -8,8 +8,7 @@ import textwrap
 import torch
 
 from compiler_helpers import dense, install_convert_fallback, sparse
-import importlib
-C = importlib.import_module("scorch.compiler")  # the attribute scorch.compiler is torch.compiler (drop-in)
+import scorch.tensor_compiler as C
 from scorch.formats import as_format
 
 install_convert_fallback()
@@ -20,7 +19,7 @@ _SDDMM_SCRIPT = textwrap.dedent(r"""
     sys.path.insert(0, sys.argv[1])
     from reference_storage import reference_from_coords
     from scorch.formats import as_format
-    import importlib; C = importlib.import_module("scorch.compiler")
+    import scorch.tensor_compiler as C
     n, k = 60000, 16
     torch.set_num_threads(2)
     rows = np.arange(n)

@@ -9,7 +9,7 @@ PROBE = r"""
 import json, torch, scorch, warnings
 warnings.simplefilter("ignore")
 import importlib
-build = importlib.import_module("scorch.compiler.build")
+build = importlib.import_module("scorch.tensor_compiler.build")
 g = torch.Generator().manual_seed(1)
 d = (torch.rand(50, 40, generator=g) * (torch.rand(50, 40, generator=g) < 0.1))
 res = {}
@@ -42,4 +42,4 @@ def test_standard_kernels_need_no_compile(tmp_path):
     assert all(report["results"].values()), report
     assert report["misses"] == 0, (
         f"{report['misses']} standard kernels compiled on first use: the install did not "
-        f"prebuild them (see setup.py / scorch.compiler.prebuilt); stderr: {out.stderr[-2000:]}")
+        f"prebuild them (see setup.py / scorch.tensor_compiler.prebuilt); stderr: {out.stderr[-2000:]}")

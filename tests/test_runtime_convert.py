@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scorch.formats import Format
-from scorch.storage import Level, Storage
+from scorch.level_storage import Level, Storage
 from scorch._runtime import convert as C
 
 from reference_storage import (reference_coords, reference_from_coords, reference_from_dense,

@@ -163,7 +163,7 @@ KERNEL = textwrap.dedent('''
 
 def test_kernel_cimports_workspace_inside_prange(tmp_path, monkeypatch):
     """The cimport path a generated kernel takes, compiled by the kernel build itself."""
-    build = pytest.importorskip("scorch.compiler.build")
+    build = pytest.importorskip("scorch.tensor_compiler.build")
     monkeypatch.setenv("SCORCH_CACHE_DIR", str(tmp_path))
     mod = build.load_kernel(KERNEL, "test_workspace_prange")
     rng = np.random.default_rng(2)

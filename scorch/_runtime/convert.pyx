@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from scorch.formats import Format, LevelKind
-from scorch.storage import INT32_MAX, Level, Storage, index_dtype_for, level_kinds, level_sizes, run_heads
+from scorch.level_storage import INT32_MAX, Level, Storage, index_dtype_for, level_kinds, level_sizes, run_heads
 
 __all__ = ["from_coords", "from_dense", "to_dense", "convert", "coords"]
 

@@ -65,7 +65,7 @@ for _cls in (Assign, Forall, Where):
 
 
 def from_schedule(s) -> Stmt:
-    """The concrete index notation of a :class:`~scorch.compiler.schedule.Schedule`."""
+    """The concrete index notation of a :class:`~scorch.tensor_compiler.schedule.Schedule`."""
     asg, out, order = s.assignment, s.output, s.loop_order
     lhs = f"out({','.join(asg.output)})"
     rhs = str(asg.rhs)

@@ -8,7 +8,7 @@ scratch kernel cache, from which the compiled modules are copied into ``scorch/_
 ``build.load_kernel`` looks there with the same key as the disk cache, so a kernel whose
 source, flags or CPU differ is simply compiled on first use as usual.
 
-Run ``python -m scorch.compiler.prebuilt`` (setup.py does, after building the runtime).
+Run ``python -m scorch.tensor_compiler.prebuilt`` (setup.py does, after building the runtime).
 """
 from __future__ import annotations
 
@@ -62,6 +62,8 @@ def _storage_of(x):
 
 
 def _run_part(part: int, parts: int) -> None:
+    from . import build
+    build.PREBUILT_DIR = Path(os.devnull)  # compile everything afresh into the scratch cache
     for n, (_name, thunk) in enumerate(standard_cases()):
         if n % parts == part:
             thunk()
@@ -75,19 +77,22 @@ def build_prebuilt(dest: Path | None = None, jobs: int = 2) -> int:
     dest = Path(dest) if dest is not None else PREBUILT_DIR
     with tempfile.TemporaryDirectory(prefix="scorch-prebuilt-") as scratch:
         env = dict(os.environ, SCORCH_CACHE_DIR=scratch)
-        procs = [subprocess.Popen([sys.executable, "-m", "scorch.compiler.prebuilt", "--part",
+        procs = [subprocess.Popen([sys.executable, "-m", "scorch.tensor_compiler.prebuilt", "--part",
                                    str(p), str(jobs)], env=env) for p in range(jobs)]
         failed = [p.args for p in procs if p.wait() != 0]
         if failed:
             raise RuntimeError(f"prebuilt kernels: worker failed: {failed}")
         built = Path(scratch) / f"kernels-v{BUILD_VERSION}"
         dest.mkdir(parents=True, exist_ok=True)
+        for old in dest.iterdir():  # kernels of an earlier compiler version
+            if old.suffix in (".so", ".pyx", ".pyd"):
+                old.unlink()
         count = 0
         for f in sorted(built.glob("*")):
             if f.suffix in (".so", ".pyx") or f.name.endswith(".pyd"):
                 shutil.copy2(f, dest / f.name)
                 count += f.suffix != ".pyx"
-    (dest / "__init__.py").write_text('"""Kernels compiled at install time (scorch.compiler.prebuilt)."""\n')
+    (dest / "__init__.py").write_text('"""Kernels compiled at install time (scorch.tensor_compiler.prebuilt)."""\n')
     return count
 
 

@@ -1,4 +1,4 @@
-"""Lowering of a :class:`~scorch.compiler.schedule.Schedule` to Cython source.
+"""Lowering of a :class:`~scorch.tensor_compiler.schedule.Schedule` to Cython source.
 
 The kernel is one loop nest, one loop per index variable in the schedule's order. At each
 loop the levels bound to its variable decide how it runs (``levels.py``), and the merge

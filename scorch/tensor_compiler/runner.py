@@ -1,6 +1,6 @@
 """Warm-call fast path: a straight-line Python function per (plan, index widths).
 
-The general run path (``scorch.compiler._run``) loops over the plan's accesses and
+The general run path (``scorch.tensor_compiler._run``) loops over the plan's accesses and
 arguments, checks broadcasting, converts and casts. Once a kernel is loaded, the common
 case (operands already in the formats, dtypes and layouts the kernel reads) needs none of
 that, so we generate, once, a function that reads the sizes, checks them, collects the

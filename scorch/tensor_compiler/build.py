@@ -87,7 +87,7 @@ NUMPY_DEFINES: tuple[str, ...] = ("-DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION",
 _PKG_DIR = Path(__file__).resolve().parent.parent          # .../scorch
 _PKG_ROOT = _PKG_DIR.parent                                 # dir containing scorch/
 _RUNTIME_DIR = _PKG_DIR / "_runtime"
-#: Read-only kernels compiled when the package was installed (``scorch.compiler.prebuilt``),
+#: Read-only kernels compiled when the package was installed (``scorch.tensor_compiler.prebuilt``),
 #: laid out like the disk cache and looked up by the same key, so a standard kernel's
 #: first call pays no compile; a package moved to another CPU simply misses.
 PREBUILT_DIR = _PKG_DIR / "_prebuilt"
@@ -498,7 +498,7 @@ def _build_pch(header: Path, gch: Path, cpp: bool) -> None:
     headers = PCH_CXX_HEADERS if cpp else PCH_C_HEADERS
     try:
         header.parent.mkdir(parents=True, exist_ok=True)
-        text = ("/* scorch: precompiled header for kernels (see scorch/compiler/build.py) */\n"
+        text = ("/* scorch: precompiled header for kernels (see scorch/tensor_compiler/build.py) */\n"
                 "#ifndef PY_SSIZE_T_CLEAN\n#define PY_SSIZE_T_CLEAN\n#endif\n"
                 "#include \"Python.h\"\n"
                 + "".join(f"#include <{h}>\n" for h in headers))

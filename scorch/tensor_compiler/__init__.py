@@ -8,7 +8,7 @@ Pipeline (paper, Algorithm 2): ``index_notation`` (parse) -> ``format_inference`
 output (``levels.assemble_level``).
 
 Entry points: :func:`einsum`, :func:`explain`, :func:`compute` (an
-:class:`~scorch.compiler.index_notation.Assignment` such as ``A - 0.5 * B``).
+:class:`~scorch.tensor_compiler.index_notation.Assignment` such as ``A - 0.5 * B``).
 
 Caching: a plan cache in memory keyed by the equation, each operand's format, rank, value
 dtype and index dtype, and the requested output format (shapes are run-time arguments), so
@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple  # noqa: F401
 import torch
 
 from ..formats import Format, LevelKind, as_format
-from ..storage import Level, Storage, index_dtype_for
+from ..level_storage import Level, Storage, index_dtype_for
 from . import codegen as _codegen
 from . import concrete as _concrete
 from .index_notation import Access, Assignment, parse_einsum

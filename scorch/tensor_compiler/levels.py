@@ -1,6 +1,6 @@
 """What each level kind can do, as code: the lowering asks the level, never the format.
 
-Reading (input levels, see ``scorch.storage`` for the position contract):
+Reading (input levels, see ``scorch.level_storage`` for the position contract):
 
 * ``DENSE``: *locate*: child position = parent position * size + coordinate. A dense level
   never filters, so it never drives a loop by itself.
