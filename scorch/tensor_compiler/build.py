@@ -94,7 +94,7 @@ PREBUILT_DIR = _PKG_DIR / "_prebuilt"
 _EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
 
 _CPP_MARKER = re.compile(r"^#\s*distutils\s*:\s*language\s*=\s*c\+\+", re.M)
-_CPP_SCAN = re.compile(r"\blibcpp\b|\bcppclass\b")
+_CPP_SCAN = re.compile(r"\blibcpp\b|\bcppclass\b|scorch\._runtime\.workspace")
 _NUMPY_CIMPORT = re.compile(r"^\s*(?:cimport\s+numpy\b|from\s+numpy\s+cimport\b)", re.M)
 _HINT_CLEAN = re.compile(r"[^0-9a-zA-Z_]+")
 
