@@ -67,8 +67,9 @@ def load_matrix(name: str, data_dir_: Optional[str] = None, download: bool = Fal
                 f"or pass download=True")
         _download(name, path)
     with gzip.open(path) as f:
-        m = scipy.io.mmread(f)
-    return sp.csr_array(m, dtype=dtype)
+        m = sp.csr_array(scipy.io.mmread(f), dtype=dtype)
+    m.sum_duplicates()  # canonical: sorted indices, no duplicates
+    return m
 
 
 def load_idx(path: str) -> np.ndarray:
