@@ -22,6 +22,9 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
+    if name == "CompileError":  # the compiler is imported on first use, not with scorch
+        from .tensor_compiler.build import CompileError
+        return CompileError
     # everything torch has that scorch does not define (torch.float32, torch.linalg, ...)
     return getattr(_torch, name)
 
