@@ -4,7 +4,8 @@
 
 Cases: dense -> CSR (10,000 x 10,000 float32 at 1 % density; a dense NotreDame would be
 400 GB), COO -> CSR and CSR -> CSC (NotreDame_www, and a random float32 100,000 x 100,000
-matrix with 1e6 nonzeros). Peers: torch (``dense.to_sparse_csr()``, coalesced
+matrix with 1e6 nonzeros), and COO -> CSR from a scorch COO with int64 index arrays (as
+imported from torch; "coo64->csr", random matrix; the peers are the same as for coo->csr). Peers: torch (``dense.to_sparse_csr()``, coalesced
 ``coo.to_sparse_csr()``, ``csr.to_sparse_csc()``) and scipy (``csr_array(dense)``,
 ``coo.tocsr()``, ``csr.tocsc()``). The benchmark group is the case, so peers sit side by side;
 every result is checked against scipy's canonical arrays before it is timed. Threads:
@@ -32,6 +33,7 @@ warnings.filterwarnings("ignore", message=".*Sparse invariant checks.*")
 
 from conftest import load_matrix  # noqa: E402
 from scorch.formats import Format  # noqa: E402
+from scorch.level_storage import Level, Storage  # noqa: E402
 from scorch._runtime import convert as C  # noqa: E402
 
 CSR, CSC, COO = Format("dc"), Format("dc", (1, 0)), Format("qq")
@@ -41,7 +43,7 @@ IMPLS = ("scorch", "torch", "scipy")
 
 @dataclass(frozen=True)
 class Case:
-    conversion: str  # "dense->csr", "coo->csr", "csr->csc"
+    conversion: str  # "dense->csr", "coo->csr", "coo64->csr", "csr->csc"
     matrix: str      # a matrix name, or "random"
 
     @property
@@ -50,7 +52,7 @@ class Case:
 
 
 CASES = [Case("dense->csr", RANDOM),
-         Case("coo->csr", "NotreDame_www"), Case("coo->csr", RANDOM),
+         Case("coo->csr", "NotreDame_www"), Case("coo->csr", RANDOM), Case("coo64->csr", RANDOM),
          Case("csr->csc", "NotreDame_www"), Case("csr->csc", RANDOM)]
 
 
@@ -104,9 +106,14 @@ def prepare(case: Case, impl: str) -> Callable[[], object]:
         dn = dense.numpy()
         return lambda: sp.csr_array(dn)
     coo = m.tocoo()  # canonical (sorted, no duplicates): has_canonical_format is set
-    if case.conversion == "coo->csr":
+    if case.conversion in ("coo->csr", "coo64->csr"):
         if impl == "scorch":
             st = C.from_coords(np.stack([coo.row, coo.col]), torch.from_numpy(coo.data), m.shape, COO)
+            if case.conversion == "coo64->csr":
+                st = Storage(st.format, st.shape, [Level(lv.kind, lv.dim, lv.size,
+                                                         None if lv.pos is None else lv.pos.long(),
+                                                         lv.crd.long(), lv.block_inner)
+                                                   for lv in st.levels], st.values, torch.int64)
             return lambda: C.convert(st, CSR)
         if impl == "torch":
             t = torch.sparse_coo_tensor(np.stack([coo.row, coo.col]).astype(np.int64),

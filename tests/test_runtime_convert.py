@@ -301,3 +301,45 @@ def test_transpose_path(src_levels, dst_levels, dtype):
             assert torch.equal(C.to_dense(got), x)
             continue
         assert_same_storage(got, reference_from_coords(reference_coords(src), src.values, x.shape, dst_fmt))
+
+
+@pytest.mark.parametrize("key_dtype, out_dtype", [(torch.int32, torch.int32), (torch.int64, torch.int32),
+                                                  (torch.int64, torch.int64), (torch.int32, torch.int64)])
+def test_dense_root_row_pointer_any_team(key_dtype, out_dtype):
+    """The one-pass row pointer of sorted keys (COO -> CSR): every team size must give
+    searchsorted's answer, also when a chunk boundary falls inside a long row, chunks are
+    empty, or rows are empty at the start, the end and in runs."""
+    rng = np.random.default_rng(5)
+    cases = [np.sort(rng.integers(0, 50, 1000)),                          # short rows, few gaps
+             np.sort(rng.integers(10, 40, 997)),                           # empty rows at both ends
+             np.repeat([3, 4, 40], [2, 900, 5]),                           # one row spans every chunk
+             np.sort(np.concatenate([rng.integers(0, 5, 50), rng.integers(60, 64, 50)])),
+             np.array([7]), np.array([0, 0, 0]), np.zeros(0, dtype=np.int64)]
+    for keys in cases:
+        s = 64
+        want = np.searchsorted(keys, np.arange(s + 1), side="left")
+        key = torch.from_numpy(keys.astype(np.int64)).to(key_dtype)
+        for T in (1, 2, 3, 7, 64):
+            got = C._k_dense_level(None, 1, key, s, out_dtype, threads=T)
+            assert got.dtype == out_dtype
+            assert np.array_equal(got.numpy(), want), (T, keys[:10])
+
+
+def test_int64_coo_to_csr_large():
+    """A sorted COO with int64 index arrays (as imported from torch) -> CSR: the row pointer is
+    read from the int64 rows directly and the result has the usual (int32) index dtype."""
+    sp = pytest.importorskip("scipy.sparse")
+    rng = np.random.default_rng(2)
+    m, n, nnz = 300_000, 5000, 250_000
+    rows = rng.integers(0, m // 3, nnz) * 3  # two of three rows empty
+    a = sp.coo_array((rng.random(nnz, dtype=np.float32), (rows, rng.integers(0, n, nnz))), shape=(m, n)).tocsr()
+    a.sum_duplicates()
+    a.sort_indices()
+    coo = a.tocoo()
+    s = C.from_coords(np.stack([coo.row, coo.col]), torch.from_numpy(coo.data), (m, n), Format("qq"))
+    for src in (s, _with_int64_arrays(s)):
+        got = C.convert(src, Format("dc"))
+        assert got.index_dtype == torch.int32
+        assert np.array_equal(got.levels[1].pos.numpy(), a.indptr)
+        assert np.array_equal(got.levels[1].crd.numpy(), a.indices)
+        assert got.values.data_ptr() == src.values.data_ptr()

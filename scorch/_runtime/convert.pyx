@@ -48,6 +48,11 @@ ctypedef fused idx_t:
     int32_t
     int64_t
 
+# a second index type, for kernels that read one index type and write another
+ctypedef fused kdx_t:
+    int32_t
+    int64_t
+
 ctypedef float complex cfloat
 ctypedef double complex cdouble
 
@@ -273,57 +278,64 @@ cdef int64_t _unsorted_at(idx_t** keys, int m, int64_t n, bint strict) noexcept 
     return n
 
 
-cdef inline void _root_mark(idx_t* key, int64_t lo, int64_t hi, idx_t* eoff, int64_t scratch) noexcept nogil:
-    """eoff[key[i]] = i where a new key starts; other entries store to a scratch slot, so the
-    loop has no branch to mispredict on short, irregular rows."""
-    cdef int64_t i
-    cdef idx_t a = key[lo - 1], b  # the previous key stays in a register (eoff may alias key)
-    for i in range(lo, hi):
+cdef inline int64_t _next_row_start(kdx_t* key, int64_t n, int64_t i) noexcept nogil:
+    """First entry at or after i whose key differs from key[i-1] (n if none); keys sorted."""
+    cdef int64_t lo = i, hi = n, mid
+    if i <= 0 or i >= n:
+        return min(max(i, 0), n)
+    cdef kdx_t r = key[i - 1]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if key[mid] <= r:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+cdef inline void _root_chunk(kdx_t* key, int64_t lo, int64_t hi, int64_t n, int64_t s, bint first,
+                             idx_t* pos) noexcept nogil:
+    """pos[c] = first entry with key >= c, for the rows that the entries lo:hi start or that
+    lie in an empty gap before the entry after hi (every row after the last key, for the last
+    chunk; the rows before key[0], for the first). The chunk starts and ends on a row boundary.
+    Walked backwards, so the row start is simply the last store to pos[key[i]] (no branch on
+    row boundaries); only the empty-row gaps branch."""
+    cdef int64_t i, c, b
+    cdef int64_t nxt = key[hi] if hi < n else s + 1
+    for i in range(hi - 1, lo - 1, -1):
         b = key[i]
-        eoff[b if b != a else scratch] = <idx_t>i
-        a = b
+        pos[b] = <idx_t>i
+        if b + 1 < nxt:
+            for c in range(b + 1, nxt):
+                pos[c] = <idx_t>(i + 1)
+        nxt = b
+    if first:
+        for c in range(nxt):
+            pos[c] = 0
 
 
-cdef inline void _suffix_min(idx_t* eoff, int64_t lo, int64_t hi, idx_t carry) noexcept nogil:
-    cdef int64_t c
-    cdef idx_t m = carry, v
-    for c in range(hi - 1, lo - 1, -1):
-        v = eoff[c]
-        m = v if v < m else m
-        eoff[c] = m
-
-
-cdef inline void _fill_idx(idx_t* a, int64_t lo, int64_t hi, idx_t v) noexcept nogil:
-    cdef int64_t i
-    for i in range(lo, hi):
-        a[i] = v
-
-
-cdef void _dense_root(idx_t* key, int64_t n, int64_t s, idx_t* eoff, int T) noexcept nogil:
-    """eoff[c] = first entry with key >= c, for sorted keys under a single parent (the row
-    pointer of a sorted COO). Every row start is marked at its entry, then rows without
-    entries take the next start (a suffix minimum, n marking "not seen"); both passes split
-    over threads. eoff needs 16 * T scratch slots after its s + 1 entries."""
+cdef void _dense_root(kdx_t* key, int64_t n, int64_t s, idx_t* pos, int T) noexcept nogil:
+    """pos[c] = first entry with key >= c (c = 0..s), for sorted keys under a single parent: the
+    row pointer of a sorted COO, in one pass over the entries split into T contiguous ranges
+    that begin and end on row boundaries (every pos slot is written by exactly one thread)."""
     cdef int t
     cdef int64_t c
-    cdef idx_t carry
-    for t in prange(T, schedule='static', chunksize=1, num_threads=T):
-        _fill_idx(eoff, _lo(s + 1, t, T), _lo(s + 1, t + 1, T), <idx_t>n)
+    cdef int64_t bounds[65]
     if n == 0:
+        for c in range(s + 1):
+            pos[c] = 0
         return
-    eoff[key[0]] = 0
+    bounds[0] = 0
+    bounds[T] = n
+    for t in range(1, T):
+        bounds[t] = max(bounds[t - 1], _next_row_start(key, n, _lo(n, t, T)))
+    if T == 1:
+        _started(0)
+        _root_chunk(key, 0, n, n, s, True, pos)
+        return
     for t in prange(T, schedule='static', chunksize=1, num_threads=T):
         _started(t)
-        _root_mark(key, max(1, _lo(n, t, T)), _lo(n, t + 1, T), eoff, s + 1 + 16 * t)
-    for t in prange(T, schedule='static', chunksize=1, num_threads=T):
-        _suffix_min(eoff, _lo(s + 1, t, T), _lo(s + 1, t + 1, T), <idx_t>n)
-    # chunks ending in rows without entries take the start of the chunk after them
-    for t in range(T - 2, -1, -1):
-        carry = eoff[_lo(s + 1, t + 1, T)]
-        c = _lo(s + 1, t + 1, T) - 1
-        while c >= _lo(s + 1, t, T) and eoff[c] == n:
-            eoff[c] = carry
-            c -= 1
+        _root_chunk(key, bounds[t], bounds[t + 1], n, s, t == 0, pos)
 
 
 cdef void _dense_split(idx_t* eoff, int64_t P, idx_t* key, int64_t s, idx_t* out, int T) noexcept nogil:
@@ -676,20 +688,29 @@ def _k_unsorted_at(keys, bint strict=False):
     return _unsorted_at(<int32_t**>pl.p, m, n, strict)
 
 
-def _k_dense_level(eoff, int64_t P, key, int64_t s):
+def _k_dense_level(eoff, int64_t P, key, int64_t s, out_dtype=None, int threads=0):
+    """Entry offsets below a dense level of size s under P parents (pos of the level after it);
+    for P == 1 the result may have another index dtype than ``key`` (``out_dtype``).
+    ``threads`` > 0 fixes the team size of the P == 1 kernel (tests)."""
     cdef int64_t n = key.numel()
-    cdef int T = _team(n + P * s)
-    if P == 1:  # with the scratch slots of _dense_root
-        out = torch.empty(s + 1 + 16 * T, dtype=key.dtype)[:s + 1]
-    else:
-        out = torch.empty(P * s + 1, dtype=key.dtype)
+    cdef int T
     if P == 1:
+        T = min(threads if threads > 0 else _team(n), 64)
+        out = torch.empty(s + 1, dtype=key.dtype if out_dtype is None else out_dtype)
         if _is64(key):
-            _dense_root(<int64_t*>_ptr(key), n, s, <int64_t*>_ptr(out), T)
+            if _is64(out):
+                _dense_root(<int64_t*>_ptr(key), n, s, <int64_t*>_ptr(out), T)
+            else:
+                _dense_root(<int64_t*>_ptr(key), n, s, <int32_t*>_ptr(out), T)
+        elif _is64(out):
+            _dense_root(<int32_t*>_ptr(key), n, s, <int64_t*>_ptr(out), T)
         else:
             _dense_root(<int32_t*>_ptr(key), n, s, <int32_t*>_ptr(out), T)
         _note_start_lag(T)
-    elif _is64(key):
+        return out
+    T = _team(n + P * s)
+    out = torch.empty(P * s + 1, dtype=key.dtype)
+    if _is64(key):
         _dense_split(<int64_t*>_ptr(eoff), P, <int64_t*>_ptr(key), s, <int64_t*>_ptr(out), T)
     else:
         _dense_split(<int32_t*>_ptr(eoff), P, <int32_t*>_ptr(key), s, <int32_t*>_ptr(out), T)
@@ -832,8 +853,9 @@ def _level_counts(st: Storage) -> List[int]:
     return counts
 
 
-def _decode(st: Storage, dtype: torch.dtype) -> List[torch.Tensor]:
-    """Coordinate of every stored value at every level of ``st``, in storage order.
+def _decode(st: Storage, dtype: torch.dtype, bint keep=False) -> List[torch.Tensor]:
+    """Coordinate of every stored value at every level of ``st``, in storage order (``keep``:
+    a level's crd stays in the source's index dtype instead of ``dtype``).
 
     Works bottom-up with the position of each value at the current level (``anc``), so a
     level whose positions are the values' own (the last level, and coordinate levels of the
@@ -855,7 +877,7 @@ def _decode(st: Storage, dtype: torch.dtype) -> List[torch.Tensor]:
                 out[k] = torch.remainder(a, lv.size)
                 anc = torch.div(a, lv.size, rounding_mode="floor")
             continue
-        crd = lv.crd.to(dtype)
+        crd = lv.crd if keep else lv.crd.to(dtype)
         out[k] = crd if anc is None else crd.index_select(0, anc)
         if lv.pos is not None and k:
             owner = _k_expand_pos(lv.pos.to(dtype), parents, counts[k])
@@ -935,8 +957,9 @@ def _build(shape: Sequence[int], fmt: Format, keys: List[Optional[torch.Tensor]]
     sizes = level_sizes(shape, fmt)
     L = len(kinds)
     n = values.numel()
-    wdt = next(k.dtype for k in keys if k is not None) if any(k is not None for k in keys) \
-        else (eoff.dtype if eoff is not None else _work_dtype(shape, fmt, n))
+    # keys may still have the source's index dtype (int64 from torch): the kernels that need
+    # one index dtype get them in wdt; the dense root and the last unique level read them as is
+    wdt = _work_dtype(shape, fmt, n)
     root = start == 0 and eoff is None
     built = [(None, None)] * L  # levels above ``start`` are dense
     k = start
@@ -952,7 +975,7 @@ def _build(shape: Sequence[int], fmt: Format, keys: List[Optional[torch.Tensor]]
             if k == 0 and offsets0 is not None:
                 eoff = offsets0
             else:  # (a single parent needs no entry offsets)
-                eoff = _k_dense_level(eoff, parents, keys[k], s)
+                eoff = _k_dense_level(eoff, parents, keys[k] if parents == 1 else keys[k].to(wdt), s, wdt)
             parents *= s
             built[k] = (None, None)
             k += 1
@@ -971,7 +994,7 @@ def _build(shape: Sequence[int], fmt: Format, keys: List[Optional[torch.Tensor]]
             pos, crds, eoff = eoff, keys[k:end], None
             parents = n
         else:
-            pos, crds, eoff = _k_distinct(eoff, parents, keys[k:end])
+            pos, crds, eoff = _k_distinct(eoff, parents, [key.to(wdt) for key in keys[k:end]])
             parents = crds[0].numel()
         for j in range(k, end):
             built[j] = (pos if j == k else None, crds[j - k])
@@ -1278,10 +1301,11 @@ def convert(st: Storage, fmt: Format) -> Storage:
         offsets, rows, vals = _k_transpose(lv1.pos.to(wdt), lv1.crd.to(wdt), rowmap, parents,
                                            lv1.size, st.values)
         return _build(st.shape, fmt, [None, rows], vals, n, True, offsets0=offsets)
-    lc = _decode(st, wdt)
+    lc = _decode(st, wdt, keep=True)
     keys, origin = _keys_from_levels(lc, st, fmt, st.shape, wdt)
-    keys = [k.contiguous() for k in keys]
     need = _presorted(st, origin)
+    # sorting works in one index dtype; keys that are only read (no sort) keep the source's
+    keys = [k.contiguous() if need == 0 else k.to(wdt).contiguous() for k in keys]
     return _assemble(st.shape, fmt, keys, st.values, n, need, unique=True)
 
 
