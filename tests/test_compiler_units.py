@@ -388,6 +388,38 @@ def test_sddmm_output_keeps_structure_of_s():
     assert p.loop_order == ["i", "j", "k"] and p.workspaces == []
 
 
+def test_sddmm_and_sparse_times_dense_write_into_the_pattern_of_s():
+    # the output is S's pattern: values written at S's positions, S's index arrays shared
+    s = rand((7, 9), 0.3, seed=23)
+    S = sparse(s, "csr")
+    assert _sched("ij,ik,kj->ij", [as_format("csr"), None, None]).output.pattern == 0
+    assert _sched("ij,ij->ij", [as_format("csr"), None]).output.pattern == 0
+    assert _sched("ij,ij->ij", [as_format("csr"), as_format("csr")]).output.pattern == -1
+    assert _sched("ij,jk->ik", [as_format("csr"), as_format("csr")]).output.pattern == -1
+    for _ in range(2):                                  # general path, then warm fast path
+        b, c = torch.randn(7, 5, dtype=torch.float64), torch.randn(5, 9, dtype=torch.float64)
+        r = C.einsum("ij,ik,kj->ij", S, b, c)
+        assert r.levels[1].crd is S.levels[1].crd and r.nnz == S.nnz
+        torch.testing.assert_close(dense(r), s * (b @ c))
+        d = torch.randn(7, 9, dtype=torch.float64)
+        torch.testing.assert_close(dense(C.einsum("ij,ij->ij", S, d)), s * d)
+        torch.testing.assert_close(dense(C.einsum("ij,ij->ij", S, -2.0 * d)), -2.0 * s * d)
+    # an empty reduction stores nothing (as before): no pattern write
+    r = C.einsum("ij,ik,kj->ij", S, torch.randn(7, 0, dtype=torch.float64),
+                 torch.randn(0, 9, dtype=torch.float64))
+    assert r.nnz == 0 and dense(r).shape == (7, 9)
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.float64])
+def test_relayout_tiled_transpose(dt):
+    from scorch.tensor_compiler.relayout import relayout
+    for shape in [(3, 5), (130, 300), (1, 7), (600, 2100)]:
+        x = torch.randn(shape, dtype=dt)
+        for src in (x, x.t().contiguous().t()):
+            y = relayout(src, (1, 0), (1, 0), lambda w: 2)
+            assert y.stride(0) == 1 and torch.equal(y, src)
+
+
 def test_blocked_operand_read_natively():
     x = rand((6, 8), 0.3, seed=22)
     d = torch.randn(8, 3, dtype=torch.float64)

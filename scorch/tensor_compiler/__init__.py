@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple  # noqa: F401
 
+import numpy as np
 import torch
 
 from ..formats import Format, LevelKind, as_format
@@ -36,6 +37,7 @@ from . import codegen as _codegen
 from . import concrete as _concrete
 from .index_notation import Access, Assignment, parse_einsum
 from .levels import assemble_level
+from .relayout import relayout as _relayout
 from .schedule import Schedule, schedule as _schedule
 
 from .index_notation import Access, Assignment  # noqa: E402
@@ -260,7 +262,7 @@ def _prepare(entry: _Entry, ops, sizes, orig=None):
                 if tuple(x.shape) != full:      # size-1 broadcast: materialize
                     x = x.expand(full)
                 if x.stride(rl[0]) != 1 and full[rl[0]] > 1:
-                    x = x.permute(rl[1]).contiguous().permute(rl[2])
+                    x = _relayout(x, rl[1], rl[2], _threads_for, ap.id)  # scratch: this call only
             data[ap.id] = x
     return data
 
@@ -348,6 +350,23 @@ def _assemble(entry: _Entry, crd, vals, sizes) -> Storage:
     return st
 
 
+def _pattern_ready(entry: _Entry, sizes) -> bool:
+    """A pattern-output kernel (``OutputPlan.pattern``) runs only when every reduction is
+    non-empty (an empty reduction stores nothing; that case goes through the general path)."""
+    return all(sizes[v] > 0 for v in entry.assignment.reduction)
+
+
+def _pattern_storage(entry: _Entry, P: Storage, values: torch.Tensor, sizes) -> Storage:
+    """The output of a pattern kernel: ``P``'s level arrays (shared, as views share them)
+    with the kernel's values, levels re-numbered to the output's dimensions."""
+    s = entry.schedule
+    out = s.output
+    ap = s.accesses[out.pattern]
+    levels = [Level(lv.kind, out.vars.index(ap.indices[lv.dim]), lv.size, lv.pos, lv.crd)
+              for lv in P.levels]
+    return Storage(out.format, tuple(sizes[v] for v in out.vars), levels, values, P.index_dtype)
+
+
 _NCPU = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 _load = {"t": -1.0, "others": 0}
 
@@ -403,11 +422,20 @@ def _run(entry: _Entry, ops):
         from .runner import make_runner
         idx = {ap.id: data[ap.id].index_dtype for ap in entry.schedule.accesses if ap.sparse}
         try:
-            entry.runner = make_runner(entry, mod, args, idx, lambda w: _threads_for(w), _assemble)
+            entry.runner = make_runner(entry, mod, args, idx, lambda w: _threads_for(w), _assemble,
+                                       _pattern_storage)
         except Exception:  # the general path always works
             entry.runner = None
     out_plan = entry.schedule.output
     out = None
+    if out_plan.pattern >= 0:
+        if not _pattern_ready(entry, sizes):
+            return _assemble(entry, np.empty(0, dtype=np.int64),
+                             np.empty(0, dtype=_codegen.NPTYPES[entry.value_dtype]), sizes)
+        P = data[out_plan.pattern]
+        out = torch.empty(P.values.numel(), dtype=entry.value_dtype)
+        mod.kernel(_arg_values(args, entry, data, sizes, out), _threads_for(_work(data)))
+        return _pattern_storage(entry, P, out, sizes)
     if out_plan.dense:
         out = torch.empty(tuple(sizes[v] for v in out_plan.vars), dtype=entry.value_dtype)  # kernel zeroes it
     res = mod.kernel(_arg_values(args, entry, data, sizes, out), _threads_for(_work(data)))

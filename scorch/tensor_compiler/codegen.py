@@ -136,6 +136,8 @@ class _Gen:
                 for v in dict.fromkeys(ap.indices):
                     self.arg(f"t{ap.id}_st_{v}", "int64_t", ("stride", ap.id, v))
             self.arg(f"t{ap.id}_vals", self.vt + "*", ("vals", ap.id))
+        if self.out.pattern >= 0:
+            self.arg("out_vals", self.vt + "*", ("out",))
         if self.out.dense:
             self.arg("out_vals", self.vt + "*", ("out",))
             for v in self.out.vars:
@@ -181,8 +183,12 @@ class _Gen:
             self.emit(ind, f"acc += {val}")
         elif mode == "dense":
             self.emit(ind, f"a.out_vals[{st['oo']}] += {val}")
+        elif mode == "direct" and self.out.pattern >= 0:
+            self.emit(ind, f"a.out_vals[{st['pos'][self.out.pattern]}] = {val}")
         elif mode == "direct":
             self.emit_tuple(ind, val)
+        elif mode == "acc" and self.out.pattern >= 0:
+            self.emit(ind, f"acc += {val}")
         elif mode == "acc":
             self.emit(ind, f"acc += {val}")
             self.emit(ind, "hit = 1")
@@ -214,7 +220,10 @@ class _Gen:
         out = self.out
         if out.mode == "ws" and depth == out.ws_depth and not out.ws_dense and not self.rt_ws:
             self.emit(ind, "ws.clear()")
-        if out.mode == "acc" and depth == out.acc_depth:
+        if out.mode == "acc" and depth == out.acc_depth and out.pattern >= 0:
+            self.local("acc", self.vt)
+            self.emit(ind, "acc = 0")
+        elif out.mode == "acc" and depth == out.acc_depth:
             self.local("acc", self.vt)
             self.local("hit", "int")
             self.emit(ind, "acc = 0")
@@ -280,7 +289,11 @@ class _Gen:
                 self.emit(ind + 1, f"wkey = wkey // a.N_{v}")
             self.emit_tuple(ind + 1, "deref(wit).second")
             self.emit(ind + 1, "inc(wit)")
-        if out.mode == "acc" and depth == out.acc_depth:
+        if out.mode == "acc" and depth == out.acc_depth and out.pattern >= 0:
+            # every stored entry of the pattern operand is one output entry (the caller runs
+            # this kernel only when the reductions are non-empty)
+            self.emit(ind, f"a.out_vals[{st['pos'][out.pattern]}] = acc")
+        elif out.mode == "acc" and depth == out.acc_depth:
             self.emit(ind, "if hit:")
             self.emit_tuple(ind + 1, "acc")
         if out.mode == "dense" and depth == out.acc_depth:
@@ -503,7 +516,8 @@ class _Gen:
         for ap in self.s.accesses:
             desc = f"{ap.format} levels {ap.level_vars}" if ap.sparse else f"dense strided {ap.indices}"
             w(f"# T{ap.tensor} access {ap.id}: {desc}")
-        w(f"# output: {'dense' if self.out.dense else self.out.format} ({self.out.mode})")
+        pat = f", values in access {self.out.pattern}'s pattern" if self.out.pattern >= 0 else ""
+        w(f"# output: {'dense' if self.out.dense else self.out.format} ({self.out.mode}{pat})")
         w("from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t")
         w("from libc.string cimport memcpy, memset")
         if self.out.mode == "ws" and self.out.ws_dense:
@@ -515,7 +529,7 @@ class _Gen:
             w("from libcpp.map cimport map as cmap")
         w("from cython.operator cimport dereference as deref, preincrement as inc")
         w("from cython.parallel cimport prange")
-        if not self.out.dense:
+        if not self.out.dense and self.out.pattern < 0:
             w("import numpy as np")
         w("")
         w("cdef struct Args:")
@@ -567,7 +581,7 @@ class _Gen:
         w("    else:")
         w("        for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):")
         w(f"            run_chunk(&a, bounds[t], bounds[t + 1], &crds[t * {R}], &vals[t])")
-        if self.out.dense:
+        if self.out.dense or self.out.pattern >= 0:
             w("    return None")
         else:
             r = len(self.out.level_vars)

@@ -18,7 +18,8 @@ import torch
 __all__ = ["make_runner"]
 
 
-def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], threads_for, assemble):
+def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], threads_for, assemble,
+                pattern=None):
     s = entry.schedule
     if entry.split is not None or any(ap.transposed for ap in s.accesses):
         return None
@@ -62,6 +63,11 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], threa
     w(f"    work = {work}")
     w("    nt = 1 if work < 50000 else THREADS(work)")
     out = s.output
+    if out.pattern >= 0:
+        P = s.accesses[out.pattern].tensor
+        for v in entry.assignment.reduction:
+            w(f"    if {seen[v]} == 0: return None")
+        w(f"    out = torch.empty(x{P}.values.numel(), dtype=VT)  # P's pattern, written by the kernel")
     if out.dense:
         shape = ", ".join(seen[v] for v in out.vars)
         w(f"    out = torch.empty(({shape}{',' if len(out.vars) == 1 else ''}), dtype=VT)  # zeroed by the kernel")
@@ -87,12 +93,15 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], threa
     w(f"    res = KERNEL([{', '.join(vals)}], nt)")
     if out.dense:
         w("    return out")
+    elif out.pattern >= 0:
+        sizes = ", ".join(f"{v!r}: {seen[v]}" for v in s.loop_order)
+        w(f"    return PATTERN(ENTRY, x{P}, out, {{{sizes}}})")
     else:
         sizes = ", ".join(f"{v!r}: {seen[v]}" for v in s.loop_order)
         w(f"    return ASSEMBLE(ENTRY, res[0], res[1], {{{sizes}}})")
     src = "\n".join(L) + "\n"
     env = {"torch": torch, "VT": entry.value_dtype, "KERNEL": module.kernel, "THREADS": threads_for,
-           "ASSEMBLE": assemble, "ENTRY": entry}
+           "ASSEMBLE": assemble, "ENTRY": entry, "PATTERN": pattern}
     for n, aps in by_tensor.items():
         if aps[0].sparse:
             env[f"IDT{n}"] = index_dtypes[aps[0].id]

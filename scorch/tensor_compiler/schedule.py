@@ -34,7 +34,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ..formats import Format, LevelKind
 from . import merge_lattice as ml
 from .format_inference import infer_output_kinds
-from .index_notation import Access, Assignment
+from .index_notation import Access, Assignment, Mul, Neg, Scalar
 from .levels import LevelPlan, level_plans
 
 __all__ = ["AccessPlan", "OutputPlan", "Schedule", "schedule", "order_cost"]
@@ -68,6 +68,7 @@ class OutputPlan:
     ws_vars: Tuple[str, ...] = ()
     ws_dense: bool = False                    # dense array + touched flags, else std::map
     acc_depth: int = -1                       # loop depth whose loop the accumulator wraps
+    pattern: int = -1                         # access whose pattern the output reuses (-1: none)
 
 
 @dataclass
@@ -189,6 +190,42 @@ def _choose_order(asg, ids, formats, f, out_sparse, out_mode_vars, fixed_tail=No
     return order
 
 
+def _pattern_access(asg: Assignment, plans: List[AccessPlan], out: OutputPlan,
+                    order: Sequence[str]) -> int:
+    """The access whose stored pattern *is* the output's (SDDMM's S, ``A * D``), or -1.
+
+    Holds when the expression is a product (no sum can add entries), the only sparse access
+    ``P`` is over exactly the output variables, is read in the output's produced format
+    (same level kinds in the same variable order, no run grouping of duplicates), and the
+    output loops come first: then every stored entry of ``P`` is visited exactly once and
+    gives exactly one output entry (given non-empty reductions, checked at run time), so
+    the kernel writes ``out_vals[q]`` at ``P``'s position and the output shares ``P``'s
+    ``pos``/``crd`` arrays: no coordinate buffers, no assembly pass."""
+    if out.dense or out.mode not in ("acc", "direct") or out.final_format is not None:
+        return -1
+
+    def product(e) -> bool:
+        if isinstance(e, (Access, Scalar)):
+            return True
+        if isinstance(e, Neg):
+            return product(e.a)
+        if isinstance(e, Mul):
+            return product(e.a) and product(e.b)
+        return False
+    if not product(asg.rhs):
+        return -1
+    sparse = [ap for ap in plans if ap.sparse]
+    if len(sparse) != 1:
+        return -1
+    P = sparse[0]
+    if (P.level_vars != out.level_vars or len(set(P.indices)) != len(P.indices)
+            or tuple(P.format.levels) != tuple(out.format.levels)
+            or any(lv.grouped for lv in P.levels)
+            or tuple(order[:len(out.level_vars)]) != tuple(out.level_vars)):
+        return -1
+    return P.id
+
+
 def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
              out_format: Optional[Format] = None, fixed_tail=None) -> Schedule:
     """Choose the loop order, transposes, output format and workspaces.
@@ -278,4 +315,5 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
             out.acc_depth = last_out + 1
         else:
             out.mode = "direct"
+        out.pattern = _pattern_access(asg, plans, out, order)
     return Schedule(asg, order, plans, out, f, workspaces, [], cost)

@@ -6,13 +6,12 @@
 # T0 access 0: csr levels ('i', 'j')
 # T1 access 1: dense strided ('i', 'k')
 # T2 access 2: dense strided ('k', 'j')
-# output: csr (acc)
+# output: csr (acc, values in access 0's pattern)
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t
 from libc.string cimport memcpy, memset
 from libcpp.vector cimport vector
 from cython.operator cimport dereference as deref, preincrement as inc
 from cython.parallel cimport prange
-import numpy as np
 
 cdef struct Args:
     int64_t N_i
@@ -27,6 +26,7 @@ cdef struct Args:
     int64_t t2_st_k
     int64_t t2_st_j
     float* t2_vals
+    float* out_vals
 
 cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, vector[float]* oval) noexcept nogil:
     cdef Args a = pa[0]
@@ -39,7 +39,6 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, v
     cdef int64_t e0_1
     cdef int64_t o2_1
     cdef float acc
-    cdef int hit
     cdef int64_t c_k
     cdef int64_t o1_2
     cdef int64_t o2_2
@@ -52,16 +51,11 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, v
             c_j = a.t0_crd1[q0_1]
             o2_1 = c_j * a.t2_st_j
             acc = 0
-            hit = 0
             for c_k in range(0, a.N_k):
                 o1_2 = o1_0 + c_k
                 o2_2 = o2_1 + c_k
                 acc += ((a.t0_vals[q0_1] * a.t1_vals[o1_2]) * a.t2_vals[o2_2])
-                hit = 1
-            if hit:
-                ocrd[0].push_back(c_i)
-                ocrd[1].push_back(c_j)
-                deref(oval).push_back(acc)
+            a.out_vals[q0_1] = acc
 
 def kernel(list args, int nthreads):
     cdef Args a
@@ -77,6 +71,7 @@ def kernel(list args, int nthreads):
     a.t2_st_k = args[9]
     a.t2_st_j = args[10]
     a.t2_vals = <float*><size_t>args[11]
+    a.out_vals = <float*><size_t>args[12]
     cdef int64_t lo0 = 0, hi0 = 0, nchunks = 1, t, n, total, off
     hi0 = a.N_i
     if nthreads > 1 and hi0 - lo0 >= 64:
@@ -95,19 +90,4 @@ def kernel(list args, int nthreads):
     else:
         for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):
             run_chunk(&a, bounds[t], bounds[t + 1], &crds[t * 2], &vals[t])
-    total = 0
-    for t in range(nchunks):
-        total += vals[t].size()
-    crd_arr = np.empty(2 * total, dtype=np.int64)  # level-major: row l = level l
-    val_arr = np.empty(total, dtype=np.float32)
-    cdef size_t cp = crd_arr.ctypes.data, vp = val_arr.ctypes.data
-    cdef int64_t l
-    off = 0
-    for t in range(nchunks):
-        n = vals[t].size()
-        if n:
-            for l in range(2):
-                memcpy(<void*>(cp + (l * total + off) * sizeof(int64_t)), crds[t * 2 + l].data(), n * sizeof(int64_t))
-            memcpy(<void*>(vp + off * sizeof(float)), vals[t].data(), n * sizeof(float))
-        off += n
-    return crd_arr, val_arr
+    return None
