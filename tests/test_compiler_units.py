@@ -410,6 +410,25 @@ def test_sddmm_and_sparse_times_dense_write_into_the_pattern_of_s():
     assert r.nnz == 0 and dense(r).shape == (7, 9)
 
 
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo", "dcsr"])
+@pytest.mark.parametrize("dt", [torch.float32, torch.float64])
+def test_spmm_compile_time_row_widths(fmt, dt):
+    # K in the specialized widths runs the vector-register row kernels; others the generic
+    # loop; rows with no stored entry are zero (assigned, or memset for sparse row loops)
+    a = rand((9, 11), 0.3, dtype=dt, seed=31)
+    a[3] = 0
+    A = sparse(a, fmt)
+    for K in (5, 8, 16, 32, 64, 128):
+        x = torch.randn(11, K, dtype=dt)
+        torch.testing.assert_close(dense(C.einsum("ij,jk->ik", A, x)), a @ x)
+        v = torch.randn(K, dtype=dt)
+        torch.testing.assert_close(dense(C.einsum("ij,jk,k->ik", A, x, v)), (a @ x) * v)
+        torch.testing.assert_close(dense(C.einsum("ij,jk->ik", A, -2.0 * x + 1)), a @ (-2.0 * x + 1))
+    if fmt == "csr":
+        src = C.explain("ij,jk->ik", A, torch.randn(11, 16, dtype=dt)).source
+        assert "run_chunk_w16" in src and "wv0 = wv0 + " in src and "memset(" not in src
+
+
 @pytest.mark.parametrize("dt", [torch.float32, torch.float64])
 def test_relayout_tiled_transpose(dt):
     from scorch.tensor_compiler.relayout import relayout

@@ -102,6 +102,13 @@ class _Gen:
         self.out_unit = last if (s.output.dense and s.output.vars and s.output.vars[-1] == last) else None
         self.rt_ws = (s.output.mode == "ws" and not s.output.ws_dense
                       and self.vt in ("float", "double", "int32_t", "int64_t"))
+        self.row_depth = self.row_accumulation_depth()
+        self.W: Optional[int] = None       # compile-time extent of the innermost loop
+        self.lanes = 16 if self.vt == "float" else 8      # one 512-bit register
+        self.vtype = "scorch_vf" if self.vt == "float" else "scorch_vd"
+        self.vec_at: Optional[int] = None   # vector leaf: the row offset being generated
+        self.dense_flags: Dict[int, bool] = {}
+        self.store_all = False             # every output element is stored (no memset)
 
     # ---- helpers ------------------------------------------------------------------
     def local(self, name: str, ctype: str = "int64_t") -> str:
@@ -150,6 +157,8 @@ class _Gen:
             ap = self.acc_by_id[i]
             p = st["pos"][i] if ap.sparse else st["off"][i]
             code = f"a.t{i}_vals[{p}]"
+            if self.vec_at is not None and not ap.sparse and self.s.loop_order[-1] in ap.indices:
+                code = f"(<{self.vtype}*>(a.t{i}_vals + {p} + {self.vec_at}))[0]"
             pr = st["pres"][i]
             return code if pr == "1" else f"({code} if {pr} else 0)"
         if isinstance(e, Scalar):
@@ -211,6 +220,70 @@ class _Gen:
             self.emit(ind, "wref = &ws[wkey]")
             self.emit(ind, f"wref[0] = wref[0] + {val}")
 
+    # ---- output rows in registers ----------------------------------------------------
+    def row_accumulation_depth(self) -> int:
+        """Depth ``d`` of the first reduction loop when a dense output's row (its innermost,
+        unit-stride variable ``L``, the innermost loop, dense in every operand) is summed over
+        the reduction loops ``d .. -1`` (SpMM ``i, j, k``: d = 1): that row is accumulated
+        locally (a compile-time-width array gcc keeps in vector registers, or the output row
+        itself, zeroed where it starts) and stored once per output row. -1 when not."""
+        s, out = self.s, self.out
+        order = s.loop_order
+        if not out.dense or out.mode != "dense" or out.acc_depth >= 0 or len(order) < 3:
+            return -1
+        L = order[-1]
+        if self.out_unit != L or len(set(out.vars)) != len(out.vars):
+            return -1
+        if any(ap.sparse and L in ap.level_vars for ap in s.accesses):
+            return -1
+        red = set(s.assignment.reduction)
+        d = next((n for n, v in enumerate(order) if v in red), -1)
+        if d <= 0 or not all(v in red for v in order[d:-1]):
+            return -1
+        if set(order[:d]) | {L} != set(out.vars):
+            return -1
+        return d
+
+    def stores_once(self, depth: int) -> bool:
+        """Every loop above ``depth`` is an output loop visiting its whole extent, so a store
+        at ``depth`` writes every output element exactly once: it can assign (no memset)."""
+        ok = all(self.dense_flags.get(n, False) and self.s.loop_order[n] in self.out.vars
+                 for n in range(depth))
+        self.store_all = ok
+        return ok
+
+    def row_start(self, ind: int, st) -> None:
+        self.stores_once(self.row_depth)
+        cv = _cvar(self.s.loop_order[-1])
+        self.local(cv)
+        if self.W is not None:
+            for c in range(self.W // self.lanes):
+                self.local(f"wv{c}", self.vtype)
+                self.emit(ind, f"wv{c} = {self.vtype}_zero()")
+        elif self.store_all:
+            self.emit(ind, f"for {cv} in range(a.N_{self.s.loop_order[-1]}):")
+            self.emit(ind + 1, f"a.out_vals[{st['oo']} + {cv}] = 0")
+
+    def row_end(self, ind: int, st) -> None:
+        if self.W is None:
+            return
+        for c in range(self.W // self.lanes):
+            p = f"(<{self.vtype}*>(a.out_vals + {st['oo']} + {c * self.lanes}))[0]"
+            self.emit(ind, f"{p} = wv{c}" if self.store_all else f"{p} = {p} + wv{c}")
+
+    def vec_leaf(self, ind: int, st) -> None:
+        """The innermost (row) loop of a compile-time width as whole vectors: accesses
+        streamed by it are vector loads, the others scalars (GCC vector extensions
+        broadcast them), one accumulator register per vector of the row."""
+        cond = ml.to_code(self.s.formula, lambda i: st["pres"][i])
+        if cond != "1":
+            self.emit(ind, f"if {cond}:")
+            ind += 1
+        for c in range(self.W // self.lanes):
+            self.vec_at = c * self.lanes
+            self.emit(ind, f"wv{c} = wv{c} + {self.value(self.s.assignment.rhs, st)}")
+        self.vec_at = None
+
     # ---- loops ----------------------------------------------------------------------
     def loop(self, depth: int, ind: int, st) -> None:
         order = self.s.loop_order
@@ -231,7 +304,11 @@ class _Gen:
         if out.mode == "dense" and depth == out.acc_depth:
             self.local("acc", self.vt)
             self.emit(ind, "acc = 0")
+        if depth == self.row_depth:
+            self.row_start(ind, st)
         self.loop_body(depth, ind, st)
+        if depth == self.row_depth:
+            self.row_end(ind, st)
         if out.mode == "ws" and depth == out.ws_depth and out.ws_dense:
             self.local("wkey")
             self.emit(ind, "for wi in range(wsize):")
@@ -297,7 +374,7 @@ class _Gen:
             self.emit(ind, "if hit:")
             self.emit_tuple(ind + 1, "acc")
         if out.mode == "dense" and depth == out.acc_depth:
-            self.emit(ind, f"a.out_vals[{st['oo']}] += acc")
+            self.emit(ind, f"a.out_vals[{st['oo']}] {'=' if self.stores_once(depth) else '+='} acc")
 
     def loop_body(self, depth: int, ind: int, st) -> None:
         v = self.s.loop_order[depth]
@@ -393,8 +470,12 @@ class _Gen:
                 new["oo"] = o
             chase()
 
+        self.dense_flags[depth] = dense
         if dense:
             lo, hi = ("clo", "chi") if chunked else ("0", f"a.N_{v}")
+            if self.W is not None and depth == len(self.s.loop_order) - 1:
+                self.vec_leaf(ind, st)
+                return
             self.emit(ind, f"for {cv} in range({lo}, {hi}):")
             for lv in iters:
                 fl = self.local(lv.found, "int")
@@ -473,9 +554,14 @@ class _Gen:
             self.chunk_level = iters[0]
 
     # ---- whole module -----------------------------------------------------------------
-    def generate(self) -> str:
-        self.collect_args()
-        self.decide_chunking()
+    def nest(self, W: Optional[int]):
+        """The loop nest of one chunk function: (locals, lines). ``W``: the innermost loop's
+        compile-time extent (None: the run-time ``N``)."""
+        self.W = W
+        self.lines = []
+        self.locals = {}
+        self.dense_flags = {}
+        self.store_all = False
         init = {"pos": {a.id: "0" for a in self.s.accesses if a.sparse},
                 "seg": {}, "pres": {a.id: "1" for a in self.s.accesses},
                 "k": {a.id: 0 for a in self.s.accesses},
@@ -505,7 +591,25 @@ class _Gen:
         if self.out.mode == "ws" and self.out.ws_dense:
             self.lines.append("    free(wsv)")
             self.lines.append("    free(wsf)")
-        nest = self.lines
+        return self.locals, self.lines
+
+    def widths(self) -> Tuple[int, ...]:
+        """Innermost extents that get their own chunk function (a fixed number of vector
+        operations per row, the row accumulated in registers): 16 float32 = one AVX-512
+        register. Only for the row accumulation (``row_accumulation_depth``)."""
+        if self.row_depth < 0:
+            return ()
+        if self.vt not in ("float", "double"):
+            return ()
+        return (16, 32, 64, 128) if self.vt == "float" else (8, 16, 32, 64)
+
+    def generate(self) -> str:
+        self.collect_args()
+        self.decide_chunking()
+        nests = [(None, self.nest(None))]
+        store_all = self.store_all
+        for W in self.widths():
+            nests.append((W, self.nest(W)))
         src: List[str] = []
         w = src.append
         w("# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True")
@@ -536,13 +640,29 @@ class _Gen:
         for name, ct, _ in self.args:
             w(f"    {ct} {name}")
         w("")
-        w(f"cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, "
-          f"vector[{self.vt}]* oval) noexcept nogil:")
-        w("    cdef Args a = pa[0]")
-        for name, ct in self.locals.items():
-            w(f"    cdef {ct} {name}")
-        src.extend(nest)
-        w("")
+        if len(nests) > 1:
+            w("cdef extern from *:")
+            w('    """')
+            w("    typedef float scorch_vf __attribute__((vector_size(64), aligned(4), may_alias));")
+            w("    typedef double scorch_vd __attribute__((vector_size(64), aligned(8), may_alias));")
+            w("    static inline scorch_vf scorch_vf_zero(void) { scorch_vf z = {0}; return z; }")
+            w("    static inline scorch_vd scorch_vd_zero(void) { scorch_vd z = {0}; return z; }")
+            w('    """')
+            w(f"    ctypedef {self.vt} {self.vtype}")
+            w(f"    {self.vtype} {self.vtype}_zero() noexcept nogil")
+            w("")
+            w(f"ctypedef void (*chunk_fn)(Args*, int64_t, int64_t, vector[int64_t]*, "
+              f"vector[{self.vt}]*) noexcept nogil")
+            w("")
+        for W, (locs, nest) in nests:
+            fn = "run_chunk" if W is None else f"run_chunk_w{W}"
+            w(f"cdef void {fn}(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, "
+              f"vector[{self.vt}]* oval) noexcept nogil:")
+            w("    cdef Args a = pa[0]")
+            for name, ct in locs.items():
+                w(f"    cdef {ct} {name}")
+            src.extend(nest)
+            w("")
         w("def kernel(list args, int nthreads):")
         w("    cdef Args a")
         for n, (name, ct, _) in enumerate(self.args):
@@ -562,10 +682,16 @@ class _Gen:
         if self.chunk_kind is not None:
             w("    if nthreads > 1 and hi0 - lo0 >= 64:")
             w("        nchunks = min(hi0 - lo0, 8 * nthreads)")
-        if self.out.dense:
+        if self.out.dense and not store_all:
             # the output arrives uninitialized (torch.empty: cheaper than torch.zeros' dispatch)
             size = " * ".join(f"a.N_{v}" for v in self.out.vars) or "1"
             w(f"    memset(<void*>a.out_vals, 0, {size} * sizeof({self.vt}))")
+        if len(nests) > 1:
+            L = self.s.loop_order[-1]
+            w("    cdef chunk_fn fn = run_chunk")
+            for W, _ in nests[1:]:
+                w(f"    if a.N_{L} == {W}:")
+                w(f"        fn = run_chunk_w{W}")
         w("    cdef vector[int64_t] bounds")
         w("    bounds.resize(nchunks + 1)")
         w("    for t in range(nchunks + 1):")
@@ -575,12 +701,13 @@ class _Gen:
         w(f"    cdef vector[vector[{self.vt}]] vals")
         w(f"    crds.resize(nchunks * {R})")
         w("    vals.resize(nchunks)")
+        fn = "fn" if len(nests) > 1 else "run_chunk"
         w("    if nchunks == 1:")
         w("        with nogil:")
-        w("            run_chunk(&a, lo0, hi0, &crds[0], &vals[0])")
+        w(f"            {fn}(&a, lo0, hi0, &crds[0], &vals[0])")
         w("    else:")
         w("        for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):")
-        w(f"            run_chunk(&a, bounds[t], bounds[t + 1], &crds[t * {R}], &vals[t])")
+        w(f"            {fn}(&a, bounds[t], bounds[t + 1], &crds[t * {R}], &vals[t])")
         if self.out.dense or self.out.pattern >= 0:
             w("    return None")
         else:

@@ -26,22 +26,36 @@ cdef struct Args:
     int64_t out_st_i
     int64_t out_st_k
 
+cdef extern from *:
+    """
+    typedef float scorch_vf __attribute__((vector_size(64), aligned(4), may_alias));
+    typedef double scorch_vd __attribute__((vector_size(64), aligned(8), may_alias));
+    static inline scorch_vf scorch_vf_zero(void) { scorch_vf z = {0}; return z; }
+    static inline scorch_vd scorch_vd_zero(void) { scorch_vd z = {0}; return z; }
+    """
+    ctypedef float scorch_vf
+    scorch_vf scorch_vf_zero() noexcept nogil
+
+ctypedef void (*chunk_fn)(Args*, int64_t, int64_t, vector[int64_t]*, vector[float]*) noexcept nogil
+
 cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, vector[float]* oval) noexcept nogil:
     cdef Args a = pa[0]
     cdef int64_t c_i
     cdef int64_t p0_0
     cdef int64_t oo_0
+    cdef int64_t c_k
     cdef int64_t c_j
     cdef int64_t q0_1
     cdef int64_t h0_1
     cdef int64_t e0_1
     cdef int64_t o1_1
-    cdef int64_t c_k
     cdef int64_t o1_2
     cdef int64_t oo_2
     for c_i in range(clo, chi):
         p0_0 = c_i
         oo_0 = c_i * a.out_st_i
+        for c_k in range(a.N_k):
+            a.out_vals[oo_0 + c_k] = 0
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
         for q0_1 in range(q0_1, h0_1):
@@ -51,6 +65,146 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, v
                 o1_2 = o1_1 + c_k
                 oo_2 = oo_0 + c_k
                 a.out_vals[oo_2] += (a.t0_vals[q0_1] * a.t1_vals[o1_2])
+
+cdef void run_chunk_w16(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, vector[float]* oval) noexcept nogil:
+    cdef Args a = pa[0]
+    cdef int64_t c_i
+    cdef int64_t p0_0
+    cdef int64_t oo_0
+    cdef int64_t c_k
+    cdef scorch_vf wv0
+    cdef int64_t c_j
+    cdef int64_t q0_1
+    cdef int64_t h0_1
+    cdef int64_t e0_1
+    cdef int64_t o1_1
+    for c_i in range(clo, chi):
+        p0_0 = c_i
+        oo_0 = c_i * a.out_st_i
+        wv0 = scorch_vf_zero()
+        q0_1 = a.t0_pos1[p0_0]
+        h0_1 = a.t0_pos1[p0_0 + 1]
+        for q0_1 in range(q0_1, h0_1):
+            c_j = a.t0_crd1[q0_1]
+            o1_1 = c_j * a.t1_st_j
+            wv0 = wv0 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 0))[0])
+        (<scorch_vf*>(a.out_vals + oo_0 + 0))[0] = wv0
+
+cdef void run_chunk_w32(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, vector[float]* oval) noexcept nogil:
+    cdef Args a = pa[0]
+    cdef int64_t c_i
+    cdef int64_t p0_0
+    cdef int64_t oo_0
+    cdef int64_t c_k
+    cdef scorch_vf wv0
+    cdef scorch_vf wv1
+    cdef int64_t c_j
+    cdef int64_t q0_1
+    cdef int64_t h0_1
+    cdef int64_t e0_1
+    cdef int64_t o1_1
+    for c_i in range(clo, chi):
+        p0_0 = c_i
+        oo_0 = c_i * a.out_st_i
+        wv0 = scorch_vf_zero()
+        wv1 = scorch_vf_zero()
+        q0_1 = a.t0_pos1[p0_0]
+        h0_1 = a.t0_pos1[p0_0 + 1]
+        for q0_1 in range(q0_1, h0_1):
+            c_j = a.t0_crd1[q0_1]
+            o1_1 = c_j * a.t1_st_j
+            wv0 = wv0 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 0))[0])
+            wv1 = wv1 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 16))[0])
+        (<scorch_vf*>(a.out_vals + oo_0 + 0))[0] = wv0
+        (<scorch_vf*>(a.out_vals + oo_0 + 16))[0] = wv1
+
+cdef void run_chunk_w64(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, vector[float]* oval) noexcept nogil:
+    cdef Args a = pa[0]
+    cdef int64_t c_i
+    cdef int64_t p0_0
+    cdef int64_t oo_0
+    cdef int64_t c_k
+    cdef scorch_vf wv0
+    cdef scorch_vf wv1
+    cdef scorch_vf wv2
+    cdef scorch_vf wv3
+    cdef int64_t c_j
+    cdef int64_t q0_1
+    cdef int64_t h0_1
+    cdef int64_t e0_1
+    cdef int64_t o1_1
+    for c_i in range(clo, chi):
+        p0_0 = c_i
+        oo_0 = c_i * a.out_st_i
+        wv0 = scorch_vf_zero()
+        wv1 = scorch_vf_zero()
+        wv2 = scorch_vf_zero()
+        wv3 = scorch_vf_zero()
+        q0_1 = a.t0_pos1[p0_0]
+        h0_1 = a.t0_pos1[p0_0 + 1]
+        for q0_1 in range(q0_1, h0_1):
+            c_j = a.t0_crd1[q0_1]
+            o1_1 = c_j * a.t1_st_j
+            wv0 = wv0 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 0))[0])
+            wv1 = wv1 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 16))[0])
+            wv2 = wv2 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 32))[0])
+            wv3 = wv3 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 48))[0])
+        (<scorch_vf*>(a.out_vals + oo_0 + 0))[0] = wv0
+        (<scorch_vf*>(a.out_vals + oo_0 + 16))[0] = wv1
+        (<scorch_vf*>(a.out_vals + oo_0 + 32))[0] = wv2
+        (<scorch_vf*>(a.out_vals + oo_0 + 48))[0] = wv3
+
+cdef void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, vector[float]* oval) noexcept nogil:
+    cdef Args a = pa[0]
+    cdef int64_t c_i
+    cdef int64_t p0_0
+    cdef int64_t oo_0
+    cdef int64_t c_k
+    cdef scorch_vf wv0
+    cdef scorch_vf wv1
+    cdef scorch_vf wv2
+    cdef scorch_vf wv3
+    cdef scorch_vf wv4
+    cdef scorch_vf wv5
+    cdef scorch_vf wv6
+    cdef scorch_vf wv7
+    cdef int64_t c_j
+    cdef int64_t q0_1
+    cdef int64_t h0_1
+    cdef int64_t e0_1
+    cdef int64_t o1_1
+    for c_i in range(clo, chi):
+        p0_0 = c_i
+        oo_0 = c_i * a.out_st_i
+        wv0 = scorch_vf_zero()
+        wv1 = scorch_vf_zero()
+        wv2 = scorch_vf_zero()
+        wv3 = scorch_vf_zero()
+        wv4 = scorch_vf_zero()
+        wv5 = scorch_vf_zero()
+        wv6 = scorch_vf_zero()
+        wv7 = scorch_vf_zero()
+        q0_1 = a.t0_pos1[p0_0]
+        h0_1 = a.t0_pos1[p0_0 + 1]
+        for q0_1 in range(q0_1, h0_1):
+            c_j = a.t0_crd1[q0_1]
+            o1_1 = c_j * a.t1_st_j
+            wv0 = wv0 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 0))[0])
+            wv1 = wv1 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 16))[0])
+            wv2 = wv2 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 32))[0])
+            wv3 = wv3 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 48))[0])
+            wv4 = wv4 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 64))[0])
+            wv5 = wv5 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 80))[0])
+            wv6 = wv6 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 96))[0])
+            wv7 = wv7 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 112))[0])
+        (<scorch_vf*>(a.out_vals + oo_0 + 0))[0] = wv0
+        (<scorch_vf*>(a.out_vals + oo_0 + 16))[0] = wv1
+        (<scorch_vf*>(a.out_vals + oo_0 + 32))[0] = wv2
+        (<scorch_vf*>(a.out_vals + oo_0 + 48))[0] = wv3
+        (<scorch_vf*>(a.out_vals + oo_0 + 64))[0] = wv4
+        (<scorch_vf*>(a.out_vals + oo_0 + 80))[0] = wv5
+        (<scorch_vf*>(a.out_vals + oo_0 + 96))[0] = wv6
+        (<scorch_vf*>(a.out_vals + oo_0 + 112))[0] = wv7
 
 def kernel(list args, int nthreads):
     cdef Args a
@@ -70,7 +224,15 @@ def kernel(list args, int nthreads):
     hi0 = a.N_i
     if nthreads > 1 and hi0 - lo0 >= 64:
         nchunks = min(hi0 - lo0, 8 * nthreads)
-    memset(<void*>a.out_vals, 0, a.N_i * a.N_k * sizeof(float))
+    cdef chunk_fn fn = run_chunk
+    if a.N_k == 16:
+        fn = run_chunk_w16
+    if a.N_k == 32:
+        fn = run_chunk_w32
+    if a.N_k == 64:
+        fn = run_chunk_w64
+    if a.N_k == 128:
+        fn = run_chunk_w128
     cdef vector[int64_t] bounds
     bounds.resize(nchunks + 1)
     for t in range(nchunks + 1):
@@ -81,8 +243,8 @@ def kernel(list args, int nthreads):
     vals.resize(nchunks)
     if nchunks == 1:
         with nogil:
-            run_chunk(&a, lo0, hi0, &crds[0], &vals[0])
+            fn(&a, lo0, hi0, &crds[0], &vals[0])
     else:
         for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):
-            run_chunk(&a, bounds[t], bounds[t + 1], &crds[t * 1], &vals[t])
+            fn(&a, bounds[t], bounds[t + 1], &crds[t * 1], &vals[t])
     return None
