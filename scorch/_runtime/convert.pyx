@@ -34,6 +34,7 @@ from typing import List, Optional, Sequence, Tuple
 import math
 import numbers
 import os
+import threading
 import time
 
 import numpy as np
@@ -492,23 +493,37 @@ cdef int _busy_others = 0
 cdef double _slow_until = 0.0
 
 
+cdef bytes _read_proc(str path):
+    # os.open/os.read: half the cost of open() for these small /proc files
+    cdef int fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
 def _own_runnable() -> int:
-    n = 0
+    """Runnable threads of this process: the calling thread and every other one in state R
+    (the caller's own stat is not read: it is running)."""
+    me = str(threading.get_native_id())
+    n = 1
     for tid in os.listdir("/proc/self/task"):
+        if tid == me:
+            continue
         try:
-            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
-                st = f.read()
-            n += st[st.rindex(b")") + 2:st.rindex(b")") + 3] == b"R"
-        except OSError:
+            st = _read_proc(f"/proc/self/task/{tid}/stat")
+            i = st.rindex(b")")
+            n += st[i + 2:i + 3] == b"R"
+        except (OSError, ValueError):
             pass
-    return max(n, 1)
+    return n
 
 
 cdef int _runnable_others():
     """Runnable threads of other processes right now: /proc/loadavg's runnable threads minus
     this process's own (its idle OpenMP workers may still be spinning; counted before and
-    after, since one may fall asleep in between). Re-read at most every 20 ms; 0 where /proc
-    cannot be read."""
+    after, since one may fall asleep in between, the second count only when it matters).
+    Re-read at most every 20 ms; 0 where /proc cannot be read."""
     global _busy_checked, _busy_others
     cdef double now = time.monotonic()
     if now - _busy_checked < 0.02:
@@ -516,9 +531,10 @@ cdef int _runnable_others():
     _busy_checked = now
     try:
         own = _own_runnable()
-        with open("/proc/loadavg", "rb") as f:
-            running = int(f.read().split()[3].split(b"/")[0])
-        _busy_others = max(0, running - max(own, _own_runnable()))
+        running = int(_read_proc("/proc/loadavg").split()[3].split(b"/")[0])
+        if running > own:  # a worker of ours may have started running in between: count again
+            own = max(own, _own_runnable())
+        _busy_others = max(0, running - own)
     except (OSError, ValueError, IndexError):
         _busy_others = 0
     return _busy_others
@@ -1307,6 +1323,12 @@ def convert(st: Storage, fmt: Format) -> Storage:
     # sorting works in one index dtype; keys that are only read (no sort) keep the source's
     keys = [k.contiguous() if need == 0 else k.to(wdt).contiguous() for k in keys]
     return _assemble(st.shape, fmt, keys, st.values, n, need, unique=True)
+
+
+def _start_lag() -> float:
+    """Seconds between the first and the last thread starting its chunk in the last
+    instrumented parallel region (for tests and tuning of the adaptive team size)."""
+    return max(_start_at[t] for t in range(2)) - min(_start_at[t] for t in range(2))
 
 
 def _threads_for(work: int) -> int:
