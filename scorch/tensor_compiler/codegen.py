@@ -553,6 +553,20 @@ class _Gen:
             self.chunk_kind = "sparse"
             self.chunk_level = iters[0]
 
+    def balance_pos(self) -> Optional[str]:
+        """The pos array that weighs a dense outermost loop's iterations by stored entries
+        (a compressed level directly under a dense level on that variable: CSR's row
+        pointer), or None."""
+        if self.chunk_kind != "dense":
+            return None
+        v = self.s.loop_order[0]
+        for ap in self.s.accesses:
+            if (ap.sparse and len(ap.levels) > 1 and ap.levels[0].var == v
+                    and ap.levels[0].locates and ap.levels[1].has_pos
+                    and ap.levels[1].kind.is_sparse):
+                return f"a.t{ap.id}_pos{ap.levels[1].k}"
+        return None
+
     # ---- whole module -----------------------------------------------------------------
     def nest(self, W: Optional[int]):
         """The loop nest of one chunk function: (locals, lines). ``W``: the innermost loop's
@@ -696,6 +710,24 @@ class _Gen:
         w("    bounds.resize(nchunks + 1)")
         w("    for t in range(nchunks + 1):")
         w("        bounds[t] = lo0 + ((hi0 - lo0) * t) // nchunks")
+        bal = self.balance_pos()
+        if bal is not None:
+            # equal numbers of stored entries per chunk, not equal rows: a power-law row
+            # distribution would otherwise leave one thread with most of the work
+            w("    cdef int64_t btot, btarget, blo, bhi, bmid")
+            w("    if nchunks > 1:")
+            w(f"        btot = {bal}[hi0] - {bal}[lo0]")
+            w("        blo = lo0")
+            w("        for t in range(1, nchunks):")
+            w(f"            btarget = {bal}[lo0] + (btot * t) // nchunks")
+            w("            bhi = hi0")
+            w("            while blo < bhi:")
+            w("                bmid = (blo + bhi) // 2")
+            w(f"                if {bal}[bmid] < btarget:")
+            w("                    blo = bmid + 1")
+            w("                else:")
+            w("                    bhi = bmid")
+            w("            bounds[t] = blo")
         R = max(1, len(self.out.level_vars))
         w("    cdef vector[vector[int64_t]] crds")
         w(f"    cdef vector[vector[{self.vt}]] vals")

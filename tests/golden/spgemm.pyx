@@ -96,6 +96,20 @@ def kernel(list args, int nthreads):
     bounds.resize(nchunks + 1)
     for t in range(nchunks + 1):
         bounds[t] = lo0 + ((hi0 - lo0) * t) // nchunks
+    cdef int64_t btot, btarget, blo, bhi, bmid
+    if nchunks > 1:
+        btot = a.t0_pos1[hi0] - a.t0_pos1[lo0]
+        blo = lo0
+        for t in range(1, nchunks):
+            btarget = a.t0_pos1[lo0] + (btot * t) // nchunks
+            bhi = hi0
+            while blo < bhi:
+                bmid = (blo + bhi) // 2
+                if a.t0_pos1[bmid] < btarget:
+                    blo = bmid + 1
+                else:
+                    bhi = bmid
+            bounds[t] = blo
     cdef vector[vector[int64_t]] crds
     cdef vector[vector[float]] vals
     crds.resize(nchunks * 2)
