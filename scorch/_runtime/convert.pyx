@@ -1326,8 +1326,8 @@ def convert(st: Storage, fmt: Format) -> Storage:
 
 
 def _start_lag() -> float:
-    """Seconds between the first and the last thread starting its chunk in the last
-    instrumented parallel region (for tests and tuning of the adaptive team size)."""
+    """Seconds between threads 0 and 1 starting their chunks in the last instrumented
+    parallel region of two or more threads (for tuning the adaptive team size)."""
     return max(_start_at[t] for t in range(2)) - min(_start_at[t] for t in range(2))
 
 
