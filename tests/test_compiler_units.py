@@ -137,6 +137,14 @@ def test_schedule_spmm_and_concordance():
     assert s.loop_order[:2] == ["j", "i"] and not s.accesses[0].transposed
 
 
+def test_schedule_tiles_dense_loops_only_algorithm3():
+    assert _sched("ij,jk->ik", [as_format("csr"), None]).tiled == ["k"]       # never j or i
+    assert _sched("ij,ik,kj->ij", [as_format("csr"), None, None]).tiled == ["k"]
+    assert _sched("ij,j->i", [as_format("csr"), None]).tiled == []
+    assert _sched("ij,jk->ik", [as_format("csr"), as_format("csr")]).tiled == []
+    assert _sched("ij,jk->ik", [None, None]).tiled == ["i", "j", "k"]
+
+
 def test_schedule_moe_gate_sparse():
     s = _sched("bd,ndh,bn->bh", [None, None, as_format("coo", 2)])
     assert s.loop_order == ["b", "n", "d", "h"]
@@ -427,6 +435,21 @@ def test_spmm_compile_time_row_widths(fmt, dt):
     if fmt == "csr":
         src = C.explain("ij,jk->ik", A, torch.randn(11, 16, dtype=dt)).source
         assert "run_chunk_w16" in src and "wv0 = wv0 + " in src and "memset(" not in src
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo"])
+@pytest.mark.parametrize("dt", [torch.float32, torch.float64])
+def test_sddmm_compile_time_dot_widths(fmt, dt):
+    # K in the specialized widths: vector products summed lane-wise, one horizontal sum
+    s = rand((9, 11), 0.3, dtype=dt, seed=32)
+    S = sparse(s, fmt)
+    for K in (3, 8, 16, 32, 64, 128):
+        b, c = torch.randn(9, K, dtype=dt), torch.randn(K, 11, dtype=dt)
+        torch.testing.assert_close(dense(C.einsum("ij,ik,kj->ij", S, b, c)), s * (b @ c))
+        d = torch.randn(11, K, dtype=dt)      # dense output, reduction innermost
+        torch.testing.assert_close(dense(C.einsum("ij,ik,jk->i", S, b, d)), (s * (b @ d.T)).sum(1))
+    src = C.explain("ij,ik,kj->ij", S, b, c).source
+    assert "_hsum(" in src and "run_chunk_w16" in src
 
 
 @pytest.mark.parametrize("dt", [torch.float32, torch.float64])

@@ -103,6 +103,7 @@ class _Gen:
         self.rt_ws = (s.output.mode == "ws" and not s.output.ws_dense
                       and self.vt in ("float", "double", "int32_t", "int64_t"))
         self.row_depth = self.row_accumulation_depth()
+        self.dot = self.vector_dot()
         self.W: Optional[int] = None       # compile-time extent of the innermost loop
         self.lanes = 16 if self.vt == "float" else 8      # one 512-bit register
         self.vtype = "scorch_vf" if self.vt == "float" else "scorch_vd"
@@ -271,14 +272,40 @@ class _Gen:
             p = f"(<{self.vtype}*>(a.out_vals + {st['oo']} + {c * self.lanes}))[0]"
             self.emit(ind, f"{p} = wv{c}" if self.store_all else f"{p} = {p} + wv{c}")
 
+    def vector_dot(self) -> bool:
+        """The innermost loop is a reduction of a scalar accumulator wrapping only it (SDDMM's
+        ``k``), dense in every operand: at a compile-time width it becomes vector products
+        summed lane-wise, then one horizontal sum (no loop, no remainder)."""
+        s, out = self.s, self.out
+        order = s.loop_order
+        if not order or out.acc_depth != len(order) - 1 or out.mode not in ("acc", "dense"):
+            return False
+        L = order[-1]
+        if L not in s.assignment.reduction:
+            return False
+        if any(ap.sparse and L in ap.level_vars for ap in s.accesses):
+            return False
+        return all(ap.id in self.unit for ap in s.accesses if not ap.sparse and L in ap.indices)
+
     def vec_leaf(self, ind: int, st) -> None:
         """The innermost (row) loop of a compile-time width as whole vectors: accesses
         streamed by it are vector loads, the others scalars (GCC vector extensions
-        broadcast them), one accumulator register per vector of the row."""
+        broadcast them), one accumulator register per vector of the row (or, for a
+        reduction, lane-wise partial sums added horizontally once)."""
         cond = ml.to_code(self.s.formula, lambda i: st["pres"][i])
         if cond != "1":
             self.emit(ind, f"if {cond}:")
             ind += 1
+        if self.row_depth < 0:   # vector dot product
+            terms = []
+            for c in range(self.W // self.lanes):
+                self.vec_at = c * self.lanes
+                terms.append(self.value(self.s.assignment.rhs, st))
+            self.vec_at = None
+            self.emit(ind, f"acc = acc + {self.vtype}_hsum({' + '.join(terms)})")
+            if self.out.mode == "acc" and self.out.pattern < 0:
+                self.emit(ind, "hit = 1")
+            return
         for c in range(self.W // self.lanes):
             self.vec_at = c * self.lanes
             self.emit(ind, f"wv{c} = wv{c} + {self.value(self.s.assignment.rhs, st)}")
@@ -611,9 +638,7 @@ class _Gen:
         """Innermost extents that get their own chunk function (a fixed number of vector
         operations per row, the row accumulated in registers): 16 float32 = one AVX-512
         register. Only for the row accumulation (``row_accumulation_depth``)."""
-        if self.row_depth < 0:
-            return ()
-        if self.vt not in ("float", "double"):
+        if (self.row_depth < 0 and not self.dot) or self.vt not in ("float", "double"):
             return ()
         return (16, 32, 64, 128) if self.vt == "float" else (8, 16, 32, 64)
 
@@ -661,9 +686,12 @@ class _Gen:
             w("    typedef double scorch_vd __attribute__((vector_size(64), aligned(8), may_alias));")
             w("    static inline scorch_vf scorch_vf_zero(void) { scorch_vf z = {0}; return z; }")
             w("    static inline scorch_vd scorch_vd_zero(void) { scorch_vd z = {0}; return z; }")
+            w("    static inline float scorch_vf_hsum(scorch_vf v) { float s = 0; for (int i = 0; i < 16; i++) s += v[i]; return s; }")
+            w("    static inline double scorch_vd_hsum(scorch_vd v) { double s = 0; for (int i = 0; i < 8; i++) s += v[i]; return s; }")
             w('    """')
             w(f"    ctypedef {self.vt} {self.vtype}")
             w(f"    {self.vtype} {self.vtype}_zero() noexcept nogil")
+            w(f"    {self.vt} {self.vtype}_hsum({self.vtype}) noexcept nogil")
             w("")
             w(f"ctypedef void (*chunk_fn)(Args*, int64_t, int64_t, vector[int64_t]*, "
               f"vector[{self.vt}]*) noexcept nogil")

@@ -316,4 +316,14 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
         else:
             out.mode = "direct"
         out.pattern = _pattern_access(asg, plans, out, order)
-    return Schedule(asg, order, plans, out, f, workspaces, [], cost)
+    return Schedule(asg, order, plans, out, f, workspaces, _tiled(order, plans), cost)
+
+
+def _tiled(order: Sequence[str], plans: List[AccessPlan]) -> List[str]:
+    """Paper Algorithm 3: only dense loops are tiled, never a sparse loop nor a parent of
+    one (a loop with a sparse loop anywhere below it). SpMM CSR x dense: ``k``, never ``j``
+    (sparse) or ``i`` (parent of ``j``); SpMV and SpGEMM: none. The kernel strip-mines the
+    innermost such loop into 512-bit vector panels (``codegen``: compile-time row widths,
+    else gcc's vectorizer)."""
+    sparse_vars = {lv.var for ap in plans if ap.sparse for lv in ap.levels if lv.kind.is_sparse}
+    return [v for n, v in enumerate(order) if not any(u in sparse_vars for u in order[n:])]

@@ -28,6 +28,21 @@ cdef struct Args:
     float* t2_vals
     float* out_vals
 
+cdef extern from *:
+    """
+    typedef float scorch_vf __attribute__((vector_size(64), aligned(4), may_alias));
+    typedef double scorch_vd __attribute__((vector_size(64), aligned(8), may_alias));
+    static inline scorch_vf scorch_vf_zero(void) { scorch_vf z = {0}; return z; }
+    static inline scorch_vd scorch_vd_zero(void) { scorch_vd z = {0}; return z; }
+    static inline float scorch_vf_hsum(scorch_vf v) { float s = 0; for (int i = 0; i < 16; i++) s += v[i]; return s; }
+    static inline double scorch_vd_hsum(scorch_vd v) { double s = 0; for (int i = 0; i < 8; i++) s += v[i]; return s; }
+    """
+    ctypedef float scorch_vf
+    scorch_vf scorch_vf_zero() noexcept nogil
+    float scorch_vf_hsum(scorch_vf) noexcept nogil
+
+ctypedef void (*chunk_fn)(Args*, int64_t, int64_t, vector[int64_t]*, vector[float]*) noexcept nogil
+
 cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, vector[float]* oval) noexcept nogil:
     cdef Args a = pa[0]
     cdef int64_t c_i
@@ -57,6 +72,102 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, v
                 acc += ((a.t0_vals[q0_1] * a.t1_vals[o1_2]) * a.t2_vals[o2_2])
             a.out_vals[q0_1] = acc
 
+cdef void run_chunk_w16(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, vector[float]* oval) noexcept nogil:
+    cdef Args a = pa[0]
+    cdef int64_t c_i
+    cdef int64_t p0_0
+    cdef int64_t o1_0
+    cdef int64_t c_j
+    cdef int64_t q0_1
+    cdef int64_t h0_1
+    cdef int64_t e0_1
+    cdef int64_t o2_1
+    cdef float acc
+    cdef int64_t c_k
+    for c_i in range(clo, chi):
+        p0_0 = c_i
+        o1_0 = c_i * a.t1_st_i
+        q0_1 = a.t0_pos1[p0_0]
+        h0_1 = a.t0_pos1[p0_0 + 1]
+        for q0_1 in range(q0_1, h0_1):
+            c_j = a.t0_crd1[q0_1]
+            o2_1 = c_j * a.t2_st_j
+            acc = 0
+            acc = acc + scorch_vf_hsum(((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 0))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 0))[0]))
+            a.out_vals[q0_1] = acc
+
+cdef void run_chunk_w32(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, vector[float]* oval) noexcept nogil:
+    cdef Args a = pa[0]
+    cdef int64_t c_i
+    cdef int64_t p0_0
+    cdef int64_t o1_0
+    cdef int64_t c_j
+    cdef int64_t q0_1
+    cdef int64_t h0_1
+    cdef int64_t e0_1
+    cdef int64_t o2_1
+    cdef float acc
+    cdef int64_t c_k
+    for c_i in range(clo, chi):
+        p0_0 = c_i
+        o1_0 = c_i * a.t1_st_i
+        q0_1 = a.t0_pos1[p0_0]
+        h0_1 = a.t0_pos1[p0_0 + 1]
+        for q0_1 in range(q0_1, h0_1):
+            c_j = a.t0_crd1[q0_1]
+            o2_1 = c_j * a.t2_st_j
+            acc = 0
+            acc = acc + scorch_vf_hsum(((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 0))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 0))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 16))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 16))[0]))
+            a.out_vals[q0_1] = acc
+
+cdef void run_chunk_w64(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, vector[float]* oval) noexcept nogil:
+    cdef Args a = pa[0]
+    cdef int64_t c_i
+    cdef int64_t p0_0
+    cdef int64_t o1_0
+    cdef int64_t c_j
+    cdef int64_t q0_1
+    cdef int64_t h0_1
+    cdef int64_t e0_1
+    cdef int64_t o2_1
+    cdef float acc
+    cdef int64_t c_k
+    for c_i in range(clo, chi):
+        p0_0 = c_i
+        o1_0 = c_i * a.t1_st_i
+        q0_1 = a.t0_pos1[p0_0]
+        h0_1 = a.t0_pos1[p0_0 + 1]
+        for q0_1 in range(q0_1, h0_1):
+            c_j = a.t0_crd1[q0_1]
+            o2_1 = c_j * a.t2_st_j
+            acc = 0
+            acc = acc + scorch_vf_hsum(((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 0))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 0))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 16))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 16))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 32))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 32))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 48))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 48))[0]))
+            a.out_vals[q0_1] = acc
+
+cdef void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, vector[float]* oval) noexcept nogil:
+    cdef Args a = pa[0]
+    cdef int64_t c_i
+    cdef int64_t p0_0
+    cdef int64_t o1_0
+    cdef int64_t c_j
+    cdef int64_t q0_1
+    cdef int64_t h0_1
+    cdef int64_t e0_1
+    cdef int64_t o2_1
+    cdef float acc
+    cdef int64_t c_k
+    for c_i in range(clo, chi):
+        p0_0 = c_i
+        o1_0 = c_i * a.t1_st_i
+        q0_1 = a.t0_pos1[p0_0]
+        h0_1 = a.t0_pos1[p0_0 + 1]
+        for q0_1 in range(q0_1, h0_1):
+            c_j = a.t0_crd1[q0_1]
+            o2_1 = c_j * a.t2_st_j
+            acc = 0
+            acc = acc + scorch_vf_hsum(((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 0))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 0))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 16))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 16))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 32))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 32))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 48))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 48))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 64))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 64))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 80))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 80))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 96))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 96))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 112))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 112))[0]))
+            a.out_vals[q0_1] = acc
+
 def kernel(list args, int nthreads):
     cdef Args a
     a.N_i = args[0]
@@ -76,6 +187,15 @@ def kernel(list args, int nthreads):
     hi0 = a.N_i
     if nthreads > 1 and hi0 - lo0 >= 64:
         nchunks = min(hi0 - lo0, 8 * nthreads)
+    cdef chunk_fn fn = run_chunk
+    if a.N_k == 16:
+        fn = run_chunk_w16
+    if a.N_k == 32:
+        fn = run_chunk_w32
+    if a.N_k == 64:
+        fn = run_chunk_w64
+    if a.N_k == 128:
+        fn = run_chunk_w128
     cdef vector[int64_t] bounds
     bounds.resize(nchunks + 1)
     for t in range(nchunks + 1):
@@ -100,8 +220,8 @@ def kernel(list args, int nthreads):
     vals.resize(nchunks)
     if nchunks == 1:
         with nogil:
-            run_chunk(&a, lo0, hi0, &crds[0], &vals[0])
+            fn(&a, lo0, hi0, &crds[0], &vals[0])
     else:
         for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):
-            run_chunk(&a, bounds[t], bounds[t + 1], &crds[t * 2], &vals[t])
+            fn(&a, bounds[t], bounds[t + 1], &crds[t * 2], &vals[t])
     return None

@@ -32,9 +32,12 @@ cdef extern from *:
     typedef double scorch_vd __attribute__((vector_size(64), aligned(8), may_alias));
     static inline scorch_vf scorch_vf_zero(void) { scorch_vf z = {0}; return z; }
     static inline scorch_vd scorch_vd_zero(void) { scorch_vd z = {0}; return z; }
+    static inline float scorch_vf_hsum(scorch_vf v) { float s = 0; for (int i = 0; i < 16; i++) s += v[i]; return s; }
+    static inline double scorch_vd_hsum(scorch_vd v) { double s = 0; for (int i = 0; i < 8; i++) s += v[i]; return s; }
     """
     ctypedef float scorch_vf
     scorch_vf scorch_vf_zero() noexcept nogil
+    float scorch_vf_hsum(scorch_vf) noexcept nogil
 
 ctypedef void (*chunk_fn)(Args*, int64_t, int64_t, vector[int64_t]*, vector[float]*) noexcept nogil
 
