@@ -350,6 +350,25 @@ def _assemble(entry: _Entry, crd, vals, sizes) -> Storage:
     return st
 
 
+_NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.int64: np.int64,
+              torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8,
+              torch.uint8: np.uint8}
+
+
+def _empty(shape, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialized output. Big ones come from numpy's allocator, which asks the kernel
+    for transparent huge pages (``madvise``): first-touch page faults of a fresh 167 MB
+    ``torch.empty`` cost ~80 ms on the dev box (THP in ``madvise`` mode), ~17 ms this way,
+    more than an SpMM over that output."""
+    n = 1
+    for d in shape:
+        n *= d
+    npt = _NP_DTYPES.get(dtype)
+    if npt is None or n < (1 << 18):
+        return torch.empty(shape, dtype=dtype)
+    return torch.from_numpy(np.empty(shape, dtype=npt))
+
+
 def _pattern_ready(entry: _Entry, sizes) -> bool:
     """A pattern-output kernel (``OutputPlan.pattern``) runs only when every reduction is
     non-empty (an empty reduction stores nothing; that case goes through the general path)."""
@@ -423,7 +442,7 @@ def _run(entry: _Entry, ops):
         idx = {ap.id: data[ap.id].index_dtype for ap in entry.schedule.accesses if ap.sparse}
         try:
             entry.runner = make_runner(entry, mod, args, idx, lambda w: _threads_for(w), _assemble,
-                                       _pattern_storage)
+                                       _pattern_storage, _empty)
         except Exception:  # the general path always works
             entry.runner = None
     out_plan = entry.schedule.output
@@ -433,11 +452,11 @@ def _run(entry: _Entry, ops):
             return _assemble(entry, np.empty(0, dtype=np.int64),
                              np.empty(0, dtype=_codegen.NPTYPES[entry.value_dtype]), sizes)
         P = data[out_plan.pattern]
-        out = torch.empty(P.values.numel(), dtype=entry.value_dtype)
+        out = _empty((P.values.numel(),), entry.value_dtype)
         mod.kernel(_arg_values(args, entry, data, sizes, out), _threads_for(_work(data)))
         return _pattern_storage(entry, P, out, sizes)
     if out_plan.dense:
-        out = torch.empty(tuple(sizes[v] for v in out_plan.vars), dtype=entry.value_dtype)  # kernel zeroes it
+        out = _empty(tuple(sizes[v] for v in out_plan.vars), entry.value_dtype)  # kernel zeroes it
     res = mod.kernel(_arg_values(args, entry, data, sizes, out), _threads_for(_work(data)))
     if out_plan.dense:
         if entry.split is not None:

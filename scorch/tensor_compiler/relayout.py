@@ -70,13 +70,15 @@ _local = threading.local()
 def _buffer(slot: int, dtype: torch.dtype, n: int) -> torch.Tensor:
     nbytes = n * (4 if dtype == torch.float32 else 8)
     if nbytes < SCRATCH_MIN or nbytes > SCRATCH_MAX:
-        return torch.empty(n, dtype=dtype)
+        from . import _empty
+        return _empty((n,), dtype)
     bufs = getattr(_local, "bufs", None)
     if bufs is None:
         bufs = _local.bufs = {}
     b = bufs.get((slot, dtype))
     if b is None or b.numel() < n:
-        b = bufs[(slot, dtype)] = torch.empty(n, dtype=dtype)
+        from . import _empty
+        b = bufs[(slot, dtype)] = _empty((n,), dtype)
     return b[:n]
 
 

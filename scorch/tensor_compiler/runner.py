@@ -19,7 +19,7 @@ __all__ = ["make_runner"]
 
 
 def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], threads_for, assemble,
-                pattern=None):
+                pattern=None, empty=None):
     s = entry.schedule
     if entry.split is not None or any(ap.transposed for ap in s.accesses):
         return None
@@ -67,10 +67,10 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], threa
         P = s.accesses[out.pattern].tensor
         for v in entry.assignment.reduction:
             w(f"    if {seen[v]} == 0: return None")
-        w(f"    out = torch.empty(x{P}.values.numel(), dtype=VT)  # P's pattern, written by the kernel")
+        w(f"    out = EMPTY((x{P}.values.numel(),), VT)  # P's pattern, written by the kernel")
     if out.dense:
         shape = ", ".join(seen[v] for v in out.vars)
-        w(f"    out = torch.empty(({shape}{',' if len(out.vars) == 1 else ''}), dtype=VT)  # zeroed by the kernel")
+        w(f"    out = EMPTY(({shape}{',' if len(out.vars) == 1 else ''}), VT)  # written (or zeroed) by the kernel")
     vals = []
     for _, _, what in args:
         tag = what[0]
@@ -101,7 +101,8 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], threa
         w(f"    return ASSEMBLE(ENTRY, res[0], res[1], {{{sizes}}})")
     src = "\n".join(L) + "\n"
     env = {"torch": torch, "VT": entry.value_dtype, "KERNEL": module.kernel, "THREADS": threads_for,
-           "ASSEMBLE": assemble, "ENTRY": entry, "PATTERN": pattern}
+           "ASSEMBLE": assemble, "ENTRY": entry, "PATTERN": pattern,
+           "EMPTY": empty if empty is not None else (lambda shape, dt: torch.empty(shape, dtype=dt))}
     for n, aps in by_tensor.items():
         if aps[0].sparse:
             env[f"IDT{n}"] = index_dtypes[aps[0].id]
