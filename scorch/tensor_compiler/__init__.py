@@ -390,6 +390,10 @@ _NCPU = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (o
 _load = {"t": -1.0, "others": 0}
 
 
+#: operands' stored entries + dense elements below which a kernel runs on one thread
+PARALLEL_MIN_WORK = int(os.environ.get("SCORCH_PARALLEL_MIN_WORK", 20_000))
+
+
 def _runnable_others() -> int:
     """Runnable threads of other processes (from /proc/loadavg, re-read every 20 ms)."""
     now = time.monotonic()
@@ -411,7 +415,7 @@ def _threads_for(work: int) -> int:
     cores (every parallel region ends in a barrier, and a worker waiting for a core costs a
     scheduler time slice, far more than a small kernel)."""
     T = torch.get_num_threads()
-    if T == 1 or work < 50_000:
+    if T == 1 or work < PARALLEL_MIN_WORK:
         return 1
     return max(1, min(T, _NCPU - _runnable_others()))
 

@@ -27,6 +27,7 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], threa
     by_tensor: Dict[int, List] = {}
     for ap in s.accesses:
         by_tensor.setdefault(ap.tensor, []).append(ap)
+    from . import PARALLEL_MIN_WORK
     L: List[str] = []
     w = L.append
     w("def run(ops):")
@@ -61,7 +62,7 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], threa
         (f"x{n}.values.numel()" if any(ap.sparse for ap in aps) else f"x{n}.numel()")
         for n, aps in sorted(by_tensor.items())) or "0"
     w(f"    work = {work}")
-    w("    nt = 1 if work < 50000 else THREADS(work)")
+    w(f"    nt = 1 if work < {PARALLEL_MIN_WORK} else THREADS(work)")
     out = s.output
     if out.pattern >= 0:
         P = s.accesses[out.pattern].tensor
