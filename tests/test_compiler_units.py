@@ -531,3 +531,19 @@ def test_every_output_format_rank3(ofmt):
     assert r.format == ofmt
     check_storage(r)
     torch.testing.assert_close(dense(r), x * w)
+
+
+def test_output_format_inferred_on_the_formats_read():
+    """CSR x CSC reads B transposed to CSR, so the product is CSR (sparse), not dense
+    because CSC happens to store its columns in a dense level."""
+    import scorch
+    g = torch.Generator().manual_seed(3)
+    a = torch.rand(30, 20, generator=g) * (torch.rand(30, 20, generator=g) < 0.1)
+    b = torch.rand(20, 25, generator=g) * (torch.rand(20, 25, generator=g) < 0.1)
+    A, B = scorch.sparse_tensor(a, format="csr"), scorch.sparse_tensor(b, format="csc")
+    plan = scorch.explain("ij,jk->ik", A, B)
+    assert plan.loop_order == ["i", "j", "k"] and plan.output_format.is_sparse
+    C = scorch.einsum("ij,jk->ik", A, B)
+    assert C.format.is_sparse and torch.allclose(C.to_dense(), a @ b, atol=1e-5)
+    X = A.to_format("csc")
+    assert scorch.explain("ij,ij->ij", X, X).output_format == scorch.as_format("csc")

@@ -262,6 +262,24 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
         out_kinds = kinds
         out_mode_vars = None
     order = _choose_order(asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail)
+    if out_format is None:
+        # Infer again on the formats the kernel reads: a transposed operand's levels apply
+        # to its dimensions in the new order (CSR x CSC reads B as CSR, so the product is
+        # CSR, not dense because CSC stores columns densely). Repeat while that changes
+        # the order (at most a few rounds; the kinds only move toward what is read).
+        for _ in range(3):
+            def kind_read(acc: Access, v: str, order=order) -> LevelKind:
+                fmt = formats[acc.tensor]
+                if fmt is None:
+                    return LevelKind.DENSE
+                dims, _tr = _concordant_dims(acc.indices, fmt, order)
+                return fmt.levels[dims.index(acc.indices.index(v))]
+            kinds = infer_output_kinds(asg.rhs, asg.output, kind_read)
+            dense_now = rank == 0 or all(k is LevelKind.DENSE for k in kinds.values())
+            if kinds == out_kinds and dense_now == out_dense:
+                break
+            out_kinds, out_dense = kinds, dense_now
+            order = _choose_order(asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail)
     cost = order_cost(order, asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail)
     loop_rank = {v: n for n, v in enumerate(order)}
 
