@@ -15,10 +15,6 @@ from .tensor import SparseTensor, _TORCH_SPARSE_LAYOUTS
 
 __all__ = ["sparse_tensor", "tensor", "from_scipy"]
 
-_SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64, torch.bool,
-                     torch.float16, torch.bfloat16, torch.int8, torch.int16, torch.uint8,
-                     torch.complex64, torch.complex128)
-
 
 def _convert():
     from ._runtime import convert
@@ -50,8 +46,7 @@ def _check_size(size: Any, name: str = "size") -> tuple:
 
 
 def _check_dtype(dtype: torch.dtype, name: str) -> None:
-    if dtype not in _SUPPORTED_DTYPES:
-        raise TypeError(f"{name}: dtype {dtype} is not supported for sparse tensors")
+    _convert()._check_values_dtype(dtype, name)
 
 
 def sparse_tensor(data: Any, size: Optional[Sequence[int]] = None, format: FormatLike = None,

@@ -42,14 +42,6 @@ def _index_pair(a: torch.Tensor, b: torch.Tensor):
     return a, b
 
 
-def _check_values_dtype(values: torch.Tensor, name: str) -> None:
-    if values.dtype.is_complex or values.dtype in (torch.float16, torch.bfloat16):
-        return
-    if values.dtype not in (torch.float32, torch.float64, torch.int32, torch.int64, torch.bool,
-                            torch.int8, torch.int16, torch.uint8):
-        raise TypeError(f"{name}: unsupported value dtype {values.dtype}")
-
-
 def from_torch(x: torch.Tensor) -> Storage:
     """Storage viewing a torch sparse tensor's arrays (COO is coalesced first if needed)."""
     layout = x.layout

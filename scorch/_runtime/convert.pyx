@@ -101,8 +101,8 @@ _WIDEN = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.int
 _NATIVE_SUM = (torch.float32, torch.float64, torch.int32, torch.int64, torch.bool,
                torch.complex64, torch.complex128)
 _SCAN_AS = {torch.float32: 0, torch.float64: 1, torch.int8: 2, torch.uint8: 3, torch.bool: 3,
-            torch.int16: 4, torch.uint16: 4, torch.float16: 5, torch.bfloat16: 5,
-            torch.int32: 6, torch.uint32: 6, torch.int64: 7, torch.uint64: 7,
+            torch.int16: 4, torch.float16: 5, torch.bfloat16: 5,
+            torch.int32: 6, torch.int64: 7,
             torch.complex64: 8, torch.complex128: 9}
 
 
@@ -1084,9 +1084,10 @@ def _check_format(fmt: Format, shape: Sequence[int]) -> None:
                 raise ValueError(f"size[{d}] = {s} is not divisible by the block size {b} of format {fmt!r}")
 
 
-def _check_values_dtype(dtype) -> None:
+def _check_values_dtype(dtype, name: str = "values") -> None:
+    """The one table of value dtypes sparse storage supports; ``name`` is the operand."""
     if dtype not in _SCAN_AS:
-        raise TypeError(f"values of dtype {dtype} are not supported (expected a float, int, bool "
+        raise TypeError(f"{name} of dtype {dtype} are not supported (expected a float, int, bool "
                         f"or complex dtype)")
 
 
