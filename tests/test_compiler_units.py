@@ -241,6 +241,71 @@ def test_spgemm_sparse_output_structure():
     torch.testing.assert_close(dense(r), x @ y)
 
 
+@pytest.mark.parametrize("idt", [torch.int32, torch.int64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_spgemm_rows_assembly(idt, threads, monkeypatch):
+    """CSR outputs are assembled row-wise (counts into pos, chunk buffers copied in order):
+    rows of every length, empty rows, both index widths, one and several chunks."""
+    monkeypatch.setattr(C, "PARALLEL_MIN_WORK", 0)
+    x, y = rand((300, 40), 0.08, seed=11), rand((40, 500), 0.1, seed=12)
+    x[100:150] = 0   # a run of empty output rows
+    x[7] = 1.0       # a dense row: its output row is read out by scanning marks
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        r = C.einsum("ij,jk->ik", sparse(x, "csr", index_dtype=idt), sparse(y, "csr", index_dtype=idt))
+    finally:
+        torch.set_num_threads(old)
+    check_storage(r)
+    assert r.format == as_format("csr") and r.index_dtype == torch.int32
+    torch.testing.assert_close(dense(r), x @ y)
+    src = C.explain("ij,jk->ik", sparse(x, "csr", index_dtype=idt), sparse(y, "csr", index_dtype=idt)).source
+    assert "out_pos" in src and "dense_scratch" in src and "ocrd[0]" not in src
+
+
+def test_spgemm_map_workspace_for_huge_extent():
+    """A workspace extent over the dense-array limit runs the std::map variant."""
+    import numpy as np
+    import scipy.sparse as sp
+    from scorch.tensor_compiler.codegen import DENSE_WS_LIMIT
+    n = DENSE_WS_LIMIT + 1000
+    A = sp.random(30, 50, density=0.2, format="csr", random_state=1)
+    B = sp.random(50, n, density=4e-6, format="csr", random_state=2)
+    ends = sp.csr_matrix(([1.0, 2.0, 3.0], ([0, 0, 1], [0, n - 1, n // 2])), shape=(50, n))
+    B = (B + ends).tocsr()   # coordinates at both ends of the extent
+    B.sort_indices()
+    from scorch.interop import from_scipy
+    a, b = from_scipy(A), from_scipy(B)
+    r = C.einsum("ij,jk->ik", a, b)
+    check_storage(r)
+    want = (A @ B).tocsr()
+    want.sort_indices()
+    pos, crd = r.levels[1].pos.numpy(), r.levels[1].crd.numpy()
+    np.testing.assert_array_equal(pos, want.indptr)
+    np.testing.assert_array_equal(crd, want.indices)
+    np.testing.assert_allclose(r.values.numpy(), want.data)
+    src = C.explain("ij,jk->ik", a, b).source
+    assert "run_chunk_map" in src and f"> {DENSE_WS_LIMIT}" in src
+
+
+def test_rows_assembly_batched_and_sparse_outer():
+    """Two dense levels over a compressed one (a batch of CSRs), and an outer loop that
+    iterates a compressed level (DCSR operand) into a CSR output."""
+    x, y = rand((3, 6, 5), 0.4, seed=13), rand((3, 5, 7), 0.4, seed=14)
+    a, b = sparse(x, Format("dcc")), sparse(y, Format("dcc"))
+    r = C.einsum("bik,bkj->bij", a, b, out_format=Format("ddc"))
+    check_storage(r)
+    assert r.format == Format("ddc")
+    torch.testing.assert_close(dense(r), torch.einsum("bik,bkj->bij", x, y))
+    assert "out_pos" in C.explain("bik,bkj->bij", a, b, out_format=Format("ddc")).source
+    u, v = rand((9, 6), 0.2, seed=15), rand((6, 8), 0.5, seed=16)
+    u[2:5] = 0
+    r = C.einsum("ij,jk->ik", sparse(u, "dcsr"), sparse(v, "csr"), out_format="csr")
+    check_storage(r)
+    assert r.format == as_format("csr")
+    torch.testing.assert_close(dense(r), u @ v)
+
+
 def test_out_format_override():
     x, y = rand((8, 7), 0.3, seed=7), rand((7, 9), 0.3, seed=8)
     r = C.einsum("ij,jk->ik", sparse(x, "csr"), y, out_format="csr")

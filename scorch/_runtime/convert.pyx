@@ -1335,3 +1335,12 @@ def _start_lag() -> float:
 def _threads_for(work: int) -> int:
     """The team size a kernel over ``work`` entries would use now (for tests and tuning)."""
     return _team(work)
+
+
+def free_cores(int T) -> int:
+    """How many of ``T`` threads to wake now: ``T``, less the cores that threads of other
+    processes are running on (this process's own spinning OpenMP workers do not count).
+    Generated kernels use it too (``tensor_compiler._threads_for``)."""
+    if T <= 1 or not _ADAPTIVE:
+        return T
+    return max(1, min(T, _NCPU - _runnable_others()))

@@ -7,6 +7,12 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <utility>
+#include <new>
 #include <cstdint>
 #include <map>
 #include <vector>
@@ -63,63 +69,105 @@ class SparseWorkspace {
   inline void clear() { entries.clear(); }
 };
 
-// A dense array of the fiber's extent plus a marker per coordinate and the list of touched
-// coordinates: O(1) per add, and clearing costs only what was touched, so one allocation
-// serves every fiber a thread processes.
+// The dense workspace: a values array over the fiber's extent (zero outside the fiber), a
+// byte per coordinate (1: in the fiber), the list of touched coordinates and their range
+// [lo, hi]. An add is ``values[c] += v`` plus a mark: no branch, and no chain through memory
+// from one add to the next (a bitmap word shared by neighbouring coordinates made every add
+// wait for the previous one's store). The sorted read-out walks the marks of [lo, hi] eight
+// at a time, extracting set bytes (count-trailing-zeros), in O(span/8 + k), far cheaper than
+// sorting the touched list unless the fiber is very spread out (then the list is sorted).
+// Reading out resets the values and marks it read, so everything is zero between fibers and
+// a kernel's per-thread arrays need no clearing. Generated kernels keep these arrays in
+// their own locals (registers), with the add as inline code; DenseWorkspace wraps the same
+// arrays for other callers. ``mark`` needs 8 bytes of padding past the extent.
+template <typename K, typename I, typename V>
+inline void dense_ws_drain(K* touched, int64_t k, int64_t lo, int64_t hi, V* values,
+                           uint8_t* mark, I* crd, V* vals) {
+  if (k == 0) return;
+  const int64_t c0 = lo & ~int64_t(7);
+  // eight marks cost about what one sorted element does; sorting k costs ~k log2 k
+  int64_t log2k = 1;
+  while ((int64_t(1) << log2k) < k) ++log2k;
+  if ((hi - c0) / 8 + 1 <= 2 * k * log2k) {
+    int64_t out = 0;
+    for (int64_t base = c0; base <= hi; base += 8) {
+      uint64_t word;
+      std::memcpy(&word, mark + base, 8);
+      if (!word) continue;
+      std::memset(mark + base, 0, 8);
+      while (word) {
+        const int64_t c = base + (__builtin_ctzll(word) >> 3);
+        crd[out] = static_cast<I>(c);
+        vals[out] = values[c];
+        values[c] = V(0);
+        ++out;
+        word &= word - 1;
+      }
+    }
+    return;
+  }
+  if (k <= 32) {   // insertion sort: the common short fiber, cheaper than std::sort's setup
+    for (int64_t i = 1; i < k; ++i) {
+      const K x = touched[i];
+      int64_t j = i - 1;
+      while (j >= 0 && touched[j] > x) { touched[j + 1] = touched[j]; --j; }
+      touched[j + 1] = x;
+    }
+  } else {
+    std::sort(touched, touched + k);
+  }
+  for (int64_t i = 0; i < k; ++i) {
+    const int64_t c = touched[i];
+    crd[i] = static_cast<I>(c);
+    vals[i] = values[c];
+    values[c] = V(0);
+    mark[c] = 0;
+  }
+}
+
+// The dense workspace as an object (see dense_ws_drain), one allocation for every fiber.
 template <typename V>
 class DenseWorkspace {
  public:
   std::vector<V> values;
-  std::vector<uint8_t> marked;
+  std::vector<uint8_t> mark;
   std::vector<int64_t> touched;
+  int64_t lo = INT64_MAX, hi = -1;   // range of the touched coordinates
 
   DenseWorkspace() {}
-  explicit DenseWorkspace(int64_t n) : values(n), marked(n, 0) {}
+  explicit DenseWorkspace(int64_t n) { resize(n); }
 
   inline void resize(int64_t n) {
     values.assign(n, V(0));
-    marked.assign(n, 0);
+    mark.assign(n + 8, 0);
     touched.clear();
+    lo = INT64_MAX;
+    hi = -1;
   }
   inline int64_t extent() const { return static_cast<int64_t>(values.size()); }
   inline int64_t size() const { return static_cast<int64_t>(touched.size()); }
   inline bool empty() const { return touched.empty(); }
-  inline bool contains(int64_t coord) const { return marked[coord] != 0; }
-  inline V get(int64_t coord) const { return marked[coord] ? values[coord] : V(0); }
+  inline bool contains(int64_t coord) const { return mark[coord] != 0; }
+  inline V get(int64_t coord) const { return values[coord]; }
 
   inline void add(int64_t coord, V value) {
-    if (marked[coord]) {
-      ws_accumulate(values[coord], value);
-    } else {
-      marked[coord] = 1;
-      values[coord] = value;
+    ws_accumulate(values[coord], value);
+    if (!mark[coord]) {
+      mark[coord] = 1;
       touched.push_back(coord);
+      lo = coord < lo ? coord : lo;
+      hi = coord > hi ? coord : hi;
     }
   }
 
-  // Sorted drain. A dense fiber (many touched coordinates) is cheaper to read back by
-  // scanning the markers in order than by sorting the touched list.
+  // Sorted drain (see dense_ws_drain).
   template <typename I>
   inline int64_t drain(I* crd, V* vals, int64_t offset) {
-    const int64_t k = size(), n = extent();
-    if (k * 16 >= n) {
-      // branch-free scan (the markers' pattern is random: a branch per marker mispredicts
-      // about half the time): every position is written at the output cursor, which only
-      // advances past marked ones; it stops at the last marked coordinate, so the cursor
-      // never passes offset + k
-      const int64_t end = offset + k;
-      for (int64_t c = 0; offset < end; ++c) {
-        const int64_t m = marked[c];
-        crd[offset] = static_cast<I>(c);
-        vals[offset] = values[c];
-        marked[c] = 0;
-        offset += m;
-      }
-      touched.clear();
-      return offset;
-    }
-    std::sort(touched.begin(), touched.end());
-    return drain_unsorted(crd, vals, offset);
+    const int64_t k = size();
+    dense_ws_drain(touched.data(), k, lo, hi, values.data(), mark.data(), crd + offset,
+                   vals + offset);
+    next();
+    return offset + k;
   }
   // Insertion order (for outputs whose level does not need sorted coordinates).
   template <typename I>
@@ -127,25 +175,172 @@ class DenseWorkspace {
     for (int64_t c : touched) {
       crd[offset] = static_cast<I>(c);
       vals[offset] = values[c];
-      marked[c] = 0;
       ++offset;
     }
-    touched.clear();
+    clear();
     return offset;
   }
   // Write the touched values into a dense output fiber (out[c] = value) and reset.
   inline void scatter(V* out) {
-    for (int64_t c : touched) {
-      out[c] = values[c];
-      marked[c] = 0;
-    }
-    touched.clear();
+    for (int64_t c : touched) out[c] = values[c];
+    clear();
   }
   // Forget the touched entries without reading them.
-  inline void reset() {
-    for (int64_t c : touched) marked[c] = 0;
+  inline void reset() { clear(); }
+
+ private:
+  inline void clear() {
+    for (int64_t c : touched) {
+      values[c] = V(0);
+      mark[c] = 0;
+    }
+    next();
+  }
+  inline void next() {
     touched.clear();
+    lo = INT64_MAX;
+    hi = -1;
   }
 };
+
+// Memory blocks that output buffers hand back for the next kernel call. Fresh pages cost a
+// page fault each on first touch (for a mid-size SpGEMM that was a quarter of its time);
+// a returned block keeps its pages, so steady-state calls touch no new memory. At most
+// kPoolBytes are kept; larger returns go back to malloc.
+class BlockPool {
+ public:
+  static constexpr size_t kPoolBytes = size_t(256) << 20;
+
+  void* take(size_t need, size_t* got) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      size_t best = blocks_.size();
+      for (size_t i = 0; i < blocks_.size(); ++i) {
+        if (blocks_[i].second >= need &&
+            (best == blocks_.size() || blocks_[i].second < blocks_[best].second)) best = i;
+      }
+      if (best != blocks_.size()) {
+        void* p = blocks_[best].first;
+        *got = blocks_[best].second;
+        held_ -= *got;
+        blocks_[best] = blocks_.back();
+        blocks_.pop_back();
+        return p;
+      }
+    }
+    void* p = std::malloc(need);
+    if (p == nullptr) throw std::bad_alloc();
+    *got = need;
+    return p;
+  }
+  void give(void* p, size_t size) {
+    if (p == nullptr) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (held_ + size <= kPoolBytes) {
+        blocks_.emplace_back(p, size);
+        held_ += size;
+        return;
+      }
+    }
+    std::free(p);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::pair<void*, size_t>> blocks_;
+  size_t held_ = 0;
+};
+
+inline BlockPool& block_pool() {
+  static BlockPool pool;
+  return pool;
+}
+
+// A growable array of plain values that, unlike std::vector::resize, does not initialize
+// the room it adds: kernels append output entries (one buffer per chunk of rows) and drain
+// workspaces straight into room made by grow(). Memory comes from block_pool(). One per
+// chunk, side by side in a vector that threads share: a cache line each, or the threads'
+// size updates would contend for it.
+template <typename T>
+class alignas(64) AppendBuffer {
+ public:
+  AppendBuffer() {}
+  AppendBuffer(const AppendBuffer&) = delete;
+  AppendBuffer& operator=(const AppendBuffer&) = delete;
+  AppendBuffer(AppendBuffer&& o) noexcept : ptr(o.ptr), n(o.n), cap(o.cap) {
+    o.ptr = nullptr;
+    o.n = o.cap = 0;
+  }
+  ~AppendBuffer() { block_pool().give(ptr, static_cast<size_t>(cap) * sizeof(T)); }
+
+  inline void push_back(T v) {
+    if (n == cap) reserve(n + 1);
+    ptr[n++] = v;
+  }
+  // Room for k more values, uninitialized; returns where it starts.
+  inline T* grow(int64_t k) {
+    if (n + k > cap) reserve(n + k);
+    T* at = ptr + n;
+    n += k;
+    return at;
+  }
+  inline T* data() { return ptr; }
+  inline int64_t size() const { return n; }
+
+ private:
+  T* ptr = nullptr;
+  int64_t n = 0, cap = 0;
+  void reserve(int64_t need) {
+    int64_t c = cap ? cap * 2 : 4096;
+    while (c < need) c *= 2;
+    size_t got = 0;
+    T* p = static_cast<T*>(block_pool().take(static_cast<size_t>(c) * sizeof(T), &got));
+    if (n) std::memcpy(p, ptr, static_cast<size_t>(n) * sizeof(T));
+    block_pool().give(ptr, static_cast<size_t>(cap) * sizeof(T));
+    ptr = p;
+    cap = static_cast<int64_t>(got / sizeof(T));
+  }
+};
+
+// A thread's dense workspace arrays (see dense_ws_drain), kept for the thread's lifetime and
+// reused by every kernel call it runs: values and marks (all zero between fibers) and the
+// touched list over ``capacity`` coordinates. A call allocates and zeroes nothing once the
+// thread has seen its extent. Generated kernels take it with dense_scratch<V>(extent).
+template <typename V>
+struct DenseScratch {
+  V* values = nullptr;
+  uint8_t* mark = nullptr;
+  int32_t* touched = nullptr;
+  int64_t capacity = 0;
+  ~DenseScratch() { release(); }
+  void release() {
+    std::free(values);
+    std::free(mark);
+    std::free(touched);
+    values = nullptr;
+    mark = nullptr;
+    touched = nullptr;
+    capacity = 0;
+  }
+};
+
+template <typename V>
+inline DenseScratch<V>* dense_scratch(int64_t extent) {
+  static thread_local DenseScratch<V> s;
+  if (s.capacity < extent) {
+    s.release();
+    const size_t n = static_cast<size_t>(extent);
+    s.values = static_cast<V*>(std::calloc(n, sizeof(V)));
+    s.mark = static_cast<uint8_t*>(std::calloc(n + 8, 1));
+    s.touched = static_cast<int32_t*>(std::malloc(n * sizeof(int32_t)));
+    if (!s.values || !s.mark || !s.touched) {
+      s.release();
+      throw std::bad_alloc();
+    }
+    s.capacity = extent;
+  }
+  return &s;
+}
 
 }  // namespace scorch

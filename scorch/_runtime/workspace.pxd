@@ -1,6 +1,6 @@
 """Sparse workspaces that generated kernels cimport (C++ templates from workspace.h).
 
-``SparseWorkspace[V]`` (std::map, ordered) and ``DenseWorkspace[V]`` (dense array + markers +
+``SparseWorkspace[V]`` (std::map, ordered) and ``DenseWorkspace[V]`` (dense array + marks +
 touched list) for V in float, double, int32_t, int64_t. Each is a plain C++ object with
 inline nogil members and no locking: create ONE PER THREAD inside a ``parallel()`` block.
 The kernel must be compiled as C++ (``# distutils: language = c++`` as its first line).
@@ -23,11 +23,14 @@ workspace empty for the next fiber::
             end = ws.drain(&C_crd[0], &C_vals[0], C_pos[i])   # sorted; ws is empty again
         del ws
 
+``AppendBuffer[T]`` is a growable array whose ``grow(k)`` adds k uninitialized slots (a
+workspace drains into them): kernels collect each chunk's output entries in one.
+
 ``size()`` gives the number of distinct coordinates (for a counting pass that sizes the
 output before a fill pass); ``drain_unsorted`` (dense only) skips the sort; ``scatter(out)``
 (dense only) writes the values into a dense fiber; ``reset()``/``clear()`` drop the contents.
 """
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t
 from libcpp cimport bool as cbool
 
 
@@ -61,3 +64,21 @@ cdef extern from "workspace.h" namespace "scorch" nogil:
         int64_t drain_unsorted(int64_t* crd, V* vals, int64_t offset)
         void scatter(V* out)
         void reset()
+
+    void dense_ws_drain[K, I, V](K* touched, int64_t k, int64_t lo, int64_t hi, V* values,
+                                 uint8_t* mark, I* crd, V* vals)
+
+    cdef cppclass DenseScratch[V]:
+        V* values
+        uint8_t* mark
+        int32_t* touched
+        int64_t capacity
+
+    DenseScratch[V]* dense_scratch[V](int64_t extent)
+
+    cdef cppclass AppendBuffer[T]:
+        AppendBuffer()
+        void push_back(T v)
+        T* grow(int64_t k)
+        T* data()
+        int64_t size()

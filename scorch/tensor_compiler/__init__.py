@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple  # noqa: F401
 
@@ -316,7 +315,12 @@ def _arg_values(args, entry: _Entry, data, sizes, out: Optional[torch.Tensor]) -
     return vals
 
 
-def _assemble(entry: _Entry, crd, vals, sizes) -> Storage:
+def _assemble(entry: _Entry, res, sizes) -> Storage:
+    """The sparse output from what the kernel returned: ``(pos, crd, vals)`` of a CSR-like
+    output (``codegen`` rows assembly), or level-major coordinate tuples and values."""
+    if len(res) == 3:
+        return _rows_storage(entry, res, sizes)
+    crd, vals = res
     out = entry.schedule.output
     fmt = out.format
     r = len(out.level_vars)
@@ -345,6 +349,19 @@ def _assemble(entry: _Entry, crd, vals, sizes) -> Storage:
                             None if pos is None else pos.to(idt),
                             None if c is None else c.to(idt)))
     st = Storage(fmt, shape, levels, values, idt)
+    if out.final_format is not None:
+        st = convert_storage(st, out.final_format)
+    return st
+
+
+def _rows_storage(entry: _Entry, res, sizes) -> Storage:
+    out = entry.schedule.output
+    pos, crd, vals = (torch.from_numpy(x) for x in res)
+    shape = tuple(sizes[v] for v in out.vars)
+    levels = [Level(kind, out.vars.index(v), sizes[v]) for kind, v in zip(out.format.levels[:-1], out.level_vars)]
+    last = out.level_vars[-1]
+    levels.append(Level(LevelKind.COMPRESSED, out.vars.index(last), sizes[last], pos, crd))
+    st = Storage(out.format, shape, levels, vals, crd.dtype)
     if out.final_format is not None:
         st = convert_storage(st, out.final_format)
     return st
@@ -386,38 +403,26 @@ def _pattern_storage(entry: _Entry, P: Storage, values: torch.Tensor, sizes) -> 
     return Storage(out.format, tuple(sizes[v] for v in out.vars), levels, values, P.index_dtype)
 
 
-_NCPU = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-_load = {"t": -1.0, "others": 0}
-
-
 #: operands' stored entries + dense elements below which a kernel runs on one thread
 PARALLEL_MIN_WORK = int(os.environ.get("SCORCH_PARALLEL_MIN_WORK", 20_000))
-
-
-def _runnable_others() -> int:
-    """Runnable threads of other processes (from /proc/loadavg, re-read every 20 ms)."""
-    now = time.monotonic()
-    if now - _load["t"] < 0.02:
-        return _load["others"]
-    _load["t"] = now
-    try:
-        with open("/proc/loadavg", "rb") as f:
-            running = int(f.read().split()[3].split(b"/")[0])
-    except (OSError, ValueError, IndexError):
-        running = 0
-    _load["others"] = max(0, running - 1)
-    return _load["others"]
+_free_cores = None
 
 
 def _threads_for(work: int) -> int:
     """``torch.get_num_threads()``, except: small problems run on one thread (waking a
     second costs more than it saves), and an oversubscribed machine gets only its free
     cores (every parallel region ends in a barrier, and a worker waiting for a core costs a
-    scheduler time slice, far more than a small kernel)."""
+    scheduler time slice, far more than a small kernel). The load estimate is the
+    runtime's (``convert.free_cores``), which does not count this process's own spinning
+    OpenMP workers as load."""
+    global _free_cores
     T = torch.get_num_threads()
     if T == 1 or work < PARALLEL_MIN_WORK:
         return 1
-    return max(1, min(T, _NCPU - _runnable_others()))
+    if _free_cores is None:
+        from .._runtime.convert import free_cores
+        _free_cores = free_cores
+    return _free_cores(T)
 
 
 def _work(data) -> int:
@@ -453,8 +458,8 @@ def _run(entry: _Entry, ops):
     out = None
     if out_plan.pattern >= 0:
         if not _pattern_ready(entry, sizes):
-            return _assemble(entry, np.empty(0, dtype=np.int64),
-                             np.empty(0, dtype=_codegen.NPTYPES[entry.value_dtype]), sizes)
+            return _assemble(entry, (np.empty(0, dtype=np.int64),
+                                     np.empty(0, dtype=_codegen.NPTYPES[entry.value_dtype])), sizes)
         P = data[out_plan.pattern]
         out = _empty((P.values.numel(),), entry.value_dtype)
         mod.kernel(_arg_values(args, entry, data, sizes, out), _threads_for(_work(data)))
@@ -468,7 +473,7 @@ def _run(entry: _Entry, ops):
             out = out.reshape(tuple(sizes[_bo(v)] * sizes[_bi(v)] if v in bs else sizes[v]
                                     for v in entry.orig_output))
         return out
-    return _assemble(entry, res[0], res[1], sizes)
+    return _assemble(entry, res, sizes)
 
 
 def _entry(key, make):

@@ -40,6 +40,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from ..formats import LevelKind
 from . import merge_lattice as ml
 from .index_notation import Access, Add, Expr, Mul, Neg, Scalar, Sub
 from .levels import LevelPlan, group_end, segment_setup
@@ -110,6 +111,15 @@ class _Gen:
         self.vec_at: Optional[int] = None   # vector leaf: the row offset being generated
         self.dense_flags: Dict[int, bool] = {}
         self.store_all = False             # every output element is stored (no memset)
+        self.ws_map = False                # this nest's workspace: std::map, else dense arrays
+        self.rows = self.rows_assembly()
+        # output index type of the appended coordinates (rows assembly): the inputs' width
+        self.oit = ("int32_t" if self.idx and all(t == "int32_t" for t in self.idx.values())
+                    else "int64_t")
+        if self.rows:
+            self.crd_buf, self.val_buf = f"AppendBuffer[{self.oit}]", f"AppendBuffer[{self.vt}]"
+        else:
+            self.crd_buf, self.val_buf = "vector[int64_t]", f"vector[{self.vt}]"
 
     # ---- helpers ------------------------------------------------------------------
     def local(self, name: str, ctype: str = "int64_t") -> str:
@@ -170,7 +180,47 @@ class _Gen:
         return f"({self.value(e.a, st)} {op} {self.value(e.b, st)})"
 
     # ---- output ---------------------------------------------------------------------
+    def rows_assembly(self) -> int:
+        """``m`` when the sparse output is ``m >= 1`` dense levels over one compressed level
+        (CSR, or a batch of CSRs) and the first ``m`` loops are those dense variables, in
+        order: each chunk of the outer loop then appends only the last level's coordinates
+        and values (already in the output's index type) and counts the entries of each row
+        into ``pos``; a prefix sum and one parallel copy of the chunks' buffers finish the
+        output: no coordinate tuples, no sort, no assembly pass. 0 otherwise (the general
+        tuple path)."""
+        out, s = self.out, self.s
+        if out.dense or out.pattern >= 0 or out.format is None:
+            return 0
+        kinds = out.format.levels
+        m = len(kinds) - 1
+        if m < 1 or kinds[-1] is not LevelKind.COMPRESSED or any(k is not LevelKind.DENSE for k in kinds[:-1]):
+            return 0
+        if tuple(s.loop_order[:m]) != tuple(out.level_vars[:m]):
+            return 0
+        if out.mode == "ws" and (out.ws_dense or not self.rt_ws or out.ws_vars != out.level_vars[-1:]):
+            return 0
+        return m
+
+    def drain(self, it: str, crd: str, vals: str) -> str:
+        """Sorted read-out of the workspace: the std::map's, or the local dense one's
+        (``workspace.h``: dense_ws_drain)."""
+        if self.ws_map:
+            return f"ws.drain({crd}, {vals}, 0)"
+        return f"dense_ws_drain[int32_t, {it}, {self.vt}](wl, wc, wlo, whi, wv, wm, {crd}, {vals})"
+
+    def row_position(self) -> str:
+        """The output row (the compressed level's parent position) of the current loops."""
+        p = ""
+        for v in self.out.level_vars[:self.rows]:
+            p = _cvar(v) if not p else f"({p}) * a.N_{v} + {_cvar(v)}"
+        return p
+
     def emit_tuple(self, ind: int, val: str) -> None:
+        if self.rows:
+            self.emit(ind, f"deref(ocrd).push_back({_cvar(self.out.level_vars[-1])})")
+            self.emit(ind, f"deref(oval).push_back({val})")
+            self.emit(ind, f"a.out_pos[{self.row_position()} + 1] += 1")
+            return
         # one coordinate vector per output level (ocrd[l]), one value vector
         for l, v in enumerate(self.out.level_vars):
             self.emit(ind, f"ocrd[{l}].push_back({_cvar(v)})")
@@ -208,12 +258,22 @@ class _Gen:
             self.emit(ind, f"wsv[wkey] = wsv[wkey] + {val}")
             self.emit(ind, "wsf[wkey] = 1")
         elif self.rt_ws:
+            # the dense workspace lives in locals (values, marks, touched list, range), so
+            # the add is a few register operations; the std::map one is the runtime's
             self.local("wkey")
             self.emit(ind, f"wkey = {self.ws_key()}")
-            self.emit(ind, "if wdense:")
-            self.emit(ind + 1, f"dws.add(wkey, {val})")
-            self.emit(ind, "else:")
-            self.emit(ind + 1, f"ws.add(wkey, {val})")
+            # branch-free: whether the coordinate is new is data-dependent (about one add in
+            # two on a mesh), a branch on it mispredicts; the touched list is always written
+            # and its end advances only for a new coordinate
+            if self.ws_map:
+                self.emit(ind, f"ws.add(wkey, {val})")
+            else:
+                self.local("wnew", "int")
+                self.emit_all(ind, ["wnew = 1 - wm[wkey]", "wm[wkey] = 1",
+                                    f"wv[wkey] = wv[wkey] + {val}",
+                                    "wl[wc] = <int32_t>wkey", "wc = wc + wnew",
+                                    "wlo = wkey if wkey < wlo else wlo",
+                                    "whi = wkey if wkey > whi else whi"])
         else:
             self.local("wkey")
             self.local("wref", self.vt + "*")
@@ -320,6 +380,10 @@ class _Gen:
         out = self.out
         if out.mode == "ws" and depth == out.ws_depth and not out.ws_dense and not self.rt_ws:
             self.emit(ind, "ws.clear()")
+        if out.mode == "ws" and depth == out.ws_depth and self.rt_ws:
+            # a new fiber: values and marks are already clear (the drain cleared them)
+            if not self.ws_map:
+                self.emit_all(ind, ["wc = 0", "wlo = wsize", "whi = -1"])
         if out.mode == "acc" and depth == out.acc_depth and out.pattern >= 0:
             self.local("acc", self.vt)
             self.emit(ind, "acc = 0")
@@ -354,9 +418,17 @@ class _Gen:
             if len(out.ws_vars) > 1:
                 self.local("wkeys", "vector[int64_t]")
                 self.local("wvals", f"vector[{self.vt}]")
-            self.emit(ind, "wn = dws.size() if wdense else ws.size()")
+            self.emit(ind, "wn = ws.size()" if self.ws_map else "wn = wc")
             self.emit(ind, "if wn:")
-            if len(out.ws_vars) == 1:
+            if self.rows:
+                # straight into room made in the chunk's buffers; the row's count into pos
+                self.local("wb")
+                self.emit(ind + 1, "wb = deref(oval).size()")
+                self.emit(ind + 1, "deref(oval).grow(wn)")
+                self.emit(ind + 1, "deref(ocrd).grow(wn)")
+                self.emit(ind + 1, self.drain(self.oit, "deref(ocrd).data() + wb", "deref(oval).data() + wb"))
+                self.emit(ind + 1, f"a.out_pos[{self.row_position()} + 1] += wn")
+            elif len(out.ws_vars) == 1:
                 # the key is the last level's coordinate: drain straight into the output
                 # buffers, and repeat the prefix coordinates wn times
                 L = len(out.level_vars) - 1
@@ -364,19 +436,13 @@ class _Gen:
                 self.emit(ind + 1, "wb = deref(oval).size()")
                 self.emit(ind + 1, "deref(oval).resize(wb + wn)")
                 self.emit(ind + 1, f"ocrd[{L}].resize(wb + wn)")
-                self.emit(ind + 1, "if wdense:")
-                self.emit(ind + 2, f"dws.drain(ocrd[{L}].data() + wb, deref(oval).data() + wb, 0)")
-                self.emit(ind + 1, "else:")
-                self.emit(ind + 2, f"ws.drain(ocrd[{L}].data() + wb, deref(oval).data() + wb, 0)")
+                self.emit(ind + 1, self.drain("int64_t", f"ocrd[{L}].data() + wb", "deref(oval).data() + wb"))
                 for l, v in enumerate(out.level_vars[:L]):
                     self.emit(ind + 1, f"ocrd[{l}].insert(ocrd[{l}].end(), <size_t>wn, {_cvar(v)})")
             else:
                 self.emit(ind + 1, "wkeys.resize(wn)")
                 self.emit(ind + 1, "wvals.resize(wn)")
-                self.emit(ind + 1, "if wdense:")
-                self.emit(ind + 2, "dws.drain(wkeys.data(), wvals.data(), 0)")
-                self.emit(ind + 1, "else:")
-                self.emit(ind + 2, "ws.drain(wkeys.data(), wvals.data(), 0)")
+                self.emit(ind + 1, self.drain("int64_t", "wkeys.data()", "wvals.data()"))
                 self.emit(ind + 1, "for wi in range(wn):")
                 self.emit(ind + 2, "wkey = wkeys[wi]")
                 for v in reversed(out.ws_vars):
@@ -595,10 +661,14 @@ class _Gen:
         return None
 
     # ---- whole module -----------------------------------------------------------------
-    def nest(self, W: Optional[int]):
+    def nest(self, W: Optional[int], ws_map: bool = False):
         """The loop nest of one chunk function: (locals, lines). ``W``: the innermost loop's
-        compile-time extent (None: the run-time ``N``)."""
+        compile-time extent (None: the run-time ``N``); ``ws_map``: the workspace is the
+        runtime's std::map (an extent too large for a dense array per thread), else local
+        dense arrays. Each variant is its own function so the hot loop has no run-time
+        branch and no call that would push its variables out of registers."""
         self.W = W
+        self.ws_map = ws_map
         self.lines = []
         self.locals = {}
         self.dense_flags = {}
@@ -619,13 +689,21 @@ class _Gen:
         elif self.out.mode == "ws" and self.rt_ws:
             # std::map (the paper's red-black tree) in general; a dense array with a
             # touched list when the workspace's extent is small enough to allocate per thread
-            self.local("ws", f"SparseWorkspace[{self.vt}]")
-            self.local("dws", f"DenseWorkspace[{self.vt}]")
-            self.local("wdense", "int")
-            size = " * ".join(f"a.N_{v}" for v in self.out.ws_vars)
-            self.lines.append(f"    wdense = {size} <= {DENSE_WS_LIMIT}")
-            self.lines.append("    if wdense:")
-            self.lines.append(f"        dws.resize({size})")
+            if self.ws_map:
+                self.local("ws", f"SparseWorkspace[{self.vt}]")
+            else:
+                for name, ct in (("wv", self.vt + "*"), ("wm", "uint8_t*"), ("wl", "int32_t*"),
+                                 ("wc", "int64_t"), ("wlo", "int64_t"),
+                                 ("whi", "int64_t"), ("wsize", "int64_t"),
+                                 ("wsp", f"DenseScratch[{self.vt}]*")):
+                    self.local(name, ct)
+                size = " * ".join(f"a.N_{v}" for v in self.out.ws_vars)
+                # the thread's own arrays, kept across calls (no allocation, no zeroing)
+                self.lines.append(f"    wsize = {size}")
+                self.lines.append(f"    wsp = dense_scratch[{self.vt}](wsize + 1)")
+                self.lines.append("    wv = wsp.values")
+                self.lines.append("    wm = wsp.mark")
+                self.lines.append("    wl = wsp.touched")
         elif self.out.mode == "ws":
             self.local("ws", f"cmap[int64_t, {self.vt}]")
         self.loop(0, 1, init)
@@ -645,10 +723,15 @@ class _Gen:
     def generate(self) -> str:
         self.collect_args()
         self.decide_chunking()
-        nests = [(None, self.nest(None))]
+        # chunk-function variants: (name, condition that selects it, (locals, lines))
+        nests = [("run_chunk", None, self.nest(None))]
         store_all = self.store_all
+        L = self.s.loop_order[-1] if self.s.loop_order else None
         for W in self.widths():
-            nests.append((W, self.nest(W)))
+            nests.append((f"run_chunk_w{W}", f"a.N_{L} == {W}", self.nest(W)))
+        if self.rt_ws:
+            size = " * ".join(f"a.N_{v}" for v in self.out.ws_vars)
+            nests.append(("run_chunk_map", f"{size} > {DENSE_WS_LIMIT}", self.nest(None, ws_map=True)))
         src: List[str] = []
         w = src.append
         w("# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True")
@@ -667,7 +750,10 @@ class _Gen:
             w("from libc.stdlib cimport calloc, free")
         w("from libcpp.vector cimport vector")
         if self.out.mode == "ws" and self.rt_ws:
-            w("from scorch._runtime.workspace cimport DenseWorkspace, SparseWorkspace")
+            w("from scorch._runtime.workspace cimport (AppendBuffer, DenseScratch, SparseWorkspace,\n"
+              "                                        dense_scratch, dense_ws_drain)")
+        elif self.rows:
+            w("from scorch._runtime.workspace cimport AppendBuffer")
         elif self.out.mode == "ws" and not self.out.ws_dense:
             w("from libcpp.map cimport map as cmap")
         w("from cython.operator cimport dereference as deref, preincrement as inc")
@@ -678,8 +764,10 @@ class _Gen:
         w("cdef struct Args:")
         for name, ct, _ in self.args:
             w(f"    {ct} {name}")
+        if self.rows:
+            w("    int64_t* out_pos   # row counts, then (prefix sum) the compressed level's pos")
         w("")
-        if len(nests) > 1:
+        if self.widths():
             w("cdef extern from *:")
             w('    """')
             w("    typedef float scorch_vf __attribute__((vector_size(64), aligned(4), may_alias));")
@@ -693,13 +781,13 @@ class _Gen:
             w(f"    {self.vtype} {self.vtype}_zero() noexcept nogil")
             w(f"    {self.vt} {self.vtype}_hsum({self.vtype}) noexcept nogil")
             w("")
-            w(f"ctypedef void (*chunk_fn)(Args*, int64_t, int64_t, vector[int64_t]*, "
-              f"vector[{self.vt}]*) noexcept nogil")
+        if len(nests) > 1:
+            w(f"ctypedef void (*chunk_fn)(Args*, int64_t, int64_t, {self.crd_buf}*, "
+              f"{self.val_buf}*) noexcept nogil")
             w("")
-        for W, (locs, nest) in nests:
-            fn = "run_chunk" if W is None else f"run_chunk_w{W}"
-            w(f"cdef void {fn}(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, "
-              f"vector[{self.vt}]* oval) noexcept nogil:")
+        for fn, _, (locs, nest) in nests:
+            w(f"cdef void {fn}(Args* pa, int64_t clo, int64_t chi, {self.crd_buf}* ocrd, "
+              f"{self.val_buf}* oval) noexcept nogil:")
             w("    cdef Args a = pa[0]")
             for name, ct in locs.items():
                 w(f"    cdef {ct} {name}")
@@ -729,11 +817,10 @@ class _Gen:
             size = " * ".join(f"a.N_{v}" for v in self.out.vars) or "1"
             w(f"    memset(<void*>a.out_vals, 0, {size} * sizeof({self.vt}))")
         if len(nests) > 1:
-            L = self.s.loop_order[-1]
             w("    cdef chunk_fn fn = run_chunk")
-            for W, _ in nests[1:]:
-                w(f"    if a.N_{L} == {W}:")
-                w(f"        fn = run_chunk_w{W}")
+            for fn, cond, _ in nests[1:]:
+                w(f"    if {cond}:")
+                w(f"        fn = {fn}")
         w("    cdef vector[int64_t] bounds")
         w("    bounds.resize(nchunks + 1)")
         w("    for t in range(nchunks + 1):")
@@ -756,6 +843,15 @@ class _Gen:
             w("                else:")
             w("                    bhi = bmid")
             w("            bounds[t] = blo")
+        if self.rows:
+            self.rows_epilogue(w, nests)
+        else:
+            self.tuples_epilogue(w, nests)
+        w("")
+        return "\n".join(src)
+
+    def tuples_epilogue(self, w, nests) -> None:
+        """Run the chunks, then concatenate their coordinate tuples (level-major) and values."""
         R = max(1, len(self.out.level_vars))
         w("    cdef vector[vector[int64_t]] crds")
         w(f"    cdef vector[vector[{self.vt}]] vals")
@@ -788,8 +884,68 @@ class _Gen:
             w(f"            memcpy(<void*>(vp + off * sizeof({self.vt})), vals[t].data(), n * sizeof({self.vt}))")
             w("        off += n")
             w("    return crd_arr, val_arr")
-        w("")
-        return "\n".join(src)
+
+    def rows_epilogue(self, w, nests) -> None:
+        """Run the chunks (each counts its rows' entries into ``out_pos[row + 1]`` and appends
+        the entries to its own buffers), prefix-sum the counts into ``pos``, and copy the
+        buffers, in chunk order, into the output arrays in parallel. Returns ``(pos, crd,
+        vals)`` in the output's index type (int32 unless a count or extent needs int64)."""
+        it, vt = self.oit, self.vt
+        dense_vars = self.out.level_vars[:self.rows]
+        P = " * ".join(f"a.N_{v}" for v in dense_vars)
+        last = self.out.level_vars[-1]
+        if it == "int32_t":
+            w(f"    if a.N_{last} > 2147483647:")
+            w(f"        raise OverflowError('output dimension {last} ({{}}) does not fit the int32 "
+              f"coordinates of this kernel'.format(a.N_{last}))")
+        w(f"    cdef int64_t P = {P}")
+        w("    pos_arr = np.zeros(P + 1, dtype=np.int64)")
+        w("    a.out_pos = <int64_t*><size_t>pos_arr.ctypes.data")
+        w(f"    cdef vector[{self.crd_buf}] crds")
+        w(f"    cdef vector[{self.val_buf}] vals")
+        w("    crds.resize(nchunks)")
+        w("    vals.resize(nchunks)")
+        fn = "fn" if len(nests) > 1 else "run_chunk"
+        w("    if nchunks == 1:")
+        w("        with nogil:")
+        w(f"            {fn}(&a, lo0, hi0, &crds[0], &vals[0])")
+        w("    else:")
+        w("        for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):")
+        w(f"            {fn}(&a, bounds[t], bounds[t + 1], &crds[t], &vals[t])")
+        w("    cdef int64_t* pp = a.out_pos")
+        w("    with nogil:")
+        w("        for t in range(P):")
+        w("            pp[t + 1] += pp[t]")
+        w("    total = pp[P]")
+        w("    cdef vector[int64_t] offs")
+        w("    offs.resize(nchunks + 1)")
+        w("    offs[0] = 0")
+        w("    for t in range(nchunks):")
+        w("        offs[t + 1] = offs[t] + vals[t].size()")
+        w("    if offs[nchunks] != total:")
+        w("        raise RuntimeError('scorch kernel: row counts and appended entries disagree')")
+        w(f"    cdef bint wide = max(total, P, {', '.join(f'a.N_{v}' for v in self.out.level_vars)}) > 2147483647")
+        w("    crd_arr = np.empty(total, dtype=np.int64 if wide else np.int32)")
+        w(f"    val_arr = np.empty(total, dtype=np.{self.npvt})")
+        w("    cdef size_t cp = crd_arr.ctypes.data, vp = val_arr.ctypes.data")
+        w("    cdef int64_t e")
+        w("    for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):")
+        w("        n = vals[t].size()")
+        w("        if n:")
+        w(f"            memcpy(<void*>(vp + offs[t] * sizeof({vt})), vals[t].data(), n * sizeof({vt}))")
+        if it == "int32_t":
+            w("            if wide:")
+            w("                for e in range(n):")
+            w("                    (<int64_t*>cp)[offs[t] + e] = crds[t].data()[e]")
+            w("            else:")
+            w("                memcpy(<void*>(cp + offs[t] * sizeof(int32_t)), crds[t].data(), n * sizeof(int32_t))")
+        else:
+            w("            if wide:")
+            w("                memcpy(<void*>(cp + offs[t] * sizeof(int64_t)), crds[t].data(), n * sizeof(int64_t))")
+            w("            else:")
+            w("                for e in range(n):")
+            w("                    (<int32_t*>cp)[offs[t] + e] = <int32_t>crds[t].data()[e]")
+        w("    return (pos_arr if wide else pos_arr.astype(np.int32)), crd_arr, val_arr")
 
 
 def generate(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, torch.dtype]):

@@ -99,7 +99,7 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], threa
         w(f"    return PATTERN(ENTRY, x{P}, out, {{{sizes}}})")
     else:
         sizes = ", ".join(f"{v!r}: {seen[v]}" for v in s.loop_order)
-        w(f"    return ASSEMBLE(ENTRY, res[0], res[1], {{{sizes}}})")
+        w(f"    return ASSEMBLE(ENTRY, res, {{{sizes}}})")
     src = "\n".join(L) + "\n"
     env = {"torch": torch, "VT": entry.value_dtype, "KERNEL": module.kernel, "THREADS": threads_for,
            "ASSEMBLE": assemble, "ENTRY": entry, "PATTERN": pattern,

@@ -9,7 +9,8 @@
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t
 from libc.string cimport memcpy, memset
 from libcpp.vector cimport vector
-from scorch._runtime.workspace cimport DenseWorkspace, SparseWorkspace
+from scorch._runtime.workspace cimport (AppendBuffer, DenseScratch, SparseWorkspace,
+                                        dense_scratch, dense_ws_drain)
 from cython.operator cimport dereference as deref, preincrement as inc
 from cython.parallel cimport prange
 import numpy as np
@@ -24,12 +25,74 @@ cdef struct Args:
     int32_t* t1_pos1
     int32_t* t1_crd1
     float* t1_vals
+    int64_t* out_pos   # row counts, then (prefix sum) the compressed level's pos
 
-cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, vector[float]* oval) noexcept nogil:
+ctypedef void (*chunk_fn)(Args*, int64_t, int64_t, AppendBuffer[int32_t]*, AppendBuffer[float]*) noexcept nogil
+
+cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* ocrd, AppendBuffer[float]* oval) noexcept nogil:
+    cdef Args a = pa[0]
+    cdef float* wv
+    cdef uint8_t* wm
+    cdef int32_t* wl
+    cdef int64_t wc
+    cdef int64_t wlo
+    cdef int64_t whi
+    cdef int64_t wsize
+    cdef DenseScratch[float]* wsp
+    cdef int64_t c_i
+    cdef int64_t p0_0
+    cdef int64_t c_j
+    cdef int64_t q0_1
+    cdef int64_t h0_1
+    cdef int64_t e0_1
+    cdef int64_t p1_0
+    cdef int64_t c_k
+    cdef int64_t q1_1
+    cdef int64_t h1_1
+    cdef int64_t e1_1
+    cdef int64_t wkey
+    cdef int wnew
+    cdef int64_t wn
+    cdef int64_t wi
+    cdef int64_t wb
+    wsize = a.N_k
+    wsp = dense_scratch[float](wsize + 1)
+    wv = wsp.values
+    wm = wsp.mark
+    wl = wsp.touched
+    for c_i in range(clo, chi):
+        p0_0 = c_i
+        wc = 0
+        wlo = wsize
+        whi = -1
+        q0_1 = a.t0_pos1[p0_0]
+        h0_1 = a.t0_pos1[p0_0 + 1]
+        for q0_1 in range(q0_1, h0_1):
+            c_j = a.t0_crd1[q0_1]
+            p1_0 = c_j
+            q1_1 = a.t1_pos1[p1_0]
+            h1_1 = a.t1_pos1[p1_0 + 1]
+            for q1_1 in range(q1_1, h1_1):
+                c_k = a.t1_crd1[q1_1]
+                wkey = c_k
+                wnew = 1 - wm[wkey]
+                wm[wkey] = 1
+                wv[wkey] = wv[wkey] + (a.t0_vals[q0_1] * a.t1_vals[q1_1])
+                wl[wc] = <int32_t>wkey
+                wc = wc + wnew
+                wlo = wkey if wkey < wlo else wlo
+                whi = wkey if wkey > whi else whi
+        wn = wc
+        if wn:
+            wb = deref(oval).size()
+            deref(oval).grow(wn)
+            deref(ocrd).grow(wn)
+            dense_ws_drain[int32_t, int32_t, float](wl, wc, wlo, whi, wv, wm, deref(ocrd).data() + wb, deref(oval).data() + wb)
+            a.out_pos[c_i + 1] += wn
+
+cdef void run_chunk_map(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* ocrd, AppendBuffer[float]* oval) noexcept nogil:
     cdef Args a = pa[0]
     cdef SparseWorkspace[float] ws
-    cdef DenseWorkspace[float] dws
-    cdef int wdense
     cdef int64_t c_i
     cdef int64_t p0_0
     cdef int64_t c_j
@@ -45,9 +108,6 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, v
     cdef int64_t wn
     cdef int64_t wi
     cdef int64_t wb
-    wdense = a.N_k <= 4194304
-    if wdense:
-        dws.resize(a.N_k)
     for c_i in range(clo, chi):
         p0_0 = c_i
         q0_1 = a.t0_pos1[p0_0]
@@ -60,20 +120,14 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, v
             for q1_1 in range(q1_1, h1_1):
                 c_k = a.t1_crd1[q1_1]
                 wkey = c_k
-                if wdense:
-                    dws.add(wkey, (a.t0_vals[q0_1] * a.t1_vals[q1_1]))
-                else:
-                    ws.add(wkey, (a.t0_vals[q0_1] * a.t1_vals[q1_1]))
-        wn = dws.size() if wdense else ws.size()
+                ws.add(wkey, (a.t0_vals[q0_1] * a.t1_vals[q1_1]))
+        wn = ws.size()
         if wn:
             wb = deref(oval).size()
-            deref(oval).resize(wb + wn)
-            ocrd[1].resize(wb + wn)
-            if wdense:
-                dws.drain(ocrd[1].data() + wb, deref(oval).data() + wb, 0)
-            else:
-                ws.drain(ocrd[1].data() + wb, deref(oval).data() + wb, 0)
-            ocrd[0].insert(ocrd[0].end(), <size_t>wn, c_i)
+            deref(oval).grow(wn)
+            deref(ocrd).grow(wn)
+            ws.drain(deref(ocrd).data() + wb, deref(oval).data() + wb, 0)
+            a.out_pos[c_i + 1] += wn
 
 def kernel(list args, int nthreads):
     cdef Args a
@@ -92,6 +146,9 @@ def kernel(list args, int nthreads):
     hi0 = a.N_i
     if nthreads > 1 and hi0 - lo0 >= 64:
         nchunks = min(hi0 - lo0, 8 * nthreads)
+    cdef chunk_fn fn = run_chunk
+    if a.N_k > 4194304:
+        fn = run_chunk_map
     cdef vector[int64_t] bounds
     bounds.resize(nchunks + 1)
     for t in range(nchunks + 1):
@@ -110,29 +167,45 @@ def kernel(list args, int nthreads):
                 else:
                     bhi = bmid
             bounds[t] = blo
-    cdef vector[vector[int64_t]] crds
-    cdef vector[vector[float]] vals
-    crds.resize(nchunks * 2)
+    if a.N_k > 2147483647:
+        raise OverflowError('output dimension k ({}) does not fit the int32 coordinates of this kernel'.format(a.N_k))
+    cdef int64_t P = a.N_i
+    pos_arr = np.zeros(P + 1, dtype=np.int64)
+    a.out_pos = <int64_t*><size_t>pos_arr.ctypes.data
+    cdef vector[AppendBuffer[int32_t]] crds
+    cdef vector[AppendBuffer[float]] vals
+    crds.resize(nchunks)
     vals.resize(nchunks)
     if nchunks == 1:
         with nogil:
-            run_chunk(&a, lo0, hi0, &crds[0], &vals[0])
+            fn(&a, lo0, hi0, &crds[0], &vals[0])
     else:
         for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):
-            run_chunk(&a, bounds[t], bounds[t + 1], &crds[t * 2], &vals[t])
-    total = 0
+            fn(&a, bounds[t], bounds[t + 1], &crds[t], &vals[t])
+    cdef int64_t* pp = a.out_pos
+    with nogil:
+        for t in range(P):
+            pp[t + 1] += pp[t]
+    total = pp[P]
+    cdef vector[int64_t] offs
+    offs.resize(nchunks + 1)
+    offs[0] = 0
     for t in range(nchunks):
-        total += vals[t].size()
-    crd_arr = np.empty(2 * total, dtype=np.int64)  # level-major: row l = level l
+        offs[t + 1] = offs[t] + vals[t].size()
+    if offs[nchunks] != total:
+        raise RuntimeError('scorch kernel: row counts and appended entries disagree')
+    cdef bint wide = max(total, P, a.N_i, a.N_k) > 2147483647
+    crd_arr = np.empty(total, dtype=np.int64 if wide else np.int32)
     val_arr = np.empty(total, dtype=np.float32)
     cdef size_t cp = crd_arr.ctypes.data, vp = val_arr.ctypes.data
-    cdef int64_t l
-    off = 0
-    for t in range(nchunks):
+    cdef int64_t e
+    for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):
         n = vals[t].size()
         if n:
-            for l in range(2):
-                memcpy(<void*>(cp + (l * total + off) * sizeof(int64_t)), crds[t * 2 + l].data(), n * sizeof(int64_t))
-            memcpy(<void*>(vp + off * sizeof(float)), vals[t].data(), n * sizeof(float))
-        off += n
-    return crd_arr, val_arr
+            memcpy(<void*>(vp + offs[t] * sizeof(float)), vals[t].data(), n * sizeof(float))
+            if wide:
+                for e in range(n):
+                    (<int64_t*>cp)[offs[t] + e] = crds[t].data()[e]
+            else:
+                memcpy(<void*>(cp + offs[t] * sizeof(int32_t)), crds[t].data(), n * sizeof(int32_t))
+    return (pos_arr if wide else pos_arr.astype(np.int32)), crd_arr, val_arr
