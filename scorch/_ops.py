@@ -12,7 +12,7 @@ import torch
 from ._dispatch import register
 from .formats import FormatLike
 from .level_storage import Storage
-from .tensor import SparseTensor, as_scorch, is_sparse_operand, permute_view
+from .tensor import SparseTensor, as_scorch, permute_view
 
 __all__ = ["einsum", "explain", "cache_info", "cache_clear"]
 
@@ -52,20 +52,18 @@ def _compiler():
     return _compiler_module
 
 
-def _wrap(result):
-    return SparseTensor(result) if type(result) is Storage else result
-
-
 def einsum(*args: Any, out_format: Optional[FormatLike] = None) -> torch.Tensor:
     """torch.einsum over any mix of dense and sparse operands, compiled into one kernel.
 
     With only dense operands (and no ``out_format``) this is ``torch.einsum``."""
-    equation, operands = _equation_and_operands(args)
-    if out_format is None and not any(is_sparse_operand(x) for x in operands):
-        return torch.einsum(equation, *operands)
-    compiler = _compiler()
-    operands = tuple(as_scorch(x) for x in operands)
-    return _wrap(compiler.einsum(equation, *operands, out_format=out_format))
+    if args and type(args[0]) is str and not (len(args) == 2 and isinstance(args[1], (list, tuple))):
+        equation, operands = args[0], args[1:]
+    else:
+        equation, operands = _equation_and_operands(args)
+    # the compiler reads torch's sparse layouts itself and hands dense-only calls to
+    # torch.einsum, so a warm call goes straight there (each extra check cost ~1 us)
+    result = (_compiler_module or _compiler()).einsum(equation, *operands, out_format=out_format)
+    return SparseTensor(result) if type(result) is Storage else result
 
 
 def explain(*args: Any, out_format: Optional[FormatLike] = None):

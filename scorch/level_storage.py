@@ -88,10 +88,12 @@ def run_heads(kinds: Sequence[LevelKind]) -> Tuple[bool, ...]:
 
 
 class Storage:
-    """The arrays of one sparse tensor in one format. Immutable by convention: conversions
-    build a new Storage; views (permute, detach) share the arrays."""
+    """The arrays of one sparse tensor in one format. Immutable: conversions build a new
+    Storage, views (permute, detach) share the arrays, and no field is ever reassigned, so
+    the compiler caches per Storage what a warm call needs (``_sig``: a small int naming
+    format, dtypes, size-1 dimensions and contiguity; ``_ptrs``: the arrays' addresses)."""
 
-    __slots__ = ("format", "shape", "levels", "values", "index_dtype")
+    __slots__ = ("format", "shape", "levels", "values", "index_dtype", "_sig", "_ptrs")
 
     def __init__(self, format: Format, shape: Sequence[int], levels: Sequence[Level],
                  values: torch.Tensor, index_dtype: Optional[torch.dtype] = None) -> None:
@@ -103,6 +105,17 @@ class Storage:
             index_dtype = next((a.dtype for lv in self.levels for a in (lv.pos, lv.crd)
                                 if a is not None), torch.int32)
         self.index_dtype = index_dtype
+        self._sig = None
+        self._ptrs = None
+
+    # pickling and copies carry the arrays, never the caches (addresses are per process)
+    def __getstate__(self):
+        return (self.format, self.shape, self.levels, self.values, self.index_dtype)
+
+    def __setstate__(self, state) -> None:
+        self.format, self.shape, self.levels, self.values, self.index_dtype = state
+        self._sig = None
+        self._ptrs = None
 
     @property
     def ndim(self) -> int:

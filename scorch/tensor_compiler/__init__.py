@@ -138,7 +138,7 @@ class _Entry:
 
 
 _plans: Dict[tuple, _Entry] = {}
-_fast: Dict[tuple, tuple] = {}   # identity-keyed front cache of _plans (see einsum)
+_fast: Dict[tuple, "_Entry"] = {}   # front cache of _plans keyed by signatures (see einsum)
 _lock = threading.Lock()
 _stats = {"plan_hits": 0, "plan_misses": 0}
 
@@ -367,6 +367,9 @@ def _rows_storage(entry: _Entry, res, sizes) -> Storage:
     return st
 
 
+#: outputs of at least this many elements are allocated through numpy (see _empty)
+EMPTY_NUMPY_MIN = 1 << 18
+
 _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.int64: np.int64,
               torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8,
               torch.uint8: np.uint8}
@@ -381,7 +384,7 @@ def _empty(shape, dtype: torch.dtype) -> torch.Tensor:
     for d in shape:
         n *= d
     npt = _NP_DTYPES.get(dtype)
-    if npt is None or n < (1 << 18):
+    if npt is None or n < EMPTY_NUMPY_MIN:
         return torch.empty(shape, dtype=dtype)
     return torch.from_numpy(np.empty(shape, dtype=npt))
 
@@ -450,7 +453,7 @@ def _run(entry: _Entry, ops):
         from .runner import make_runner
         idx = {ap.id: data[ap.id].index_dtype for ap in entry.schedule.accesses if ap.sparse}
         try:
-            entry.runner = make_runner(entry, mod, args, idx, lambda w: _threads_for(w), _assemble,
+            entry.runner = make_runner(entry, mod, args, idx, ops, _threads_for, _assemble,
                                        _pattern_storage, _empty)
         except Exception:  # the general path always works
             entry.runner = None
@@ -621,39 +624,82 @@ def _rename_broadcast(spec, ops):
     return Assignment(spec.assignment.output, rhs), op_idx
 
 
+_SIGNATURES: Dict[tuple, int] = {}
+_STRIDED = torch.strided
+
+
+def storage_signature(st: Storage) -> int:
+    """A small int naming what a plan and its warm path depend on (format, value and index
+    dtypes, size-1 dimensions, contiguous values), cached on the Storage (never reassigned):
+    a warm call's plan key is then a tuple of ints and dtypes, hashed without touching the
+    Format. The table keeps every named Format alive, so numbers are never reused."""
+    sig = st._sig
+    if sig is None:
+        v = st.values
+        t = (st.format, v.dtype, st.index_dtype,
+             1 in st.shape and tuple(n == 1 for n in st.shape), v.is_contiguous())
+        sig = _SIGNATURES.get(t)
+        if sig is None:
+            with _lock:
+                sig = _SIGNATURES.setdefault(t, len(_SIGNATURES))
+        st._sig = sig
+    return sig
+
+
+def storage_pointers(st: Storage) -> tuple:
+    """Addresses of a Storage's arrays, cached on it: ``(pos, crd)`` per level (0 where the
+    level keeps none), then the values' address and their count."""
+    ptrs = st._ptrs
+    if ptrs is None:
+        out = []
+        for lv in st.levels:
+            out.append(0 if lv.pos is None else lv.pos.data_ptr())
+            out.append(0 if lv.crd is None else lv.crd.data_ptr())
+        out.append(st.values.data_ptr())
+        out.append(st.values.numel())
+        ptrs = st._ptrs = tuple(out)
+    return ptrs
+
+
 def einsum(equation: str, *operands, out_format=None):
     """``torch.einsum`` over dense tensors, Storages and SparseTensors (anything with a
     ``._storage``) in any format. Dense operands only and no ``out_format``: exactly
     ``torch.einsum``. Returns a dense tensor or a Storage (sparse result)."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    ops = [_as_operand(x) for x in operands]
+    # the warm path: one pass builds the operands and the plan key (ints for storages,
+    # dtype and rank for dense tensors; the two kinds never compare equal)
+    ops = []
     key = [equation, out_format]
-    sparse_formats = []
-    for x in ops:
-        if type(x) is Storage:
-            f = x.format
-            sparse_formats.append(f)
-            key.append(id(f))
-            key.append(x.values.dtype)
-            key.append(x.index_dtype)
-            key.append(1 in x.shape and tuple(s == 1 for s in x.shape))
+    sparse = False
+    for x in operands:
+        tx = type(x)
+        if tx is Storage:
+            st = x
+        elif tx is torch.Tensor and x.layout is _STRIDED and not x.requires_grad:
+            st = x
         else:
-            key.append(x.dtype)
-            key.append(x.dim())
-    if out_format is None and not sparse_formats:
-        return torch.einsum(equation, *ops)
+            st = _as_operand(x)
+        if type(st) is Storage:
+            sparse = True
+            ops.append(st)
+            sig = st._sig
+            key.append(sig if sig is not None else storage_signature(st))
+        else:
+            ops.append(st)
+            key.append(st.dtype)
+            key.append(st.dim())
+    if out_format is None and not sparse:
+        return torch.einsum(equation, *operands)   # the caller's tensors: autograd intact
     key = tuple(key)
-    hit = _fast.get(key)
-    # identity check: the cached format objects are kept alive, so their ids are not reused
-    if hit is not None and len(hit[1]) == len(sparse_formats) and all(
-            a is b for a, b in zip(hit[1], sparse_formats)):
-        entry = hit[0]
-    else:
+    entry = _fast.get(key)
+    if entry is None:
         entry = _einsum_entry(equation, ops, out_format)
         if len(_fast) > 4096:
             _fast.clear()
-        _fast[key] = (entry, tuple(sparse_formats))
+        _fast[key] = entry
+    else:
+        _stats["plan_hits"] += 1
     return _run(entry, ops)
 
 

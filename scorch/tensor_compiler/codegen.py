@@ -811,7 +811,7 @@ class _Gen:
             w(f"    hi0 = a.t{lv.access}_pos{lv.k}[1]")
         if self.chunk_kind is not None:
             w("    if nthreads > 1 and hi0 - lo0 >= 64:")
-            w("        nchunks = min(hi0 - lo0, 8 * nthreads)")
+            w("        nchunks = min(hi0 - lo0, 8 * nthreads, 1024)")
         if self.out.dense and not store_all:
             # the output arrives uninitialized (torch.empty: cheaper than torch.zeros' dispatch)
             size = " * ".join(f"a.N_{v}" for v in self.out.vars) or "1"
@@ -821,10 +821,10 @@ class _Gen:
             for fn, cond, _ in nests[1:]:
                 w(f"    if {cond}:")
                 w(f"        fn = {fn}")
-        w("    cdef vector[int64_t] bounds")
-        w("    bounds.resize(nchunks + 1)")
-        w("    for t in range(nchunks + 1):")
-        w("        bounds[t] = lo0 + ((hi0 - lo0) * t) // nchunks")
+        w("    cdef int64_t bounds[1025]   # chunk boundaries (at most 1024 chunks)")
+        w("    if nchunks > 1:")
+        w("        for t in range(nchunks + 1):")
+        w("            bounds[t] = lo0 + ((hi0 - lo0) * t) // nchunks")
         bal = self.balance_pos()
         if bal is not None:
             # equal numbers of stored entries per chunk, not equal rows: a power-law row
@@ -852,6 +852,17 @@ class _Gen:
 
     def tuples_epilogue(self, w, nests) -> None:
         """Run the chunks, then concatenate their coordinate tuples (level-major) and values."""
+        fn = "fn" if len(nests) > 1 else "run_chunk"
+        if self.out.dense or self.out.pattern >= 0:
+            # nothing is appended: no buffers (their allocation showed in small kernels)
+            w("    if nchunks == 1:")
+            w("        with nogil:")
+            w(f"            {fn}(&a, lo0, hi0, NULL, NULL)")
+            w("    else:")
+            w("        for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):")
+            w(f"            {fn}(&a, bounds[t], bounds[t + 1], NULL, NULL)")
+            w("    return None")
+            return
         R = max(1, len(self.out.level_vars))
         w("    cdef vector[vector[int64_t]] crds")
         w(f"    cdef vector[vector[{self.vt}]] vals")

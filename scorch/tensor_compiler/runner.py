@@ -18,8 +18,14 @@ import torch
 __all__ = ["make_runner"]
 
 
-def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], threads_for, assemble,
-                pattern=None, empty=None):
+def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, threads_for,
+                assemble, pattern=None, empty=None):
+    """The warm-call function for ``entry``'s kernel, or None when the operands of this
+    first call are not exactly what the kernel reads (then every call takes the general
+    path). Sparse operands are recognized by their signature (``storage_signature``: same
+    format, dtypes, size-1 dimensions, contiguity) and read through their cached
+    addresses (``storage_pointers``)."""
+    from . import EMPTY_NUMPY_MIN, PARALLEL_MIN_WORK, storage_pointers, storage_signature
     s = entry.schedule
     if entry.split is not None or any(ap.transposed for ap in s.accesses):
         return None
@@ -27,40 +33,51 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], threa
     by_tensor: Dict[int, List] = {}
     for ap in s.accesses:
         by_tensor.setdefault(ap.tensor, []).append(ap)
-    from . import PARALLEL_MIN_WORK
+    vt = entry.value_dtype
+    env = {"torch": torch, "VT": vt, "KERNEL": module.kernel, "THREADS": threads_for,
+           "ASSEMBLE": assemble, "ENTRY": entry, "PATTERN": pattern, "PTRS": storage_pointers,
+           "TEMPTY": torch.empty,
+           "EMPTY": empty if empty is not None else (lambda shape, dt: torch.empty(shape, dtype=dt))}
+    sparse = set()
+    for n, aps in by_tensor.items():
+        if aps[0].sparse:
+            x = ops[n]
+            if (x.values.dtype != vt or x.index_dtype != index_dtypes[aps[0].id]
+                    or x.format.block is not None or not x.values.is_contiguous()):
+                return None
+            env[f"S{n}"] = storage_signature(x)
+            sparse.add(n)
     L: List[str] = []
     w = L.append
     w("def run(ops):")
     w(f"    if len(ops) != {nops}: return None")
     for n in range(nops):
         w(f"    x{n} = ops[{n}]")
+        if n in sparse:
+            w(f"    if x{n}._sig != S{n}: return None")
+            w(f"    p{n} = x{n}._ptrs")
+            w(f"    if p{n} is None: p{n} = PTRS(x{n})")
+        elif n in by_tensor:
+            w(f"    if x{n}.dtype is not VT: return None")
     # sizes: first occurrence defines, the rest must agree exactly (broadcasts go slow)
     seen: Dict[str, str] = {}
     for n, idx in enumerate(entry.operand_indices):
-        sparse = any(ap.sparse for ap in by_tensor.get(n, []))
-        shape = f"x{n}.shape"
-        if idx:
-            w(f"    if len({shape}) != {len(idx)}: return None")
+        if not idx:
+            continue
+        w(f"    s{n} = x{n}.shape")
+        if n not in sparse:
+            w(f"    if len(s{n}) != {len(idx)}: return None")
         for d, v in enumerate(idx):
             if v not in seen:
                 seen[v] = f"N{len(seen)}"
-                w(f"    {seen[v]} = {shape}[{d}]")
+                w(f"    {seen[v]} = s{n}[{d}]")
             else:
-                w(f"    if {shape}[{d}] != {seen[v]}: return None")
-        if sparse:
-            aps = by_tensor[n]
-            it = index_dtypes[aps[0].id]
-            w(f"    if x{n}.values.dtype is not VT or x{n}.index_dtype is not IDT{n} "
-              f"or x{n}.format.block is not None or not x{n}.values.is_contiguous(): return None")
-            w(f"    lv{n} = x{n}.levels")
-        elif n in by_tensor:
-            w(f"    if x{n}.dtype is not VT: return None")
+                w(f"    if s{n}[{d}] != {seen[v]}: return None")
     for i, (d, _, _) in entry.relayout.items():
         ap = s.accesses[i]
         w(f"    if x{ap.tensor}.stride({d}) != 1 and x{ap.tensor}.shape[{d}] > 1: return None")
-    work = " + ".join(
-        (f"x{n}.values.numel()" if any(ap.sparse for ap in aps) else f"x{n}.numel()")
-        for n, aps in sorted(by_tensor.items())) or "0"
+    work = " + ".join((f"p{n}[-1]" if n in sparse else f"x{n}.numel()")
+                      for n in sorted(by_tensor)) or "0"
     w(f"    work = {work}")
     w(f"    nt = 1 if work < {PARALLEL_MIN_WORK} else THREADS(work)")
     out = s.output
@@ -68,10 +85,16 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], threa
         P = s.accesses[out.pattern].tensor
         for v in entry.assignment.reduction:
             w(f"    if {seen[v]} == 0: return None")
-        w(f"    out = EMPTY((x{P}.values.numel(),), VT)  # P's pattern, written by the kernel")
+        w(f"    out = EMPTY((p{P}[-1],), VT)  # P's pattern, written by the kernel")
     if out.dense:
-        shape = ", ".join(seen[v] for v in out.vars)
-        w(f"    out = EMPTY(({shape}{',' if len(out.vars) == 1 else ''}), VT)  # written (or zeroed) by the kernel")
+        # written (or zeroed) by the kernel; torch.empty with int sizes is the cheapest call
+        # (~0.9 us, a tuple costs 0.5 us more), big outputs go through numpy (huge pages)
+        dims = [seen[v] for v in out.vars]
+        shape = ", ".join(dims)
+        w(f"    if {' * '.join(dims) or '1'} < {EMPTY_NUMPY_MIN}:")
+        w(f"        out = TEMPTY({shape + ', ' if dims else '(), '}dtype=VT)")
+        w("    else:")
+        w(f"        out = EMPTY(({shape}{',' if len(dims) == 1 else ''}), VT)")
     vals = []
     for _, _, what in args:
         tag = what[0]
@@ -79,10 +102,10 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], threa
             vals.append(seen[what[1]])
         elif tag in ("pos", "crd"):
             ap = s.accesses[what[1]]
-            vals.append(f"lv{ap.tensor}[{what[2]}].{tag}.data_ptr()")
+            vals.append(f"p{ap.tensor}[{2 * what[2] + (tag == 'crd')}]")
         elif tag == "vals":
             ap = s.accesses[what[1]]
-            vals.append(f"x{ap.tensor}.values.data_ptr()" if ap.sparse else f"x{ap.tensor}.data_ptr()")
+            vals.append(f"p{ap.tensor}[-2]" if ap.sparse else f"x{ap.tensor}.data_ptr()")
         elif tag == "stride":
             ap = s.accesses[what[1]]
             dims = [d for d, v in enumerate(ap.indices) if v == what[2]]
@@ -101,12 +124,6 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], threa
         sizes = ", ".join(f"{v!r}: {seen[v]}" for v in s.loop_order)
         w(f"    return ASSEMBLE(ENTRY, res, {{{sizes}}})")
     src = "\n".join(L) + "\n"
-    env = {"torch": torch, "VT": entry.value_dtype, "KERNEL": module.kernel, "THREADS": threads_for,
-           "ASSEMBLE": assemble, "ENTRY": entry, "PATTERN": pattern,
-           "EMPTY": empty if empty is not None else (lambda shape, dt: torch.empty(shape, dtype=dt))}
-    for n, aps in by_tensor.items():
-        if aps[0].sparse:
-            env[f"IDT{n}"] = index_dtypes[aps[0].id]
     exec(compile(src, f"<scorch runner {'_'.join(s.loop_order)}>", "exec"), env)
     run = env["run"]
     run.source = src

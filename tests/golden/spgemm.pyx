@@ -145,14 +145,14 @@ def kernel(list args, int nthreads):
     cdef int64_t lo0 = 0, hi0 = 0, nchunks = 1, t, n, total, off
     hi0 = a.N_i
     if nthreads > 1 and hi0 - lo0 >= 64:
-        nchunks = min(hi0 - lo0, 8 * nthreads)
+        nchunks = min(hi0 - lo0, 8 * nthreads, 1024)
     cdef chunk_fn fn = run_chunk
     if a.N_k > 4194304:
         fn = run_chunk_map
-    cdef vector[int64_t] bounds
-    bounds.resize(nchunks + 1)
-    for t in range(nchunks + 1):
-        bounds[t] = lo0 + ((hi0 - lo0) * t) // nchunks
+    cdef int64_t bounds[1025]   # chunk boundaries (at most 1024 chunks)
+    if nchunks > 1:
+        for t in range(nchunks + 1):
+            bounds[t] = lo0 + ((hi0 - lo0) * t) // nchunks
     cdef int64_t btot, btarget, blo, bhi, bmid
     if nchunks > 1:
         btot = a.t0_pos1[hi0] - a.t0_pos1[lo0]

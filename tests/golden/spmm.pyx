@@ -226,7 +226,7 @@ def kernel(list args, int nthreads):
     cdef int64_t lo0 = 0, hi0 = 0, nchunks = 1, t, n, total, off
     hi0 = a.N_i
     if nthreads > 1 and hi0 - lo0 >= 64:
-        nchunks = min(hi0 - lo0, 8 * nthreads)
+        nchunks = min(hi0 - lo0, 8 * nthreads, 1024)
     cdef chunk_fn fn = run_chunk
     if a.N_k == 16:
         fn = run_chunk_w16
@@ -236,10 +236,10 @@ def kernel(list args, int nthreads):
         fn = run_chunk_w64
     if a.N_k == 128:
         fn = run_chunk_w128
-    cdef vector[int64_t] bounds
-    bounds.resize(nchunks + 1)
-    for t in range(nchunks + 1):
-        bounds[t] = lo0 + ((hi0 - lo0) * t) // nchunks
+    cdef int64_t bounds[1025]   # chunk boundaries (at most 1024 chunks)
+    if nchunks > 1:
+        for t in range(nchunks + 1):
+            bounds[t] = lo0 + ((hi0 - lo0) * t) // nchunks
     cdef int64_t btot, btarget, blo, bhi, bmid
     if nchunks > 1:
         btot = a.t0_pos1[hi0] - a.t0_pos1[lo0]
@@ -254,14 +254,10 @@ def kernel(list args, int nthreads):
                 else:
                     bhi = bmid
             bounds[t] = blo
-    cdef vector[vector[int64_t]] crds
-    cdef vector[vector[float]] vals
-    crds.resize(nchunks * 1)
-    vals.resize(nchunks)
     if nchunks == 1:
         with nogil:
-            fn(&a, lo0, hi0, &crds[0], &vals[0])
+            fn(&a, lo0, hi0, NULL, NULL)
     else:
         for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):
-            fn(&a, bounds[t], bounds[t + 1], &crds[t * 1], &vals[t])
+            fn(&a, bounds[t], bounds[t + 1], NULL, NULL)
     return None
