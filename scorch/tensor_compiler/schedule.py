@@ -1,33 +1,22 @@
 """Scheduling: loop order, transposes of discordant operands, output format and workspaces.
 
-The result is a :class:`Schedule`, the data structure lowering consumes. This module makes
-*correct* and asymptotically sensible choices; the auto-scheduling issue extends
-:func:`order_cost` (Algorithm 1 cost moves) and adds tiling (Algorithm 3) here.
+The result is a :class:`Schedule`, the data structure lowering consumes.
 
-Loop order. Every sparse access must be iterated in its mode order (a level is reachable
-only through its parent), so a loop order is *concordant* with an access when the access's
-variables appear in it in mode order. Dense strided operands and dense outputs are read by
-strides and accept any order. Candidate orders (all permutations up to 7 variables, a
-greedy search beyond) are ranked by :func:`order_cost`, lexicographically:
+Loop order: the paper's Algorithm 1, in :mod:`.loop_order` (sort the index variables by
+sparsity, greedy moves priced by an additive cost model, removal of mode-order cycles by
+the cheapest transposes); its trace is kept on the schedule (``sparsity_order``,
+``moves``, ``cycle_removals``). Every sparse access is iterated in its mode order, a
+discordant one is transposed; dense strided operands and dense outputs accept any order.
 
-1. the number of loops that must iterate densely (no sparse level filters them): the
-   work of the nest is roughly ``N ** dense_loops * s ** sparse_loops``, so this is the
-   asymptotic term. It rules out inner-product SpGEMM when a transpose gives Gustavson;
-2. the number of transposes (sparse operands re-formatted into a concordant mode order,
-   plus a final conversion when a requested output format is discordant);
-3. sparse loops as high as possible (early filtering), as a 0/1 pattern per depth;
-4. whether a sparse output needs a workspace (a reduction loop above an output loop);
-5. dense strided accesses read with stride 1 innermost (cache behaviour).
-
-Sparse outputs are written in a mode order concordant with the loop order, so they can be
+Workspace insertion (Algorithm 1's last step) is done here on the chosen order: sparse
+outputs are written in a mode order concordant with the loop order, so they can be
 appended in order; when a reduction variable sits above some output variable the scatter
 goes through a workspace, one per thread, drained in sorted order into the output: a
 ``std::map`` keyed by the remaining output coordinates, or a dense array with touched flags
-when the output stores those levels densely anyway.
+when the output stores those levels densely anyway. Tiling (Algorithm 3): :func:`_tiled`.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -36,8 +25,10 @@ from . import merge_lattice as ml
 from .format_inference import infer_output_kinds
 from .index_notation import Access, Assignment, Mul, Neg, Scalar
 from .levels import LevelPlan, level_plans
+from .loop_order import (CycleRemoval, LoopOrder, Move, NoValidOrder, OrderProblem, algorithm1,
+                         concordant_dims, order_cost)
 
-__all__ = ["AccessPlan", "OutputPlan", "Schedule", "schedule", "order_cost"]
+__all__ = ["AccessPlan", "OutputPlan", "Schedule", "schedule", "order_cost", "NoValidOrder"]
 
 
 @dataclass
@@ -80,114 +71,26 @@ class Schedule:
     formula: object
     workspaces: List[str]
     tiled: List[str]
-    cost: tuple
+    cost: tuple                       # order_cost of the chosen order (lexicographic)
+    # Algorithm 1's trace: variables by descending sparsity (the initial order), every
+    # considered greedy move with its net cost and weighted term deltas, the cycles of the
+    # mode-order graph and the transpose choices priced to remove them, and the chosen
+    # order's unweighted cost terms
+    sparsity_order: List[str] = field(default_factory=list)
+    moves: List[Move] = field(default_factory=list)
+    mode_order_cycles: List[Tuple[str, ...]] = field(default_factory=list)
+    cycle_removals: List[CycleRemoval] = field(default_factory=list)
+    cost_terms: Dict[str, float] = field(default_factory=dict)
 
 
 def _concordant_dims(indices: Sequence[str], fmt: Format, order: Sequence[str],
                      tail: int = 0) -> Tuple[Optional[Tuple[int, ...]], bool]:
-    """Mode order an access is read in under loop ``order``: its own if concordant (loop
-    positions of its level variables nondecreasing; a repeated variable, a diagonal, sits
-    on consecutive-or-later levels), else its dimensions sorted by loop position (a
-    transpose). The last ``tail`` levels are fixed (the insides of blocks): only the levels
-    above them may be re-ordered, and ``None`` says no transpose makes the access
-    concordant."""
-    rank = {v: n for n, v in enumerate(order)}
-
-    def ok(dims):
-        pos = [rank[indices[d]] for d in dims]
-        return all(a <= b for a, b in zip(pos, pos[1:]))
-    if ok(fmt.mode_order):
-        return tuple(fmt.mode_order), False
-    if not tail:
-        return tuple(sorted(range(len(indices)), key=lambda d: (rank[indices[d]], d))), True
-    head, fixed = fmt.mode_order[:-tail], fmt.mode_order[-tail:]
-    dims = tuple(sorted(head, key=lambda d: (rank[indices[d]], d))) + tuple(fixed)
-    return (dims if ok(dims) else None), True
+    return concordant_dims(indices, fmt, order, tail)
 
 
-def _concordant_vars(indices: Sequence[str], fmt: Format, order: Sequence[str],
-                     tail: int = 0) -> Tuple[Optional[Tuple[str, ...]], bool]:
-    dims, tr = _concordant_dims(indices, fmt, order, tail)
-    return (None if dims is None else tuple(indices[d] for d in dims)), tr
-
-
-class NoValidOrder(Exception):
-    """No loop order is concordant with every access, even after transposes (only possible
-    with fixed block-inner levels)."""
-
-
-def order_cost(order: Sequence[str], asg: Assignment, ids: Dict[Access, int],
-               formats: Sequence[Optional[Format]], f, out_sparse: bool,
-               out_mode_vars: Optional[Tuple[str, ...]], fixed_tail=None) -> tuple:
-    """Cost tuple of a loop order (smaller is better); see the module docstring."""
-    fixed_tail = fixed_tail or {}
-    sparse_at: Dict[str, List[int]] = {v: [] for v in order}
-    transposes = 0
-    for acc, i in ids.items():
-        fmt = formats[acc.tensor]
-        if fmt is None:
-            continue
-        lvars, tr = _concordant_vars(acc.indices, fmt, order, fixed_tail.get(acc.tensor, 0))
-        if lvars is None:
-            return (10 ** 9,)
-        transposes += tr
-        for kind, v in zip(fmt.levels, lvars):
-            if kind.is_sparse:
-                sparse_at[v].append(i)
-    pattern = []
-    for v in order:
-        its = sparse_at[v]
-        dense = (not its) or ml.dense_needed(f, its)
-        pattern.append(1 if dense else 0)
-    ws = 0
-    red = set(asg.reduction)
-    if out_sparse:
-        seen_red = False
-        for v in order:
-            if v in red:
-                seen_red = True
-            elif seen_red:
-                ws = 1
-                break
-        if out_mode_vars is not None:
-            rank = {v: n for n, v in enumerate(order)}
-            p = [rank[v] for v in out_mode_vars]
-            transposes += any(a > b for a, b in zip(p, p[1:]))
-    contig = 0
-    rank = {v: n for n, v in enumerate(order)}
-    for acc in ids:
-        if formats[acc.tensor] is None and acc.indices:
-            last = acc.indices[-1]
-            if max(rank[v] for v in acc.indices) != rank[last]:
-                contig += 1
-    if not out_sparse and asg.output:
-        if max(rank[v] for v in asg.output) != rank[asg.output[-1]]:
-            contig += 1
-    return (sum(pattern), transposes, tuple(pattern), ws, contig)
-
-
-def _choose_order(asg, ids, formats, f, out_sparse, out_mode_vars, fixed_tail=None):
-    vars_ = list(asg.all_vars)
-    # canonical candidate order: output variables first, then reductions (deterministic)
-    base = list(asg.output) + [v for v in vars_ if v not in asg.output]
-
-    def cost(o):
-        return order_cost(o, asg, ids, formats, f, out_sparse, out_mode_vars, fixed_tail) + (
-            tuple(base.index(v) for v in o),)
-    if len(vars_) <= 7:
-        best = min((list(p) for p in itertools.permutations(base)), key=cost)
-        if cost(best)[0] >= 10 ** 9:
-            raise NoValidOrder("no loop order is concordant with the blocked operands")
-        return best
-    order: List[str] = []
-    rest = list(base)
-    while rest:
-        best = min(rest, key=lambda v: cost(order + [v] + [w for w in rest if w != v]))
-        order.append(best)
-        rest.remove(best)
-    if cost(order)[0] >= 10 ** 9:
-        raise NoValidOrder("no loop order is concordant with the blocked operands")
-    return order
+def _choose_order(asg, ids, formats, f, out_sparse, out_mode_vars, fixed_tail=None) -> LoopOrder:
+    """Algorithm 1 on this expression (see :mod:`.loop_order`)."""
+    return algorithm1(OrderProblem(asg, ids, formats, f, out_sparse, out_mode_vars, fixed_tail or {}))
 
 
 def _pattern_access(asg: Assignment, plans: List[AccessPlan], out: OutputPlan,
@@ -261,7 +164,8 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
         out_dense = rank == 0 or all(k is LevelKind.DENSE for k in kinds.values())
         out_kinds = kinds
         out_mode_vars = None
-    order = _choose_order(asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail)
+    lo = _choose_order(asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail)
+    order = lo.order
     if out_format is None:
         # Infer again on the formats the kernel reads: a transposed operand's levels apply
         # to its dimensions in the new order (CSR x CSC reads B as CSR, so the product is
@@ -279,7 +183,8 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
             if kinds == out_kinds and dense_now == out_dense:
                 break
             out_kinds, out_dense = kinds, dense_now
-            order = _choose_order(asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail)
+            lo = _choose_order(asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail)
+            order = lo.order
     cost = order_cost(order, asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail)
     loop_rank = {v: n for n, v in enumerate(order)}
 
@@ -334,7 +239,9 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
         else:
             out.mode = "direct"
         out.pattern = _pattern_access(asg, plans, out, order)
-    return Schedule(asg, order, plans, out, f, workspaces, _tiled(order, plans), cost)
+    return Schedule(asg, order, plans, out, f, workspaces, _tiled(order, plans), cost,
+                    list(lo.sparsity_order), list(lo.moves), list(lo.cycles),
+                    list(lo.cycle_removals), dict(lo.terms))
 
 
 def _tiled(order: Sequence[str], plans: List[AccessPlan]) -> List[str]:
