@@ -288,6 +288,23 @@ def test_spgemm_map_workspace_for_huge_extent():
     assert "run_chunk_map" in src and f"> {DENSE_WS_LIMIT}" in src
 
 
+def test_spgemm_spread_rows_radix_sorted():
+    """Output rows of a few hundred coordinates spread over a wide extent are sorted by the
+    workspace's radix sort (neither the mark scan nor insertion sort applies)."""
+    import numpy as np
+    import scipy.sparse as sp
+    from scorch.interop import from_scipy
+    A = sp.random(40, 30, density=0.9, format="csr", random_state=3)
+    B = sp.random(30, 300_000, density=2e-5, format="csr", random_state=4)
+    r = C.einsum("ij,jk->ik", from_scipy(A), from_scipy(B))
+    want = (A @ B).tocsr()
+    want.sort_indices()
+    assert np.diff(want.indptr).max() > 64
+    np.testing.assert_array_equal(r.levels[1].pos.numpy(), want.indptr)
+    np.testing.assert_array_equal(r.levels[1].crd.numpy(), want.indices)
+    np.testing.assert_allclose(r.values.numpy(), want.data)
+
+
 def test_rows_assembly_batched_and_sparse_outer():
     """Two dense levels over a compressed one (a batch of CSRs), and an outer loop that
     iterates a compressed level (DCSR operand) into a CSR output."""
@@ -366,6 +383,14 @@ def test_plan_cache_warm_call_reuses_plan():
     hits = C.plan_cache_info()["plan_hits"]
     C.einsum("ij,jk->ik", sparse(rand((9, 5), 0.5, seed=11), "csr"), torch.randn(5, 4, dtype=torch.float64))
     assert C.plan_cache_info()["plan_hits"] == hits + 1
+
+
+def test_explain_prints_algorithm1_trace():
+    a = sparse(rand((6, 5)), "csr")
+    text = str(C.explain("ij,jk->ik", a, sparse(rand((5, 4)), "csr")))
+    assert "by sparsity:  j, i, k" in text
+    assert "move j 0->1 [i,j,k]: net -102" in text and "applied" in text
+    assert "move j 1->2 [i,k,j]: net +1102 (dense_loops +1000" in text
 
 
 def test_explain_runs_nothing_and_reports():

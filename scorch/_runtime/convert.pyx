@@ -34,7 +34,6 @@ from typing import List, Optional, Sequence, Tuple
 import math
 import numbers
 import os
-import threading
 import time
 
 import numpy as np
@@ -488,7 +487,6 @@ cdef inline bint _is64(t):
 # SCORCH_ADAPTIVE_THREADS=0 keeps torch.get_num_threads() threads even on a busy machine
 # (for measurements that want the parallel code path whatever the load)
 cdef bint _ADAPTIVE = os.environ.get("SCORCH_ADAPTIVE_THREADS", "1") != "0"
-cdef double _busy_checked = -1.0
 cdef int _busy_others = 0
 cdef double _slow_until = 0.0
 
@@ -502,41 +500,41 @@ cdef bytes _read_proc(str path):
         os.close(fd)
 
 
-def _own_runnable() -> int:
-    """Runnable threads of this process: the calling thread and every other one in state R
-    (the caller's own stat is not read: it is running)."""
-    me = str(threading.get_native_id())
-    n = 1
-    for tid in os.listdir("/proc/self/task"):
-        if tid == me:
-            continue
-        try:
-            st = _read_proc(f"/proc/self/task/{tid}/stat")
-            i = st.rindex(b")")
-            n += st[i + 2:i + 3] == b"R"
-        except (OSError, ValueError):
-            pass
-    return n
+cdef double _CLK_TCK = <double>os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100.0
+cdef double _win_t = -1.0
+cdef double _win_busy = 0.0, _win_self = 0.0
+
+
+def _cpu_ticks():
+    """(busy ticks of the whole machine, CPU ticks of this process) from /proc."""
+    v = _read_proc("/proc/stat").split(b"\n", 1)[0].split()[1:]
+    # user nice system idle iowait irq softirq steal: all but idle and iowait are busy
+    # (steal too: a core the hypervisor gave away is not ours)
+    busy = int(v[0]) + int(v[1]) + int(v[2]) + int(v[5]) + int(v[6]) + (int(v[7]) if len(v) > 7 else 0)
+    st = _read_proc("/proc/self/stat")
+    f = st[st.rindex(b")") + 2:].split()
+    return busy, int(f[11]) + int(f[12])
 
 
 cdef int _runnable_others():
-    """Runnable threads of other processes right now: /proc/loadavg's runnable threads minus
-    this process's own (its idle OpenMP workers may still be spinning; counted before and
-    after, since one may fall asleep in between, the second count only when it matters).
-    Re-read at most every 20 ms; 0 where /proc cannot be read."""
-    global _busy_checked, _busy_others
+    """Cores that other processes kept busy over the last window (at least 0.1 s): the
+    machine's busy CPU time minus this process's own, per elapsed time, rounded so that a
+    neighbour using 0.7 of a core counts as one. CPU time, not a snapshot of runnable
+    threads: this process's own OpenMP workers, spinning or asleep at the instant of a
+    snapshot, made the count flip between calls. 0 where /proc cannot be read."""
+    global _win_t, _win_busy, _win_self, _busy_others
     cdef double now = time.monotonic()
-    if now - _busy_checked < 0.02:
+    if now - _win_t < 0.1:
         return _busy_others
-    _busy_checked = now
     try:
-        own = _own_runnable()
-        running = int(_read_proc("/proc/loadavg").split()[3].split(b"/")[0])
-        if running > own:  # a worker of ours may have started running in between: count again
-            own = max(own, _own_runnable())
-        _busy_others = max(0, running - own)
+        busy, own = _cpu_ticks()
     except (OSError, ValueError, IndexError):
         _busy_others = 0
+        return 0
+    if _win_t >= 0:
+        others = ((busy - _win_busy) - (own - _win_self)) / ((now - _win_t) * _CLK_TCK)
+        _busy_others = max(0, <int>(others + 0.3))
+    _win_t, _win_busy, _win_self = now, busy, own
     return _busy_others
 
 

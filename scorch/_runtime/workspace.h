@@ -80,9 +80,30 @@ class SparseWorkspace {
 // a kernel's per-thread arrays need no clearing. Generated kernels keep these arrays in
 // their own locals (registers), with the add as inline code; DenseWorkspace wraps the same
 // arrays for other callers. ``mark`` needs 8 bytes of padding past the extent.
+// LSD radix sort of k keys in [lo, hi], 8 bits a pass over the bits the range needs (a
+// touched list of a few hundred spread-out coordinates: std::sort's compares mispredict
+// about half the time, these passes do not branch on the keys). ``tmp`` holds k keys.
+template <typename K>
+inline void radix_sort_range(K* keys, int64_t k, int64_t lo, int64_t hi, K* tmp) {
+  int bits = 0;
+  while (bits < 63 && ((hi - lo) >> bits) != 0) ++bits;
+  K* src = keys;
+  K* dst = tmp;
+  for (int shift = 0; shift < bits; shift += 8) {
+    int64_t count[257] = {0};
+    for (int64_t i = 0; i < k; ++i) ++count[((src[i] - lo) >> shift & 255) + 1];
+    for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
+    for (int64_t i = 0; i < k; ++i) dst[count[(src[i] - lo) >> shift & 255]++] = src[i];
+    K* t = src;
+    src = dst;
+    dst = t;
+  }
+  if (src != keys) std::memcpy(keys, src, static_cast<size_t>(k) * sizeof(K));
+}
+
 template <typename K, typename I, typename V>
 inline void dense_ws_drain(K* touched, int64_t k, int64_t lo, int64_t hi, V* values,
-                           uint8_t* mark, I* crd, V* vals) {
+                           uint8_t* mark, I* crd, V* vals, K* tmp) {
   if (k == 0) return;
   const int64_t c0 = lo & ~int64_t(7);
   // eight marks cost about what one sorted element does; sorting k costs ~k log2 k
@@ -113,6 +134,8 @@ inline void dense_ws_drain(K* touched, int64_t k, int64_t lo, int64_t hi, V* val
       while (j >= 0 && touched[j] > x) { touched[j + 1] = touched[j]; --j; }
       touched[j + 1] = x;
     }
+  } else if (tmp != nullptr) {
+    radix_sort_range(touched, k, lo, hi, tmp);
   } else {
     std::sort(touched, touched + k);
   }
@@ -164,8 +187,8 @@ class DenseWorkspace {
   template <typename I>
   inline int64_t drain(I* crd, V* vals, int64_t offset) {
     const int64_t k = size();
-    dense_ws_drain(touched.data(), k, lo, hi, values.data(), mark.data(), crd + offset,
-                   vals + offset);
+    dense_ws_drain<int64_t>(touched.data(), k, lo, hi, values.data(), mark.data(),
+                            crd + offset, vals + offset, nullptr);
     next();
     return offset + k;
   }
@@ -205,40 +228,43 @@ class DenseWorkspace {
 
 // Memory blocks that output buffers hand back for the next kernel call. Fresh pages cost a
 // page fault each on first touch (for a mid-size SpGEMM that was a quarter of its time);
-// a returned block keeps its pages, so steady-state calls touch no new memory. At most
-// kPoolBytes are kept; larger returns go back to malloc.
+// a returned block keeps its pages, so steady-state calls touch no new memory. Blocks are
+// powers of two bytes, kept in one free list per size (taking and giving back are O(1)),
+// at most kPoolBytes in all; larger returns go back to malloc.
 class BlockPool {
  public:
   static constexpr size_t kPoolBytes = size_t(256) << 20;
 
+  // A block of at least ``need`` bytes; its size (a power of two) goes to ``*got``.
   void* take(size_t need, size_t* got) {
+    int cls = 0;
+    while ((size_t(1) << cls) < need) ++cls;
+    const size_t size = size_t(1) << cls;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      size_t best = blocks_.size();
-      for (size_t i = 0; i < blocks_.size(); ++i) {
-        if (blocks_[i].second >= need &&
-            (best == blocks_.size() || blocks_[i].second < blocks_[best].second)) best = i;
-      }
-      if (best != blocks_.size()) {
-        void* p = blocks_[best].first;
-        *got = blocks_[best].second;
-        held_ -= *got;
-        blocks_[best] = blocks_.back();
-        blocks_.pop_back();
+      std::vector<void*>& list = free_[cls];
+      if (!list.empty()) {
+        void* p = list.back();
+        list.pop_back();
+        held_ -= size;
+        *got = size;
         return p;
       }
     }
-    void* p = std::malloc(need);
+    void* p = std::malloc(size);
     if (p == nullptr) throw std::bad_alloc();
-    *got = need;
+    *got = size;
     return p;
   }
+  // Give back a block that take() returned (``size`` as it reported).
   void give(void* p, size_t size) {
     if (p == nullptr) return;
+    int cls = 0;
+    while ((size_t(1) << cls) < size) ++cls;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (held_ + size <= kPoolBytes) {
-        blocks_.emplace_back(p, size);
+        free_[cls].push_back(p);
         held_ += size;
         return;
       }
@@ -248,7 +274,7 @@ class BlockPool {
 
  private:
   std::mutex mutex_;
-  std::vector<std::pair<void*, size_t>> blocks_;
+  std::vector<void*> free_[64];
   size_t held_ = 0;
 };
 
@@ -312,15 +338,18 @@ struct DenseScratch {
   V* values = nullptr;
   uint8_t* mark = nullptr;
   int32_t* touched = nullptr;
+  int32_t* sort_tmp = nullptr;   // room for a radix sort of the touched list
   int64_t capacity = 0;
   ~DenseScratch() { release(); }
   void release() {
     std::free(values);
     std::free(mark);
     std::free(touched);
+    std::free(sort_tmp);
     values = nullptr;
     mark = nullptr;
     touched = nullptr;
+    sort_tmp = nullptr;
     capacity = 0;
   }
 };
@@ -334,7 +363,8 @@ inline DenseScratch<V>* dense_scratch(int64_t extent) {
     s.values = static_cast<V*>(std::calloc(n, sizeof(V)));
     s.mark = static_cast<uint8_t*>(std::calloc(n + 8, 1));
     s.touched = static_cast<int32_t*>(std::malloc(n * sizeof(int32_t)));
-    if (!s.values || !s.mark || !s.touched) {
+    s.sort_tmp = static_cast<int32_t*>(std::malloc(n * sizeof(int32_t)));
+    if (!s.values || !s.mark || !s.touched || !s.sort_tmp) {
       s.release();
       throw std::bad_alloc();
     }

@@ -66,12 +66,13 @@ cdef extern from "workspace.h" namespace "scorch" nogil:
         void reset()
 
     void dense_ws_drain[K, I, V](K* touched, int64_t k, int64_t lo, int64_t hi, V* values,
-                                 uint8_t* mark, I* crd, V* vals)
+                                 uint8_t* mark, I* crd, V* vals, K* tmp)
 
     cdef cppclass DenseScratch[V]:
         V* values
         uint8_t* mark
         int32_t* touched
+        int32_t* sort_tmp
         int64_t capacity
 
     DenseScratch[V]* dense_scratch[V](int64_t extent)

@@ -97,7 +97,9 @@ class Plan:
     ``loop_order`` (index variables, outermost first), ``workspaces`` (descriptions),
     ``tiled`` (tiled variables), ``output_format`` (the result's format; all-dense for a
     dense result), ``transposes`` (operands re-formatted, as ``(operand, from, to)``),
-    ``source`` (Cython), ``cin`` (concrete index notation)."""
+    ``source`` (Cython), ``cin`` (concrete index notation); ``schedule`` keeps the loop
+    ordering's trace (``sparsity_order``, greedy ``moves`` with net costs,
+    ``cycle_removals``), which ``str(plan)`` prints."""
     loop_order: List[str]
     workspaces: List[str]
     tiled: List[str]
@@ -116,6 +118,13 @@ class Plan:
                  f"tiled:        {', '.join(self.tiled) or 'none'}"]
         for n, a, b in self.transposes:
             lines.append(f"transpose:    operand {n}: {a} -> {b}")
+        s = self.schedule
+        if s is not None and s.sparsity_order:
+            # Algorithm 1, as it ran: the order by sparsity, each greedy move with its net
+            # cost, and the mode-order (transpose) decision
+            lines.append(f"by sparsity:  {', '.join(s.sparsity_order)}")
+            lines.extend(f"  {m}" for m in s.moves)
+            lines.extend(f"  {c}" for c in s.cycle_removals)
         lines.append("concrete index notation:")
         lines.extend("  " + ln for ln in self.cin.splitlines())
         return "\n".join(lines)

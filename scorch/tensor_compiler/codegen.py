@@ -206,7 +206,7 @@ class _Gen:
         (``workspace.h``: dense_ws_drain)."""
         if self.ws_map:
             return f"ws.drain({crd}, {vals}, 0)"
-        return f"dense_ws_drain[int32_t, {it}, {self.vt}](wl, wc, wlo, whi, wv, wm, {crd}, {vals})"
+        return f"dense_ws_drain[int32_t, {it}, {self.vt}](wl, wc, wlo, whi, wv, wm, {crd}, {vals}, wsp.sort_tmp)"
 
     def row_position(self) -> str:
         """The output row (the compressed level's parent position) of the current loops."""

@@ -5,9 +5,10 @@ arguments, checks broadcasting, converts and casts. Once a kernel is loaded, the
 case (operands already in the formats, dtypes and layouts the kernel reads) needs none of
 that, so we generate, once, a function that reads the sizes, checks them, collects the
 ``data_ptr()``/stride arguments in one list literal and calls the kernel. Anything
-unexpected (a broadcast, a dtype or index width that differs, a dense operand whose
-innermost stride is not 1, a transpose or conversion) makes it return ``None`` and the
-caller takes the general path, which handles (or reports) it.
+unexpected (a broadcast, a dtype or index width that differs, a transpose or conversion)
+makes it return ``None`` and the caller takes the general path, which handles (or reports)
+it. A dense operand streamed by the innermost loop with a stride other than 1 is re-laid
+out here, as the general path would.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, 
     format, dtypes, size-1 dimensions, contiguity) and read through their cached
     addresses (``storage_pointers``)."""
     from . import EMPTY_NUMPY_MIN, PARALLEL_MIN_WORK, storage_pointers, storage_signature
+    from .relayout import relayout
     s = entry.schedule
     if entry.split is not None or any(ap.transposed for ap in s.accesses):
         return None
@@ -36,7 +38,7 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, 
     vt = entry.value_dtype
     env = {"torch": torch, "VT": vt, "KERNEL": module.kernel, "THREADS": threads_for,
            "ASSEMBLE": assemble, "ENTRY": entry, "PATTERN": pattern, "PTRS": storage_pointers,
-           "TEMPTY": torch.empty,
+           "TEMPTY": torch.empty, "RELAYOUT": relayout,
            "EMPTY": empty if empty is not None else (lambda shape, dt: torch.empty(shape, dtype=dt))}
     sparse = set()
     for n, aps in by_tensor.items():
@@ -73,9 +75,13 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, 
                 w(f"    {seen[v]} = s{n}[{d}]")
             else:
                 w(f"    if s{n}[{d}] != {seen[v]}: return None")
-    for i, (d, _, _) in entry.relayout.items():
+    for i, (d, perm, inv) in entry.relayout.items():
+        # a dense operand the innermost loop streams is read with stride 1: re-laid out
+        # here when it is not (SDDMM's C), as the general path does
         ap = s.accesses[i]
-        w(f"    if x{ap.tensor}.stride({d}) != 1 and x{ap.tensor}.shape[{d}] > 1: return None")
+        x = f"x{ap.tensor}"
+        w(f"    if {x}.stride({d}) != 1 and {x}.shape[{d}] > 1:")
+        w(f"        {x} = RELAYOUT({x}, {tuple(perm)!r}, {tuple(inv)!r}, THREADS, {ap.id})")
     work = " + ".join((f"p{n}[-1]" if n in sparse else f"x{n}.numel()")
                       for n in sorted(by_tensor)) or "0"
     w(f"    work = {work}")

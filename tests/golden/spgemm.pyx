@@ -87,7 +87,7 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* o
             wb = deref(oval).size()
             deref(oval).grow(wn)
             deref(ocrd).grow(wn)
-            dense_ws_drain[int32_t, int32_t, float](wl, wc, wlo, whi, wv, wm, deref(ocrd).data() + wb, deref(oval).data() + wb)
+            dense_ws_drain[int32_t, int32_t, float](wl, wc, wlo, whi, wv, wm, deref(ocrd).data() + wb, deref(oval).data() + wb, wsp.sort_tmp)
             a.out_pos[c_i + 1] += wn
 
 cdef void run_chunk_map(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* ocrd, AppendBuffer[float]* oval) noexcept nogil:
