@@ -138,6 +138,7 @@ class _Entry:
     value_dtype: torch.dtype
     out_rank: int
     kernels: Dict[tuple, tuple] = field(default_factory=dict)  # index dtypes -> (module, args, source)
+    short: Dict[tuple, Any] = field(default_factory=dict)      # index dtypes -> short-rows module
     relayout: Dict[int, tuple] = field(default_factory=dict)   # dense access -> (dim, perm, inverse)
     split: Optional[Dict[str, int]] = None   # blocked operands read natively: var -> block size
     runner: Any = None            # warm-call fast path (runner.py), once a kernel is loaded
@@ -198,14 +199,7 @@ def _make_entry(asg: Assignment, operand_indices, ops, out_format: Optional[Form
     # a dense operand streamed by the innermost loop is read with stride 1 (the kernel is
     # specialized for it): when its layout does not give that, the kernel reads a copy laid
     # out in loop order (e.g. SDDMM's C, read along k)
-    rank = {v: n for n, v in enumerate(sched.loop_order)}
-    for i in _codegen.unit_stride_accesses(sched):
-        ap = sched.accesses[i]
-        perm = sorted(range(len(ap.indices)), key=lambda d: rank[ap.indices[d]])
-        inv = [0] * len(perm)
-        for n, d in enumerate(perm):
-            inv[d] = n
-        entry.relayout[ap.id] = (ap.indices.index(sched.loop_order[-1]), tuple(perm), tuple(inv))
+    entry.relayout.update(_codegen.relayouts(sched))
     return entry
 
 
@@ -277,6 +271,29 @@ def _prepare(entry: _Entry, ops, sizes, orig=None):
 
 def _index_key(entry: _Entry, data) -> tuple:
     return tuple(data[ap.id].index_dtype if ap.sparse else None for ap in entry.schedule.accesses)
+
+
+def _short_kernel(entry: _Entry, data, sizes):
+    """The short-rows variant's module when this input's rows are short (codegen.short_rows),
+    else None."""
+    sr = _codegen.short_rows(entry.schedule)
+    if sr is None:
+        return None
+    acc_id, row_vars = sr
+    rows = 1
+    for v in row_vars:
+        rows *= sizes[v]
+    if data[acc_id].values.numel() > _codegen.SHORT_ROWS * rows:
+        return None
+    ikey = _index_key(entry, data)
+    mod = entry.short.get(ikey)
+    if mod is None:
+        idx = {ap.id: data[ap.id].index_dtype for ap in entry.schedule.accesses if ap.sparse}
+        src, _ = _codegen.generate(entry.schedule, entry.value_dtype, idx, scalar_inner=True)
+        from .build import load_kernel
+        name = "k_" + "".join(ch for ch in "_".join(entry.schedule.loop_order) if ch.isalnum() or ch == "_")
+        mod = entry.short[ikey] = load_kernel(src, name_hint=(name + "_short")[:40])
+    return mod
 
 
 def _kernel_for(entry: _Entry, data, load: bool = True):
@@ -416,7 +433,7 @@ def _pattern_storage(entry: _Entry, P: Storage, values: torch.Tensor, sizes) -> 
 
 
 #: operands' stored entries + dense elements below which a kernel runs on one thread
-PARALLEL_MIN_WORK = int(os.environ.get("SCORCH_PARALLEL_MIN_WORK", 20_000))
+PARALLEL_MIN_WORK = int(os.environ.get("SCORCH_PARALLEL_MIN_WORK", 10_000))
 _free_cores = None
 
 
@@ -458,6 +475,7 @@ def _run(entry: _Entry, ops):
     data = _prepare(entry, ops, sizes, orig)
     fresh = not entry.kernels
     mod, args, _ = _kernel_for(entry, data)
+    short = _short_kernel(entry, data, sizes)
     if fresh and entry.runner is None:
         from .runner import make_runner
         idx = {ap.id: data[ap.id].index_dtype for ap in entry.schedule.accesses if ap.sparse}
@@ -478,7 +496,7 @@ def _run(entry: _Entry, ops):
         return _pattern_storage(entry, P, out, sizes)
     if out_plan.dense:
         out = _empty(tuple(sizes[v] for v in out_plan.vars), entry.value_dtype)  # kernel zeroes it
-    res = mod.kernel(_arg_values(args, entry, data, sizes, out), _threads_for(_work(data)))
+    res = (short or mod).kernel(_arg_values(args, entry, data, sizes, out), _threads_for(_work(data)))
     if out_plan.dense:
         if entry.split is not None:
             bs = entry.split

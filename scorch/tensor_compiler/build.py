@@ -220,6 +220,24 @@ def _environment_fingerprint() -> str:
     return _fingerprint_cache
 
 
+#: flags a kernel source may add for itself (``# scorch-cflags: ...`` line; the source text,
+#: hence the cache key, carries them)
+SOURCE_CFLAGS = ("-fno-tree-vectorize",)
+_SOURCE_CFLAGS_LINE = re.compile(r"^# scorch-cflags: (.*)$", re.M)
+
+
+def source_cflags(source: str) -> list[str]:
+    """The extra compiler flags a kernel asks for (only those in :data:`SOURCE_CFLAGS`)."""
+    m = _SOURCE_CFLAGS_LINE.search(source)
+    if m is None:
+        return []
+    flags = m.group(1).split()
+    bad = [f for f in flags if f not in SOURCE_CFLAGS]
+    if bad:
+        raise ValueError(f"kernel source asks for compiler flags {bad}; allowed: {SOURCE_CFLAGS}")
+    return flags
+
+
 def _kernel_key(source: str) -> str:
     h = hashlib.sha256()
     h.update(_environment_fingerprint().encode())
@@ -543,7 +561,8 @@ def _cc(source: str, c_file: Path, so: Path, pyx: Path, cpp: bool, cdir: Path,
     """Compile and link in one gcc/g++ call (no separate .o step)."""
     cc = "g++" if cpp else "gcc"
     pch_flags = ["-include", str(pch)] if pch is not None else []
-    cmd = [cc, *CFLAGS, *pch_flags, *_include_flags(source), str(c_file), "-o", str(so)]
+    cmd = [cc, *CFLAGS, *source_cflags(source), *pch_flags, *_include_flags(source), str(c_file),
+           "-o", str(so)]
     _last_cc_cmd[:] = cmd
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")

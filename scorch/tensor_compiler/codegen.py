@@ -46,7 +46,7 @@ from .index_notation import Access, Add, Expr, Mul, Neg, Scalar, Sub
 from .levels import LevelPlan, group_end, segment_setup
 from .schedule import Schedule
 
-__all__ = ["generate", "CTYPES", "NPTYPES", "ArgSpec"]
+__all__ = ["generate", "short_rows", "CTYPES", "NPTYPES", "ArgSpec", "SHORT_ROWS"]
 
 CODEGEN_VERSION = 1
 
@@ -60,6 +60,10 @@ CTYPES = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t
 NPTYPES = {torch.float32: "float32", torch.float64: "float64", torch.int64: "int64",
            torch.int32: "int32", torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8"}
 ITYPES = {torch.int32: "int32_t", torch.int64: "int64_t"}
+
+#: segments (rows) of at most this many entries on average run the scalar variant of a
+#: sparse-dot kernel (see short_rows)
+SHORT_ROWS = 6
 
 # An argument: (field name, C type, what it is). "what" is a tuple the runtime reads:
 # ("pos"|"crd", access, level) | ("vals", access) | ("stride", access, var) | ("size", var)
@@ -959,8 +963,59 @@ class _Gen:
         w("    return (pos_arr if wide else pos_arr.astype(np.int32)), crd_arr, val_arr")
 
 
-def generate(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, torch.dtype]):
-    """Cython source of the kernel and its argument list (field, C type, meaning)."""
+def relayouts(s: Schedule) -> Dict[int, Tuple[int, Tuple[int, ...], Tuple[int, ...]]]:
+    """Dense accesses the innermost loop streams (``unit_stride_accesses``), each with the
+    dimension that must have stride 1 and the permutation that lays the operand out in loop
+    order (and its inverse): the caller re-lays such an operand out when it arrives with
+    another stride (e.g. SDDMM's C, read along k)."""
+    rank = {v: n for n, v in enumerate(s.loop_order)}
+    out = {}
+    for i in unit_stride_accesses(s):
+        ap = s.accesses[i]
+        perm = sorted(range(len(ap.indices)), key=lambda d: rank[ap.indices[d]])
+        inv = [0] * len(perm)
+        for n, d in enumerate(perm):
+            inv[d] = n
+        out[ap.id] = (ap.indices.index(s.loop_order[-1]), tuple(perm), tuple(inv))
+    return out
+
+
+def short_rows(s: Schedule) -> Optional[Tuple[int, Tuple[str, ...]]]:
+    """Whether the kernel has a short-rows variant, decided per input: the innermost loop
+    is a reduction into a scalar over one sparse level (SpMV's ``acc += A[q] * x[crd[q]]``)
+    whose parents are dense levels over the outer loops. gcc vectorizes that loop with
+    emulated gathers, which pays on rows of a dozen entries and more but costs 10-15% on
+    rows of 3-5 (NotreDame, mdual, arrow, bcspwr10), where the plain scalar loop wins; so
+    a second module compiled without loop vectorization runs when ``nnz <= SHORT_ROWS *
+    rows``. Returns (access id, the dense parents' variables: rows = their extents'
+    product), or None."""
+    order, out = s.loop_order, s.output
+    if not order or not out.dense or out.acc_depth != len(order) - 1:
+        return None
+    L = order[-1]
+    if L not in s.assignment.reduction:
+        return None
+    iters = [(ap, lv) for ap in s.accesses if ap.sparse for lv in ap.levels if lv.var == L]
+    if len(iters) != 1:
+        return None
+    ap, lv = iters[0]
+    if (lv.k != len(ap.levels) - 1 or lv.kind is not LevelKind.COMPRESSED
+            or any(p.kind is not LevelKind.DENSE for p in ap.levels[:-1])
+            or tuple(p.var for p in ap.levels[:-1]) != tuple(order[:-1])):
+        return None
+    return ap.id, tuple(order[:-1])
+
+
+def generate(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, torch.dtype],
+             scalar_inner: bool = False):
+    """Cython source of the kernel and its argument list (field, C type, meaning).
+    ``scalar_inner``: the short-rows variant (see :func:`short_rows`), built without loop
+    vectorization."""
     g = _Gen(s, value_dtype, index_dtypes)
     src = g.generate()
+    if scalar_inner:
+        lines = src.split("\n")
+        lines.insert(2, "# scorch-cflags: -fno-tree-vectorize")
+        lines.insert(3, f"# short-rows variant: segments of <= {SHORT_ROWS} entries on average")
+        src = "\n".join(lines)
     return src, g.args

@@ -119,8 +119,25 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, 
         elif tag == "out":
             vals.append("out.data_ptr()")
         elif tag == "ostride":
-            vals.append(f"out.stride({out.vars.index(what[1])})")
-    w(f"    res = KERNEL([{', '.join(vals)}], nt)")
+            # the output is fresh and contiguous: its strides follow from the sizes
+            d = out.vars.index(what[1])
+            vals.append(" * ".join(seen[v] for v in out.vars[d + 1:]) or "1")
+    from .codegen import SHORT_ROWS, short_rows
+    sr = short_rows(s)
+    if sr is not None:
+        # short rows run the scalar variant (codegen.short_rows), built on first need by
+        # the general path
+        env["SHORT"] = entry.short
+        env["IKEY"] = tuple(index_dtypes.get(ap.id) if ap.sparse else None for ap in s.accesses)
+        rows = " * ".join(seen[v] for v in sr[1]) or "1"
+        w("    kern = KERNEL")
+        w(f"    if p{s.accesses[sr[0]].tensor}[-1] <= {SHORT_ROWS} * {rows}:")
+        w("        kern = SHORT.get(IKEY)")
+        w("        if kern is None: return None")
+        w("        kern = kern.kernel")
+        w(f"    res = kern([{', '.join(vals)}], nt)")
+    else:
+        w(f"    res = KERNEL([{', '.join(vals)}], nt)")
     if out.dense:
         w("    return out")
     elif out.pattern >= 0:
