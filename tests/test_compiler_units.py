@@ -305,6 +305,29 @@ def test_spgemm_spread_rows_radix_sorted():
     np.testing.assert_allclose(r.values.numpy(), want.data)
 
 
+def test_choose_panel_per_input():
+    """Algorithm 3's tiled loop is cut into register-width panels only for rows wider than
+    the register kernel and rows of at least PANEL_MIN_ROW entries (measured, see
+    choose_panel)."""
+    w = (16, 32, 64, 128)
+    assert C.choose_panel(w, 128, 10**6, 10**5) == 0          # fits the registers: whole rows
+    assert C.choose_panel(w, 256, 10**6, 10**5) == 128        # 10 entries a row: panels
+    assert C.choose_panel(w, 256, 3 * 10**5, 10**5) == 0      # power-law, ~3 a row: whole rows
+    assert C.choose_panel((), 256, 10**6, 10) == 0
+
+
+@pytest.mark.parametrize("dt,k", [(torch.float32, 256), (torch.float32, 300), (torch.float64, 100),
+                                  (torch.float64, 128)])
+def test_spmm_panels_match_dense(dt, k):
+    x = rand((40, 30), 0.5, dtype=dt, seed=21)                  # ~15 entries a row: panels
+    b = torch.randn(30, k, dtype=dt)
+    a = sparse(x, "csr")
+    s = C.explain("ij,jk->ik", a, b).schedule
+    assert C.choose_panel(C.codegen.panel_widths(s, dt), k, int(a.values.numel()), 40) > 0
+    for _ in range(2):   # general path, then the warm runner
+        torch.testing.assert_close(C.einsum("ij,jk->ik", a, b), x @ b)
+
+
 def test_rows_assembly_batched_and_sparse_outer():
     """Two dense levels over a compressed one (a batch of CSRs), and an outer loop that
     iterates a compressed level (DCSR operand) into a CSR output."""

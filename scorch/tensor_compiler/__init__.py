@@ -139,6 +139,7 @@ class _Entry:
     out_rank: int
     kernels: Dict[tuple, tuple] = field(default_factory=dict)  # index dtypes -> (module, args, source)
     short: Dict[tuple, Any] = field(default_factory=dict)      # index dtypes -> short-rows module
+    panels: Tuple[int, ...] = ()                               # panel widths (choose_panel)
     relayout: Dict[int, tuple] = field(default_factory=dict)   # dense access -> (dim, perm, inverse)
     split: Optional[Dict[str, int]] = None   # blocked operands read natively: var -> block size
     runner: Any = None            # warm-call fast path (runner.py), once a kernel is loaded
@@ -200,6 +201,7 @@ def _make_entry(asg: Assignment, operand_indices, ops, out_format: Optional[Form
     # specialized for it): when its layout does not give that, the kernel reads a copy laid
     # out in loop order (e.g. SDDMM's C, read along k)
     entry.relayout.update(_codegen.relayouts(sched))
+    entry.panels = _codegen.panel_widths(sched, vt)
     return entry
 
 
@@ -271,6 +273,42 @@ def _prepare(entry: _Entry, ops, sizes, orig=None):
 
 def _index_key(entry: _Entry, data) -> tuple:
     return tuple(data[ap.id].index_dtype if ap.sparse else None for ap in entry.schedule.accesses)
+
+
+#: panels pay only when output rows gather at least this many stored entries on average
+PANEL_MIN_ROW = 4
+
+
+def choose_panel(widths: Sequence[int], extent: int, nnz: int, rows: int) -> int:
+    """Per-input tiling of the innermost dense loop (paper Algorithm 3 says *which* loop;
+    this says whether and how wide). The kernel accumulates an output row of up to
+    ``max(widths)`` values in vector registers and reads each dense row it needs once, as
+    one contiguous stream. Wider rows (K = 256 float32) are cut into panels of that width,
+    each run through the register kernel, when the rows hold at least ``PANEL_MIN_ROW``
+    stored entries on average: every panel is another pass over the sparse operand's rows,
+    which does not pay for power-law graphs with ~3 entries a row (NotreDame K = 256: whole
+    rows 29 ms, 128-wide panels 43 ms) but does otherwise (4elt 1.9 -> 1.2 ms, Groebner
+    1.35 -> 0.94, random_uniform 61 -> 49, mdual 70 -> 63). Rows that fit the registers are
+    never cut: cache-sized panels were slower on every matrix measured, uniform or
+    power-law (K = 128: random_uniform 23 -> 25-51 ms, 4elt 0.28 -> 0.31-0.52).
+    ``benchmarks/report_tiling.py`` -> ``benchmarks/results/tiling.md``. 0: whole rows."""
+    if not widths:
+        return 0
+    w = max(widths)
+    return w if extent > w and nnz >= PANEL_MIN_ROW * rows else 0
+
+
+def _panel(entry: _Entry, data, sizes) -> int:
+    if not entry.panels:
+        return 0
+    s = entry.schedule
+    L = s.loop_order[-1]
+    rows = 1
+    for v in s.output.vars:
+        if v != L:
+            rows *= sizes[v]
+    nnz = sum(data[ap.id].values.numel() for ap in s.accesses if ap.sparse)
+    return choose_panel(entry.panels, sizes[L], nnz, rows)
 
 
 def _short_kernel(entry: _Entry, data, sizes):
@@ -496,7 +534,8 @@ def _run(entry: _Entry, ops):
         return _pattern_storage(entry, P, out, sizes)
     if out_plan.dense:
         out = _empty(tuple(sizes[v] for v in out_plan.vars), entry.value_dtype)  # kernel zeroes it
-    res = (short or mod).kernel(_arg_values(args, entry, data, sizes, out), _threads_for(_work(data)))
+    res = (short or mod).kernel(_arg_values(args, entry, data, sizes, out), _threads_for(_work(data)),
+                                _panel(entry, data, sizes))
     if out_plan.dense:
         if entry.split is not None:
             bs = entry.split

@@ -724,6 +724,45 @@ class _Gen:
             return ()
         return (16, 32, 64, 128) if self.vt == "float" else (8, 16, 32, 64)
 
+    def panels(self) -> Tuple[int, ...]:
+        """Panel widths the innermost (tiled, Algorithm 3) loop can be cut into: the row
+        widths, when the row is accumulated in registers (SpMM's k). The caller picks one
+        per input (``tensor_compiler.panel_width``) or 0 for whole rows."""
+        if self.row_depth < 0 or self.s.loop_order[-1] not in self.s.tiled:
+            return ()
+        return self.widths()
+
+    def panel_loop(self, w) -> None:
+        """Tiling of the innermost dense loop into panels (paper Algorithm 3; the width is
+        chosen per input by ``tensor_compiler.choose_panel``): the loop nest runs once per
+        panel of ``panel`` columns on shifted base pointers of the operands the loop
+        streams and of the output, with the register kernel of that width; a last, narrower
+        panel runs the generic chunk function."""
+        L = self.s.loop_order[-1]
+        shifted = [f"t{i}_vals" for i in sorted(self.unit)] + (["out_vals"] if self.out_unit == L else [])
+        w("    cdef Args b")
+        w("    cdef int64_t pp, pw")
+        w("    cdef chunk_fn pfn")
+        w(f"    if panel > 0 and panel < a.N_{L} and panel in {self.panels()!r}:")
+        w("        pfn = run_chunk")
+        for W in self.panels():
+            w(f"        if panel == {W}:")
+            w(f"            pfn = run_chunk_w{W}")
+        w(f"        for pp in range(0, a.N_{L}, panel):")
+        w(f"            pw = min(panel, a.N_{L} - pp)")
+        w("            b = a")
+        w(f"            b.N_{L} = pw")
+        for f in shifted:
+            w(f"            b.{f} = a.{f} + pp")
+        w("            fn = pfn if pw == panel else run_chunk")
+        w("            if nchunks == 1:")
+        w("                with nogil:")
+        w("                    fn(&b, lo0, hi0, NULL, NULL)")
+        w("            else:")
+        w("                for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):")
+        w("                    fn(&b, bounds[t], bounds[t + 1], NULL, NULL)")
+        w("        return None")
+
     def generate(self) -> str:
         self.collect_args()
         self.decide_chunking()
@@ -797,7 +836,7 @@ class _Gen:
                 w(f"    cdef {ct} {name}")
             src.extend(nest)
             w("")
-        w("def kernel(list args, int nthreads):")
+        w("def kernel(list args, int nthreads, int panel=0):")
         w("    cdef Args a")
         for n, (name, ct, _) in enumerate(self.args):
             cast = f"<{ct}><size_t>args[{n}]" if ct.endswith("*") else f"args[{n}]"
@@ -859,6 +898,8 @@ class _Gen:
         fn = "fn" if len(nests) > 1 else "run_chunk"
         if self.out.dense or self.out.pattern >= 0:
             # nothing is appended: no buffers (their allocation showed in small kernels)
+            if self.panels():
+                self.panel_loop(w)
             w("    if nchunks == 1:")
             w("        with nogil:")
             w(f"            {fn}(&a, lo0, hi0, NULL, NULL)")
@@ -978,6 +1019,13 @@ def relayouts(s: Schedule) -> Dict[int, Tuple[int, Tuple[int, ...], Tuple[int, .
             inv[d] = n
         out[ap.id] = (ap.indices.index(s.loop_order[-1]), tuple(perm), tuple(inv))
     return out
+
+
+def panel_widths(s: Schedule, value_dtype: torch.dtype) -> Tuple[int, ...]:
+    """The panel widths a kernel for ``s`` accepts (``_Gen.panels``; empty: no tiling)."""
+    if value_dtype not in (torch.float32, torch.float64) or not s.loop_order:
+        return ()
+    return _Gen(s, value_dtype, {}).panels()
 
 
 def short_rows(s: Schedule) -> Optional[Tuple[int, Tuple[str, ...]]]:

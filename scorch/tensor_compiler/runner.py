@@ -123,6 +123,16 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, 
             d = out.vars.index(what[1])
             vals.append(" * ".join(seen[v] for v in out.vars[d + 1:]) or "1")
     from .codegen import SHORT_ROWS, short_rows
+    panel = "0"
+    if entry.panels:
+        # rows wider than the register kernel may run in panels (choose_panel)
+        from . import choose_panel
+        env.update({"CHOOSE": choose_panel, "WIDTHS": entry.panels})
+        L_ = s.loop_order[-1]
+        rows = " * ".join(seen[v] for v in out.vars if v != L_) or "1"
+        nnz = " + ".join(f"p{n}[-1]" for n in sorted(by_tensor) if n in sparse) or "0"
+        w(f"    panel = 0 if {seen[L_]} <= {max(entry.panels)} else CHOOSE(WIDTHS, {seen[L_]}, {nnz}, {rows})")
+        panel = "panel"
     sr = short_rows(s)
     if sr is not None:
         # short rows run the scalar variant (codegen.short_rows), built on first need by
@@ -135,9 +145,9 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, 
         w("        kern = SHORT.get(IKEY)")
         w("        if kern is None: return None")
         w("        kern = kern.kernel")
-        w(f"    res = kern([{', '.join(vals)}], nt)")
+        w(f"    res = kern([{', '.join(vals)}], nt, {panel})")
     else:
-        w(f"    res = KERNEL([{', '.join(vals)}], nt)")
+        w(f"    res = KERNEL([{', '.join(vals)}], nt, {panel})")
     if out.dense:
         w("    return out")
     elif out.pattern >= 0:

@@ -129,7 +129,7 @@ cdef void run_chunk_map(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t
             ws.drain(deref(ocrd).data() + wb, deref(oval).data() + wb, 0)
             a.out_pos[c_i + 1] += wn
 
-def kernel(list args, int nthreads):
+def kernel(list args, int nthreads, int panel=0):
     cdef Args a
     a.N_i = args[0]
     a.N_j = args[1]

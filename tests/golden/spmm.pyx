@@ -209,7 +209,7 @@ cdef void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* oc
         (<scorch_vf*>(a.out_vals + oo_0 + 96))[0] = wv6
         (<scorch_vf*>(a.out_vals + oo_0 + 112))[0] = wv7
 
-def kernel(list args, int nthreads):
+def kernel(list args, int nthreads, int panel=0):
     cdef Args a
     a.N_i = args[0]
     a.N_j = args[1]
@@ -254,6 +254,33 @@ def kernel(list args, int nthreads):
                 else:
                     bhi = bmid
             bounds[t] = blo
+    cdef Args b
+    cdef int64_t pp, pw
+    cdef chunk_fn pfn
+    if panel > 0 and panel < a.N_k and panel in (16, 32, 64, 128):
+        pfn = run_chunk
+        if panel == 16:
+            pfn = run_chunk_w16
+        if panel == 32:
+            pfn = run_chunk_w32
+        if panel == 64:
+            pfn = run_chunk_w64
+        if panel == 128:
+            pfn = run_chunk_w128
+        for pp in range(0, a.N_k, panel):
+            pw = min(panel, a.N_k - pp)
+            b = a
+            b.N_k = pw
+            b.t1_vals = a.t1_vals + pp
+            b.out_vals = a.out_vals + pp
+            fn = pfn if pw == panel else run_chunk
+            if nchunks == 1:
+                with nogil:
+                    fn(&b, lo0, hi0, NULL, NULL)
+            else:
+                for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):
+                    fn(&b, bounds[t], bounds[t + 1], NULL, NULL)
+        return None
     if nchunks == 1:
         with nogil:
             fn(&a, lo0, hi0, NULL, NULL)
