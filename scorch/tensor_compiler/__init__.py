@@ -692,6 +692,7 @@ def _rename_broadcast(spec, ops):
 
 _SIGNATURES: Dict[tuple, int] = {}
 _STRIDED = torch.strided
+_SPARSE_TENSOR: list = [None]   # scorch.SparseTensor, set on first use (import order)
 
 
 def storage_signature(st: Storage) -> int:
@@ -733,6 +734,9 @@ def einsum(equation: str, *operands, out_format=None):
     ``torch.einsum``. Returns a dense tensor or a Storage (sparse result)."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
+    if _SPARSE_TENSOR[0] is None:
+        from ..tensor import SparseTensor
+        _SPARSE_TENSOR[0] = SparseTensor
     # the warm path: one pass builds the operands and the plan key (ints for storages,
     # dtype and rank for dense tensors; the two kinds never compare equal)
     ops = []
@@ -742,6 +746,8 @@ def einsum(equation: str, *operands, out_format=None):
         tx = type(x)
         if tx is Storage:
             st = x
+        elif tx is _SPARSE_TENSOR[0]:
+            st = x._storage
         elif tx is torch.Tensor and x.layout is _STRIDED and not x.requires_grad:
             st = x
         else:
