@@ -56,6 +56,10 @@ def einsum(*args: Any, out_format: Optional[FormatLike] = None) -> torch.Tensor:
     """torch.einsum over any mix of dense and sparse operands, compiled into one kernel.
 
     With only dense operands (and no ``out_format``) this is ``torch.einsum``."""
+    if out_format is None and len(args) == 3 and type(args[0]) is str and type(args[1]) is SparseTensor:
+        # the commonest warm call (A @ x, A @ X as einsum): no keyword, no repacking
+        result = _compiler_module.einsum(*args) if _compiler_module is not None else _compiler().einsum(*args)
+        return SparseTensor(result) if type(result) is Storage else result
     if args and type(args[0]) is str and not (len(args) == 2 and isinstance(args[1], (list, tuple))):
         equation, operands = args[0], args[1:]
     else:

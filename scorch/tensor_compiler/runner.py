@@ -75,6 +75,7 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, 
                 w(f"    {seen[v]} = s{n}[{d}]")
             else:
                 w(f"    if s{n}[{d}] != {seen[v]}: return None")
+    unit_dims = set()   # (operand, dim) with stride 1 once past the re-layout
     for i, (d, perm, inv) in entry.relayout.items():
         # a dense operand the innermost loop streams is read with stride 1: re-laid out
         # here when it is not (SDDMM's C), as the general path does
@@ -82,6 +83,7 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, 
         x = f"x{ap.tensor}"
         w(f"    if {x}.stride({d}) != 1 and {x}.shape[{d}] > 1:")
         w(f"        {x} = RELAYOUT({x}, {tuple(perm)!r}, {tuple(inv)!r}, THREADS, {ap.id})")
+        unit_dims.add((ap.tensor, d))
     work = " + ".join((f"p{n}[-1]" if n in sparse else f"x{n}.numel()")
                       for n in sorted(by_tensor)) or "0"
     w(f"    work = {work}")
@@ -115,7 +117,11 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, 
         elif tag == "stride":
             ap = s.accesses[what[1]]
             dims = [d for d, v in enumerate(ap.indices) if v == what[2]]
-            vals.append(" + ".join(f"x{ap.tensor}.stride({d})" for d in dims))
+            if len(dims) == 1 and (ap.tensor, dims[0]) in unit_dims:
+                # stride 1, or a size-1 dimension whose stride the kernel never multiplies
+                vals.append(f"(1 if x{ap.tensor}.shape[{dims[0]}] > 1 else x{ap.tensor}.stride({dims[0]}))")
+            else:
+                vals.append(" + ".join(f"x{ap.tensor}.stride({d})" for d in dims))
         elif tag == "out":
             vals.append("out.data_ptr()")
         elif tag == "ostride":
