@@ -313,6 +313,7 @@ def test_choose_panel_per_input():
     assert C.choose_panel(w, 128, 10**6, 10**5) == 0          # fits the registers: whole rows
     assert C.choose_panel(w, 256, 10**6, 10**5) == 128        # 10 entries a row: panels
     assert C.choose_panel(w, 256, 3 * 10**5, 10**5) == 0      # power-law, ~3 a row: whole rows
+    assert C.choose_panel(w, 256, 397 * 10**3, 10**5) == 128  # mdual, ~4 a row: panels
     assert C.choose_panel((), 256, 10**6, 10) == 0
 
 

@@ -276,7 +276,7 @@ def _index_key(entry: _Entry, data) -> tuple:
 
 
 #: panels pay only when output rows gather at least this many stored entries on average
-PANEL_MIN_ROW = 4
+PANEL_MIN_ROW = 3.5
 
 
 def choose_panel(widths: Sequence[int], extent: int, nnz: int, rows: int) -> int:
@@ -287,10 +287,10 @@ def choose_panel(widths: Sequence[int], extent: int, nnz: int, rows: int) -> int
     each run through the register kernel, when the rows hold at least ``PANEL_MIN_ROW``
     stored entries on average: every panel is another pass over the sparse operand's rows,
     which does not pay for power-law graphs with ~3 entries a row (NotreDame K = 256: whole
-    rows 29 ms, 128-wide panels 43 ms) but does otherwise (4elt 1.9 -> 1.2 ms, Groebner
-    1.35 -> 0.94, random_uniform 61 -> 49, mdual 70 -> 63). Rows that fit the registers are
+    rows 27 ms, 128-wide panels 44 ms) but does from ~4 (4elt 1.7 -> 1.3 ms, Groebner
+    1.4 -> 1.1, random_uniform 76 -> 54, mdual 78 -> 69). Rows that fit the registers are
     never cut: cache-sized panels were slower on every matrix measured, uniform or
-    power-law (K = 128: random_uniform 23 -> 25-51 ms, 4elt 0.28 -> 0.31-0.52).
+    power-law (K = 128: random_uniform 23 -> 26-60 ms, mdual 23 -> 31-40 ms).
     ``benchmarks/report_tiling.py`` -> ``benchmarks/results/tiling.md``. 0: whole rows."""
     if not widths:
         return 0

@@ -724,6 +724,17 @@ class _Gen:
             return ()
         return (16, 32, 64, 128) if self.vt == "float" else (8, 16, 32, 64)
 
+    @staticmethod
+    def run_chunks(w, fn: str, one: str, each: str, ind: str = "    ", args: str = "&a") -> None:
+        """Lines that run chunk function ``fn`` over all chunks: inline for one chunk,
+        else under ``prange`` (dynamic); ``one``/``each``: its buffer arguments."""
+        w(f"{ind}if nchunks == 1:")
+        w(f"{ind}    with nogil:")
+        w(f"{ind}        {fn}({args}, lo0, hi0, {one})")
+        w(f"{ind}else:")
+        w(f"{ind}    for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):")
+        w(f"{ind}        {fn}({args}, bounds[t], bounds[t + 1], {each})")
+
     def panels(self) -> Tuple[int, ...]:
         """Panel widths the innermost (tiled, Algorithm 3) loop can be cut into: the row
         widths, when the row is accumulated in registers (SpMM's k). The caller picks one
@@ -755,12 +766,7 @@ class _Gen:
         for f in shifted:
             w(f"            b.{f} = a.{f} + pp")
         w("            fn = pfn if pw == panel else run_chunk")
-        w("            if nchunks == 1:")
-        w("                with nogil:")
-        w("                    fn(&b, lo0, hi0, NULL, NULL)")
-        w("            else:")
-        w("                for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):")
-        w("                    fn(&b, bounds[t], bounds[t + 1], NULL, NULL)")
+        self.run_chunks(w, "fn", "NULL, NULL", "NULL, NULL", " " * 12, "&b")
         w("        return None")
 
     def generate(self) -> str:
@@ -900,12 +906,7 @@ class _Gen:
             # nothing is appended: no buffers (their allocation showed in small kernels)
             if self.panels():
                 self.panel_loop(w)
-            w("    if nchunks == 1:")
-            w("        with nogil:")
-            w(f"            {fn}(&a, lo0, hi0, NULL, NULL)")
-            w("    else:")
-            w("        for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):")
-            w(f"            {fn}(&a, bounds[t], bounds[t + 1], NULL, NULL)")
+            self.run_chunks(w, fn, "NULL, NULL", "NULL, NULL")
             w("    return None")
             return
         R = max(1, len(self.out.level_vars))
@@ -913,33 +914,23 @@ class _Gen:
         w(f"    cdef vector[vector[{self.vt}]] vals")
         w(f"    crds.resize(nchunks * {R})")
         w("    vals.resize(nchunks)")
-        fn = "fn" if len(nests) > 1 else "run_chunk"
-        w("    if nchunks == 1:")
-        w("        with nogil:")
-        w(f"            {fn}(&a, lo0, hi0, &crds[0], &vals[0])")
-        w("    else:")
-        w("        for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):")
-        w(f"            {fn}(&a, bounds[t], bounds[t + 1], &crds[t * {R}], &vals[t])")
-        if self.out.dense or self.out.pattern >= 0:
-            w("    return None")
-        else:
-            r = len(self.out.level_vars)
-            w("    total = 0")
-            w("    for t in range(nchunks):")
-            w("        total += vals[t].size()")
-            w(f"    crd_arr = np.empty({r} * total, dtype=np.int64)  # level-major: row l = level l")
-            w(f"    val_arr = np.empty(total, dtype=np.{self.npvt})")
-            w("    cdef size_t cp = crd_arr.ctypes.data, vp = val_arr.ctypes.data")
-            w("    cdef int64_t l")
-            w("    off = 0")
-            w("    for t in range(nchunks):")
-            w("        n = vals[t].size()")
-            w("        if n:")
-            w(f"            for l in range({r}):")
-            w(f"                memcpy(<void*>(cp + (l * total + off) * sizeof(int64_t)), crds[t * {r} + l].data(), n * sizeof(int64_t))")
-            w(f"            memcpy(<void*>(vp + off * sizeof({self.vt})), vals[t].data(), n * sizeof({self.vt}))")
-            w("        off += n")
-            w("    return crd_arr, val_arr")
+        self.run_chunks(w, fn, "&crds[0], &vals[0]", f"&crds[t * {R}], &vals[t]")
+        w("    total = 0")
+        w("    for t in range(nchunks):")
+        w("        total += vals[t].size()")
+        w(f"    crd_arr = np.empty({R} * total, dtype=np.int64)  # level-major: row l = level l")
+        w(f"    val_arr = np.empty(total, dtype=np.{self.npvt})")
+        w("    cdef size_t cp = crd_arr.ctypes.data, vp = val_arr.ctypes.data")
+        w("    cdef int64_t l")
+        w("    off = 0")
+        w("    for t in range(nchunks):")
+        w("        n = vals[t].size()")
+        w("        if n:")
+        w(f"            for l in range({R}):")
+        w(f"                memcpy(<void*>(cp + (l * total + off) * sizeof(int64_t)), crds[t * {R} + l].data(), n * sizeof(int64_t))")
+        w(f"            memcpy(<void*>(vp + off * sizeof({self.vt})), vals[t].data(), n * sizeof({self.vt}))")
+        w("        off += n")
+        w("    return crd_arr, val_arr")
 
     def rows_epilogue(self, w, nests) -> None:
         """Run the chunks (each counts its rows' entries into ``out_pos[row + 1]`` and appends
@@ -962,12 +953,7 @@ class _Gen:
         w("    crds.resize(nchunks)")
         w("    vals.resize(nchunks)")
         fn = "fn" if len(nests) > 1 else "run_chunk"
-        w("    if nchunks == 1:")
-        w("        with nogil:")
-        w(f"            {fn}(&a, lo0, hi0, &crds[0], &vals[0])")
-        w("    else:")
-        w("        for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):")
-        w(f"            {fn}(&a, bounds[t], bounds[t + 1], &crds[t], &vals[t])")
+        self.run_chunks(w, fn, "&crds[0], &vals[0]", "&crds[t], &vals[t]")
         w("    cdef int64_t* pp = a.out_pos")
         w("    with nogil:")
         w("        for t in range(P):")
