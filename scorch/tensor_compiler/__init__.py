@@ -140,6 +140,7 @@ class _Entry:
     kernels: Dict[tuple, tuple] = field(default_factory=dict)  # index dtypes -> (module, args, source)
     short: Dict[tuple, Any] = field(default_factory=dict)      # index dtypes -> short-rows module
     panels: Tuple[int, ...] = ()                               # panel widths (choose_panel)
+    short_rows: Any = None                                     # codegen.short_rows of the schedule
     relayout: Dict[int, tuple] = field(default_factory=dict)   # dense access -> (dim, perm, inverse)
     split: Optional[Dict[str, int]] = None   # blocked operands read natively: var -> block size
     runner: Any = None            # warm-call fast path (runner.py), once a kernel is loaded
@@ -202,6 +203,7 @@ def _make_entry(asg: Assignment, operand_indices, ops, out_format: Optional[Form
     # out in loop order (e.g. SDDMM's C, read along k)
     entry.relayout.update(_codegen.relayouts(sched))
     entry.panels = _codegen.panel_widths(sched, vt)
+    entry.short_rows = _codegen.short_rows(sched)
     return entry
 
 
@@ -311,10 +313,16 @@ def _panel(entry: _Entry, data, sizes) -> int:
     return choose_panel(entry.panels, sizes[L], nnz, rows)
 
 
+def _kernel_name(entry: _Entry, suffix: str = "") -> str:
+    """A readable module name: the loop order (the cache key does the identifying)."""
+    order = "".join(ch for ch in "_".join(entry.schedule.loop_order) if ch.isalnum() or ch == "_")
+    return ("k_" + order)[:40 - len(suffix)] + suffix
+
+
 def _short_kernel(entry: _Entry, data, sizes):
     """The short-rows variant's module when this input's rows are short (codegen.short_rows),
     else None."""
-    sr = _codegen.short_rows(entry.schedule)
+    sr = entry.short_rows
     if sr is None:
         return None
     acc_id, row_vars = sr
@@ -329,8 +337,7 @@ def _short_kernel(entry: _Entry, data, sizes):
         idx = {ap.id: data[ap.id].index_dtype for ap in entry.schedule.accesses if ap.sparse}
         src, _ = _codegen.generate(entry.schedule, entry.value_dtype, idx, scalar_inner=True)
         from .build import load_kernel
-        name = "k_" + "".join(ch for ch in "_".join(entry.schedule.loop_order) if ch.isalnum() or ch == "_")
-        mod = entry.short[ikey] = load_kernel(src, name_hint=(name + "_short")[:40])
+        mod = entry.short[ikey] = load_kernel(src, name_hint=_kernel_name(entry, "_short"))
     return mod
 
 
@@ -343,8 +350,7 @@ def _kernel_for(entry: _Entry, data, load: bool = True):
         mod = None
         if load:
             from .build import load_kernel
-            name = "k_" + "".join(ch for ch in "_".join(entry.schedule.loop_order) if ch.isalnum() or ch == "_")
-            mod = load_kernel(src, name_hint=name[:40])
+            mod = load_kernel(src, name_hint=_kernel_name(entry))
         k = (mod, args, src)
         if load:
             entry.kernels[ikey] = k
@@ -505,6 +511,11 @@ def _run(entry: _Entry, ops):
         r = run(ops)
         if r is not None:
             return r
+    return _run_general(entry, ops)
+
+
+def _run_general(entry: _Entry, ops):
+    """Every case the warm runner declines: splits, broadcasts, casts, transposes."""
     orig = None
     if entry.split is not None:
         orig = ops
@@ -777,6 +788,7 @@ def einsum(equation: str, *operands, out_format=None):
             r = run(ops)
             if r is not None:
                 return r
+        return _run_general(entry, ops)
     return _run(entry, ops)
 
 

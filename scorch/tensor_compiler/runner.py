@@ -20,7 +20,7 @@ __all__ = ["make_runner"]
 
 
 def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, threads_for,
-                assemble, pattern=None, empty=None):
+                assemble, pattern, empty):
     """The warm-call function for ``entry``'s kernel, or None when the operands of this
     first call are not exactly what the kernel reads (then every call takes the general
     path). Sparse operands are recognized by their signature (``storage_signature``: same
@@ -38,8 +38,7 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, 
     vt = entry.value_dtype
     env = {"torch": torch, "VT": vt, "KERNEL": module.kernel, "THREADS": threads_for,
            "ASSEMBLE": assemble, "ENTRY": entry, "PATTERN": pattern, "PTRS": storage_pointers,
-           "TEMPTY": torch.empty, "RELAYOUT": relayout,
-           "EMPTY": empty if empty is not None else (lambda shape, dt: torch.empty(shape, dtype=dt))}
+           "TEMPTY": torch.empty, "RELAYOUT": relayout, "EMPTY": empty}
     sparse = set()
     for n, aps in by_tensor.items():
         if aps[0].sparse:
@@ -75,7 +74,6 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, 
                 w(f"    {seen[v]} = s{n}[{d}]")
             else:
                 w(f"    if s{n}[{d}] != {seen[v]}: return None")
-    unit_dims = set()   # (operand, dim) with stride 1 once past the re-layout
     for i, (d, perm, inv) in entry.relayout.items():
         # a dense operand the innermost loop streams is read with stride 1: re-laid out
         # here when it is not (SDDMM's C), as the general path does
@@ -83,7 +81,6 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, 
         x = f"x{ap.tensor}"
         w(f"    if {x}.stride({d}) != 1 and {x}.shape[{d}] > 1:")
         w(f"        {x} = RELAYOUT({x}, {tuple(perm)!r}, {tuple(inv)!r}, THREADS, {ap.id})")
-        unit_dims.add((ap.tensor, d))
     work = " + ".join((f"p{n}[-1]" if n in sparse else f"x{n}.numel()")
                       for n in sorted(by_tensor)) or "0"
     w(f"    work = {work}")
@@ -117,18 +114,14 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, 
         elif tag == "stride":
             ap = s.accesses[what[1]]
             dims = [d for d, v in enumerate(ap.indices) if v == what[2]]
-            if len(dims) == 1 and (ap.tensor, dims[0]) in unit_dims:
-                # stride 1, or a size-1 dimension whose stride the kernel never multiplies
-                vals.append(f"(1 if x{ap.tensor}.shape[{dims[0]}] > 1 else x{ap.tensor}.stride({dims[0]}))")
-            else:
-                vals.append(" + ".join(f"x{ap.tensor}.stride({d})" for d in dims))
+            vals.append(" + ".join(f"x{ap.tensor}.stride({d})" for d in dims))
         elif tag == "out":
             vals.append("out.data_ptr()")
         elif tag == "ostride":
             # the output is fresh and contiguous: its strides follow from the sizes
             d = out.vars.index(what[1])
             vals.append(" * ".join(seen[v] for v in out.vars[d + 1:]) or "1")
-    from .codegen import SHORT_ROWS, short_rows
+    from .codegen import SHORT_ROWS
     panel = "0"
     if entry.panels:
         # rows wider than the register kernel may run in panels (choose_panel)
@@ -139,7 +132,7 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, 
         nnz = " + ".join(f"p{n}[-1]" for n in sorted(by_tensor) if n in sparse) or "0"
         w(f"    panel = 0 if {seen[L_]} <= {max(entry.panels)} else CHOOSE(WIDTHS, {seen[L_]}, {nnz}, {rows})")
         panel = "panel"
-    sr = short_rows(s)
+    sr = entry.short_rows
     if sr is not None:
         # short rows run the scalar variant (codegen.short_rows), built on first need by
         # the general path
