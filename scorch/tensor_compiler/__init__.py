@@ -783,12 +783,6 @@ def einsum(equation: str, *operands, out_format=None):
         _fast[key] = entry
     else:
         _stats["plan_hits"] += 1
-        run = entry.runner
-        if run is not None:
-            r = run(ops)
-            if r is not None:
-                return r
-        return _run_general(entry, ops)
     return _run(entry, ops)
 
 
