@@ -56,6 +56,13 @@ def einsum(*args: Any, out_format: Optional[FormatLike] = None) -> torch.Tensor:
     """torch.einsum over any mix of dense and sparse operands, compiled into one kernel.
 
     With only dense operands (and no ``out_format``) this is ``torch.einsum``."""
+    if out_format is None and len(args) > 1 and type(args[0]) is str and _compiler_module is not None:
+        # a warm call, whole, in C (tensor_compiler.fastcall): NotImplemented where it declines
+        dispatch = _compiler_module._DISPATCH[0]
+        if dispatch is not None:
+            result = dispatch(_compiler_module._fast, args[0], args[1:])
+            if result is not NotImplemented:
+                return result
     if out_format is None and len(args) == 3 and type(args[0]) is str and type(args[1]) is SparseTensor:
         # the commonest warm call (A @ x, A @ X as einsum): no keyword, no repacking
         result = _compiler_module.einsum(*args) if _compiler_module is not None else _compiler().einsum(*args)

@@ -29,7 +29,9 @@ for fmt in ["csr", "csc", "coo"]:
 csr64 = d.to_sparse_csr()
 res["torch-csr-spmm"] = bool(torch.allclose(scorch.einsum("ij,jk->ik", csr64, torch.ones(40, 3)), d @ torch.ones(40, 3), atol=1e-5))
 info = build.cache_info()
-print(json.dumps({"results": res, "misses": info["misses"]}))
+fastcall = importlib.import_module("scorch.tensor_compiler.fastcall").load(compile_missing=False)
+print(json.dumps({"results": res, "misses": info["misses"],
+                  "fastcall": None if fastcall is None else fastcall.__file__}))
 """
 
 
@@ -43,3 +45,5 @@ def test_standard_kernels_need_no_compile(tmp_path):
     assert report["misses"] == 0, (
         f"{report['misses']} standard kernels compiled on first use: the install did not "
         f"prebuild them (see setup.py / scorch.tensor_compiler.prebuilt); stderr: {out.stderr[-2000:]}")
+    assert report["fastcall"] is not None and "_prebuilt" in report["fastcall"], (
+        f"the C warm-call module was not prebuilt: {report['fastcall']}; stderr: {out.stderr[-2000:]}")

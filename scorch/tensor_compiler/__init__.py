@@ -156,7 +156,10 @@ _stats = {"plan_hits": 0, "plan_misses": 0}
 
 
 def plan_cache_info() -> dict:
-    return {"plans": len(_plans), **_stats}
+    info = {"plans": len(_plans), **_stats}
+    if _DISPATCH[0] is not None:   # warm calls served in C (fastcall.dispatch)
+        info["plan_hits"] += _DISPATCH[1].hits()
+    return info
 
 
 def plan_cache_clear() -> None:
@@ -739,12 +742,32 @@ def storage_pointers(st: Storage) -> tuple:
     return ptrs
 
 
+_DISPATCH: list = [None, None]   # fastcall.dispatch and its module, once loaded (see einsum)
+
+
+def _load_dispatch() -> None:
+    """Point ``einsum``'s first step at the C warm-call lookup (``fastcall.dispatch``), or at
+    a stand-in that always declines where the C module is unavailable."""
+    from .fastcall import load
+    fc = load()
+    if fc is None:
+        _DISPATCH[:] = [lambda table, equation, operands: NotImplemented, None]
+        return
+    fc.configure(Storage, _SPARSE_TENSOR[0])
+    _DISPATCH[:] = [fc.dispatch, fc]
+
+
 def einsum(equation: str, *operands, out_format=None):
     """``torch.einsum`` over dense tensors, Storages and SparseTensors (anything with a
     ``._storage``) in any format. Dense operands only and no ``out_format``: exactly
     ``torch.einsum``. Returns a dense tensor or a Storage (sparse result)."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
+    if out_format is None:
+        # the warm call in C: plan lookup, checks, output and kernel in one step
+        r = _DISPATCH[0](_fast, equation, operands) if _DISPATCH[0] is not None else NotImplemented
+        if r is not NotImplemented:
+            return r
     if _SPARSE_TENSOR[0] is None:
         from ..tensor import SparseTensor
         _SPARSE_TENSOR[0] = SparseTensor
@@ -774,6 +797,8 @@ def einsum(equation: str, *operands, out_format=None):
             key.append(st.dim())
     if out_format is None and not sparse:
         return torch.einsum(equation, *operands)   # the caller's tensors: autograd intact
+    if _DISPATCH[0] is None:
+        _load_dispatch()
     key = tuple(key)
     entry = _fast.get(key)
     if entry is None:

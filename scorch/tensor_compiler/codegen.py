@@ -65,6 +65,10 @@ ITYPES = {torch.int32: "int32_t", torch.int64: "int64_t"}
 #: sparse-dot kernel (see short_rows)
 SHORT_ROWS = 6
 
+#: name of the capsule holding a kernel's C entry ``void kernel_c(const int64_t* args, int
+#: nthreads, int panel)`` (``KERNEL_C`` in kernels that only write a preallocated output)
+KERNEL_C_CAPSULE = "scorch.kernel_c"
+
 # An argument: (field name, C type, what it is). "what" is a tuple the runtime reads:
 # ("pos"|"crd", access, level) | ("vals", access) | ("stride", access, var) | ("size", var)
 # | ("out",) | ("ostride", var)
@@ -759,7 +763,8 @@ class _Gen:
         for W in self.panels():
             w(f"        if panel == {W}:")
             w(f"            pfn = run_chunk_w{W}")
-        w(f"        for pp in range(0, a.N_{L}, panel):")
+        w("        pp = 0")
+        w(f"        while pp < a.N_{L}:")   # a C loop (a range with a run-time step is not)
         w(f"            pw = min(panel, a.N_{L} - pp)")
         w("            b = a")
         w(f"            b.N_{L} = pw")
@@ -767,7 +772,8 @@ class _Gen:
             w(f"            b.{f} = a.{f} + pp")
         w("            fn = pfn if pw == panel else run_chunk")
         self.run_chunks(w, "fn", "NULL, NULL", "NULL, NULL", " " * 12, "&b")
-        w("        return None")
+        w("            pp += panel")
+        w("        return")
 
     def generate(self) -> str:
         self.collect_args()
@@ -842,7 +848,12 @@ class _Gen:
                 w(f"    cdef {ct} {name}")
             src.extend(nest)
             w("")
-        w("def kernel(list args, int nthreads, int panel=0):")
+        if self.c_entry:
+            # the body runs without the GIL; ``kernel`` (Python) and ``KERNEL_C`` (a capsule
+            # for the C fast path, ``scorch/_runtime/fastcall.cpp``) both call it
+            w("cdef void kernel_c(const int64_t* args, int nthreads, int panel) noexcept nogil:")
+        else:
+            w("def kernel(list args, int nthreads, int panel=0):")
         w("    cdef Args a")
         for n, (name, ct, _) in enumerate(self.args):
             cast = f"<{ct}><size_t>args[{n}]" if ct.endswith("*") else f"args[{n}]"
@@ -897,7 +908,30 @@ class _Gen:
         else:
             self.tuples_epilogue(w, nests)
         w("")
+        if self.c_entry:
+            n = len(self.args)
+            w("def kernel(list args, int nthreads, int panel=0):")
+            w(f"    cdef int64_t values[{n}]")
+            w("    cdef int i")
+            w(f"    for i in range({n}):")
+            w("        values[i] = args[i]")
+            w("    with nogil:")
+            w("        kernel_c(values, nthreads, panel)")
+            w("    return None")
+            w("")
+            w("cdef extern from \"Python.h\":")
+            w("    object PyCapsule_New(void*, const char*, void*)")
+            w("")
+            w(f"KERNEL_C = PyCapsule_New(<void*>kernel_c, b\"{KERNEL_C_CAPSULE}\", NULL)")
+            w("KERNEL_ARGS = " + str(n))
+            w("")
         return "\n".join(src)
+
+    @property
+    def c_entry(self) -> bool:
+        """Kernels that only write a preallocated output (dense, or values in an operand's
+        pattern) run entirely without the GIL and get a C entry point (``kernel_c``)."""
+        return (self.out.dense or self.out.pattern >= 0) and self.out.mode != "ws" and not self.rows
 
     def tuples_epilogue(self, w, nests) -> None:
         """Run the chunks, then concatenate their coordinate tuples (level-major) and values."""
@@ -907,7 +941,7 @@ class _Gen:
             if self.panels():
                 self.panel_loop(w)
             self.run_chunks(w, fn, "NULL, NULL", "NULL, NULL")
-            w("    return None")
+            w("    return")
             return
         R = max(1, len(self.out.level_vars))
         w("    cdef vector[vector[int64_t]] crds")

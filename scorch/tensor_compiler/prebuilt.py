@@ -8,6 +8,9 @@ scratch kernel cache, from which the compiled modules are copied into ``scorch/_
 ``build.load_kernel`` looks there with the same key as the disk cache, so a kernel whose
 source, flags or CPU differ is simply compiled on first use as usual.
 
+The C warm-call module (``fastcall``, built against torch's headers) is compiled beside
+them into the same folder.
+
 Run ``python -m scorch.tensor_compiler.prebuilt`` (setup.py does, after building the runtime).
 """
 from __future__ import annotations
@@ -76,9 +79,12 @@ def build_prebuilt(dest: Path | None = None, jobs: int = 2) -> int:
     from .build import PREBUILT_DIR, BUILD_VERSION
     dest = Path(dest) if dest is not None else PREBUILT_DIR
     with tempfile.TemporaryDirectory(prefix="scorch-prebuilt-") as scratch:
-        env = dict(os.environ, SCORCH_CACHE_DIR=scratch)
+        # the kernel workers do not need the C warm-call module: it compiles beside them
+        env = dict(os.environ, SCORCH_CACHE_DIR=scratch, SCORCH_FASTCALL="0")
         procs = [subprocess.Popen([sys.executable, "-m", "scorch.tensor_compiler.prebuilt", "--part",
                                    str(p), str(jobs)], env=env) for p in range(jobs)]
+        procs.append(subprocess.Popen([sys.executable, "-m", "scorch.tensor_compiler.prebuilt",
+                                       "--fastcall"], env=dict(env, SCORCH_FASTCALL="1")))
         failed = [p.args for p in procs if p.wait() != 0]
         if failed:
             raise RuntimeError(f"prebuilt kernels: worker failed: {failed}")
@@ -99,11 +105,18 @@ def build_prebuilt(dest: Path | None = None, jobs: int = 2) -> int:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="compile scorch's standard kernels")
     parser.add_argument("--part", nargs=2, type=int, metavar=("I", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--fastcall", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dest", default=None)
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args(argv)
     if args.part:
         _run_part(*args.part)
+        return
+    if args.fastcall:
+        from . import build, fastcall
+        build.PREBUILT_DIR = Path(os.devnull)
+        if fastcall.load() is None:
+            raise SystemExit("scorch: the C warm-call module did not build")
         return
     n = build_prebuilt(args.dest, args.jobs)
     print(f"scorch: {n} standard kernels compiled into {args.dest or 'scorch/_prebuilt'}")

@@ -159,4 +159,77 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, 
     exec(compile(src, f"<scorch runner {'_'.join(s.loop_order)}>", "exec"), env)
     run = env["run"]
     run.source = src
-    return run
+    plan = _c_plan(entry, module, args, run, env, seen, sparse, by_tensor)
+    return plan if plan is not None else run
+
+
+def _c_plan(entry, module, args, fallback, env, seen, sparse, by_tensor):
+    """The same checks and arguments as the Python runner above, as a C plan
+    (``scorch/_runtime/fastcall.cpp``) that falls back to it; None where the kernel has no
+    C entry (outputs assembled from appended entries, pattern outputs) or the C module is
+    unavailable."""
+    from . import EMPTY_NUMPY_MIN, PARALLEL_MIN_WORK, choose_panel, storage_pointers
+    from .codegen import SHORT_ROWS
+    s = entry.schedule
+    out = s.output
+    if not out.dense or not hasattr(module, "KERNEL_C"):
+        return None
+    if any(idx and n not in by_tensor for n, idx in enumerate(entry.operand_indices)):
+        return None
+    from .fastcall import load
+    fc = load()
+    if fc is None:
+        return None
+    var = {v: int(name[1:]) for v, name in seen.items()}   # index variable -> N<k>
+    vt = torch.empty(0, dtype=entry.value_dtype)
+    operands = []
+    for n in range(len(entry.operand_indices)):
+        if n in sparse:
+            operands.append((1, env[f"S{n}"], None, 0))
+        elif n in by_tensor:
+            operands.append((2, 0, vt, len(entry.operand_indices[n])))
+        else:
+            operands.append((0, 0, None, 0))
+    dims = [(n, d, var[v]) for n, idx in enumerate(entry.operand_indices) for d, v in enumerate(idx)]
+    unit = [(s.accesses[i].tensor, d) for i, (d, _, _) in entry.relayout.items()]
+    c_args = []
+    for _, _, what in args:
+        tag = what[0]
+        if tag == "size":
+            c_args.append((0, var[what[1]], 0))
+        elif tag in ("pos", "crd"):
+            c_args.append((1, s.accesses[what[1]].tensor, 2 * what[2] + (tag == "crd")))
+        elif tag == "vals":
+            ap = s.accesses[what[1]]
+            c_args.append((1, ap.tensor, -2) if ap.sparse else (2, ap.tensor, 0))
+        elif tag == "stride":
+            ap = s.accesses[what[1]]
+            c_args.append((3, ap.tensor, sum(1 << d for d, v in enumerate(ap.indices) if v == what[2])))
+        elif tag == "out":
+            c_args.append((4, 0, 0))
+        elif tag == "ostride":
+            d = out.vars.index(what[1])
+            c_args.append((5, 0, sum(1 << var[v] for v in out.vars[d + 1:])))
+        else:
+            return None
+    spec = {"operands": operands, "dims": [x for t in dims for x in t],
+            "unit": [x for t in unit for x in t], "args": c_args, "nvars": len(var),
+            "min_work": PARALLEL_MIN_WORK, "out_max": EMPTY_NUMPY_MIN, "out_dtype": vt,
+            "out_vars": [var[v] for v in out.vars], "short": None, "panel": None}
+    short_getter = None
+    if entry.short_rows is not None:
+        acc, rows = entry.short_rows
+        spec["short"] = (s.accesses[acc].tensor, [var[v] for v in rows], SHORT_ROWS)
+        ikey = env["IKEY"]
+
+        def short_getter():   # the variant is built by the general path on first need
+            mod = entry.short.get(ikey)
+            return None if mod is None else mod.KERNEL_C
+    if entry.panels:
+        L_ = s.loop_order[-1]
+        spec["panel"] = (var[L_], max(entry.panels), [var[v] for v in out.vars if v != L_])
+    try:
+        return fc.Plan(module.KERNEL_C, short_getter, fallback, env["THREADS"], choose_panel,
+                       tuple(entry.panels or ()), storage_pointers, spec)
+    except Exception:  # noqa: BLE001  (a spec the C plan cannot take: the Python runner)
+        return None

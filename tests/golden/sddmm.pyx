@@ -168,7 +168,7 @@ cdef void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* oc
             acc = acc + scorch_vf_hsum(((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 0))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 0))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 16))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 16))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 32))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 32))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 48))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 48))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 64))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 64))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 80))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 80))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 96))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 96))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 112))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 112))[0]))
             a.out_vals[q0_1] = acc
 
-def kernel(list args, int nthreads, int panel=0):
+cdef void kernel_c(const int64_t* args, int nthreads, int panel) noexcept nogil:
     cdef Args a
     a.N_i = args[0]
     a.N_j = args[1]
@@ -220,4 +220,19 @@ def kernel(list args, int nthreads, int panel=0):
     else:
         for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):
             fn(&a, bounds[t], bounds[t + 1], NULL, NULL)
+    return
+
+def kernel(list args, int nthreads, int panel=0):
+    cdef int64_t values[13]
+    cdef int i
+    for i in range(13):
+        values[i] = args[i]
+    with nogil:
+        kernel_c(values, nthreads, panel)
     return None
+
+cdef extern from "Python.h":
+    object PyCapsule_New(void*, const char*, void*)
+
+KERNEL_C = PyCapsule_New(<void*>kernel_c, b"scorch.kernel_c", NULL)
+KERNEL_ARGS = 13

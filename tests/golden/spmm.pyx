@@ -209,7 +209,7 @@ cdef void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* oc
         (<scorch_vf*>(a.out_vals + oo_0 + 96))[0] = wv6
         (<scorch_vf*>(a.out_vals + oo_0 + 112))[0] = wv7
 
-def kernel(list args, int nthreads, int panel=0):
+cdef void kernel_c(const int64_t* args, int nthreads, int panel) noexcept nogil:
     cdef Args a
     a.N_i = args[0]
     a.N_j = args[1]
@@ -267,7 +267,8 @@ def kernel(list args, int nthreads, int panel=0):
             pfn = run_chunk_w64
         if panel == 128:
             pfn = run_chunk_w128
-        for pp in range(0, a.N_k, panel):
+        pp = 0
+        while pp < a.N_k:
             pw = min(panel, a.N_k - pp)
             b = a
             b.N_k = pw
@@ -280,11 +281,27 @@ def kernel(list args, int nthreads, int panel=0):
             else:
                 for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):
                     fn(&b, bounds[t], bounds[t + 1], NULL, NULL)
-        return None
+            pp += panel
+        return
     if nchunks == 1:
         with nogil:
             fn(&a, lo0, hi0, NULL, NULL)
     else:
         for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):
             fn(&a, bounds[t], bounds[t + 1], NULL, NULL)
+    return
+
+def kernel(list args, int nthreads, int panel=0):
+    cdef int64_t values[12]
+    cdef int i
+    for i in range(12):
+        values[i] = args[i]
+    with nogil:
+        kernel_c(values, nthreads, panel)
     return None
+
+cdef extern from "Python.h":
+    object PyCapsule_New(void*, const char*, void*)
+
+KERNEL_C = PyCapsule_New(<void*>kernel_c, b"scorch.kernel_c", NULL)
+KERNEL_ARGS = 12
