@@ -569,11 +569,13 @@ def test_sddmm_compile_time_dot_widths(fmt, dt):
 @pytest.mark.parametrize("dt", [torch.float32, torch.float64])
 def test_relayout_tiled_transpose(dt):
     from scorch.tensor_compiler.relayout import relayout
-    for shape in [(3, 5), (130, 300), (1, 7), (600, 2100)]:
+    for shape in [(3, 5), (8, 8), (4, 12), (16, 257), (130, 300), (1, 7), (600, 2100)]:
         x = torch.randn(shape, dtype=dt)
-        for src in (x, x.t().contiguous().t()):
-            y = relayout(src, (1, 0), (1, 0), lambda w: 2)
-            assert y.stride(0) == 1 and torch.equal(y, src)
+        wide = torch.randn(shape[0], shape[1] + 3, dtype=dt)[:, 2:shape[1] + 2]   # row stride > width
+        for src in (x, x.t().contiguous().t(), wide, x[:, ::2]):
+            for threads in (1, 2):
+                y = relayout(src, (1, 0), (1, 0), lambda w: threads)
+                assert y.stride(0) == 1 and torch.equal(y, src)
 
 
 def test_blocked_operand_read_natively():

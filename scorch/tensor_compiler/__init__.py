@@ -480,7 +480,7 @@ def _pattern_storage(entry: _Entry, P: Storage, values: torch.Tensor, sizes) -> 
 
 
 #: operands' stored entries + dense elements below which a kernel runs on one thread
-PARALLEL_MIN_WORK = int(os.environ.get("SCORCH_PARALLEL_MIN_WORK", 20_000))
+PARALLEL_MIN_WORK = int(os.environ.get("SCORCH_PARALLEL_MIN_WORK", 10_000))
 _free_cores = None
 
 

@@ -27,11 +27,75 @@ _SRC = """# cython: language_level=3, boundscheck=False, wraparound=False, cdivi
 from libc.stdint cimport int64_t
 from cython.parallel cimport prange
 
+cdef extern from *:
+    \"\"\"
+    #include <stdint.h>
+    #if defined(__AVX__)
+    #include <immintrin.h>
+    #endif
+    /* d[c * dr + r] = s[r * sr + c] for a B x B block (B = 8 floats / 4 doubles): with AVX, B
+       row loads, an in-register transpose (unpack, shuffle, 128-bit lane swap), B row stores */
+    static inline void scorch_tr_float(const float* s, int64_t sr, float* d, int64_t dr) {{
+    #if defined(__AVX__)
+        __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + sr), r2 = _mm256_loadu_ps(s + 2 * sr),
+               r3 = _mm256_loadu_ps(s + 3 * sr), r4 = _mm256_loadu_ps(s + 4 * sr),
+               r5 = _mm256_loadu_ps(s + 5 * sr), r6 = _mm256_loadu_ps(s + 6 * sr),
+               r7 = _mm256_loadu_ps(s + 7 * sr);
+        __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1),
+               t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3),
+               t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+               t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+        __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+               u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+               u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+               u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+        _mm256_storeu_ps(d, _mm256_permute2f128_ps(u0, u4, 0x20));
+        _mm256_storeu_ps(d + dr, _mm256_permute2f128_ps(u1, u5, 0x20));
+        _mm256_storeu_ps(d + 2 * dr, _mm256_permute2f128_ps(u2, u6, 0x20));
+        _mm256_storeu_ps(d + 3 * dr, _mm256_permute2f128_ps(u3, u7, 0x20));
+        _mm256_storeu_ps(d + 4 * dr, _mm256_permute2f128_ps(u0, u4, 0x31));
+        _mm256_storeu_ps(d + 5 * dr, _mm256_permute2f128_ps(u1, u5, 0x31));
+        _mm256_storeu_ps(d + 6 * dr, _mm256_permute2f128_ps(u2, u6, 0x31));
+        _mm256_storeu_ps(d + 7 * dr, _mm256_permute2f128_ps(u3, u7, 0x31));
+    #else
+        for (int c = 0; c < 8; c++) for (int r = 0; r < 8; r++) d[c * dr + r] = s[r * sr + c];
+    #endif
+    }}
+    static inline void scorch_tr_double(const double* s, int64_t sr, double* d, int64_t dr) {{
+    #if defined(__AVX__)
+        __m256d r0 = _mm256_loadu_pd(s), r1 = _mm256_loadu_pd(s + sr),
+                r2 = _mm256_loadu_pd(s + 2 * sr), r3 = _mm256_loadu_pd(s + 3 * sr);
+        __m256d t0 = _mm256_unpacklo_pd(r0, r1), t1 = _mm256_unpackhi_pd(r0, r1),
+                t2 = _mm256_unpacklo_pd(r2, r3), t3 = _mm256_unpackhi_pd(r2, r3);
+        _mm256_storeu_pd(d, _mm256_permute2f128_pd(t0, t2, 0x20));
+        _mm256_storeu_pd(d + dr, _mm256_permute2f128_pd(t1, t3, 0x20));
+        _mm256_storeu_pd(d + 2 * dr, _mm256_permute2f128_pd(t0, t2, 0x31));
+        _mm256_storeu_pd(d + 3 * dr, _mm256_permute2f128_pd(t1, t3, 0x31));
+    #else
+        for (int c = 0; c < 4; c++) for (int r = 0; r < 4; r++) d[c * dr + r] = s[r * sr + c];
+    #endif
+    }}
+    \"\"\"
+    void scorch_tr_{ct}(const {ct}* s, int64_t sr, {ct}* d, int64_t dr) noexcept nogil
+
+DEF B = {B}
+
 cdef void tile(const {ct}* s, {ct}* d, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
                int64_t sr, int64_t sc, int64_t R) noexcept nogil:
-    cdef int64_t r, c
+    cdef int64_t r, c, rb = r0, cb
+    if sc == 1:
+        # B x B blocks transposed in registers, then the ragged right and bottom edges
+        while rb + B <= r1:
+            cb = c0
+            while cb + B <= c1:
+                scorch_tr_{ct}(s + rb * sr + cb, sr, d + cb * R + rb, R)
+                cb = cb + B
+            for c in range(cb, c1):
+                for r in range(rb, rb + B):
+                    d[c * R + r] = s[r * sr + c]
+            rb = rb + B
     for c in range(c0, c1):
-        for r in range(r0, r1):
+        for r in range(rb, r1):
             d[c * R + r] = s[r * sr + c * sc]
 
 def transpose(size_t src, size_t dst, int64_t R, int64_t C, int64_t sr, int64_t sc, int nthreads):
@@ -62,7 +126,7 @@ _kernels = {}
 #: ~50 ms of page faults on first touch here (more than the transpose). Buffers between
 #: SCRATCH_MIN and SCRATCH_MAX bytes are kept; a call needing more than SCRATCH_MAX
 #: allocates as usual.
-SCRATCH_MIN = 1 << 20
+SCRATCH_MIN = 1 << 14
 SCRATCH_MAX = 1 << 30
 _local = threading.local()
 
@@ -86,7 +150,8 @@ def _kernel(dtype: torch.dtype):
     k = _kernels.get(dtype)
     if k is None:
         from .build import load_kernel
-        k = load_kernel(_SRC.format(ct=_CTYPES[dtype], TR=TILE_R, TC=TILE_C), f"relayout_{_CTYPES[dtype]}").transpose
+        src = _SRC.format(ct=_CTYPES[dtype], TR=TILE_R, TC=TILE_C, B=8 if dtype == torch.float32 else 4)
+        k = load_kernel(src, f"relayout_{_CTYPES[dtype]}").transpose
         _kernels[dtype] = k
     return k
 
