@@ -121,29 +121,37 @@ def transpose(size_t src, size_t dst, int64_t R, int64_t C, int64_t sr, int64_t 
 _CTYPES = {torch.float32: "float", torch.float64: "double"}
 _kernels = {}
 
-#: Re-laid-out copies live only for one kernel call, so big ones are written into a buffer
-#: kept per (thread, slot, dtype) and reused by the next call: a fresh 100 MB tensor costs
-#: ~50 ms of page faults on first touch here (more than the transpose). Buffers between
-#: SCRATCH_MIN and SCRATCH_MAX bytes are kept; a call needing more than SCRATCH_MAX
-#: allocates as usual.
-SCRATCH_MIN = 1 << 14
+#: Re-laid-out copies live only for one kernel call, so they are written into a buffer kept
+#: per (thread, slot, dtype) and reused by the next call: a fresh 100 MB tensor costs ~50 ms
+#: of page faults on first touch here (more than the transpose), a fresh 512 KB one is
+#: page-faulted on every call, and a small one costs more in torch's allocation and view
+#: calls (~3 us) than its transpose. Buffers up to SCRATCH_MAX bytes are kept (with the view
+#: of the last shape); a call needing more allocates as usual.
 SCRATCH_MAX = 1 << 30
 _local = threading.local()
 
 
-def _buffer(slot: int, dtype: torch.dtype, n: int) -> torch.Tensor:
-    nbytes = n * (4 if dtype == torch.float32 else 8)
-    if nbytes < SCRATCH_MIN or nbytes > SCRATCH_MAX:
-        from . import _empty
-        return _empty((n,), dtype)
-    bufs = getattr(_local, "bufs", None)
-    if bufs is None:
-        bufs = _local.bufs = {}
-    b = bufs.get((slot, dtype))
+def _scratch_view(slot: int, dtype: torch.dtype, R: int, C: int):
+    """(the C x R destination seen as R x C, its address) in this thread's buffer for slot."""
+    views = getattr(_local, "views", None)
+    if views is None:
+        views = _local.views = {}
+        _local.bufs = {}
+    key = (slot, dtype)
+    v = views.get(key)
+    if v is not None and v[0] == R and v[1] == C:
+        return v[2], v[3]
+    n = R * C
+    from . import _empty
+    if n * (4 if dtype == torch.float32 else 8) > SCRATCH_MAX:
+        d = _empty((n,), dtype).view(C, R).t()
+        return d, d.data_ptr()
+    b = _local.bufs.get(key)
     if b is None or b.numel() < n:
-        from . import _empty
-        b = bufs[(slot, dtype)] = _empty((n,), dtype)
-    return b[:n]
+        b = _local.bufs[key] = _empty((max(n, 1024),), dtype)
+    d = b[:n].view(C, R).t()
+    views[key] = (R, C, d, d.data_ptr())
+    return d, views[key][3]
 
 
 def _kernel(dtype: torch.dtype):
@@ -159,12 +167,13 @@ def _kernel(dtype: torch.dtype):
 def relayout(x: torch.Tensor, perm: Sequence[int], inv: Sequence[int],
              threads_for: Optional[Callable[[int], int]] = None, slot: int = 0) -> torch.Tensor:
     """``x`` with the same shape and values, laid out as ``x.permute(perm).contiguous()``
-    (then viewed back through ``inv``). The result is scratch (see :data:`SCRATCH_MIN`):
+    (then viewed back through ``inv``). The result is scratch (see :data:`SCRATCH_MAX`):
     valid until the next call with the same ``slot`` on this thread."""
     if x.dim() == 2 and tuple(perm) == (1, 0) and x.dtype in _CTYPES and x.numel() > 0:
         R, C = x.shape
-        d = _buffer(slot, x.dtype, R * C).view(C, R)
-        nt = threads_for(x.numel()) if threads_for is not None else 1
-        _kernel(x.dtype)(x.data_ptr(), d.data_ptr(), R, C, x.stride(0), x.stride(1), nt)
-        return d.t()
+        d, ptr = _scratch_view(slot, x.dtype, R, C)
+        nt = threads_for(R * C) if threads_for is not None else 1
+        st = x.stride()
+        _kernel(x.dtype)(x.data_ptr(), ptr, R, C, st[0], st[1], nt)
+        return d
     return x.permute(tuple(perm)).contiguous().permute(tuple(inv))
