@@ -297,15 +297,20 @@ int plan_init(PyObject* self, PyObject* args, PyObject* kwargs) {
 // -- the call ----------------------------------------------------------------------
 
 struct Held {   // new references dropped at the end of a call
-  PyObject* refs[2 * kMaxOps];
+  PyObject* refs[4 * kMaxOps];   // _sig, _ptrs (and a computed one), shape per operand
   int n = 0;
   ~Held() { for (int i = 0; i < n; i++) Py_DECREF(refs[i]); }
   PyObject* keep(PyObject* o) { if (o) refs[n++] = o; return o; }
 };
 
+// item b (< 0: from the end) of a storage_pointers tuple; -1 with an error set when absent
 int64_t ptr_item(PyObject* ptrs, int64_t b) {
   Py_ssize_t n = PyTuple_GET_SIZE(ptrs);
   Py_ssize_t i = b < 0 ? n + b : b;
+  if (i < 0 || i >= n) {
+    PyErr_SetString(PyExc_IndexError, "storage pointer index out of range");
+    return -1;
+  }
   return PyLong_AsLongLong(PyTuple_GET_ITEM(ptrs, i));
 }
 
@@ -339,6 +344,7 @@ PyObject* try_fast(Plan* self, PyObject* list) {
       ptrs[n] = p;
       shapes[n] = shape;
       work += ptr_item(p, -1);
+      if (PyErr_Occurred()) { PyErr_Clear(); return nullptr; }
     } else if (op.kind == kDense) {
       if (!THPVariable_Check(x)) return nullptr;
       const at::Tensor& t = THPVariable_Unpack(x);
