@@ -141,3 +141,17 @@ def test_switched_off_by_environment():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["function", "None"]
+
+
+@pytest.mark.parametrize("dtype,short", [(torch.float32, True), (torch.float64, False)])
+def test_short_rows_limit_by_dtype(dtype, short):
+    """About 12 entries a row: float32 runs the scalar variant (rows shorter than one
+    512-bit vector), float64 the vectorized loop (codegen.short_rows_limit)."""
+    from scorch.tensor_compiler.codegen import short_rows_limit
+    assert short_rows_limit(torch.float32) == 16 and short_rows_limit(torch.float64) == 6
+    d, A = _matrix(300, 300, 0.04, dtype, 6)
+    x = torch.rand(300, dtype=dtype)
+    C.plan_cache_clear()
+    for _ in range(2):
+        torch.testing.assert_close(scorch.einsum("ij,j->i", A, x), d @ x)
+    assert bool(_entry("ij,j->i", A, x).short) == short

@@ -332,7 +332,7 @@ def _short_kernel(entry: _Entry, data, sizes):
     rows = 1
     for v in row_vars:
         rows *= sizes[v]
-    if data[acc_id].values.numel() > _codegen.SHORT_ROWS * rows:
+    if data[acc_id].values.numel() > _codegen.short_rows_limit(entry.value_dtype) * rows:
         return None
     ikey = _index_key(entry, data)
     mod = entry.short.get(ikey)

@@ -46,7 +46,7 @@ from .index_notation import Access, Add, Expr, Mul, Neg, Scalar, Sub
 from .levels import LevelPlan, group_end, segment_setup
 from .schedule import Schedule
 
-__all__ = ["generate", "short_rows", "CTYPES", "NPTYPES", "ArgSpec", "SHORT_ROWS"]
+__all__ = ["generate", "short_rows", "short_rows_limit", "CTYPES", "NPTYPES", "ArgSpec", "SHORT_ROWS"]
 
 CODEGEN_VERSION = 1
 
@@ -62,8 +62,16 @@ NPTYPES = {torch.float32: "float32", torch.float64: "float64", torch.int64: "int
 ITYPES = {torch.int32: "int32_t", torch.int64: "int64_t"}
 
 #: segments (rows) of at most this many entries on average run the scalar variant of a
-#: sparse-dot kernel (see short_rows)
+#: sparse-dot kernel (see short_rows); float32 rows shorter than one 512-bit vector (16)
+#: never fill gcc's vector loop and run scalar faster (copter2, 12.7 a row: 286 -> 273 us,
+#: random_uniform, 10 a row: 615 -> 559 us at 2 threads), float64 ones gain from 6 up
 SHORT_ROWS = 6
+SHORT_ROWS_BY_DTYPE = {torch.float32: 16}
+
+
+def short_rows_limit(value_dtype: torch.dtype) -> int:
+    """Average entries per row up to which the short-rows variant runs (see short_rows)."""
+    return SHORT_ROWS_BY_DTYPE.get(value_dtype, SHORT_ROWS)
 
 #: name of the capsule holding a kernel's C entry ``void kernel_c(const int64_t* args, int
 #: nthreads, int panel)`` (``KERNEL_C`` in kernels that only write a preallocated output)
@@ -1054,8 +1062,8 @@ def short_rows(s: Schedule) -> Optional[Tuple[int, Tuple[str, ...]]]:
     whose parents are dense levels over the outer loops. gcc vectorizes that loop with
     emulated gathers, which pays on rows of a dozen entries and more but costs 10-15% on
     rows of 3-5 (NotreDame, mdual, arrow, bcspwr10), where the plain scalar loop wins; so
-    a second module compiled without loop vectorization runs when ``nnz <= SHORT_ROWS *
-    rows``. Returns (access id, the dense parents' variables: rows = their extents'
+    a second module compiled without loop vectorization runs when ``nnz <=
+    short_rows_limit(dtype) * rows``. Returns (access id, the dense parents' variables: rows = their extents'
     product), or None."""
     order, out = s.loop_order, s.output
     if not order or not out.dense or out.acc_depth != len(order) - 1:
@@ -1084,6 +1092,7 @@ def generate(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, torc
     if scalar_inner:
         lines = src.split("\n")
         lines.insert(2, "# scorch-cflags: -fno-tree-vectorize")
-        lines.insert(3, f"# short-rows variant: segments of <= {SHORT_ROWS} entries on average")
+        lines.insert(3, f"# short-rows variant: segments of <= {short_rows_limit(value_dtype)} "
+                        f"entries on average")
         src = "\n".join(lines)
     return src, g.args

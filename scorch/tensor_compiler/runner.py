@@ -121,7 +121,7 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, 
             # the output is fresh and contiguous: its strides follow from the sizes
             d = out.vars.index(what[1])
             vals.append(" * ".join(seen[v] for v in out.vars[d + 1:]) or "1")
-    from .codegen import SHORT_ROWS
+    from .codegen import short_rows_limit
     panel = "0"
     if entry.panels:
         # rows wider than the register kernel may run in panels (choose_panel)
@@ -140,7 +140,7 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, 
         env["IKEY"] = tuple(index_dtypes.get(ap.id) if ap.sparse else None for ap in s.accesses)
         rows = " * ".join(seen[v] for v in sr[1]) or "1"
         w("    kern = KERNEL")
-        w(f"    if p{s.accesses[sr[0]].tensor}[-1] <= {SHORT_ROWS} * {rows}:")
+        w(f"    if p{s.accesses[sr[0]].tensor}[-1] <= {short_rows_limit(vt)} * {rows}:")
         w("        kern = SHORT.get(IKEY)")
         w("        if kern is None: return None")
         w("        kern = kern.kernel")
@@ -169,7 +169,7 @@ def _c_plan(entry, module, args, fallback, env, seen, sparse, by_tensor):
     C entry (outputs assembled from appended entries, pattern outputs) or the C module is
     unavailable."""
     from . import EMPTY_NUMPY_MIN, PARALLEL_MIN_WORK, choose_panel, storage_pointers
-    from .codegen import SHORT_ROWS
+    from .codegen import short_rows_limit
     s = entry.schedule
     out = s.output
     if not out.dense or not hasattr(module, "KERNEL_C"):
@@ -219,7 +219,8 @@ def _c_plan(entry, module, args, fallback, env, seen, sparse, by_tensor):
     short_getter = None
     if entry.short_rows is not None:
         acc, rows = entry.short_rows
-        spec["short"] = (s.accesses[acc].tensor, [var[v] for v in rows], SHORT_ROWS)
+        spec["short"] = (s.accesses[acc].tensor, [var[v] for v in rows],
+                         short_rows_limit(entry.value_dtype))
         ikey = env["IKEY"]
 
         def short_getter():   # the variant is built by the general path on first need
