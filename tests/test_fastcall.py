@@ -155,3 +155,21 @@ def test_short_rows_limit_by_dtype(dtype, short):
     for _ in range(2):
         torch.testing.assert_close(scorch.einsum("ij,j->i", A, x), d @ x)
     assert bool(_entry("ij,j->i", A, x).short) == short
+
+
+def test_cleared_plans_are_collected():
+    """The C plan and its Python fallback refer to each other through the plan cache entry;
+    the collector frees them once the cache lets go."""
+    import gc
+    import weakref
+    d, A = _matrix(7, 5, 0.5, torch.float64, 8)
+    x = torch.rand(5, dtype=torch.float64)
+    scorch.einsum("ij,j->i", A, x)
+    entry = _entry("ij,j->i", A, x)
+    assert isinstance(entry.runner, FC.Plan)
+    ref = weakref.ref(entry)
+    del entry
+    C.plan_cache_clear()
+    gc.collect()
+    assert ref() is None
+    torch.testing.assert_close(scorch.einsum("ij,j->i", A, x), d @ x)   # planned afresh

@@ -259,15 +259,36 @@ missing:
   return false;
 }
 
+// A plan takes part in garbage collection: its fallback (the Python runner) refers back
+// to the plan cache entry that holds the plan.
+int plan_traverse(PyObject* self, visitproc visit, void* arg) {
+  Plan* p = reinterpret_cast<Plan*>(self);
+  Py_VISIT(p->fallback);
+  Py_VISIT(p->threads);
+  Py_VISIT(p->choose);
+  Py_VISIT(p->widths);
+  Py_VISIT(p->pointers);
+  Py_VISIT(p->short_getter);
+  return 0;
+}
+
+int plan_clear(PyObject* self) {
+  Plan* p = reinterpret_cast<Plan*>(self);
+  Py_CLEAR(p->fallback);
+  Py_CLEAR(p->threads);
+  Py_CLEAR(p->choose);
+  Py_CLEAR(p->widths);
+  Py_CLEAR(p->pointers);
+  Py_CLEAR(p->short_getter);
+  return 0;
+}
+
 void plan_dealloc(PyObject* self) {
   Plan* p = reinterpret_cast<Plan*>(self);
+  PyObject_GC_UnTrack(self);
+  plan_clear(self);
   delete p->spec;
-  Py_XDECREF(p->fallback);
-  Py_XDECREF(p->threads);
-  Py_XDECREF(p->choose);
-  Py_XDECREF(p->widths);
-  Py_XDECREF(p->pointers);
-  Py_XDECREF(p->short_getter);
+  p->spec = nullptr;
   Py_TYPE(self)->tp_free(self);
 }
 
@@ -440,6 +461,10 @@ PyObject* try_fast(Plan* self, PyObject* list) {
 }
 
 PyObject* guarded_try(Plan* self, PyObject* ops) {
+  if (!self->spec || !self->fallback) {   // before __init__, or cleared by the collector
+    PyErr_SetString(PyExc_RuntimeError, "fastcall.Plan is not initialized");
+    return nullptr;
+  }
   try {
     return try_fast(self, ops);
   } catch (const std::exception& e) {   // e.g. at::empty out of memory
@@ -450,10 +475,6 @@ PyObject* guarded_try(Plan* self, PyObject* ops) {
 
 PyObject* plan_call(PyObject* self, PyObject* args, PyObject* kwargs) {
   Plan* p = reinterpret_cast<Plan*>(self);
-  if (!p->spec) {
-    PyErr_SetString(PyExc_RuntimeError, "fastcall.Plan used before __init__");
-    return nullptr;
-  }
   if (PyTuple_GET_SIZE(args) != 1 || kwargs) {
     PyErr_SetString(PyExc_TypeError, "a plan takes the list of operands");
     return nullptr;
@@ -594,7 +615,9 @@ PyMODINIT_FUNC SCORCH_INIT(SCORCH_FASTCALL_MODULE)(void) {
   module_def.m_name = SCORCH_STR(SCORCH_FASTCALL_MODULE);
   PlanType.tp_name = "scorch.fastcall.Plan";
   PlanType.tp_basicsize = sizeof(Plan);
-  PlanType.tp_flags = Py_TPFLAGS_DEFAULT;
+  PlanType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+  PlanType.tp_traverse = plan_traverse;
+  PlanType.tp_clear = plan_clear;
   PlanType.tp_new = PyType_GenericNew;
   PlanType.tp_init = plan_init;
   PlanType.tp_dealloc = plan_dealloc;
