@@ -9,6 +9,10 @@ unexpected (a broadcast, a dtype or index width that differs, a transpose or con
 makes it return ``None`` and the caller takes the general path, which handles (or reports)
 it. A dense operand streamed by the innermost loop with a stride other than 1 is re-laid
 out here, as the general path would.
+
+Where the kernel writes a preallocated dense output and the C module is built, the same
+checks and arguments also go into a ``fastcall.Plan`` (``scorch/_runtime/fastcall.cpp``) that
+does them on the ``at::Tensor`` and falls back to this function whenever it declines.
 """
 from __future__ import annotations
 
