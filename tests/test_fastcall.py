@@ -173,3 +173,34 @@ def test_cleared_plans_are_collected():
     gc.collect()
     assert ref() is None
     torch.testing.assert_close(scorch.einsum("ij,j->i", A, x), d @ x)   # planned afresh
+
+
+@pytest.mark.parametrize("layout", ["csr", "csc", "coo"])
+def test_torch_sparse_operands_wrapped_once(layout):
+    """A torch sparse operand's Storage (its arrays, not copied) is kept for the tensor: the
+    next call reuses it, in-place changes of the values show through, an in-place op on the
+    tensor (version bump) re-wraps it, and the tensor can still be freed (then the entry
+    goes)."""
+    import gc
+    import weakref
+    d, _ = _matrix(20, 15, 0.3, torch.float64, 9)
+    T = {"csr": d.to_sparse_csr, "csc": d.to_sparse_csc, "coo": d.to_sparse}[layout]()
+    x = torch.rand(15, dtype=torch.float64)
+
+    def product():
+        r = scorch.einsum("ij,j->i", T, x)
+        return r.to_dense() if isinstance(r, scorch.SparseTensor) else r
+    torch.testing.assert_close(product(), d @ x)
+    st = C._as_operand(T)
+    assert C._as_operand(T) is st and st.values.data_ptr() == T.values().data_ptr()
+    T.values().mul_(3)
+    torch.testing.assert_close(product(), 3 * d @ x)
+    version = T._version
+    T.mul_(2)   # in place on the tensor itself
+    assert T._version != version and C._as_operand(T) is not st
+    torch.testing.assert_close(product(), 6 * d @ x)
+    key, ref = id(T), weakref.ref(T)
+    assert key in C._TORCH_SPARSE
+    del T, st
+    gc.collect()
+    assert ref() is None and key not in C._TORCH_SPARSE

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple  # noqa: F401
 
@@ -60,12 +61,51 @@ def _as_operand(x: Any):
         return st
     if isinstance(x, torch.Tensor):
         if x.layout != torch.strided:
-            from ..tensor import as_scorch  # torch's own sparse layouts
-            return as_scorch(x)._storage
+            return _torch_sparse_storage(x)
         return x.detach() if x.requires_grad else x
     if isinstance(x, (int, float)):
         return torch.tensor(x)
     raise TypeError(f"einsum(): operand of type {type(x).__name__} is not a tensor")
+
+
+#: id of a torch sparse tensor -> (weak reference to it, its version counter, the Storage
+#: over its arrays); keyed by id because tensors compare elementwise
+_TORCH_SPARSE: Dict[int, tuple] = {}
+
+
+def _unlinked(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The same memory as ``t`` through a tensor that refers to the memory only, not to
+    ``t`` (views of a sparse tensor's arrays keep the sparse tensor alive)."""
+    if t is None:
+        return None
+    return torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), t.storage_offset(), t.size(),
+                                              t.stride())
+
+
+def _torch_sparse_storage(x: torch.Tensor) -> Storage:
+    """The Storage over one of torch's sparse layouts (its arrays, not copied). Wrapping costs
+    ~20 us of Python, so the wrap is kept for the tensor's lifetime while it shares the
+    tensor's value array (in-place changes of the values then show through) and the tensor's
+    version counter is unchanged (an in-place op on the tensor may have replaced its arrays).
+    The kept Storage refers to the arrays' memory only, so the tensor can still be freed."""
+    hit = _TORCH_SPARSE.get(id(x))
+    if hit is not None and hit[0]() is x and hit[1] == x._version:
+        return hit[2]
+    from ..tensor import as_scorch
+    st = as_scorch(x)._storage
+    try:
+        shared = st.values.data_ptr() == x.values().data_ptr()
+    except RuntimeError:   # layouts without values() (uncoalesced COO): not kept
+        shared = False
+    if shared:
+        st = Storage(st.format, st.shape,
+                     [Level(lv.kind, lv.dim, lv.size, _unlinked(lv.pos), _unlinked(lv.crd),
+                            lv.block_inner) for lv in st.levels],
+                     _unlinked(st.values), st.index_dtype)
+        key = id(x)
+        _TORCH_SPARSE[key] = (weakref.ref(x, lambda _, key=key: _TORCH_SPARSE.pop(key, None)),
+                              x._version, st)
+    return st
 
 
 def convert_storage(st: Storage, fmt: Format) -> Storage:
