@@ -56,24 +56,21 @@ def einsum(*args: Any, out_format: Optional[FormatLike] = None) -> torch.Tensor:
     """torch.einsum over any mix of dense and sparse operands, compiled into one kernel.
 
     With only dense operands (and no ``out_format``) this is ``torch.einsum``."""
-    if out_format is None and len(args) > 1 and type(args[0]) is str and _compiler_module is not None:
-        # a warm call, whole, in C (tensor_compiler.fastcall): NotImplemented where it declines
-        dispatch = _compiler_module._DISPATCH[0]
-        if dispatch is not None:
-            result = dispatch(_compiler_module._fast, args[0], args[1:])
-            if result is not NotImplemented:
-                return result
-    if out_format is None and len(args) == 3 and type(args[0]) is str and type(args[1]) is SparseTensor:
-        # the commonest warm call (A @ x, A @ X as einsum): no keyword, no repacking
-        result = _compiler_module.einsum(*args) if _compiler_module is not None else _compiler().einsum(*args)
-        return SparseTensor(result) if type(result) is Storage else result
     if args and type(args[0]) is str and not (len(args) == 2 and isinstance(args[1], (list, tuple))):
         equation, operands = args[0], args[1:]
     else:
         equation, operands = _equation_and_operands(args)
+    compiler = _compiler_module or _compiler()
+    if out_format is None:
+        # a warm call, whole, in C (tensor_compiler.fastcall): NotImplemented where it declines
+        dispatch = compiler._DISPATCH[0]
+        if dispatch is not None:
+            result = dispatch(compiler._fast, equation, operands)
+            if result is not NotImplemented:
+                return result
     # the compiler reads torch's sparse layouts itself and hands dense-only calls to
-    # torch.einsum, so a warm call goes straight there (each extra check cost ~1 us)
-    result = (_compiler_module or _compiler()).einsum(equation, *operands, out_format=out_format)
+    # torch.einsum, so a call goes straight there (each extra check cost ~1 us)
+    result = compiler.einsum_declined(equation, tuple(operands), out_format)
     return SparseTensor(result) if type(result) is Storage else result
 
 

@@ -201,7 +201,8 @@ bool parse_spec(PyObject* d, Spec* s) {
       goto missing;
     s->panel_var = (int)v; s->panel_max = m;
   }
-  if ((int)s->ops.size() > kMaxOps || s->nvars > kMaxVars || (int)s->args.size() > kMaxArgs) {
+  if ((int)s->ops.size() > kMaxOps || s->nvars > kMaxVars || (int)s->args.size() > kMaxArgs ||
+      (int)s->out_vars.size() > kMaxVars) {
     PyErr_SetString(PyExc_ValueError, "fastcall: plan too large");
     return false;
   }
@@ -393,9 +394,9 @@ PyObject* try_fast(Plan* self, PyObject* list) {
     const at::Tensor& t = *dense[u.first];
     if (t.stride(u.second) != 1 && t.size(u.second) > 1) return nullptr;   // re-layout first
   }
-  std::vector<int64_t> out_sizes;
-  out_sizes.reserve(s.out_vars.size());
-  for (int v : s.out_vars) out_sizes.push_back(vars[v]);
+  int64_t out_sizes[kMaxVars];
+  const int out_rank = (int)s.out_vars.size();
+  for (int d = 0; d < out_rank; d++) out_sizes[d] = vars[s.out_vars[d]];
   if (product(vars, s.out_vars) >= s.out_max) return nullptr;
   int nthreads = 1;
   if (work >= s.min_work) {
@@ -430,7 +431,7 @@ PyObject* try_fast(Plan* self, PyObject* list) {
     Py_DECREF(r);
     if (PyErr_Occurred()) return nullptr;
   }
-  at::Tensor out = at::empty(out_sizes, at::TensorOptions().dtype(s.out_dtype));
+  at::Tensor out = at::empty(at::IntArrayRef(out_sizes, out_rank), at::TensorOptions().dtype(s.out_dtype));
   int64_t values[kMaxArgs];
   int i = 0;
   for (const Arg& a : s.args) {
@@ -520,15 +521,16 @@ PyObject* dispatch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   PyObject* operands = args[2];
   const Py_ssize_t n = PyTuple_GET_SIZE(operands);
   if (n > kMaxOps) Py_RETURN_NOTIMPLEMENTED;
-  PyObject* key = PyTuple_New(2 + 2 * n);
   PyObject* ops = PyList_New(n);
-  if (!key || !ops) { Py_XDECREF(key); Py_XDECREF(ops); return nullptr; }
+  if (!ops) return nullptr;
+  // the key's items (new references) are collected first, then moved into a tuple of the
+  // exact length: a sparse operand adds its signature, a dense one its dtype and rank
+  PyObject* items[2 + 2 * kMaxOps];
+  Py_ssize_t k = 0;
   Py_INCREF(args[1]);
-  PyTuple_SET_ITEM(key, 0, args[1]);
+  items[k++] = args[1];
   Py_INCREF(Py_None);
-  PyTuple_SET_ITEM(key, 1, Py_None);
-  Py_ssize_t k = 2;
-  PyObject* result = nullptr;
+  items[k++] = Py_None;
   bool decline = false;
   for (Py_ssize_t i = 0; i < n && !decline; i++) {
     PyObject* x = PyTuple_GET_ITEM(operands, i);
@@ -545,7 +547,7 @@ PyObject* dispatch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       PyObject* sig = PyObject_GetAttr(st, s_sig);
       if (!sig) { PyErr_Clear(); decline = true; break; }
       if (sig == Py_None) { Py_DECREF(sig); decline = true; break; }   // Python computes it
-      PyTuple_SET_ITEM(key, k++, sig);
+      items[k++] = sig;
     } else if (THPVariable_CheckExact(x)) {
       const at::Tensor& t = THPVariable_Unpack(x);
       if (t.layout() != at::kStrided || t.requires_grad()) { decline = true; break; }
@@ -553,17 +555,24 @@ PyObject* dispatch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       PyList_SET_ITEM(ops, i, x);
       PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
       Py_INCREF(dtype);
-      PyTuple_SET_ITEM(key, k++, dtype);
-      PyTuple_SET_ITEM(key, k++, PyLong_FromLong((long)t.dim()));
+      items[k++] = dtype;
+      items[k++] = PyLong_FromLong((long)t.dim());
     } else {
       decline = true;
     }
   }
-  if (!decline) {
-    // the key is shorter than allocated when operands are sparse: a fresh exact-size tuple
-    PyObject* exact = PyTuple_GetSlice(key, 0, k);
-    PyObject* entry = exact ? PyDict_GetItemWithError(args[0], exact) : nullptr;   // borrowed
-    Py_XDECREF(exact);
+  PyObject* result = nullptr;
+  if (decline) {
+    for (Py_ssize_t j = 0; j < k; j++) Py_DECREF(items[j]);
+  } else {
+    PyObject* key = PyTuple_New(k);
+    if (key) {
+      for (Py_ssize_t j = 0; j < k; j++) PyTuple_SET_ITEM(key, j, items[j]);   // steals
+    } else {
+      for (Py_ssize_t j = 0; j < k; j++) Py_DECREF(items[j]);
+    }
+    PyObject* entry = key ? PyDict_GetItemWithError(args[0], key) : nullptr;   // borrowed
+    Py_XDECREF(key);
     if (entry) {
       PyObject* runner = PyObject_GetAttr(entry, s_runner);
       if (runner && (PyObject*)Py_TYPE(runner) == (PyObject*)&PlanType) {
@@ -574,9 +583,7 @@ PyObject* dispatch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     }
     if (!result && PyErr_Occurred()) PyErr_Clear();
   }
-  // unset items are NULL; tuple/list deallocation skips them
-  Py_DECREF(key);
-  Py_DECREF(ops);
+  Py_DECREF(ops);   // unset items (a declined call) are NULL; deallocation skips them
   if (result) return result;
   Py_RETURN_NOTIMPLEMENTED;
 }

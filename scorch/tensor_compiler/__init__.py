@@ -803,11 +803,17 @@ def einsum(equation: str, *operands, out_format=None):
     ``torch.einsum``. Returns a dense tensor or a Storage (sparse result)."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    if out_format is None:
+    if out_format is None and _DISPATCH[0] is not None:
         # the warm call in C: plan lookup, checks, output and kernel in one step
-        r = _DISPATCH[0](_fast, equation, operands) if _DISPATCH[0] is not None else NotImplemented
+        r = _DISPATCH[0](_fast, equation, operands)
         if r is not NotImplemented:
             return r
+    return einsum_declined(equation, operands, out_format)
+
+
+def einsum_declined(equation: str, operands: tuple, out_format=None):
+    """``einsum`` after the C warm call declined (or was not tried): the Python path.
+    ``scorch.einsum`` tries the C call itself and continues here."""
     if _SPARSE_TENSOR[0] is None:
         from ..tensor import SparseTensor
         _SPARSE_TENSOR[0] = SparseTensor

@@ -931,7 +931,6 @@ class _Gen:
             w("    object PyCapsule_New(void*, const char*, void*)")
             w("")
             w(f"KERNEL_C = PyCapsule_New(<void*>kernel_c, b\"{KERNEL_C_CAPSULE}\", NULL)")
-            w("KERNEL_ARGS = " + str(n))
             w("")
         return "\n".join(src)
 

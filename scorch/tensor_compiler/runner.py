@@ -23,6 +23,39 @@ import torch
 __all__ = ["make_runner"]
 
 
+#: what a kernel argument is read from (the codes ``scorch/_runtime/fastcall.cpp`` takes)
+SIZE, STORAGE, DATA, STRIDE, OUT, OUT_STRIDE = range(6)
+
+
+def _arg_sources(args, s) -> List[tuple]:
+    """The kernel's argument table (codegen's ``(field, C type, what)``) as (kind, a, b):
+    SIZE (variable), STORAGE (operand, index into its ``storage_pointers``), DATA (dense
+    operand's address), STRIDE (operand, its dimensions indexed by the variable; strides
+    summed), OUT, OUT_STRIDE (the output variables after it; sizes multiplied). One
+    table for the Python runner and the C plan."""
+    out = s.output
+    table = []
+    for _, _, what in args:
+        tag = what[0]
+        if tag == "size":
+            table.append((SIZE, what[1], 0))
+        elif tag in ("pos", "crd"):
+            table.append((STORAGE, s.accesses[what[1]].tensor, 2 * what[2] + (tag == "crd")))
+        elif tag == "vals":
+            ap = s.accesses[what[1]]
+            table.append((STORAGE, ap.tensor, -2) if ap.sparse else (DATA, ap.tensor, 0))
+        elif tag == "stride":
+            ap = s.accesses[what[1]]
+            table.append((STRIDE, ap.tensor, tuple(d for d, v in enumerate(ap.indices) if v == what[2])))
+        elif tag == "out":
+            table.append((OUT, 0, 0))
+        elif tag == "ostride":
+            table.append((OUT_STRIDE, 0, tuple(out.vars[out.vars.index(what[1]) + 1:])))
+        else:
+            raise ValueError(f"unknown kernel argument {what!r}")
+    return table
+
+
 def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, threads_for,
                 assemble, pattern, empty):
     """The warm-call function for ``entry``'s kernel, or None when the operands of this
@@ -105,26 +138,19 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, 
         w("    else:")
         w(f"        out = EMPTY(({shape}{',' if len(dims) == 1 else ''}), VT)")
     vals = []
-    for _, _, what in args:
-        tag = what[0]
-        if tag == "size":
-            vals.append(seen[what[1]])
-        elif tag in ("pos", "crd"):
-            ap = s.accesses[what[1]]
-            vals.append(f"p{ap.tensor}[{2 * what[2] + (tag == 'crd')}]")
-        elif tag == "vals":
-            ap = s.accesses[what[1]]
-            vals.append(f"p{ap.tensor}[-2]" if ap.sparse else f"x{ap.tensor}.data_ptr()")
-        elif tag == "stride":
-            ap = s.accesses[what[1]]
-            dims = [d for d, v in enumerate(ap.indices) if v == what[2]]
-            vals.append(" + ".join(f"x{ap.tensor}.stride({d})" for d in dims))
-        elif tag == "out":
+    for kind, a, b in _arg_sources(args, s):
+        if kind == SIZE:
+            vals.append(seen[a])
+        elif kind == STORAGE:
+            vals.append(f"p{a}[{b}]")
+        elif kind == DATA:
+            vals.append(f"x{a}.data_ptr()")
+        elif kind == STRIDE:
+            vals.append(" + ".join(f"x{a}.stride({d})" for d in b))
+        elif kind == OUT:
             vals.append("out.data_ptr()")
-        elif tag == "ostride":
-            # the output is fresh and contiguous: its strides follow from the sizes
-            d = out.vars.index(what[1])
-            vals.append(" * ".join(seen[v] for v in out.vars[d + 1:]) or "1")
+        else:   # the output is fresh and contiguous: its strides follow from the sizes
+            vals.append(" * ".join(seen[v] for v in b) or "1")
     from .codegen import short_rows_limit
     panel = "0"
     if entry.panels:
@@ -197,25 +223,15 @@ def _c_plan(entry, module, args, fallback, env, seen, sparse, by_tensor):
     dims = [(n, d, var[v]) for n, idx in enumerate(entry.operand_indices) for d, v in enumerate(idx)]
     unit = [(s.accesses[i].tensor, d) for i, (d, _, _) in entry.relayout.items()]
     c_args = []
-    for _, _, what in args:
-        tag = what[0]
-        if tag == "size":
-            c_args.append((0, var[what[1]], 0))
-        elif tag in ("pos", "crd"):
-            c_args.append((1, s.accesses[what[1]].tensor, 2 * what[2] + (tag == "crd")))
-        elif tag == "vals":
-            ap = s.accesses[what[1]]
-            c_args.append((1, ap.tensor, -2) if ap.sparse else (2, ap.tensor, 0))
-        elif tag == "stride":
-            ap = s.accesses[what[1]]
-            c_args.append((3, ap.tensor, sum(1 << d for d, v in enumerate(ap.indices) if v == what[2])))
-        elif tag == "out":
-            c_args.append((4, 0, 0))
-        elif tag == "ostride":
-            d = out.vars.index(what[1])
-            c_args.append((5, 0, sum(1 << var[v] for v in out.vars[d + 1:])))
+    for kind, a, b in _arg_sources(args, s):
+        if kind == SIZE:
+            c_args.append((kind, var[a], 0))
+        elif kind == STRIDE:
+            c_args.append((kind, a, sum(1 << d for d in b)))
+        elif kind == OUT_STRIDE:
+            c_args.append((kind, 0, sum(1 << var[v] for v in b)))
         else:
-            return None
+            c_args.append((kind, a, b))
     spec = {"operands": operands, "dims": [x for t in dims for x in t],
             "unit": [x for t in unit for x in t], "args": c_args, "nvars": len(var),
             "min_work": PARALLEL_MIN_WORK, "out_max": EMPTY_NUMPY_MIN, "out_dtype": vt,

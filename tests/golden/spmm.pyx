@@ -304,4 +304,3 @@ cdef extern from "Python.h":
     object PyCapsule_New(void*, const char*, void*)
 
 KERNEL_C = PyCapsule_New(<void*>kernel_c, b"scorch.kernel_c", NULL)
-KERNEL_ARGS = 12
