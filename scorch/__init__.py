@@ -14,9 +14,11 @@ _torch_alias.install()
 from . import nn, sparse  # noqa: E402,F401
 from .formats import Format, LevelKind, as_format, compressed, coordinate, dense  # noqa: E402,F401
 from .level_storage import Level  # noqa: E402,F401  (Storage: scorch.level_storage.Storage; torch.Storage stays torch's)
-from .tensor import SparseTensor  # noqa: E402,F401
+from .tensor_type import SparseTensor  # noqa: E402,F401
 from .constructors import from_scipy, sparse_tensor, tensor  # noqa: E402,F401
-from ._ops import cache_clear, cache_info, einsum, explain  # noqa: E402,F401
+from . import aten_ops, sparse_ops  # noqa: E402,F401  (registers the sparse handlers)
+from .sparse_ops.einsum import einsum, explain  # noqa: E402,F401
+from .kernel_cache import cache_clear, cache_info  # noqa: E402,F401
 
 __version__ = "0.1.0"
 

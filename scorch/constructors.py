@@ -11,7 +11,7 @@ import torch
 
 from . import interop
 from .formats import FormatLike, as_format
-from .tensor import SparseTensor, _TORCH_SPARSE_LAYOUTS
+from .tensor_type import SparseTensor, _TORCH_SPARSE_LAYOUTS
 
 __all__ = ["sparse_tensor", "tensor", "from_scipy"]
 
@@ -94,7 +94,7 @@ def sparse_tensor(data: Any, size: Optional[Sequence[int]] = None, format: Forma
             if fmt != st.format:
                 st = _convert().convert(st, fmt)
         if dtype is not None and dtype != st.dtype:
-            from .tensor import with_values
+            from .tensor_type import with_values
             st = with_values(SparseTensor(st), st.values.to(dtype))._storage
     return SparseTensor(st, requires_grad)
 

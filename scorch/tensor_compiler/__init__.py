@@ -91,8 +91,8 @@ def _torch_sparse_storage(x: torch.Tensor) -> Storage:
     hit = _TORCH_SPARSE.get(id(x))
     if hit is not None and hit[0]() is x and hit[1] == x._version:
         return hit[2]
-    from ..tensor import as_scorch
-    st = as_scorch(x)._storage
+    from ..interop import from_torch
+    st = from_torch(x)
     try:
         shared = st.values.data_ptr() == x.values().data_ptr()
     except RuntimeError:   # layouts without values() (uncoalesced COO): not kept
@@ -746,7 +746,14 @@ def _rename_broadcast(spec, ops):
 
 _SIGNATURES: Dict[tuple, int] = {}
 _STRIDED = torch.strided
-_SPARSE_TENSOR: list = [None]   # scorch.SparseTensor, set on first use (import order)
+_SPARSE_TENSOR: list = [None]   # the user-facing tensor type (set_sparse_tensor_type)
+
+
+def set_sparse_tensor_type(cls) -> None:
+    """The tensor type whose instances carry a ``_storage`` (``scorch.SparseTensor``): the warm
+    path recognizes it by identity. Set by the layer above; the compiler imports no tensor
+    type."""
+    _SPARSE_TENSOR[0] = cls
 
 
 def storage_signature(st: Storage) -> int:
@@ -814,9 +821,6 @@ def einsum(equation: str, *operands, out_format=None):
 def einsum_declined(equation: str, operands: tuple, out_format=None):
     """``einsum`` after the C warm call declined (or was not tried): the Python path.
     ``scorch.einsum`` tries the C call itself and continues here."""
-    if _SPARSE_TENSOR[0] is None:
-        from ..tensor import SparseTensor
-        _SPARSE_TENSOR[0] = SparseTensor
     # the warm path: one pass builds the operands and the plan key (ints for storages,
     # dtype and rank for dense tensors; the two kinds never compare equal)
     ops = []

@@ -60,8 +60,8 @@ def standard_cases() -> List[Tuple[str, Callable[[], object]]]:
 
 
 def _storage_of(x):
-    from ..tensor import as_scorch
-    return as_scorch(x)._storage
+    from ..interop import from_torch
+    return from_torch(x)
 
 
 def _run_part(part: int, parts: int) -> None:

@@ -1,20 +1,17 @@
-"""Torch functions with sparse support, registered with the dispatcher.
-
-Every op here lowers to the compiler (``scorch.tensor_compiler``); with only dense operands each
-function is torch's own, unchanged.
-"""
+"""``einsum`` and ``explain``: the compiler's entry for users (``torch.einsum`` with a sparse
+operand lands here too). With only dense operands ``einsum`` is torch's own, unchanged."""
 from __future__ import annotations
 
 from typing import Any, Optional
 
 import torch
 
-from ._dispatch import register
-from .formats import FormatLike
-from .level_storage import Storage
-from .tensor import SparseTensor, as_scorch, permute_view
+from .._dispatch import register
+from ..formats import FormatLike
+from ..level_storage import Storage
+from ..tensor_type import SparseTensor, as_scorch
 
-__all__ = ["einsum", "explain", "cache_info", "cache_clear"]
+__all__ = ["einsum", "explain"]
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -47,7 +44,8 @@ def _compiler():
     # an import statement on every call was ~2.5 us of a warm call
     global _compiler_module
     if _compiler_module is None:
-        from . import tensor_compiler
+        from .. import tensor_compiler
+        tensor_compiler.set_sparse_tensor_type(SparseTensor)
         _compiler_module = tensor_compiler
     return _compiler_module
 
@@ -82,69 +80,6 @@ def explain(*args: Any, out_format: Optional[FormatLike] = None):
     return compiler.explain(equation, *operands, out_format=out_format)
 
 
-def cache_info() -> dict:
-    """Kernel cache: directory, kernels on disk and in memory, hits and misses."""
-    build = _compiler().build
-    return build.cache_info()
-
-
-def cache_clear() -> None:
-    build = _compiler().build
-    build.cache_clear()
-
-
 @register(torch.einsum)
 def _torch_einsum(*args, **kwargs):
     return einsum(*args, **kwargs)
-
-
-@register(torch.permute, torch.Tensor.permute)
-def _permute(t, *dims):
-    if len(dims) == 1 and isinstance(dims[0], (list, tuple, torch.Size)):
-        dims = tuple(dims[0])
-    if not isinstance(t, SparseTensor):
-        return NotImplemented
-    n = t.dim()
-    dims = tuple(d % n if n else d for d in dims)
-    if sorted(dims) != list(range(n)):
-        raise RuntimeError(f"permute: dims {dims} are not a permutation of 0..{n - 1}")
-    return permute_view(t, dims)
-
-
-@register(torch.transpose, torch.Tensor.transpose, torch.swapaxes, torch.Tensor.swapaxes)
-def _transpose(t, dim0, dim1):
-    if not isinstance(t, SparseTensor):
-        return NotImplemented
-    n = t.dim()
-    dims = list(range(n))
-    dims[dim0 % n], dims[dim1 % n] = dims[dim1 % n], dims[dim0 % n]
-    return permute_view(t, dims)
-
-
-@register(torch.t, torch.Tensor.t)
-def _t(t):
-    if not isinstance(t, SparseTensor):
-        return NotImplemented
-    if t.dim() > 2:
-        raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {t.dim()}D")
-    return t if t.dim() < 2 else permute_view(t, (1, 0))
-
-
-@register(torch.Tensor.values)
-def _values(t):
-    return t.values() if isinstance(t, SparseTensor) else NotImplemented
-
-
-@register(torch.Tensor.indices, torch.Tensor._indices)
-def _indices(t):
-    return t.indices() if isinstance(t, SparseTensor) else NotImplemented
-
-
-@register(torch.Tensor.to_dense)
-def _to_dense(t, dtype=None, *, masked_grad=None):
-    return t.to_dense(dtype) if isinstance(t, SparseTensor) else NotImplemented
-
-
-@register(torch.Tensor._nnz)
-def _nnz(t):
-    return t.nnz if isinstance(t, SparseTensor) else NotImplemented

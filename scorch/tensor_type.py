@@ -5,9 +5,10 @@ requires_grad), and ``_storage`` holds the level arrays. Calls reach scorch in t
 
 * ``__torch_function__`` sees every torch API call with a SparseTensor among its arguments
   (``torch.einsum``, ``torch.Tensor.to_dense``, operators ...). Functions scorch supports
-  sparsely are looked up in ``scorch._dispatch``; everything else falls through to torch.
+  sparsely are looked up in ``scorch._dispatch`` (registered by ``scorch.ops``); everything
+  else falls through to torch.
 * ``__torch_dispatch__`` sees the ATen ops that reach the dispatcher. Storage-level ops
-  (detach, alias, clone, dtype casts, copy_) are done on the arrays; any other op runs on a
+  (detach, alias, clone, dtype casts, copy_: ``scorch.aten_ops``) are done on the arrays; any other op runs on a
   dense copy with a one-time warning naming it, so unported code keeps working and says why
   it is slow. In-place ops other than ``copy_`` raise: a sparse tensor cannot silently
   become dense.
@@ -19,8 +20,8 @@ from typing import Optional, Sequence
 import torch
 
 from . import _dispatch
-from .formats import Format, FormatLike, as_format
-from .level_storage import Storage
+from .formats import Format, FormatLike, LevelKind, as_format
+from .level_storage import Level, Storage
 
 __all__ = ["SparseTensor"]
 
@@ -115,7 +116,7 @@ class SparseTensor(torch.Tensor):
         return (_rebuild, (st.format, st.shape, arrays, st.values, self.requires_grad))
 
     def __deepcopy__(self, memo):
-        return _clone(self)
+        return clone_sparse(self)
 
     # Traceable-wrapper-subclass protocol: lets nn.Module.to()/.double() swap parameters and
     # lets torch utilities see the arrays inside. Inner tensors are named by level.
@@ -168,14 +169,12 @@ class SparseTensor(torch.Tensor):
 
 
 def _rebuild(fmt, shape, arrays, values, requires_grad):
-    from .formats import LevelKind
-    from .level_storage import Level
     levels = [Level(LevelKind(k), d, s, p, c, b) for k, d, s, p, c, b in arrays]
     return SparseTensor(Storage(fmt, shape, levels, values), requires_grad)
 
 
-def _clone(t: SparseTensor) -> SparseTensor:
-    from .level_storage import Level
+def clone_sparse(t: SparseTensor) -> SparseTensor:
+    """A copy with its own arrays (``clone``, ``deepcopy``)."""
     st = t._storage
     levels = [Level(lv.kind, lv.dim, lv.size,
                     None if lv.pos is None else lv.pos.clone(),

@@ -1,0 +1,67 @@
+"""ATen ops done on the level arrays of a SparseTensor (detach, alias, clone, dtype casts,
+copy_, to_dense, nnz): they never densify and never reach the dense fallback."""
+from __future__ import annotations
+
+import torch
+
+from . import constructors
+from ._dispatch import register_aten
+from .tensor_type import SparseTensor, clone_sparse, with_values
+
+aten = torch.ops.aten
+
+
+@register_aten(aten.detach.default, aten.alias.default)
+def _detach(t):
+    return SparseTensor(t._storage)
+
+
+@register_aten(aten.clone.default)
+def _clone(t, memory_format=None):
+    return clone_sparse(t)
+
+
+@register_aten(aten._to_copy.default)
+def _to_copy(t, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+             memory_format=None):
+    if device is not None and torch.device(device).type != "cpu":
+        raise RuntimeError(f"scorch: sparse tensors live on the CPU; cannot move to {device}")
+    if layout is not None and layout is torch.strided:
+        out = t.to_dense()
+        return out if dtype is None else out.to(dtype)
+    values = t._storage.values
+    if dtype is not None and dtype != values.dtype:
+        values = values.to(dtype)
+    else:
+        values = values.clone()
+    return with_values(t, values)
+
+
+@register_aten(aten.copy_.default)
+def _copy_(self, src, non_blocking=False):
+    """In-place copy (load_state_dict, optimizer updates): self takes src's values, in
+    self's format and dtype."""
+    if tuple(src.shape) != tuple(self.shape):
+        raise RuntimeError(f"copy_: shape {tuple(src.shape)} does not match the sparse "
+                           f"tensor's shape {tuple(self.shape)}")
+    new = constructors.sparse_tensor(src, format=self._storage.format)
+    st = new._storage
+    if st.dtype != self.dtype:
+        st = with_values(new, st.values.to(self.dtype))._storage
+    self._storage = st
+    return self
+
+
+@register_aten(aten._to_dense.default, aten.to_dense.default)
+def _to_dense(t, dtype=None, masked_grad=None):
+    return t.to_dense(dtype)
+
+
+@register_aten(aten._nnz.default)
+def _nnz(t):
+    return t._storage.nnz
+
+
+@register_aten(aten.is_same_size.default)
+def _is_same_size(a, b):
+    return tuple(a.shape) == tuple(b.shape)
