@@ -26,7 +26,11 @@ import torch  # noqa: E402
 
 import kernels as K  # noqa: E402
 import scorch  # noqa: E402
-import scorch.tensor_compiler as tc  # noqa: E402
+from scorch.tensor_compiler import plans  # noqa: E402
+from scorch.tensor_compiler.arguments import arg_table, arg_values  # noqa: E402
+from scorch.tensor_compiler.execute import prepare_operands  # noqa: E402
+from scorch.tensor_compiler.frontend import bind_sizes  # noqa: E402
+from scorch.tensor_compiler.tiling import choose_panel  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -36,15 +40,15 @@ def measure(name: str, k: int, threads: int, rounds: int):
     a = scorch.from_scipy(A)
     X = torch.randn(A.shape[1], k)
     scorch.einsum("ij,jk->ik", a, X)                      # plan + kernel
-    entry = next(e for e in tc._plans.values()
+    entry = next(e for e in plans._plans.values()
                  if e.schedule.loop_order == ["i", "j", "k"] and e.value_dtype == torch.float32
                  and e.kernels)
     st = a._storage
-    sizes = tc._sizes(entry, [st, X])
-    data = tc._prepare(entry, [st, X], sizes)
+    sizes = bind_sizes(entry.operand_indices, [st.shape, X.shape])
+    data = prepare_operands(entry, [st, X], sizes)
     mod, args, _ = next(iter(entry.kernels.values()))
     out = torch.empty(A.shape[0], k)
-    argv = tc._arg_values(args, entry, data, sizes, out)
+    argv = arg_values(arg_table(args, entry.schedule), data, sizes, out)
     widths = [0] + [w for w in entry.panels if w < k]
     want = torch.from_numpy(A @ X.numpy())
     times = {w: [] for w in widths}
@@ -59,7 +63,7 @@ def measure(name: str, k: int, threads: int, rounds: int):
                 mod.kernel(argv, threads, w)
             times[w].append((time.perf_counter() - t0) / reps * 1e3)
     return ({w: statistics.median(v) for w, v in times.items()},
-            tc.choose_panel(entry.panels, k, A.nnz, A.shape[0]))
+            choose_panel(entry.panels, k, A.nnz, A.shape[0]))
 
 
 def main() -> None:

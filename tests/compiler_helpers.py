@@ -7,22 +7,6 @@ import torch
 from reference_storage import reference_from_dense, reference_to_dense
 from scorch.formats import Format, as_format
 from scorch.level_storage import Storage
-import scorch.tensor_compiler as C
-
-
-def _runtime_convert_available() -> bool:
-    try:
-        from scorch._runtime import convert  # noqa: F401
-        return hasattr(convert, "convert")
-    except Exception:
-        return False
-
-
-def install_convert_fallback():
-    """Until the Cython conversion runtime is built, transposes in tests go through the
-    reference model (the library itself always calls scorch._runtime.convert)."""
-    if not _runtime_convert_available():
-        C.convert_storage = lambda st, fmt: reference_from_dense(reference_to_dense(st), fmt)
 
 
 def sparse(x: torch.Tensor, fmt, index_dtype=None) -> Storage:

@@ -8,12 +8,11 @@ them from disk)."""
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from compiler_helpers import check_storage, dense, install_convert_fallback, sparse
+from compiler_helpers import check_storage, dense, sparse
 import scorch.tensor_compiler as C
 from scorch.formats import Format
 from scorch.level_storage import Storage
 
-install_convert_fallback()
 
 EQUATIONS = [
     "i->", "ij->ji", "ijk->ki", "ijkl->lj",

@@ -18,11 +18,13 @@ dimensions an ellipsis stands for.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
+
+from .frontend import bind_sizes, check_equation
 
 __all__ = [
-    "Expr", "Access", "Mul", "Add", "Sub", "Neg", "Scalar", "Assignment",
-    "parse_einsum", "EinsumSpec", "accesses", "label_sort_key",
+    "Expr", "Access", "Binary", "Mul", "Add", "Sub", "Neg", "Scalar", "Assignment",
+    "parse_einsum", "EinsumSpec", "accesses", "label_sort_key", "product",
 ]
 
 
@@ -70,30 +72,36 @@ class Access(Expr):
 
 
 @dataclass(frozen=True, eq=True)
-class Mul(Expr):
+class Binary(Expr):
+    """A binary node; subclasses name the operator (``symbol``) and how operands print."""
     a: Expr
     b: Expr
 
+    symbol = "?"
+    paren_left = False      # the left operand is parenthesized like the right one
+    paren_right_always = False
+
     def __str__(self) -> str:
-        return f"{_paren(self.a, Mul)} * {_paren(self.b, Mul)}"
+        cls = type(self)
+        left = _paren(self.a, cls) if self.paren_left else str(self.a)
+        return f"{left} {self.symbol} {_paren(self.b, cls, always=self.paren_right_always)}"
 
 
 @dataclass(frozen=True, eq=True)
-class Add(Expr):
-    a: Expr
-    b: Expr
-
-    def __str__(self) -> str:
-        return f"{self.a} + {_paren(self.b, Add)}"
+class Mul(Binary):
+    symbol = "*"
+    paren_left = True
 
 
 @dataclass(frozen=True, eq=True)
-class Sub(Expr):
-    a: Expr
-    b: Expr
+class Add(Binary):
+    symbol = "+"
 
-    def __str__(self) -> str:
-        return f"{self.a} - {_paren(self.b, Sub, always=True)}"
+
+@dataclass(frozen=True, eq=True)
+class Sub(Binary):
+    symbol = "-"
+    paren_right_always = True
 
 
 @dataclass(frozen=True, eq=True)
@@ -126,7 +134,7 @@ def accesses(e: Expr) -> List[Access]:
     """Every access of ``e``, left to right."""
     if isinstance(e, Access):
         return [e]
-    if isinstance(e, (Mul, Add, Sub)):
+    if isinstance(e, Binary):
         return accesses(e.a) + accesses(e.b)
     if isinstance(e, Neg):
         return accesses(e.a)
@@ -164,6 +172,16 @@ class Assignment:
 # ---------------------------------------------------------------------------------------
 # einsum parsing
 # ---------------------------------------------------------------------------------------
+
+def product(operand_indices: Sequence[Sequence[str]]) -> Expr:
+    """``T0(..) * T1(..) * ...``: the right-hand side of an einsum over these operands."""
+    if not operand_indices:
+        raise ValueError("einsum(): must provide at least one operand")
+    rhs: Expr = Access(0, operand_indices[0])
+    for n in range(1, len(operand_indices)):
+        rhs = Mul(rhs, Access(n, operand_indices[n]))
+    return rhs
+
 
 def label_sort_key(v: str):
     """torch's implicit-output order: ellipsis dims first, then A-Z, then a-z."""
@@ -206,7 +224,7 @@ def _split_term(term: str, ndim: int, opno: int, equation: str) -> Tuple[List[st
 
 def parse_einsum(equation: str, shapes: Sequence[Sequence[int]]) -> EinsumSpec:
     """Parse ``equation`` for operands of the given shapes (torch.einsum's rules)."""
-    eq = equation.replace(" ", "")
+    eq = check_equation(equation).replace(" ", "")
     if "->" in eq:
         lhs, rhs = eq.split("->", 1)
         explicit = True
@@ -224,8 +242,6 @@ def parse_einsum(equation: str, shapes: Sequence[Sequence[int]]) -> EinsumSpec:
         split.append((parts, n_ell))
         max_ell = max(max_ell, n_ell)
     ell_names = [f"_{k}" for k in range(max_ell)]
-    sizes: Dict[str, int] = {}
-    seen_from: Dict[str, int] = {}
     op_indices: List[Tuple[str, ...]] = []
     broadcast: List[Tuple[int, ...]] = []
     for n, ((parts, n_ell), shape) in enumerate(zip(split, shapes)):
@@ -236,20 +252,7 @@ def parse_einsum(equation: str, shapes: Sequence[Sequence[int]]) -> EinsumSpec:
             else:
                 idx.append(p)
         op_indices.append(tuple(idx))
-    # sizes, with size-1 broadcasting like torch
-    for n, (idx, shape) in enumerate(zip(op_indices, shapes)):
-        for v, s in zip(idx, shape):
-            s = int(s)
-            if v not in sizes:
-                sizes[v] = s
-                seen_from[v] = n
-            elif sizes[v] == 1:
-                sizes[v] = s
-            elif s != sizes[v] and s != 1:
-                name = v if not v.startswith("_") else f"... dimension {v[1:]}"
-                raise ValueError(
-                    f"einsum(): subscript {name} has size {s} for operand {n} which does not "
-                    f"broadcast with previously seen size {sizes[v]} (operand {seen_from[v]})")
+    sizes = bind_sizes(op_indices, shapes)
     for n, (idx, shape) in enumerate(zip(op_indices, shapes)):
         broadcast.append(tuple(d for d, (v, s) in enumerate(zip(idx, shape))
                                if int(s) == 1 and sizes[v] != 1))
@@ -278,10 +281,4 @@ def parse_einsum(equation: str, shapes: Sequence[Sequence[int]]) -> EinsumSpec:
     else:
         out = ell_names + sorted((v for v in counts if counts[v] == 1 and not v.startswith("_")),
                                  key=label_sort_key)
-    rhs_expr: Optional[Expr] = None
-    for n, idx in enumerate(op_indices):
-        acc = Access(n, idx)
-        rhs_expr = acc if rhs_expr is None else Mul(rhs_expr, acc)
-    if rhs_expr is None:
-        raise ValueError("einsum(): must provide at least one operand")
-    return EinsumSpec(Assignment(out, rhs_expr), op_indices, sizes, broadcast)
+    return EinsumSpec(Assignment(out, product(op_indices)), op_indices, sizes, broadcast)

@@ -15,6 +15,8 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from .allocate import empty_output
+
 __all__ = ["relayout"]
 
 #: a tile is TILE_R source rows x TILE_C source columns (measured on the dev box, 128 x 325k
@@ -142,13 +144,12 @@ def _scratch_view(slot: int, dtype: torch.dtype, R: int, C: int):
     if v is not None and v[0] == R and v[1] == C:
         return v[2], v[3]
     n = R * C
-    from . import _empty
     if n * (4 if dtype == torch.float32 else 8) > SCRATCH_MAX:
-        d = _empty((n,), dtype).view(C, R).t()
+        d = empty_output((n,), dtype).view(C, R).t()
         return d, d.data_ptr()
     b = _local.bufs.get(key)
     if b is None or b.numel() < n:
-        b = _local.bufs[key] = _empty((max(n, 1024),), dtype)
+        b = _local.bufs[key] = empty_output((max(n, 1024),), dtype)
     d = b[:n].view(C, R).t()
     views[key] = (R, C, d, d.data_ptr())
     return d, views[key][3]

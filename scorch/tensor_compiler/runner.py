@@ -1,6 +1,6 @@
 """Warm-call fast path: a straight-line Python function per (plan, index widths).
 
-The general run path (``scorch.tensor_compiler._run``) loops over the plan's accesses and
+The general run path (``execute.run_general``) loops over the plan's accesses and
 arguments, checks broadcasting, converts and casts. Once a kernel is loaded, the common
 case (operands already in the formats, dtypes and layouts the kernel reads) needs none of
 that, so we generate, once, a function that reads the sizes, checks them, collects the
@@ -16,55 +16,28 @@ does them on the ``at::Tensor`` and falls back to this function whenever it decl
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import torch
+
+from .arguments import DATA, OUT, OUT_STRIDE, SIZE, STORAGE, STRIDE, arg_table, by_operand
+from .allocate import EMPTY_NUMPY_MIN, empty_output
+from .assemble import assemble, pattern_storage
+from .codegen import short_rows_limit
+from .plans import storage_pointers, storage_signature
+from .relayout import relayout
+from . import threads
+from .tiling import choose_panel
 
 __all__ = ["make_runner"]
 
 
-#: what a kernel argument is read from (the codes ``scorch/_runtime/fastcall.cpp`` takes)
-SIZE, STORAGE, DATA, STRIDE, OUT, OUT_STRIDE = range(6)
-
-
-def _arg_sources(args, s) -> List[tuple]:
-    """The kernel's argument table (codegen's ``(field, C type, what)``) as (kind, a, b):
-    SIZE (variable), STORAGE (operand, index into its ``storage_pointers``), DATA (dense
-    operand's address), STRIDE (operand, its dimensions indexed by the variable; strides
-    summed), OUT, OUT_STRIDE (the output variables after it; sizes multiplied). One
-    table for the Python runner and the C plan."""
-    out = s.output
-    table = []
-    for _, _, what in args:
-        tag = what[0]
-        if tag == "size":
-            table.append((SIZE, what[1], 0))
-        elif tag in ("pos", "crd"):
-            table.append((STORAGE, s.accesses[what[1]].tensor, 2 * what[2] + (tag == "crd")))
-        elif tag == "vals":
-            ap = s.accesses[what[1]]
-            table.append((STORAGE, ap.tensor, -2) if ap.sparse else (DATA, ap.tensor, 0))
-        elif tag == "stride":
-            ap = s.accesses[what[1]]
-            table.append((STRIDE, ap.tensor, tuple(d for d, v in enumerate(ap.indices) if v == what[2])))
-        elif tag == "out":
-            table.append((OUT, 0, 0))
-        elif tag == "ostride":
-            table.append((OUT_STRIDE, 0, tuple(out.vars[out.vars.index(what[1]) + 1:])))
-        else:
-            raise ValueError(f"unknown kernel argument {what!r}")
-    return table
-
-
-def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, threads_for,
-                assemble, pattern, empty):
+def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
     """The warm-call function for ``entry``'s kernel, or None when the operands of this
     first call are not exactly what the kernel reads (then every call takes the general
     path). Sparse operands are recognized by their signature (``storage_signature``: same
     format, dtypes, size-1 dimensions, contiguity) and read through their cached
     addresses (``storage_pointers``)."""
-    from . import EMPTY_NUMPY_MIN, PARALLEL_MIN_WORK, storage_pointers, storage_signature
-    from .relayout import relayout
     s = entry.schedule
     if entry.split is not None or any(ap.transposed for ap in s.accesses):
         return None
@@ -73,9 +46,9 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, 
     for ap in s.accesses:
         by_tensor.setdefault(ap.tensor, []).append(ap)
     vt = entry.value_dtype
-    env = {"torch": torch, "VT": vt, "KERNEL": module.kernel, "THREADS": threads_for,
-           "ASSEMBLE": assemble, "ENTRY": entry, "PATTERN": pattern, "PTRS": storage_pointers,
-           "TEMPTY": torch.empty, "RELAYOUT": relayout, "EMPTY": empty}
+    env = {"torch": torch, "VT": vt, "KERNEL": module.kernel, "THREADS": threads.threads_for,
+           "ASSEMBLE": assemble, "ENTRY": entry, "PATTERN": pattern_storage, "PTRS": storage_pointers,
+           "TEMPTY": torch.empty, "RELAYOUT": relayout, "EMPTY": empty_output}
     sparse = set()
     for n, aps in by_tensor.items():
         if aps[0].sparse:
@@ -121,7 +94,7 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, 
     work = " + ".join((f"p{n}[-1]" if n in sparse else f"x{n}.numel()")
                       for n in sorted(by_tensor)) or "0"
     w(f"    work = {work}")
-    w(f"    nt = 1 if work < {PARALLEL_MIN_WORK} else THREADS(work)")
+    w(f"    nt = 1 if work < {threads.PARALLEL_MIN_WORK} else THREADS(work)")
     out = s.output
     if out.pattern >= 0:
         P = s.accesses[out.pattern].tensor
@@ -138,7 +111,7 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, 
         w("    else:")
         w(f"        out = EMPTY(({shape}{',' if len(dims) == 1 else ''}), VT)")
     vals = []
-    for kind, a, b in _arg_sources(args, s):
+    for kind, a, b in by_operand(arg_table(args, s), s):
         if kind == SIZE:
             vals.append(seen[a])
         elif kind == STORAGE:
@@ -151,11 +124,9 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops, 
             vals.append("out.data_ptr()")
         else:   # the output is fresh and contiguous: its strides follow from the sizes
             vals.append(" * ".join(seen[v] for v in b) or "1")
-    from .codegen import short_rows_limit
     panel = "0"
     if entry.panels:
         # rows wider than the register kernel may run in panels (choose_panel)
-        from . import choose_panel
         env.update({"CHOOSE": choose_panel, "WIDTHS": entry.panels})
         L_ = s.loop_order[-1]
         rows = " * ".join(seen[v] for v in out.vars if v != L_) or "1"
@@ -198,8 +169,6 @@ def _c_plan(entry, module, args, fallback, env, seen, sparse, by_tensor):
     (``scorch/_runtime/fastcall.cpp``) that falls back to it; None where the kernel has no
     C entry (outputs assembled from appended entries, pattern outputs) or the C module is
     unavailable."""
-    from . import EMPTY_NUMPY_MIN, PARALLEL_MIN_WORK, choose_panel, storage_pointers
-    from .codegen import short_rows_limit
     s = entry.schedule
     out = s.output
     if not out.dense or not hasattr(module, "KERNEL_C"):
@@ -223,7 +192,7 @@ def _c_plan(entry, module, args, fallback, env, seen, sparse, by_tensor):
     dims = [(n, d, var[v]) for n, idx in enumerate(entry.operand_indices) for d, v in enumerate(idx)]
     unit = [(s.accesses[i].tensor, d) for i, (d, _, _) in entry.relayout.items()]
     c_args = []
-    for kind, a, b in _arg_sources(args, s):
+    for kind, a, b in by_operand(arg_table(args, s), s):
         if kind == SIZE:
             c_args.append((kind, var[a], 0))
         elif kind == STRIDE:
@@ -234,7 +203,7 @@ def _c_plan(entry, module, args, fallback, env, seen, sparse, by_tensor):
             c_args.append((kind, a, b))
     spec = {"operands": operands, "dims": [x for t in dims for x in t],
             "unit": [x for t in unit for x in t], "args": c_args, "nvars": len(var),
-            "min_work": PARALLEL_MIN_WORK, "out_max": EMPTY_NUMPY_MIN, "out_dtype": vt,
+            "min_work": threads.PARALLEL_MIN_WORK, "out_max": EMPTY_NUMPY_MIN, "out_dtype": vt,
             "out_vars": [var[v] for v in out.vars], "short": None, "panel": None}
     short_getter = None
     if entry.short_rows is not None:
@@ -250,7 +219,7 @@ def _c_plan(entry, module, args, fallback, env, seen, sparse, by_tensor):
         L_ = s.loop_order[-1]
         spec["panel"] = (var[L_], max(entry.panels), [var[v] for v in out.vars if v != L_])
     try:
-        return fc.Plan(module.KERNEL_C, short_getter, fallback, env["THREADS"], choose_panel,
+        return fc.Plan(module.KERNEL_C, short_getter, fallback, threads.threads_for, choose_panel,
                        tuple(entry.panels or ()), storage_pointers, spec)
     except Exception:  # noqa: BLE001  (a spec the C plan cannot take: the Python runner)
         return None

@@ -1,0 +1,174 @@
+"""The compiler's entry points: ``einsum``, ``compute`` (an index-notation assignment such as
+``A - 0.5 * B``) and ``explain`` (the plan, nothing run). Dense tensors are results as torch
+tensors, sparse results are Storages; the tensor layer above wraps them.
+
+A call binds its operands (``operands``), finds or makes the plan (``planner``, cached in
+``plans``) and runs it (``execute``); a warm ``einsum`` is first tried whole in C
+(``fastcall``)."""
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+import torch
+
+from ..formats import Format
+from ..level_storage import Storage
+from . import codegen, concrete
+from .execute import run
+from .frontend import bind_sizes, check_equation
+from .index_notation import Assignment, accesses
+from .operands import as_operand
+from .planner import broadcast_key, einsum_entry, make_entry, resolve_out_format
+from .plans import COMPILER_VERSION, Plan, _fast, _plans, _stats, cached_entry, fmt_key, storage_signature
+
+__all__ = ["einsum", "einsum_declined", "compute", "explain", "plan_cache_info",
+           "plan_cache_clear", "set_sparse_tensor_type"]
+
+_STRIDED = torch.strided
+_SPARSE_TENSOR: list = [None]   # the user-facing tensor type (set_sparse_tensor_type)
+
+
+def set_sparse_tensor_type(cls) -> None:
+    """The tensor type whose instances carry a ``_storage`` (``scorch.SparseTensor``): the warm
+    path recognizes it by identity. Set by the layer above; the compiler imports no tensor
+    type."""
+    _SPARSE_TENSOR[0] = cls
+
+
+def plan_cache_info() -> dict:
+    info = {"plans": len(_plans), **_stats}
+    if _DISPATCH[0] is not None and _DISPATCH[1] is not None:   # warm calls served in C
+        info["plan_hits"] += _DISPATCH[1].hits()
+    return info
+
+
+def plan_cache_clear() -> None:
+    _plans.clear()
+    _fast.clear()
+
+
+_DISPATCH: list = [None, None]   # fastcall.dispatch and its module, once loaded (see einsum)
+
+
+def _load_dispatch() -> None:
+    """Point ``einsum``'s first step at the C warm-call lookup (``fastcall.dispatch``), or at
+    a stand-in that always declines where the C module is unavailable."""
+    from .fastcall import load
+    fc = load()
+    if fc is None:
+        _DISPATCH[:] = [lambda table, equation, operands: NotImplemented, None]
+        return
+    fc.configure(Storage, _SPARSE_TENSOR[0])
+    _DISPATCH[:] = [fc.dispatch, fc]
+
+
+def einsum(equation: str, *operands, out_format=None):
+    """``torch.einsum`` over dense tensors, Storages and SparseTensors (anything with a
+    ``._storage``) in any format. Dense operands only and no ``out_format``: exactly
+    ``torch.einsum``. Returns a dense tensor or a Storage (sparse result)."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    check_equation(equation)
+    if out_format is None and _DISPATCH[0] is not None:
+        # the warm call in C: plan lookup, checks, output and kernel in one step
+        r = _DISPATCH[0](_fast, equation, operands)
+        if r is not NotImplemented:
+            return r
+    return einsum_declined(equation, operands, out_format)
+
+
+def einsum_declined(equation: str, operands: tuple, out_format=None):
+    """``einsum`` after the C warm call declined (or was not tried): the Python path.
+    ``scorch.einsum`` tries the C call itself and continues here."""
+    # the warm path: one pass builds the operands and the plan key (ints for storages,
+    # dtype and rank for dense tensors; the two kinds never compare equal)
+    ops = []
+    key = [equation, out_format]
+    sparse = False
+    for x in operands:
+        tx = type(x)
+        if tx is Storage:
+            st = x
+        elif tx is _SPARSE_TENSOR[0]:
+            st = x._storage
+        elif tx is torch.Tensor and x.layout is _STRIDED and not x.requires_grad:
+            st = x
+        else:
+            st = as_operand(x)
+        if type(st) is Storage:
+            sparse = True
+            ops.append(st)
+            sig = st._sig
+            key.append(sig if sig is not None else storage_signature(st))
+        else:
+            ops.append(st)
+            key.append(st.dtype)
+            key.append(st.dim())
+    if out_format is None and not sparse:
+        return torch.einsum(check_equation(equation), *operands)   # the caller's tensors: autograd intact
+    if _DISPATCH[0] is None:
+        _load_dispatch()
+    check_equation(equation)
+    for st in ops:
+        if type(st) is Storage and 1 in st.shape:
+            # whether a size-1 dimension broadcasts is part of the plan
+            key.append(broadcast_key(equation, ops))
+            break
+    key = tuple(key)
+    entry = _fast.get(key)
+    if entry is None:
+        entry = einsum_entry(equation, ops, out_format)
+        if len(_fast) > 4096:
+            _fast.clear()
+        _fast[key] = entry
+    else:
+        _stats["plan_hits"] += 1
+    return run(entry, ops)
+
+
+def compute(assignment: Assignment, *operands, out_format=None):
+    """Evaluate an index-notation assignment (e.g. ``Assignment("ij", A - 0.5 * B)``) over
+    these operands through the same compiler path as einsum."""
+    ops = [as_operand(x) for x in operands]
+    accs: Dict[int, Tuple[str, ...]] = {}
+    for a in accesses(assignment.rhs):
+        if a.tensor >= len(ops):
+            raise ValueError(f"expression uses operand {a.tensor} but {len(ops)} were given")
+        if len(a.indices) != len(ops[a.tensor].shape):
+            raise ValueError(
+                f"operand {a.tensor} has {len(ops[a.tensor].shape)} dimensions but is indexed by {a.indices}")
+        accs.setdefault(a.tensor, a.indices)
+    every = accesses(assignment.rhs)
+    bind_sizes([a.indices for a in every], [ops[a.tensor].shape for a in every],
+               [f"operand {a.tensor} (access {a})" for a in every], "compute()")
+    operand_indices = [accs.get(n, ()) for n in range(len(ops))]
+    key = (COMPILER_VERSION, "expr", str(assignment), assignment,
+           tuple(fmt_key(x) for x in ops), out_format)
+
+    def make():
+        fmt = resolve_out_format(out_format, len(assignment.output))
+        return make_entry(assignment, operand_indices, ops, fmt)
+    entry = cached_entry(key, make)
+    return run(entry, ops)
+
+
+def explain(equation: str, *operands, out_format=None) -> Plan:
+    """The plan for ``einsum(equation, *operands)``; nothing is compiled or run."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    ops = [as_operand(x) for x in operands]
+    entry = einsum_entry(equation, ops, out_format)
+    s = entry.schedule
+    idx = {}
+    for ap in s.accesses:
+        if ap.sparse:
+            idx[ap.id] = ops[ap.tensor].index_dtype
+    src, _ = codegen.generate(s, entry.value_dtype, idx)
+    out = s.output
+    if out.dense:
+        ofmt = Format("d" * max(1, len(out.vars))) if out.vars else Format("d")
+    else:
+        ofmt = out.final_format or out.format
+    transposes = [(ap.tensor, ap.source_format, ap.format) for ap in s.accesses if ap.transposed]
+    return Plan(list(s.loop_order), list(s.workspaces), list(s.tiled), ofmt, src,
+                str(concrete.from_schedule(s)), transposes, s.assignment, s)

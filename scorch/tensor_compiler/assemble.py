@@ -1,0 +1,81 @@
+"""Output assembly: the sparse result a caller gets from what a kernel wrote, a Storage from
+the kernel's appended entries (CSR-like rows, or level-major coordinate tuples) or, for
+pattern kernels, the pattern operand's level arrays with the kernel's values."""
+from __future__ import annotations
+
+import torch
+
+from ..formats import LevelKind
+from ..level_storage import Level, Storage, index_dtype_for
+from .levels import assemble_level
+from .operands import convert_storage
+from .plans import PlanEntry
+
+__all__ = ["assemble", "pattern_ready", "pattern_storage"]
+
+
+def assemble(entry: PlanEntry, res, sizes) -> Storage:
+    """The sparse output from what the kernel returned: ``(pos, crd, vals)`` of a CSR-like
+    output (``codegen`` rows assembly), or level-major coordinate tuples and values."""
+    out = entry.schedule.output
+    if len(res) == 3:
+        levels, values, idt = _rows_levels(out, res, sizes)
+    else:
+        levels, values, idt = _tuple_levels(out, res, sizes)
+    st = Storage(out.format, tuple(sizes[v] for v in out.vars), levels, values, idt)
+    if out.final_format is not None:
+        st = convert_storage(st, out.final_format)
+    return st
+
+
+def _rows_levels(out, res, sizes):
+    """Rows assembly: the kernel built the last level's ``pos``/``crd`` itself."""
+    pos, crd, vals = (torch.from_numpy(x) for x in res)
+    levels = [Level(kind, out.vars.index(v), sizes[v])
+              for kind, v in zip(out.format.levels[:-1], out.level_vars)]
+    last = out.level_vars[-1]
+    levels.append(Level(out.format.levels[-1], out.vars.index(last), sizes[last], pos, crd))
+    return levels, vals, crd.dtype
+
+
+def _tuple_levels(out, res, sizes):
+    """Sorted, unique coordinate tuples (level-major) -> each level's arrays, top down."""
+    crd, vals = res
+    kinds = out.format.levels
+    coords = torch.from_numpy(crd).view(len(out.level_vars), -1).t()
+    values = torch.from_numpy(vals)
+    n = values.numel()
+    parent = torch.zeros(n, dtype=torch.int64)
+    count = 1
+    built = []
+    k = 0
+    while k < len(kinds):
+        arrays, parent, count, k = assemble_level(kinds, k, coords, parent, count, sizes[out.level_vars[k]])
+        built.extend(arrays)
+    if kinds[-1] is LevelKind.DENSE:
+        full = torch.zeros(count, dtype=values.dtype)
+        if n:
+            full[parent] = values
+        values = full
+    idt = index_dtype_for(tuple(sizes[v] for v in out.vars), max(count, n))
+    levels = [Level(kind, out.vars.index(v), sizes[v],
+                    None if pos is None else pos.to(idt), None if c is None else c.to(idt))
+              for kind, v, (pos, c) in zip(kinds, out.level_vars, built)]
+    return levels, values, idt
+
+
+def pattern_ready(entry: PlanEntry, sizes) -> bool:
+    """A pattern-output kernel (``OutputPlan.pattern``) runs only when every reduction is
+    non-empty (an empty reduction stores nothing; that case goes through the general path)."""
+    return all(sizes[v] > 0 for v in entry.assignment.reduction)
+
+
+def pattern_storage(entry: PlanEntry, P: Storage, values: torch.Tensor, sizes) -> Storage:
+    """The output of a pattern kernel: ``P``'s level arrays (shared, as views share them)
+    with the kernel's values, levels re-numbered to the output's dimensions."""
+    s = entry.schedule
+    out = s.output
+    ap = s.accesses[out.pattern]
+    levels = [Level(lv.kind, out.vars.index(ap.indices[lv.dim]), lv.size, lv.pos, lv.crd)
+              for lv in P.levels]
+    return Storage(out.format, tuple(sizes[v] for v in out.vars), levels, values, P.index_dtype)

@@ -1,0 +1,157 @@
+"""Running a plan: the general path (operands prepared: split, transposed, cast, re-laid out;
+the kernel for their index widths built or loaded; arguments bound; the output assembled)
+and the warm runner it installs after the first call (``runner.py``, ``fastcall``)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..formats import Format
+from . import build, codegen
+from .arguments import arg_table, arg_values
+from .allocate import empty_output
+from .assemble import assemble, pattern_ready, pattern_storage
+from .frontend import bind_sizes
+from .operands import cast_storage, convert_storage, unblocked
+from .plans import PlanEntry
+from .relayout import relayout
+from .rewrite import inner_var, outer_var, split_operand
+from .runner import make_runner
+from . import threads
+from .threads import work_of
+from .tiling import panel_for
+
+__all__ = ["run", "run_general", "prepare_operands", "kernel_for", "short_kernel", "index_key"]
+
+
+def prepare_operands(entry: PlanEntry, ops, sizes, orig=None):
+    """Per access: the storage (transposed / unblocked / cast) or the dense tensor."""
+    vt = entry.value_dtype
+    data = {}
+    for ap in entry.schedule.accesses:
+        x = ops[ap.tensor]
+        if ap.sparse:
+            for v, s in zip(ap.indices, x.shape):
+                if s != sizes[v]:
+                    raise NotImplementedError(
+                        f"einsum(): broadcasting size-1 dimension of sparse operand {ap.tensor} "
+                        f"(subscript {v}) is not supported")
+            st = x
+            if st.format.block is not None:
+                st = unblocked(st)
+            if ap.transposed and orig is not None and orig[ap.tensor].format.block is not None:
+                o = orig[ap.tensor]   # natively read blocked operand: re-order its block grid
+                grid = ap.format.mode_order[:o.ndim]
+                st = split_operand(entry.split, entry.orig_indices, ap.tensor, convert_storage(o, Format(o.format.levels, grid, o.format.block)))
+            elif ap.transposed:
+                st = convert_storage(st, ap.format)
+            data[ap.id] = cast_storage(st, vt)
+        else:
+            if x.dtype != vt:
+                x = x.to(vt)
+            rl = entry.relayout.get(ap.id)
+            if rl is not None:
+                full = tuple(sizes[v] for v in ap.indices)
+                if tuple(x.shape) != full:      # size-1 broadcast: materialize
+                    x = x.expand(full)
+                if x.stride(rl[0]) != 1 and full[rl[0]] > 1:
+                    x = relayout(x, rl[1], rl[2], threads.threads_for, ap.id)  # scratch: this call only
+            data[ap.id] = x
+    return data
+
+
+def index_key(entry: PlanEntry, data) -> tuple:
+    return tuple(data[ap.id].index_dtype if ap.sparse else None for ap in entry.schedule.accesses)
+
+
+
+def kernel_name(entry: PlanEntry, suffix: str = "") -> str:
+    """A readable module name: the loop order (the cache key does the identifying)."""
+    order = "".join(ch for ch in "_".join(entry.schedule.loop_order) if ch.isalnum() or ch == "_")
+    return ("k_" + order)[:40 - len(suffix)] + suffix
+
+
+def short_kernel(entry: PlanEntry, data, sizes):
+    """The short-rows variant's module when this input's rows are short (codegen.short_rows),
+    else None."""
+    sr = entry.short_rows
+    if sr is None:
+        return None
+    acc_id, row_vars = sr
+    rows = 1
+    for v in row_vars:
+        rows *= sizes[v]
+    if data[acc_id].values.numel() > codegen.short_rows_limit(entry.value_dtype) * rows:
+        return None
+    ikey = index_key(entry, data)
+    mod = entry.short.get(ikey)
+    if mod is None:
+        idx = {ap.id: data[ap.id].index_dtype for ap in entry.schedule.accesses if ap.sparse}
+        src, _ = codegen.generate(entry.schedule, entry.value_dtype, idx, scalar_inner=True)
+        mod = entry.short[ikey] = build.load_kernel(src, name_hint=kernel_name(entry, "_short"))
+    return mod
+
+
+def kernel_for(entry: PlanEntry, data, load: bool = True):
+    ikey = index_key(entry, data)
+    k = entry.kernels.get(ikey)
+    if k is None:
+        idx = {ap.id: data[ap.id].index_dtype for ap in entry.schedule.accesses if ap.sparse}
+        src, args = codegen.generate(entry.schedule, entry.value_dtype, idx)
+        mod = None
+        if load:
+                mod = build.load_kernel(src, name_hint=kernel_name(entry))
+        k = (mod, args, src)
+        if load:
+            entry.kernels[ikey] = k
+    return k
+
+
+def run(entry: PlanEntry, ops):
+    """Run a plan: its warm runner when it takes the call, else the general path."""
+    warm = entry.runner
+    if warm is not None:
+        r = warm(ops)
+        if r is not None:
+            return r
+    return run_general(entry, ops)
+
+
+def run_general(entry: PlanEntry, ops):
+    """Every case the warm runner declines: splits, broadcasts, casts, transposes."""
+    orig = None
+    if entry.split is not None:
+        orig = ops
+        ops = [split_operand(entry.split, entry.orig_indices, n, x) for n, x in enumerate(ops)]
+    sizes = bind_sizes(entry.operand_indices, [x.shape for x in ops])
+    data = prepare_operands(entry, ops, sizes, orig)
+    fresh = not entry.kernels
+    mod, args, _ = kernel_for(entry, data)
+    short = short_kernel(entry, data, sizes)
+    if fresh and entry.runner is None:
+        idx = {ap.id: data[ap.id].index_dtype for ap in entry.schedule.accesses if ap.sparse}
+        try:
+            entry.runner = make_runner(entry, mod, args, idx, ops)
+        except Exception:  # the general path always works
+            entry.runner = None
+    out_plan = entry.schedule.output
+    out = None
+    if out_plan.pattern >= 0:
+        if not pattern_ready(entry, sizes):
+            return assemble(entry, (np.empty(0, dtype=np.int64),
+                                     np.empty(0, dtype=codegen.NPTYPES[entry.value_dtype])), sizes)
+        P = data[out_plan.pattern]
+        out = empty_output((P.values.numel(),), entry.value_dtype)
+        mod.kernel(arg_values(arg_table(args, entry.schedule), data, sizes, out),
+                   threads.threads_for(work_of(data)))
+        return pattern_storage(entry, P, out, sizes)
+    if out_plan.dense:
+        out = empty_output(tuple(sizes[v] for v in out_plan.vars), entry.value_dtype)  # kernel zeroes it
+    res = (short or mod).kernel(arg_values(arg_table(args, entry.schedule), data, sizes, out),
+                                threads.threads_for(work_of(data)), panel_for(entry, data, sizes))
+    if out_plan.dense:
+        if entry.split is not None:
+            bs = entry.split
+            out = out.reshape(tuple(sizes[outer_var(v)] * sizes[inner_var(v)] if v in bs else sizes[v]
+                                    for v in entry.orig_output))
+        return out
+    return assemble(entry, res, sizes)

@@ -1,0 +1,89 @@
+"""Operand binding: what the kernels read. Dense torch tensors stay as they are (read through
+strides); scorch Storages and SparseTensors give their Storage; torch's own sparse layouts are
+wrapped once per tensor. Also the storage-level steps a plan may need before a kernel runs:
+re-formatting (transposes, unblocking) and value casts."""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Dict, Optional
+
+import torch
+
+from ..formats import Format
+from ..level_storage import Level, Storage
+
+__all__ = ["as_operand", "torch_sparse_storage", "convert_storage", "unblocked", "cast_storage"]
+
+
+def as_operand(x: Any):
+    """A dense strided torch tensor, or a Storage."""
+    if isinstance(x, Storage):
+        return x
+    st = getattr(x, "_storage", None)
+    if isinstance(st, Storage):
+        return st
+    if isinstance(x, torch.Tensor):
+        if x.layout != torch.strided:
+            return torch_sparse_storage(x)
+        return x.detach() if x.requires_grad else x
+    if isinstance(x, (int, float)):
+        return torch.tensor(x)
+    raise TypeError(f"einsum(): operand of type {type(x).__name__} is not a tensor")
+
+
+#: id of a torch sparse tensor -> (weak reference to it, its version counter, the Storage
+#: over its arrays); keyed by id because tensors compare elementwise
+_TORCH_SPARSE: Dict[int, tuple] = {}
+
+
+def _unlinked(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The same memory as ``t`` through a tensor that refers to the memory only, not to
+    ``t`` (views of a sparse tensor's arrays keep the sparse tensor alive)."""
+    if t is None:
+        return None
+    return torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), t.storage_offset(), t.size(),
+                                              t.stride())
+
+
+def torch_sparse_storage(x: torch.Tensor) -> Storage:
+    """The Storage over one of torch's sparse layouts (its arrays, not copied). Wrapping costs
+    ~20 us of Python, so the wrap is kept for the tensor's lifetime while it shares the
+    tensor's value array (in-place changes of the values then show through) and the tensor's
+    version counter is unchanged (an in-place op on the tensor may have replaced its arrays).
+    The kept Storage refers to the arrays' memory only, so the tensor can still be freed."""
+    hit = _TORCH_SPARSE.get(id(x))
+    if hit is not None and hit[0]() is x and hit[1] == x._version:
+        return hit[2]
+    from ..interop import from_torch
+    st = from_torch(x)
+    try:
+        shared = st.values.data_ptr() == x.values().data_ptr()
+    except RuntimeError:   # layouts without values() (uncoalesced COO): not kept
+        shared = False
+    if shared:
+        st = Storage(st.format, st.shape,
+                     [Level(lv.kind, lv.dim, lv.size, _unlinked(lv.pos), _unlinked(lv.crd),
+                            lv.block_inner) for lv in st.levels],
+                     _unlinked(st.values), st.index_dtype)
+        key = id(x)
+        _TORCH_SPARSE[key] = (weakref.ref(x, lambda _, key=key: _TORCH_SPARSE.pop(key, None)),
+                              x._version, st)
+    return st
+
+
+def convert_storage(st: Storage, fmt: Format) -> Storage:
+    """Re-format a storage (transposes, unblocking, requested output formats) through the
+    runtime's ``convert``."""
+    from .._runtime import convert as _conv  # lazy: built separately
+    return _conv.convert(st, fmt)
+
+
+def unblocked(st: Storage) -> Storage:
+    return convert_storage(st, Format(st.format.levels, st.format.mode_order))
+
+
+def cast_storage(st: Storage, dtype: torch.dtype) -> Storage:
+    v = st.values
+    if v.dtype == dtype and v.is_contiguous() and not v.requires_grad:
+        return st
+    return Storage(st.format, st.shape, st.levels, v.detach().to(dtype).contiguous(), st.index_dtype)

@@ -1,0 +1,109 @@
+"""Planning an expression for these operands: the schedule (loop order, workspaces, tiling,
+format inference: ``schedule.py``) and the per-kernel decisions that follow from it (which
+dense operands must be re-laid out, panel widths, the short-rows variant), kept in a
+``PlanEntry`` of the plan cache."""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+from ..formats import Format, as_format
+from ..level_storage import Storage
+from . import codegen
+from .index_notation import Assignment, parse_einsum
+from .plans import COMPILER_VERSION, PlanEntry, cached_entry, fmt_key
+from .rewrite import block_split, rename_broadcast
+from .schedule import NoValidOrder, schedule
+
+__all__ = ["value_dtype", "kernel_formats", "make_entry", "resolve_out_format", "einsum_entry",
+           "broadcast_key"]
+
+
+def value_dtype(ops) -> torch.dtype:
+    """The dtype the kernel computes in: the operands' promoted type."""
+    dt = None
+    for x in ops:
+        d = x.values.dtype if isinstance(x, Storage) else x.dtype
+        dt = d if dt is None else torch.promote_types(dt, d)
+    if dt == torch.bool:
+        raise TypeError("einsum(): bool operands are not supported; convert them to a number type")
+    if dt not in codegen.CTYPES:
+        raise TypeError(f"einsum(): unsupported dtype {dt}")
+    return dt
+
+
+def kernel_formats(ops) -> List[Optional[Format]]:
+    """The format each operand is read in (None: dense strided); blocked operands that are
+    not read natively are converted to their unblocked format first."""
+    out = []
+    for x in ops:
+        if isinstance(x, Storage):
+            f = x.format
+            out.append(Format(f.levels, f.mode_order) if f.block is not None else f)
+        else:
+            out.append(None)
+    return out
+
+
+def make_entry(asg: Assignment, operand_indices, ops, out_format: Optional[Format],
+               formats=None, fixed_tail=None) -> PlanEntry:
+    vt = value_dtype(ops)
+    sched = schedule(asg, formats if formats is not None else kernel_formats(ops), out_format, fixed_tail)
+    entry = PlanEntry(asg, list(operand_indices), sched, vt, len(asg.output))
+    # a dense operand streamed by the innermost loop is read with stride 1 (the kernel is
+    # specialized for it): when its layout does not give that, the kernel reads a copy laid
+    # out in loop order (e.g. SDDMM's C, read along k)
+    entry.relayout.update(codegen.relayouts(sched))
+    entry.panels = codegen.panel_widths(sched, vt)
+    entry.short_rows = codegen.short_rows(sched)
+    return entry
+
+
+def resolve_out_format(out_format, rank: int) -> Optional[Format]:
+    if out_format is None:
+        return None
+    if rank == 0:
+        raise ValueError(f"einsum(): out_format={out_format!r} was given but the result is a "
+                         f"0-d (scalar) tensor, which has no sparse format")
+    return as_format(out_format, rank)
+
+
+def broadcast_key(equation: str, ops) -> tuple:
+    """Which size-1 dimensions of the sparse operands broadcast in this call: part of the
+    plan key whenever a sparse operand has a size-1 dimension (a plan made where it does not
+    broadcast cannot run a call where it does, and the reverse)."""
+    if not any(isinstance(x, Storage) and 1 in x.shape for x in ops):
+        return ()
+    spec = parse_einsum(equation, [tuple(x.shape) for x in ops])
+    return tuple(spec.broadcast[n] if isinstance(x, Storage) else () for n, x in enumerate(ops))
+
+
+def einsum_entry(equation: str, ops, out_format) -> PlanEntry:
+    """The cached plan of ``einsum(equation, *ops)``."""
+    # size-1 dimensions of sparse operands that broadcast are part of the plan (they are
+    # read through a variable of their own); dense operands broadcast through stride 0
+    key = (COMPILER_VERSION, equation, tuple(fmt_key(x) for x in ops),
+           broadcast_key(equation, ops), out_format)
+
+    def make():
+        spec = parse_einsum(equation, [tuple(x.shape) for x in ops])
+        asg, op_idx = spec.assignment, list(spec.operand_indices)
+        if any(spec.broadcast[n] for n, x in enumerate(ops) if isinstance(x, Storage)):
+            asg, op_idx = rename_broadcast(spec, ops)
+        fmt = resolve_out_format(out_format, len(asg.output))
+        split = block_split(asg, op_idx, ops, fmt)
+        if split is not None:
+            try:
+                entry = make_entry(split.assignment, split.operand_indices, ops,
+                                   None if fmt is None else Format("d" * len(split.assignment.output)),
+                                   split.formats, split.fixed_tail)
+            except NoValidOrder:
+                entry = None
+            if entry is not None and entry.schedule.output.dense:
+                entry.split = split.blocks
+                entry.orig_output = tuple(asg.output)
+                entry.orig_indices = [tuple(i) for i in op_idx]
+                return entry
+        return make_entry(asg, op_idx, ops, fmt)
+    return cached_entry(key, make)

@@ -1,0 +1,150 @@
+"""Plans and the plan cache: what the compiler decided for one expression and these operand
+formats (``PlanEntry``: schedule, kernels per index width, warm runner), the user-facing
+``Plan`` that ``explain`` returns, and the keys a warm call looks plans up by.
+
+The cache is keyed by the equation, each operand's format, rank, value dtype and index dtype,
+and the requested output format; shapes are run-time arguments. ``_fast`` is its front, keyed
+by per-Storage signatures (small ints cached on each Storage), so a warm call hashes ints."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ..formats import Format
+from ..level_storage import Storage
+from . import codegen
+from .index_notation import Assignment
+from .schedule import Schedule
+
+__all__ = ["Plan", "PlanEntry", "COMPILER_VERSION", "cached_entry", "fmt_key", "storage_signature",
+           "storage_pointers"]
+
+COMPILER_VERSION = f"scorch-compiler-1.{codegen.CODEGEN_VERSION}"
+
+
+@dataclass
+class Plan:
+    """What the compiler will do for one expression and these operand formats.
+
+    ``loop_order`` (index variables, outermost first), ``workspaces`` (descriptions),
+    ``tiled`` (tiled variables), ``output_format`` (the result's format; all-dense for a
+    dense result), ``transposes`` (operands re-formatted, as ``(operand, from, to)``),
+    ``source`` (Cython), ``cin`` (concrete index notation); ``schedule`` keeps the loop
+    ordering's trace (``sparsity_order``, greedy ``moves`` with net costs,
+    ``cycle_removals``), which ``str(plan)`` prints."""
+    loop_order: List[str]
+    workspaces: List[str]
+    tiled: List[str]
+    output_format: Format
+    source: str
+    cin: str
+    transposes: List[Tuple[int, Format, Format]]
+    assignment: Assignment
+    schedule: Schedule = field(repr=False, default=None)
+
+    def __str__(self) -> str:
+        lines = [f"expression:   {self.assignment}",
+                 f"loop order:   {', '.join(self.loop_order)}",
+                 f"output:       {self.output_format}",
+                 f"workspaces:   {', '.join(self.workspaces) or 'none'}",
+                 f"tiled:        {', '.join(self.tiled) or 'none'}"]
+        for n, a, b in self.transposes:
+            lines.append(f"transpose:    operand {n}: {a} -> {b}")
+        s = self.schedule
+        if s is not None and s.sparsity_order:
+            # Algorithm 1, as it ran: the order by sparsity, each greedy move with its net
+            # cost, and the mode-order (transpose) decision
+            lines.append(f"by sparsity:  {', '.join(s.sparsity_order)}")
+            lines.extend(f"  {m}" for m in s.moves)
+            lines.extend(f"  {c}" for c in s.cycle_removals)
+        lines.append("concrete index notation:")
+        lines.extend("  " + ln for ln in self.cin.splitlines())
+        return "\n".join(lines)
+
+
+
+@dataclass
+class PlanEntry:
+    assignment: Assignment
+    operand_indices: List[Tuple[str, ...]]
+    schedule: Schedule
+    value_dtype: torch.dtype
+    out_rank: int
+    kernels: Dict[tuple, tuple] = field(default_factory=dict)  # index dtypes -> (module, args, source)
+    short: Dict[tuple, Any] = field(default_factory=dict)      # index dtypes -> short-rows module
+    panels: Tuple[int, ...] = ()                               # panel widths (choose_panel)
+    short_rows: Any = None                                     # codegen.short_rows of the schedule
+    relayout: Dict[int, tuple] = field(default_factory=dict)   # dense access -> (dim, perm, inverse)
+    split: Optional[Dict[str, int]] = None   # blocked operands read natively: var -> block size
+    runner: Any = None            # warm-call fast path (runner.py), once a kernel is loaded
+    formats: Tuple[Any, ...] = ()  # operand format objects, for the identity-checked fast key
+    orig_output: Tuple[str, ...] = ()
+    orig_indices: List[Tuple[str, ...]] = field(default_factory=list)
+
+
+
+_plans: Dict[tuple, PlanEntry] = {}
+_fast: Dict[tuple, "PlanEntry"] = {}   # front cache of _plans keyed by signatures (see einsum)
+_lock = threading.Lock()
+_stats = {"plan_hits": 0, "plan_misses": 0}
+
+
+def fmt_key(x) -> tuple:
+    if isinstance(x, Storage):
+        return ("s", x.format, x.ndim, x.values.dtype, x.index_dtype)
+    return ("d", x.dim(), x.dtype)
+
+
+
+def cached_entry(key, make):
+    e = _plans.get(key)
+    if e is not None:
+        _stats["plan_hits"] += 1
+        return e
+    with _lock:
+        e = _plans.get(key)
+        if e is None:
+            _stats["plan_misses"] += 1
+            e = make()
+            _plans[key] = e
+    return e
+
+
+
+_SIGNATURES: Dict[tuple, int] = {}
+
+
+def storage_signature(st: Storage) -> int:
+    """A small int naming what a plan and its warm path depend on (format, value and index
+    dtypes, size-1 dimensions, contiguous values), cached on the Storage (never reassigned):
+    a warm call's plan key is then a tuple of ints and dtypes, hashed without touching the
+    Format. The table keeps every named Format alive, so numbers are never reused."""
+    sig = st._sig
+    if sig is None:
+        v = st.values
+        t = (st.format, v.dtype, st.index_dtype,
+             1 in st.shape and tuple(n == 1 for n in st.shape), v.is_contiguous())
+        sig = _SIGNATURES.get(t)
+        if sig is None:
+            with _lock:
+                sig = _SIGNATURES.setdefault(t, len(_SIGNATURES))
+        st._sig = sig
+    return sig
+
+
+def storage_pointers(st: Storage) -> tuple:
+    """Addresses of a Storage's arrays, cached on it: ``(pos, crd)`` per level (0 where the
+    level keeps none), then the values' address and their count."""
+    ptrs = st._ptrs
+    if ptrs is None:
+        out = []
+        for lv in st.levels:
+            out.append(0 if lv.pos is None else lv.pos.data_ptr())
+            out.append(0 if lv.crd is None else lv.crd.data_ptr())
+        out.append(st.values.data_ptr())
+        out.append(st.values.numel())
+        ptrs = st._ptrs = tuple(out)
+    return ptrs
