@@ -13,6 +13,7 @@ _torch_alias.install()
 
 from . import nn, sparse  # noqa: E402,F401
 from .formats import Format, LevelKind, as_format, compressed, coordinate, dense  # noqa: E402,F401
+from .level_kinds import singleton  # noqa: E402,F401
 from .level_storage import Level  # noqa: E402,F401  (Storage: scorch.level_storage.Storage; torch.Storage stays torch's)
 from .tensor_type import SparseTensor  # noqa: E402,F401
 from .constructors import from_scipy, sparse_tensor, tensor  # noqa: E402,F401

@@ -17,8 +17,8 @@ __all__ = ["sparse_tensor", "tensor", "from_scipy"]
 
 
 def _convert():
-    from ._runtime import convert
-    return convert
+    from . import conversion
+    return conversion
 
 
 def _check_size(size: Any, name: str = "size") -> tuple:

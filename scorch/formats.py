@@ -6,65 +6,21 @@ stores dimension ``mode_order[k]``; its kind says which arrays it keeps and what
 kernel can do with it (see ``LevelKind``). Formats are immutable values: they compare,
 hash and print, so they can key a kernel cache.
 
-Level strings use one letter per level: ``d`` dense, ``c`` compressed, ``q`` coordinate
-(so ``"dc"`` is CSR, ``"cc"`` is DCSR, ``"qq"`` is COO).
+Level strings use one letter per level: ``d`` dense, ``c`` compressed, ``q`` coordinate,
+``s`` singleton (so ``"dc"`` is CSR, ``"cc"`` is DCSR, ``"qq"`` is COO, ``"ds"`` one entry per
+row). What each kind can do is in ``scorch.level_kinds``.
 """
 from __future__ import annotations
 
-import enum
 from typing import Iterable, Optional, Sequence, Tuple, Union
 
+from .level_kinds import LevelKind, compressed, coordinate, dense, parse_level, registered, singleton
+
 __all__ = [
-    "LevelKind", "dense", "compressed", "coordinate", "Format", "as_format", "FormatLike",
+    "LevelKind", "dense", "compressed", "coordinate", "singleton", "Format", "as_format",
+    "FormatLike",
 ]
 
-
-class LevelKind(enum.Enum):
-    """What one level stores, and so what a kernel may do with it.
-
-    * ``DENSE``: no arrays; every coordinate ``0..size-1`` exists. Can *locate* in O(1)
-      (child position = parent position * size + coordinate) and iterate all coordinates.
-    * ``COMPRESSED``: ``pos`` (one segment per parent position) and ``crd``; coordinates
-      inside a segment are sorted and unique. Can iterate a segment and *append*.
-    * ``COORDINATE``: ``crd`` with one coordinate per position. The first level of a run of
-      coordinate levels also has ``pos`` (one segment per parent position); the following
-      levels of the run share its positions (TACO's singleton). Inside a segment the
-      coordinate tuples of the run are sorted and unique; a single level of the run may
-      repeat a coordinate (the row of COO). Can iterate and append.
-    """
-
-    DENSE = "d"
-    COMPRESSED = "c"
-    COORDINATE = "q"
-
-    @property
-    def is_sparse(self) -> bool:
-        return self is not LevelKind.DENSE
-
-    @property
-    def letter(self) -> str:
-        return self.value
-
-    @property
-    def has_locate(self) -> bool:
-        """O(1) random access by coordinate."""
-        return self is LevelKind.DENSE
-
-    def __repr__(self) -> str:
-        return f"scorch.{self.name.lower()}"
-
-    __str__ = __repr__
-
-
-dense = LevelKind.DENSE
-compressed = LevelKind.COMPRESSED
-coordinate = LevelKind.COORDINATE
-
-_LEVEL_ALIASES = {
-    "d": dense, "dense": dense,
-    "c": compressed, "s": compressed, "compressed": compressed, "sparse": compressed,
-    "q": coordinate, "coordinate": coordinate, "coo": coordinate,
-}
 
 # Named 2-d formats: name -> (level letters, mode order).
 _NAMED_MATRIX = {
@@ -77,14 +33,8 @@ _NAMED_MATRIX = {
 _NAMED_ANY_RANK = {"dense": "d", "coo": "q", "csf": "c"}
 
 
-def _parse_level(x: Union[str, LevelKind]) -> LevelKind:
-    if isinstance(x, LevelKind):
-        return x
-    if isinstance(x, str) and x.lower() in _LEVEL_ALIASES:
-        return _LEVEL_ALIASES[x.lower()]
-    raise ValueError(
-        f"unknown level kind {x!r}: expected scorch.dense, scorch.compressed, scorch.coordinate "
-        f"or one of the letters 'd', 'c', 'q'")
+def _letters() -> str:
+    return "".join(k.letter for k in registered())
 
 
 class Format:
@@ -103,7 +53,7 @@ class Format:
                 raise ValueError(
                     f"format name {levels!r} is not a level string; use scorch.as_format({levels!r}, rank)")
             levels = list(levels)
-        lv = tuple(_parse_level(x) for x in levels)
+        lv = tuple(parse_level(x) for x in levels)
         if len(lv) == 0:
             raise ValueError("a format needs at least one level (a 0-d tensor is dense)")
         rank = len(lv)
@@ -158,7 +108,7 @@ class Format:
     @property
     def is_dense(self) -> bool:
         """All levels dense (a strided array in mode order)."""
-        return all(k is dense for k in self._levels)
+        return all(k.full for k in self._levels)
 
     @property
     def is_sparse(self) -> bool:
@@ -257,13 +207,13 @@ def as_format(fmt: FormatLike, rank: Optional[int] = None) -> Format:
             if rank == 0:
                 raise ValueError(f"a 0-d tensor has no sparse format (asked for {fmt!r})")
             result = Format(_NAMED_ANY_RANK[key] * rank)
-        elif key and all(ch in "dcq" for ch in key):
+        elif key and all(ch in _letters() for ch in key):
             result = Format(key)
         else:
             raise ValueError(
                 f"unknown format {fmt!r}: expected one of dense, coo, csr, csc, dcsr, dcsc, csf, "
-                f"a level string of the letters d (dense), c (compressed), q (coordinate) such as "
-                f"'dcc', or a scorch.Format")
+                f"a level string of the letters d (dense), c (compressed), q (coordinate), "
+                f"s (singleton) such as 'dcc', or a scorch.Format")
     elif isinstance(fmt, Iterable):
         result = Format(list(fmt))
     else:

@@ -27,7 +27,7 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-from .formats import Format, LevelKind
+from .formats import Format, LevelKind, dense
 
 __all__ = ["Level", "Storage", "index_dtype_for", "INT32_MAX"]
 
@@ -71,20 +71,12 @@ def level_kinds(fmt: Format) -> Tuple[LevelKind, ...]:
     """The kind of every stored level, inner block levels included."""
     if fmt.block is None:
         return fmt.levels
-    return fmt.levels + (LevelKind.DENSE,) * fmt.rank
+    return fmt.levels + (dense,) * fmt.rank
 
 
 def run_heads(kinds: Sequence[LevelKind]) -> Tuple[bool, ...]:
     """For each level: does it carry ``pos`` (compressed, or coordinate heading a run)?"""
-    out = []
-    for k, kind in enumerate(kinds):
-        if kind is LevelKind.COMPRESSED:
-            out.append(True)
-        elif kind is LevelKind.COORDINATE:
-            out.append(k == 0 or kinds[k - 1] is not LevelKind.COORDINATE)
-        else:
-            out.append(False)
-    return tuple(out)
+    return tuple(kind.has_pos(kinds[k - 1] if k else None) for k, kind in enumerate(kinds))
 
 
 class Storage:

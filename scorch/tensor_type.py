@@ -27,8 +27,8 @@ __all__ = ["SparseTensor"]
 
 
 def _convert_module():
-    from ._runtime import convert  # compiled at install time; imported lazily to keep import light
-    return convert
+    from . import conversion
+    return conversion
 
 
 class SparseTensor(torch.Tensor):

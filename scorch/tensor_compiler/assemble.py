@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import LevelKind
 from ..level_storage import Level, Storage, index_dtype_for
-from .levels import assemble_level
+from ..level_kinds.assembly import build_levels
 from .operands import convert_storage
 from .plans import PlanEntry
 
@@ -41,26 +40,13 @@ def _rows_levels(out, res, sizes):
 def _tuple_levels(out, res, sizes):
     """Sorted, unique coordinate tuples (level-major) -> each level's arrays, top down."""
     crd, vals = res
-    kinds = out.format.levels
     coords = torch.from_numpy(crd).view(len(out.level_vars), -1).t()
-    values = torch.from_numpy(vals)
-    n = values.numel()
-    parent = torch.zeros(n, dtype=torch.int64)
-    count = 1
-    built = []
-    k = 0
-    while k < len(kinds):
-        arrays, parent, count, k = assemble_level(kinds, k, coords, parent, count, sizes[out.level_vars[k]])
-        built.extend(arrays)
-    if kinds[-1] is LevelKind.DENSE:
-        full = torch.zeros(count, dtype=values.dtype)
-        if n:
-            full[parent] = values
-        values = full
-    idt = index_dtype_for(tuple(sizes[v] for v in out.vars), max(count, n))
+    built, values, count = build_levels(out.format.levels, coords, torch.from_numpy(vals),
+                                        [sizes[v] for v in out.level_vars])
+    idt = index_dtype_for(tuple(sizes[v] for v in out.vars), max(count, coords.shape[0]))
     levels = [Level(kind, out.vars.index(v), sizes[v],
                     None if pos is None else pos.to(idt), None if c is None else c.to(idt))
-              for kind, v, (pos, c) in zip(kinds, out.level_vars, built)]
+              for kind, v, (pos, c) in zip(out.format.levels, out.level_vars, built)]
     return levels, values, idt
 
 

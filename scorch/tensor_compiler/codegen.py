@@ -509,7 +509,7 @@ class _Gen:
             self.local(lv.qe)
             if chunked and self.chunk_kind == "sparse":
                 continue
-            parent = st["pos"][lv.access] if lv.has_pos else st["seg"][lv.access]
+            parent = lv.segment_parent(st["pos"], st["seg"])
             self.emit_all(ind, segment_setup(lv, parent, st["pres"][lv.access]))
 
         new = {"pos": dict(st["pos"]), "seg": dict(st["seg"]), "pres": dict(st["pres"]),
@@ -539,7 +539,7 @@ class _Gen:
                     self.local(lv.hi)
                     self.local(lv.qe)
                     fl = self.local(lv.found, "int")
-                    parent = new["pos"][ap.id] if lv.has_pos else new["seg"][ap.id]
+                    parent = lv.segment_parent(new["pos"], new["seg"])
                     body.extend(segment_setup(lv, parent, new["pres"][ap.id]))
                     body.append(f"while {lv.q} < {lv.hi} and {lv.crd}[{lv.q}] < {cu}:")
                     body.append(f"    {lv.q} += 1")

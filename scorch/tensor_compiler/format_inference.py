@@ -9,20 +9,22 @@
   (conservative, as the paper argues);
 * a scalar is dense.
 
-A sparse output level is ``coordinate`` when every sparse level feeding it is a coordinate
-level and ``compressed`` otherwise. The output's mode order is not decided here: the
+A sparse output level takes the kind its feeding sparse levels agree on (``output_kind``:
+coordinate levels give coordinate, compressed and singleton levels compressed), else
+compressed. The output's mode order is not decided here: the
 scheduler makes it concordant with the loop order so the kernel can append in order.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, Sequence
 
-from ..formats import Format, LevelKind
+from ..formats import LevelKind
 from .index_notation import Access, Add, Expr, Mul, Neg, Scalar, Sub
 
 __all__ = ["infer_kind", "infer_output_kinds"]
 
-# Results: None (does not index v), "d" dense, or a set-like string of sparse letters.
+# Results: None (does not index v), DENSE, or the frozenset of sparse kinds feeding v.
+DENSE = "d"
 
 
 def _infer(e: Expr, v: str, kind_of: Callable[[Access, str], LevelKind]):
@@ -30,33 +32,33 @@ def _infer(e: Expr, v: str, kind_of: Callable[[Access, str], LevelKind]):
         if v not in e.indices:
             return None
         k = kind_of(e, v)
-        return "d" if k is LevelKind.DENSE else k.letter
+        return DENSE if k.full else frozenset((k,))
     if isinstance(e, Scalar):
-        return "d"
+        return DENSE
     if isinstance(e, Neg):
         return _infer(e.a, v, kind_of)
     a, b = _infer(e.a, v, kind_of), _infer(e.b, v, kind_of)
     if isinstance(e, Mul):
-        if a is None:
-            return b
-        if b is None:
+        if a is None or a == DENSE:
+            return b if b is not None else a
+        if b is None or b == DENSE:
             return a
-        sa = "".join(sorted(set((a if a != "d" else "") + (b if b != "d" else ""))))
-        return sa or "d"
+        return a | b
     if isinstance(e, (Add, Sub)):
         if a is None and b is None:
             return None
-        if a is None or b is None or a == "d" or b == "d":
-            return "d"
-        return "".join(sorted(set(a + b)))
+        if a is None or b is None or a == DENSE or b == DENSE:
+            return DENSE
+        return a | b
     raise TypeError(f"unknown expression node {e!r}")
 
 
 def infer_kind(rhs: Expr, v: str, kind_of: Callable[[Access, str], LevelKind]) -> LevelKind:
     r = _infer(rhs, v, kind_of)
-    if r is None or r == "d":
+    if r is None or r == DENSE:
         return LevelKind.DENSE
-    return LevelKind.COORDINATE if r == "q" else LevelKind.COMPRESSED
+    kinds = {k.output_kind() for k in r}
+    return kinds.pop() if len(kinds) == 1 else LevelKind.COMPRESSED
 
 
 def infer_output_kinds(rhs: Expr, output: Sequence[str],

@@ -74,8 +74,8 @@ def torch_sparse_storage(x: torch.Tensor) -> Storage:
 def convert_storage(st: Storage, fmt: Format) -> Storage:
     """Re-format a storage (transposes, unblocking, requested output formats) through the
     runtime's ``convert``."""
-    from .._runtime import convert as _conv  # lazy: built separately
-    return _conv.convert(st, fmt)
+    from ..conversion import convert
+    return convert(st, fmt)
 
 
 def unblocked(st: Storage) -> Storage:

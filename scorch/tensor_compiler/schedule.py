@@ -161,7 +161,7 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
         out_mode_vars = (None if out_dense else tuple(asg.output[d] for d in out_format.mode_order))
     else:
         kinds = infer_output_kinds(asg.rhs, asg.output, kind_of)
-        out_dense = rank == 0 or all(k is LevelKind.DENSE for k in kinds.values())
+        out_dense = rank == 0 or all(k.full for k in kinds.values())
         out_kinds = kinds
         out_mode_vars = None
     lo = _choose_order(asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail)
@@ -179,7 +179,7 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
                 dims, _tr = _concordant_dims(acc.indices, fmt, order)
                 return fmt.levels[dims.index(acc.indices.index(v))]
             kinds = infer_output_kinds(asg.rhs, asg.output, kind_read)
-            dense_now = rank == 0 or all(k is LevelKind.DENSE for k in kinds.values())
+            dense_now = rank == 0 or all(k.full for k in kinds.values())
             if kinds == out_kinds and dense_now == out_dense:
                 break
             out_kinds, out_dense = kinds, dense_now
@@ -197,7 +197,9 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
             continue
         dims, tr = _concordant_dims(acc.indices, fmt, order, fixed_tail.get(acc.tensor, 0))
         lvars = tuple(acc.indices[d] for d in dims)
-        read_fmt = Format(fmt.levels, dims) if tr else fmt
+        # a transposed copy must hold any pattern: kinds that cannot (singleton) become the
+        # kind an output fed by them would have
+        read_fmt = Format([k.output_kind() for k in fmt.levels], dims) if tr else fmt
         plans.append(AccessPlan(i, acc.tensor, acc.indices, True, fmt, read_fmt, tr,
                                 level_plans(i, read_fmt.levels, lvars)))
 
@@ -227,7 +229,7 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
             out.ws_depth = first_red
             out.ws_vars = tuple(v for v in order[first_red:] if v not in red)
             # the workspace is dense when the output stores those levels densely anyway
-            out.ws_dense = all(produced.levels[level_vars.index(v)] is LevelKind.DENSE
+            out.ws_dense = all(produced.levels[level_vars.index(v)].full
                                for v in out.ws_vars)
             kind = ("dense workspace (touched flags)" if out.ws_dense else
                     "sparse workspace (std::map; per-thread dense values, marks and a touched "

@@ -1,0 +1,80 @@
+"""Conversions between formats, for every registered level kind.
+
+The Cython runtime (``scorch._runtime.convert``) decodes any storage (it only asks whether a
+level keeps ``pos``) and builds the level kinds it knows (``kind.runtime``). A format with
+another kind (a singleton level, say) is built by the kinds themselves: the runtime first
+sorts and sums the entries into a coordinate format of the same mode order, then every level
+assembles itself from those sorted coordinates (``level_kinds.assembly``). Everything else the
+runtime offers is reached through this module unchanged."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from .formats import Format
+from .level_kinds.assembly import build_levels
+from .level_storage import Level, Storage, index_dtype_for
+
+__all__ = ["convert", "from_dense", "from_coords", "coords", "to_dense", "runtime_builds"]
+
+
+def _runtime():
+    from ._runtime import convert as rt   # compiled at install time; imported on first use
+    return rt
+
+
+def runtime_builds(fmt: Format) -> bool:
+    """Whether the Cython runtime builds every level of ``fmt`` itself."""
+    return all(k.runtime for k in fmt.levels)
+
+
+def _sorted_coordinates(fmt: Format) -> Format:
+    if fmt.block is not None:
+        raise ValueError(f"format {fmt!r}: blocked formats need level kinds the runtime builds")
+    return Format("q" * fmt.rank, fmt.mode_order)
+
+
+def _assemble(coo: Storage, fmt: Format) -> Storage:
+    """``coo`` (sorted, unique, in ``fmt``'s mode order) rebuilt level by level in ``fmt``."""
+    rt = _runtime()
+    order = list(fmt.mode_order)
+    coords = rt.coords(coo)[order].t().contiguous() if coo.nnz else torch.zeros(0, fmt.rank, dtype=torch.int64)
+    sizes = [coo.shape[d] for d in order]
+    built, values, count = build_levels(fmt.levels, coords, coo.values, sizes)
+    idt = index_dtype_for(coo.shape, max(count, coo.nnz))
+    levels = [Level(kind, d, s, None if pos is None else pos.to(idt), None if c is None else c.to(idt))
+              for kind, d, s, (pos, c) in zip(fmt.levels, order, sizes, built)]
+    return Storage(fmt, coo.shape, levels, values, idt)
+
+
+def convert(st: Storage, fmt: Format) -> Storage:
+    """``st`` in format ``fmt``, never through a dense copy."""
+    if runtime_builds(fmt):
+        return _runtime().convert(st, fmt)
+    return _assemble(_runtime().convert(st, _sorted_coordinates(fmt)), fmt)
+
+
+def from_dense(x: torch.Tensor, fmt: Format) -> Storage:
+    if runtime_builds(fmt):
+        return _runtime().from_dense(x, fmt)
+    return _assemble(_runtime().from_dense(x, _sorted_coordinates(fmt)), fmt)
+
+
+def from_coords(indices, values, shape: Sequence[int], fmt: Format, *args, **kwargs) -> Storage:
+    if runtime_builds(fmt):
+        return _runtime().from_coords(indices, values, shape, fmt, *args, **kwargs)
+    coo = _runtime().from_coords(indices, values, shape, _sorted_coordinates(fmt), *args, **kwargs)
+    return _assemble(coo, fmt)
+
+
+def coords(st: Storage) -> torch.Tensor:
+    return _runtime().coords(st)
+
+
+def to_dense(st: Storage) -> torch.Tensor:
+    return _runtime().to_dense(st)
+
+
+def __getattr__(name: str):
+    return getattr(_runtime(), name)
