@@ -5,8 +5,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from scorch.formats import Format, as_format
 from scorch.tensor_compiler import merge_lattice as ml
 from scorch.tensor_compiler.index_notation import parse_einsum
-from scorch.tensor_compiler.loop_order import (WEIGHTS, OrderProblem, algorithm1, cost_terms,
-                                               exhaustive_order, greedy_moves, order_cost,
+from scorch.tensor_compiler.cost_model import WEIGHTS, OrderProblem, cost_terms, order_cost
+from scorch.tensor_compiler.loop_order import (algorithm1, exhaustive_order, greedy_moves,
                                                remove_mode_order_cycles, sort_by_sparsity)
 from scorch.tensor_compiler.schedule import schedule
 from test_compiler_random import EQUATIONS, FORMATS
@@ -167,7 +167,7 @@ def test_greedy_matches_exhaustive_asymptotics(problem):
     best = exhaustive_order(p)
 
     def c(o):
-        return order_cost(o, p.asg, p.ids, p.formats, p.f, p.out_sparse, p.out_mode_vars)
+        return order_cost(o, p)
     assert sorted(got) == sorted(best)
     assert c(got)[0] == c(best)[0], (got, best)          # same number of dense loops
     assert c(got)[1] <= c(best)[1], (got, best)          # never more transposes

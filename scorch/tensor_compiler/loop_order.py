@@ -10,7 +10,7 @@ concordant mode order). Dense strided operands and dense outputs accept any orde
    the merge lattice needs no dense loop there). Ties: fewer forced transposes, output
    variables before reductions, first appearance. The sorted list is the initial order.
 2. :func:`greedy_moves`: for each variable in sorted order and each other position, the
-   net cost (:func:`cost_terms`, additive, :data:`WEIGHTS`) of moving it there; a move with
+   net cost (``cost_model.cost_terms``, additive, ``WEIGHTS``) of moving it there; a move with
    a negative net cost is applied. Every considered move is recorded (:class:`Move`).
 3. :func:`remove_mode_order_cycles`: the graph of ordering constraints (an edge between
    consecutive level variables of each sparse operand, and of a requested output format);
@@ -20,38 +20,22 @@ concordant mode order). Dense strided operands and dense outputs accept any orde
    (:class:`CycleRemoval`).
 4. Workspace insertion is done by ``schedule.schedule`` on the resulting order.
 
-:func:`order_cost` (lexicographic) with :func:`exhaustive_order` (every permutation) is the
-exact optimum the tests hold the greedy result against.
+``cost_model.order_cost`` (the same measurement, lexicographic) with :func:`exhaustive_order`
+(every permutation) is the exact optimum the tests hold the greedy result against.
 """
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, Hashable, List, Mapping, Optional, Sequence, Set, Tuple
 
-from ..formats import Format
 from . import merge_lattice as ml
-from .index_notation import Access, Assignment
+from .cost_model import (INFEASIBLE, WEIGHTS, OrderProblem, concordant_dims, cost_terms,
+                         order_cost, total_cost)
 
-__all__ = ["WEIGHTS", "Move", "CycleRemoval", "LoopOrder", "OrderProblem", "NoValidOrder",
-           "sparsity_levels", "sort_by_sparsity", "greedy_moves", "mode_order_constraints",
-           "find_cycles", "remove_mode_order_cycles", "cost_terms", "total_cost", "algorithm1",
-           "order_cost", "exhaustive_order", "concordant_dims", "concordant_vars"]
-
-#: Weights of the additive cost model. ``dense_loops`` is the asymptotic term (the nest
-#: does about ``N ** dense_loops * s ** sparse_loops`` work) and dominates; a transpose
-#: costs a pass over the operand, more than any cache effect; the three small terms only
-#: break ties between orders of the same asymptotic work and the same transposes (their
-#: sum stays below one transpose for any expression of up to ~8 variables).
-WEIGHTS: Dict[str, int] = {
-    "dense_loops": 1000,   # per loop that must iterate densely (no sparse level filters it)
-    "transpose": 100,      # per sparse operand re-formatted, plus a final output conversion
-    "late_filter": 4,      # per sparse filter level, per loop depth it sits at
-    "workspace": 2,        # per dimension of the sparse output's workspace (2-D: 4, none: 0)
-    "strided": 1,          # per dense access (or dense output) not stride-1 innermost
-}
-INFEASIBLE = 10 ** 9
-
+__all__ = ["Move", "CycleRemoval", "LoopOrder", "NoValidOrder", "sparsity_levels",
+           "sort_by_sparsity", "greedy_moves", "mode_order_constraints", "find_cycles",
+           "remove_mode_order_cycles", "algorithm1", "exhaustive_order"]
 
 class NoValidOrder(Exception):
     """No loop order is concordant with every access, even after transposes (only possible
@@ -106,123 +90,6 @@ class LoopOrder:
     cycle_removals: List[CycleRemoval]
     transposed: List[Hashable]        # access ids (and "out") read in a new mode order
     terms: Dict[str, float]           # unweighted cost terms of ``order``
-
-
-# ------------------------------------------------------------------------ concordance
-def concordant_dims(indices: Sequence[str], fmt: Format, order: Sequence[str],
-                    tail: int = 0) -> Tuple[Optional[Tuple[int, ...]], bool]:
-    """Mode order an access is read in under loop ``order``: its own if concordant (loop
-    positions of its level variables nondecreasing; a repeated variable, a diagonal, sits
-    on consecutive-or-later levels), else its dimensions sorted by loop position (a
-    transpose). The last ``tail`` levels are fixed (the insides of blocks): only the levels
-    above them may be re-ordered, and ``None`` says no transpose makes the access
-    concordant."""
-    rank = {v: n for n, v in enumerate(order)}
-
-    def ok(dims):
-        pos = [rank[indices[d]] for d in dims]
-        return all(a <= b for a, b in zip(pos, pos[1:]))
-    if ok(fmt.mode_order):
-        return tuple(fmt.mode_order), False
-    if not tail:
-        return tuple(sorted(range(len(indices)), key=lambda d: (rank[indices[d]], d))), True
-    head, fixed = fmt.mode_order[:-tail], fmt.mode_order[-tail:]
-    dims = tuple(sorted(head, key=lambda d: (rank[indices[d]], d))) + tuple(fixed)
-    return (dims if ok(dims) else None), True
-
-
-def concordant_vars(indices: Sequence[str], fmt: Format, order: Sequence[str],
-                    tail: int = 0) -> Tuple[Optional[Tuple[str, ...]], bool]:
-    dims, tr = concordant_dims(indices, fmt, order, tail)
-    return (None if dims is None else tuple(indices[d] for d in dims)), tr
-
-
-# ------------------------------------------------------------------------ the problem
-@dataclass
-class OrderProblem:
-    """Everything the ordering looks at, precomputed once per schedule."""
-    asg: Assignment
-    ids: Dict[Access, int]
-    formats: Sequence[Optional[Format]]
-    f: object                                    # presence formula (merge lattice)
-    out_sparse: bool
-    out_mode_vars: Optional[Tuple[str, ...]] = None   # requested output mode order
-    fixed_tail: Mapping[int, int] = field(default_factory=dict)
-    # relative cost of transposing each access (stored entries / their mean; default 1)
-    transpose_weights: Mapping[Hashable, float] = field(default_factory=dict)
-    base: List[str] = field(init=False)          # outputs first, then reductions
-
-    def __post_init__(self):
-        self.fixed_tail = dict(self.fixed_tail or {})
-        vars_ = list(self.asg.all_vars)
-        self.base = list(self.asg.output) + [v for v in vars_ if v not in self.asg.output]
-        self.sparse_accesses = [(acc, i, self.formats[acc.tensor]) for acc, i in self.ids.items()
-                                if self.formats[acc.tensor] is not None]
-        self.dense_accesses = [acc for acc in self.ids
-                               if self.formats[acc.tensor] is None and acc.indices]
-        self.reductions = set(self.asg.reduction)
-        self._memo: Dict[Tuple[str, ...], Optional[Dict[str, float]]] = {}
-
-
-def cost_terms(order: Sequence[str], p: OrderProblem) -> Optional[Dict[str, float]]:
-    """Unweighted cost terms of a loop order (None: no transpose makes it valid).
-
-    ``dense_loops``: loops that iterate densely (no sparse level, or the lattice needs every
-    coordinate); ``transpose``: discordant sparse operands plus a final output conversion;
-    ``late_filter``: sum over filtering sparse levels of their loop depth; ``workspace``:
-    dimensions of the sparse output's workspace (output variables below the first
-    reduction loop, when that sits above an output loop); ``strided``: dense accesses whose
-    last dimension is not their innermost loop."""
-    key = tuple(order)
-    if key in p._memo:
-        return p._memo[key]
-    rank = {v: n for n, v in enumerate(order)}
-    sparse_at: Dict[str, List[int]] = {v: [] for v in order}
-    transposes = 0
-    for acc, i, fmt in p.sparse_accesses:
-        lvars, tr = concordant_vars(acc.indices, fmt, order, p.fixed_tail.get(acc.tensor, 0))
-        if lvars is None:
-            p._memo[key] = None
-            return None
-        if tr:
-            transposes += p.transpose_weights.get(i, 1)
-        for kind, v in zip(fmt.levels, lvars):
-            if kind.is_sparse:
-                sparse_at[v].append(i)
-    dense_loops = late = 0
-    for v in order:
-        its = sparse_at[v]
-        if not its or ml.dense_needed(p.f, its):
-            dense_loops += 1
-        else:
-            late += rank[v] * len(its)
-    ws = 0
-    if p.out_sparse:
-        first_red = next((n for n, v in enumerate(order) if v in p.reductions), None)
-        if first_red is not None:
-            ws = sum(1 for v in order[first_red:] if v not in p.reductions)
-        if p.out_mode_vars is not None:
-            q = [rank[v] for v in p.out_mode_vars]
-            if any(a > b for a, b in zip(q, q[1:])):
-                transposes += p.transpose_weights.get("out", 1)
-    strided = 0
-    for acc in p.dense_accesses:
-        if max(rank[v] for v in acc.indices) != rank[acc.indices[-1]]:
-            strided += 1
-    if not p.out_sparse and p.asg.output:
-        if max(rank[v] for v in p.asg.output) != rank[p.asg.output[-1]]:
-            strided += 1
-    terms = {"dense_loops": dense_loops, "transpose": transposes, "late_filter": late,
-             "workspace": ws, "strided": strided}
-    p._memo[key] = terms
-    return terms
-
-
-def total_cost(terms: Optional[Mapping[str, float]]) -> float:
-    """Weighted sum of the cost terms (INFEASIBLE for an invalid order)."""
-    if terms is None:
-        return INFEASIBLE
-    return sum(WEIGHTS[k] * v for k, v in terms.items())
 
 
 # ------------------------------------------------------------------------ step 1
@@ -489,64 +356,11 @@ def algorithm1(p: OrderProblem) -> LoopOrder:
     return LoopOrder(order, sorted_vars, sp, moves, cycles, removals, transposed, terms)
 
 
-# ------------------------------------------------------------------------ the oracle
-def order_cost(order: Sequence[str], asg: Assignment, ids: Dict[Access, int],
-               formats: Sequence[Optional[Format]], f, out_sparse: bool,
-               out_mode_vars: Optional[Tuple[str, ...]], fixed_tail=None) -> tuple:
-    """Lexicographic cost tuple of a loop order (smaller is better): dense loops,
-    transposes, sparse loops as high as possible (0/1 pattern per depth), workspace
-    needed, strided accesses. The exact criterion :func:`exhaustive_order` minimizes."""
-    fixed_tail = fixed_tail or {}
-    sparse_at: Dict[str, List[int]] = {v: [] for v in order}
-    transposes = 0
-    for acc, i in ids.items():
-        fmt = formats[acc.tensor]
-        if fmt is None:
-            continue
-        lvars, tr = concordant_vars(acc.indices, fmt, order, fixed_tail.get(acc.tensor, 0))
-        if lvars is None:
-            return (INFEASIBLE,)
-        transposes += tr
-        for kind, v in zip(fmt.levels, lvars):
-            if kind.is_sparse:
-                sparse_at[v].append(i)
-    pattern = []
-    for v in order:
-        its = sparse_at[v]
-        dense = (not its) or ml.dense_needed(f, its)
-        pattern.append(1 if dense else 0)
-    ws = 0
-    red = set(asg.reduction)
-    rank = {v: n for n, v in enumerate(order)}
-    if out_sparse:
-        seen_red = False
-        for v in order:
-            if v in red:
-                seen_red = True
-            elif seen_red:
-                ws = 1
-                break
-        if out_mode_vars is not None:
-            q = [rank[v] for v in out_mode_vars]
-            transposes += any(a > b for a, b in zip(q, q[1:]))
-    contig = 0
-    for acc in ids:
-        if formats[acc.tensor] is None and acc.indices:
-            last = acc.indices[-1]
-            if max(rank[v] for v in acc.indices) != rank[last]:
-                contig += 1
-    if not out_sparse and asg.output:
-        if max(rank[v] for v in asg.output) != rank[asg.output[-1]]:
-            contig += 1
-    return (sum(pattern), transposes, tuple(pattern), ws, contig)
-
-
 def exhaustive_order(p: OrderProblem) -> List[str]:
     """Every permutation ranked by :func:`order_cost` (ties: canonical variable order); the
     oracle for the greedy result (factorial time: tests only)."""
     def cost(o):
-        return order_cost(o, p.asg, p.ids, p.formats, p.f, p.out_sparse, p.out_mode_vars,
-                          p.fixed_tail) + (tuple(p.base.index(v) for v in o),)
+        return order_cost(o, p) + (tuple(p.base.index(v) for v in o),)
     best = min((list(q) for q in itertools.permutations(p.base)), key=cost)
     if cost(best)[0] >= INFEASIBLE:
         raise NoValidOrder("no loop order is concordant with the blocked operands")

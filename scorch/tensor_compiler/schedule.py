@@ -25,10 +25,10 @@ from . import merge_lattice as ml
 from .format_inference import infer_output_kinds
 from .index_notation import Access, Assignment, Mul, Neg, Scalar
 from .levels import LevelPlan, level_plans
-from .loop_order import (CycleRemoval, LoopOrder, Move, NoValidOrder, OrderProblem, algorithm1,
-                         concordant_dims, order_cost)
+from .cost_model import OrderProblem, concordant_dims, order_cost
+from .loop_order import CycleRemoval, LoopOrder, Move, NoValidOrder, algorithm1
 
-__all__ = ["AccessPlan", "OutputPlan", "Schedule", "schedule", "order_cost", "NoValidOrder"]
+__all__ = ["AccessPlan", "OutputPlan", "Schedule", "schedule", "NoValidOrder"]
 
 
 @dataclass
@@ -88,9 +88,10 @@ def _concordant_dims(indices: Sequence[str], fmt: Format, order: Sequence[str],
     return concordant_dims(indices, fmt, order, tail)
 
 
-def _choose_order(asg, ids, formats, f, out_sparse, out_mode_vars, fixed_tail=None) -> LoopOrder:
-    """Algorithm 1 on this expression (see :mod:`.loop_order`)."""
-    return algorithm1(OrderProblem(asg, ids, formats, f, out_sparse, out_mode_vars, fixed_tail or {}))
+def _choose_order(asg, ids, formats, f, out_sparse, out_mode_vars, fixed_tail=None):
+    """Algorithm 1 on this expression (see :mod:`.loop_order`): the order and its problem."""
+    p = OrderProblem(asg, ids, formats, f, out_sparse, out_mode_vars, fixed_tail or {})
+    return algorithm1(p), p
 
 
 def _pattern_access(asg: Assignment, plans: List[AccessPlan], out: OutputPlan,
@@ -164,7 +165,7 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
         out_dense = rank == 0 or all(k.full for k in kinds.values())
         out_kinds = kinds
         out_mode_vars = None
-    lo = _choose_order(asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail)
+    lo, problem = _choose_order(asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail)
     order = lo.order
     if out_format is None:
         # Infer again on the formats the kernel reads: a transposed operand's levels apply
@@ -183,9 +184,9 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
             if kinds == out_kinds and dense_now == out_dense:
                 break
             out_kinds, out_dense = kinds, dense_now
-            lo = _choose_order(asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail)
+            lo, problem = _choose_order(asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail)
             order = lo.order
-    cost = order_cost(order, asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail)
+    cost = order_cost(order, problem)
     loop_rank = {v: n for n, v in enumerate(order)}
 
     # ---- accesses ----

@@ -1,0 +1,178 @@
+"""The cost model of loop orders: one measurement of an order, read two ways.
+
+:func:`measure` counts, for a loop order, what makes it expensive: which loops iterate
+densely (no sparse level filters them), the sparse operands (and the output) it forces into
+another mode order, how deep the filtering sparse levels sit, the dimensions of the sparse
+output's workspace, and the dense accesses not read with stride 1 innermost.
+
+* :func:`cost_terms` / :func:`total_cost`: the additive model Algorithm 1's greedy moves and
+  the cycle removal price orders with (:data:`WEIGHTS`; transposes weigh stored entries);
+* :func:`order_cost`: the same measurement as a lexicographic key (dense loops, transposes,
+  the dense/sparse pattern per depth, workspace, strides), the exact criterion the tests'
+  exhaustive oracle minimizes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
+
+from ..formats import Format
+from . import merge_lattice as ml
+from .index_notation import Access, Assignment
+
+__all__ = ["WEIGHTS", "INFEASIBLE", "OrderProblem", "OrderMeasure", "measure", "cost_terms",
+           "total_cost", "order_cost", "concordant_dims", "concordant_vars"]
+
+#: Weights of the additive cost model. ``dense_loops`` is the asymptotic term (the nest
+#: does about ``N ** dense_loops * s ** sparse_loops`` work) and dominates; a transpose
+#: costs a pass over the operand, more than any cache effect; the three small terms only
+#: break ties between orders of the same asymptotic work and the same transposes (their
+#: sum stays below one transpose for any expression of up to ~8 variables).
+WEIGHTS: Dict[str, int] = {
+    "dense_loops": 1000,   # per loop that must iterate densely (no sparse level filters it)
+    "transpose": 100,      # per sparse operand re-formatted, plus a final output conversion
+    "late_filter": 4,      # per sparse filter level, per loop depth it sits at
+    "workspace": 2,        # per dimension of the sparse output's workspace (2-D: 4, none: 0)
+    "strided": 1,          # per dense access (or dense output) not stride-1 innermost
+}
+INFEASIBLE = 10 ** 9
+
+
+
+def concordant_dims(indices: Sequence[str], fmt: Format, order: Sequence[str],
+                    tail: int = 0) -> Tuple[Optional[Tuple[int, ...]], bool]:
+    """Mode order an access is read in under loop ``order``: its own if concordant (loop
+    positions of its level variables nondecreasing; a repeated variable, a diagonal, sits
+    on consecutive-or-later levels), else its dimensions sorted by loop position (a
+    transpose). The last ``tail`` levels are fixed (the insides of blocks): only the levels
+    above them may be re-ordered, and ``None`` says no transpose makes the access
+    concordant."""
+    rank = {v: n for n, v in enumerate(order)}
+
+    def ok(dims):
+        pos = [rank[indices[d]] for d in dims]
+        return all(a <= b for a, b in zip(pos, pos[1:]))
+    if ok(fmt.mode_order):
+        return tuple(fmt.mode_order), False
+    if not tail:
+        return tuple(sorted(range(len(indices)), key=lambda d: (rank[indices[d]], d))), True
+    head, fixed = fmt.mode_order[:-tail], fmt.mode_order[-tail:]
+    dims = tuple(sorted(head, key=lambda d: (rank[indices[d]], d))) + tuple(fixed)
+    return (dims if ok(dims) else None), True
+
+
+def concordant_vars(indices: Sequence[str], fmt: Format, order: Sequence[str],
+                    tail: int = 0) -> Tuple[Optional[Tuple[str, ...]], bool]:
+    dims, tr = concordant_dims(indices, fmt, order, tail)
+    return (None if dims is None else tuple(indices[d] for d in dims)), tr
+
+
+@dataclass
+class OrderProblem:
+    """Everything the ordering looks at, precomputed once per schedule."""
+    asg: Assignment
+    ids: Dict[Access, int]
+    formats: Sequence[Optional[Format]]
+    f: object                                    # presence formula (merge lattice)
+    out_sparse: bool
+    out_mode_vars: Optional[Tuple[str, ...]] = None   # requested output mode order
+    fixed_tail: Mapping[int, int] = field(default_factory=dict)
+    # relative cost of transposing each access (stored entries / their mean; default 1)
+    transpose_weights: Mapping[Hashable, float] = field(default_factory=dict)
+    base: List[str] = field(init=False)          # outputs first, then reductions
+
+    def __post_init__(self):
+        self.fixed_tail = dict(self.fixed_tail or {})
+        vars_ = list(self.asg.all_vars)
+        self.base = list(self.asg.output) + [v for v in vars_ if v not in self.asg.output]
+        self.sparse_accesses = [(acc, i, self.formats[acc.tensor]) for acc, i in self.ids.items()
+                                if self.formats[acc.tensor] is not None]
+        self.dense_accesses = [acc for acc in self.ids
+                               if self.formats[acc.tensor] is None and acc.indices]
+        self.reductions = set(self.asg.reduction)
+        self._memo: Dict[Tuple[str, ...], Optional[OrderMeasure]] = {}
+
+
+@dataclass(frozen=True)
+class OrderMeasure:
+    """What :func:`measure` counts for one loop order."""
+    dense_pattern: Tuple[int, ...]   # per loop depth: 1 when the loop iterates densely
+    transposes: int                  # discordant sparse operands, plus an output conversion
+    weighted_transposes: float       # the same, each weighted by its stored entries
+    late_filter: int                 # sum over filtering sparse levels of their loop depth
+    workspace: int                   # dimensions of the sparse output's workspace
+    strided: int                     # dense accesses (and a dense output) not stride-1 innermost
+
+
+def measure(order: Sequence[str], p: OrderProblem) -> Optional[OrderMeasure]:
+    """The measurement of ``order`` (None: no transpose makes it valid), memoized per problem."""
+    key = tuple(order)
+    if key in p._memo:
+        return p._memo[key]
+    rank = {v: n for n, v in enumerate(order)}
+    sparse_at: Dict[str, List[int]] = {v: [] for v in order}
+    transposes, weighted = 0, 0
+    for acc, i, fmt in p.sparse_accesses:
+        lvars, tr = concordant_vars(acc.indices, fmt, order, p.fixed_tail.get(acc.tensor, 0))
+        if lvars is None:
+            p._memo[key] = None
+            return None
+        if tr:
+            transposes += 1
+            weighted += p.transpose_weights.get(i, 1)
+        for kind, v in zip(fmt.levels, lvars):
+            if kind.is_sparse:
+                sparse_at[v].append(i)
+    pattern, late = [], 0
+    for v in order:
+        its = sparse_at[v]
+        dense = not its or ml.dense_needed(p.f, its)
+        pattern.append(1 if dense else 0)
+        if not dense:
+            late += rank[v] * len(its)
+    ws = 0
+    if p.out_sparse:
+        first_red = next((n for n, v in enumerate(order) if v in p.reductions), None)
+        if first_red is not None:
+            ws = sum(1 for v in order[first_red:] if v not in p.reductions)
+        if p.out_mode_vars is not None:
+            q = [rank[v] for v in p.out_mode_vars]
+            if any(a > b for a, b in zip(q, q[1:])):
+                transposes += 1
+                weighted += p.transpose_weights.get("out", 1)
+    strided = sum(1 for acc in p.dense_accesses
+                  if max(rank[v] for v in acc.indices) != rank[acc.indices[-1]])
+    if not p.out_sparse and p.asg.output:
+        if max(rank[v] for v in p.asg.output) != rank[p.asg.output[-1]]:
+            strided += 1
+    m = OrderMeasure(tuple(pattern), transposes, weighted, late, ws, strided)
+    p._memo[key] = m
+    return m
+
+
+def cost_terms(order: Sequence[str], p: OrderProblem) -> Optional[Dict[str, float]]:
+    """Unweighted terms of the additive model (None: no transpose makes the order valid):
+    ``dense_loops``, ``transpose`` (weighted by stored entries), ``late_filter``,
+    ``workspace``, ``strided`` (see :class:`OrderMeasure`)."""
+    m = measure(order, p)
+    if m is None:
+        return None
+    return {"dense_loops": sum(m.dense_pattern), "transpose": m.weighted_transposes,
+            "late_filter": m.late_filter, "workspace": m.workspace, "strided": m.strided}
+
+
+def total_cost(terms: Optional[Mapping[str, float]]) -> float:
+    """Weighted sum of the cost terms (INFEASIBLE for an invalid order)."""
+    if terms is None:
+        return INFEASIBLE
+    return sum(WEIGHTS[k] * v for k, v in terms.items())
+
+
+def order_cost(order: Sequence[str], p: OrderProblem) -> tuple:
+    """Lexicographic cost of a loop order (smaller is better): dense loops, transposes, sparse
+    loops as high as possible (the 0/1 pattern per depth), a workspace needed, strided
+    accesses. The exact criterion of the exhaustive oracle."""
+    m = measure(order, p)
+    if m is None:
+        return (INFEASIBLE,)
+    return (sum(m.dense_pattern), m.transposes, m.dense_pattern, 1 if m.workspace else 0, m.strided)
