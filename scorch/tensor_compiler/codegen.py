@@ -43,12 +43,11 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 
-from .loop_ir import (AddTo, AppendEntry, Assign, Call, ChunkFunction, DenseOutput, For, If,
-                      Kernel, LevelCode, Return, RowsOutput, Stmt, TuplesOutput, While)
+from .loop_ir import (AddTo, ArgSpec, AppendEntry, Assign, Call, ChunkFunction, DenseOutput, For, If,
+                      Kernel, LevelCode, Return, RowsOutput, Stmt, While)
 from .lower import (CTYPES, DENSE_WS_LIMIT, ITYPES, NPTYPES, SHORT_ROWS, SHORT_ROWS_BY_DTYPE,
                     kernel_facts, lower_kernel, relayouts, short_rows, short_rows_limit,
                     unit_stride_accesses)
-from .lower.entry import ArgSpec
 from .schedule import Schedule
 
 # the type tables and schedule analyses live with the lowering; the compiler reads them here

@@ -30,9 +30,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Optional, Tuple, Union
 
-__all__ = ["Stmt", "Assign", "AddTo", "Call", "Return", "For", "While", "If", "LevelCode",
+__all__ = ["ArgSpec", "Stmt", "Assign", "AddTo", "Call", "Return", "For", "While", "If", "LevelCode",
            "AppendEntry", "ChunkFunction", "Chunking", "Panels", "DenseOutput", "TuplesOutput",
            "RowsOutput", "Kernel", "walk"]
+
+
+# A kernel argument: (field name, C type, what it is). "what" is a tuple the runtime reads:
+# ("pos"|"crd", access, level) | ("vals", access) | ("stride", access, var) | ("size", var)
+# | ("out",) | ("ostride", var)
+ArgSpec = Tuple[str, str, tuple]
 
 
 @dataclass(frozen=True)
@@ -163,7 +169,7 @@ class RowsOutput:
 class Kernel:
     header: Tuple[str, ...]                  # comment lines describing the kernel
     imports: Tuple[str, ...]
-    args: Tuple[Tuple[str, str, tuple], ...]  # ArgSpec: (field, C type, meaning)
+    args: Tuple[ArgSpec, ...]                # the Args struct, in the runtime's order
     value_type: str                          # C value type
     np_value_type: str
     vector_type: Optional[str]               # scorch_vf / scorch_vd when a variant uses vectors

@@ -12,7 +12,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from ..loop_ir import (Assign, Call, ChunkFunction, Chunking, DenseOutput, Kernel, Panels,
+from ..loop_ir import (ArgSpec, Assign, Call, ChunkFunction, Chunking, DenseOutput, Kernel, Panels,
                        RowsOutput, Stmt, TuplesOutput)
 from ..schedule import Schedule
 from .facts import DENSE_WS_LIMIT, KernelFacts, kernel_facts, ws_size
@@ -20,12 +20,6 @@ from .loops import loop_nest
 from .nest import Cursor, Decls, Nest, Variant
 
 __all__ = ["lower_kernel", "kernel_args"]
-
-# An argument: (field name, C type, what it is). "what" is a tuple the runtime reads:
-# ("pos"|"crd", access, level) | ("vals", access) | ("stride", access, var) | ("size", var)
-# | ("out",) | ("ostride", var)
-ArgSpec = Tuple[str, str, tuple]
-
 
 def kernel_args(f: KernelFacts) -> Tuple[ArgSpec, ...]:
     """The kernel's argument table: sizes, the operands' arrays and strides, the output."""

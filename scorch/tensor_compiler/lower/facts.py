@@ -253,6 +253,7 @@ def _balance_pos(s: Schedule, chunk_kind: Optional[str]) -> Optional[str]:
 class KernelFacts:
     """The kernel-wide decisions, computed once from the schedule (see :func:`kernel_facts`)."""
     s: Schedule
+    ids: Dict[object, int]                 # the right-hand side's accesses -> access id
     vt: str                                # C value type
     npvt: str                              # numpy value type name
     idx: Dict[int, str]                    # sparse access id -> C index type
@@ -319,10 +320,13 @@ def kernel_facts(s: Schedule, value_dtype: torch.dtype,
     depth = _store_depth(s, row_depth)
     store_all = depth is not None and _stores_once(s, loops, depth)
     chunk_kind, chunk_level = _chunk_level(s)
-    return KernelFacts(s, vt, NPTYPES[value_dtype], idx, unit, out_unit, rt_ws, row_depth, dot,
-                       rows, oit, crd_buf, val_buf, 16 if vt == "float" else 8,
-                       "scorch_vf" if vt == "float" else "scorch_vd", widths, panels, loops,
-                       store_all, chunk_kind, chunk_level, _balance_pos(s, chunk_kind))
+    return KernelFacts(s=s, ids=ml.access_ids(s.assignment.rhs), vt=vt, npvt=NPTYPES[value_dtype],
+                       idx=idx, unit=unit, out_unit=out_unit, rt_ws=rt_ws, row_depth=row_depth,
+                       dot=dot, rows=rows, oit=oit, crd_buf=crd_buf, val_buf=val_buf,
+                       lanes=16 if vt == "float" else 8,
+                       vtype="scorch_vf" if vt == "float" else "scorch_vd", widths=widths,
+                       panels=panels, loops=loops, store_all=store_all, chunk_kind=chunk_kind,
+                       chunk_level=chunk_level, balance=_balance_pos(s, chunk_kind))
 
 
 def ws_size(ws_vars: Sequence[str]) -> str:

@@ -25,7 +25,7 @@ def value(n: Nest, e: Expr, st: Cursor, vec_at: Optional[int] = None) -> str:
     (accesses streamed by the innermost loop are read as vectors from there)."""
     f = n.facts
     if isinstance(e, Access):
-        i = _ids(n)[e]
+        i = f.ids[e]
         ap = f.s.accesses[i]
         p = st.pos[i] if ap.sparse else st.off[i]
         code = f"a.t{i}_vals[{p}]"
@@ -39,10 +39,6 @@ def value(n: Nest, e: Expr, st: Cursor, vec_at: Optional[int] = None) -> str:
         return f"(-{value(n, e.a, st, vec_at)})"
     op = {Mul: "*", Add: "+", Sub: "-"}[type(e)]
     return f"({value(n, e.a, st, vec_at)} {op} {value(n, e.b, st, vec_at)})"
-
-
-def _ids(n: Nest):
-    return ml.access_ids(n.facts.s.assignment.rhs)
 
 
 def _guarded(n: Nest, st: Cursor, stmts: List[Stmt]) -> Tuple[Stmt, ...]:
