@@ -12,7 +12,7 @@ from scorch.formats import Format
 from scorch.tensor_compiler import codegen
 from scorch.tensor_compiler.index_notation import Access, Assignment
 from scorch.tensor_compiler.loop_ir import (AddTo, AppendEntry, Assign, Call, DenseOutput, For,
-                                            If, LevelCode, Return, RowsOutput, TuplesOutput,
+                                            If, LevelCode, RowsOutput, TuplesOutput,
                                             While, walk)
 from scorch.tensor_compiler.lower import kernel_facts, lower_kernel
 from scorch.tensor_compiler.schedule import schedule
@@ -176,15 +176,14 @@ def test_locals_are_declared_once_in_order_of_first_use():
 
 def test_printer_is_a_function_of_the_node():
     out = []
-    codegen.print_stmts((For("c", "0", "n", (If("x", (AddTo("s", "1"),), (Return(),)),), "dense"),
+    codegen.print_stmts((For("c", "0", "n", (If("x", (AddTo("s", "1"),), (Call("f()"),)),), "dense"),
                          While("q < h", (Call("f(q)"),)), LevelCode(("a = 1", "    b = 2"))), 1, out.append)
     assert out == ["    for c in range(0, n):", "        if x:", "            s += 1", "        else:",
-                   "            return", "    while q < h:", "        f(q)", "    a = 1", "        b = 2"]
+                   "            f()", "    while q < h:", "        f(q)", "    a = 1", "        b = 2"]
     out.clear()
-    codegen.print_stmts((For("t", None, "nchunks", (), "dense", parallel=True),
+    codegen.print_stmts((For("t", None, "n", (Assign("x", "t"),), "drain"),
                          AppendEntry(("c_i", "c_j"), "v", "c_i")), 0, out.append)
-    assert out == ["for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):",
-                   "deref(ocrd).push_back(c_j)", "deref(oval).push_back(v)", "a.out_pos[c_i + 1] += 1"]
+    assert out == ["for t in range(n):", "    x = t", "deref(ocrd).push_back(c_j)", "deref(oval).push_back(v)", "a.out_pos[c_i + 1] += 1"]
 
 
 @pytest.mark.parametrize("asg, formats", [

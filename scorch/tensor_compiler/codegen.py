@@ -44,7 +44,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 import torch
 
 from .loop_ir import (AddTo, ArgSpec, AppendEntry, Assign, Call, ChunkFunction, DenseOutput, For, If,
-                      Kernel, LevelCode, Return, RowsOutput, Stmt, While)
+                      Kernel, LevelCode, RowsOutput, Stmt, While)
 from .lower import (CTYPES, DENSE_WS_LIMIT, ITYPES, NPTYPES, SHORT_ROWS, SHORT_ROWS_BY_DTYPE,
                     kernel_facts, lower_kernel, relayouts, short_rows, short_rows_limit,
                     unit_stride_accesses)
@@ -79,8 +79,6 @@ def _print_stmt(st: Stmt, pre: str, ind: int, w) -> None:
         w(f"{pre}{st.target} += {st.expr}")
     elif isinstance(st, Call):
         w(pre + st.code)
-    elif isinstance(st, Return):
-        w(f"{pre}return {st.value}" if st.value else f"{pre}return")
     elif isinstance(st, LevelCode):
         for ln in st.lines:
             w(pre + ln)
@@ -94,12 +92,8 @@ def _print_stmt(st: Stmt, pre: str, ind: int, w) -> None:
                 w(f"{pre}ocrd[{l}].push_back({c})")
             w(f"{pre}deref(oval).push_back({st.value})")
     elif isinstance(st, For):
-        if st.parallel:
-            w(f"{pre}for {st.var} in prange({st.hi}, nogil=True, schedule='dynamic', "
-              f"num_threads=nthreads):")
-        else:
-            rng = st.hi if st.lo is None else f"{st.lo}, {st.hi}"
-            w(f"{pre}for {st.var} in range({rng}):")
+        rng = st.hi if st.lo is None else f"{st.lo}, {st.hi}"
+        w(f"{pre}for {st.var} in range({rng}):")
         print_stmts(st.body, ind + 1, w)
     elif isinstance(st, While):
         w(f"{pre}while {st.cond}:")

@@ -9,9 +9,8 @@ Emitting a node depends on nothing but the node.
 C expressions stay strings inside the nodes (``"a.t0_vals[q0_1]"``); statements are nodes:
 
 * :class:`Assign` ``target = expr``, :class:`AddTo` ``target += expr``, :class:`Call` (an
-  expression statement such as ``ws.clear()``), :class:`Return`;
-* :class:`For` ``for var in range(lo, hi)`` (``parallel``: ``prange`` over the chunks),
-  :class:`While`, :class:`If`; ``role`` says why the loop exists (``"dense"``, ``"segment"``:
+  expression statement such as ``ws.clear()``);
+* :class:`For` ``for var in range(lo, hi)``, :class:`While`, :class:`If`; ``role`` says why the loop exists (``"dense"``, ``"segment"``:
   the segment of one sparse level, ``"group"``: runs of equal coordinates, ``"merge"``: the
   k-pointer merge of several sparse levels, ``"search"``, ``"drain"``, ``"zero"``, ...);
 * :class:`LevelCode`: the lines a level kind contributes (``levels.segment_setup`` and
@@ -30,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Optional, Tuple, Union
 
-__all__ = ["ArgSpec", "Stmt", "Assign", "AddTo", "Call", "Return", "For", "While", "If", "LevelCode",
+__all__ = ["ArgSpec", "Stmt", "Assign", "AddTo", "Call", "For", "While", "If", "LevelCode",
            "AppendEntry", "ChunkFunction", "Chunking", "Panels", "DenseOutput", "TuplesOutput",
            "RowsOutput", "Kernel", "walk"]
 
@@ -60,20 +59,13 @@ class Call:
 
 
 @dataclass(frozen=True)
-class Return:
-    value: str = ""
-
-
-@dataclass(frozen=True)
 class For:
-    """``for var in range(lo, hi)`` (``range(hi)`` when ``lo`` is None); ``parallel``: a
-    dynamic ``prange`` over ``nthreads`` threads."""
+    """``for var in range(lo, hi)`` (``range(hi)`` when ``lo`` is None)."""
     var: str
     lo: Optional[str]
     hi: str
     body: Tuple["Stmt", ...]
     role: str = "dense"
-    parallel: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,7 +99,7 @@ class AppendEntry:
     row: Optional[str] = None
 
 
-Stmt = Union[Assign, AddTo, Call, Return, For, While, If, LevelCode, AppendEntry]
+Stmt = Union[Assign, AddTo, Call, For, While, If, LevelCode, AppendEntry]
 
 
 @dataclass(frozen=True)
