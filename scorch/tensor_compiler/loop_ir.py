@@ -4,15 +4,18 @@
 loop kind runs each index variable, which locals a chunk function declares, whether a store
 assigns or adds, whether the output is zeroed first, which chunk-function variants exist,
 how the outermost loop is cut into chunks); ``codegen`` only prints the nodes as Cython.
-Emitting a node depends on nothing but the node.
+Emitting a node depends on nothing but the node. The chunk function's locals are collected
+while its body is lowered (in order of first use) and recorded on the :class:`ChunkFunction`.
 
 C expressions stay strings inside the nodes (``"a.t0_vals[q0_1]"``); statements are nodes:
 
 * :class:`Assign` ``target = expr``, :class:`AddTo` ``target += expr``, :class:`Call` (an
   expression statement such as ``ws.clear()``);
-* :class:`For` ``for var in range(lo, hi)``, :class:`While`, :class:`If`; ``role`` says why the loop exists (``"dense"``, ``"segment"``:
-  the segment of one sparse level, ``"group"``: runs of equal coordinates, ``"merge"``: the
-  k-pointer merge of several sparse levels, ``"search"``, ``"drain"``, ``"zero"``, ...);
+* :class:`For` ``for var in range(lo, hi)``, :class:`While`, :class:`If`; a loop's ``role``
+  says why it exists (``"dense"``, ``"segment"``: the segment of one sparse level,
+  ``"group"``: runs of equal coordinates, ``"merge"``: the k-pointer merge of several sparse
+  levels, ``"search"``: a diagonal's bound coordinate, ``"drain"``: a workspace read out,
+  ``"zero"``: an output row cleared);
 * :class:`LevelCode`: the lines a level kind contributes (``levels.segment_setup`` and
   ``levels.group_end``), kept as the level wrote them;
 * :class:`AppendEntry`: one output entry appended to the chunk's buffers (coordinate
