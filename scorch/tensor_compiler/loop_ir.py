@@ -1,0 +1,189 @@
+"""The loop IR: the generated kernel as immutable statement nodes, between lowering and printing.
+
+``lower`` builds one :class:`Kernel` from a schedule and makes every decision there (which
+loop kind runs each index variable, which locals a chunk function declares, whether a store
+assigns or adds, whether the output is zeroed first, which chunk-function variants exist,
+how the outermost loop is cut into chunks); ``codegen`` only prints the nodes as Cython.
+Emitting a node depends on nothing but the node. The chunk function's locals are collected
+while its body is lowered (in order of first use) and recorded on the :class:`ChunkFunction`.
+
+C expressions stay strings inside the nodes (``"a.t0_vals[q0_1]"``); statements are nodes:
+
+* :class:`Assign` ``target = expr``, :class:`AddTo` ``target += expr``, :class:`Call` (an
+  expression statement such as ``ws.clear()``);
+* :class:`For` ``for var in range(lo, hi)``, :class:`While`, :class:`If`; a loop's ``role``
+  says why it exists (``"dense"``, ``"segment"``: the segment of one sparse level,
+  ``"group"``: runs of equal coordinates, ``"merge"``: the k-pointer merge of several sparse
+  levels, ``"search"``: a diagonal's bound coordinate, ``"drain"``: a workspace read out,
+  ``"zero"``: an output row cleared);
+* :class:`LevelCode`: the lines a level kind contributes (``levels.segment_setup`` and
+  ``levels.group_end``), kept as the level wrote them;
+* :class:`AppendEntry`: one output entry appended to the chunk's buffers (coordinate
+  tuples, or rows assembly with the row's count);
+* :class:`ChunkFunction`: one ``run_chunk*`` variant (its locals and body) and the run-time
+  condition that selects it;
+* :class:`Kernel`: the module: header comments, cimports, the argument struct, vector
+  types, chunk functions, the ``kernel`` entry (:class:`Chunking` with load balancing, the
+  optional memset, :class:`Panels`, the epilogue: :class:`DenseOutput`,
+  :class:`TuplesOutput` or :class:`RowsOutput`) and whether it has a C entry capsule.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Optional, Tuple, Union
+
+__all__ = ["ArgSpec", "Stmt", "Assign", "AddTo", "Call", "For", "While", "If", "LevelCode",
+           "AppendEntry", "ChunkFunction", "Chunking", "Panels", "DenseOutput", "TuplesOutput",
+           "RowsOutput", "Kernel", "walk"]
+
+
+# A kernel argument: (field name, C type, what it is). "what" is a tuple the runtime reads:
+# ("pos"|"crd", access, level) | ("vals", access) | ("stride", access, var) | ("size", var)
+# | ("out",) | ("ostride", var)
+ArgSpec = Tuple[str, str, tuple]
+
+
+@dataclass(frozen=True)
+class Assign:
+    target: str
+    expr: str
+
+
+@dataclass(frozen=True)
+class AddTo:
+    target: str
+    expr: str
+
+
+@dataclass(frozen=True)
+class Call:
+    """An expression statement (a call or method call, e.g. ``ws.clear()``)."""
+    code: str
+
+
+@dataclass(frozen=True)
+class For:
+    """``for var in range(lo, hi)`` (``range(hi)`` when ``lo`` is None)."""
+    var: str
+    lo: Optional[str]
+    hi: str
+    body: Tuple["Stmt", ...]
+    role: str = "dense"
+
+
+@dataclass(frozen=True)
+class While:
+    cond: str
+    body: Tuple["Stmt", ...]
+    role: str = "merge"
+
+
+@dataclass(frozen=True)
+class If:
+    cond: str
+    then: Tuple["Stmt", ...]
+    orelse: Tuple["Stmt", ...] = ()
+
+
+@dataclass(frozen=True)
+class LevelCode:
+    """Statements written by a level kind (``levels.segment_setup``/``group_end``), one
+    string per line, nested lines indented by four spaces."""
+    lines: Tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AppendEntry:
+    """Append one output entry: ``coords`` (one C expression per output level) and
+    ``value``. ``row``: rows assembly (only the last coordinate is appended, the entry is
+    counted into ``out_pos[row + 1]``); None: one coordinate vector per level."""
+    coords: Tuple[str, ...]
+    value: str
+    row: Optional[str] = None
+
+
+Stmt = Union[Assign, AddTo, Call, For, While, If, LevelCode, AppendEntry]
+
+
+@dataclass(frozen=True)
+class ChunkFunction:
+    """``cdef void name(Args*, clo, chi, ocrd, oval)``: the loop nest over one range of the
+    outermost loop. ``select``: the run-time condition under which ``kernel`` calls this
+    variant instead of ``run_chunk`` (None for ``run_chunk`` itself)."""
+    name: str
+    select: Optional[str]
+    locals: Tuple[Tuple[str, str], ...]      # (name, C type), in order of first use
+    body: Tuple[Stmt, ...]
+
+
+@dataclass(frozen=True)
+class Chunking:
+    """How ``kernel`` cuts the outermost loop's range ``[lo0, hi0)`` into chunks.
+    ``kind``: None (one chunk, the range is unused), ``"dense"`` (``0 .. N_var``) or
+    ``"sparse"`` (the positions of the top level ``level_pos``); ``balance``: the pos array
+    that weighs a dense range by stored entries (None: equal ranges)."""
+    kind: Optional[str]
+    var: Optional[str] = None
+    level_pos: Optional[str] = None
+    balance: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Panels:
+    """Algorithm 3's tiling of the innermost loop ``var`` into panels of ``widths`` columns:
+    ``shifted`` are the Args fields whose base pointers move with the panel."""
+    var: str
+    widths: Tuple[int, ...]
+    shifted: Tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DenseOutput:
+    """Nothing is appended: the chunks write a preallocated output (dense or an operand's
+    pattern)."""
+
+
+@dataclass(frozen=True)
+class TuplesOutput:
+    """Chunks append coordinate tuples (``levels`` coordinates each) and values; the kernel
+    returns them level-major."""
+    levels: int
+
+
+@dataclass(frozen=True)
+class RowsOutput:
+    """Rows assembly: ``dense_vars`` are the dense levels' variables over the last
+    (compressed) level ``last``; coordinates are appended in ``index_type``."""
+    dense_vars: Tuple[str, ...]
+    last: str
+    level_vars: Tuple[str, ...]
+    index_type: str
+
+
+@dataclass(frozen=True)
+class Kernel:
+    header: Tuple[str, ...]                  # comment lines describing the kernel
+    imports: Tuple[str, ...]
+    args: Tuple[ArgSpec, ...]                # the Args struct, in the runtime's order
+    value_type: str                          # C value type
+    np_value_type: str
+    vector_type: Optional[str]               # scorch_vf / scorch_vd when a variant uses vectors
+    buffers: Tuple[str, str]                 # chunk buffer types (coordinates, values)
+    chunk_functions: Tuple[ChunkFunction, ...]
+    c_entry: bool                            # kernel_c + KERNEL_C capsule (no GIL at all)
+    ws_vars: Tuple[str, ...]                 # workspace variables (overflow check), or ()
+    chunking: Chunking
+    memset: Optional[str]                    # element count to zero first, or None
+    panels: Optional[Panels]
+    output: Union[DenseOutput, TuplesOutput, RowsOutput]
+
+
+def walk(stmts) -> Iterator[Stmt]:
+    """Every statement of ``stmts`` and of the blocks nested in them, in order."""
+    for st in stmts:
+        yield st
+        if isinstance(st, (For, While)):
+            yield from walk(st.body)
+        elif isinstance(st, If):
+            yield from walk(st.then)
+            yield from walk(st.orelse)

@@ -1,0 +1,183 @@
+"""Lowering of the whole module: the argument struct, the chunk-function variants and the
+``kernel`` entry (chunking and load balancing, memset, panels, the output epilogue).
+
+Each variant is its own function so the hot loop has no run-time branch and no call that
+would push its variables out of registers: ``run_chunk`` (run-time widths), one
+``run_chunk_w<W>`` per compile-time row width (register rows, vector dot) and
+``run_chunk_map`` (the runtime workspace too large for a dense array per thread).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+import torch
+
+from ..loop_ir import (ArgSpec, Assign, Call, ChunkFunction, Chunking, DenseOutput, Kernel, Panels,
+                       RowsOutput, Stmt, TuplesOutput)
+from ..schedule import Schedule
+from .facts import DENSE_WS_LIMIT, KernelFacts, kernel_facts, ws_size
+from .loops import loop_nest
+from .nest import Cursor, Decls, Nest, Variant
+
+__all__ = ["lower_kernel", "kernel_args"]
+
+def kernel_args(f: KernelFacts) -> Tuple[ArgSpec, ...]:
+    """The kernel's argument table: sizes, the operands' arrays and strides, the output."""
+    s, args = f.s, {}
+
+    def arg(name: str, ctype: str, what: tuple) -> None:
+        args.setdefault(name, (name, ctype, what))
+    for v in s.loop_order:
+        arg(f"N_{v}", "int64_t", ("size", v))
+    for ap in s.accesses:
+        if ap.sparse:
+            it = f.idx[ap.id]
+            for lv in ap.levels:
+                if lv.has_pos:
+                    arg(f"t{ap.id}_pos{lv.k}", it + "*", ("pos", ap.id, lv.k))
+                if lv.iterates:
+                    arg(f"t{ap.id}_crd{lv.k}", it + "*", ("crd", ap.id, lv.k))
+        else:
+            for v in dict.fromkeys(ap.indices):
+                arg(f"t{ap.id}_st_{v}", "int64_t", ("stride", ap.id, v))
+        arg(f"t{ap.id}_vals", f.vt + "*", ("vals", ap.id))
+    if s.output.pattern >= 0 or s.output.dense:
+        arg("out_vals", f.vt + "*", ("out",))
+    if s.output.dense:
+        for v in s.output.vars:
+            arg(f"out_st_{v}", "int64_t", ("ostride", v))
+    return tuple(args.values())
+
+
+def _workspace_setup(n: Nest) -> Tuple[List[Stmt], List[Stmt]]:
+    """The chunk's workspace: statements before the loop nest and after it."""
+    f, d = n.facts, n.decls
+    out = f.s.output
+    size = ws_size(out.ws_vars)
+    if out.mode == "ws" and out.ws_dense:
+        for name, ct in (("wsize", "int64_t"), ("wi", "int64_t"), ("wsv", f.vt + "*"),
+                         ("wsf", "char*")):
+            d.need(name, ct)
+        return ([Assign("wsize", size), Assign("wsv", f"<{f.vt}*>calloc(wsize + 1, sizeof({f.vt}))"),
+                 Assign("wsf", "<char*>calloc(wsize + 1, 1)")],
+                [Call("free(wsv)"), Call("free(wsf)")])
+    if out.mode == "ws" and f.rt_ws and n.variant.ws_map:
+        d.need("ws", f"SparseWorkspace[{f.vt}]")
+    elif out.mode == "ws" and f.rt_ws:
+        # a dense array with a touched list when the workspace's extent is small enough
+        # to allocate per thread: the thread's own arrays, kept across calls (no
+        # allocation, no zeroing)
+        for name, ct in (("wv", f.vt + "*"), ("wm", "uint8_t*"), ("wl", "int32_t*"),
+                         ("wc", "int64_t"), ("wlo", "int64_t"), ("whi", "int64_t"),
+                         ("wsize", "int64_t"), ("wsp", f"DenseScratch[{f.vt}]*")):
+            d.need(name, ct)
+        return ([Assign("wsize", size), Assign("wsp", f"dense_scratch[{f.vt}](wsize + 1)"),
+                 Assign("wv", "wsp.values"), Assign("wm", "wsp.mark"), Assign("wl", "wsp.touched")],
+                [])
+    elif out.mode == "ws":
+        # std::map (the paper's red-black tree)
+        d.need("ws", f"cmap[int64_t, {f.vt}]")
+    return [], []
+
+
+def chunk_function(f: KernelFacts, variant: Variant) -> ChunkFunction:
+    """The loop nest of one chunk-function variant, with the locals it declares."""
+    n = Nest(f, variant, Decls())
+    s = f.s
+    start = Cursor(pos={a.id: "0" for a in s.accesses if a.sparse},
+                   pres={a.id: "1" for a in s.accesses},
+                   off={a.id: "0" for a in s.accesses if not a.sparse})
+    pre, post = _workspace_setup(n)
+    body = tuple(pre) + loop_nest(n, 0, start) + tuple(post)
+    return ChunkFunction(variant.name, variant.select, n.decls.items(), body)
+
+
+def variants(f: KernelFacts) -> Tuple[Variant, ...]:
+    """The chunk-function variants this kernel has (``run_chunk`` first)."""
+    s = f.s
+    out = [Variant()]
+    L = s.loop_order[-1] if s.loop_order else None
+    out += [Variant(f"run_chunk_w{W}", f"a.N_{L} == {W}", width=W) for W in f.widths]
+    if f.rt_ws:
+        out.append(Variant("run_chunk_map", f"{ws_size(s.output.ws_vars)} > {DENSE_WS_LIMIT}",
+                           ws_map=True))
+    return tuple(out)
+
+
+def _header(s: Schedule) -> Tuple[str, ...]:
+    out = s.output
+    lines = [f"{s.assignment}", f"loop order: {', '.join(s.loop_order)}"]
+    for ap in s.accesses:
+        desc = f"{ap.format} levels {ap.level_vars}" if ap.sparse else f"dense strided {ap.indices}"
+        lines.append(f"T{ap.tensor} access {ap.id}: {desc}")
+    pat = f", values in access {out.pattern}'s pattern" if out.pattern >= 0 else ""
+    lines.append(f"output: {'dense' if out.dense else out.format} ({out.mode}{pat})")
+    return tuple(lines)
+
+
+def _imports(f: KernelFacts) -> Tuple[str, ...]:
+    out = f.s.output
+    lines = ["from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t",
+             "from libc.string cimport memcpy, memset"]
+    if out.mode == "ws" and out.ws_dense:
+        lines.append("from libc.stdlib cimport calloc, free")
+    lines.append("from libcpp.vector cimport vector")
+    if out.mode == "ws" and f.rt_ws:
+        lines.append("from scorch._runtime.workspace cimport (AppendBuffer, DenseScratch, SparseWorkspace,\n"
+                     "                                        dense_scratch, dense_ws_drain)")
+    elif f.rows:
+        lines.append("from scorch._runtime.workspace cimport AppendBuffer")
+    elif out.mode == "ws" and not out.ws_dense:
+        lines.append("from libcpp.map cimport map as cmap")
+    lines += ["from cython.operator cimport dereference as deref, preincrement as inc",
+              "from cython.parallel cimport prange"]
+    if not out.dense and out.pattern < 0:
+        lines.append("import numpy as np")
+    return tuple(lines)
+
+
+def _output(f: KernelFacts):
+    out = f.s.output
+    if f.rows:
+        return RowsOutput(tuple(out.level_vars[:f.rows]), out.level_vars[-1], tuple(out.level_vars), f.oit)
+    if out.dense or out.pattern >= 0:
+        return DenseOutput()
+    return TuplesOutput(max(1, len(out.level_vars)))
+
+
+def _chunking(f: KernelFacts) -> Chunking:
+    if f.chunk_kind == "dense":
+        return Chunking("dense", f.s.loop_order[0], balance=f.balance)
+    if f.chunk_kind == "sparse":
+        return Chunking("sparse", f.s.loop_order[0], level_pos=f.chunk_level.pos)
+    return Chunking(None)
+
+
+def _panels(f: KernelFacts):
+    """Tiling of the innermost dense loop into panels (paper Algorithm 3): the operands the
+    loop streams and the output move with the panel."""
+    if not f.panels or not (f.s.output.dense or f.s.output.pattern >= 0):
+        return None
+    L = f.s.loop_order[-1]
+    shifted = tuple(f"t{i}_vals" for i in sorted(f.unit)) + (("out_vals",) if f.out_unit == L else ())
+    return Panels(L, f.panels, shifted)
+
+
+def lower_kernel(s: Schedule, value_dtype: torch.dtype,
+                 index_dtypes: Dict[int, torch.dtype]) -> Kernel:
+    """The loop IR of the kernel for ``s``."""
+    f = kernel_facts(s, value_dtype, index_dtypes)
+    out = s.output
+    # kernels that only write a preallocated output (dense, or values in an operand's
+    # pattern) run entirely without the GIL and get a C entry point (``kernel_c``)
+    c_entry = (out.dense or out.pattern >= 0) and out.mode != "ws" and not f.rows
+    memset = None
+    if out.dense and not f.store_all:
+        # the output arrives uninitialized (torch.empty: cheaper than torch.zeros' dispatch)
+        memset = " * ".join(f"a.N_{v}" for v in out.vars) or "1"
+    return Kernel(header=_header(s), imports=_imports(f), args=kernel_args(f), value_type=f.vt,
+                  np_value_type=f.npvt, vector_type=f.vtype if f.widths else None,
+                  buffers=(f.crd_buf, f.val_buf),
+                  chunk_functions=tuple(chunk_function(f, v) for v in variants(f)),
+                  c_entry=c_entry, ws_vars=tuple(out.ws_vars) if out.mode == "ws" else (),
+                  chunking=_chunking(f), memset=memset, panels=_panels(f), output=_output(f))

@@ -1,0 +1,336 @@
+"""What lowering decides about a kernel before it builds a single node.
+
+Everything here is a pure function of the schedule, the value type and the index types:
+the C types, which dense accesses stream with unit stride, the loop kind of every depth
+(from the levels each loop iterates or locates and the merge lattice), whether every output
+element is stored exactly once (no memset), the register-row and vector-dot forms, rows
+assembly, the workspace flavour and how the outermost loop is chunked. The node builders
+(``loops``, ``output``, ``entry``) read these facts; none of them sets one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, Optional, Sequence, Tuple
+
+import torch
+
+from .. import merge_lattice as ml
+from ..levels import LevelPlan
+from ..schedule import Schedule
+
+__all__ = ["CTYPES", "NPTYPES", "ITYPES", "DENSE_WS_LIMIT", "SHORT_ROWS", "SHORT_ROWS_BY_DTYPE",
+           "short_rows_limit", "short_rows", "unit_stride_accesses", "relayouts", "LoopLevels",
+           "KernelFacts", "kernel_facts", "cvar", "ws_size"]
+
+#: a sparse workspace whose extent is at most this many entries runs as a dense array with
+#: a touched list (one per thread); larger ones use the std::map
+DENSE_WS_LIMIT = 1 << 22
+
+CTYPES = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t",
+          torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t",
+          torch.uint8: "uint8_t"}
+NPTYPES = {torch.float32: "float32", torch.float64: "float64", torch.int64: "int64",
+           torch.int32: "int32", torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8"}
+ITYPES = {torch.int32: "int32_t", torch.int64: "int64_t"}
+
+#: segments (rows) of at most this many entries on average run the scalar variant of a
+#: sparse-dot kernel (see short_rows); float32 rows shorter than one 512-bit vector (16)
+#: never fill gcc's vector loop and run scalar faster (copter2, 12.7 a row: 286 -> 273 us,
+#: random_uniform, 10 a row: 615 -> 559 us at 2 threads), float64 ones gain from 6 up
+SHORT_ROWS = 6
+SHORT_ROWS_BY_DTYPE = {torch.float32: 16}
+
+
+def short_rows_limit(value_dtype: torch.dtype) -> int:
+    """Average entries per row up to which the short-rows variant runs (see short_rows)."""
+    return SHORT_ROWS_BY_DTYPE.get(value_dtype, SHORT_ROWS)
+
+
+def cvar(v: str) -> str:
+    """The C local holding index variable ``v``'s current coordinate."""
+    return "c_" + v
+
+
+def unit_stride_accesses(s: Schedule):
+    """Dense strided accesses that the innermost loop streams: the runtime hands them over
+    with stride 1 in that variable (re-laid out if need be), so the kernel indexes them with
+    ``+ c`` (vectorizable) instead of ``+ c * stride``."""
+    if not s.loop_order:
+        return set()
+    last = s.loop_order[-1]
+    return {ap.id for ap in s.accesses
+            if not ap.sparse and last in ap.indices and len(set(ap.indices)) == len(ap.indices)}
+
+
+def relayouts(s: Schedule) -> Dict[int, Tuple[int, Tuple[int, ...], Tuple[int, ...]]]:
+    """Dense accesses the innermost loop streams (``unit_stride_accesses``), each with the
+    dimension that must have stride 1 and the permutation that lays the operand out in loop
+    order (and its inverse): the caller re-lays such an operand out when it arrives with
+    another stride (e.g. SDDMM's C, read along k)."""
+    rank = {v: n for n, v in enumerate(s.loop_order)}
+    out = {}
+    for i in unit_stride_accesses(s):
+        ap = s.accesses[i]
+        perm = sorted(range(len(ap.indices)), key=lambda d: rank[ap.indices[d]])
+        inv = [0] * len(perm)
+        for n, d in enumerate(perm):
+            inv[d] = n
+        out[ap.id] = (ap.indices.index(s.loop_order[-1]), tuple(perm), tuple(inv))
+    return out
+
+
+def short_rows(s: Schedule) -> Optional[Tuple[int, Tuple[str, ...]]]:
+    """Whether the kernel has a short-rows variant, decided per input: the innermost loop
+    is a reduction into a scalar over one sparse level (SpMV's ``acc += A[q] * x[crd[q]]``)
+    whose parents are dense levels over the outer loops. gcc vectorizes that loop with
+    emulated gathers, which pays on rows of a dozen entries and more but costs 10-15% on
+    rows of 3-5 (NotreDame, mdual, arrow, bcspwr10), where the plain scalar loop wins; so
+    a second module compiled without loop vectorization runs when ``nnz <=
+    short_rows_limit(dtype) * rows``. Returns (access id, the dense parents' variables: rows = their extents'
+    product), or None."""
+    order, out = s.loop_order, s.output
+    if not order or not out.dense or out.acc_depth != len(order) - 1:
+        return None
+    L = order[-1]
+    if L not in s.assignment.reduction:
+        return None
+    iters = [(ap, lv) for ap in s.accesses if ap.sparse for lv in ap.levels if lv.var == L]
+    if len(iters) != 1:
+        return None
+    ap, lv = iters[0]
+    # one segment per row (a level with pos, coordinates unique) under levels that locate
+    if (lv.k != len(ap.levels) - 1 or not lv.has_pos or lv.grouped
+            or not all(p.locates for p in ap.levels[:-1])
+            or tuple(p.var for p in ap.levels[:-1]) != tuple(order[:-1])):
+        return None
+    return ap.id, tuple(order[:-1])
+
+
+@dataclass(frozen=True)
+class LoopLevels:
+    """The levels one loop (over ``var``) advances: ``iters`` drive it, ``locs`` locate
+    the loop's coordinate, ``chased`` are deeper levels over already bound variables (a
+    repeated index: a diagonal) located inside its body. ``kind``: ``"dense"`` (every
+    coordinate, sparse iterators merged in), ``"segment"`` (one sparse level),
+    ``"group"`` (one grouped coordinate level) or ``"merge"`` (k-pointer merge)."""
+    depth: int
+    var: str
+    iters: Tuple[LevelPlan, ...]
+    locs: Tuple[LevelPlan, ...]
+    chased: Tuple[LevelPlan, ...]
+    kind: str
+    necessary: FrozenSet[int]     # iterators known present inside the body
+
+
+def _loop_levels(s: Schedule) -> Tuple[LoopLevels, ...]:
+    """Walk every sparse access's levels down the loop order (each loop takes the next
+    level of an access when it is over the loop's variable)."""
+    k = {ap.id: 0 for ap in s.accesses if ap.sparse}
+    sparse = [ap for ap in s.accesses if ap.sparse]
+    out = []
+    for depth, v in enumerate(s.loop_order):
+        iters, locs = [], []
+        for ap in sparse:
+            if k[ap.id] < len(ap.levels) and ap.levels[k[ap.id]].var == v:
+                lv = ap.levels[k[ap.id]]
+                (locs if lv.locates else iters).append(lv)
+        for lv in iters + locs:
+            k[lv.access] += 1
+        bound = set(s.loop_order[:depth + 1])
+        chased = []
+        for ap in sparse:
+            while k[ap.id] < len(ap.levels) and ap.levels[k[ap.id]].var in bound:
+                chased.append(ap.levels[k[ap.id]])
+                k[ap.id] += 1
+        it_ids = [lv.access for lv in iters]
+        if not iters or ml.dense_needed(s.formula, it_ids):
+            kind = "dense"
+        elif len(iters) == 1:
+            kind = "group" if iters[0].grouped else "segment"
+        else:
+            kind = "merge"
+        nec = frozenset(ml.necessary(s.formula, it_ids)) if iters else frozenset()
+        out.append(LoopLevels(depth, v, tuple(iters), tuple(locs), tuple(chased), kind, nec))
+    return tuple(out)
+
+
+def _row_accumulation_depth(s: Schedule, out_unit: Optional[str]) -> int:
+    """Depth ``d`` of the first reduction loop when a dense output's row (its innermost,
+    unit-stride variable ``L``, the innermost loop, dense in every operand) is summed over
+    the reduction loops ``d .. -1`` (SpMM ``i, j, k``: d = 1): that row is accumulated
+    locally (a compile-time-width array gcc keeps in vector registers, or the output row
+    itself, zeroed where it starts) and stored once per output row. -1 when not."""
+    out, order = s.output, s.loop_order
+    if not out.dense or out.mode != "dense" or out.acc_depth >= 0 or len(order) < 3:
+        return -1
+    L = order[-1]
+    if out_unit != L or len(set(out.vars)) != len(out.vars):
+        return -1
+    if any(ap.sparse and L in ap.level_vars for ap in s.accesses):
+        return -1
+    red = set(s.assignment.reduction)
+    d = next((n for n, v in enumerate(order) if v in red), -1)
+    if d <= 0 or not all(v in red for v in order[d:-1]):
+        return -1
+    if set(order[:d]) | {L} != set(out.vars):
+        return -1
+    return d
+
+
+def _vector_dot(s: Schedule, unit) -> bool:
+    """The innermost loop is a reduction of a scalar accumulator wrapping only it (SDDMM's
+    ``k``), dense in every operand: at a compile-time width it becomes vector products
+    summed lane-wise, then one horizontal sum (no loop, no remainder)."""
+    out, order = s.output, s.loop_order
+    if not order or out.acc_depth != len(order) - 1 or out.mode not in ("acc", "dense"):
+        return False
+    L = order[-1]
+    if L not in s.assignment.reduction:
+        return False
+    if any(ap.sparse and L in ap.level_vars for ap in s.accesses):
+        return False
+    return all(ap.id in unit for ap in s.accesses if not ap.sparse and L in ap.indices)
+
+
+def _rows_assembly(s: Schedule, rt_ws: bool) -> int:
+    """``m`` when the sparse output is ``m >= 1`` dense levels over one compressed level
+    (CSR, or a batch of CSRs) and the first ``m`` loops are those dense variables, in
+    order: each chunk of the outer loop then appends only the last level's coordinates
+    and values (already in the output's index type) and counts the entries of each row
+    into ``pos``; a prefix sum and one parallel copy of the chunks' buffers finish the
+    output: no coordinate tuples, no sort, no assembly pass. 0 otherwise (the general
+    tuple path)."""
+    out = s.output
+    if out.dense or out.pattern >= 0 or out.format is None:
+        return 0
+    kinds = out.format.levels
+    m = len(kinds) - 1
+    last = kinds[-1]
+    # the last level keeps pos with unique coordinates (appendable row by row) under
+    # levels that locate
+    if (m < 1 or not last.has_pos(kinds[-2]) or not last.unique_before(None)
+            or any(not k.has_locate for k in kinds[:-1])):
+        return 0
+    if tuple(s.loop_order[:m]) != tuple(out.level_vars[:m]):
+        return 0
+    if out.mode == "ws" and (out.ws_dense or not rt_ws or out.ws_vars != out.level_vars[-1:]):
+        return 0
+    return m
+
+
+def _chunk_level(s: Schedule) -> Tuple[Optional[str], Optional[LevelPlan]]:
+    """How the outermost loop is cut into chunks that write disjoint parts of the output:
+    ``("dense", None)`` over its extent, ``("sparse", level)`` over the positions of the
+    one sparse level driving it, or ``(None, None)`` (one chunk)."""
+    order, out = s.loop_order, s.output
+    if not order or order[0] not in out.vars:
+        return None, None
+    if out.mode == "ws" and out.ws_depth == 0:
+        return None, None
+    v = order[0]
+    iters = [ap.levels[0] for ap in s.accesses
+             if ap.sparse and ap.levels[0].var == v and ap.levels[0].iterates]
+    if not iters:
+        return "dense", None
+    if len(iters) == 1 and not iters[0].grouped and not ml.dense_needed(s.formula, [iters[0].access]):
+        return "sparse", iters[0]
+    return None, None
+
+
+def _balance_pos(s: Schedule, chunk_kind: Optional[str]) -> Optional[str]:
+    """The pos array that weighs a dense outermost loop's iterations by stored entries
+    (a compressed level directly under a dense level on that variable: CSR's row
+    pointer), or None."""
+    if chunk_kind != "dense":
+        return None
+    v = s.loop_order[0]
+    for ap in s.accesses:
+        if (ap.sparse and len(ap.levels) > 1 and ap.levels[0].var == v
+                and ap.levels[0].locates and ap.levels[1].has_pos and ap.levels[1].iterates):
+            return ap.levels[1].pos
+    return None
+
+
+@dataclass(frozen=True)
+class KernelFacts:
+    """The kernel-wide decisions, computed once from the schedule (see :func:`kernel_facts`)."""
+    s: Schedule
+    ids: Dict[object, int]                 # the right-hand side's accesses -> access id
+    vt: str                                # C value type
+    npvt: str                              # numpy value type name
+    idx: Dict[int, str]                    # sparse access id -> C index type
+    unit: FrozenSet[int]                   # dense accesses read with unit stride
+    out_unit: Optional[str]                # the dense output's unit-stride variable
+    rt_ws: bool                            # workspace from scorch._runtime.workspace
+    row_depth: int                         # register-row accumulation depth (-1: none)
+    dot: bool                              # vector dot product at fixed widths
+    rows: int                              # rows assembly: dense levels over the last one
+    oit: str                               # appended coordinates' type (rows assembly)
+    crd_buf: str                           # chunk buffer types
+    val_buf: str
+    lanes: int                             # values per 512-bit vector
+    vtype: str                             # GCC vector type
+    widths: Tuple[int, ...]                # fixed innermost widths with their own variant
+    panels: Tuple[int, ...]                # panel widths (Algorithm 3 tiling)
+    loops: Tuple[LoopLevels, ...]          # one per loop depth
+    store_all: bool                        # every dense output element stored exactly once
+    chunk_kind: Optional[str]              # None | "dense" | "sparse"
+    chunk_level: Optional[LevelPlan]
+    balance: Optional[str]                 # pos array weighing chunks by entries
+
+
+
+def _stores_once(s: Schedule, loops: Sequence[LoopLevels], depth: int) -> bool:
+    """Every loop above ``depth`` is a dense output loop visiting its whole extent, so a
+    store at ``depth`` writes every output element exactly once (it can assign: no memset)."""
+    return all(loops[n].kind == "dense" and loops[n].var in s.output.vars for n in range(depth))
+
+
+def _store_depth(s: Schedule, row_depth: int) -> Optional[int]:
+    """The depth of the dense output's single store (register rows or a scalar
+    accumulator), or None when the output is added to at the leaves."""
+    if row_depth >= 0:
+        return row_depth
+    if s.output.mode == "dense" and s.output.acc_depth >= 0:
+        return s.output.acc_depth
+    return None
+
+
+def kernel_facts(s: Schedule, value_dtype: torch.dtype,
+                 index_dtypes: Dict[int, torch.dtype]) -> KernelFacts:
+    """Decide everything about the kernel for ``s`` that does not depend on a node."""
+    vt = CTYPES[value_dtype]
+    idx = {i: ITYPES[d] for i, d in index_dtypes.items()}
+    out, order = s.output, s.loop_order
+    unit = frozenset(unit_stride_accesses(s))
+    last = order[-1] if order else None
+    out_unit = last if (out.dense and out.vars and out.vars[-1] == last) else None
+    rt_ws = out.mode == "ws" and not out.ws_dense and vt in ("float", "double", "int32_t", "int64_t")
+    row_depth = _row_accumulation_depth(s, out_unit)
+    dot = _vector_dot(s, unit)
+    rows = _rows_assembly(s, rt_ws)
+    oit = "int32_t" if idx and all(t == "int32_t" for t in idx.values()) else "int64_t"
+    if rows:
+        crd_buf, val_buf = f"AppendBuffer[{oit}]", f"AppendBuffer[{vt}]"
+    else:
+        crd_buf, val_buf = "vector[int64_t]", f"vector[{vt}]"
+    widths: Tuple[int, ...] = ()
+    if (row_depth >= 0 or dot) and vt in ("float", "double"):
+        widths = (16, 32, 64, 128) if vt == "float" else (8, 16, 32, 64)
+    panels = widths if (row_depth >= 0 and order[-1] in s.tiled) else ()
+    loops = _loop_levels(s)
+    depth = _store_depth(s, row_depth)
+    store_all = depth is not None and _stores_once(s, loops, depth)
+    chunk_kind, chunk_level = _chunk_level(s)
+    return KernelFacts(s=s, ids=ml.access_ids(s.assignment.rhs), vt=vt, npvt=NPTYPES[value_dtype],
+                       idx=idx, unit=unit, out_unit=out_unit, rt_ws=rt_ws, row_depth=row_depth,
+                       dot=dot, rows=rows, oit=oit, crd_buf=crd_buf, val_buf=val_buf,
+                       lanes=16 if vt == "float" else 8,
+                       vtype="scorch_vf" if vt == "float" else "scorch_vd", widths=widths,
+                       panels=panels, loops=loops, store_all=store_all, chunk_kind=chunk_kind,
+                       chunk_level=chunk_level, balance=_balance_pos(s, chunk_kind))
+
+
+def ws_size(ws_vars: Sequence[str]) -> str:
+    """The workspace's extent: the product of its variables' sizes (a C expression)."""
+    return " * ".join(f"a.N_{v}" for v in ws_vars)

@@ -1,0 +1,178 @@
+"""Lowering of the loop nest: one loop per index variable, its kind decided by the levels
+it advances and the merge lattice (``facts.LoopLevels``):
+
+* ``dense``: ``for c in range(N)``; levels that locate compute positions, sparse iterators
+  the expression does not need are merged in (a found flag per iterator);
+* ``segment``: ``for q in range(pos[p], pos[p+1])`` over one sparse level;
+* ``group``: a ``while`` over runs of equal coordinates of a grouped coordinate level;
+* ``merge``: a k-pointer ``while`` visiting the smallest current coordinate and entering the
+  body where the lattice point holds (intersection for products, union for sums).
+
+Levels over variables already bound (a diagonal, ``ii->i``) are *chased* in the loop body:
+located by arithmetic, or searched for in their segment.
+"""
+from __future__ import annotations
+
+from typing import List, Tuple
+
+from .. import merge_lattice as ml
+from ..levels import LevelPlan, group_end, segment_setup
+from ..loop_ir import AddTo, Assign, For, If, LevelCode, Stmt, While
+from .facts import LoopLevels, cvar
+from .nest import Cursor, Nest
+from .output import after_loop, before_loop, leaf, vector_leaf
+
+__all__ = ["loop_nest"]
+
+_BIG = "9223372036854775807"
+
+
+def loop_nest(n: Nest, depth: int, st: Cursor) -> Tuple[Stmt, ...]:
+    """The statements of the loop at ``depth`` and everything inside it (the leaf below
+    the last loop)."""
+    if depth == len(n.facts.s.loop_order):
+        return leaf(n, st)
+    return tuple(before_loop(n, depth, st) + _loop(n, n.facts.loops[depth], st)
+                 + after_loop(n, depth, st))
+
+
+def _found(n: Nest, lv: LevelPlan, coord: str) -> List[Stmt]:
+    """Whether iterator ``lv`` stands at ``coord``; if so, the end of its run."""
+    fl = n.decls.need(lv.found, "int")
+    return [Assign(fl, f"{lv.q} < {lv.hi} and {lv.crd}[{lv.q}] == {coord}"),
+            If(fl, (LevelCode(tuple(group_end(lv, coord))),))]
+
+
+def _advance_found(its) -> List[Stmt]:
+    """After the body: iterators that stood at the coordinate move past its run."""
+    return [If(lv.found, (Assign(lv.q, lv.qe),)) for lv in its]
+
+
+def _chase(n: Nest, lp: LoopLevels, new: Cursor) -> List[Stmt]:
+    """Levels whose variable is already bound (a repeated index: a diagonal) locate the
+    bound coordinate: dense levels by arithmetic, sparse levels by a search."""
+    d = n.decls
+    body: List[Stmt] = []
+    for lv in lp.chased:
+        a, cu = lv.access, cvar(lv.var)
+        if lv.locates:
+            p = d.need(lv.p)
+            body.append(Assign(p, f"{new.pos[a]} * a.N_{lv.var} + {cu}"))
+            new.pos[a] = p
+            continue
+        d.need(lv.q)
+        d.need(lv.hi)
+        d.need(lv.qe)
+        fl = d.need(lv.found, "int")
+        parent = lv.segment_parent(new.pos, new.seg)
+        body.append(LevelCode(tuple(segment_setup(lv, parent, new.pres[a]))))
+        body.append(While(f"{lv.q} < {lv.hi} and {lv.crd}[{lv.q}] < {cu}", (AddTo(lv.q, "1"),),
+                          "search"))
+        body += [Assign(fl, f"{lv.q} < {lv.hi} and {lv.crd}[{lv.q}] == {cu}"),
+                 If(fl, (LevelCode(tuple(group_end(lv, cu))),))]
+        new.pres[a] = fl
+        _bind(new, lv)
+    return body
+
+
+def _bind(new: Cursor, lv: LevelPlan) -> None:
+    """The level's children read from its current entry (or run of entries)."""
+    if lv.grouped:
+        new.seg[lv.access] = (lv.q, lv.qe)
+        new.pos[lv.access] = None
+    else:
+        new.pos[lv.access] = lv.q
+
+
+def _bind_children(n: Nest, lp: LoopLevels, st: Cursor, new: Cursor) -> List[Stmt]:
+    """Statements at the top of the loop body that give the loops below their positions:
+    iterated levels' entries, located levels' positions, dense offsets, chased levels."""
+    f, d = n.facts, n.decls
+    v, cv, depth = lp.var, cvar(lp.var), lp.depth
+    body: List[Stmt] = []
+    for lv in lp.iters:
+        _bind(new, lv)
+    for lv in lp.locs:
+        p = d.need(lv.p)
+        par = st.pos[lv.access]
+        body.append(Assign(p, cv if par == "0" else f"{par} * a.N_{v} + {cv}"))
+        new.pos[lv.access] = p
+    for ap in f.s.accesses:
+        if ap.sparse or v not in ap.indices:
+            continue
+        o = d.need(f"o{ap.id}_{depth}")
+        prev = st.off[ap.id]
+        unit = ap.id in f.unit and v == f.s.loop_order[-1]
+        step = cv if unit else f"{cv} * a.t{ap.id}_st_{v}"
+        body.append(Assign(o, step if prev == "0" else f"{prev} + {step}"))
+        new.off[ap.id] = o
+    if f.s.output.dense and v in f.s.output.vars:
+        o = d.need(f"oo_{depth}")
+        step = cv if f.out_unit == v else f"{cv} * a.out_st_{v}"
+        body.append(Assign(o, step if st.oo == "0" else f"{st.oo} + {step}"))
+        new.oo = o
+    return body + _chase(n, lp, new)
+
+
+def _loop(n: Nest, lp: LoopLevels, st: Cursor) -> List[Stmt]:
+    """The loop of one depth (its segment setup, then the loop of its kind)."""
+    f, d = n.facts, n.decls
+    depth, cv = lp.depth, d.need(cvar(lp.var))
+    chunked = depth == 0 and f.chunk_kind is not None
+    stmts: List[Stmt] = []
+    for lv in lp.iters:
+        d.need(lv.q)
+        d.need(lv.hi)
+        d.need(lv.qe)
+        if chunked and f.chunk_kind == "sparse":
+            continue     # the chunk's range is the segment
+        parent = lv.segment_parent(st.pos, st.seg)
+        stmts.append(LevelCode(tuple(segment_setup(lv, parent, st.pres[lv.access]))))
+    new = st.child()
+    if lp.kind == "dense":
+        if n.variant.width is not None and depth == len(f.s.loop_order) - 1:
+            return stmts + list(vector_leaf(n, st))
+        lo, hi = ("clo", "chi") if chunked else ("0", f"a.N_{lp.var}")
+        body: List[Stmt] = []
+        for lv in lp.iters:
+            body += _found(n, lv, cv)
+            new.pres[lv.access] = lv.found
+        body += _bind_children(n, lp, st, new)
+        body += loop_nest(n, depth + 1, new)
+        body += _advance_found(lp.iters)
+        return stmts + [For(cv, lo, hi, tuple(body), "dense")]
+    if lp.kind in ("segment", "group"):
+        lv = lp.iters[0]
+        new.pres[lv.access] = "1"
+        if lp.kind == "segment":
+            lo, hi = ("clo", "chi") if chunked else (lv.q, lv.hi)
+            body = [Assign(cv, f"{lv.crd}[{lv.q}]")] + _bind_children(n, lp, st, new)
+            body += loop_nest(n, depth + 1, new)
+            return stmts + [For(lv.q, lo, hi, tuple(body), "segment")]
+        body = [Assign(cv, f"{lv.crd}[{lv.q}]"), LevelCode(tuple(group_end(lv, cv)))]
+        body += _bind_children(n, lp, st, new)
+        body += loop_nest(n, depth + 1, new)
+        body.append(Assign(lv.q, lv.qe))
+        return stmts + [While(f"{lv.q} < {lv.hi}", tuple(body), "group")]
+    return stmts + [_merge(n, lp, st, new)]
+
+
+def _merge(n: Nest, lp: LoopLevels, st: Cursor, new: Cursor) -> While:
+    """The k-pointer merge of several sparse iterators (the merge lattice at run time)."""
+    f = n.facts
+    cv, its = cvar(lp.var), lp.iters
+    it_ids = [lv.access for lv in its]
+    cond = ml.loop_condition(f.s.formula, it_ids, lambda i: next(
+        f"{l.q} < {l.hi}" for l in its if l.access == i))
+    body: List[Stmt] = [Assign(cv, _BIG)]
+    body += [If(f"{lv.q} < {lv.hi} and {lv.crd}[{lv.q}] < {cv}", (Assign(cv, f"{lv.crd}[{lv.q}]"),))
+             for lv in its]
+    for lv in its:
+        body += _found(n, lv, cv)
+        new.pres[lv.access] = "1" if lv.access in lp.necessary else lv.found
+    guard = ml.to_code(f.s.formula, lambda i: next((l.found for l in its if l.access == i), "1"))
+    body += _bind_children(n, lp, st, new)
+    inner = loop_nest(n, lp.depth + 1, new)
+    body += [If(guard, inner)] if guard != "1" else list(inner)
+    body += _advance_found(its)
+    return While(cond, tuple(body), "merge")

@@ -1,0 +1,60 @@
+"""The inputs of one chunk function's lowering: the kernel's facts, the variant being built,
+the declarations it collects, and the cursor handed from a loop to the loops inside it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Dict, Optional, Tuple
+
+from .facts import KernelFacts
+
+__all__ = ["Variant", "Decls", "Nest", "Cursor"]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One chunk-function variant: ``width`` is the innermost loop's compile-time extent
+    (None: the run-time ``N``), ``ws_map``: the workspace is the runtime's std::map, else
+    local dense arrays. ``select``: the condition that picks it (None: ``run_chunk``)."""
+    name: str = "run_chunk"
+    select: Optional[str] = None
+    width: Optional[int] = None
+    ws_map: bool = False
+
+
+class Decls:
+    """The locals a chunk function declares, in order of first use (``need`` returns the
+    name, so a node can use it where it declares it)."""
+
+    def __init__(self) -> None:
+        self._types: Dict[str, str] = {}
+
+    def need(self, name: str, ctype: str = "int64_t") -> str:
+        self._types.setdefault(name, ctype)
+        return name
+
+    def items(self) -> Tuple[Tuple[str, str], ...]:
+        return tuple(self._types.items())
+
+
+@dataclass(frozen=True)
+class Nest:
+    facts: KernelFacts
+    variant: Variant
+    decls: Decls
+
+
+@dataclass
+class Cursor:
+    """Where the loops above stand, per access: ``pos`` the position of a sparse access
+    (None inside a grouped run, whose range is ``seg``), ``pres`` its presence code (``"1"``
+    when known present), ``off`` a dense access's offset; ``oo`` the dense output's."""
+    pos: Dict[int, Optional[str]] = field(default_factory=dict)
+    seg: Dict[int, Tuple[str, str]] = field(default_factory=dict)
+    pres: Dict[int, str] = field(default_factory=dict)
+    off: Dict[int, str] = field(default_factory=dict)
+    oo: str = "0"
+
+    def child(self) -> "Cursor":
+        """A copy the loop below rebinds (the loop's own cursor is never changed)."""
+        return replace(self, pos=dict(self.pos), seg=dict(self.seg), pres=dict(self.pres),
+                       off=dict(self.off))

@@ -1,0 +1,260 @@
+"""Lowering of the expression and of the output modes: what the leaf stores, and what a
+loop does before and after itself when it wraps the output's accumulator or workspace.
+
+Output modes (``OutputPlan.mode``): ``dense`` (add into the dense output, or a scalar
+accumulator / register row stored once per element), ``direct`` (append each entry, or
+write it into an operand's pattern), ``acc`` (a scalar accumulator per output entry) and
+``ws`` (a workspace per fiber: dense arrays with flags, the runtime's dense scratch or
+std::map, or a plain std::map; drained in key order into the output).
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+from .. import merge_lattice as ml
+from ..index_notation import Access, Add, Expr, Mul, Neg, Scalar, Sub
+from ..loop_ir import AddTo, AppendEntry, Assign, Call, For, If, Stmt, While
+from .facts import cvar
+from .nest import Cursor, Nest
+
+__all__ = ["value", "leaf", "vector_leaf", "before_loop", "after_loop"]
+
+
+def value(n: Nest, e: Expr, st: Cursor, vec_at: Optional[int] = None) -> str:
+    """The C expression of ``e`` at the cursor; ``vec_at``: the vector leaf's row offset
+    (accesses streamed by the innermost loop are read as vectors from there)."""
+    f = n.facts
+    if isinstance(e, Access):
+        i = f.ids[e]
+        ap = f.s.accesses[i]
+        p = st.pos[i] if ap.sparse else st.off[i]
+        code = f"a.t{i}_vals[{p}]"
+        if vec_at is not None and not ap.sparse and f.s.loop_order[-1] in ap.indices:
+            code = f"(<{f.vtype}*>(a.t{i}_vals + {p} + {vec_at}))[0]"
+        pr = st.pres[i]
+        return code if pr == "1" else f"({code} if {pr} else 0)"
+    if isinstance(e, Scalar):
+        return f"(<{f.vt}>{e.value!r})"
+    if isinstance(e, Neg):
+        return f"(-{value(n, e.a, st, vec_at)})"
+    op = {Mul: "*", Add: "+", Sub: "-"}[type(e)]
+    return f"({value(n, e.a, st, vec_at)} {op} {value(n, e.b, st, vec_at)})"
+
+
+def _guarded(n: Nest, st: Cursor, stmts: List[Stmt]) -> Tuple[Stmt, ...]:
+    """``stmts`` under the lattice's presence condition at the cursor (if it can fail)."""
+    cond = ml.to_code(n.facts.s.formula, lambda i: st.pres[i])
+    return (If(cond, tuple(stmts)),) if cond != "1" else tuple(stmts)
+
+
+def _row_position(n: Nest) -> str:
+    """The output row (the compressed level's parent position) of the current loops."""
+    p = ""
+    out = n.facts.s.output
+    for v in out.level_vars[:n.facts.rows]:
+        p = cvar(v) if not p else f"({p}) * a.N_{v} + {cvar(v)}"
+    return p
+
+
+def _append(n: Nest, val: str) -> AppendEntry:
+    coords = tuple(cvar(v) for v in n.facts.s.output.level_vars)
+    return AppendEntry(coords, val, _row_position(n) if n.facts.rows else None)
+
+
+def _ws_key(n: Nest) -> str:
+    key = ""
+    for v in n.facts.s.output.ws_vars:
+        key = cvar(v) if not key else f"({key}) * a.N_{v} + {cvar(v)}"
+    return key
+
+
+def _decode_key(n: Nest) -> List[Stmt]:
+    """The workspace's variables from ``wkey`` (the inverse of ``_ws_key``)."""
+    out: List[Stmt] = []
+    for v in reversed(n.facts.s.output.ws_vars):
+        out += [Assign(cvar(v), f"wkey % a.N_{v}"), Assign("wkey", f"wkey // a.N_{v}")]
+    return out
+
+
+def leaf(n: Nest, st: Cursor) -> Tuple[Stmt, ...]:
+    """The innermost statement: the right-hand side's value added, stored or appended."""
+    f, d = n.facts, n.decls
+    out = f.s.output
+    val = value(n, f.s.assignment.rhs, st)
+    mode = out.mode
+    if mode == "dense" and out.acc_depth >= 0:
+        body: List[Stmt] = [AddTo("acc", val)]
+    elif mode == "dense":
+        body = [AddTo(f"a.out_vals[{st.oo}]", val)]
+    elif mode == "direct" and out.pattern >= 0:
+        body = [Assign(f"a.out_vals[{st.pos[out.pattern]}]", val)]
+    elif mode == "direct":
+        body = [_append(n, val)]
+    elif mode == "acc" and out.pattern >= 0:
+        body = [AddTo("acc", val)]
+    elif mode == "acc":
+        body = [AddTo("acc", val), Assign("hit", "1")]
+    elif out.ws_dense:
+        d.need("wkey")
+        body = [Assign("wkey", _ws_key(n)), Assign("wsv[wkey]", f"wsv[wkey] + {val}"),
+                Assign("wsf[wkey]", "1")]
+    elif f.rt_ws:
+        # the dense workspace lives in locals (values, marks, touched list, range), so
+        # the add is a few register operations; the std::map one is the runtime's
+        d.need("wkey")
+        body = [Assign("wkey", _ws_key(n))]
+        # branch-free: whether the coordinate is new is data-dependent (about one add in
+        # two on a mesh), a branch on it mispredicts; the touched list is always written
+        # and its end advances only for a new coordinate
+        if n.variant.ws_map:
+            body.append(Call(f"ws.add(wkey, {val})"))
+        else:
+            d.need("wnew", "int")
+            body += [Assign("wnew", "1 - wm[wkey]"), Assign("wm[wkey]", "1"),
+                     Assign("wv[wkey]", f"wv[wkey] + {val}"), Assign("wl[wc]", "<int32_t>wkey"),
+                     Assign("wc", "wc + wnew"), Assign("wlo", "wkey if wkey < wlo else wlo"),
+                     Assign("whi", "wkey if wkey > whi else whi")]
+    else:
+        d.need("wkey")
+        d.need("wref", f.vt + "*")
+        body = [Assign("wkey", _ws_key(n)), Assign("wref", "&ws[wkey]"),
+                Assign("wref[0]", f"wref[0] + {val}")]
+    return _guarded(n, st, body)
+
+
+def vector_leaf(n: Nest, st: Cursor) -> Tuple[Stmt, ...]:
+    """The innermost (row) loop of a compile-time width as whole vectors: accesses
+    streamed by it are vector loads, the others scalars (GCC vector extensions
+    broadcast them), one accumulator register per vector of the row (or, for a
+    reduction, lane-wise partial sums added horizontally once)."""
+    f = n.facts
+    rhs, regs = f.s.assignment.rhs, range(n.variant.width // f.lanes)
+    if f.row_depth < 0:   # vector dot product
+        terms = " + ".join(value(n, rhs, st, c * f.lanes) for c in regs)
+        body: List[Stmt] = [Assign("acc", f"acc + {f.vtype}_hsum({terms})")]
+        if f.s.output.mode == "acc" and f.s.output.pattern < 0:
+            body.append(Assign("hit", "1"))
+        return _guarded(n, st, body)
+    return _guarded(n, st, [Assign(f"wv{c}", f"wv{c} + {value(n, rhs, st, c * f.lanes)}")
+                            for c in regs])
+
+
+def _row_start(n: Nest, st: Cursor) -> List[Stmt]:
+    """A register row starts: its vectors zeroed, or (run-time width, stored once) the
+    output row itself zeroed."""
+    f, d = n.facts, n.decls
+    L = f.s.loop_order[-1]
+    cv = d.need(cvar(L))
+    if n.variant.width is not None:
+        return [Assign(d.need(f"wv{c}", f.vtype), f"{f.vtype}_zero()")
+                for c in range(n.variant.width // f.lanes)]
+    if f.store_all:
+        return [For(cv, None, f"a.N_{L}", (Assign(f"a.out_vals[{st.oo} + {cv}]", "0"),), "zero")]
+    return []
+
+
+def _row_end(n: Nest, st: Cursor) -> List[Stmt]:
+    """A register row ends: its vectors stored (or added) into the output row."""
+    f = n.facts
+    if n.variant.width is None:
+        return []
+    out = []
+    for c in range(n.variant.width // f.lanes):
+        p = f"(<{f.vtype}*>(a.out_vals + {st.oo} + {c * f.lanes}))[0]"
+        out.append(Assign(p, f"wv{c}" if f.store_all else f"{p} + wv{c}"))
+    return out
+
+
+def before_loop(n: Nest, depth: int, st: Cursor) -> List[Stmt]:
+    """What the loop at ``depth`` starts with when it wraps the output's workspace (a new
+    fiber), accumulator or register row."""
+    f, d = n.facts, n.decls
+    out = f.s.output
+    stmts: List[Stmt] = []
+    if out.mode == "ws" and depth == out.ws_depth and not out.ws_dense and not f.rt_ws:
+        stmts.append(Call("ws.clear()"))
+    if out.mode == "ws" and depth == out.ws_depth and f.rt_ws and not n.variant.ws_map:
+        # a new fiber: values and marks are already clear (the drain cleared them)
+        stmts += [Assign("wc", "0"), Assign("wlo", "wsize"), Assign("whi", "-1")]
+    if out.mode in ("acc", "dense") and depth == out.acc_depth:
+        d.need("acc", f.vt)
+        stmts.append(Assign("acc", "0"))
+        if out.mode == "acc" and out.pattern < 0:
+            d.need("hit", "int")
+            stmts.append(Assign("hit", "0"))
+    if depth == f.row_depth:
+        stmts += _row_start(n, st)
+    return stmts
+
+
+def _drain_call(n: Nest, it: str, crd: str, vals: str) -> Call:
+    """Sorted read-out of the workspace: the std::map's, or the local dense one's
+    (``workspace.h``: dense_ws_drain)."""
+    if n.variant.ws_map:
+        return Call(f"ws.drain({crd}, {vals}, 0)")
+    return Call(f"dense_ws_drain[int32_t, {it}, {n.facts.vt}](wl, wc, wlo, whi, wv, wm, {crd}, "
+                f"{vals}, wsp.sort_tmp)")
+
+
+def _drain_runtime(n: Nest) -> List[Stmt]:
+    """Drain the runtime workspace (sorted, leaves it empty) and append the entries."""
+    f, d = n.facts, n.decls
+    out = f.s.output
+    d.need("wn")
+    d.need("wi")
+    if len(out.ws_vars) > 1:
+        d.need("wkeys", "vector[int64_t]")
+        d.need("wvals", f"vector[{f.vt}]")
+    if f.rows:
+        # straight into room made in the chunk's buffers; the row's count into pos
+        d.need("wb")
+        body: List[Stmt] = [Assign("wb", "deref(oval).size()"), Call("deref(oval).grow(wn)"),
+                            Call("deref(ocrd).grow(wn)"),
+                            _drain_call(n, f.oit, "deref(ocrd).data() + wb", "deref(oval).data() + wb"),
+                            AddTo(f"a.out_pos[{_row_position(n)} + 1]", "wn")]
+    elif len(out.ws_vars) == 1:
+        # the key is the last level's coordinate: drain straight into the output
+        # buffers, and repeat the prefix coordinates wn times
+        L = len(out.level_vars) - 1
+        d.need("wb")
+        body = [Assign("wb", "deref(oval).size()"), Call("deref(oval).resize(wb + wn)"),
+                Call(f"ocrd[{L}].resize(wb + wn)"),
+                _drain_call(n, "int64_t", f"ocrd[{L}].data() + wb", "deref(oval).data() + wb")]
+        body += [Call(f"ocrd[{l}].insert(ocrd[{l}].end(), <size_t>wn, {cvar(v)})")
+                 for l, v in enumerate(out.level_vars[:L])]
+    else:
+        body = [Call("wkeys.resize(wn)"), Call("wvals.resize(wn)"),
+                _drain_call(n, "int64_t", "wkeys.data()", "wvals.data()"),
+                For("wi", None, "wn", tuple([Assign("wkey", "wkeys[wi]")] + _decode_key(n)
+                                            + [_append(n, "wvals[wi]")]), "drain")]
+    return [Assign("wn", "ws.size()" if n.variant.ws_map else "wc"), If("wn", tuple(body))]
+
+
+def after_loop(n: Nest, depth: int, st: Cursor) -> List[Stmt]:
+    """What the loop at ``depth`` ends with: the register row stored, the workspace
+    drained into the output, the accumulator stored or appended."""
+    f, d = n.facts, n.decls
+    out = f.s.output
+    stmts: List[Stmt] = _row_end(n, st) if depth == f.row_depth else []
+    if out.mode == "ws" and depth == out.ws_depth and out.ws_dense:
+        d.need("wkey")
+        fiber = ([Assign("wkey", "wi")] + _decode_key(n)
+                 + [_append(n, "wsv[wi]"), Assign("wsv[wi]", "0"), Assign("wsf[wi]", "0")])
+        stmts.append(For("wi", None, "wsize", (If("wsf[wi]", tuple(fiber)),), "drain"))
+    elif out.mode == "ws" and depth == out.ws_depth and f.rt_ws:
+        stmts += _drain_runtime(n)
+    elif out.mode == "ws" and depth == out.ws_depth:
+        d.need("wit", f"cmap[int64_t, {f.vt}].iterator")
+        fiber = ([Assign("wkey", "deref(wit).first")] + _decode_key(n)
+                 + [_append(n, "deref(wit).second"), Call("inc(wit)")])
+        stmts += [Assign("wit", "ws.begin()"), While("wit != ws.end()", tuple(fiber), "drain")]
+    if out.mode == "acc" and depth == out.acc_depth and out.pattern >= 0:
+        # every stored entry of the pattern operand is one output entry (the caller runs
+        # this kernel only when the reductions are non-empty)
+        stmts.append(Assign(f"a.out_vals[{st.pos[out.pattern]}]", "acc"))
+    elif out.mode == "acc" and depth == out.acc_depth:
+        stmts.append(If("hit", (_append(n, "acc"),)))
+    if out.mode == "dense" and depth == out.acc_depth:
+        target = f"a.out_vals[{st.oo}]"
+        stmts.append(Assign(target, "acc") if f.store_all else AddTo(target, "acc"))
+    return stmts

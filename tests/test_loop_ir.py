@@ -1,0 +1,202 @@
+"""The lowering to the loop IR (``scorch.tensor_compiler.lower``) and its printer (``codegen``).
+
+The lowering is asserted on the nodes it builds: loop kinds, store modes, the memset
+decision, chunk-function variants, chunking and the output epilogue. Byte identity of the
+printed sources with the generator before the loop IR was checked outside the suite (see
+the commit); the golden sources (``test_compiler_golden.py``) hold it for three kernels.
+"""
+import pytest
+import torch
+
+from scorch.formats import Format
+from scorch.tensor_compiler import codegen
+from scorch.tensor_compiler.index_notation import Access, Assignment
+from scorch.tensor_compiler.loop_ir import (AddTo, AppendEntry, Assign, Call, DenseOutput, For,
+                                            If, LevelCode, RowsOutput, TuplesOutput,
+                                            While, walk)
+from scorch.tensor_compiler.lower import kernel_facts, lower_kernel
+from scorch.tensor_compiler.schedule import schedule
+
+CSR, CSC, DCSR, COO = Format("dc"), Format("dc", (1, 0)), Format("cc"), Format("qq")
+A, B, X = Access(0, "ij"), Access(1, "ij"), Access(1, "j")
+I32 = torch.int32
+
+
+def _lower(asg, formats, out_format=None, dtype=torch.float64):
+    s = schedule(asg, formats, out_format)
+    idx = {ap.id: I32 for ap in s.accesses if ap.sparse}
+    return s, lower_kernel(s, dtype, idx)
+
+
+def _fn(k, name="run_chunk"):
+    return next(f for f in k.chunk_functions if f.name == name)
+
+
+def _nodes(k, kind, name="run_chunk"):
+    return [n for n in walk(_fn(k, name).body) if isinstance(n, kind)]
+
+
+def _loops(k, name="run_chunk"):
+    """(loop variable or iterator, role) of every loop, outermost first."""
+    return [(n.var if isinstance(n, For) else n.cond, n.role)
+            for n in walk(_fn(k, name).body) if isinstance(n, (For, While))]
+
+
+def _src(s, dtype=torch.float64):
+    return codegen.generate(s, dtype, {ap.id: I32 for ap in s.accesses if ap.sparse})[0]
+
+
+def test_spmv_rows_are_segments_and_the_accumulator_is_stored_once():
+    s, k = _lower(Assignment("i", A * X), [CSR, None])
+    assert _loops(k) == [("c_i", "dense"), ("q0_1", "segment")]
+    rows = _nodes(k, For)[0]
+    assert (rows.lo, rows.hi) == ("clo", "chi")              # the chunk's rows
+    assert Assign("a.out_vals[oo_0]", "acc") in _nodes(k, Assign)
+    assert not [n for n in _nodes(k, AddTo) if n.target.startswith("a.out_vals")]
+    assert k.memset is None and kernel_facts(s, torch.float64, {}).store_all
+    assert k.chunking.kind == "dense" and k.chunking.balance == "a.t0_pos1"
+    assert isinstance(k.output, DenseOutput) and k.c_entry
+    assert [f.name for f in k.chunk_functions] == ["run_chunk"]
+    assert ("acc", "int64_t") not in _fn(k).locals and ("acc", "double") in _fn(k).locals
+
+
+def test_spmv_over_columns_adds_into_a_zeroed_output():
+    """CSC: the outer loop is the reduction, so every row is added to many times."""
+    s, k = _lower(Assignment("i", A * X), [CSC, None], Format("d"))
+    assert s.loop_order == ["j", "i"]
+    assert _loops(k) == [("c_j", "dense"), ("q0_1", "segment")]
+    stores = [n for n in _nodes(k, AddTo) if n.target.startswith("a.out_vals")]
+    assert len(stores) == 1 and not kernel_facts(s, torch.float64, {}).store_all
+    assert k.memset == "a.N_i"
+    assert k.chunking.kind is None            # chunks would write the same rows
+
+
+def test_spmm_register_rows_and_panels():
+    s, k = _lower(Assignment("ik", A * Access(1, "jk")), [CSR, None], dtype=torch.float32)
+    names = [f.name for f in k.chunk_functions]
+    assert names == ["run_chunk", "run_chunk_w16", "run_chunk_w32", "run_chunk_w64", "run_chunk_w128"]
+    assert _fn(k, "run_chunk_w32").select == "a.N_k == 32"
+    assert k.vector_type == "scorch_vf"
+    # run-time width: the output row is zeroed where it starts, then added to
+    assert ("c_k", "zero") in _loops(k)
+    # width 32 = two registers, zeroed, accumulated at the leaf, stored (assigned) once
+    w32 = _fn(k, "run_chunk_w32")
+    assert ("wv1", "scorch_vf") in w32.locals and ("wv2", "scorch_vf") not in w32.locals
+    assert Assign("wv0", "scorch_vf_zero()") in _nodes(k, Assign, "run_chunk_w32")
+    assert any(n.target.startswith("(<scorch_vf*>(a.out_vals") and n.expr == "wv1"
+               for n in _nodes(k, Assign, "run_chunk_w32"))
+    assert not [lp for lp in _loops(k, "run_chunk_w32") if lp[0] == "c_k"]   # no k loop
+    assert k.memset is None
+    assert s.tiled == ["k"]
+    assert k.panels.widths == (16, 32, 64, 128) and "out_vals" in k.panels.shifted
+
+
+def test_sddmm_writes_into_the_pattern_and_has_a_vector_dot():
+    asg = Assignment("ij", A * Access(1, "ik") * Access(2, "kj"))
+    s, k = _lower(asg, [CSR, None, None])
+    assert s.output.mode == "acc" and s.output.pattern == 0
+    assert _loops(k) == [("c_i", "dense"), ("q0_1", "segment"), ("c_k", "dense")]
+    assert Assign("a.out_vals[q0_1]", "acc") in _nodes(k, Assign)
+    assert not _nodes(k, AppendEntry)
+    assert isinstance(k.output, DenseOutput) and k.memset is None
+    dot = [n for n in _nodes(k, Assign, "run_chunk_w8") if n.target == "acc" and "hsum" in n.expr]
+    assert len(dot) == 1
+
+
+def test_spgemm_runtime_workspace_and_rows_assembly():
+    s, k = _lower(Assignment("ik", A * Access(1, "jk")), [CSR, CSR])
+    assert s.output.mode == "ws"
+    assert [f.name for f in k.chunk_functions] == ["run_chunk", "run_chunk_map"]
+    assert _fn(k, "run_chunk_map").select == "a.N_k > 4194304"
+    assert isinstance(k.output, RowsOutput) and k.output.dense_vars == ("i",)
+    assert _loops(k) == [("c_i", "dense"), ("q0_1", "segment"), ("q1_1", "segment")]
+    assert Call("ws.add(wkey, (a.t0_vals[q0_1] * a.t1_vals[q1_1]))") in _nodes(k, Call, "run_chunk_map")
+    assert not _nodes(k, Call)[0].code.startswith("ws.add")       # dense scratch by default
+    drain = [n for n in _nodes(k, If) if n.cond == "wn"]
+    assert len(drain) == 1 and AddTo("a.out_pos[c_i + 1]", "wn") in drain[0].then
+    assert k.ws_vars == ("k",) and not k.c_entry
+
+
+def test_dense_and_map_workspaces():
+    asg = Assignment("ik", A * Access(1, "jk"))
+    s, k = _lower(asg, [CSR, CSR], Format("cd"))
+    assert s.output.ws_dense and [f.name for f in k.chunk_functions] == ["run_chunk"]
+    assert ("wi", "drain") in _loops(k)
+    assert _fn(k).body[-2:] == (Call("free(wsv)"), Call("free(wsf)"))
+    # int16 values have no runtime workspace: a std::map drained by its iterator
+    s, k = _lower(asg, [CSR, CSR], Format("qq"), dtype=torch.int16)
+    assert ("wit != ws.end()", "drain") in _loops(k)
+    assert Call("ws.clear()") in _nodes(k, Call)
+    assert isinstance(k.output, TuplesOutput) and k.output.levels == 2
+
+
+def test_union_and_intersection_merges():
+    s, k = _lower(Assignment("ij", A + B), [CSR, CSR])
+    (cond, role), = [lp for lp in _loops(k) if lp[1] == "merge"]
+    assert cond == "(q0_1 < h0_1 or q1_1 < h1_1)"
+    # a union: each operand may be absent, its value guarded by its found flag
+    (append,) = _nodes(k, AppendEntry)
+    assert "f0_1" in append.value and "f1_1" in append.value
+    s, k = _lower(Assignment("ij", A * B), [CSR, CSR])
+    assert [lp for lp in _loops(k) if lp[1] == "merge"] == [("(q0_1 < h0_1 and q1_1 < h1_1)", "merge")]
+    guard = [n for n in _nodes(k, If) if n.cond == "(f0_1 and f1_1)"]
+    assert len(guard) == 1     # the body runs where both are present
+
+
+def test_a_dense_term_merges_iterators_into_a_dense_loop():
+    s, k = _lower(Assignment("ij", A + Access(1, "ij")), [CSR, None], Format("dd"))
+    assert _loops(k) == [("c_i", "dense"), ("c_j", "dense")]
+    assert Assign("f0_1", "q0_1 < h0_1 and a.t0_crd1[q0_1] == c_j") in _nodes(k, Assign)
+
+
+def test_coo_rows_are_grouped_runs():
+    s, k = _lower(Assignment("i", A * X), [COO, None])
+    assert _loops(k)[0] == ("q0_0 < h0_0", "group")
+    group = _nodes(k, While)[0]
+    assert LevelCode(("e0_0 = q0_0 + 1", "while e0_0 < h0_0 and a.t0_crd0[e0_0] == c_i:",
+                      "    e0_0 += 1")) in group.body
+    assert group.body[-1] == Assign("q0_0", "e0_0")            # past the run
+    assert ("c_j", "dense") not in _loops(k)                      # j iterates its segment
+
+
+def test_diagonal_searches_the_bound_coordinate():
+    s, k = _lower(Assignment("i", Access(0, "ii")), [DCSR])
+    assert _loops(k) == [("q0_0", "segment"), ("q0_1 < h0_1 and a.t0_crd1[q0_1] < c_i", "search")]
+    assert If("f0_1", (AppendEntry(("c_i",), "(a.t0_vals[q0_1] if f0_1 else 0)"),)) in _nodes(k, If)
+    s, k = _lower(Assignment("i", Access(0, "ii")), [Format("dd")], Format("d"))
+    assert Assign("p0_1", "p0_0 * a.N_i + c_i") in _nodes(k, Assign)    # located
+
+
+def test_locals_are_declared_once_in_order_of_first_use():
+    s, k = _lower(Assignment("ij", A + B), [CSR, CSR])
+    names = [n for n, _ in _fn(k).locals]
+    assert len(names) == len(set(names))
+    assert names.index("c_i") < names.index("c_j") and "f1_1" in names
+
+
+def test_printer_is_a_function_of_the_node():
+    out = []
+    codegen.print_stmts((For("c", "0", "n", (If("x", (AddTo("s", "1"),), (Call("f()"),)),), "dense"),
+                         While("q < h", (Call("f(q)"),)), LevelCode(("a = 1", "    b = 2"))), 1, out.append)
+    assert out == ["    for c in range(0, n):", "        if x:", "            s += 1", "        else:",
+                   "            f()", "    while q < h:", "        f(q)", "    a = 1", "        b = 2"]
+    out.clear()
+    codegen.print_stmts((For("t", None, "n", (Assign("x", "t"),), "drain"),
+                         AppendEntry(("c_i", "c_j"), "v", "c_i")), 0, out.append)
+    assert out == ["for t in range(n):", "    x = t", "deref(ocrd).push_back(c_j)", "deref(oval).push_back(v)", "a.out_pos[c_i + 1] += 1"]
+
+
+@pytest.mark.parametrize("asg, formats", [
+    (Assignment("i", A * X), [CSR, None]),
+    (Assignment("ik", A * Access(1, "jk")), [CSR, CSR]),
+    (Assignment("ij", A - 0.5 * B), [CSR, COO]),
+])
+def test_generate_prints_the_lowered_kernel(asg, formats):
+    s = schedule(asg, formats)
+    idx = {ap.id: I32 for ap in s.accesses if ap.sparse}
+    src, args = codegen.generate(s, torch.float32, idx)
+    k = lower_kernel(s, torch.float32, idx)
+    assert src == codegen.print_kernel(k) and args == list(k.args)
+    assert lower_kernel(s, torch.float32, idx) == k          # lowering is deterministic
+    short = codegen.generate(s, torch.float32, idx, scalar_inner=True)[0].split("\n")
+    assert short[2] == "# scorch-cflags: -fno-tree-vectorize" and short[4:] == src.split("\n")[2:]
