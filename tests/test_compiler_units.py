@@ -7,7 +7,7 @@ from compiler_helpers import check_storage, dense, rand, sparse
 import scorch.tensor_compiler as C
 from scorch.tensor_compiler import plans, threads as thread_policy
 from scorch.tensor_compiler.tiling import choose_panel
-from scorch.tensor_compiler import concrete, merge_lattice as ml
+from scorch.tensor_compiler import merge_lattice as ml
 from scorch.tensor_compiler.format_inference import infer_output_kinds
 from scorch.tensor_compiler.index_notation import Access, Assignment, Scalar, parse_einsum
 from scorch.tensor_compiler.schedule import schedule
@@ -156,12 +156,18 @@ def test_schedule_conflicting_mode_orders_fewest_transposes():
     assert [a.transposed for a in s.accesses] == [False, True, False]
 
 
-def test_concrete_printer():
-    s = _sched("ij,jk->ik", [as_format("csr"), as_format("csr")])
-    text = str(concrete.from_schedule(s))
-    assert text.splitlines() == [
-        "forall i", "  where", "    forall k", "      out(i,k) = w(k)",
-        "    forall j", "      forall k", "        w(k) += T0(i,j) * T1(j,k)"]
+def test_explain_shows_the_loop_ir():
+    """``explain`` shows the lowered kernel itself (not a side copy): Gustavson SpGEMM's loops
+    by role, the workspace it scatters into and drains, the rows assembly."""
+    a = sparse(rand((6, 6), 0.5, seed=3), "csr")
+    plan = C.explain("ij,jk->ik", a, a)
+    text = str(plan)
+    assert plan.loop_ir is not None and "loop IR:" in text
+    outline = text[text.index("loop IR:"):]
+    assert "# dense" in outline and "# segment" in outline
+    assert "dense_ws_drain" in outline and "RowsOutput" in outline
+    from scorch.tensor_compiler.codegen import print_kernel
+    assert print_kernel(plan.loop_ir) == plan.source
 
 
 # ---------------------------------------------------------------- lowering: level-kind combos
@@ -428,7 +434,7 @@ def test_explain_runs_nothing_and_reports():
     assert p.output_format == as_format("csr")
     assert "def kernel" in p.source and "SparseWorkspace[double]" in p.source
     text = str(p)
-    assert "forall i" in text and "where" in text
+    assert "loop IR:" in text and "# segment" in text and "ws.drain" in text
 
 
 def test_generated_source_uses_raw_pointers_not_memoryviews():

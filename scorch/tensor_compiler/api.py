@@ -13,7 +13,9 @@ import torch
 
 from ..formats import Format
 from ..level_storage import Storage
-from . import codegen, concrete
+from .codegen import print_kernel
+from .loop_ir import outline
+from .lower import lower_kernel
 from .execute import run
 from .frontend import bind_sizes, check_equation
 from .index_notation import Assignment, accesses
@@ -163,12 +165,12 @@ def explain(equation: str, *operands, out_format=None) -> Plan:
     for ap in s.accesses:
         if ap.sparse:
             idx[ap.id] = ops[ap.tensor].index_dtype
-    src, _ = codegen.generate(s, entry.value_dtype, idx)
+    kernel = lower_kernel(s, entry.value_dtype, idx)
     out = s.output
     if out.dense:
         ofmt = Format("d" * max(1, len(out.vars))) if out.vars else Format("d")
     else:
         ofmt = out.final_format or out.format
     transposes = [(ap.tensor, ap.source_format, ap.format) for ap in s.accesses if ap.transposed]
-    return Plan(list(s.loop_order), list(s.workspaces), list(s.tiled), ofmt, src,
-                str(concrete.from_schedule(s)), transposes, s.assignment, s)
+    return Plan(list(s.loop_order), list(s.workspaces), list(s.tiled), ofmt, print_kernel(kernel),
+                transposes, s.assignment, s, kernel)

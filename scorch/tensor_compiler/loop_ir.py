@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Optional, Tuple, Union
 
-__all__ = ["ArgSpec", "Stmt", "Assign", "AddTo", "Call", "For", "While", "If", "LevelCode",
+__all__ = ["ArgSpec", "Stmt", "Assign", "AddTo", "Call", "For", "While", "If", "LevelCode", "outline",
            "AppendEntry", "ChunkFunction", "Chunking", "Panels", "DenseOutput", "TuplesOutput",
            "RowsOutput", "Kernel", "walk"]
 
@@ -187,3 +187,52 @@ def walk(stmts) -> Iterator[Stmt]:
         elif isinstance(st, If):
             yield from walk(st.then)
             yield from walk(st.orelse)
+
+
+def outline(k: Kernel) -> str:
+    """The loop structure of a kernel, as ``explain`` shows it: each chunk function's loops
+    with their roles, the guards and the stores into the output, workspace or accumulator
+    (the bookkeeping in between is left out; ``Plan.source`` has every line)."""
+    lines = []
+    c = k.chunking
+    if c.kind is not None:
+        lines.append(f"chunks over {c.var} ({c.kind}"
+                     + (f", balanced by stored entries of {c.balance}" if c.balance else "") + ")")
+    if k.memset is not None:
+        lines.append(f"zero the output ({k.memset} values)")
+    for fn in k.chunk_functions:
+        lines.append(fn.name + (f"  (when {fn.select})" if fn.select else "") + ":")
+        _outline(fn.body, 1, lines)
+    lines.append(f"output: {type(k.output).__name__}")
+    return "\n".join(lines)
+
+
+def _stores(st) -> bool:
+    target = getattr(st, "target", "")
+    return "out_vals" in target or target.startswith(("acc", "wv", "ws"))
+
+
+def _outline(stmts, ind: int, lines) -> None:
+    pre = "  " * ind
+    for st in stmts:
+        if isinstance(st, For):
+            lines.append(f"{pre}for {st.var} in [{st.lo or 0}, {st.hi})  # {st.role}")
+            _outline(st.body, ind + 1, lines)
+        elif isinstance(st, While):
+            lines.append(f"{pre}while {st.cond}  # {st.role}")
+            _outline(st.body, ind + 1, lines)
+        elif isinstance(st, If):
+            inner: list = []
+            _outline(st.then, ind + 1, inner)
+            _outline(st.orelse, ind + 1, inner)
+            if inner:
+                lines.append(f"{pre}if {st.cond}")
+                lines.extend(inner)
+        elif isinstance(st, AppendEntry):
+            lines.append(f"{pre}append ({', '.join(st.coords)}) <- {st.value}")
+        elif isinstance(st, Assign) and _stores(st):
+            lines.append(f"{pre}{st.target} = {st.expr}")
+        elif isinstance(st, AddTo) and _stores(st):
+            lines.append(f"{pre}{st.target} += {st.expr}")
+        elif isinstance(st, Call) and st.code.startswith(("ws.", "dense_ws_drain")):
+            lines.append(f"{pre}{st.code}")

@@ -17,6 +17,7 @@ from ..formats import Format
 from ..level_storage import Storage
 from . import codegen
 from .index_notation import Assignment
+from .loop_ir import Kernel, outline
 from .schedule import Schedule
 
 __all__ = ["Plan", "PlanEntry", "COMPILER_VERSION", "cached_entry", "fmt_key", "storage_signature",
@@ -32,18 +33,19 @@ class Plan:
     ``loop_order`` (index variables, outermost first), ``workspaces`` (descriptions),
     ``tiled`` (tiled variables), ``output_format`` (the result's format; all-dense for a
     dense result), ``transposes`` (operands re-formatted, as ``(operand, from, to)``),
-    ``source`` (Cython), ``cin`` (concrete index notation); ``schedule`` keeps the loop
-    ordering's trace (``sparsity_order``, greedy ``moves`` with net costs,
-    ``cycle_removals``), which ``str(plan)`` prints."""
+    ``source`` (Cython); the stages' own forms: ``assignment`` (index notation),
+    ``schedule`` (with Algorithm 1's trace: ``sparsity_order``, greedy ``moves`` with net
+    costs, ``cycle_removals``) and ``loop_ir`` (the lowered kernel, ``source`` is its print),
+    all of which ``str(plan)`` shows."""
     loop_order: List[str]
     workspaces: List[str]
     tiled: List[str]
     output_format: Format
     source: str
-    cin: str
     transposes: List[Tuple[int, Format, Format]]
     assignment: Assignment
     schedule: Schedule = field(repr=False, default=None)
+    loop_ir: Kernel = field(repr=False, default=None)
 
     def __str__(self) -> str:
         lines = [f"expression:   {self.assignment}",
@@ -60,8 +62,9 @@ class Plan:
             lines.append(f"by sparsity:  {', '.join(s.sparsity_order)}")
             lines.extend(f"  {m}" for m in s.moves)
             lines.extend(f"  {c}" for c in s.cycle_removals)
-        lines.append("concrete index notation:")
-        lines.extend("  " + ln for ln in self.cin.splitlines())
+        if self.loop_ir is not None:
+            lines.append("loop IR:")
+            lines.extend("  " + ln for ln in outline(self.loop_ir).splitlines())
         return "\n".join(lines)
 
 
