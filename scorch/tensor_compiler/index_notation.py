@@ -87,21 +87,17 @@ class Binary(Expr):
         return f"{left} {self.symbol} {_paren(self.b, cls, always=self.paren_right_always)}"
 
 
-@dataclass(frozen=True, eq=True)
+# the subclasses inherit Binary's dataclass methods (equality compares the class too)
 class Mul(Binary):
-    symbol = "*"
-    paren_left = True
+    symbol, paren_left = "*", True
 
 
-@dataclass(frozen=True, eq=True)
 class Add(Binary):
     symbol = "+"
 
 
-@dataclass(frozen=True, eq=True)
 class Sub(Binary):
-    symbol = "-"
-    paren_right_always = True
+    symbol, paren_right_always = "-", True
 
 
 @dataclass(frozen=True, eq=True)

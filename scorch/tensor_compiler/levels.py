@@ -47,14 +47,8 @@ class LevelPlan:
     has_pos: bool      # carries a pos array (compressed, or coordinate heading a run)
     grouped: bool      # coordinates may repeat (a coordinate level before another): group them
     from_range: bool = False   # no pos, under a grouped parent: iterates the range it hands down
-
-    @property
-    def locates(self) -> bool:
-        return self.kind.has_locate
-
-    @property
-    def iterates(self) -> bool:
-        return self.kind.is_sparse
+    locates: bool = False      # O(1) child position from the coordinate (dense)
+    iterates: bool = True      # visits its stored coordinates (every kind that filters)
 
     def segment_parent(self, pos: dict, seg: dict):
         """What ``segment_setup`` takes for this level: the parent position, or the range a
@@ -79,7 +73,8 @@ def level_plans(access: int, kinds: Sequence[LevelKind], level_vars: Sequence[st
         has_pos = kind.has_pos(prev)
         grouped = not kind.unique_before(nxt)
         from_range = not has_pos and not kind.full and bool(out) and out[-1].grouped
-        out.append(LevelPlan(access, k, kind, v, has_pos, grouped, from_range))
+        out.append(LevelPlan(access, k, kind, v, has_pos, grouped, from_range, kind.locate,
+                             kind.is_sparse))
     return out
 
 
