@@ -18,6 +18,11 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 def _equation_and_operands(args):
     """torch.einsum's call forms: (eq, *ops), (eq, [ops]) and the sublist form."""
+    if not args:
+        raise TypeError("einsum(): expected an equation and operands")
+    if not isinstance(args[0], (str, torch.Tensor)):
+        raise TypeError(f"einsum(): the equation must be a string such as 'ij,jk->ik', got "
+                        f"{type(args[0]).__name__} {args[0]!r}")
     if args and isinstance(args[0], str):
         eq, ops = args[0], args[1:]
         if len(ops) == 1 and isinstance(ops[0], (list, tuple)):

@@ -87,16 +87,20 @@ def einsum_declined(equation: str, operands: tuple, out_format=None):
     ops = []
     key = [equation, out_format]
     sparse = False
-    for x in operands:
+    elsewhere = None   # a dense operand on another device (fine for torch.einsum alone)
+    for n, x in enumerate(operands):
         tx = type(x)
         if tx is Storage:
             st = x
         elif tx is _SPARSE_TENSOR[0]:
             st = x._storage
-        elif tx is torch.Tensor and x.layout is _STRIDED and not x.requires_grad:
+        elif tx is torch.Tensor and x.layout is _STRIDED and not x.requires_grad and x.is_cpu:
             st = x
+        elif isinstance(x, torch.Tensor) and x.layout is _STRIDED and not x.is_cpu:
+            st = x
+            elsewhere = n
         else:
-            st = as_operand(x)
+            st = as_operand(x, n)
         if type(st) is Storage:
             sparse = True
             ops.append(st)
@@ -108,6 +112,10 @@ def einsum_declined(equation: str, operands: tuple, out_format=None):
             key.append(st.dim())
     if out_format is None and not sparse:
         return torch.einsum(check_equation(equation), *operands)   # the caller's tensors: autograd intact
+    if elsewhere is not None:
+        raise ValueError(f"einsum(): operand {elsewhere} is on device "
+                         f"{operands[elsewhere].device}; scorch kernels run on CPU tensors "
+                         f"(move it with .cpu())")
     if _DISPATCH[0] is None:
         _load_dispatch()
     check_equation(equation)

@@ -15,20 +15,24 @@ from ..level_storage import Level, Storage
 __all__ = ["as_operand", "torch_sparse_storage", "convert_storage", "unblocked", "cast_storage"]
 
 
-def as_operand(x: Any):
-    """A dense strided torch tensor, or a Storage."""
+def as_operand(x: Any, n: Optional[int] = None):
+    """A dense strided CPU tensor, or a Storage (``n``: the operand's number, for messages)."""
     if isinstance(x, Storage):
         return x
     st = getattr(x, "_storage", None)
     if isinstance(st, Storage):
         return st
+    name = "an operand" if n is None else f"operand {n}"
     if isinstance(x, torch.Tensor):
+        if not x.is_cpu:
+            raise ValueError(f"einsum(): {name} is on device {x.device}; scorch kernels run on "
+                             f"CPU tensors (move it with .cpu())")
         if x.layout != torch.strided:
             return torch_sparse_storage(x)
         return x.detach() if x.requires_grad else x
-    if isinstance(x, (int, float)):
-        return torch.tensor(x)
-    raise TypeError(f"einsum(): operand of type {type(x).__name__} is not a tensor")
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(f"einsum(): {name} of type {type(x).__name__} is not a tensor")
+    return torch.tensor(x)
 
 
 #: id of a torch sparse tensor -> (weak reference to it, its version counter, the Storage
