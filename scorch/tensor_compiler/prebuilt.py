@@ -60,8 +60,8 @@ def standard_cases() -> List[Tuple[str, Callable[[], object]]]:
 
 
 def _storage_of(x):
-    from ..interop import from_torch
-    return from_torch(x)
+    from .operands import as_operand
+    return as_operand(x)
 
 
 def _run_part(part: int, parts: int) -> None:
