@@ -250,11 +250,12 @@ def test_spgemm_sparse_output_structure():
 
 @pytest.mark.parametrize("idt", [torch.int32, torch.int64])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_spgemm_rows_assembly(idt, threads, monkeypatch):
+def test_spgemm_rows_assembly(idt, threads, monkeypatch, request):
     """CSR outputs are assembled row-wise (counts into pos, chunk buffers copied in order):
     rows of every length, empty rows, both index widths, one and several chunks."""
     monkeypatch.setattr(thread_policy, "PARALLEL_MIN_WORK", 0)
     C.plan_cache_clear()
+    request.addfinalizer(C.plan_cache_clear)   # no runner keeps the patched threshold
     x, y = rand((300, 40), 0.08, seed=11), rand((40, 500), 0.1, seed=12)
     x[100:150] = 0   # a run of empty output rows
     x[7] = 1.0       # a dense row: its output row is read out by scanning marks

@@ -93,7 +93,7 @@ def test_moe_csr_gate_and_dense_output_override():
     torch.testing.assert_close(y, torch.einsum("bd,ndh,bn->bh", x, E, gates))
 
 
-def test_parallel_chunks_match_serial(monkeypatch):
+def test_parallel_chunks_match_serial(monkeypatch, request):
     """Large enough for several prange chunks: dense outputs, sparse outputs appended per
     chunk (direct, accumulator, workspace) must equal the one-thread result exactly."""
     from compiler_helpers import rand
@@ -102,6 +102,7 @@ def test_parallel_chunks_match_serial(monkeypatch):
     a, bb = sparse(x, "csr"), sparse(y, "csr")
     cases = [("ij,jk->ik", (a, y)), ("ij,jk->ik", (a, bb)), ("ij,ik,kj->ij", (a, b, c)),
              ("ij,ij->ij", (a, sparse(x * 2, "dcsr"))), ("ij,j->i", (sparse(x, "coo"), y[:, 0]))]
+    request.addfinalizer(C.plan_cache_clear)   # no runner keeps the patched thread function
     for eq, ops in cases:
         monkeypatch.setattr(threads, "threads_for", lambda w: 1)
         C.plan_cache_clear()   # warm runners keep the thread function they were made with
