@@ -14,7 +14,6 @@ import torch
 from ..formats import Format
 from ..level_storage import Storage
 from .codegen import print_kernel
-from .loop_ir import outline
 from .lower import lower_kernel
 from .execute import run
 from .frontend import bind_sizes, check_equation

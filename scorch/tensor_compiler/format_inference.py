@@ -7,7 +7,9 @@
 * a sum or difference is dense when any term is dense at ``v`` or does not index ``v``
   (a broadcast term is nonzero along all of ``v``); sparse + sparse stays sparse
   (conservative, as the paper argues);
-* a scalar is dense.
+* a scalar is dense;
+* a quotient is like its numerator (the denominator is dense);
+* a function keeps its argument's kind when it maps 0 to 0 (``functions.py``), else dense.
 
 A sparse output level takes the kind its feeding sparse levels agree on (``output_kind``:
 coordinate levels give coordinate, compressed and singleton levels compressed), else
@@ -19,7 +21,8 @@ from __future__ import annotations
 from typing import Callable, Dict, Sequence
 
 from ..formats import LevelKind
-from .index_notation import Access, Add, Expr, Mul, Neg, Scalar, Sub
+from .functions import function
+from .index_notation import Access, Add, Apply, Div, Expr, Mul, Neg, Scalar, Sub
 
 __all__ = ["infer_kind", "infer_output_kinds"]
 
@@ -37,7 +40,12 @@ def _infer(e: Expr, v: str, kind_of: Callable[[Access, str], LevelKind]):
         return DENSE
     if isinstance(e, Neg):
         return _infer(e.a, v, kind_of)
+    if isinstance(e, Apply):   # functions.py: only a zero-preserving function keeps sparsity
+        a = _infer(e.a, v, kind_of)
+        return a if a is None or function(e.fn).preserves_zero(e.p) else DENSE
     a, b = _infer(e.a, v, kind_of), _infer(e.b, v, kind_of)
+    if isinstance(e, Div):     # like the numerator; a numerator broadcast along v is dense
+        return (DENSE if b is not None else None) if a is None else a
     if isinstance(e, Mul):
         if a is None or a == DENSE:
             return b if b is not None else a

@@ -18,12 +18,13 @@ dimensions an ellipsis stands for.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .frontend import bind_sizes, check_equation
+from .functions import function
 
 __all__ = [
-    "Expr", "Access", "Binary", "Mul", "Add", "Sub", "Neg", "Scalar", "Assignment",
+    "Expr", "Access", "Binary", "Mul", "Add", "Sub", "Div", "Neg", "Apply", "Scalar", "Assignment",
     "parse_einsum", "EinsumSpec", "accesses", "label_sort_key", "product",
 ]
 
@@ -38,6 +39,8 @@ class Expr:
     def __sub__(self, other): return Sub(self, _wrap(other))
     def __rsub__(self, other): return Sub(_wrap(other), self)
     def __neg__(self): return Neg(self)
+    def __truediv__(self, other): return Div(self, _wrap(other))
+    def __rtruediv__(self, other): return Div(_wrap(other), self)
 
     def vars(self) -> List[str]:
         """Index variables in first-appearance order."""
@@ -100,6 +103,28 @@ class Sub(Binary):
     symbol, paren_right_always = "-", True
 
 
+class Div(Binary):
+    """``a / b``: computed where ``a`` may be nonzero; ``b`` must be dense (a sparse
+    denominator makes the result dense by nature: x / 0)."""
+    symbol, paren_left, paren_right_always = "/", True, True
+
+
+@dataclass(frozen=True, eq=True)
+class Apply(Expr):
+    """An elementwise function (``functions.FUNCTIONS``) of ``a``; ``p``: its parameter."""
+    fn: str
+    a: Expr
+    p: Optional[float] = None
+
+    def __post_init__(self):
+        f = function(self.fn)
+        if f.parameter and self.p is None:
+            raise ValueError(f"{self.fn} needs a parameter")
+
+    def __str__(self) -> str:
+        return f"{self.fn}({self.a}{'' if self.p is None else f', {self.p!r}'})"
+
+
 @dataclass(frozen=True, eq=True)
 class Neg(Expr):
     a: Expr
@@ -117,7 +142,7 @@ class Scalar(Expr):
 
 
 def _paren(e: Expr, parent, always: bool = False) -> str:
-    if isinstance(e, (Access, Scalar)):
+    if isinstance(e, (Access, Scalar, Apply)):
         return str(e)
     if isinstance(e, Mul) and parent in (Mul, Add, Sub, Neg) and not (always and parent is Neg):
         return str(e)
@@ -132,7 +157,7 @@ def accesses(e: Expr) -> List[Access]:
         return [e]
     if isinstance(e, Binary):
         return accesses(e.a) + accesses(e.b)
-    if isinstance(e, Neg):
+    if isinstance(e, (Neg, Apply)):
         return accesses(e.a)
     return []
 

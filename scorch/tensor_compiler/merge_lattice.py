@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Iterable, List, Sequence
 
-from .index_notation import Access, Add, Expr, Mul, Neg, Scalar, Sub
+from .functions import function
+from .index_notation import Access, Add, Apply, Div, Expr, Mul, Neg, Scalar, Sub
 
 __all__ = ["access_ids", "formula", "evaluate", "to_code", "dense_needed", "necessary",
            "loop_condition"]
@@ -47,6 +48,10 @@ def formula(e: Expr, ids: Dict[Access, int]):
         return _or(formula(e.a, ids), formula(e.b, ids))
     if isinstance(e, Neg):
         return formula(e.a, ids)
+    if isinstance(e, Div):   # the denominator is dense (schedule checks): the numerator's
+        return formula(e.a, ids)
+    if isinstance(e, Apply):  # a function that maps 0 elsewhere is nonzero everywhere
+        return formula(e.a, ids) if function(e.fn).preserves_zero(e.p) else True
     if isinstance(e, Scalar):
         return True
     raise TypeError(f"unknown expression node {e!r}")

@@ -23,10 +23,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ..formats import Format, LevelKind
 from . import merge_lattice as ml
 from .format_inference import infer_output_kinds
-from .index_notation import Access, Assignment, Mul, Neg, Scalar
+from .functions import function
+from .index_notation import Access, Apply, Assignment, Div, Mul, Neg, Scalar, accesses
 from .levels import LevelPlan, level_plans
 from .cost_model import OrderProblem, concordant_dims, order_cost
-from .loop_order import CycleRemoval, LoopOrder, Move, NoValidOrder, algorithm1
+from .loop_order import CycleRemoval, Move, NoValidOrder, algorithm1
 
 __all__ = ["AccessPlan", "OutputPlan", "Schedule", "schedule", "NoValidOrder"]
 
@@ -111,8 +112,10 @@ def _pattern_access(asg: Assignment, plans: List[AccessPlan], out: OutputPlan,
     def product(e) -> bool:
         if isinstance(e, (Access, Scalar)):
             return True
-        if isinstance(e, Neg):
+        if isinstance(e, (Neg, Div)):   # a quotient's denominator is dense
             return product(e.a)
+        if isinstance(e, Apply):
+            return function(e.fn).preserves_zero(e.p) and product(e.a)
         if isinstance(e, Mul):
             return product(e.a) and product(e.b)
         return False
@@ -141,6 +144,7 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
     operand read natively: its block-inner dense levels).
     """
     fixed_tail = fixed_tail or {}
+    _check_denominators(asg.rhs, formats)
     ids = ml.access_ids(asg.rhs)
     f = ml.formula(asg.rhs, ids)
     for acc in ids:
@@ -245,6 +249,21 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
     return Schedule(asg, order, plans, out, f, workspaces, _tiled(order, plans), cost,
                     list(lo.sparsity_order), list(lo.moves), list(lo.cycles),
                     list(lo.cycle_removals), dict(lo.terms))
+
+
+def _check_denominators(e, formats) -> None:
+    """A quotient is computed where its numerator may be nonzero, so its denominator must be
+    dense: dividing by a sparse operand is x / 0 wherever it stores nothing (dense by
+    nature)."""
+    if isinstance(e, Div):
+        sparse = sorted({a.tensor for a in accesses(e.b) if formats[a.tensor] is not None})
+        if sparse:
+            raise ValueError(f"division by sparse operand {sparse[0]}: the quotient is x / 0 "
+                             f"wherever it stores nothing (dense by nature); divide by its "
+                             f"dense form")
+    for child in (getattr(e, "a", None), getattr(e, "b", None)):
+        if child is not None:
+            _check_denominators(child, formats)
 
 
 def _tiled(order: Sequence[str], plans: List[AccessPlan]) -> List[str]:

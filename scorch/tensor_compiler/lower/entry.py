@@ -15,7 +15,7 @@ import torch
 from ..loop_ir import (ArgSpec, Assign, Call, ChunkFunction, Chunking, DenseOutput, Kernel, Panels,
                        RowsOutput, Stmt, TuplesOutput)
 from ..schedule import Schedule
-from .facts import DENSE_WS_LIMIT, KernelFacts, kernel_facts, ws_size
+from .facts import DENSE_WS_LIMIT, KernelFacts, kernel_facts, math_functions, ws_size
 from .loops import loop_nest
 from .nest import Cursor, Decls, Nest, Variant
 
@@ -119,6 +119,9 @@ def _imports(f: KernelFacts) -> Tuple[str, ...]:
     out = f.s.output
     lines = ["from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t",
              "from libc.string cimport memcpy, memset"]
+    math = math_functions(f.s)
+    if math:
+        lines.append(f"from libc.math cimport {', '.join(math)}")
     if out.mode == "ws" and out.ws_dense:
         lines.append("from libc.stdlib cimport calloc, free")
     lines.append("from libcpp.vector cimport vector")

@@ -15,6 +15,8 @@ from typing import Dict, FrozenSet, Optional, Sequence, Tuple
 import torch
 
 from .. import merge_lattice as ml
+from ..functions import function
+from ..index_notation import Apply
 from ..levels import LevelPlan
 from ..schedule import Schedule
 
@@ -296,6 +298,27 @@ def _store_depth(s: Schedule, row_depth: int) -> Optional[int]:
     return None
 
 
+def _applies(e) -> bool:
+    """The expression applies an elementwise function somewhere."""
+    return any(isinstance(x, Apply) for x in _nodes(e))
+
+
+def _nodes(e):
+    yield e
+    for child in (getattr(e, "a", None), getattr(e, "b", None)):
+        if child is not None:
+            yield from _nodes(child)
+
+
+def math_functions(s: Schedule) -> Tuple[str, ...]:
+    """The libc.math names the kernel's expression calls."""
+    names = []
+    for x in _nodes(s.assignment.rhs):
+        if isinstance(x, Apply):
+            names.extend(n for n in function(x.fn).math if n not in names)
+    return tuple(names)
+
+
 def kernel_facts(s: Schedule, value_dtype: torch.dtype,
                  index_dtypes: Dict[int, torch.dtype]) -> KernelFacts:
     """Decide everything about the kernel for ``s`` that does not depend on a node."""
@@ -315,7 +338,8 @@ def kernel_facts(s: Schedule, value_dtype: torch.dtype,
     else:
         crd_buf, val_buf = "vector[int64_t]", f"vector[{vt}]"
     widths: Tuple[int, ...] = ()
-    if (row_depth >= 0 or dot) and vt in ("float", "double"):
+    # fixed-width variants compute on GCC vector types: arithmetic only, no function calls
+    if (row_depth >= 0 or dot) and vt in ("float", "double") and not _applies(s.assignment.rhs):
         widths = (16, 32, 64, 128) if vt == "float" else (8, 16, 32, 64)
     panels = widths if (row_depth >= 0 and order[-1] in s.tiled) else ()
     loops = _loop_levels(s)

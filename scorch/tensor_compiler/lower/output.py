@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import List, Optional, Tuple
 
 from .. import merge_lattice as ml
-from ..index_notation import Access, Add, Expr, Mul, Neg, Scalar, Sub
+from ..functions import function
+from ..index_notation import Access, Add, Apply, Div, Expr, Mul, Neg, Scalar, Sub
 from ..loop_ir import AddTo, AppendEntry, Assign, Call, For, If, Stmt, While
 from .facts import cvar
 from .nest import Cursor, Nest
@@ -37,7 +38,10 @@ def value(n: Nest, e: Expr, st: Cursor, vec_at: Optional[int] = None) -> str:
         return f"(<{f.vt}>{e.value!r})"
     if isinstance(e, Neg):
         return f"(-{value(n, e.a, st, vec_at)})"
-    op = {Mul: "*", Add: "+", Sub: "-"}[type(e)]
+    if isinstance(e, Apply):   # never in a vector leaf (facts: no fixed widths)
+        fn = function(e.fn)
+        return "(" + fn.c_expr.format(x=value(n, e.a, st, vec_at), p=f"(<{f.vt}>{e.p!r})") + ")"
+    op = {Mul: "*", Add: "+", Sub: "-", Div: "/"}[type(e)]
     return f"({value(n, e.a, st, vec_at)} {op} {value(n, e.b, st, vec_at)})"
 
 

@@ -1,0 +1,104 @@
+"""The index-notation IR beyond sums and products: division and elementwise functions, with
+format inference reading the zero-preserving table (``tensor_compiler/functions.py``).
+Every result is checked against dense torch, NaN and inf included."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import scorch
+from scorch.tensor_compiler import Access, Assignment, compute
+from scorch.tensor_compiler.functions import FUNCTIONS
+from scorch.tensor_compiler.index_notation import Apply, Div
+from scorch.tensor_type import SparseTensor
+
+TORCH = {"abs": torch.abs, "relu": torch.relu, "sqrt": torch.sqrt, "sin": torch.sin,
+         "tanh": torch.tanh, "sign": torch.sign, "square": torch.square, "exp": torch.exp,
+         "cos": torch.cos, "sigmoid": torch.sigmoid, "log": torch.log}
+A, B, C = Access(0, "ij"), Access(1, "ij"), Access(2, "ij")
+
+
+def _dense(r):
+    return SparseTensor(r).to_dense() if not isinstance(r, torch.Tensor) else r
+
+
+def _matrix(m, n, density, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    d = torch.randn(m, n, generator=g, dtype=dtype) * (torch.rand(m, n, generator=g) < density)
+    return d
+
+
+def test_every_torch_function_has_a_row_in_the_table():
+    assert set(TORCH) | {"pow"} == set(FUNCTIONS)
+    assert [f for f in FUNCTIONS if FUNCTIONS[f].zero_preserving and f != "pow"] == [
+        f for f in TORCH if float(TORCH[f](torch.zeros(1))) == 0]
+
+
+@settings(max_examples=30, deadline=None)
+@given(fn=st.sampled_from(sorted(TORCH)), fmt=st.sampled_from(["csr", "csc", "coo", "dcsr"]),
+       m=st.integers(0, 7), n=st.integers(1, 6), density=st.sampled_from([0.0, 0.3, 1.0]),
+       dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 99))
+def test_function_of_a_sparse_operand(fn, fmt, m, n, density, dtype, seed):
+    d = _matrix(m, n, density, dtype, seed)
+    S = scorch.sparse_tensor(d, format=fmt)
+    r = compute(Assignment("ij", Apply(fn, A)), S)
+    if FUNCTIONS[fn].zero_preserving:
+        assert not isinstance(r, torch.Tensor), "a zero-preserving function keeps sparsity"
+        assert SparseTensor(r).nnz == S.nnz
+    else:
+        assert isinstance(r, torch.Tensor), "a function that maps 0 elsewhere is dense"
+    torch.testing.assert_close(_dense(r), TORCH[fn](d), equal_nan=True)
+
+
+@pytest.mark.parametrize("p,sparse", [(2.0, True), (0.5, True), (3.0, True), (0.0, False),
+                                      (-1.0, False)])
+def test_pow_keeps_zero_only_for_positive_exponents(p, sparse):
+    d = _matrix(5, 4, 0.4, torch.float64, 1).abs()
+    r = compute(Assignment("ij", Apply("pow", A, p)), scorch.sparse_tensor(d, format="csr"))
+    assert (not isinstance(r, torch.Tensor)) == sparse
+    torch.testing.assert_close(_dense(r), torch.pow(d, p), equal_nan=True)
+
+
+@settings(max_examples=20, deadline=None)
+@given(fmt=st.sampled_from(["csr", "coo", "dcsc"]), m=st.integers(1, 6), n=st.integers(1, 6),
+       seed=st.integers(0, 99))
+def test_fused_relu_of_product_plus_sparse_is_one_sparse_kernel(fmt, m, n, seed):
+    x, y = _matrix(m, n, 0.5, torch.float64, seed), _matrix(m, n, 0.5, torch.float64, seed + 1)
+    D = torch.randn(m, n, dtype=torch.float64)
+    r = compute(Assignment("ij", Apply("relu", A * B + C)), scorch.sparse_tensor(x, format=fmt), D,
+                scorch.sparse_tensor(y, format=fmt))
+    assert not isinstance(r, torch.Tensor)
+    torch.testing.assert_close(_dense(r), torch.relu(x * D + y))
+
+
+@settings(max_examples=20, deadline=None)
+@given(fmt=st.sampled_from(["csr", "csc", "coo"]), m=st.integers(0, 6), n=st.integers(1, 6),
+       dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 99))
+def test_division_by_dense_and_by_scalar_keeps_the_numerators_pattern(fmt, m, n, dtype, seed):
+    x = _matrix(m, n, 0.4, dtype, seed)
+    D = torch.rand(m, n, dtype=dtype) + 0.5
+    S = scorch.sparse_tensor(x, format=fmt)
+    for expr, want in ((Div(A, B), x / D), (A / 4.0, x / 4.0), (Div(A * B, B + 1.0), x * D / (D + 1))):
+        r = compute(Assignment("ij", expr), S, D)
+        assert not isinstance(r, torch.Tensor)
+        torch.testing.assert_close(_dense(r), want)
+    col = torch.rand(m, 1, dtype=dtype) + 1   # a denominator broadcast along j
+    torch.testing.assert_close(_dense(compute(Assignment("ij", Div(A, B)), S, col)), x / col)
+
+
+def test_division_by_a_sparse_operand_is_refused_with_the_reason():
+    x = _matrix(4, 3, 0.5, torch.float64, 0)
+    S = scorch.sparse_tensor(x, format="csr")
+    with pytest.raises(ValueError, match="division by sparse operand 1"):
+        compute(Assignment("ij", Div(A, B)), torch.ones(4, 3, dtype=torch.float64), S)
+
+
+def test_explain_source_calls_libm():
+    S = scorch.sparse_tensor(_matrix(4, 3, 0.5, torch.float64, 0), format="csr")
+    from scorch.tensor_compiler.planner import make_entry
+    from scorch.tensor_compiler.codegen import generate
+    e = make_entry(Assignment("ij", Apply("sqrt", A) + Apply("exp", A)), [("i", "j")], [S._storage], None)
+    src, _ = generate(e.schedule, torch.float64, {0: S._storage.index_dtype})
+    assert "from libc.math cimport sqrt, exp" in src
+    assert e.schedule.output.dense   # exp maps 0 to 1: dense by nature
