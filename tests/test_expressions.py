@@ -102,3 +102,55 @@ def test_explain_source_calls_libm():
     src, _ = generate(e.schedule, torch.float64, {0: S._storage.index_dtype})
     assert "from libc.math cimport sqrt, exp" in src
     assert e.schedule.output.dense   # exp maps 0 to 1: dense by nature
+
+
+def _stored_reduce(d, mask, red, dim):
+    """torch's amax/amin over the stored entries only (an empty fiber: -inf / +inf)."""
+    if d.dtype.is_floating_point:
+        fill = torch.tensor(float("-inf") if red == "max" else float("inf"), dtype=d.dtype)
+    else:
+        info = torch.iinfo(d.dtype)
+        fill = torch.tensor(info.min if red == "max" else info.max, dtype=d.dtype)
+    x = torch.where(mask, d, fill)
+    return x.amax(dim) if red == "max" else x.amin(dim)
+
+
+@settings(max_examples=30, deadline=None)
+@given(red=st.sampled_from(["max", "min"]), fmt=st.sampled_from(["csr", "csc", "coo", "dcsr", "dcsc"]),
+       out=st.sampled_from(["i", "j"]), m=st.integers(1, 7), n=st.integers(1, 6),
+       density=st.sampled_from([0.0, 0.3, 1.0]), seed=st.integers(0, 99),
+       scaled=st.booleans())
+def test_max_min_over_stored_entries(red, fmt, out, m, n, density, seed, scaled):
+    """``Assignment(out, rhs, "max")``: the reduction runs over stored entries; a sparse
+    result has no entry for an empty fiber, a dense one holds -inf / +inf there."""
+    d = _matrix(m, n, density, torch.float64, seed)
+    mask = d != 0
+    D = torch.rand(m, n, dtype=torch.float64) + 0.5
+    S = scorch.sparse_tensor(d, format=fmt)
+    rhs = A * B if scaled else A
+    r = compute(Assignment(out, rhs, red), S, D) if scaled else compute(Assignment(out, rhs, red), S)
+    dim = 1 if out == "i" else 0
+    want = _stored_reduce(d * D if scaled else d, mask, red, dim)
+    if isinstance(r, torch.Tensor):
+        torch.testing.assert_close(r, want)
+    else:
+        got = SparseTensor(r)
+        nonempty = mask.any(dim)
+        assert got.nnz == int(nonempty.sum())
+        torch.testing.assert_close(got.to_dense(), torch.where(nonempty, want, torch.zeros_like(want)))
+
+
+def test_max_over_a_3d_tensor_and_integers():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randint(-5, 5, (4, 3, 5), generator=g) * (torch.rand(4, 3, 5, generator=g) < 0.5)
+    S = scorch.sparse_tensor(x, format=scorch.Format("dcc"))
+    r = compute(Assignment("ik", Access(0, "ijk"), "max"), S)
+    want = _stored_reduce(x, x != 0, "max", 1)   # an empty fiber holds the int64 minimum
+    if isinstance(r, torch.Tensor):
+        torch.testing.assert_close(r, want)
+    else:
+        nonempty = (x != 0).any(1)
+        torch.testing.assert_close(SparseTensor(r).to_dense(), torch.where(nonempty, want, torch.zeros_like(want)))
+    assert "max_j" in str(Assignment("ik", Access(0, "ijk"), "max"))
+    with pytest.raises(ValueError, match="unknown reduction 'mean'"):
+        Assignment("i", A, "mean")

@@ -159,9 +159,12 @@ def _chunking(k: Kernel, w) -> None:
     if c.kind is not None:
         w("    if nthreads > 1 and hi0 - lo0 >= 64:")
         w("        nchunks = min(hi0 - lo0, 8 * nthreads, 1024)")
-    if k.memset is not None:
+    if k.memset is not None and k.fill is None:
         # the output arrives uninitialized (torch.empty: cheaper than torch.zeros' dispatch)
         w(f"    memset(<void*>a.out_vals, 0, {k.memset} * sizeof({k.value_type}))")
+    elif k.memset is not None:   # a max/min reduction starts from its identity
+        w(f"    for t in range({k.memset}):")
+        w(f"        a.out_vals[t] = {k.fill}")
     if len(k.chunk_functions) > 1:
         w("    cdef chunk_fn fn = run_chunk")
         for fn in k.chunk_functions[1:]:

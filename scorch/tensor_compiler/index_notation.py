@@ -25,7 +25,7 @@ from .functions import function
 
 __all__ = [
     "Expr", "Access", "Binary", "Mul", "Add", "Sub", "Div", "Neg", "Apply", "Scalar", "Assignment",
-    "parse_einsum", "EinsumSpec", "accesses", "label_sort_key", "product",
+    "parse_einsum", "EinsumSpec", "accesses", "label_sort_key", "product", "REDUCTIONS",
 ]
 
 
@@ -164,13 +164,20 @@ def accesses(e: Expr) -> List[Access]:
 
 @dataclass(frozen=True)
 class Assignment:
-    """``out(output) = sum over reduction variables of rhs``."""
+    """``out(output) = reduce over the reduction variables of rhs``: ``reduce`` is ``"sum"``
+    (einsum), or ``"max"`` / ``"min"`` over the *stored* entries (an unstored entry does not
+    take part: the op layer adds torch's implicit zeros where a fiber has unstored ones, and
+    ``torch.sparse.softmax`` wants exactly this; an empty fiber gives -inf / +inf)."""
     output: Tuple[str, ...]
     rhs: Expr
+    reduce: str = "sum"
 
-    def __init__(self, output: Sequence[str], rhs: Expr):
+    def __init__(self, output: Sequence[str], rhs: Expr, reduce: str = "sum"):
         object.__setattr__(self, "output", tuple(output))
         object.__setattr__(self, "rhs", rhs)
+        object.__setattr__(self, "reduce", reduce)
+        if reduce not in REDUCTIONS:
+            raise ValueError(f"unknown reduction {reduce!r}; expected one of {', '.join(REDUCTIONS)}")
         missing = [v for v in self.output if v not in rhs.vars()]
         if missing:
             raise ValueError(f"output index {missing[0]!r} does not appear on the right-hand side")
@@ -186,8 +193,12 @@ class Assignment:
         return tuple(self.rhs.vars())
 
     def __str__(self) -> str:
-        red = "".join(f"sum_{v} " for v in self.reduction)
+        red = "".join(f"{self.reduce}_{v} " for v in self.reduction)
         return f"out({','.join(self.output)}) = {red}{self.rhs}"
+
+
+#: reductions an Assignment may use
+REDUCTIONS = ("sum", "max", "min")
 
 
 # ---------------------------------------------------------------------------------------

@@ -176,6 +176,7 @@ class Kernel:
     memset: Optional[str]                    # element count to zero first, or None
     panels: Optional[Panels]
     output: Union[DenseOutput, TuplesOutput, RowsOutput]
+    fill: Optional[str] = None               # what memset fills instead of 0 (max/min: -inf/+inf)
 
 
 def walk(stmts) -> Iterator[Stmt]:
@@ -199,7 +200,7 @@ def outline(k: Kernel) -> str:
         lines.append(f"chunks over {c.var} ({c.kind}"
                      + (f", balanced by stored entries of {c.balance}" if c.balance else "") + ")")
     if k.memset is not None:
-        lines.append(f"zero the output ({k.memset} values)")
+        lines.append(f"fill the output with {k.fill or 0} ({k.memset} values)")
     for fn in k.chunk_functions:
         lines.append(fn.name + (f"  (when {fn.select})" if fn.select else "") + ":")
         _outline(fn.body, 1, lines)

@@ -246,6 +246,15 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
         else:
             out.mode = "direct"
         out.pattern = _pattern_access(asg, plans, out, order)
+        if asg.reduce != "sum" and out.mode == "ws" and out_format is None:
+            # workspaces only sum: a max/min whose reduction loop sits above an output loop
+            # (CSC reduced over its columns) writes a dense output instead
+            return schedule(asg, formats, Format("d" * rank), fixed_tail)
+        if asg.reduce != "sum" and out.mode == "ws":
+            raise NotImplementedError(
+                f"a {asg.reduce} reduction over {', '.join(asg.reduction)} above output loops "
+                f"needs a workspace, which only sums (loop order {', '.join(order)}); read "
+                f"the operand in a format whose mode order puts the output dimensions first")
     return Schedule(asg, order, plans, out, f, workspaces, _tiled(order, plans), cost,
                     list(lo.sparsity_order), list(lo.moves), list(lo.cycles),
                     list(lo.cycle_removals), dict(lo.terms))

@@ -15,7 +15,7 @@ import torch
 from ..loop_ir import (ArgSpec, Assign, Call, ChunkFunction, Chunking, DenseOutput, Kernel, Panels,
                        RowsOutput, Stmt, TuplesOutput)
 from ..schedule import Schedule
-from .facts import DENSE_WS_LIMIT, KernelFacts, kernel_facts, math_functions, ws_size
+from .facts import DENSE_WS_LIMIT, KernelFacts, kernel_facts, math_functions, reduce_identity, ws_size
 from .loops import loop_nest
 from .nest import Cursor, Decls, Nest, Variant
 
@@ -119,7 +119,9 @@ def _imports(f: KernelFacts) -> Tuple[str, ...]:
     out = f.s.output
     lines = ["from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t",
              "from libc.string cimport memcpy, memset"]
-    math = math_functions(f.s)
+    math = list(math_functions(f.s))
+    if f.s.assignment.reduce != "sum" and f.vt in ("float", "double"):
+        math.append("INFINITY")
     if math:
         lines.append(f"from libc.math cimport {', '.join(math)}")
     if out.mode == "ws" and out.ws_dense:
@@ -183,4 +185,5 @@ def lower_kernel(s: Schedule, value_dtype: torch.dtype,
                   buffers=(f.crd_buf, f.val_buf),
                   chunk_functions=tuple(chunk_function(f, v) for v in variants(f)),
                   c_entry=c_entry, ws_vars=tuple(out.ws_vars) if out.mode == "ws" else (),
-                  chunking=_chunking(f), memset=memset, panels=_panels(f), output=_output(f))
+                  chunking=_chunking(f), memset=memset, panels=_panels(f), output=_output(f),
+                  fill=None if s.assignment.reduce == "sum" else reduce_identity(s.assignment.reduce, f.vt))

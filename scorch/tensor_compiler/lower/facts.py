@@ -319,6 +319,28 @@ def math_functions(s: Schedule) -> Tuple[str, ...]:
     return tuple(names)
 
 
+#: the identity of each reduction by C value type (what an accumulator starts from)
+_LIMITS = {"float": ("-INFINITY", "INFINITY"), "double": ("-INFINITY", "INFINITY"),
+           "int64_t": ("(-9223372036854775807 - 1)", "9223372036854775807"),
+           "int32_t": ("(-2147483647 - 1)", "2147483647"), "int16_t": ("-32768", "32767"),
+           "int8_t": ("-128", "127"), "uint8_t": ("0", "255")}
+
+
+def reduce_identity(reduce: str, vt: str) -> str:
+    """The value an accumulator of ``reduce`` starts from."""
+    if reduce == "sum":
+        return "0"
+    return _LIMITS[vt][0 if reduce == "max" else 1]
+
+
+def reduce_into(reduce: str, target: str, val: str) -> str:
+    """The new value of ``target`` after reducing ``val`` into it (``val``: a local)."""
+    if reduce == "sum":
+        return f"{target} + {val}"
+    op = ">" if reduce == "max" else "<"
+    return f"{val} if {val} {op} {target} else {target}"
+
+
 def kernel_facts(s: Schedule, value_dtype: torch.dtype,
                  index_dtypes: Dict[int, torch.dtype]) -> KernelFacts:
     """Decide everything about the kernel for ``s`` that does not depend on a node."""
@@ -329,8 +351,9 @@ def kernel_facts(s: Schedule, value_dtype: torch.dtype,
     last = order[-1] if order else None
     out_unit = last if (out.dense and out.vars and out.vars[-1] == last) else None
     rt_ws = out.mode == "ws" and not out.ws_dense and vt in ("float", "double", "int32_t", "int64_t")
-    row_depth = _row_accumulation_depth(s, out_unit)
-    dot = _vector_dot(s, unit)
+    summed = s.assignment.reduce == "sum"   # register rows and vector dots add, nothing else
+    row_depth = _row_accumulation_depth(s, out_unit) if summed else -1
+    dot = _vector_dot(s, unit) and summed
     rows = _rows_assembly(s, rt_ws)
     oit = "int32_t" if idx and all(t == "int32_t" for t in idx.values()) else "int64_t"
     if rows:

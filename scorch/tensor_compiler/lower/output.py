@@ -15,7 +15,7 @@ from .. import merge_lattice as ml
 from ..functions import function
 from ..index_notation import Access, Add, Apply, Div, Expr, Mul, Neg, Scalar, Sub
 from ..loop_ir import AddTo, AppendEntry, Assign, Call, For, If, Stmt, While
-from .facts import cvar
+from .facts import cvar, reduce_identity, reduce_into
 from .nest import Cursor, Nest
 
 __all__ = ["value", "leaf", "vector_leaf", "before_loop", "after_loop"]
@@ -86,18 +86,27 @@ def leaf(n: Nest, st: Cursor) -> Tuple[Stmt, ...]:
     out = f.s.output
     val = value(n, f.s.assignment.rhs, st)
     mode = out.mode
+    reduce = f.s.assignment.reduce
+    pre: List[Stmt] = []
+    if reduce != "sum" and mode in ("dense", "acc"):
+        # max/min: the value is read twice, so it is computed once into a local
+        d.need("rv", f.vt)
+        pre, val = [Assign("rv", val)], "rv"
+
+    def into(target: str) -> Stmt:
+        return AddTo(target, val) if reduce == "sum" else Assign(target, reduce_into(reduce, target, val))
     if mode == "dense" and out.acc_depth >= 0:
-        body: List[Stmt] = [AddTo("acc", val)]
+        body: List[Stmt] = pre + [into("acc")]
     elif mode == "dense":
-        body = [AddTo(f"a.out_vals[{st.oo}]", val)]
+        body = pre + [into(f"a.out_vals[{st.oo}]")]
     elif mode == "direct" and out.pattern >= 0:
         body = [Assign(f"a.out_vals[{st.pos[out.pattern]}]", val)]
     elif mode == "direct":
         body = [_append(n, val)]
     elif mode == "acc" and out.pattern >= 0:
-        body = [AddTo("acc", val)]
+        body = pre + [into("acc")]
     elif mode == "acc":
-        body = [AddTo("acc", val), Assign("hit", "1")]
+        body = pre + [into("acc"), Assign("hit", "1")]
     elif out.ws_dense:
         d.need("wkey")
         body = [Assign("wkey", _ws_key(n)), Assign("wsv[wkey]", f"wsv[wkey] + {val}"),
@@ -182,7 +191,7 @@ def before_loop(n: Nest, depth: int, st: Cursor) -> List[Stmt]:
         stmts += [Assign("wc", "0"), Assign("wlo", "wsize"), Assign("whi", "-1")]
     if out.mode in ("acc", "dense") and depth == out.acc_depth:
         d.need("acc", f.vt)
-        stmts.append(Assign("acc", "0"))
+        stmts.append(Assign("acc", reduce_identity(f.s.assignment.reduce, f.vt)))
         if out.mode == "acc" and out.pattern < 0:
             d.need("hit", "int")
             stmts.append(Assign("hit", "0"))
@@ -260,5 +269,11 @@ def after_loop(n: Nest, depth: int, st: Cursor) -> List[Stmt]:
         stmts.append(If("hit", (_append(n, "acc"),)))
     if out.mode == "dense" and depth == out.acc_depth:
         target = f"a.out_vals[{st.oo}]"
-        stmts.append(Assign(target, "acc") if f.store_all else AddTo(target, "acc"))
+        reduce = f.s.assignment.reduce
+        if f.store_all:
+            stmts.append(Assign(target, "acc"))
+        elif reduce == "sum":
+            stmts.append(AddTo(target, "acc"))
+        else:
+            stmts.append(Assign(target, reduce_into(reduce, target, "acc")))
     return stmts
