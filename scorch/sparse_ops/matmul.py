@@ -1,0 +1,219 @@
+"""The matmul family on sparse operands: ``@``, ``mm``, ``mv``, ``bmm``, ``matmul``, ``addmm``
+and ``F.linear``, each lowered to ONE ``scorch.einsum`` call (so each is one generated kernel
+and inherits einsum's gradients); ``addmm`` and a biased ``linear`` add one elementwise step.
+
+Result layouts follow torch: sparse @ dense and dense @ sparse give dense tensors, sparse @
+sparse gives a sparse tensor (its format comes from format inference).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .._dispatch import register
+from ..tensor_type import is_sparse_operand
+from . import elementwise
+from .einsum import einsum
+
+__all__ = ["matmul", "mm", "mv", "bmm", "addmm", "linear"]
+
+_BATCH_LETTERS = "abcdefgh"
+
+
+def _any_sparse(*xs) -> bool:
+    return any(is_sparse_operand(x) for x in xs)
+
+
+def _contract(equation: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """One einsum; dense @ sparse is asked for a dense result, as torch gives."""
+    if not is_sparse_operand(a) and is_sparse_operand(b) and not equation.endswith("->"):
+        return einsum(equation, a, b, out_format="dense")
+    return einsum(equation, a, b)
+
+
+def _check_dtypes(name: str, a: torch.Tensor, b: torch.Tensor) -> None:
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"{name}: expected both operands to have the same dtype, but got "
+                           f"{a.dtype} for the first and {b.dtype} for the second")
+
+
+def _check_rank(name: str, what: str, x: torch.Tensor, rank: int) -> None:
+    if x.dim() != rank:
+        raise RuntimeError(f"{name}: {what} must be a {rank}-D tensor, got {x.dim()}-D of shape "
+                           f"{tuple(x.shape)}")
+
+
+def _check_inner(name: str, a: torch.Tensor, b: torch.Tensor, da: int, db: int) -> None:
+    if a.shape[da] != b.shape[db]:
+        raise RuntimeError(f"{name}: shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be "
+                           f"multiplied ({a.shape[da]} != {b.shape[db]})")
+
+
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch.mm``: (m, k) @ (k, n)."""
+    _check_rank("mm", "self", a, 2)
+    _check_rank("mm", "mat2", b, 2)
+    _check_inner("mm", a, b, 1, 0)
+    _check_dtypes("mm", a, b)
+    return _contract("ij,jk->ik", a, b)
+
+
+def mv(a: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``torch.mv``: (m, k) @ (k,)."""
+    _check_rank("mv", "self", a, 2)
+    _check_rank("mv", "vec", v, 1)
+    _check_inner("mv", a, v, 1, 0)
+    _check_dtypes("mv", a, v)
+    return _contract("ij,j->i", a, v)
+
+
+def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch.bmm``: (B, m, k) @ (B, k, n), no broadcasting (as torch)."""
+    _check_rank("bmm", "batch1", a, 3)
+    _check_rank("bmm", "batch2", b, 3)
+    if a.shape[0] != b.shape[0]:
+        raise RuntimeError(f"bmm: batch sizes differ: {a.shape[0]} and {b.shape[0]}")
+    _check_inner("bmm", a, b, 2, 1)
+    _check_dtypes("bmm", a, b)
+    return _contract("bij,bjk->bik", a, b)
+
+
+def _batch_equation(a: torch.Tensor, b: torch.Tensor) -> str:
+    """torch.matmul's rules as one einsum: 1-D operands are promoted (and the promoted
+    dimension dropped again), batch dimensions broadcast from the right."""
+    ra, rb = a.dim(), b.dim()
+    nb = max(ra - 2 if ra >= 2 else 0, rb - 2 if rb >= 2 else 0)
+    if nb > len(_BATCH_LETTERS):
+        raise RuntimeError(f"matmul: at most {len(_BATCH_LETTERS)} batch dimensions are supported")
+    batch = _BATCH_LETTERS[:nb]
+    sa = batch[nb - (ra - 2):] + "ij" if ra >= 2 else "j"
+    sb = batch[nb - (rb - 2):] + "jk" if rb >= 2 else "j"
+    out = batch + ("i" if ra >= 2 else "") + ("k" if rb >= 2 else "")
+    # broadcast batch dimensions: a sparse operand cannot stretch a size-1 dimension
+    for n in range(nb):
+        da = ra - 2 - (nb - n)
+        db = rb - 2 - (nb - n)
+        xa = a.shape[da] if ra >= 2 and da >= 0 else None
+        xb = b.shape[db] if rb >= 2 and db >= 0 else None
+        if xa is not None and xb is not None and xa != xb and 1 not in (xa, xb):
+            raise RuntimeError(f"matmul: batch dimensions of {tuple(a.shape)} and "
+                               f"{tuple(b.shape)} do not broadcast")
+    return f"{sa},{sb}->{out}"
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch.matmul`` / ``@`` with torch's rank rules (1-D dot, 1-D promotion, batches)."""
+    if a.dim() == 0 or b.dim() == 0:
+        raise RuntimeError(f"matmul: both arguments need at least 1 dimension, got "
+                           f"{a.dim()}D and {b.dim()}D")
+    _check_inner("matmul", a, b, -1, -2 if b.dim() >= 2 else 0)
+    _check_dtypes("matmul", a, b)
+    if a.dim() == 2 and b.dim() == 2:
+        return _contract("ij,jk->ik", a, b)
+    return _contract(_batch_equation(a, b), a, b)
+
+
+def addmm(input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta=1,
+          alpha=1) -> torch.Tensor:
+    """``beta * input + alpha * (mat1 @ mat2)``: one einsum for the product (alpha folded in
+    as a scalar operand), one elementwise kernel for the sum."""
+    _check_rank("addmm", "mat1", mat1, 2)
+    _check_rank("addmm", "mat2", mat2, 2)
+    _check_inner("addmm", mat1, mat2, 1, 0)
+    _check_dtypes("addmm", mat1, mat2)
+    prod = mm(mat1, mat2) if alpha == 1 else elementwise.mul(mm(mat1, mat2), alpha)
+    if beta == 0:   # torch ignores input (even NaN) when beta is 0, but broadcasts its shape
+        torch.broadcast_shapes(tuple(input.shape), tuple(prod.shape))
+        return prod
+    scaled = input if beta == 1 else elementwise.mul(input, beta)
+    return elementwise.add(scaled, prod)
+
+
+def linear(input: torch.Tensor, weight: torch.Tensor,
+           bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``F.linear``: ``input @ weight.T + bias`` with the transpose folded into the einsum
+    (no copy), sparse weight or sparse input."""
+    if weight.dim() not in (1, 2):
+        raise RuntimeError(f"linear: weight must be 1-D or 2-D, got shape {tuple(weight.shape)}")
+    if input.dim() == 0:
+        raise RuntimeError("linear: input must have at least 1 dimension")
+    if input.shape[-1] != weight.shape[-1]:
+        raise RuntimeError(f"linear: input shape {tuple(input.shape)} and weight shape "
+                           f"{tuple(weight.shape)} cannot be multiplied ({input.shape[-1]} != "
+                           f"{weight.shape[-1]})")
+    _check_dtypes("linear", input, weight)
+    lead = _BATCH_LETTERS[:input.dim() - 1]
+    if len(lead) != input.dim() - 1:
+        raise RuntimeError("linear: too many leading dimensions")
+    if weight.dim() == 2:
+        out = _contract(f"{lead}j,oj->{lead}o", input, weight)
+    else:
+        out = _contract(f"{lead}j,j->{lead}", input, weight)
+    return out if bias is None else elementwise.add(out, bias)
+
+
+# --- registration --------------------------------------------------------------------------
+
+def _sparse_only(fn):
+    """torch's own kernels run when no operand is sparse."""
+    def handler(*args, **kwargs):
+        if not _any_sparse(*args, *kwargs.values()):
+            return NotImplemented
+        return fn(*args, **kwargs)
+    handler.__name__ = fn.__name__
+    handler.__doc__ = fn.__doc__
+    return handler
+
+
+def _no_out(name, kwargs):
+    if kwargs.get("out") is not None:
+        raise RuntimeError(f"{name}: out= is not supported with sparse operands")
+    kwargs.pop("out", None)
+
+
+@register(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
+@_sparse_only
+def _matmul(a, b, **kwargs):
+    _no_out("matmul", kwargs)
+    return matmul(a, b)
+
+
+@register(torch.Tensor.__rmatmul__)
+@_sparse_only
+def _rmatmul(a, b):
+    return matmul(b, a)
+
+
+@register(torch.mm, torch.Tensor.mm)
+@_sparse_only
+def _mm(a, b, **kwargs):
+    _no_out("mm", kwargs)
+    return mm(a, b)
+
+
+@register(torch.mv, torch.Tensor.mv)
+@_sparse_only
+def _mv(a, v, **kwargs):
+    _no_out("mv", kwargs)
+    return mv(a, v)
+
+
+@register(torch.bmm, torch.Tensor.bmm)
+@_sparse_only
+def _bmm(a, b, **kwargs):
+    _no_out("bmm", kwargs)
+    return bmm(a, b)
+
+
+@register(torch.addmm, torch.Tensor.addmm)
+@_sparse_only
+def _addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
+    _no_out("addmm", {"out": out})
+    return addmm(input, mat1, mat2, beta=beta, alpha=alpha)
+
+
+@register(torch.nn.functional.linear)
+@_sparse_only
+def _linear(input, weight, bias=None):
+    return linear(input, weight, bias)
