@@ -129,6 +129,8 @@ def _prepare(*xs, true_division: bool = False):
 
 def add(a, b, alpha=1) -> torch.Tensor:
     """``a + alpha * b``: sparse when both are sparse (union of patterns), else dense."""
+    if not (is_sparse_operand(a) or is_sparse_operand(b)):
+        return torch.add(a, b, alpha=alpha)
     dt, (a, b) = _prepare(a, b)
     if alpha == 1:
         return _build((a, b), "add")
@@ -137,6 +139,8 @@ def add(a, b, alpha=1) -> torch.Tensor:
 
 def sub(a, b, alpha=1) -> torch.Tensor:
     """``a - alpha * b``."""
+    if not (is_sparse_operand(a) or is_sparse_operand(b)):
+        return torch.sub(a, b, alpha=alpha)
     dt, (a, b) = _prepare(a, b)
     if alpha == 1:
         return _build((a, b), "sub")
@@ -145,6 +149,8 @@ def sub(a, b, alpha=1) -> torch.Tensor:
 
 def mul(a, b) -> torch.Tensor:
     """``a * b``: sparse when either is sparse (intersection of patterns)."""
+    if not (is_sparse_operand(a) or is_sparse_operand(b)):
+        return torch.mul(a, b)
     dt, (a, b) = _prepare(a, b)
     return _build((a, b), "mul")
 
