@@ -89,8 +89,8 @@ def _wrap(result):
 
 
 def _build(terms, op: str) -> torch.Tensor:
-    """Run the expression ``_EXPRESSIONS[op]`` over ``terms`` (operands already in the result dtype) with
-    torch's broadcasting; returns the kernel's result."""
+    """Run the expression ``_EXPRESSIONS[op]`` over ``terms`` (operands already in the result
+    dtype) with torch's broadcasting; returns the kernel's result."""
     shape = tuple(torch.broadcast_shapes(*[_shape_of(t) for t in terms]))
     rank = len(shape)
     if rank > len(_LETTERS):
@@ -99,6 +99,7 @@ def _build(terms, op: str) -> torch.Tensor:
     operands: List[object] = []
     accesses: list = []
     ir = _compiler().index_notation
+    partial_sparse = False   # a sparse operand that does not index every output dimension
     for x in terms:
         r = x.dim()
         vars_ = list(out_vars[rank - r:])
@@ -107,15 +108,20 @@ def _build(terms, op: str) -> torch.Tensor:
             if stretch:
                 x = _shape.squeeze_dims(x, stretch)
                 vars_ = [v for d, v in enumerate(vars_) if d not in stretch]
-                if x.dim() == 0:  # a single stored entry or none: a 0-d dense operand
-                    x = x if not isinstance(x, SparseTensor) else x.to_dense()
+            partial_sparse |= len(vars_) < rank
         operands.append(x)
         accesses.append(ir.Access(len(operands) - 1, vars_))
     rhs = _EXPRESSIONS[op](*accesses)
     missing = [v for v in out_vars if v not in rhs.vars()]
-    if missing:   # every operand broadcasts there and is sparse: cannot happen with a
+    if missing:
         raise RuntimeError(f"elementwise: output dimension {missing} is indexed by no operand")
-    result = _wrap(_compiler().compute(ir.Assignment(out_vars, rhs), *operands))
+    out_format = None
+    if op == "mul" and partial_sparse:
+        # a product with a sparse operand is sparse; where the sparse operand is broadcast,
+        # format inference alone would make the stretched dimensions dense
+        out_format = "coo"
+    result = _wrap(_compiler().compute(ir.Assignment(out_vars, rhs), *operands,
+                                       out_format=out_format))
     if tuple(result.shape) != shape:
         raise RuntimeError(f"elementwise: kernel gave shape {tuple(result.shape)}, expected {shape}")
     return result
@@ -180,10 +186,17 @@ def _scalar_like(x) -> bool:
 
 # --- in-place forms --------------------------------------------------------------------------
 
-def _same_pattern(a: SparseTensor, b: SparseTensor) -> bool:
-    sa, sb = a._storage, b._storage
-    if sa.format != sb.format or sa.shape != sb.shape:
-        return False
+def _level_keys(st: Storage) -> torch.Tensor:
+    """Each stored entry's coordinates linearised in level order: ascending in storage order
+    (levels store coordinates sorted), so positions can be found by binary search."""
+    c = _shape._coords_of(st)
+    key = torch.zeros(c.shape[1], dtype=torch.int64)
+    for lv in st.levels:
+        key = key * st.shape[lv.dim] + c[lv.dim]
+    return key
+
+
+def _same_structure(sa: Storage, sb: Storage) -> bool:
     for la, lb in zip(sa.levels, sb.levels):
         for x, y in ((la.pos, lb.pos), (la.crd, lb.crd)):
             if (x is None) != (y is None):
@@ -194,8 +207,9 @@ def _same_pattern(a: SparseTensor, b: SparseTensor) -> bool:
 
 
 def _store_in_place(name: str, self, result) -> torch.Tensor:
-    """Write ``result`` into ``self`` when it has self's pattern (the values array is updated in
-    place, so views and optimizers see it); otherwise a clear error."""
+    """Write ``result`` into ``self`` when its entries lie on self's pattern (self's values
+    array is updated in place, so views and optimizers see it; self's entries the result
+    does not store become zeros); otherwise a clear error."""
     if not torch.can_cast(result.dtype, self.dtype):
         raise RuntimeError(f"{name}: result type {result.dtype} can't be cast to the desired "
                            f"output type {self.dtype}")
@@ -209,11 +223,23 @@ def _store_in_place(name: str, self, result) -> torch.Tensor:
         raise RuntimeError(f"{name}: the result is dense (e.g. adding a dense tensor or a "
                            f"scalar), so it cannot be stored in the sparse tensor in place; use "
                            f"the out-of-place form")
-    result = result.to_format(self._storage.format)
-    if not _same_pattern(self, result):
-        raise RuntimeError(f"{name}: the result's sparsity pattern differs from the sparse "
-                           f"tensor's (in-place ops keep the pattern); use the out-of-place form")
-    self._storage.values.copy_(result._storage.values)
+    st = self._storage
+    if st.format.block is not None:
+        raise RuntimeError(f"{name}: in-place ops on a blocked sparse tensor are not supported")
+    rs = result.to_format(st.format)._storage
+    values = st.values
+    if rs.nnz == st.nnz and _same_structure(st, rs):
+        values.copy_(rs.values)
+        return self
+    own, theirs = _level_keys(st), _level_keys(rs)
+    at = torch.searchsorted(own, theirs)
+    inside = at < own.numel()
+    if not bool(inside.all()) or not torch.equal(own[at], theirs):
+        raise RuntimeError(f"{name}: the result stores entries outside the sparse tensor's "
+                           f"pattern (in-place ops keep the pattern); use the out-of-place form")
+    fresh = torch.zeros_like(values)
+    fresh[at] = rs.values.to(values.dtype)
+    values.copy_(fresh)
     return self
 
 

@@ -46,6 +46,11 @@ def _coords(t: SparseTensor) -> torch.Tensor:
     return _convert().coords(t._storage)
 
 
+def _coords_of(st: Storage) -> torch.Tensor:
+    """(ndim, nnz) int64 coordinates of a storage's entries, in storage order."""
+    return _convert().coords(st)
+
+
 def _build(coords: torch.Tensor, values: torch.Tensor, shape: Sequence[int],
            fmt: Optional[Format] = None) -> torch.Tensor:
     """A sparse tensor of ``shape`` from unique coordinates (COO unless ``fmt``); a 0-d shape
