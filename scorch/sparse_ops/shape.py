@@ -498,10 +498,9 @@ def getitem(t: SparseTensor, index) -> torch.Tensor:
     keep = None                       # mask over the entries
     out_rows: List[Tuple[str, object]] = []   # ("row", tensor) / ("zero", None) / ("adv", None)
     out_shape: List[int] = []
-    adv = None                        # (input dim, index tensor)
-    adv_at, adv_items, has_tensor = None, [], False
+    adv = None                        # (input dim, index tensor); torch keeps its place
     d = 0
-    for pos, ix in enumerate(items):
+    for ix in items:
         if ix is None:
             out_rows.append(("zero", None))
             out_shape.append(1)
@@ -519,7 +518,6 @@ def getitem(t: SparseTensor, index) -> torch.Tensor:
             i %= size
             m = c[d] == i
             keep = m if keep is None else keep & m
-            adv_items.append(pos)
         elif isinstance(ix, slice):
             start, stop, step = ix.indices(size) if ix.step is None or ix.step > 0 else (0, 0, 0)
             if ix.step is not None and ix.step <= 0:
@@ -538,8 +536,6 @@ def getitem(t: SparseTensor, index) -> torch.Tensor:
                 raise IndexError("only one index tensor per indexing expression is supported on "
                                  "a sparse tensor")
             adv = (d, _index_tensor(ix, size, d))
-            has_tensor = True
-            adv_items.append(pos)
             out_rows.append(("adv", None))
             out_shape.append(adv[1].numel())
         else:
@@ -555,12 +551,6 @@ def getitem(t: SparseTensor, index) -> torch.Tensor:
         c, values = c[:, entry], values[entry]
         out_rows = [(kind, r[entry] if kind == "row" else r) for kind, r in out_rows]
         adv_out = k
-        # numpy/torch rule: advanced indices (ints count) that are not adjacent move the
-        # advanced dimension to the front
-        if has_tensor and adv_items != list(range(adv_items[0], adv_items[-1] + 1)):
-            at = next(n for n, (kind, _) in enumerate(out_rows) if kind == "adv")
-            out_rows.insert(0, out_rows.pop(at))
-            out_shape.insert(0, out_shape.pop(at))
     n = values.numel()
     rows = []
     for kind, r in out_rows:
@@ -572,9 +562,8 @@ def getitem(t: SparseTensor, index) -> torch.Tensor:
             rows.append(adv_out)
     coords = torch.stack(rows) if rows else torch.empty((0, n), dtype=torch.int64)
     fmt = None
-    if len(out_shape) == rank and all(kind != "zero" for kind, _ in out_rows) and \
-            not (has_tensor and out_rows[0][0] == "adv" and adv_items[0] != 0):
-        fmt = _unblocked(t.format)
+    if len(out_shape) == rank and all(kind != "zero" for kind, _ in out_rows):
+        fmt = _unblocked(t.format)   # same dimensions in the same order
     return _build(coords, values, out_shape, fmt)
 
 
