@@ -3,11 +3,11 @@
 operators ``+ - * /`` and the in-place forms ``add_``/``sub_``/``mul_``/``div_``.
 
 Each call is ONE generated kernel: ``tensor_compiler.compute(Assignment(out, expr), ...)``.
-Broadcasting follows torch: operands are aligned from the right; a dense operand stretches a
-size-1 dimension inside the kernel; a sparse operand with a size-1 dimension that must
-stretch is first squeezed there (coordinates move, values do not) and simply not indexed by
-that variable. Scalars (Python numbers, 0-d tensors) enter as 0-d operands, so one kernel
-serves every value. The result format comes from format inference: a product with a sparse
+Broadcasting follows torch: operands are aligned from the right; an operand with a size-1
+dimension that must stretch is first squeezed there (a sparse operand's coordinates move,
+its values do not; a dense operand is reshaped, a view) and is simply not indexed by that
+variable, so the kernel never stretches anything. Scalars (Python numbers, 0-d tensors) enter
+as 0-d operands, so one kernel serves every value. The result format comes from format inference: a product with a sparse
 operand is sparse, a sum is sparse only when both terms are.
 
 Division by a tensor and unary functions other than ``neg`` need new IR nodes; they return
@@ -103,11 +103,19 @@ def _build(terms, op: str) -> torch.Tensor:
     for x in terms:
         r = x.dim()
         vars_ = list(out_vars[rank - r:])
-        if isinstance(x, SparseTensor):
-            stretch = [d for d in range(r) if x.shape[d] == 1 and shape[rank - r + d] != 1]
-            if stretch:
+        was_sparse = isinstance(x, SparseTensor)
+        # a size-1 dimension that broadcasts is dropped from the operand and not indexed:
+        # the kernel then never stretches anything (a stretched dense operand would be
+        # materialized at the full size by the compiler's relayout)
+        sizes = x._storage.shape if isinstance(x, SparseTensor) else tuple(x.shape)
+        stretch = [d for d in range(r) if sizes[d] == 1 and shape[rank - r + d] != 1]
+        if stretch:
+            vars_ = [v for d, v in enumerate(vars_) if d not in stretch]
+            if isinstance(x, SparseTensor):
                 x = _shape.squeeze_dims(x, stretch)
-                vars_ = [v for d, v in enumerate(vars_) if d not in stretch]
+            else:
+                x = x.reshape([s for d, s in enumerate(sizes) if d not in stretch])
+        if was_sparse:
             partial_sparse |= len(vars_) < rank
         operands.append(x)
         accesses.append(ir.Access(len(operands) - 1, vars_))
