@@ -30,6 +30,7 @@ __all__ = ["add", "sub", "mul", "div", "neg"]
 _LETTERS = "ijklmnopqrstuvwxyzabcdefgh"
 
 _compiler_module = None
+_compute_fn = None
 
 
 def _compiler():
@@ -39,6 +40,19 @@ def _compiler():
         from .einsum import _compiler as load
         _compiler_module = load()
     return _compiler_module
+
+
+def _compute():
+    """``compute(assignment, *operands, out_format=)``: the differentiable one of
+    ``scorch.gradients`` where that package exists, else the compiler's own."""
+    global _compute_fn
+    if _compute_fn is None:
+        try:
+            from ..gradients import compute as differentiable
+        except ImportError:
+            differentiable = None
+        _compute_fn = differentiable or _compiler().compute
+    return _compute_fn
 
 
 # the expression of each op over its accesses (x, y: operands; s: a 0-d scalar operand)
@@ -128,7 +142,7 @@ def _build(terms, op: str) -> torch.Tensor:
         # a product with a sparse operand is sparse; where the sparse operand is broadcast,
         # format inference alone would make the stretched dimensions dense
         out_format = "coo"
-    result = _wrap(_compiler().compute(ir.Assignment(out_vars, rhs), *operands,
+    result = _wrap(_compute()(ir.Assignment(out_vars, rhs), *operands,
                                        out_format=out_format))
     if tuple(result.shape) != shape:
         raise RuntimeError(f"elementwise: kernel gave shape {tuple(result.shape)}, expected {shape}")

@@ -14,7 +14,7 @@ import torch
 from .._dispatch import register
 from ..tensor_type import is_sparse_operand
 from . import elementwise
-from .einsum import einsum
+from . import einsum as _einsum_entry
 
 __all__ = ["matmul", "mm", "mv", "bmm", "addmm", "linear"]
 
@@ -41,8 +41,8 @@ def _contract(equation: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """One einsum. With one dense operand the result is dense, as torch gives (format
     inference alone would make e.g. CSC @ dense sparse: slower, and not torch's layout)."""
     if is_sparse_operand(a) != is_sparse_operand(b) and not equation.endswith("->"):
-        return einsum(equation, a, b, out_format="dense")
-    return einsum(equation, a, b)
+        return _einsum_entry.einsum(equation, a, b, out_format="dense")
+    return _einsum_entry.einsum(equation, a, b)
 
 
 def _check_dtypes(name: str, a: torch.Tensor, b: torch.Tensor) -> None:

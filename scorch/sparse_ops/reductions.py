@@ -21,7 +21,7 @@ from .._dispatch import register
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, with_values
 from . import elementwise
 from . import shape as _shape
-from .einsum import einsum
+from . import einsum as _einsum_entry
 
 __all__ = ["sum", "mean", "sparse_sum"]
 
@@ -67,8 +67,8 @@ def _einsum_sum(t: SparseTensor, dims: Tuple[int, ...], out_format=None) -> torc
     letters = _LETTERS[:rank]
     out = "".join(v for d, v in enumerate(letters) if d not in dims)
     if out_format is not None and out:
-        return einsum(f"{letters}->{out}", t, out_format=out_format)
-    return einsum(f"{letters}->{out}", t)
+        return _einsum_entry.einsum(f"{letters}->{out}", t, out_format=out_format)
+    return _einsum_entry.einsum(f"{letters}->{out}", t)
 
 
 def _keepdim(result: torch.Tensor, dims: Tuple[int, ...]) -> torch.Tensor:

@@ -54,14 +54,23 @@ def _coords_of(st: Storage) -> torch.Tensor:
 def _build(coords: torch.Tensor, values: torch.Tensor, shape: Sequence[int],
            fmt: Optional[Format] = None) -> torch.Tensor:
     """A sparse tensor of ``shape`` from unique coordinates (COO unless ``fmt``); a 0-d shape
-    gives the dense scalar (the sum of at most one entry)."""
+    gives the dense scalar (the sum of at most one entry).
+
+    The storage is built over entry numbers, not values: the result's values are then one
+    gather of ``values`` (``values`` itself comes from gathers of the input's values), so the
+    whole value path is plain torch indexing, differentiable as it stands, and a gradient rule
+    is the matching index_add."""
     shape = tuple(int(s) for s in shape)
     if len(shape) == 0:
         return values.sum().to(values.dtype)
     if fmt is None:
         fmt = as_format("coo", len(shape))
-    st = _convert().from_coords(coords, values.contiguous(), shape, fmt, sum_duplicates=False)
-    return SparseTensor(st)
+    # entry k is stored as k + 1, so the zeros a dense level fills in read entry 0: a zero
+    number = torch.arange(1, values.numel() + 1, dtype=torch.int64)
+    st = _convert().from_coords(coords, number, shape, fmt, sum_duplicates=False)
+    padded = torch.cat([values.new_zeros(1), values])
+    return SparseTensor(Storage(st.format, st.shape, st.levels,
+                                padded.index_select(0, st.values), st.index_dtype))
 
 
 def _unblocked(fmt: Format) -> Format:
