@@ -184,3 +184,36 @@ def test_sparse_broadcast_needs_no_dense_copy(monkeypatch):
     out = A * torch.ones(2, 4, dtype=torch.float32)
     monkeypatch.undo()
     assert_matches(out, a * torch.ones(2, 4), sparse=True)
+
+
+RANK3_FORMATS = [scorch.Format("cqq", (2, 0, 1)), scorch.Format("dcc", (1, 2, 0))]
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.data(), st.sampled_from(sorted(OPS)), st.sampled_from([0, 1]))
+def test_rank3_any_mode_order(data, op, which):
+    shape = tuple(data.draw(side()) for _ in range(3))
+    a = data.draw(dense_values(shape))
+    b = data.draw(dense_values(shape))
+    fa, fb = RANK3_FORMATS[which], RANK3_FORMATS[1 - which]
+    assert_matches(OPS[op][0](sparse(a, fa), sparse(b, fb)), OPS[op][0](a, b), sparse=True)
+    assert_matches(OPS[op][0](sparse(a, fa), b), OPS[op][0](a, b), sparse=op == "mul")
+
+
+def test_blocked_operands():
+    x = torch.zeros(4, 6, dtype=torch.float64)
+    x[0, 1], x[3, 4], x[2, 2] = 1.0, 2.0, 3.0
+    B = sparse(x, scorch.Format("dc", block=(2, 2)))
+    assert_matches(B * 2, x * 2, sparse=True)
+    assert_matches(B + B, x + x, sparse=True)
+    assert_matches(B - x, x - x, sparse=False)
+    assert_matches(B @ torch.ones(6, 2, dtype=torch.float64), x @ torch.ones(6, 2).double())
+    assert_matches(B.sum(1), x.sum(1))
+    assert_matches(B.reshape(2, 12), x.reshape(2, 12))
+    assert_matches(torch.cat([B, B], 1), torch.cat([x, x], 1))
+    assert_matches(B[1:, ::2], x[1:, ::2])
+    C = B.clone()
+    C.add_(B)
+    C.mul_(0.5)
+    assert_matches(C, x)
+    assert C.format == B.format

@@ -246,13 +246,14 @@ def _store_in_place(name: str, self, result) -> torch.Tensor:
                            f"scalar), so it cannot be stored in the sparse tensor in place; use "
                            f"the out-of-place form")
     st = self._storage
-    if st.format.block is not None:
-        raise RuntimeError(f"{name}: in-place ops on a blocked sparse tensor are not supported")
     rs = result.to_format(st.format)._storage
     values = st.values
     if rs.nnz == st.nnz and _same_structure(st, rs):
         values.copy_(rs.values)
         return self
+    if st.format.block is not None:
+        raise RuntimeError(f"{name}: the result's pattern differs from the blocked sparse "
+                           f"tensor's; in-place ops keep the pattern, use the out-of-place form")
     own, theirs = _level_keys(st), _level_keys(rs)
     at = torch.searchsorted(own, theirs)
     inside = at < own.numel()
