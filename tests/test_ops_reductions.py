@@ -44,7 +44,7 @@ def test_sum_matches_dense(case, keepdim):
         assert_matches(s.sum(dim=dim, keepdim=keepdim), x.sum(dim=dim, keepdim=keepdim))
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(reduction_case(dtypes=(torch.int64, torch.float32), max_rank=2))
 def test_sum_dtype_and_integer_accumulation(case):
     x, s, dim = case
