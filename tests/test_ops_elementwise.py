@@ -120,6 +120,8 @@ def test_torch_sparse_operand_and_result_formats():
     assert_matches(A * a.to_sparse(), a * a, sparse=True)
     assert_matches(A + a.to_sparse_csr(), a + a, sparse=True)
     assert (A + A).format == A.format
+    # division by zero follows torch's sparse layouts: only stored entries change
+    torch.testing.assert_close((A / 0).to_dense(), (a.to_sparse() / 0).to_dense())
 
 
 def test_division_by_a_tensor_is_not_sparse_yet():

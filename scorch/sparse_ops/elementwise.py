@@ -95,7 +95,9 @@ def _cast(x, dtype: torch.dtype):
 
 
 def _shape_of(x) -> Tuple[int, ...]:
-    return () if _is_scalar(x) else tuple(x.shape)
+    if _is_scalar(x):
+        return ()
+    return x._storage.shape if isinstance(x, SparseTensor) else tuple(x.shape)
 
 
 def _wrap(result):
@@ -115,13 +117,13 @@ def _build(terms, op: str) -> torch.Tensor:
     ir = _compiler().index_notation
     partial_sparse = False   # a sparse operand that does not index every output dimension
     for x in terms:
-        r = x.dim()
-        vars_ = list(out_vars[rank - r:])
         was_sparse = isinstance(x, SparseTensor)
+        sizes = x._storage.shape if was_sparse else tuple(x.shape)
+        r = len(sizes)
+        vars_ = list(out_vars[rank - r:])
         # a size-1 dimension that broadcasts is dropped from the operand and not indexed:
         # the kernel then never stretches anything (a stretched dense operand would be
         # materialized at the full size by the compiler's relayout)
-        sizes = x._storage.shape if isinstance(x, SparseTensor) else tuple(x.shape)
         stretch = [d for d in range(r) if sizes[d] == 1 and shape[rank - r + d] != 1]
         if stretch:
             vars_ = [v for d, v in enumerate(vars_) if d not in stretch]
@@ -184,15 +186,16 @@ def mul(a, b) -> torch.Tensor:
 
 
 def div(a, divisor) -> torch.Tensor:
-    """``a / divisor`` for a scalar divisor (a Python number or a one-element tensor): the
-    product with its reciprocal, so the pattern of ``a`` is kept."""
+    """``a / divisor`` for a scalar divisor (a Python number or a 0-d tensor): the product
+    with its reciprocal, so the pattern of ``a`` is kept. As torch's sparse layouts do,
+    division by zero changes only the stored entries (inf/nan there; unstored stay 0)."""
     if not _scalar_like(divisor):
         raise NotImplementedError("division by a tensor needs the compiler's division node")
     dt = result_dtype(as_scorch(a), divisor, true_division=True)
     if _is_scalar(divisor):
         recip = torch.tensor(1.0 / divisor if divisor != 0 else float("inf"), dtype=dt)
     else:
-        recip = torch.reciprocal(divisor.detach().reshape(()).to(dt))
+        recip = torch.reciprocal(divisor.reshape(()).to(dt))
     return mul(_cast(as_scorch(a), dt), recip)
 
 

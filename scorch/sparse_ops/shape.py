@@ -499,9 +499,9 @@ def _expand_index(index, rank: int) -> list:
 
 def getitem(t: SparseTensor, index) -> torch.Tensor:
     """``t[index]`` over the stored entries."""
-    rank = t.dim()
-    items = _expand_index(index, rank)
     st = t._storage
+    rank = st.ndim
+    items = _expand_index(index, rank)
     c = _convert().coords(st)
     values = st.values
     keep = None                       # mask over the entries
@@ -514,7 +514,7 @@ def getitem(t: SparseTensor, index) -> torch.Tensor:
             out_rows.append(("zero", None))
             out_shape.append(1)
             continue
-        size = t.shape[d]
+        size = st.shape[d]
         if isinstance(ix, torch.Tensor) and ix.dim() == 0 and ix.dtype != torch.bool \
                 and not ix.dtype.is_floating_point:
             ix = int(ix)
@@ -528,9 +528,9 @@ def getitem(t: SparseTensor, index) -> torch.Tensor:
             m = c[d] == i
             keep = m if keep is None else keep & m
         elif isinstance(ix, slice):
-            start, stop, step = ix.indices(size) if ix.step is None or ix.step > 0 else (0, 0, 0)
             if ix.step is not None and ix.step <= 0:
                 raise ValueError("step must be greater than zero")
+            start, stop, step = ix.indices(size)
             n = len(range(start, stop, step))
             row = c[d]
             m = (row >= start) & (row < stop)
@@ -572,7 +572,7 @@ def getitem(t: SparseTensor, index) -> torch.Tensor:
     coords = torch.stack(rows) if rows else torch.empty((0, n), dtype=torch.int64)
     fmt = None
     if len(out_shape) == rank and all(kind != "zero" for kind, _ in out_rows):
-        fmt = _unblocked(t.format)   # same dimensions in the same order
+        fmt = _unblocked(st.format)   # same dimensions in the same order
     return _build(coords, values, out_shape, fmt)
 
 
