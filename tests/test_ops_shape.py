@@ -125,13 +125,25 @@ def test_cat_and_stack(data):
 @st.composite
 def index_expr(draw, shape):
     """A torch index: ints (negative too), slices with positive steps and any start/stop,
-    None, one Ellipsis, at most one index tensor or 1-D bool mask."""
+    None, one Ellipsis, and either one 1-D index tensor or bool mask, several 1-D index
+    tensors that broadcast (length L or 1), or one mask over the leading dimensions."""
+    mode = draw(st.sampled_from(["single", "multi", "mask"]))
+    length = draw(st.integers(0, 4))
     items, tensor_used = [], False
-    for n in shape:
+    start = 0
+    if mode == "mask" and shape:
+        m = draw(st.integers(1, len(shape)))
+        items.append(draw(dense_values(shape[:m])) != 0)
+        start = m
+    for n in shape[start:]:
         kind = draw(st.sampled_from(["int", "slice", "slice", "none", "tensor", "mask"]))
         if kind == "int" and n > 0:
             items.append(draw(st.integers(-n, n - 1)))
-        elif kind in ("tensor", "mask") and not tensor_used:
+        elif kind in ("tensor", "mask") and mode == "multi" and n > 0:
+            k = draw(st.sampled_from([length, 1]))
+            items.append(torch.tensor(draw(st.lists(st.integers(-n, n - 1), min_size=k,
+                                                    max_size=k)), dtype=torch.int64))
+        elif kind in ("tensor", "mask") and mode == "single" and not tensor_used:
             tensor_used = True
             if kind == "tensor" and n > 0:
                 items.append(torch.tensor(draw(st.lists(st.integers(-n, n - 1), max_size=5)),

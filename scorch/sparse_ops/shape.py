@@ -13,8 +13,9 @@ format has a dense level there).
 * ``cat``/``stack``: coordinates offset along the dimension; the result has the first
   operand's format (unblocked). With a dense operand the result is dense, as torch gives.
 * indexing (``t[...]``: integers, slices with positive steps, negative indices, ``...``,
-  ``None``, 1-D integer and boolean index tensors) and ``index_select``: a filter over the
-  coordinates plus a sorted join with the index tensor. The result keeps the input's format
+  ``None``, 1-D integer index tensors (several broadcast together), boolean masks over one or
+  more dimensions) and ``index_select``: a filter over the coordinates plus a sorted join of
+  the coordinate tuples with the index tensors (linearised in int64). The result keeps the input's format
   when the rank is unchanged, else COO. An index that leaves no dimension gives a 0-d
   dense tensor, as torch.
 """
@@ -444,8 +445,6 @@ def _index_tensor(ix, size: int, dim: int) -> torch.Tensor:
     if is_sparse_operand(ix):
         raise IndexError("indexing with a sparse index tensor is not supported")
     if ix.dtype == torch.bool:
-        if ix.dim() != 1:
-            raise IndexError(f"a boolean mask index must be 1-D here, got shape {tuple(ix.shape)}")
         if ix.shape[0] != size:
             raise IndexError(f"The shape of the mask [{ix.shape[0]}] at index {dim} does not "
                              f"match the shape of the indexed tensor [{size}] at index {dim}")
@@ -507,9 +506,13 @@ def getitem(t: SparseTensor, index) -> torch.Tensor:
     keep = None                       # mask over the entries
     out_rows: List[Tuple[str, object]] = []   # ("row", tensor) / ("zero", None) / ("adv", None)
     out_shape: List[int] = []
-    adv = None                        # (input dim, index tensor); torch keeps its place
+    adv: List[Tuple[int, torch.Tensor]] = []   # (input dim, 1-D index tensor) per tensor index
+    kinds: List[str] = []             # per item: "tensor", "int" or "other" (placement rule)
     d = 0
     for ix in items:
+        kinds.append("tensor" if isinstance(ix, (torch.Tensor, list, tuple)) and not (
+            isinstance(ix, torch.Tensor) and ix.dim() == 0 and ix.dtype != torch.bool)
+            else "int" if isinstance(ix, (numbers.Integral, torch.Tensor)) else "other")
         if ix is None:
             out_rows.append(("zero", None))
             out_shape.append(1)
@@ -540,13 +543,25 @@ def getitem(t: SparseTensor, index) -> torch.Tensor:
             out_rows.append(("row", torch.div(row - start, step, rounding_mode="floor")
                              if step != 1 else row - start))
             out_shape.append(n)
+        elif isinstance(ix, torch.Tensor) and ix.dtype == torch.bool and ix.dim() > 1:
+            # a mask over several dimensions: the index tensors of its True positions
+            m = ix.dim()
+            if tuple(ix.shape) != tuple(st.shape[d:d + m]):
+                raise IndexError(f"The shape of the mask {list(ix.shape)} at index {d} does not "
+                                 f"match the shape of the indexed tensor {list(st.shape)}")
+            nz = torch.nonzero(ix)
+            for j in range(m):
+                adv.append((d + j, nz[:, j].contiguous()))
+            if len(adv) == m:
+                out_rows.append(("adv", None))
+                out_shape.append(0)
+            d += m
+            continue
         elif isinstance(ix, (torch.Tensor, list, tuple)):
-            if adv is not None:
-                raise IndexError("only one index tensor per indexing expression is supported on "
-                                 "a sparse tensor")
-            adv = (d, _index_tensor(ix, size, d))
-            out_rows.append(("adv", None))
-            out_shape.append(adv[1].numel())
+            adv.append((d, _index_tensor(ix, size, d)))
+            if len(adv) == 1:   # all index tensors together give one output dimension
+                out_rows.append(("adv", None))
+                out_shape.append(0)
         else:
             raise IndexError(f"unsupported index {ix!r} for a sparse tensor")
         d += 1
@@ -555,11 +570,30 @@ def getitem(t: SparseTensor, index) -> torch.Tensor:
         c, values = c[:, sel], values[sel]
         out_rows = [(k, r[sel] if k == "row" else r) for k, r in out_rows]
     adv_out = None
-    if adv is not None:
-        entry, k = _join(c[adv[0]], adv[1])
+    if adv:
+        at = next(n for n, (kind, _) in enumerate(out_rows) if kind == "adv")
+        lengths = {ix.numel() for _, ix in adv} - {1}
+        if len(lengths) > 1:
+            raise IndexError(f"shape mismatch: indexing tensors could not be broadcast together "
+                             f"with lengths {sorted(ix.numel() for _, ix in adv)}")
+        length = lengths.pop() if lengths else 1
+        # several index tensors select coordinate tuples: join on the tuple linearised in int64
+        entry_key = torch.zeros(c.shape[1], dtype=torch.int64)
+        index_key = torch.zeros(length, dtype=torch.int64)
+        for dim, ix in adv:
+            entry_key = entry_key * st.shape[dim] + c[dim]
+            index_key = index_key * st.shape[dim] + ix.expand(length)
+        entry, k = _join(entry_key, index_key)
         c, values = c[:, entry], values[entry]
         out_rows = [(kind, r[entry] if kind == "row" else r) for kind, r in out_rows]
         adv_out = k
+        out_shape[at] = length
+        # torch (numpy) rule: index tensors separated by a slice or None put their dimension
+        # first; ints between them keep them adjacent
+        where = [n for n, kind in enumerate(kinds) if kind == "tensor"]
+        if any(kinds[n] == "other" for n in range(where[0], where[-1] + 1)):
+            out_rows.insert(0, out_rows.pop(at))
+            out_shape.insert(0, out_shape.pop(at))
     n = values.numel()
     rows = []
     for kind, r in out_rows:
