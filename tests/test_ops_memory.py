@@ -68,6 +68,9 @@ SCRIPT = textwrap.dedent(r"""
     check("row", A[n - 1], (n,), True)
     check("index", A[torch.tensor([5, 7, n - 1])], (3, n), True)
     check("index_select", B.index_select(1, torch.tensor([3, 9])), (n, 2), True)
+    got = A[idx[0, :1000], idx[1, :1000]]       # a gather of stored entries by coordinates
+    check("A[rows, cols]", got, (1000,), True)
+    assert got.nnz == 1000 and bool((got.values() >= 0.5).all())   # each one a stored entry
     try:
         torch.exp(A)
     except scorch.DenseFallbackError as e:

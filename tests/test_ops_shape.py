@@ -2,7 +2,6 @@
 order): reshape/view/flatten/unflatten, unsqueeze/squeeze, t/T/mT/transpose/permute (also at
 the ATen level), cat/stack, indexing and index_select. They move coordinates only, so no
 kernel is compiled and any format can be drawn."""
-import math
 import warnings
 
 import pytest
