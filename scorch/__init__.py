@@ -20,6 +20,8 @@ from .constructors import from_scipy, sparse_tensor, tensor  # noqa: E402,F401
 from . import aten_ops, sparse_ops  # noqa: E402,F401  (registers the sparse handlers)
 from .sparse_ops.einsum import einsum, explain  # noqa: E402,F401
 from .kernel_cache import cache_clear, cache_info  # noqa: E402,F401
+from ._dispatch import (DenseFallbackError, get_dense_fallback_limit,  # noqa: E402,F401
+                        set_dense_fallback_limit)
 
 __version__ = "0.1.0"
 

@@ -4,15 +4,19 @@
 instead of torch. A handler may return ``NotImplemented`` to let torch take the call.
 
 ATen ops that reach ``__torch_dispatch__`` run the handler registered with ``register_aten``
-(the storage-level ones live in ``scorch.aten_ops``) or run on dense copies with a one-time
-warning (correct, but not sparse-fast: the warning tells the user which op to expect a
-slowdown from). Mutating ops without a handler raise, because their result could not stay
-sparse. This module is only the registry: it imports no other scorch module.
+(the storage-level ones live in ``scorch.aten_ops``) or fall back to dense copies of the
+sparse operands. The fallback is bounded: it runs only while the dense copies together stay
+within ``get_dense_fallback_limit()`` bytes (default 64 MiB; ``set_dense_fallback_limit`` or
+the environment variable ``SCORCH_DENSE_FALLBACK_LIMIT``), with a one-time warning naming the
+op; past the limit it raises ``DenseFallbackError`` naming the op and the shapes, so nothing
+silently allocates gigabytes. Mutating ops without a handler raise, because their result
+could not stay sparse. This module is only the registry: it imports no other scorch module.
 """
 from __future__ import annotations
 
+import os
 import warnings
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
 import torch
 from torch.utils._pytree import tree_map
@@ -41,13 +45,81 @@ def register_aten(*ops) -> Callable:
     return deco
 
 
+DEFAULT_DENSE_FALLBACK_LIMIT = 64 * 2**20
+_ENV_LIMIT = "SCORCH_DENSE_FALLBACK_LIMIT"
+_limit: Optional[int] = None     # None: read the environment (or the default) on first use
+
+
+class DenseFallbackError(RuntimeError):
+    """An op with no sparse kernel would need a dense copy larger than the fallback limit."""
+
+
+def _parse_limit(value, source: str) -> int:
+    try:
+        limit = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{source} must be a number of bytes, got {value!r}") from None
+    if limit < 0:
+        raise ValueError(f"{source} must be >= 0 bytes, got {limit}")
+    return limit
+
+
+def set_dense_fallback_limit(nbytes: Optional[int]) -> None:
+    """Largest dense copy (bytes, all sparse operands of one op together) that an op with no
+    sparse kernel may make. 0 forbids the fallback; ``None`` restores the default (or the
+    ``SCORCH_DENSE_FALLBACK_LIMIT`` environment variable)."""
+    global _limit
+    _limit = None if nbytes is None else _parse_limit(nbytes, "the dense fallback limit")
+
+
+def get_dense_fallback_limit() -> int:
+    global _limit
+    if _limit is None:
+        env = os.environ.get(_ENV_LIMIT)
+        _limit = DEFAULT_DENSE_FALLBACK_LIMIT if env in (None, "") else _parse_limit(env, _ENV_LIMIT)
+    return _limit
+
+
 def lookup(func) -> Callable | None:
     return _HANDLERS.get(func)
 
 
-def _densify(x):
+def _is_scorch_sparse(x) -> bool:
     # duck-typed (a SparseTensor carries ``_storage``), so the registry imports no tensor type
-    return x.to_dense() if isinstance(x, torch.Tensor) and hasattr(x, "_storage") else x
+    return isinstance(x, torch.Tensor) and hasattr(x, "_storage")
+
+
+def _densify(x):
+    return x.to_dense() if _is_scorch_sparse(x) else x
+
+
+def _sparse_operands(args, kwargs) -> list:
+    found = []
+    tree_map(lambda x: found.append(x) if _is_scorch_sparse(x) else None, (args, kwargs))
+    return found
+
+
+def _fmt_bytes(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n} bytes"
+
+
+def _check_fallback_size(name: str, args, kwargs) -> None:
+    sparse = _sparse_operands(args, kwargs)
+    need = 0
+    for x in sparse:
+        n = x.element_size()
+        for s in x.shape:
+            n *= int(s)
+        need += n
+    limit = get_dense_fallback_limit()
+    if need > limit:
+        shapes = ", ".join(f"{tuple(x.shape)} {x.dtype}" for x in sparse)
+        raise DenseFallbackError(
+            f"scorch: '{name}' has no sparse kernel; running it on dense copies of the sparse "
+            f"operands ({shapes}) would allocate {_fmt_bytes(need)}, above the dense "
+            f"fallback limit of {_fmt_bytes(limit)}. Use ops with sparse kernels (see "
+            f"docs/ops.md), call .to_dense() explicitly, or raise the limit with "
+            f"scorch.set_dense_fallback_limit(bytes) / ${_ENV_LIMIT}")
 
 
 def aten_fallback(cls, func, args, kwargs):
@@ -59,9 +131,12 @@ def aten_fallback(cls, func, args, kwargs):
         raise RuntimeError(
             f"scorch: in-place '{name}' is not supported on a sparse tensor (its result could "
             f"not stay sparse); use the out-of-place form or .to_dense() first")
+    _check_fallback_size(name, args, kwargs)
     if name not in _warned:
         _warned.add(name)
         warnings.warn(
             f"scorch: '{name}' has no sparse kernel yet; it runs on a dense copy of the sparse "
-            f"operand (correct, but memory and time follow the dense size)", stacklevel=4)
+            f"operand (correct, but memory and time follow the dense size; allowed up to "
+            f"{_fmt_bytes(get_dense_fallback_limit())}, see scorch.set_dense_fallback_limit)",
+            stacklevel=4)
     return func(*tree_map(_densify, args), **tree_map(_densify, kwargs))

@@ -1,12 +1,93 @@
-"""Shape ops on sparse tensors that move no data: ``permute``, ``transpose``/``swapaxes`` and
-``t`` change only the mode order of the same level arrays."""
+"""Shape ops on sparse tensors. They move coordinates, never values through a dense copy, and
+cost follows the stored entries of the result (no array as long as a dimension unless the
+format has a dense level there).
+
+* ``permute``, ``transpose``/``swapaxes``, ``t``, ``.T``, ``.mT`` (also at the ATen level):
+  views, only the mode order of the same level arrays changes.
+* ``unsqueeze``: a view too: a dense level of size 1 is put in front of the levels (positions
+  are unchanged), so the format is kept with one more level.
+* ``squeeze``: drops size-1 dense levels without a copy where that leaves a valid format;
+  otherwise rebuilds the format minus the squeezed levels from the coordinates.
+* ``reshape``/``view``/``flatten``/``unflatten``: linearised coordinates in int64, re-split for
+  the new shape; the result is COO (a new rank has no natural counterpart of the old format).
+* ``cat``/``stack``: coordinates offset along the dimension; the result has the first
+  operand's format (unblocked). With a dense operand the result is dense, as torch gives.
+* indexing (``t[...]``: integers, slices with positive steps, negative indices, ``...``,
+  ``None``, 1-D integer index tensors (several broadcast together), boolean masks over one or
+  more dimensions) and ``index_select``: a filter over the coordinates plus a sorted join of
+  the coordinate tuples with the index tensors (linearised in int64). The result keeps the input's format
+  when the rank is unchanged, else COO. An index that leaves no dimension gives a 0-d
+  dense tensor, as torch.
+"""
 from __future__ import annotations
+
+import math
+import numbers
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .._dispatch import register
-from ..tensor_type import SparseTensor, permute_view
+from .._dispatch import register, register_aten
+from ..formats import Format, LevelKind, as_format
+from ..level_storage import Level, Storage
+from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, permute_view
 
+__all__ = ["reshape", "flatten", "unflatten", "unsqueeze", "squeeze", "squeeze_dims", "cat",
+           "stack", "getitem", "index_select"]
+
+aten = torch.ops.aten
+
+
+def _convert():
+    from .._runtime import convert  # compiled extension, imported on first use
+    return convert
+
+
+def _coords(t: SparseTensor) -> torch.Tensor:
+    return _convert().coords(t._storage)
+
+
+def _coords_of(st: Storage) -> torch.Tensor:
+    """(ndim, nnz) int64 coordinates of a storage's entries, in storage order."""
+    return _convert().coords(st)
+
+
+def _build(coords: torch.Tensor, values: torch.Tensor, shape: Sequence[int],
+           fmt: Optional[Format] = None) -> torch.Tensor:
+    """A sparse tensor of ``shape`` from unique coordinates (COO unless ``fmt``); a 0-d shape
+    gives the dense scalar (the sum of at most one entry).
+
+    The storage is built over entry numbers, not values: the result's values are then one
+    gather of ``values`` (``values`` itself comes from gathers of the input's values), so the
+    whole value path is plain torch indexing, differentiable as it stands, and a gradient rule
+    is the matching index_add."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) == 0:
+        return values.sum().to(values.dtype)
+    if fmt is None:
+        fmt = as_format("coo", len(shape))
+    # entry k is stored as k + 1, so the zeros a dense level fills in read entry 0: a zero
+    number = torch.arange(1, values.numel() + 1, dtype=torch.int64)
+    st = _convert().from_coords(coords, number, shape, fmt, sum_duplicates=False)
+    padded = torch.cat([values.new_zeros(1), values])
+    return SparseTensor(Storage(st.format, st.shape, st.levels,
+                                padded.index_select(0, st.values), st.index_dtype))
+
+
+def _unblocked(fmt: Format) -> Format:
+    return fmt if fmt.block is None else Format(fmt.levels, fmt.mode_order)
+
+
+def _dim(d: int, rank: int, name: str = "dim") -> int:
+    if not isinstance(d, (numbers.Integral,)) or isinstance(d, bool):
+        raise TypeError(f"{name} must be an int, got {d!r}")
+    if not -max(rank, 1) <= d < max(rank, 1):
+        raise IndexError(f"Dimension out of range (expected to be in range of "
+                         f"[{-max(rank, 1)}, {max(rank, 1) - 1}], but got {d})")
+    return int(d) % max(rank, 1)
+
+
+# --- permute / transpose / t (views) -----------------------------------------------------------
 
 @register(torch.permute, torch.Tensor.permute)
 def _permute(t, *dims):
@@ -21,13 +102,15 @@ def _permute(t, *dims):
     return permute_view(t, dims)
 
 
-@register(torch.transpose, torch.Tensor.transpose, torch.swapaxes, torch.Tensor.swapaxes)
+@register(torch.transpose, torch.Tensor.transpose, torch.swapaxes, torch.Tensor.swapaxes,
+          torch.swapdims, torch.Tensor.swapdims)
 def _transpose(t, dim0, dim1):
     if not isinstance(t, SparseTensor):
         return NotImplemented
     n = t.dim()
     dims = list(range(n))
-    dims[dim0 % n], dims[dim1 % n] = dims[dim1 % n], dims[dim0 % n]
+    a, b = _dim(dim0, n, "dim0"), _dim(dim1, n, "dim1")
+    dims[a], dims[b] = dims[b], dims[a]
     return permute_view(t, dims)
 
 
@@ -38,3 +121,512 @@ def _t(t):
     if t.dim() > 2:
         raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {t.dim()}D")
     return t if t.dim() < 2 else permute_view(t, (1, 0))
+
+
+@register(torch.Tensor.T.__get__)
+def _T(t):
+    if not isinstance(t, SparseTensor):
+        return NotImplemented
+    return permute_view(t, tuple(range(t.dim() - 1, -1, -1)))
+
+
+@register(torch.Tensor.mT.__get__)
+def _mT(t):
+    if not isinstance(t, SparseTensor):
+        return NotImplemented
+    if t.dim() < 2:
+        raise RuntimeError(f"tensor.mT is only supported on matrices or batches of matrices. "
+                           f"Got {t.dim()}-D tensor.")
+    return _transpose(t, -2, -1)
+
+
+@register_aten(aten.t.default)
+def _aten_t(t):
+    return _t(t)
+
+
+@register_aten(aten.transpose.int)
+def _aten_transpose(t, dim0, dim1):
+    return _transpose(t, dim0, dim1)
+
+
+@register_aten(aten.permute.default)
+def _aten_permute(t, dims):
+    return _permute(t, dims)
+
+
+# --- unsqueeze / squeeze -----------------------------------------------------------------------
+
+def unsqueeze(t: SparseTensor, dim: int) -> SparseTensor:
+    """A size-1 dimension at ``dim``: a dense level of size 1 in front of the levels (its only
+    position is the root's, so the other levels' arrays are shared unchanged)."""
+    r = t.dim()
+    dim = _dim(dim, r + 1)
+    st = t._storage
+    if st.format.block is not None:
+        st = _convert().convert(st, _unblocked(st.format))
+    shift = [d + 1 if d >= dim else d for d in range(r)]
+    levels = [Level(LevelKind.DENSE, dim, 1)] + [
+        Level(lv.kind, shift[lv.dim], lv.size, lv.pos, lv.crd, lv.block_inner) for lv in st.levels]
+    fmt = Format((LevelKind.DENSE,) + st.format.levels,
+                 (dim,) + tuple(shift[m] for m in st.format.mode_order))
+    shape = st.shape[:dim] + (1,) + st.shape[dim:]
+    return SparseTensor(Storage(fmt, shape, levels, st.values, st.index_dtype), t.requires_grad)
+
+
+def _drop_dims_format(fmt: Format, dims: Sequence[int]) -> Optional[Format]:
+    keep = [k for k, m in enumerate(fmt.mode_order) if m not in dims]
+    if not keep:
+        return None
+    remap = {}
+    for d in range(fmt.rank):
+        if d not in dims:
+            remap[d] = d - sum(1 for x in dims if x < d)
+    return Format([fmt.levels[k] for k in keep], [remap[fmt.mode_order[k]] for k in keep])
+
+
+def squeeze_dims(t: SparseTensor, dims: Sequence[int]) -> torch.Tensor:
+    """``t`` without the size-1 dimensions ``dims`` (a 0-d dense tensor when none is left)."""
+    dims = sorted(set(dims))
+    if not dims:
+        return t
+    for d in dims:
+        if t.shape[d] != 1:
+            raise RuntimeError(f"squeeze: dimension {d} has size {t.shape[d]}, not 1")
+    st = t._storage
+    if st.format.block is not None:
+        st = _convert().convert(st, _unblocked(st.format))
+    fmt = _drop_dims_format(st.format, dims)
+    shape = tuple(s for d, s in enumerate(st.shape) if d not in dims)
+    if fmt is None:
+        return st.values.sum().to(st.dtype)
+    kinds = st.format.levels
+    drop = [k for k, lv in enumerate(st.levels) if lv.dim in dims]
+    # a dense size-1 level can be dropped in place unless it separates two coordinate levels
+    # (the second one heads its own run and carries pos)
+    in_place = all(kinds[k] is LevelKind.DENSE and not (
+        0 < k < len(kinds) - 1 and kinds[k - 1] is LevelKind.COORDINATE
+        and kinds[k + 1] is LevelKind.COORDINATE) for k in drop)
+    if in_place:
+        remap = {d: d - sum(1 for x in dims if x < d) for d in range(st.ndim) if d not in dims}
+        levels = [Level(lv.kind, remap[lv.dim], lv.size, lv.pos, lv.crd, lv.block_inner)
+                  for k, lv in enumerate(st.levels) if k not in drop]
+        return SparseTensor(Storage(fmt, shape, levels, st.values, st.index_dtype),
+                            t.requires_grad)
+    c = _convert().coords(st)
+    keep = [d for d in range(st.ndim) if d not in dims]
+    return _build(c[keep], st.values, shape, fmt)
+
+
+def squeeze(t: SparseTensor, dim=None) -> torch.Tensor:
+    r = t.dim()
+    if dim is None:
+        dims = [d for d in range(r) if t.shape[d] == 1]
+    else:
+        dims = [dim] if isinstance(dim, numbers.Integral) else list(dim)
+        dims = [_dim(d, r) for d in dims]
+        dims = [d for d in dims if r and t.shape[d] == 1]
+    if r == 0:
+        return t
+    return squeeze_dims(t, dims)
+
+
+@register(torch.unsqueeze, torch.Tensor.unsqueeze)
+def _unsqueeze(t, dim):
+    return unsqueeze(t, dim) if isinstance(t, SparseTensor) else NotImplemented
+
+
+@register(torch.squeeze, torch.Tensor.squeeze)
+def _squeeze(t, dim=None):
+    return squeeze(t, dim) if isinstance(t, SparseTensor) else NotImplemented
+
+
+@register_aten(aten.unsqueeze.default)
+def _aten_unsqueeze(t, dim):
+    return unsqueeze(t, dim)
+
+
+@register_aten(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
+def _aten_squeeze(t, dim=None):
+    return squeeze(t, dim)
+
+
+# --- reshape / view / flatten / unflatten ---------------------------------------------------------
+
+def _resolve_shape(shape, numel: int, old: Tuple[int, ...]) -> Tuple[int, ...]:
+    shape = [int(s) for s in shape]
+    if shape.count(-1) > 1:
+        raise RuntimeError("only one dimension can be inferred")
+    if any(s < -1 for s in shape):
+        raise RuntimeError(f"invalid shape dimension {min(shape)}")
+    if -1 in shape:
+        rest = math.prod(s for s in shape if s != -1)
+        if rest == 0 or numel % rest:
+            raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {numel}")
+        shape[shape.index(-1)] = numel // rest
+    if math.prod(shape) != numel:
+        raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {numel} "
+                           f"(the sparse tensor has shape {old})")
+    return tuple(shape)
+
+
+def reshape(t: SparseTensor, shape: Sequence[int]) -> torch.Tensor:
+    """The same entries at their row-major linear positions in the new shape (int64
+    arithmetic: fine for dimensions beyond 2^31 while the total size stays below 2^63)."""
+    old = tuple(t.shape)
+    numel = math.prod(old)
+    new = _resolve_shape(shape, numel, old)
+    if new == old:
+        return t
+    if numel >= 2 ** 63:
+        raise RuntimeError(f"reshape: the tensor of shape {old} has more than 2^63 positions")
+    st = t._storage
+    c = _convert().coords(st)
+    lin = torch.zeros(c.shape[1], dtype=torch.int64)
+    for d, s in enumerate(old):
+        lin = lin * s + c[d]
+    out = torch.empty((len(new), c.shape[1]), dtype=torch.int64)
+    for d in range(len(new) - 1, -1, -1):
+        s = new[d]
+        if s:
+            out[d] = torch.remainder(lin, s)
+            lin = torch.div(lin, s, rounding_mode="floor")
+    return _build(out, st.values, new)
+
+
+def flatten(t: SparseTensor, start_dim: int = 0, end_dim: int = -1) -> torch.Tensor:
+    r = t.dim()
+    if r == 0:
+        return reshape(t, (1,))
+    a, b = _dim(start_dim, r, "start_dim"), _dim(end_dim, r, "end_dim")
+    if a > b:
+        raise RuntimeError("flatten() has invalid args: start_dim cannot come after end_dim")
+    s = tuple(t.shape)
+    return reshape(t, s[:a] + (math.prod(s[a:b + 1]),) + s[b + 1:])
+
+
+def unflatten(t: SparseTensor, dim: int, sizes: Sequence[int]) -> torch.Tensor:
+    r = t.dim()
+    d = _dim(dim, r)
+    sizes = [int(x) for x in sizes]
+    if -1 in sizes:
+        rest = math.prod(x for x in sizes if x != -1)
+        if rest == 0 or t.shape[d] % rest:
+            raise RuntimeError(f"unflatten: sizes {sizes} do not divide dimension {d} of size "
+                               f"{t.shape[d]}")
+        sizes[sizes.index(-1)] = t.shape[d] // rest
+    if math.prod(sizes) != t.shape[d]:
+        raise RuntimeError(f"unflatten: provided sizes {sizes} don't multiply up to the size of "
+                           f"dim {d} ({t.shape[d]}) in the input tensor")
+    s = tuple(t.shape)
+    return reshape(t, s[:d] + tuple(sizes) + s[d + 1:])
+
+
+def _shape_args(shape):
+    if len(shape) == 1 and isinstance(shape[0], (list, tuple, torch.Size)):
+        return tuple(shape[0])
+    return tuple(shape)
+
+
+@register(torch.reshape, torch.Tensor.reshape)
+def _reshape(t, *shape):
+    return reshape(t, _shape_args(shape)) if isinstance(t, SparseTensor) else NotImplemented
+
+
+@register(torch.Tensor.view)
+def _view(t, *shape):
+    if not isinstance(t, SparseTensor) or (len(shape) == 1 and isinstance(shape[0], torch.dtype)):
+        return NotImplemented
+    return reshape(t, _shape_args(shape))
+
+
+@register(torch.Tensor.view_as, torch.Tensor.reshape_as)
+def _view_as(t, other):
+    return reshape(t, tuple(other.shape)) if isinstance(t, SparseTensor) else NotImplemented
+
+
+@register(torch.flatten, torch.Tensor.flatten)
+def _flatten(t, start_dim=0, end_dim=-1):
+    return flatten(t, start_dim, end_dim) if isinstance(t, SparseTensor) else NotImplemented
+
+
+@register(torch.unflatten, torch.Tensor.unflatten)
+def _unflatten(t, dim, sizes):
+    return unflatten(t, dim, sizes) if isinstance(t, SparseTensor) else NotImplemented
+
+
+@register_aten(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def _aten_view(t, shape):
+    return reshape(t, shape)
+
+
+# --- cat / stack ------------------------------------------------------------------------------
+
+def cat(tensors: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    """Sparse with sparse: coordinates offset along ``dim``, in the first operand's format.
+    A dense operand makes the result dense (as torch), built with torch.cat."""
+    tensors = [as_scorch(x) for x in tensors]
+    if not tensors:
+        raise RuntimeError("cat(): expected a non-empty list of Tensors")
+    dtype = tensors[0].dtype
+    for x in tensors[1:]:
+        dtype = torch.promote_types(dtype, x.dtype)
+    if not all(isinstance(x, SparseTensor) for x in tensors):
+        dense = [x.to_dense() if isinstance(x, SparseTensor) else x for x in tensors]
+        return torch.cat(dense, dim)
+    r = tensors[0].dim()
+    d = _dim(dim, r)
+    for n, x in enumerate(tensors):
+        if x.dim() != r:
+            raise RuntimeError(f"cat(): tensor {n} has {x.dim()} dimensions, expected {r}")
+        for k in range(r):
+            if k != d and x.shape[k] != tensors[0].shape[k]:
+                raise RuntimeError(f"cat(): sizes of tensors must match except in dimension "
+                                   f"{d}: expected size {tensors[0].shape[k]} but got size "
+                                   f"{x.shape[k]} for tensor number {n} in the list")
+    coords, values, offset = [], [], 0
+    for x in tensors:
+        c = _coords(x)
+        if offset:
+            c[d] += offset
+        coords.append(c)
+        values.append(x._storage.values.to(dtype))
+        offset += x.shape[d]
+    shape = list(tensors[0].shape)
+    shape[d] = offset
+    return _build(torch.cat(coords, 1), torch.cat(values), shape,
+                  _unblocked(tensors[0].format))
+
+
+def stack(tensors: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    tensors = [as_scorch(x) for x in tensors]
+    if not tensors:
+        raise RuntimeError("stack expects a non-empty TensorList")
+    for n, x in enumerate(tensors):
+        if tuple(x.shape) != tuple(tensors[0].shape):
+            raise RuntimeError(f"stack expects each tensor to be equal size, but got "
+                               f"{list(tensors[0].shape)} at entry 0 and {list(x.shape)} at "
+                               f"entry {n}")
+    d = _dim(dim, tensors[0].dim() + 1)
+    if not all(isinstance(x, SparseTensor) for x in tensors):
+        dense = [x.to_dense() if isinstance(x, SparseTensor) else x for x in tensors]
+        return torch.stack(dense, d)
+    return cat([unsqueeze(x, d) for x in tensors], d)
+
+
+def _tensor_list_has_sparse(tensors) -> bool:
+    return isinstance(tensors, (list, tuple)) and any(is_sparse_operand(x) for x in tensors)
+
+
+@register(torch.cat, torch.concat, torch.concatenate)
+def _cat(tensors, dim=0, *, out=None, axis=None):
+    if not _tensor_list_has_sparse(tensors):
+        return NotImplemented
+    if out is not None:
+        raise RuntimeError("cat: out= is not supported with sparse operands")
+    return cat(tensors, dim if axis is None else axis)
+
+
+@register(torch.stack)
+def _stack(tensors, dim=0, *, out=None):
+    if not _tensor_list_has_sparse(tensors):
+        return NotImplemented
+    if out is not None:
+        raise RuntimeError("stack: out= is not supported with sparse operands")
+    return stack(tensors, dim)
+
+
+# --- indexing -----------------------------------------------------------------------------------
+
+def _index_tensor(ix, size: int, dim: int) -> torch.Tensor:
+    """A 1-D int64 index tensor (bool masks become the positions they select)."""
+    if not isinstance(ix, torch.Tensor):
+        ix = torch.as_tensor(ix)
+    if is_sparse_operand(ix):
+        raise IndexError("indexing with a sparse index tensor is not supported")
+    if ix.dtype == torch.bool:
+        if ix.shape[0] != size:
+            raise IndexError(f"The shape of the mask [{ix.shape[0]}] at index {dim} does not "
+                             f"match the shape of the indexed tensor [{size}] at index {dim}")
+        return torch.nonzero(ix).reshape(-1)
+    if ix.dtype.is_floating_point or ix.dtype.is_complex:
+        raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+    ix = ix.reshape(-1).to(torch.int64) if ix.dim() <= 1 else None
+    if ix is None:
+        raise IndexError("only 1-D index tensors are supported on a sparse tensor")
+    if ix.numel():
+        lo, hi = int(ix.min()), int(ix.max())
+        if lo < -size or hi >= size:
+            bad = lo if lo < -size else hi
+            raise IndexError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
+    return torch.where(ix < 0, ix + size, ix)
+
+
+def _join(coord: torch.Tensor, index: torch.Tensor):
+    """For each stored entry, every position ``k`` with ``index[k] == coord``: returns
+    (entry of each match, k of each match); sorted by entry. O((nnz + len) log len)."""
+    sorted_ix, perm = torch.sort(index, stable=True)
+    lo = torch.searchsorted(sorted_ix, coord, right=False)
+    hi = torch.searchsorted(sorted_ix, coord, right=True)
+    counts = hi - lo
+    entry = torch.repeat_interleave(torch.arange(coord.numel()), counts)
+    starts = torch.cumsum(counts, 0) - counts
+    within = torch.arange(entry.numel()) - torch.repeat_interleave(starts, counts)
+    return entry, perm[lo[entry] + within]
+
+
+def _expand_index(index, rank: int) -> list:
+    if not isinstance(index, tuple):
+        index = (index,)
+    consumed = sum(0 if (i is None or i is Ellipsis) else
+                   (i.dim() if isinstance(i, torch.Tensor) and i.dtype == torch.bool else 1)
+                   for i in index)
+    if sum(1 for i in index if i is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    if consumed > rank:
+        raise IndexError(f"too many indices for tensor of dimension {rank}")
+    out = []
+    for i in index:
+        if i is Ellipsis:
+            out.extend([slice(None)] * (rank - consumed))
+        else:
+            out.append(i)
+    if Ellipsis not in index:
+        out.extend([slice(None)] * (rank - consumed))
+    return out
+
+
+def getitem(t: SparseTensor, index) -> torch.Tensor:
+    """``t[index]`` over the stored entries."""
+    st = t._storage
+    rank = st.ndim
+    items = _expand_index(index, rank)
+    c = _convert().coords(st)
+    values = st.values
+    keep = None                       # mask over the entries
+    out_rows: List[Tuple[str, object]] = []   # ("row", tensor) / ("zero", None) / ("adv", None)
+    out_shape: List[int] = []
+    adv: List[Tuple[int, torch.Tensor]] = []   # (input dim, 1-D index tensor) per tensor index
+    kinds: List[str] = []             # per item: "tensor", "int" or "other" (placement rule)
+    d = 0
+    for ix in items:
+        kinds.append("tensor" if isinstance(ix, (torch.Tensor, list, tuple)) and not (
+            isinstance(ix, torch.Tensor) and ix.dim() == 0 and ix.dtype != torch.bool)
+            else "int" if isinstance(ix, (numbers.Integral, torch.Tensor)) else "other")
+        if ix is None:
+            out_rows.append(("zero", None))
+            out_shape.append(1)
+            continue
+        size = st.shape[d]
+        if isinstance(ix, torch.Tensor) and ix.dim() == 0 and ix.dtype != torch.bool \
+                and not ix.dtype.is_floating_point:
+            ix = int(ix)
+        if isinstance(ix, bool):
+            raise IndexError("indexing a sparse tensor with a bool scalar is not supported")
+        if isinstance(ix, numbers.Integral):
+            i = int(ix)
+            if not -size <= i < size:
+                raise IndexError(f"index {i} is out of bounds for dimension {d} with size {size}")
+            i %= size
+            m = c[d] == i
+            keep = m if keep is None else keep & m
+        elif isinstance(ix, slice):
+            if ix.step is not None and ix.step <= 0:
+                raise ValueError("step must be greater than zero")
+            start, stop, step = ix.indices(size)
+            n = len(range(start, stop, step))
+            row = c[d]
+            m = (row >= start) & (row < stop)
+            if step != 1:
+                m &= torch.remainder(row - start, step) == 0
+            keep = m if keep is None else keep & m
+            out_rows.append(("row", torch.div(row - start, step, rounding_mode="floor")
+                             if step != 1 else row - start))
+            out_shape.append(n)
+        elif isinstance(ix, torch.Tensor) and ix.dtype == torch.bool and ix.dim() > 1:
+            # a mask over several dimensions: the index tensors of its True positions
+            m = ix.dim()
+            if tuple(ix.shape) != tuple(st.shape[d:d + m]):
+                raise IndexError(f"The shape of the mask {list(ix.shape)} at index {d} does not "
+                                 f"match the shape of the indexed tensor {list(st.shape)}")
+            nz = torch.nonzero(ix)
+            for j in range(m):
+                adv.append((d + j, nz[:, j].contiguous()))
+            if len(adv) == m:
+                out_rows.append(("adv", None))
+                out_shape.append(0)
+            d += m
+            continue
+        elif isinstance(ix, (torch.Tensor, list, tuple)):
+            adv.append((d, _index_tensor(ix, size, d)))
+            if len(adv) == 1:   # all index tensors together give one output dimension
+                out_rows.append(("adv", None))
+                out_shape.append(0)
+        else:
+            raise IndexError(f"unsupported index {ix!r} for a sparse tensor")
+        d += 1
+    if keep is not None:
+        sel = torch.nonzero(keep).reshape(-1)
+        c, values = c[:, sel], values[sel]
+        out_rows = [(k, r[sel] if k == "row" else r) for k, r in out_rows]
+    adv_out = None
+    if adv:
+        at = next(n for n, (kind, _) in enumerate(out_rows) if kind == "adv")
+        lengths = {ix.numel() for _, ix in adv} - {1}
+        if len(lengths) > 1:
+            raise IndexError(f"shape mismatch: indexing tensors could not be broadcast together "
+                             f"with lengths {sorted(ix.numel() for _, ix in adv)}")
+        length = lengths.pop() if lengths else 1
+        # several index tensors select coordinate tuples: join on the tuple linearised in int64
+        entry_key = torch.zeros(c.shape[1], dtype=torch.int64)
+        index_key = torch.zeros(length, dtype=torch.int64)
+        for dim, ix in adv:
+            entry_key = entry_key * st.shape[dim] + c[dim]
+            index_key = index_key * st.shape[dim] + ix.expand(length)
+        entry, k = _join(entry_key, index_key)
+        c, values = c[:, entry], values[entry]
+        out_rows = [(kind, r[entry] if kind == "row" else r) for kind, r in out_rows]
+        adv_out = k
+        out_shape[at] = length
+        # torch (numpy) rule: index tensors separated by a slice or None put their dimension
+        # first; ints between them keep them adjacent
+        where = [n for n, kind in enumerate(kinds) if kind == "tensor"]
+        if any(kinds[n] == "other" for n in range(where[0], where[-1] + 1)):
+            out_rows.insert(0, out_rows.pop(at))
+            out_shape.insert(0, out_shape.pop(at))
+    n = values.numel()
+    rows = []
+    for kind, r in out_rows:
+        if kind == "row":
+            rows.append(r)
+        elif kind == "zero":
+            rows.append(torch.zeros(n, dtype=torch.int64))
+        else:
+            rows.append(adv_out)
+    coords = torch.stack(rows) if rows else torch.empty((0, n), dtype=torch.int64)
+    fmt = None
+    if len(out_shape) == rank and all(kind != "zero" for kind, _ in out_rows):
+        fmt = _unblocked(st.format)   # same dimensions in the same order
+    return _build(coords, values, out_shape, fmt)
+
+
+def index_select(t: SparseTensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+    d = _dim(dim, t.dim())
+    if not isinstance(index, torch.Tensor) or index.dim() > 1 or index.dtype not in (
+            torch.int64, torch.int32):
+        raise IndexError("index_select(): index must be a 0-D or 1-D int64 or int32 tensor")
+    return getitem(t, (slice(None),) * d + (index.reshape(-1),))
+
+
+@register(torch.Tensor.__getitem__)
+def _getitem(t, index):
+    return getitem(t, index) if isinstance(t, SparseTensor) else NotImplemented
+
+
+@register(torch.index_select, torch.Tensor.index_select)
+def _index_select(t, dim, index, *, out=None):
+    if not isinstance(t, SparseTensor):
+        return NotImplemented
+    if out is not None:
+        raise RuntimeError("index_select: out= is not supported with sparse operands")
+    return index_select(t, dim, index)

@@ -1,0 +1,392 @@
+"""Elementwise arithmetic on sparse operands with the compiler's existing nodes: ``add``/``sub``
+(with ``alpha``), ``mul``, division by a scalar (a product with its reciprocal), ``neg``, the
+operators ``+ - * /`` and the in-place forms ``add_``/``sub_``/``mul_``/``div_``.
+
+Each call is ONE generated kernel: ``tensor_compiler.compute(Assignment(out, expr), ...)``.
+Broadcasting follows torch: operands are aligned from the right; an operand with a size-1
+dimension that must stretch is first squeezed there (a sparse operand's coordinates move,
+its values do not; a dense operand is reshaped, a view) and is simply not indexed by that
+variable, so the kernel never stretches anything. Scalars (Python numbers, 0-d tensors) enter
+as 0-d operands, so one kernel serves every value. The result format comes from format inference: a product with a sparse
+operand is sparse, a sum is sparse only when both terms are.
+
+Division by a tensor and unary functions other than ``neg`` need new IR nodes; they return
+``NotImplemented`` here and so run through the (size-limited) dense fallback.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import List, Tuple
+
+import torch
+
+from .._dispatch import register
+from ..level_storage import Storage
+from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, with_values
+from . import shape as _shape
+
+__all__ = ["add", "sub", "mul", "div", "neg"]
+
+_LETTERS = "ijklmnopqrstuvwxyzabcdefgh"
+
+_compiler_module = None
+_compute_fn = None
+
+
+def _compiler():
+    """The compiler package, imported on first use (importing it costs ~0.5 s)."""
+    global _compiler_module
+    if _compiler_module is None:
+        from .einsum import _compiler as load
+        _compiler_module = load()
+    return _compiler_module
+
+
+def _compute():
+    """``compute(assignment, *operands, out_format=)``: the differentiable one of
+    ``scorch.gradients`` where that package exists, else the compiler's own."""
+    global _compute_fn
+    if _compute_fn is None:
+        try:
+            from ..gradients import compute as differentiable
+        except ImportError:
+            differentiable = None
+        _compute_fn = differentiable or _compiler().compute
+    return _compute_fn
+
+
+# the expression of each op over its accesses (x, y: operands; s: a 0-d scalar operand)
+_EXPRESSIONS = {
+    "add": lambda x, y: x + y,
+    "sub": lambda x, y: x - y,
+    "add_alpha": lambda x, y, s: x + s * y,
+    "sub_alpha": lambda x, y, s: x - s * y,
+    "mul": lambda x, y: x * y,
+    "neg": lambda x: -x,
+}
+
+
+def _is_scalar(x) -> bool:
+    return isinstance(x, (numbers.Number, bool)) and not isinstance(x, torch.Tensor)
+
+
+def _stand_in(x):
+    """What torch.result_type needs to know of an operand (no data)."""
+    if _is_scalar(x):
+        return x
+    return torch.empty((1,) if x.dim() else (), dtype=x.dtype)
+
+
+def result_dtype(a, b, true_division: bool = False) -> torch.dtype:
+    dt = torch.result_type(_stand_in(a), _stand_in(b))
+    if true_division and not (dt.is_floating_point or dt.is_complex):
+        dt = torch.get_default_dtype()
+    return dt
+
+
+def _cast(x, dtype: torch.dtype):
+    """The operand in the result dtype: scalars become 0-d tensors (kernel arguments, not
+    constants baked into the kernel), sparse values are cast, dense tensors converted."""
+    if _is_scalar(x):
+        return torch.tensor(x, dtype=dtype)
+    if isinstance(x, SparseTensor):
+        return x if x.dtype == dtype else with_values(x, x._storage.values.to(dtype))
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+def _shape_of(x) -> Tuple[int, ...]:
+    if _is_scalar(x):
+        return ()
+    return x._storage.shape if isinstance(x, SparseTensor) else tuple(x.shape)
+
+
+def _wrap(result):
+    return SparseTensor(result) if isinstance(result, Storage) else result
+
+
+def _build(terms, op: str) -> torch.Tensor:
+    """Run the expression ``_EXPRESSIONS[op]`` over ``terms`` (operands already in the result
+    dtype) with torch's broadcasting; returns the kernel's result."""
+    shape = tuple(torch.broadcast_shapes(*[_shape_of(t) for t in terms]))
+    rank = len(shape)
+    if rank > len(_LETTERS):
+        raise RuntimeError(f"elementwise ops support at most {len(_LETTERS)} dimensions")
+    out_vars = _LETTERS[:rank]
+    operands: List[object] = []
+    accesses: list = []
+    ir = _compiler().index_notation
+    partial_sparse = False   # a sparse operand that does not index every output dimension
+    for x in terms:
+        was_sparse = isinstance(x, SparseTensor)
+        sizes = x._storage.shape if was_sparse else tuple(x.shape)
+        r = len(sizes)
+        vars_ = list(out_vars[rank - r:])
+        # a size-1 dimension that broadcasts is dropped from the operand and not indexed:
+        # the kernel then never stretches anything (a stretched dense operand would be
+        # materialized at the full size by the compiler's relayout)
+        stretch = [d for d in range(r) if sizes[d] == 1 and shape[rank - r + d] != 1]
+        if stretch:
+            vars_ = [v for d, v in enumerate(vars_) if d not in stretch]
+            if isinstance(x, SparseTensor):
+                x = _shape.squeeze_dims(x, stretch)
+            else:
+                x = x.reshape([s for d, s in enumerate(sizes) if d not in stretch])
+        if was_sparse:
+            partial_sparse |= len(vars_) < rank
+        operands.append(x)
+        accesses.append(ir.Access(len(operands) - 1, vars_))
+    rhs = _EXPRESSIONS[op](*accesses)
+    missing = [v for v in out_vars if v not in rhs.vars()]
+    if missing:
+        raise RuntimeError(f"elementwise: output dimension {missing} is indexed by no operand")
+    out_format = None
+    if op == "mul" and partial_sparse:
+        # a product with a sparse operand is sparse; where the sparse operand is broadcast,
+        # format inference alone would make the stretched dimensions dense
+        out_format = "coo"
+    result = _wrap(_compute()(ir.Assignment(out_vars, rhs), *operands,
+                                       out_format=out_format))
+    if tuple(result.shape) != shape:
+        raise RuntimeError(f"elementwise: kernel gave shape {tuple(result.shape)}, expected {shape}")
+    return result
+
+
+def _prepare(*xs, true_division: bool = False):
+    xs = tuple(as_scorch(x) for x in xs)
+    dt = result_dtype(xs[0], xs[1], true_division) if len(xs) > 1 else xs[0].dtype
+    return dt, tuple(_cast(x, dt) for x in xs)
+
+
+def add(a, b, alpha=1) -> torch.Tensor:
+    """``a + alpha * b``: sparse when both are sparse (union of patterns), else dense."""
+    if not (is_sparse_operand(a) or is_sparse_operand(b)):
+        return torch.add(a, b, alpha=alpha)
+    dt, (a, b) = _prepare(a, b)
+    if alpha == 1:
+        return _build((a, b), "add")
+    return _build((a, b, _cast(alpha, dt)), "add_alpha")
+
+
+def sub(a, b, alpha=1) -> torch.Tensor:
+    """``a - alpha * b``."""
+    if not (is_sparse_operand(a) or is_sparse_operand(b)):
+        return torch.sub(a, b, alpha=alpha)
+    dt, (a, b) = _prepare(a, b)
+    if alpha == 1:
+        return _build((a, b), "sub")
+    return _build((a, b, _cast(alpha, dt)), "sub_alpha")
+
+
+def mul(a, b) -> torch.Tensor:
+    """``a * b``: sparse when either is sparse (intersection of patterns)."""
+    if not (is_sparse_operand(a) or is_sparse_operand(b)):
+        return torch.mul(a, b)
+    dt, (a, b) = _prepare(a, b)
+    return _build((a, b), "mul")
+
+
+def div(a, divisor) -> torch.Tensor:
+    """``a / divisor`` for a scalar divisor (a Python number or a 0-d tensor): the product
+    with its reciprocal, so the pattern of ``a`` is kept. As torch's sparse layouts do,
+    division by zero changes only the stored entries (inf/nan there; unstored stay 0)."""
+    if not _scalar_like(divisor):
+        raise NotImplementedError("division by a tensor needs the compiler's division node")
+    dt = result_dtype(as_scorch(a), divisor, true_division=True)
+    if _is_scalar(divisor):
+        recip = torch.tensor(1.0 / divisor if divisor != 0 else float("inf"), dtype=dt)
+    else:
+        recip = torch.reciprocal(divisor.reshape(()).to(dt))
+    return mul(_cast(as_scorch(a), dt), recip)
+
+
+def neg(a) -> torch.Tensor:
+    a = as_scorch(a)
+    return _build((a,), "neg")
+
+
+def _scalar_like(x) -> bool:
+    return _is_scalar(x) or (isinstance(x, torch.Tensor) and not is_sparse_operand(x)
+                             and x.dim() == 0)
+
+
+# --- in-place forms --------------------------------------------------------------------------
+
+def _level_keys(st: Storage) -> torch.Tensor:
+    """Each stored entry's coordinates linearised in level order: ascending in storage order
+    (levels store coordinates sorted), so positions can be found by binary search."""
+    c = _shape._coords_of(st)
+    key = torch.zeros(c.shape[1], dtype=torch.int64)
+    for lv in st.levels:
+        key = key * st.shape[lv.dim] + c[lv.dim]
+    return key
+
+
+def _same_structure(sa: Storage, sb: Storage) -> bool:
+    for la, lb in zip(sa.levels, sb.levels):
+        for x, y in ((la.pos, lb.pos), (la.crd, lb.crd)):
+            if (x is None) != (y is None):
+                return False
+            if x is not None and x is not y and not torch.equal(x, y.to(x.dtype)):
+                return False
+    return True
+
+
+def _store_in_place(name: str, self, result) -> torch.Tensor:
+    """Write ``result`` into ``self`` when its entries lie on self's pattern (self's values
+    array is updated in place, so views and optimizers see it; self's entries the result
+    does not store become zeros); otherwise a clear error."""
+    if not torch.can_cast(result.dtype, self.dtype):
+        raise RuntimeError(f"{name}: result type {result.dtype} can't be cast to the desired "
+                           f"output type {self.dtype}")
+    if not isinstance(self, SparseTensor):
+        self.copy_(result.to_dense() if isinstance(result, SparseTensor) else result)
+        return self
+    if tuple(result.shape) != tuple(self.shape):
+        raise RuntimeError(f"{name}: the result of shape {tuple(result.shape)} does not fit the "
+                           f"sparse tensor of shape {tuple(self.shape)}")
+    if not isinstance(result, SparseTensor):
+        raise RuntimeError(f"{name}: the result is dense (e.g. adding a dense tensor or a "
+                           f"scalar), so it cannot be stored in the sparse tensor in place; use "
+                           f"the out-of-place form")
+    st = self._storage
+    rs = result.to_format(st.format)._storage
+    values = st.values
+    if rs.nnz == st.nnz and _same_structure(st, rs):
+        values.copy_(rs.values)
+        return self
+    if st.format.block is not None:
+        raise RuntimeError(f"{name}: the result's pattern differs from the blocked sparse "
+                           f"tensor's; in-place ops keep the pattern, use the out-of-place form")
+    own, theirs = _level_keys(st), _level_keys(rs)
+    at = torch.searchsorted(own, theirs)
+    inside = at < own.numel()
+    if not bool(inside.all()) or not torch.equal(own[at], theirs):
+        raise RuntimeError(f"{name}: the result stores entries outside the sparse tensor's "
+                           f"pattern (in-place ops keep the pattern); use the out-of-place form")
+    fresh = torch.zeros_like(values)
+    fresh[at] = rs.values.to(values.dtype)
+    values.copy_(fresh)
+    return self
+
+
+def add_(self, other, alpha=1):
+    return _store_in_place("add_", self, add(self, other, alpha))
+
+
+def sub_(self, other, alpha=1):
+    return _store_in_place("sub_", self, sub(self, other, alpha))
+
+
+def mul_(self, other):
+    if isinstance(self, SparseTensor) and _scalar_like(other):
+        self._storage.values.mul_(other)     # torch raises for float into an int tensor
+        return self
+    return _store_in_place("mul_", self, mul(self, other))
+
+
+def div_(self, other):
+    if not _scalar_like(other):
+        return NotImplemented
+    if not (self.dtype.is_floating_point or self.dtype.is_complex):
+        raise RuntimeError(f"div_: result type Float can't be cast to the desired output type "
+                           f"{self.dtype}")
+    return _store_in_place("div_", self, div(self, other))
+
+
+# --- registration ----------------------------------------------------------------------------
+
+def _involves_sparse(*xs) -> bool:
+    return any(is_sparse_operand(x) for x in xs)
+
+
+def _no_out(name: str, out) -> None:
+    if out is not None:
+        raise RuntimeError(f"{name}: out= is not supported with sparse operands")
+
+
+@register(torch.add, torch.Tensor.add, torch.Tensor.__add__)
+def _add(a, b, *, alpha=1, out=None):
+    if not _involves_sparse(a, b):
+        return NotImplemented
+    _no_out("add", out)
+    return add(a, b, alpha)
+
+
+@register(torch.Tensor.__radd__)
+def _radd(a, b):
+    return add(b, a) if _involves_sparse(a, b) else NotImplemented
+
+
+@register(torch.sub, torch.subtract, torch.Tensor.sub, torch.Tensor.subtract, torch.Tensor.__sub__)
+def _sub(a, b, *, alpha=1, out=None):
+    if not _involves_sparse(a, b):
+        return NotImplemented
+    _no_out("sub", out)
+    return sub(a, b, alpha)
+
+
+@register(torch.Tensor.__rsub__, torch.rsub)
+def _rsub(a, b, *, alpha=1):
+    # torch.rsub(a, b, alpha) = b - alpha * a
+    if not _involves_sparse(a, b):
+        return NotImplemented
+    if alpha == 1:
+        return sub(b, a)
+    return sub(b, mul(a, alpha))
+
+
+@register(torch.mul, torch.multiply, torch.Tensor.mul, torch.Tensor.multiply,
+          torch.Tensor.__mul__)
+def _mul(a, b, *, out=None):
+    if not _involves_sparse(a, b):
+        return NotImplemented
+    _no_out("mul", out)
+    return mul(a, b)
+
+
+@register(torch.Tensor.__rmul__)
+def _rmul(a, b):
+    return mul(b, a) if _involves_sparse(a, b) else NotImplemented
+
+
+@register(torch.div, torch.divide, torch.true_divide, torch.Tensor.div, torch.Tensor.divide,
+          torch.Tensor.true_divide, torch.Tensor.__truediv__)
+def _div(a, b, *, rounding_mode=None, out=None):
+    # only a sparse dividend over a scalar divisor stays sparse; the rest (division by a
+    # tensor, rounding modes) is the dense fallback's until the IR has division
+    if rounding_mode is not None or out is not None or not is_sparse_operand(a) \
+            or not _scalar_like(b):
+        return NotImplemented
+    return div(a, b)
+
+
+@register(torch.neg, torch.negative, torch.Tensor.neg, torch.Tensor.negative,
+          torch.Tensor.__neg__)
+def _neg(a, *, out=None):
+    if not is_sparse_operand(a):
+        return NotImplemented
+    _no_out("neg", out)
+    return neg(a)
+
+
+@register(torch.Tensor.add_, torch.Tensor.__iadd__)
+def _add_(self, other, *, alpha=1):
+    return add_(self, other, alpha) if _involves_sparse(self, other) else NotImplemented
+
+
+@register(torch.Tensor.sub_, torch.Tensor.subtract_, torch.Tensor.__isub__)
+def _sub_(self, other, *, alpha=1):
+    return sub_(self, other, alpha) if _involves_sparse(self, other) else NotImplemented
+
+
+@register(torch.Tensor.mul_, torch.Tensor.multiply_, torch.Tensor.__imul__)
+def _mul_(self, other):
+    return mul_(self, other) if _involves_sparse(self, other) else NotImplemented
+
+
+@register(torch.Tensor.div_, torch.Tensor.divide_, torch.Tensor.true_divide_,
+          torch.Tensor.__itruediv__)
+def _div_(self, other, *, rounding_mode=None):
+    if rounding_mode is not None or not isinstance(self, SparseTensor):
+        return NotImplemented
+    return div_(self, other)

@@ -1,0 +1,264 @@
+"""The matmul family on sparse operands: ``@``, ``mm``, ``mv``, ``bmm``, ``matmul``, ``addmm``
+and ``F.linear``, each lowered to ONE ``scorch.einsum`` call (so each is one generated kernel
+and inherits einsum's gradients); ``addmm`` and a biased ``linear`` add one elementwise step.
+
+Result layouts follow torch: sparse @ dense and dense @ sparse give dense tensors, sparse @
+sparse gives a sparse tensor (its format comes from format inference).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .._dispatch import register
+from ..tensor_type import SparseTensor, is_sparse_operand
+from . import elementwise
+from . import einsum as _einsum_entry
+
+__all__ = ["matmul", "mm", "mv", "bmm", "addmm", "linear"]
+
+_BATCH_LETTERS = "abcdefgh"
+
+
+def _shape(x) -> tuple:
+    """The shape without a trip through ``__torch_function__`` (each attribute of a
+    SparseTensor read through torch costs ~1.3 us; a warm SpMM is ~4 us)."""
+    st = getattr(x, "_storage", None) if type(x) is not torch.Tensor else None
+    return st.shape if st is not None else tuple(x.shape)
+
+
+def _dtype(x) -> torch.dtype:
+    st = getattr(x, "_storage", None) if type(x) is not torch.Tensor else None
+    return st.values.dtype if st is not None else x.dtype
+
+
+def _any_sparse(*xs) -> bool:
+    return any(is_sparse_operand(x) for x in xs)
+
+
+def _contract(equation: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """One einsum. With one dense operand the result is dense, as torch gives (format
+    inference alone would make e.g. CSC @ dense sparse: slower, and not torch's layout)."""
+    if is_sparse_operand(a) != is_sparse_operand(b) and not equation.endswith("->"):
+        return _einsum_entry.einsum(equation, a, b, out_format="dense")
+    return _einsum_entry.einsum(equation, a, b)
+
+
+def _check_dtypes(name: str, a: torch.Tensor, b: torch.Tensor) -> None:
+    da, db = _dtype(a), _dtype(b)
+    if da != db:
+        raise RuntimeError(f"{name}: expected both operands to have the same dtype, but got "
+                           f"{da} for the first and {db} for the second")
+
+
+def _check_rank(name: str, what: str, x: torch.Tensor, rank: int) -> None:
+    s = _shape(x)
+    if len(s) != rank:
+        raise RuntimeError(f"{name}: {what} must be a {rank}-D tensor, got {len(s)}-D of shape "
+                           f"{s}")
+
+
+def _check_inner(name: str, a: torch.Tensor, b: torch.Tensor, da: int, db: int) -> None:
+    sa, sb = _shape(a), _shape(b)
+    if sa[da] != sb[db]:
+        raise RuntimeError(f"{name}: shapes {sa} and {sb} cannot be multiplied "
+                           f"({sa[da]} != {sb[db]})")
+
+
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch.mm``: (m, k) @ (k, n)."""
+    _check_rank("mm", "self", a, 2)
+    _check_rank("mm", "mat2", b, 2)
+    _check_inner("mm", a, b, 1, 0)
+    _check_dtypes("mm", a, b)
+    return _contract("ij,jk->ik", a, b)
+
+
+def mv(a: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``torch.mv``: (m, k) @ (k,)."""
+    _check_rank("mv", "self", a, 2)
+    _check_rank("mv", "vec", v, 1)
+    _check_inner("mv", a, v, 1, 0)
+    _check_dtypes("mv", a, v)
+    return _contract("ij,j->i", a, v)
+
+
+def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch.bmm``: (B, m, k) @ (B, k, n), no broadcasting (as torch)."""
+    _check_rank("bmm", "batch1", a, 3)
+    _check_rank("bmm", "batch2", b, 3)
+    if a.shape[0] != b.shape[0]:
+        raise RuntimeError(f"bmm: batch sizes differ: {a.shape[0]} and {b.shape[0]}")
+    _check_inner("bmm", a, b, 2, 1)
+    _check_dtypes("bmm", a, b)
+    return _contract("bij,bjk->bik", a, b)
+
+
+def _batch_equation(a: torch.Tensor, b: torch.Tensor) -> str:
+    """torch.matmul's rules as one einsum: 1-D operands are promoted (and the promoted
+    dimension dropped again), batch dimensions broadcast from the right."""
+    sa_, sb_ = _shape(a), _shape(b)
+    ra, rb = len(sa_), len(sb_)
+    nb = max(ra - 2 if ra >= 2 else 0, rb - 2 if rb >= 2 else 0)
+    if nb > len(_BATCH_LETTERS):
+        raise RuntimeError(f"matmul: at most {len(_BATCH_LETTERS)} batch dimensions are supported")
+    batch = _BATCH_LETTERS[:nb]
+    sa = batch[nb - (ra - 2):] + "ij" if ra >= 2 else "j"
+    sb = batch[nb - (rb - 2):] + "jk" if rb >= 2 else "j"
+    out = batch + ("i" if ra >= 2 else "") + ("k" if rb >= 2 else "")
+    # broadcast batch dimensions: a sparse operand cannot stretch a size-1 dimension
+    for n in range(nb):
+        da = ra - 2 - (nb - n)
+        db = rb - 2 - (nb - n)
+        xa = sa_[da] if ra >= 2 and da >= 0 else None
+        xb = sb_[db] if rb >= 2 and db >= 0 else None
+        if xa is not None and xb is not None and xa != xb and 1 not in (xa, xb):
+            raise RuntimeError(f"matmul: batch dimensions of {sa_} and {sb_} do not broadcast")
+    return f"{sa},{sb}->{out}"
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch.matmul`` / ``@`` with torch's rank rules (1-D dot, 1-D promotion, batches)."""
+    ra, rb = len(_shape(a)), len(_shape(b))
+    if ra == 0 or rb == 0:
+        raise RuntimeError(f"matmul: both arguments need at least 1 dimension, got "
+                           f"{ra}D and {rb}D")
+    _check_inner("matmul", a, b, -1, -2 if rb >= 2 else 0)
+    _check_dtypes("matmul", a, b)
+    if ra == 2 and rb == 2:
+        return _contract("ij,jk->ik", a, b)
+    return _contract(_batch_equation(a, b), a, b)
+
+
+def addmm(input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta=1,
+          alpha=1) -> torch.Tensor:
+    """``beta * input + alpha * (mat1 @ mat2)``: one einsum for the product (alpha folded in
+    as a scalar operand), one elementwise kernel for the sum."""
+    _check_rank("addmm", "mat1", mat1, 2)
+    _check_rank("addmm", "mat2", mat2, 2)
+    _check_inner("addmm", mat1, mat2, 1, 0)
+    _check_dtypes("addmm", mat1, mat2)
+    prod = mm(mat1, mat2) if alpha == 1 else elementwise.mul(mm(mat1, mat2), alpha)
+    if beta == 0:   # torch ignores input (even NaN) when beta is 0, but broadcasts its shape
+        torch.broadcast_shapes(_shape(input), _shape(prod))
+        return prod
+    scaled = input if beta == 1 else elementwise.mul(input, beta)
+    return elementwise.add(scaled, prod)
+
+
+def linear(input: torch.Tensor, weight: torch.Tensor,
+           bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``F.linear``: ``input @ weight.T + bias`` with the transpose folded into the einsum
+    (no copy), sparse weight or sparse input."""
+    si, sw = _shape(input), _shape(weight)
+    if len(sw) not in (1, 2):
+        raise RuntimeError(f"linear: weight must be 1-D or 2-D, got shape {sw}")
+    if len(si) == 0:
+        raise RuntimeError("linear: input must have at least 1 dimension")
+    if si[-1] != sw[-1]:
+        raise RuntimeError(f"linear: input shape {si} and weight shape {sw} cannot be "
+                           f"multiplied ({si[-1]} != {sw[-1]})")
+    _check_dtypes("linear", input, weight)
+    lead = _BATCH_LETTERS[:len(si) - 1]
+    if len(lead) != len(si) - 1:
+        raise RuntimeError("linear: too many leading dimensions")
+    if len(sw) == 2:
+        out = _contract(f"{lead}j,oj->{lead}o", input, weight)
+    else:
+        out = _contract(f"{lead}j,j->{lead}", input, weight)
+    return out if bias is None else elementwise.add(out, bias)
+
+
+# --- registration --------------------------------------------------------------------------
+
+def _sparse_only(fn):
+    """torch's own kernels run when no operand is sparse."""
+    def handler(*args, **kwargs):
+        if not _any_sparse(*args, *kwargs.values()):
+            return NotImplemented
+        return fn(*args, **kwargs)
+    handler.__name__ = fn.__name__
+    handler.__doc__ = fn.__doc__
+    return handler
+
+
+def _no_out(name, kwargs):
+    if kwargs.get("out") is not None:
+        raise RuntimeError(f"{name}: out= is not supported with sparse operands")
+    kwargs.pop("out", None)
+
+
+#: sparse format -> out_format for sparse @ dense: None where format inference already gives
+#: a dense result (then einsum takes its warm C path, ~1 us faster), else "dense"
+_SPMM_OUT: dict = {}
+#: the last format looked up and its answer: an identity check instead of hashing a Format
+#: (~0.4 us) when the same matrix is multiplied again
+_last_spmm = [None, None]
+
+
+def _spmm_out_format(a: SparseTensor, b: torch.Tensor):
+    fmt = a._storage.format
+    if fmt not in _SPMM_OUT:
+        plan = _einsum_entry.explain("ij,jk->ik", a, b)
+        _SPMM_OUT[fmt] = None if plan.output_format.is_dense else "dense"
+    _last_spmm[0], _last_spmm[1] = fmt, _SPMM_OUT[fmt]
+    return _SPMM_OUT[fmt]
+
+
+@register(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
+def _matmul(a, b, *, out=None):
+    # the hot path of ``A @ X`` (sparse matrix @ dense matrix): written out flat, each helper
+    # call costs ~0.1 us and a warm small SpMM is a few us
+    if type(a) is SparseTensor and type(b) is torch.Tensor and out is None:
+        st = a._storage
+        shape = st.shape
+        if len(shape) == 2 and b.ndim == 2 and shape[1] == b.shape[0] \
+                and st.values.dtype == b.dtype:
+            of = _last_spmm[1] if st.format is _last_spmm[0] else _spmm_out_format(a, b)
+            return _einsum_entry.einsum("ij,jk->ik", a, b, out_format=of)
+    if not (is_sparse_operand(a) or is_sparse_operand(b)):
+        return NotImplemented
+    if out is not None:
+        _no_out("matmul", {"out": out})
+    return matmul(a, b)
+
+
+@register(torch.Tensor.__rmatmul__)
+@_sparse_only
+def _rmatmul(a, b):
+    return matmul(b, a)
+
+
+@register(torch.mm, torch.Tensor.mm)
+@_sparse_only
+def _mm(a, b, **kwargs):
+    _no_out("mm", kwargs)
+    return mm(a, b)
+
+
+@register(torch.mv, torch.Tensor.mv)
+@_sparse_only
+def _mv(a, v, **kwargs):
+    _no_out("mv", kwargs)
+    return mv(a, v)
+
+
+@register(torch.bmm, torch.Tensor.bmm)
+@_sparse_only
+def _bmm(a, b, **kwargs):
+    _no_out("bmm", kwargs)
+    return bmm(a, b)
+
+
+@register(torch.addmm, torch.Tensor.addmm)
+@_sparse_only
+def _addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
+    _no_out("addmm", {"out": out})
+    return addmm(input, mat1, mat2, beta=beta, alpha=alpha)
+
+
+@register(torch.nn.functional.linear)
+@_sparse_only
+def _linear(input, weight, bias=None):
+    return linear(input, weight, bias)

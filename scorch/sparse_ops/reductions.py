@@ -1,0 +1,147 @@
+"""Sum-reductions on sparse tensors, each ONE ``scorch.einsum`` call that drops the reduced
+indices (``"ijk->ik"``): ``sum``, ``mean`` (the sum over the count of the dense shape) and
+``torch.sparse.sum``.
+
+Result layouts: ``sum``/``mean`` give what format inference gives for the einsum (a dense
+vector for a matrix reduced along one dimension; a sparse tensor where the result keeps a
+sparse dimension of a higher-rank input); a full reduction is a 0-d dense tensor, as torch.
+``torch.sparse.sum`` follows torch: a COO sparse tensor over the remaining dimensions, or a 0-d
+dense tensor when every dimension is reduced. ``amax``/``amin`` need the compiler's max/min
+reduction (not here yet).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+
+from .._dispatch import register
+from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, with_values
+from . import elementwise
+from . import shape as _shape
+from . import einsum as _einsum_entry
+
+__all__ = ["sum", "mean", "sparse_sum"]
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+Dims = Union[None, int, Sequence[int]]
+
+
+def _reduced_dims(dim: Dims, rank: int, name: str) -> Tuple[int, ...]:
+    if dim is None:
+        return tuple(range(rank))
+    dims = [dim] if isinstance(dim, numbers.Integral) else list(dim)
+    if not dims:   # torch: an empty dim list reduces every dimension
+        return tuple(range(rank))
+    out = []
+    for d in dims:
+        if not isinstance(d, numbers.Integral) or isinstance(d, bool):
+            raise TypeError(f"{name}(): dim must be an int or a tuple of ints, got {dim!r}")
+        if not -rank <= d < rank:
+            raise IndexError(f"{name}(): Dimension out of range (expected to be in range of "
+                             f"[{-rank}, {rank - 1}], but got {d})")
+        d = int(d) % rank
+        if d in out:
+            raise RuntimeError(f"{name}(): dim {d} appears multiple times in the list of dims")
+        out.append(d)
+    return tuple(sorted(out))
+
+
+def _accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
+    """torch sums integers and bools in int64."""
+    return dtype if (dtype.is_floating_point or dtype.is_complex) else torch.int64
+
+
+def _in_dtype(t: SparseTensor, dtype: Optional[torch.dtype]) -> SparseTensor:
+    target = dtype if dtype is not None else _accumulate_dtype(t.dtype)
+    return t if t.dtype == target else with_values(t, t._storage.values.to(target))
+
+
+def _einsum_sum(t: SparseTensor, dims: Tuple[int, ...], out_format=None) -> torch.Tensor:
+    rank = t.dim()
+    if rank > len(_LETTERS):
+        raise RuntimeError(f"sum(): at most {len(_LETTERS)} dimensions are supported")
+    letters = _LETTERS[:rank]
+    out = "".join(v for d, v in enumerate(letters) if d not in dims)
+    if out_format is not None and out:
+        return _einsum_entry.einsum(f"{letters}->{out}", t, out_format=out_format)
+    return _einsum_entry.einsum(f"{letters}->{out}", t)
+
+
+def _keepdim(result: torch.Tensor, dims: Tuple[int, ...]) -> torch.Tensor:
+    for d in dims:   # ascending, so each index is already the final position
+        result = _shape.unsqueeze(result, d) if isinstance(result, SparseTensor) \
+            else result.unsqueeze(d)
+    return result
+
+
+def sum(t: SparseTensor, dim: Dims = None, keepdim: bool = False,
+        dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """``torch.sum`` over the stored entries."""
+    t = _in_dtype(as_scorch(t), dtype)
+    dims = _reduced_dims(dim, t.dim(), "sum")
+    result = _einsum_sum(t, dims)
+    return _keepdim(result, dims) if keepdim else result
+
+
+def mean(t: SparseTensor, dim: Dims = None, keepdim: bool = False,
+         dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """``torch.mean``: the sum over the number of positions of the dense shape (unstored
+    entries count as zeros)."""
+    t = as_scorch(t)
+    target = dtype if dtype is not None else t.dtype
+    if not (target.is_floating_point or target.is_complex):
+        raise RuntimeError(f"mean(): could not infer output dtype. Input dtype must be either "
+                           f"a floating point or complex dtype. Got: {target}")
+    dims = _reduced_dims(dim, t.dim(), "mean")
+    count = math.prod(t.shape[d] for d in dims)
+    total = sum(t, dims, keepdim, target)
+    if isinstance(total, SparseTensor):
+        if count == 0:
+            raise RuntimeError("mean(): a mean over an empty dimension of a sparse tensor has "
+                               "no sparse result (every entry would be NaN)")
+        return elementwise.div(total, count)
+    return total / count
+
+
+def sparse_sum(t: SparseTensor, dim: Dims = None, dtype: Optional[torch.dtype] = None
+               ) -> torch.Tensor:
+    """``torch.sparse.sum``: a COO sparse tensor over the dimensions not reduced; a full
+    reduction is a 0-d dense tensor."""
+    t = _in_dtype(as_scorch(t), dtype)
+    dims = _reduced_dims(dim, t.dim(), "sparse.sum")
+    if len(dims) == t.dim():
+        return _einsum_sum(t, dims)
+    return _einsum_sum(t, dims, out_format="coo")
+
+
+# --- registration --------------------------------------------------------------------------
+
+@register(torch.sum, torch.Tensor.sum)
+def _sum(t, dim=None, keepdim=False, *, dtype=None, out=None):
+    if not is_sparse_operand(t):
+        return NotImplemented
+    if out is not None:
+        raise RuntimeError("sum: out= is not supported with sparse operands")
+    if isinstance(dim, torch.dtype):   # t.sum(torch.float64)
+        dim, dtype = None, dim
+    return sum(t, dim, keepdim, dtype)
+
+
+@register(torch.mean, torch.Tensor.mean)
+def _mean(t, dim=None, keepdim=False, *, dtype=None, out=None):
+    if not is_sparse_operand(t):
+        return NotImplemented
+    if out is not None:
+        raise RuntimeError("mean: out= is not supported with sparse operands")
+    return mean(t, dim, keepdim, dtype)
+
+
+@register(torch.sparse.sum, torch._sparse_sum)   # torch.sparse.sum calls torch._sparse_sum
+def _sparse_sum(t, dim=None, dtype=None):
+    if not is_sparse_operand(t):
+        return NotImplemented
+    return sparse_sum(t, dim, dtype)

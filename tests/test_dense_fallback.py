@@ -1,0 +1,87 @@
+"""The dense fallback policy: an ATen op with no sparse handler runs on dense copies only while
+they fit under a user limit (default 64 MiB), warning once per op; past the limit it raises
+an error that names the op and the shapes, before allocating anything."""
+import warnings
+
+import pytest
+import torch
+
+import scorch
+from scorch import _dispatch
+
+
+@pytest.fixture(autouse=True)
+def fresh_policy(monkeypatch):
+    monkeypatch.delenv("SCORCH_DENSE_FALLBACK_LIMIT", raising=False)
+    scorch.set_dense_fallback_limit(None)
+    monkeypatch.setattr(_dispatch, "_warned", set())
+    yield
+    scorch.set_dense_fallback_limit(None)
+
+
+def small():
+    x = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
+    return x, scorch.sparse_tensor(x, format="csr")
+
+
+def test_default_limit_is_64_mib():
+    assert scorch.get_dense_fallback_limit() == 64 * 2**20
+
+
+def test_below_the_limit_runs_densely_and_warns_once_naming_the_op():
+    x, s = small()
+    with pytest.warns(UserWarning, match="'cumsum' has no sparse kernel"):
+        out = torch.cumsum(s, 1)
+    assert torch.equal(out, torch.cumsum(x, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")        # the second call is silent
+        assert torch.equal(torch.cumsum(s, 1), torch.cumsum(x, 1))
+
+
+def test_past_the_limit_raises_naming_the_op_and_shapes():
+    n = 2_000_000
+    big = scorch.sparse_tensor((torch.tensor([[0, n - 1], [1, 2]]), torch.tensor([1.0, 2.0])),
+                               size=(n, n), format="coo")
+    with pytest.raises(scorch.DenseFallbackError, match=r"'exp'.*\(2000000, 2000000\)"):
+        torch.exp(big)
+    assert issubclass(scorch.DenseFallbackError, RuntimeError)
+
+
+def test_the_limit_is_settable():
+    x, s = small()
+    scorch.set_dense_fallback_limit(8)          # 16 bytes needed
+    with pytest.raises(RuntimeError, match="cumsum.*16 bytes.*8 bytes"):
+        torch.cumsum(s, 0)
+    scorch.set_dense_fallback_limit(16)
+    with pytest.warns(UserWarning):
+        assert torch.equal(torch.cumsum(s, 0), torch.cumsum(x, 0))
+    scorch.set_dense_fallback_limit(0)          # no fallback at all
+    with pytest.raises(scorch.DenseFallbackError):
+        torch.exp(s)
+    with pytest.raises(ValueError, match="bytes"):
+        scorch.set_dense_fallback_limit(-1)
+
+
+def test_the_limit_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("SCORCH_DENSE_FALLBACK_LIMIT", "32")
+    scorch.set_dense_fallback_limit(None)       # None: read the environment again
+    assert scorch.get_dense_fallback_limit() == 32
+    s = scorch.sparse_tensor(torch.ones(4, 4), format="csr")   # 64 bytes dense
+    with pytest.raises(scorch.DenseFallbackError, match="'exp'"):
+        torch.exp(s)
+    monkeypatch.setenv("SCORCH_DENSE_FALLBACK_LIMIT", "lots")
+    scorch.set_dense_fallback_limit(None)
+    with pytest.raises(ValueError, match="SCORCH_DENSE_FALLBACK_LIMIT"):
+        scorch.get_dense_fallback_limit()
+
+
+def test_ops_with_sparse_kernels_do_not_fall_back():
+    x, s = small()
+    scorch.set_dense_fallback_limit(0)          # any fallback would raise
+    assert torch.equal((s @ x), x @ x)
+    assert torch.equal((s * 2 + s).to_dense(), 3 * x)
+    col = s.sum(0)     # CSR summed over rows: a sparse vector (format inference)
+    assert torch.equal(col.to_dense() if isinstance(col, scorch.SparseTensor) else col, x.sum(0))
+    assert torch.equal(s.t().reshape(4).to_dense(), x.t().reshape(4))
+    assert torch.equal(torch.ops.aten.t.default(s).to_dense(), x.t())
+    assert torch.equal(s[1].to_dense(), x[1])

@@ -1,0 +1,137 @@
+"""The matmul family (``@``, mm, mv, bmm, matmul, addmm, F.linear) on sparse operands against
+dense torch: any side sparse, empty and full operands, float32/float64, several formats."""
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+import scorch
+from ops_helpers import FLOATS, KERNEL_FORMATS, assert_matches, dense_values, side, sparse
+
+FAST = settings(max_examples=25, deadline=None)
+
+
+@FAST
+@given(st.data(), st.sampled_from(KERNEL_FORMATS[2]), st.sampled_from(FLOATS),
+       st.sampled_from(["left", "right"]))
+def test_mm_and_operator_match_dense(data, fmt, dtype, where):
+    m, k, n = data.draw(side()), data.draw(side()), data.draw(side())
+    a = data.draw(dense_values((m, k), dtype))
+    b = data.draw(dense_values((k, n), dtype))
+    A, B = (sparse(a, fmt), b) if where == "left" else (a, sparse(b, fmt))
+    expected = a @ b
+    # sparse @ dense and dense @ sparse give dense tensors, as torch
+    assert_matches(A @ B, expected, sparse=False)
+    assert_matches(torch.mm(A, B), expected, sparse=False)
+    assert_matches(torch.matmul(A, B), expected, sparse=False)
+    assert_matches(A.matmul(B) if where == "left" else B.__rmatmul__(A), expected)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.data(), st.sampled_from([("csr", "csr"), ("coo", "csc")]))
+def test_sparse_times_sparse_is_sparse(data, fmts):
+    m, k, n = data.draw(side(1)), data.draw(side(1)), data.draw(side(1))
+    a = data.draw(dense_values((m, k)))
+    b = data.draw(dense_values((k, n)))
+    assert_matches(sparse(a, fmts[0]) @ sparse(b, fmts[1]), a @ b, sparse=True)
+
+
+@FAST
+@given(st.data(), st.sampled_from(["csr", "dcsr"]))
+def test_vector_forms_match_dense(data, fmt):
+    dtype = torch.float64
+    m, k = data.draw(side()), data.draw(side())
+    a = data.draw(dense_values((m, k), dtype))
+    v = data.draw(dense_values((k,), dtype))
+    u = data.draw(dense_values((m,), dtype))
+    A = sparse(a, fmt)
+    assert_matches(A.mv(v), a.mv(v), sparse=False)
+    assert_matches(torch.mv(A, v), a @ v)
+    assert_matches(A @ v, a @ v)                   # 2-D @ 1-D
+    assert_matches(u @ A, u @ a)                   # 1-D @ 2-D: promoted, then dropped
+    s = sparse(v, "coo") if k else None
+    if s is not None:
+        assert_matches(s @ v, v @ v)               # 1-D @ 1-D: a 0-d dot product
+        assert_matches(A @ s, a @ v)               # sparse matrix @ sparse vector
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.data())
+def test_bmm_and_batched_matmul_broadcast(data):
+    dtype = torch.float64
+    bsz, m, k, n = (data.draw(side(1, 3)), data.draw(side()), data.draw(side()),
+                    data.draw(side()))
+    a = data.draw(dense_values((bsz, m, k), dtype))
+    b = data.draw(dense_values((bsz, k, n), dtype))
+    A = sparse(a, "coo")
+    assert_matches(torch.bmm(A, b), torch.bmm(a, b))
+    assert_matches(A @ b, a @ b)
+    # batch broadcasting: a 2-D operand against a batch, and size-1 batch dims of a dense operand
+    w = data.draw(dense_values((k, n), dtype))
+    assert_matches(A @ w, a @ w)
+    assert_matches(A @ b[:1], a @ b[:1])
+    v = data.draw(dense_values((k,), dtype))
+    assert_matches(A @ v, a @ v)
+    d4 = data.draw(dense_values((2, 1, n, m), dtype))
+    assert_matches(d4 @ A, d4 @ a)                 # dense (2, 1, n, m) @ sparse (bsz, m, k)
+
+
+@FAST
+@given(st.data(), st.sampled_from(["csr", "coo"]), st.sampled_from([0, 1, 0.5]),
+       st.sampled_from([1, -2.0]), st.booleans())
+def test_addmm_matches_dense(data, fmt, beta, alpha, broadcast_input):
+    m, k, n = data.draw(side()), data.draw(side()), data.draw(side())
+    a = data.draw(dense_values((m, k)))
+    x = data.draw(dense_values((k, n)))
+    c = data.draw(dense_values((n,) if broadcast_input else (m, n)))
+    expected = torch.addmm(c, a, x, beta=beta, alpha=alpha)
+    assert_matches(torch.addmm(c, sparse(a, fmt), x, beta=beta, alpha=alpha), expected)
+
+
+@FAST
+@given(st.data(), st.sampled_from(["csr", "coo"]), st.booleans(), st.booleans())
+def test_linear_sparse_weight_or_input(data, fmt, sparse_weight, with_bias):
+    dtype = torch.float64
+    b, i, o = data.draw(side()), data.draw(side()), data.draw(side())
+    x = data.draw(dense_values((b, i), dtype))
+    w = data.draw(dense_values((o, i), dtype))
+    bias = data.draw(dense_values((o,), dtype)) if with_bias else None
+    expected = F.linear(x, w, bias)
+    if sparse_weight:
+        got = F.linear(x, sparse(w, fmt), bias)
+        x3 = data.draw(dense_values((2, b, i), dtype))   # leading batch dims of the input
+        assert_matches(F.linear(x3, sparse(w, fmt), bias), F.linear(x3, w, bias))
+    else:
+        got = F.linear(sparse(x, fmt), w, bias)
+    assert_matches(got, expected)
+
+
+def test_matmul_runs_without_densifying(monkeypatch):
+    a = torch.rand(6, 5).double()
+    a[a < 0.5] = 0
+    A = sparse(a, "csr")
+    x = torch.rand(5, 3).double()
+
+    def no_dense(*args, **kwargs):
+        raise AssertionError("a sparse operand was densified")
+    monkeypatch.setattr(scorch.SparseTensor, "to_dense", no_dense)
+    out = A @ x
+    out2 = torch.addmm(torch.zeros(6, 3).double(), A, x)
+    out3 = F.linear(x.T, A, None)
+    monkeypatch.undo()
+    assert torch.allclose(out, a @ x) and torch.allclose(out2, a @ x)
+    assert torch.allclose(out3, x.T @ a.T)
+
+
+def test_matmul_errors_name_the_problem():
+    A = sparse(torch.eye(3).double(), "csr")
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        A @ torch.rand(4, 2).double()
+    with pytest.raises(RuntimeError, match="dtype"):
+        A @ torch.rand(3, 2)
+    with pytest.raises(RuntimeError, match="2-D"):
+        torch.mm(A, torch.rand(3).double())
+    with pytest.raises(RuntimeError, match="batch"):
+        torch.bmm(sparse(torch.ones(2, 3, 3).double(), "coo"), torch.ones(3, 3, 3).double())
+    with pytest.raises(RuntimeError, match="linear"):
+        F.linear(torch.rand(2, 4).double(), A)

@@ -1,0 +1,102 @@
+"""sum / mean / torch.sparse.sum on sparse tensors against dense torch: all dims, int dims,
+tuples, negative dims, keepdim, dtype, empty and full tensors, ranks 1-3."""
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import scorch
+from ops_helpers import assert_matches, dense_values, side, sparse
+
+FAST = settings(max_examples=30, deadline=None)
+
+# each (rank, dims, format, dtype) is its own kernel: a few formats keep the suite fast (the
+# compiler's own tests cover reductions over every format)
+FORMATS = {1: ["coo"], 2: ["csr", "coo"], 3: ["coo"]}
+
+
+@st.composite
+def reduction_case(draw, dtypes=(torch.float64, torch.float32), max_rank=3):
+    rank = draw(st.integers(1, max_rank))
+    shape = tuple(draw(side()) for _ in range(rank))
+    dtype = draw(st.sampled_from(dtypes))
+    x = draw(dense_values(shape, dtype))
+    fmt = draw(st.sampled_from(FORMATS[rank]))
+    form = draw(st.sampled_from(["all", "int", "tuple"]))
+    if form == "all":
+        dim = None
+    elif form == "int":
+        dim = draw(st.integers(-rank, rank - 1))
+    else:
+        dim = tuple(draw(st.lists(st.integers(-rank, rank - 1), min_size=1, max_size=rank,
+                                  unique_by=lambda d: d % rank)))
+    return x, sparse(x, fmt), dim
+
+
+@FAST
+@given(reduction_case(dtypes=(torch.float64,)), st.booleans())
+def test_sum_matches_dense(case, keepdim):
+    x, s, dim = case
+    if dim is None:
+        assert_matches(s.sum(), x.sum(), sparse=False)
+        assert_matches(torch.sum(s), x.sum())
+    else:
+        assert_matches(torch.sum(s, dim, keepdim=keepdim), torch.sum(x, dim, keepdim=keepdim))
+        assert_matches(s.sum(dim=dim, keepdim=keepdim), x.sum(dim=dim, keepdim=keepdim))
+
+
+@settings(max_examples=10, deadline=None)
+@given(reduction_case(dtypes=(torch.int64, torch.float32), max_rank=2))
+def test_sum_dtype_and_integer_accumulation(case):
+    x, s, dim = case
+    # integers sum in int64 (as torch); dtype= casts before summing
+    assert_matches(s.sum(dim) if dim is not None else s.sum(), x.sum(dim) if dim is not None else x.sum())
+    assert_matches(s.sum(dtype=torch.float64), x.sum(dtype=torch.float64))
+
+
+@FAST
+@given(reduction_case(dtypes=(torch.float64,)), st.booleans())
+def test_mean_matches_dense(case, keepdim):
+    x, s, dim = case
+    dims = range(x.dim()) if dim is None else [d % x.dim() for d in
+                                                ((dim,) if isinstance(dim, int) else dim)]
+    if any(x.shape[d] == 0 for d in dims):
+        return  # a mean over nothing is NaN everywhere: not a sparse result (tested below)
+    if dim is None:
+        assert_matches(s.mean(), x.mean())
+    else:
+        assert_matches(torch.mean(s, dim, keepdim=keepdim), torch.mean(x, dim, keepdim=keepdim))
+
+
+def test_mean_errors_and_dtype():
+    s = sparse(torch.tensor([[1, 0], [0, 3]]), "csr")
+    with pytest.raises(RuntimeError, match="mean"):
+        s.mean()
+    assert_matches(s.mean(dtype=torch.float64), torch.tensor([[1, 0], [0, 3.]]).double().mean())
+
+
+@FAST
+@given(reduction_case(dtypes=(torch.float64,)))
+def test_torch_sparse_sum_follows_torch(case):
+    x, s, dim = case
+    expected = torch.sparse.sum(x.to_sparse(), dim) if dim is not None else \
+        torch.sparse.sum(x.to_sparse())
+    got = torch.sparse.sum(s, dim) if dim is not None else torch.sparse.sum(s)
+    full = dim is None or len({d % x.dim() for d in ((dim,) if isinstance(dim, int) else dim)}) \
+        == x.dim()
+    if full:   # a full reduction is a 0-d dense tensor
+        assert_matches(got, expected, sparse=False)
+    else:      # else a sparse tensor over the remaining dims (torch: COO)
+        assert isinstance(got, scorch.SparseTensor) and got.format.name == "coo"
+        assert_matches(got, expected.to_dense(), sparse=True)
+    assert_matches(scorch.sparse.sum(s, dtype=torch.float32), torch.sparse.sum(
+        x.to_sparse(), dtype=torch.float32))
+
+
+def test_reductions_reject_bad_dims():
+    s = sparse(torch.eye(3).double(), "csr")
+    with pytest.raises(IndexError, match="out of range"):
+        s.sum(2)
+    with pytest.raises(RuntimeError, match="multiple times"):
+        s.sum((0, -2))
+    with pytest.raises(IndexError, match="out of range"):
+        torch.sparse.sum(s, 5)

@@ -1,0 +1,219 @@
+"""Shape ops on sparse tensors against dense torch, over any format (level kinds and mode
+order): reshape/view/flatten/unflatten, unsqueeze/squeeze, t/T/mT/transpose/permute (also at
+the ATen level), cat/stack, indexing and index_select. They move coordinates only, so no
+kernel is compiled and any format can be drawn."""
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import scorch
+from ops_helpers import any_format, assert_matches, dense_values, side, sparse
+
+FAST = settings(max_examples=40, deadline=None)
+
+
+@st.composite
+def sparse_case(draw, min_rank=1, max_rank=4, dtypes=(torch.float64, torch.float32, torch.int64)):
+    rank = draw(st.integers(min_rank, max_rank))
+    shape = tuple(draw(side(0, 4)) for _ in range(rank))
+    x = draw(dense_values(shape, draw(st.sampled_from(dtypes))))
+    return x, sparse(x, draw(any_format(rank)))
+
+
+@st.composite
+def new_shape(draw, numel: int):
+    """A random shape with ``numel`` positions (with a -1 sometimes)."""
+    rank = draw(st.integers(1, 4))
+    if numel == 0:
+        dims = [draw(st.integers(0, 3)) for _ in range(rank)]
+        dims[draw(st.integers(0, rank - 1))] = 0
+        return tuple(dims)
+    dims, rest = [], numel
+    for _ in range(rank - 1):
+        divisors = [d for d in range(1, rest + 1) if rest % d == 0]
+        d = draw(st.sampled_from(divisors))
+        dims.append(d)
+        rest //= d
+    dims.append(rest)
+    if draw(st.booleans()):
+        dims[draw(st.integers(0, rank - 1))] = -1
+    return tuple(dims)
+
+
+@FAST
+@given(sparse_case(), st.data())
+def test_reshape_view_flatten_unflatten(case, data):
+    x, s = case
+    shape = data.draw(new_shape(x.numel()))
+    assert_matches(s.reshape(shape), x.reshape(shape), sparse=True)
+    assert_matches(torch.reshape(s, shape), x.reshape(shape))
+    assert_matches(s.view(*shape), x.view(*shape))
+    assert_matches(s.flatten(), x.flatten())
+    a = data.draw(st.integers(-x.dim(), x.dim() - 1))
+    b = data.draw(st.integers(a % x.dim(), x.dim() - 1))
+    assert_matches(torch.flatten(s, a, b), torch.flatten(x, a, b))
+    d = data.draw(st.integers(0, x.dim() - 1))
+    if x.shape[d] > 0:
+        k = data.draw(st.sampled_from([f for f in range(1, x.shape[d] + 1) if x.shape[d] % f == 0]))
+        assert_matches(s.unflatten(d, (k, -1)), x.unflatten(d, (k, -1)))
+
+
+@FAST
+@given(sparse_case(), st.data())
+def test_unsqueeze_and_squeeze_all_forms(case, data):
+    x, s = case
+    d = data.draw(st.integers(-x.dim() - 1, x.dim()))
+    u = s.unsqueeze(d)
+    assert_matches(u, x.unsqueeze(d), sparse=True)
+    assert u.values().data_ptr() == s.values().data_ptr()     # a view: no copy
+    assert_matches(torch.unsqueeze(s, d).squeeze(d), x)
+    assert_matches(u.squeeze(), x.unsqueeze(d).squeeze())
+    assert_matches(torch.squeeze(u), x.unsqueeze(d).squeeze())
+    e = data.draw(st.integers(-x.dim(), x.dim() - 1))
+    assert_matches(s.squeeze(e), x.squeeze(e))                # a no-op unless size 1
+    dims = tuple(data.draw(st.lists(st.integers(0, x.dim()), unique=True, max_size=3)))
+    assert_matches(u.squeeze(dims), x.unsqueeze(d).squeeze(dims))
+
+
+@FAST
+@given(sparse_case(min_rank=2), st.data())
+def test_transpose_permute_are_views_at_both_levels(case, data):
+    x, s = case
+    perm = data.draw(st.permutations(list(range(x.dim()))))
+    a, b = data.draw(st.integers(-x.dim(), x.dim() - 1)), data.draw(st.integers(0, x.dim() - 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")       # no dense fallback anywhere
+        for got, expected in [
+                (s.permute(perm), x.permute(perm)), (s.transpose(a, b), x.transpose(a, b)),
+                (s.mT, x.mT), (s.T if x.dim() == 2 else s.permute(*reversed(range(x.dim()))),
+                               x.T if x.dim() == 2 else x.permute(*reversed(range(x.dim())))),
+                (torch.ops.aten.permute.default(s, perm), x.permute(perm)),
+                (torch.ops.aten.transpose.int(s, a, b), x.transpose(a, b))]:
+            assert_matches(got, expected, sparse=True)
+            assert got.values().data_ptr() == s.values().data_ptr()
+        if x.dim() == 2:
+            assert_matches(torch.ops.aten.t.default(s), x.t())
+            assert_matches(s.t(), x.t())
+
+
+@FAST
+@given(st.data())
+def test_cat_and_stack(data):
+    rank = data.draw(st.integers(1, 3))
+    base = [data.draw(side(0, 3)) for _ in range(rank)]
+    dim = data.draw(st.integers(-rank, rank - 1))
+    xs, ss = [], []
+    for _ in range(data.draw(st.integers(1, 3))):
+        shape = list(base)
+        shape[dim] = data.draw(side(0, 3))
+        x = data.draw(dense_values(tuple(shape)))
+        xs.append(x)
+        ss.append(sparse(x, data.draw(any_format(rank))))
+    got = torch.cat(ss, dim)
+    assert_matches(got, torch.cat(xs, dim), sparse=True)
+    assert got.format.levels == ss[0].format.levels        # the first operand's format
+    sdim = data.draw(st.integers(-rank - 1, rank))
+    same = [sparse(xs[0], s.format) for s in ss]            # stack needs equal shapes
+    assert_matches(torch.stack(same, sdim), torch.stack([xs[0]] * len(ss), sdim), sparse=True)
+    # a dense operand makes the result dense (as torch)
+    assert_matches(torch.cat([ss[0], xs[0]], dim), torch.cat([xs[0], xs[0]], dim), sparse=False)
+
+
+@st.composite
+def index_expr(draw, shape):
+    """A torch index: ints (negative too), slices with positive steps and any start/stop,
+    None, one Ellipsis, and either one 1-D index tensor or bool mask, several 1-D index
+    tensors that broadcast (length L or 1), or one mask over the leading dimensions."""
+    mode = draw(st.sampled_from(["single", "multi", "mask"]))
+    length = draw(st.integers(0, 4))
+    items, tensor_used = [], False
+    start = 0
+    if mode == "mask" and shape:
+        m = draw(st.integers(1, len(shape)))
+        items.append(draw(dense_values(shape[:m])) != 0)
+        start = m
+    for n in shape[start:]:
+        kind = draw(st.sampled_from(["int", "slice", "slice", "none", "tensor", "mask"]))
+        if kind == "int" and n > 0:
+            items.append(draw(st.integers(-n, n - 1)))
+        elif kind in ("tensor", "mask") and mode == "multi" and n > 0:
+            k = draw(st.sampled_from([length, 1]))
+            items.append(torch.tensor(draw(st.lists(st.integers(-n, n - 1), min_size=k,
+                                                    max_size=k)), dtype=torch.int64))
+        elif kind in ("tensor", "mask") and mode == "single" and not tensor_used:
+            tensor_used = True
+            if kind == "tensor" and n > 0:
+                items.append(torch.tensor(draw(st.lists(st.integers(-n, n - 1), max_size=5)),
+                                          dtype=torch.int64))
+            else:
+                items.append(torch.tensor(draw(st.lists(st.booleans(), min_size=n, max_size=n)),
+                                          dtype=torch.bool))
+        elif kind == "none":
+            items.extend([None, slice(None)])
+        else:
+            bound = st.one_of(st.none(), st.integers(-n - 2, n + 2))
+            items.append(slice(draw(bound), draw(bound), draw(st.sampled_from([None, 1, 2, 3]))))
+    if items and draw(st.booleans()):   # replace a run of trailing full slices by ...
+        cut = draw(st.integers(0, len(items)))
+        if all(isinstance(i, slice) and i == slice(None) for i in items[cut:]):
+            items = items[:cut] + [Ellipsis]
+    return tuple(items)
+
+
+@settings(max_examples=80, deadline=None)
+@given(sparse_case(max_rank=3), st.data())
+def test_indexing_matches_dense(case, data):
+    x, s = case
+    index = data.draw(index_expr(tuple(x.shape)))
+    expected = x[index]
+    got = s[index]
+    assert_matches(got, expected, sparse=expected.dim() > 0)
+
+
+@FAST
+@given(sparse_case(max_rank=3), st.data())
+def test_index_select_matches_dense(case, data):
+    x, s = case
+    d = data.draw(st.integers(-x.dim(), x.dim() - 1))
+    n = x.shape[d]
+    idx = torch.tensor(data.draw(st.lists(st.integers(0, n - 1), max_size=6)) if n else [],
+                       dtype=torch.int64)
+    assert_matches(torch.index_select(s, d, idx), torch.index_select(x, d, idx), sparse=True)
+    assert_matches(s.index_select(d, idx.int()), x.index_select(d, idx.int()))
+
+
+def test_shape_errors_are_torchs():
+    s = sparse(torch.eye(3), "csr")
+    with pytest.raises(IndexError, match="out of bounds"):
+        s[3]
+    with pytest.raises(IndexError, match="out of bounds"):
+        s[:, torch.tensor([0, 5])]
+    with pytest.raises(ValueError, match="step"):
+        s[::-1]
+    with pytest.raises(RuntimeError, match="invalid"):
+        s.reshape(4, 2)
+    with pytest.raises(IndexError, match="too many"):
+        s[0, 0, 0]
+    with pytest.raises(RuntimeError, match="sizes of tensors must match"):
+        torch.cat([s, sparse(torch.eye(2), "csr")])
+    with pytest.raises(RuntimeError, match="t\\(\\) expects"):
+        sparse(torch.ones(2, 2, 2), "coo").t()
+
+
+def test_dimensions_beyond_int32_use_int64_coordinates():
+    n = 3_000_000_000
+    idx = torch.tensor([[0, 5, n - 1], [n - 2, 7, 1]])
+    s = scorch.sparse_tensor((idx, torch.tensor([1.0, 2.0, 3.0])), size=(n, n), format="coo")
+    flat = s.flatten()
+    assert flat.shape == (n * n,)
+    assert torch.equal(flat.indices()[0].sort().values,
+                       (idx[0] * n + idx[1]).sort().values)
+    back = flat.reshape(n, n)
+    assert torch.equal(back.indices(), s.indices()) and torch.equal(back.values(), s.values())
+    part = s[n - 10:, 1::2]
+    assert part.shape == (10, n // 2) and part.nnz == 1
+    assert torch.equal(part.indices(), torch.tensor([[9], [0]])) and float(part.values()[0]) == 3.0
+    sel = s.index_select(1, torch.tensor([n - 2, 1]))
+    assert torch.equal(sel.indices(), torch.tensor([[0, n - 1], [0, 1]]))
