@@ -122,6 +122,21 @@ def _check_fallback_size(name: str, args, kwargs) -> None:
             f"scorch.set_dense_fallback_limit(bytes) / ${_ENV_LIMIT}")
 
 
+def check_dense_size(name: str, shape, dtype) -> None:
+    """A result that is dense by nature (``exp`` of a sparse tensor) is allocated only below
+    the same limit as the dense fallback; past it, an error names the op and the size."""
+    n = torch.empty((), dtype=dtype).element_size()
+    for s in shape:
+        n *= int(s)
+    limit = get_dense_fallback_limit()
+    if n > limit:
+        raise DenseFallbackError(
+            f"scorch: '{name}' of a sparse tensor of shape {tuple(shape)} is dense by nature: "
+            f"its result would take {_fmt_bytes(n)}, above the dense limit of "
+            f"{_fmt_bytes(limit)}; raise it with scorch.set_dense_fallback_limit(bytes) / "
+            f"${_ENV_LIMIT} if you mean it")
+
+
 def aten_fallback(cls, func, args, kwargs):
     handler = _ATEN_HANDLERS.get(func)
     if handler is not None:

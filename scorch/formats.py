@@ -48,6 +48,9 @@ class Format:
     def __init__(self, levels: Union[str, Sequence[Union[str, LevelKind]]],
                  mode_order: Optional[Sequence[int]] = None,
                  block: Optional[Sequence[int]] = None) -> None:
+        if not isinstance(levels, (str, Sequence)):
+            raise TypeError(f"Format levels must be a level string such as 'dc' or a sequence of "
+                            f"level kinds, got {type(levels).__name__} {levels!r}")
         if isinstance(levels, str):
             if levels.lower() in _NAMED_MATRIX or levels.lower() in _NAMED_ANY_RANK:
                 raise ValueError(

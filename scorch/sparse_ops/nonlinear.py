@@ -1,0 +1,213 @@
+"""Ops that need the compiler's newer IR: elementwise functions (``Apply`` over the table in
+``tensor_compiler/functions.py``), ``amax``/``amin`` (max/min reductions over stored entries
+plus torch's implicit zeros) and ``softmax``/``log_softmax`` over stored entries, as
+``torch.sparse.softmax`` defines them (an unstored entry counts as minus infinity).
+
+Every op is one or a few generated kernels; none densifies a sparse operand. A function that
+keeps 0 at 0 (relu, abs, sqrt, sin, tanh, sign, square, pow with a positive exponent) gives a
+sparse result on the operand's pattern; one that maps 0 elsewhere (exp, cos, sigmoid, log)
+gives a dense result, dense by nature (subject to the dense-size limit of ``_dispatch``).
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .._dispatch import check_dense_size, register
+from ..level_storage import Storage
+from ..tensor_type import SparseTensor, as_scorch, with_values
+from .reductions import _reduced_dims
+
+__all__ = ["apply", "amax", "amin", "softmax", "log_softmax"]
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+#: functions whose result is a float even for integer inputs (torch promotes them)
+_FLOATING = {"sqrt", "sin", "tanh", "exp", "cos", "sigmoid", "log"}
+
+
+def _tc():
+    from .. import tensor_compiler
+    return tensor_compiler
+
+
+def _wrap(r):
+    return SparseTensor(r) if isinstance(r, Storage) else r
+
+
+def _vars(rank: int) -> str:
+    return _LETTERS[:rank]
+
+
+def apply(fn: str, t: SparseTensor, p: Optional[float] = None) -> torch.Tensor:
+    """``fn`` elementwise on a sparse tensor, one generated kernel."""
+    from ..tensor_compiler.functions import function
+    from ..tensor_compiler.index_notation import Apply
+    tc = _tc()
+    f = function(fn)
+    if fn in _FLOATING and not t.dtype.is_floating_point:
+        t = with_values(t, t._storage.values.to(torch.get_default_dtype()))
+    if not f.preserves_zero(p):
+        check_dense_size(f"torch.{fn}", t.shape, t.dtype)   # dense by nature: say when it is big
+    v = _vars(t.dim())
+    return _wrap(tc.compute(tc.Assignment(v, Apply(fn, tc.Access(0, v), p)), t))
+
+
+def _reduce_stored(t: SparseTensor, dims: Tuple[int, ...], reduce: str, dense: bool = True):
+    """max/min over the stored entries along ``dims`` (an empty fiber: -inf / +inf)."""
+    tc = _tc()
+    v = _vars(t.dim())
+    keep = "".join(c for d, c in enumerate(v) if d not in dims)
+    out_format = "dense" if (dense and keep) else None
+    return tc.compute(tc.Assignment(keep, tc.Access(0, v), reduce), t, out_format=out_format)
+
+
+def _stored_count(t: SparseTensor, dims: Tuple[int, ...]) -> torch.Tensor:
+    """How many entries each fiber along ``dims`` stores (dense, over the kept dims)."""
+    ones = with_values(t, torch.ones_like(t._storage.values, dtype=torch.int64))
+    v = _vars(t.dim())
+    keep = "".join(c for d, c in enumerate(v) if d not in dims)
+    tc = _tc()
+    return tc.compute(tc.Assignment(keep, tc.Access(0, v)), ones,
+                      out_format="dense" if keep else None)
+
+
+def _extreme(name: str, reduce: str, t: SparseTensor, dim, keepdim: bool) -> torch.Tensor:
+    dims = _reduced_dims(dim if dim != () else None, t.dim(), name)
+    extent = 1
+    for d in dims:
+        extent *= t.shape[d]
+    if extent == 0:
+        raise IndexError(f"{name}(): Expected reduction dim {dims[0]} to have non-zero size.")
+    m = _reduce_stored(t, dims, reduce)
+    count = _stored_count(t, dims)
+    # torch's amax counts the implicit zeros: a fiber that does not store every entry has 0
+    zero = torch.zeros((), dtype=m.dtype)
+    implicit = count < extent
+    m = torch.where(implicit, torch.maximum(m, zero) if reduce == "max" else torch.minimum(m, zero), m)
+    if keepdim:
+        for d in dims:
+            m = m.unsqueeze(d)
+    return m
+
+
+def amax(t: SparseTensor, dim=(), keepdim: bool = False) -> torch.Tensor:
+    return _extreme("amax", "max", t, dim, keepdim)
+
+
+def amin(t: SparseTensor, dim=(), keepdim: bool = False) -> torch.Tensor:
+    return _extreme("amin", "min", t, dim, keepdim)
+
+
+def _softmax(t: SparseTensor, dim: int, log: bool, dtype: Optional[torch.dtype]) -> SparseTensor:
+    """Over the stored entries of each fiber along ``dim``: one max kernel, one kernel for
+    the exponentials on the pattern with their sums, one for the quotient; an empty fiber
+    has no entries (no NaN)."""
+    from ..tensor_compiler.index_notation import Apply, Div
+    tc = _tc()
+    if not isinstance(dim, numbers.Integral):
+        raise TypeError(f"softmax(): dim must be an int, got {dim!r}")
+    rank = t.dim()
+    if not -rank <= dim < max(rank, 1):
+        raise IndexError(f"softmax(): Dimension out of range (expected to be in range of "
+                         f"[{-rank}, {rank - 1}], but got {dim})")
+    dim = int(dim) % rank
+    if dtype is not None:
+        t = with_values(t, t._storage.values.to(dtype))
+    elif not t.dtype.is_floating_point:
+        raise RuntimeError(f"softmax(): expected a floating point tensor, got {t.dtype}")
+    v = _vars(rank)
+    keep = "".join(c for d, c in enumerate(v) if d != dim)
+    A, M = tc.Access(0, v), tc.Access(1, keep)
+    ones = with_values(t, torch.ones_like(t._storage.values))   # carries the pattern
+    P = tc.Access(2, v)
+    m = _reduce_stored(t, (dim,), "max")                       # -inf on empty fibers
+    e = _wrap(tc.compute(tc.Assignment(v, P * Apply("exp", A - M)), t, m, ones))
+    s = tc.compute(tc.Assignment(keep, tc.Access(0, v)), e, out_format="dense" if keep else None)
+    if not log:
+        return _wrap(tc.compute(tc.Assignment(v, Div(tc.Access(0, v), tc.Access(1, keep))), e, s))
+    S = tc.Access(3, keep)
+    return _wrap(tc.compute(tc.Assignment(v, P * (A - M - Apply("log", S))), t, m, ones, s))
+
+
+def softmax(t: SparseTensor, dim: int, dtype: Optional[torch.dtype] = None) -> SparseTensor:
+    return _softmax(t, dim, False, dtype)
+
+
+def log_softmax(t: SparseTensor, dim: int, dtype: Optional[torch.dtype] = None) -> SparseTensor:
+    return _softmax(t, dim, True, dtype)
+
+
+# --- registration -------------------------------------------------------------------------
+
+def _sparse(x) -> Optional[SparseTensor]:
+    x = as_scorch(x)
+    return x if isinstance(x, SparseTensor) else None
+
+
+def _unary(fn: str, *torch_functions):
+    @register(*torch_functions)
+    def handler(x, *args, **kwargs):
+        t = _sparse(x)
+        if t is None or args or kwargs.get("out") is not None:
+            return NotImplemented
+        return apply(fn, t)
+    return handler
+
+
+for _fn, _torch_fns in {
+        "relu": (torch.relu, torch.Tensor.relu, F.relu),
+        "abs": (torch.abs, torch.Tensor.abs, torch.absolute, torch.Tensor.absolute),
+        "sqrt": (torch.sqrt, torch.Tensor.sqrt),
+        "sin": (torch.sin, torch.Tensor.sin),
+        "tanh": (torch.tanh, torch.Tensor.tanh, F.tanh),
+        "sign": (torch.sign, torch.Tensor.sign),
+        "square": (torch.square, torch.Tensor.square),
+        "exp": (torch.exp, torch.Tensor.exp),
+        "cos": (torch.cos, torch.Tensor.cos),
+        "sigmoid": (torch.sigmoid, torch.Tensor.sigmoid, F.sigmoid),
+        "log": (torch.log, torch.Tensor.log)}.items():
+    _unary(_fn, *_torch_fns)
+
+
+@register(torch.pow, torch.Tensor.pow, torch.Tensor.__pow__)
+def _pow(x, exponent, *, out=None):
+    t = _sparse(x)
+    if t is None or out is not None or not isinstance(exponent, numbers.Real) or isinstance(exponent, bool):
+        return NotImplemented
+    if exponent == 1:
+        return t
+    return apply("pow", t, float(exponent))
+
+
+@register(torch.amax, torch.Tensor.amax)
+def _amax(x, dim=(), keepdim=False, *, out=None):
+    t = _sparse(x)
+    return NotImplemented if t is None or out is not None else amax(t, dim, keepdim)
+
+
+@register(torch.amin, torch.Tensor.amin)
+def _amin(x, dim=(), keepdim=False, *, out=None):
+    t = _sparse(x)
+    return NotImplemented if t is None or out is not None else amin(t, dim, keepdim)
+
+
+def _softmax_handler(log: bool):
+    def handler(x, dim=None, dtype=None, *args, **kwargs):
+        t = _sparse(x)
+        if t is None:
+            return NotImplemented
+        if dim is None:
+            raise TypeError("softmax(): a sparse tensor needs dim (which fibers to normalize)")
+        dtype = kwargs.get("dtype", dtype)
+        return (log_softmax if log else softmax)(t, dim, dtype if isinstance(dtype, torch.dtype) else None)
+    return handler
+
+
+register(torch.softmax, torch.Tensor.softmax, F.softmax, torch.sparse.softmax,
+         torch._softmax)(_softmax_handler(False))
+register(torch.log_softmax, torch.Tensor.log_softmax, F.log_softmax, torch.sparse.log_softmax,
+         torch._log_softmax)(_softmax_handler(True))
