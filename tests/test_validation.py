@@ -217,3 +217,11 @@ def test_validation_of_a_valid_tensor_costs_one_pass():
     elapsed = time.perf_counter() - start
     assert verdict == validate.CANONICAL
     assert elapsed < 0.5
+
+
+def test_uncoalesced_coo_is_coalesced_once_and_follows_in_place_changes():
+    t = torch.sparse_coo_tensor(torch.tensor([[1, 0, 1], [2, 0, 2]]), torch.tensor([1., 2., 3.]), (2, 3))
+    first = interop.from_torch(t)
+    assert interop.from_torch(t) is first              # kept: not coalesced again
+    t._values().mul_(2)                                 # bumps the shared version counter
+    assert torch.equal(scorch.sparse_tensor(t).to_dense(), torch.tensor([[4., 0., 0.], [0., 0., 8.]]))
