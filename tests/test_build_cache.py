@@ -509,3 +509,43 @@ def test_prebuild_prints_a_line_per_kernel(monkeypatch, capsys):
     assert ran == [1, 3]
     assert lines[0].startswith("scorch: [worker 2/2] 1/2 case1") and "2 of 5 overall" in lines[0]
     assert lines[1].startswith("scorch: [worker 2/2] 2/2 case3") and "4 of 5 overall" in lines[1]
+
+
+def test_a_cache_dir_failing_during_a_build_falls_back_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCORCH_CACHE_DIR", str(tmp_path / "fails"))
+    _fresh_dir_state()
+    real = build._build
+    calls = []
+
+    def flaky(source, name, cdir):
+        calls.append(cdir)
+        if len(calls) == 1:
+            raise PermissionError(13, "Permission denied", str(cdir / "tmp"))
+        return real(source, name, cdir)
+
+    monkeypatch.setattr(build, "_build", flaky)
+    try:
+        with pytest.warns(RuntimeWarning, match="building in it failed") as record:
+            mod = load_kernel(_unique_add(), "flaky")
+            load_kernel(_unique_add(), "flaky2")
+        assert mod.add(2, 2) == 4 and len(record) == 1
+        assert calls[1] == calls[2] == build._private_cache() != calls[0]
+    finally:
+        _fresh_dir_state()
+
+
+def test_precompiled_header_build_waits_for_no_one(tmp_path):
+    """A PCH build lock held by another process: this one does not build a second copy."""
+    import fcntl
+    header = tmp_path / "pch" / "scorch_c_test.h"
+    gch = header.with_name(header.name + ".gch")
+    header.parent.mkdir()
+    fd = os.open(gch.with_name(gch.name + ".lock"), os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        t0 = time.perf_counter()
+        build._build_pch(header, gch, False)
+        assert time.perf_counter() - t0 < 1.0
+        assert not gch.exists() and not header.exists()
+    finally:
+        os.close(fd)

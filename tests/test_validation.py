@@ -225,3 +225,57 @@ def test_uncoalesced_coo_is_coalesced_once_and_follows_in_place_changes():
     assert interop.from_torch(t) is first              # kept: not coalesced again
     t._values().mul_(2)                                 # bumps the shared version counter
     assert torch.equal(scorch.sparse_tensor(t).to_dense(), torch.tensor([[4., 0., 0.], [0., 0., 8.]]))
+
+
+def _reference_compressed(pos, crd, outer, inner):
+    """Plain-Python statement of what validate.compressed accepts."""
+    if len(pos) != outer + 1 or pos[0] != 0 or pos[-1] != len(crd):
+        return "error"
+    if any(b < a for a, b in zip(pos, pos[1:])):
+        return "error"
+    unsorted = False
+    for p in range(outer):
+        seg = crd[pos[p]:pos[p + 1]]
+        if any(c < 0 or c >= inner for c in seg):
+            return "error"
+        unsorted |= any(b <= a for a, b in zip(seg, seg[1:]))
+    return validate.UNSORTED if unsorted else validate.CANONICAL
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 4), st.integers(0, 5), st.lists(st.integers(-1, 6), max_size=6),
+       st.lists(st.integers(-1, 6), max_size=8), st.sampled_from([torch.int32, torch.int64]),
+       st.booleans())
+def test_compressed_check_matches_its_reference(outer, inner, pos, crd, dtype, wellformed_pos):
+    if wellformed_pos and crd:  # half the time: a valid pointer array over random coordinates
+        cuts = sorted(min(abs(p), len(crd)) for p in pos[:outer])
+        pos = [0] + cuts[:max(outer - 1, 0)] + [len(crd)] if outer else [0]
+    want = _reference_compressed(pos, crd, outer, inner)
+    args = (torch.tensor(pos, dtype=dtype), torch.tensor(crd, dtype=dtype), outer, inner, len(crd), "x")
+    if want == "error":
+        with pytest.raises(ValueError, match="operand x"):
+            validate.compressed(*args)
+    else:
+        assert validate.compressed(*args) == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-1, 4), st.integers(-1, 4)), max_size=8),
+       st.sampled_from([torch.int32, torch.int64]))
+def test_coordinate_check_matches_its_reference(entries, dtype):
+    shape = (4, 3)
+    idx = torch.tensor(entries, dtype=dtype).reshape(-1, 2).t().contiguous()
+    bad = any(not (0 <= r < 4 and 0 <= c < 3) for r, c in entries)
+    if bad:
+        with pytest.raises(ValueError, match="out of range"):
+            validate.coordinates(idx, shape, "x")
+        return
+    ordered = all(a < b for a, b in zip(entries, entries[1:]))
+    assert validate.coordinates(idx, shape, "x") == (validate.CANONICAL if ordered else validate.UNSORTED)
+
+
+def test_mixed_index_dtypes_are_checked_in_the_wider_type():
+    pos = torch.tensor([0, 1], dtype=torch.int32)
+    crd = torch.tensor([2**32 + 1], dtype=torch.int64)   # 1 if it were cast to int32
+    with pytest.raises(ValueError, match="out of range"):
+        validate.compressed(pos, crd, 1, 5, 1, "x")

@@ -111,8 +111,8 @@ def compressed(pos, crd, int64_t outer, int64_t inner, int64_t nvalues, str oper
     ``operand`` otherwise."""
     pos = _index_tensor(pos, pos_name, operand)
     crd = _index_tensor(crd, crd_name, operand)
-    if pos.dtype != crd.dtype:
-        crd = crd.to(pos.dtype)
+    if pos.dtype != crd.dtype:   # checked as the wider type, as interop then reads them
+        pos, crd = pos.to(torch.int64), crd.to(torch.int64)
     cdef int64_t n = pos.numel()
     if n != outer + 1:
         raise ValueError(f"{pos_name} has {n} entries, expected {outer + 1} (one more than "

@@ -238,6 +238,20 @@ def _unusable(d: Path) -> str | None:
     return None
 
 
+def _give_up_on(cdir: Path, problem: str) -> Path:
+    """Switch this process to its private cache after ``cdir`` failed (one warning)."""
+    fallback = _private_cache()
+    for key, used in list(_checked_dirs.items()):
+        if used == cdir:
+            _checked_dirs[key] = fallback
+    if str(cdir) not in _warned_dirs:
+        _warned_dirs.add(str(cdir))
+        warnings.warn(f"scorch: kernel cache {cdir} is not usable ({problem}); using the "
+                      f"private temporary cache {fallback} for this process", RuntimeWarning,
+                      stacklevel=3)
+    return fallback
+
+
 def _private_cache() -> Path:
     if not _fallback_dir:
         import atexit
@@ -391,7 +405,13 @@ def _load_slow(source: str, name_hint: str) -> types.ModuleType:
         if mod is None:
             _log_compile(name, cdir)
             t0 = time.perf_counter()
-            _build(source, name, cdir)
+            try:
+                _build(source, name, cdir)
+            except OSError as exc:   # the folder went bad after its check (full, read-only)
+                if cdir == _private_cache():
+                    raise
+                cdir = _give_up_on(cdir, f"building in it failed: {exc}")
+                _build(source, name, cdir)
             _stats["compile_seconds"] += time.perf_counter() - t0
             _stats["misses"] += 1
             mod = _import_extension(name, cdir / (name + _EXT_SUFFIX), require_checksum=True)
