@@ -22,7 +22,7 @@ import torch
 
 from ._dispatch import register
 from .formats import Format, LevelKind
-from .level_storage import Level, Storage
+from .level_storage import Level, Storage, level_kinds, level_sizes, run_heads
 
 __all__ = ["checked_storage", "check_storage", "allow_in_weights_only_load"]
 
@@ -55,7 +55,6 @@ def check_storage(st: Storage, operand: str = "a sparse tensor") -> None:
     """Raise ValueError unless ``st`` satisfies the level-storage contract (see
     ``scorch.level_storage``) well enough for kernels to read it safely: O(nnz), through
     ``scorch._runtime.validate``."""
-    from .level_storage import level_kinds, level_sizes, run_heads
     fmt = st.format
     if len(st.shape) != fmt.rank:
         raise ValueError(f"{operand}: format {fmt} has {fmt.rank} levels but the shape "
