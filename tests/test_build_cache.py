@@ -549,3 +549,13 @@ def test_precompiled_header_build_waits_for_no_one(tmp_path):
         assert not gch.exists() and not header.exists()
     finally:
         os.close(fd)
+
+
+def test_prebuilt_cases_take_scorch_and_torch_operands():
+    import torch
+
+    import scorch
+    from scorch.tensor_compiler import prebuilt
+    s = scorch.sparse_tensor(torch.eye(3), format="csr")
+    assert prebuilt._storage_of(s) is s._storage            # (the add cases failed on this)
+    assert prebuilt._storage_of(torch.eye(3).to_sparse_csr()).format == scorch.Format("dc")

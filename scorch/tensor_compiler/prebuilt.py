@@ -60,6 +60,11 @@ def standard_cases() -> List[Tuple[str, Callable[[], object]]]:
 
 
 def _storage_of(x):
+    """The Storage of a scorch SparseTensor (duck-typed: the compiler imports no tensor
+    type) or of a torch sparse tensor."""
+    st = getattr(x, "_storage", None)
+    if st is not None:
+        return st
     from ..interop import from_torch
     return from_torch(x)
 
