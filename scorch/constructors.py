@@ -49,6 +49,31 @@ def _check_dtype(dtype: torch.dtype, name: str) -> None:
     _convert()._check_values_dtype(dtype, name)
 
 
+def _check_dtype_arg(dtype: Any) -> None:
+    """``dtype=`` must be a torch.dtype (torch itself rejects strings such as 'float32')."""
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        hint = f" (use torch.{dtype})" if isinstance(dtype, str) and \
+            isinstance(getattr(torch, dtype, None), torch.dtype) else ""
+        raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}{hint}")
+
+
+def _number_tensor(x: Any, name: str) -> torch.Tensor:
+    """``x`` (tensor, numpy array, nested list) as a tensor of numbers; strings, objects and
+    ragged lists give a TypeError naming ``name``."""
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, np.ndarray):
+        if x.dtype.kind not in "biufc":
+            raise TypeError(f"{name} must hold numbers, got a numpy array of dtype {x.dtype}")
+        return torch.from_numpy(np.ascontiguousarray(x)) if x.dtype != np.float16 \
+            else torch.from_numpy(x.copy())
+    try:
+        return torch.as_tensor(x)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise TypeError(f"{name} must be numbers (a tensor, array or nested list of numbers), "
+                        f"got {type(x).__name__}: {exc}") from None
+
+
 def sparse_tensor(data: Any, size: Optional[Sequence[int]] = None, format: FormatLike = None,
                   dtype: Optional[torch.dtype] = None, requires_grad: bool = False
                   ) -> SparseTensor:
@@ -59,6 +84,7 @@ def sparse_tensor(data: Any, size: Optional[Sequence[int]] = None, format: Forma
     format (shared arrays, no copy) for torch sparse and scipy input. Duplicate coordinates
     are summed. ``size`` is required only for ``(indices, values)`` input, where it defaults
     to one more than the largest coordinate in each dimension."""
+    _check_dtype_arg(dtype)
     st = None
     if isinstance(data, tuple) and len(data) == 2 and not isinstance(data, torch.Size):
         indices, values = data
@@ -69,11 +95,8 @@ def sparse_tensor(data: Any, size: Optional[Sequence[int]] = None, format: Forma
         st = interop.from_torch(data)
     elif interop.is_scipy_sparse(data):
         st = interop.from_scipy(data)
-    elif isinstance(data, np.ndarray):
-        data = torch.from_numpy(np.ascontiguousarray(data)) if data.dtype != np.float16 \
-            else torch.from_numpy(data.copy())
-    elif not isinstance(data, torch.Tensor):
-        data = torch.tensor(data)
+    else:
+        data = _number_tensor(data, "data")
     if st is None:
         if data.device.type != "cpu":
             raise ValueError(f"data: scorch sparse tensors live on the CPU, got {data.device}")
@@ -100,14 +123,11 @@ def sparse_tensor(data: Any, size: Optional[Sequence[int]] = None, format: Forma
 
 
 def _from_coordinates(indices, values, size, format, dtype):
-    if isinstance(indices, np.ndarray):
-        indices = torch.from_numpy(indices)
-    if isinstance(values, np.ndarray):
-        values = torch.from_numpy(values)
-    if not isinstance(indices, torch.Tensor):
-        indices = torch.as_tensor(indices)
-    if not isinstance(values, torch.Tensor):
-        values = torch.as_tensor(values)
+    indices = _number_tensor(indices, "indices")
+    values = _number_tensor(values, "values")
+    for name, t in (("indices", indices), ("values", values)):
+        if t.device.type != "cpu":
+            raise ValueError(f"{name}: scorch sparse tensors live on the CPU, got {t.device}")
     if indices.dtype.is_floating_point or indices.dtype.is_complex or indices.dtype == torch.bool:
         raise ValueError(f"indices must be integers, got dtype {indices.dtype}")
     if indices.dim() == 1 and size is not None and len(_check_size(size)) == 1:
@@ -138,6 +158,7 @@ def tensor(data: Any, *args, format: FormatLike = None, **kwargs) -> torch.Tenso
     """``torch.tensor`` extended with ``format=``: with a format the result is sparse."""
     if format is None:
         return torch.tensor(data, *args, **kwargs)
+    _check_dtype_arg(kwargs.get("dtype"))
     requires_grad = kwargs.pop("requires_grad", False)
     if interop.is_scipy_sparse(data) or (isinstance(data, torch.Tensor)
                                          and data.layout in _TORCH_SPARSE_LAYOUTS):

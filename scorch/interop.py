@@ -16,8 +16,21 @@ scipy coo (canonical)  ``coo``                                        row, col, 
 
 Imported storage keeps the source's index dtype (torch uses int64) so nothing is copied;
 storage that scorch builds itself uses int32 where it fits.
+
+Nothing imported is trusted: torch builds sparse tensors without checking them by default
+(``check_invariants=False``) and scipy's arrays can be reassigned, and a kernel reading an
+index out of range reads or writes out of bounds. Every import checks the arrays in one
+O(nnz) pass (``scorch._runtime.validate``, about 0.7 ms per million entries of CSR): a
+coordinate out of range, a decreasing, short or overlong pointer array, or a values array
+of the wrong length is a ValueError naming the operand, the array, the entry and the value.
+Unsorted or repeated coordinates, valid in torch and scipy, are sorted and summed into a
+copy. For a torch tensor the verdict (and any canonical copy) is kept until its version
+counter moves (its index arrays share the counter), so a warm einsum pays only a lookup.
 """
 from __future__ import annotations
+
+import weakref
+from typing import Dict, Optional
 
 import numpy as np
 import torch
@@ -35,6 +48,11 @@ def _convert():
     return convert
 
 
+def _validate():
+    from ._runtime import validate
+    return validate
+
+
 def _index_pair(a: torch.Tensor, b: torch.Tensor):
     """pos and crd must share one index dtype; widen only when they differ."""
     if a.dtype != b.dtype:
@@ -42,11 +60,120 @@ def _index_pair(a: torch.Tensor, b: torch.Tensor):
     return a, b
 
 
+#: id of a torch sparse tensor -> (weak reference, version counter, None when its arrays are
+#: canonical and were checked, else the canonical Storage built from them). The index arrays
+#: share the tensor's version counter, so an in-place change of any of them is seen.
+_CHECKED: Dict[int, tuple] = {}
+
+
+def _layout_name(layout) -> str:
+    return str(layout).replace("torch.", "")
+
+
 def from_torch(x: torch.Tensor) -> Storage:
-    """Storage viewing a torch sparse tensor's arrays (COO is coalesced first if needed)."""
+    """Storage viewing a torch sparse tensor's arrays (COO is coalesced first if needed).
+
+    torch does not check the arrays of a sparse tensor by default (``check_invariants=False``),
+    so they are checked here once per tensor (O(nnz), in ``scorch._runtime.validate``; the
+    verdict is kept until the tensor's version counter moves): an index out of range, a
+    malformed pointer array or a values array of the wrong length raise ValueError naming
+    the problem; unsorted or repeated coordinates (valid in torch) are sorted and summed into
+    a copy."""
     layout = x.layout
     if x.device.type != "cpu":
         raise ValueError(f"sparse tensor on {x.device}: scorch works on CPU tensors")
+    key = id(x)
+    hit = _CHECKED.get(key)
+    if hit is not None and hit[0]() is x and hit[1] == x._version:
+        return hit[2] if hit[2] is not None else _torch_storage(x)
+    canonical = _checked_torch(x, layout)
+    try:
+        ref = weakref.ref(x, lambda _, key=key: _CHECKED.pop(key, None))
+    except TypeError:  # pragma: no cover - torch tensors take weak references
+        ref = None
+    if ref is not None:
+        _CHECKED[key] = (ref, x._version, canonical)
+    return canonical if canonical is not None else _torch_storage(x)
+
+
+def _checked_torch(x: torch.Tensor, layout) -> Optional[Storage]:
+    """Validate a torch sparse tensor's arrays: None when they can be used as they are, else
+    the canonical Storage (sorted, duplicates summed) built from them."""
+    validate = _validate()
+    operand = f"a torch {_layout_name(layout)} tensor of shape {tuple(x.shape)}"
+    if layout is torch.sparse_coo:
+        indices, values = x._indices(), x._values()
+        if values.shape[0] != indices.shape[1]:
+            raise ValueError(f"{operand}: {values.shape[0]} values for {indices.shape[1]} "
+                             f"coordinates")
+        verdict = validate.coordinates(indices, tuple(x.shape), f"indices of {operand}",
+                                       need_order=x.is_coalesced())
+        if verdict == validate.CANONICAL and x.is_coalesced():
+            return None
+        if verdict == validate.CANONICAL:
+            # not coalesced: torch coalesces it (safe now that the indices are in range);
+            # the result is kept with the verdict, so repeated calls do not coalesce again
+            return _torch_storage(x.coalesce())
+        # flagged coalesced, but unsorted or repeated: rebuild unflagged and let torch sum
+        redo = torch.sparse_coo_tensor(indices, values, x.shape, check_invariants=False)
+        return _torch_storage(redo.coalesce())
+    if layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
+        if x.dim() != 2:
+            raise ValueError(
+                f"torch {layout} tensor with {x.dim()} dims: batched or hybrid compressed "
+                f"layouts are read through COO; call .to_sparse() first")
+        rowwise = layout in (torch.sparse_csr, torch.sparse_bsr)
+        pos, crd = (x.crow_indices(), x.col_indices()) if rowwise else \
+            (x.ccol_indices(), x.row_indices())
+        values = x.values()
+        outer, inner = (0, 1) if rowwise else (1, 0)
+        grid = list(x.shape)
+        if layout in (torch.sparse_bsr, torch.sparse_bsc):
+            block = tuple(values.shape[1:3])
+            if len(block) != 2 or min(block) <= 0 or x.shape[0] % block[0] or x.shape[1] % block[1]:
+                raise ValueError(f"{operand}: blocks of shape {block} do not tile the tensor")
+            grid = [x.shape[0] // block[0], x.shape[1] // block[1]]
+        names = ("crow_indices", "col_indices") if rowwise else ("ccol_indices", "row_indices")
+        verdict = validate.compressed(
+            pos, crd, grid[outer], grid[inner], values.shape[0], operand, names[0], names[1],
+            "column" if rowwise else "row")
+        if values.shape[0] != crd.shape[0]:
+            raise ValueError(f"{operand}: {values.shape[0]} values for {crd.shape[0]} "
+                             f"{names[1]}")
+        if verdict == validate.CANONICAL:
+            return None
+        pos, crd, values = _canonical_segments(pos, crd, values, grid[outer], grid[inner])
+        return _compressed_storage(x, layout, pos, crd, values)
+    raise ValueError(f"not a torch sparse layout: {layout}")
+
+
+def _canonical_segments(pos: torch.Tensor, crd: torch.Tensor, values: torch.Tensor,
+                        outer: int, inner: int):
+    """Every segment sorted with repeated coordinates summed (a copy; vectorised torch ops).
+    ``values`` may have trailing block dimensions."""
+    pos64 = pos.to(torch.int64)
+    counts = pos64[1:] - pos64[:-1]
+    owner = torch.repeat_interleave(torch.arange(outer, dtype=torch.int64), counts)
+    key = owner * max(inner, 1) + crd.to(torch.int64)
+    key, order = torch.sort(key, stable=True)
+    uniq, slot = torch.unique_consecutive(key, return_inverse=True)
+    vals = values.index_select(0, order)
+    summed = torch.zeros((uniq.numel(),) + tuple(values.shape[1:]), dtype=values.dtype)
+    if values.dtype == torch.bool:
+        summed = summed.to(torch.uint8).index_add_(0, slot, vals.to(torch.uint8)).bool()
+    else:
+        summed.index_add_(0, slot, vals)
+    row = torch.div(uniq, max(inner, 1), rounding_mode="floor")
+    new_pos = torch.zeros(outer + 1, dtype=torch.int64)
+    new_pos[1:] = torch.cumsum(torch.bincount(row, minlength=outer)[:outer], 0)
+    new_crd = uniq - row * max(inner, 1)
+    idx = pos.dtype
+    return new_pos.to(idx), new_crd.to(idx), summed
+
+
+def _torch_storage(x: torch.Tensor) -> Storage:
+    """Storage over the arrays of a checked torch sparse tensor (no copy)."""
+    layout = x.layout
     if layout is torch.sparse_coo:
         if not x.is_coalesced():
             x = x.coalesce()
@@ -64,31 +191,30 @@ def from_torch(x: torch.Tensor) -> Storage:
             raise ValueError("a torch COO tensor with no sparse dimensions: use it as dense")
         fmt = Format("q" * sparse_dims + "d" * dense_dims)
         return Storage(fmt, x.shape, levels, values.contiguous().reshape(-1), indices.dtype)
-    if layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
-        if x.dim() != 2:
-            raise ValueError(
-                f"torch {layout} tensor with {x.dim()} dims: batched or hybrid compressed "
-                f"layouts are read through COO; call .to_sparse() first")
-        rowwise = layout in (torch.sparse_csr, torch.sparse_bsr)
-        if rowwise:
-            pos, crd = x.crow_indices(), x.col_indices()
-        else:
-            pos, crd = x.ccol_indices(), x.row_indices()
-        pos, crd = _index_pair(pos, crd)
-        values = x.values()
-        outer, inner = (0, 1) if rowwise else (1, 0)
-        if layout in (torch.sparse_bsr, torch.sparse_bsc):
-            block = tuple(values.shape[1:3])
-            grid = (x.shape[0] // block[0], x.shape[1] // block[1])
-            levels = [Level(_D, outer, grid[outer]), Level(_C, inner, grid[inner], pos, crd),
-                      Level(_D, 0, block[0], block_inner=True),
-                      Level(_D, 1, block[1], block_inner=True)]
-            fmt = Format("dc", (outer, inner), block)
-        else:
-            levels = [Level(_D, outer, x.shape[outer]), Level(_C, inner, x.shape[inner], pos, crd)]
-            fmt = Format("dc", (outer, inner))
-        return Storage(fmt, x.shape, levels, values.contiguous().reshape(-1), pos.dtype)
-    raise ValueError(f"not a torch sparse layout: {layout}")
+    rowwise = layout in (torch.sparse_csr, torch.sparse_bsr)
+    if rowwise:
+        pos, crd = x.crow_indices(), x.col_indices()
+    else:
+        pos, crd = x.ccol_indices(), x.row_indices()
+    return _compressed_storage(x, layout, pos, crd, x.values())
+
+
+def _compressed_storage(x: torch.Tensor, layout, pos: torch.Tensor, crd: torch.Tensor,
+                        values: torch.Tensor) -> Storage:
+    pos, crd = _index_pair(pos, crd)
+    rowwise = layout in (torch.sparse_csr, torch.sparse_bsr)
+    outer, inner = (0, 1) if rowwise else (1, 0)
+    if layout in (torch.sparse_bsr, torch.sparse_bsc):
+        block = tuple(values.shape[1:3])
+        grid = (x.shape[0] // block[0], x.shape[1] // block[1])
+        levels = [Level(_D, outer, grid[outer]), Level(_C, inner, grid[inner], pos, crd),
+                  Level(_D, 0, block[0], block_inner=True),
+                  Level(_D, 1, block[1], block_inner=True)]
+        fmt = Format("dc", (outer, inner), block)
+    else:
+        levels = [Level(_D, outer, x.shape[outer]), Level(_C, inner, x.shape[inner], pos, crd)]
+        fmt = Format("dc", (outer, inner))
+    return Storage(fmt, x.shape, levels, values.contiguous().reshape(-1), pos.dtype)
 
 
 def to_torch(st: Storage) -> torch.Tensor:
@@ -144,16 +270,25 @@ def from_scipy(m) -> Storage:
         coords = np.vstack(m.coords)
         return _convert().from_coords(_t(coords), _t(m.data), shape, as_format("coo", len(shape)))
     if fmt_name in ("csr", "csc", "bsr"):
-        if not _is_canonical_compressed(m.indptr, m.indices):
-            m = m.copy()
-            m.sum_duplicates()  # also sorts indices; scipy's own canonicalisation
-        pos, crd = _index_pair(_t(m.indptr), _t(m.indices))
         rowwise = fmt_name in ("csr", "bsr")
         outer, inner = (0, 1) if rowwise else (1, 0)
-        values = _t(m.data).reshape(-1)
+        grid = shape
         if fmt_name == "bsr":
             block = tuple(int(b) for b in m.blocksize)
             grid = (shape[0] // block[0], shape[1] // block[1])
+        operand = f"a scipy {fmt_name} matrix of shape {shape}"
+        data = np.asarray(m.data)
+        indptr, indices = _t(np.asarray(m.indptr)), _t(np.asarray(m.indices))
+        verdict = _validate().compressed(
+            indptr, indices, grid[outer], grid[inner], data.shape[0] if data.ndim else 0,
+            operand, "indptr", "indices", "column" if rowwise else "row", exact=False)
+        if verdict != _validate().CANONICAL:
+            m = m.copy()
+            m.sum_duplicates()  # sorts indices too; safe now that they are in range
+        nnz = int(m.indptr[-1])
+        pos, crd = _index_pair(_t(m.indptr), _t(m.indices[:nnz]))
+        values = _t(m.data[:nnz]).reshape(-1)
+        if fmt_name == "bsr":
             levels = [Level(_D, 0, grid[0]), Level(_C, 1, grid[1], pos, crd),
                       Level(_D, 0, block[0], block_inner=True),
                       Level(_D, 1, block[1], block_inner=True)]
@@ -163,37 +298,18 @@ def from_scipy(m) -> Storage:
     if fmt_name != "coo":
         m = m.tocoo()
     row, col, data = _t(m.row), _t(m.col), _t(m.data)
-    if m.has_canonical_format or _is_canonical_coo(m.row, m.col):
+    if row.numel() != col.numel() or data.dim() != 1 or data.numel() != row.numel():
+        raise ValueError(f"a scipy coo matrix of shape {shape}: row, col and data have "
+                         f"{row.numel()}, {col.numel()} and {data.numel()} entries")
+    verdict = _validate().coordinates(torch.stack([row.to(torch.int64), col.to(torch.int64)]),
+                                      shape, f"row/col of a scipy coo matrix of shape {shape}")
+    if verdict == _validate().CANONICAL:
         row, col = _index_pair(row, col)
         pos = torch.tensor([0, row.numel()], dtype=row.dtype)
         levels = [Level(_Q, 0, shape[0], pos, row), Level(_Q, 1, shape[1], None, col)]
         return Storage(Format("qq"), shape, levels, data, row.dtype)
     return _convert().from_coords(torch.stack([row.to(torch.int64), col.to(torch.int64)]),
                                   data, shape, Format("qq"))
-
-
-def _is_canonical_compressed(indptr: np.ndarray, indices: np.ndarray) -> bool:
-    """Coordinates strictly increasing inside every segment (scipy's own flag is computed
-    lazily and is not always set, so check; one vectorised pass)."""
-    nnz = len(indices)
-    if nnz < 2:
-        return True
-    inside = np.ones(nnz - 1, bool)
-    starts = indptr[1:-1]
-    starts = starts[(starts > 0) & (starts < nnz)]
-    inside[starts - 1] = False
-    return bool((np.diff(indices)[inside] > 0).all())
-
-
-def _is_canonical_coo(row: np.ndarray, col: np.ndarray) -> bool:
-    """Sorted row-major with no duplicates (one vectorised pass)."""
-    if len(row) < 2:
-        return True
-    dr = np.diff(row)
-    if (dr < 0).any():
-        return False
-    same_row = dr == 0
-    return bool((np.diff(col)[same_row] > 0).all())
 
 
 def to_scipy(st: Storage, kind: str = "array"):

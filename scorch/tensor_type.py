@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import _dispatch
+from . import _dispatch, saving
 from .formats import Format, FormatLike, LevelKind, as_format
 from .level_storage import Level, Storage
 
@@ -113,7 +113,7 @@ class SparseTensor(torch.Tensor):
         st = self._storage
         arrays = [(lv.kind.letter, lv.dim, lv.size, lv.pos, lv.crd, lv.block_inner)
                   for lv in st.levels]
-        return (_rebuild, (st.format, st.shape, arrays, st.values, self.requires_grad))
+        return (_load, (st.format, st.shape, arrays, st.values, self.requires_grad))
 
     def __deepcopy__(self, memo):
         return clone_sparse(self)
@@ -171,6 +171,15 @@ class SparseTensor(torch.Tensor):
 def _rebuild(fmt, shape, arrays, values, requires_grad):
     levels = [Level(LevelKind(k), d, s, p, c, b) for k, d, s, p, c, b in arrays]
     return SparseTensor(Storage(fmt, shape, levels, values), requires_grad)
+
+
+def _load(fmt, shape, arrays, values, requires_grad):
+    """Unpickling (torch.load, pickle): like ``_rebuild``, after checking the arrays (a
+    file can hold anything; see ``scorch.saving``)."""
+    return SparseTensor(saving.checked_storage(fmt, shape, arrays, values), requires_grad)
+
+
+saving.allow_in_weights_only_load(_load)
 
 
 def clone_sparse(t: SparseTensor) -> SparseTensor:

@@ -986,6 +986,16 @@ def _build(shape: Sequence[int], fmt: Format, keys: List[Optional[torch.Tensor]]
             eoff = torch.arange(parents + 1, dtype=wdt)
         root = False
         if kind is _DENSE:
+            if k == L - 1 and parents > 1 and eoff is not None and not (k == 0 and offsets0 is not None):
+                # a dense last level under many parents (``cd``, ``cdd``): scatter the values
+                # to parent * s + coordinate instead of building parents * s + 1 entry
+                # offsets (an index per dense position, beyond what the format stores)
+                values = _scatter_dense_last(eoff, parents, keys[k], s, values)
+                eoff = None
+                parents *= s
+                built[k] = (None, None)
+                k += 1
+                continue
             if k == 0 and offsets0 is not None:
                 eoff = offsets0
             else:  # (a single parent needs no entry offsets)
@@ -1019,6 +1029,26 @@ def _build(shape: Sequence[int], fmt: Format, keys: List[Optional[torch.Tensor]]
     levels = [Level(kind, d, s, _as_index(pos, idx), _as_index(crd, idx), inner)
               for (d, s, inner), kind, (pos, crd) in zip(sizes, kinds, built)]
     return Storage(fmt, shape, levels, vals, idx)
+
+
+def _scatter_dense_last(eoff, int64_t parents, key, int64_t s, values):
+    """Values of a dense last level: entry i (of parent p, by ``eoff``) lands at p * s +
+    key[i]; repeated coordinates are summed (ORed for bool), unstored positions are zero.
+    Memory: one int64 per entry, none per dense position."""
+    cdef int64_t n = values.numel()
+    owner = _k_expand_pos(eoff, parents, n).to(torch.int64)
+    where = owner * s + key.to(torch.int64)
+    dt = values.dtype
+    if dt == torch.bool:
+        out = torch.zeros(parents * s, dtype=torch.bool)
+        out[where[values]] = True
+        return out
+    wide = dt if dt in _NATIVE_SUM else _WIDEN.get(dt)
+    if wide is None:
+        raise TypeError(f"values of dtype {dt} cannot be summed")
+    out = torch.zeros(parents * s, dtype=wide)
+    out.index_add_(0, where, values.to(wide))
+    return out if wide == dt else out.to(dt)
 
 
 cdef _as_index(t, idx):
@@ -1307,9 +1337,12 @@ def convert(st: Storage, fmt: Format) -> Storage:
         return st
     n = st.nnz
     wdt = _work_dtype(st.shape, fmt, n)
-    if _is_transpose(st, fmt):
+    if _is_transpose(st, fmt) and st.levels[1].size <= 4 * n + (1 << 16):
         # the source's last level is compressed and the target stores its dimensions the other
-        # way round: one counting-sort transpose moves parent coordinates and values at once
+        # way round: one counting-sort transpose moves parent coordinates and values at once.
+        # Its histogram has one counter per column (per thread), so a dimension much wider
+        # than the entries (2^32 columns, a few hundred entries) takes the sorting path below,
+        # which allocates O(nnz) (plus the target's own pos array where its first level is dense)
         lv0, lv1 = st.levels
         rowmap = None if lv0.kind is _DENSE else lv0.crd.to(wdt)
         parents = lv0.size if lv0.kind is _DENSE else lv0.crd.numel()

@@ -60,24 +60,35 @@ def standard_cases() -> List[Tuple[str, Callable[[], object]]]:
 
 
 def _storage_of(x):
+    """The Storage of a scorch SparseTensor or of a torch sparse tensor."""
     from .operands import as_operand
     return as_operand(x)
 
 
 def _run_part(part: int, parts: int) -> None:
+    """Worker ``part`` of ``parts``: run every ``parts``-th case, printing one progress line
+    per kernel (the install is otherwise silent for a minute or more)."""
+    import time
     from . import build
     build.PREBUILT_DIR = Path(os.devnull)  # compile everything afresh into the scratch cache
-    for n, (_name, thunk) in enumerate(standard_cases()):
-        if n % parts == part:
-            thunk()
+    cases = standard_cases()
+    mine = [(n, name, thunk) for n, (name, thunk) in enumerate(cases) if n % parts == part]
+    for k, (n, name, thunk) in enumerate(mine, 1):
+        t0 = time.perf_counter()
+        thunk()
+        print(f"scorch: [worker {part + 1}/{parts}] {k}/{len(mine)} {name} "
+              f"({time.perf_counter() - t0:.1f} s; {n + 1} of {len(cases)} overall)", flush=True)
 
 
 def build_prebuilt(dest: Path | None = None, jobs: int = 2) -> int:
     """Compile every standard kernel into ``dest`` (default ``scorch/_prebuilt``); returns
     how many kernel modules it holds. Runs ``jobs`` worker processes (Cython compiles are
     serialised within one process)."""
+    from . import build
     from .build import PREBUILT_DIR, BUILD_VERSION
     dest = Path(dest) if dest is not None else PREBUILT_DIR
+    print(f"scorch: prebuilding {_case_count()} standard kernel cases in {jobs} parallel "
+          f"processes, and the C warm-call module in one more; one line per kernel:", flush=True)
     with tempfile.TemporaryDirectory(prefix="scorch-prebuilt-") as scratch:
         # the kernel workers do not need the C warm-call module: it compiles beside them
         env = dict(os.environ, SCORCH_CACHE_DIR=scratch, SCORCH_FASTCALL="0")
@@ -91,15 +102,25 @@ def build_prebuilt(dest: Path | None = None, jobs: int = 2) -> int:
         built = Path(scratch) / f"kernels-v{BUILD_VERSION}"
         dest.mkdir(parents=True, exist_ok=True)
         for old in dest.iterdir():  # kernels of an earlier compiler version
-            if old.suffix in (".so", ".pyx", ".pyd"):
+            if old.suffix in (".so", ".pyx", ".pyd", build.CHECKSUM_SUFFIX):
                 old.unlink()
         count = 0
+        # each kernel's checksum goes with it: build.load_kernel verifies a prebuilt kernel
+        # like a cached one and builds it afresh when the copy is damaged
         for f in sorted(built.glob("*")):
-            if f.suffix in (".so", ".pyx") or f.name.endswith(".pyd"):
+            if f.suffix in (".so", ".pyx", build.CHECKSUM_SUFFIX) or f.name.endswith(".pyd"):
                 shutil.copy2(f, dest / f.name)
-                count += f.suffix != ".pyx"
+                count += f.suffix == ".so"
+        for f in sorted(built.glob(f"scorch_fastcall_*{build._EXT_SUFFIX}")):
+            if not (dest / (f.name + build.CHECKSUM_SUFFIX)).exists():
+                build.write_checksum(dest / f.name)
     (dest / "__init__.py").write_text('"""Kernels compiled at install time (scorch.tensor_compiler.prebuilt)."""\n')
     return count
+
+
+def _case_count() -> int:
+    """How many cases ``standard_cases`` runs (without importing torch in the parent)."""
+    return len(("spmv", "spmm", "sddmm", "spgemm", "mul", "add")) * (len(FORMATS) + 1) * 2
 
 
 def main(argv=None) -> None:

@@ -1,0 +1,115 @@
+"""Conversions and transposes cost O(nnz + dims of dense levels): dimensions of 2^33 with a
+few hundred entries convert under an address-space limit (RLIMIT_AS) a little above what
+the result itself needs. Each case runs with its own budget over the
+child's address space at the start of the case (one child runs them all)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+CHILD = textwrap.dedent(r'''
+    import gc, json, resource, sys
+    import torch, scorch
+
+    def vmsize():
+        for line in open("/proc/self/status"):
+            if line.startswith("VmSize"):
+                return int(line.split()[1]) * 1024
+
+    def coords_and_values(t):
+        idx = t.indices()
+        return sorted(zip(map(tuple, idx.t().tolist()), t.values().tolist()))
+
+    g = torch.Generator().manual_seed(0)
+    MB = 1 << 20
+    N = 2 ** 33
+
+    def entries(sizes, n=300):
+        idx = torch.stack([torch.randint(0, s, (n,), generator=g) for s in sizes])
+        return idx, torch.rand(n, generator=g)
+
+    def dcsr_to_dcsc():
+        size = (N, 2 ** 28)
+        idx, vals = entries(size)
+        s = scorch.sparse_tensor((idx, vals), size=size, format="dcsr")
+        t = s.to_format("dcsc")
+        back = t.to_format("dcsr")
+        coo = t.to_format("coo")
+        want = coords_and_values(s)
+        return want == coords_and_values(t) == coords_and_values(back) == coords_and_values(coo)
+
+    def transpose_view_to_dcsr():
+        size = (N, 2 ** 28)
+        idx, vals = entries(size)
+        s = scorch.sparse_tensor((idx, vals), size=size, format="dcsr")
+        t = s.t().to_format("dcsr")           # a transposed view re-laid out
+        return coords_and_values(t) == sorted((c[::-1], v) for c, v in coords_and_values(s))
+
+    def csf_3d():
+        size = (N, 2 ** 15, 2 ** 14)
+        idx, vals = entries(size)
+        s = scorch.sparse_tensor((idx, vals), size=size, format="csf")
+        t = s.to_format(scorch.Format("ccc", (2, 0, 1)))
+        return coords_and_values(s) == coords_and_values(t.to_format("coo"))
+
+    def wide_csr_to_csc():
+        # the CSC keeps one pos array over the 2^26 columns (256 MB of int32): nothing more
+        size = (64, 2 ** 26)
+        idx, vals = entries(size)
+        s = scorch.sparse_tensor((idx, vals), size=size, format="csr")
+        t = s.to_format("csc")
+        return coords_and_values(s) == coords_and_values(t) and t.index_dtype == torch.int32
+
+    def cd_format():
+        # 300 stored rows of 2^16 dense columns: 75 MB of values, and no index per position
+        size = (N, 2 ** 16)
+        idx, vals = entries(size)
+        s = scorch.sparse_tensor((idx, vals), size=size, format="dcsr")
+        t = s.to_format("cd")
+        rows = t._storage.levels[0].crd.to(torch.int64)
+        if s.nnz != 300 or t.nnz != rows.numel() * 2 ** 16:
+            return False
+        at = torch.searchsorted(rows, idx[0]) * 2 ** 16 + idx[1]   # where cd puts each entry
+        return bool(torch.equal(t.values()[at], vals)) and int(torch.count_nonzero(t.values())) == 300
+
+    cases = {"dcsr_to_dcsc": (dcsr_to_dcsc, 256), "transpose_view_to_dcsr": (transpose_view_to_dcsr, 256),
+             "csf_3d": (csf_3d, 256), "wide_csr_to_csc": (wide_csr_to_csc, 256 + 144),
+             "cd_format": (cd_format, 75 + 75)}
+    report = {}
+    for name, (fn, budget_mb) in cases.items():
+        gc.collect()
+        limit = vmsize() + budget_mb * MB
+        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
+        try:
+            ok, err = fn(), None
+        except MemoryError as exc:
+            ok, err = False, f"MemoryError: {exc}"
+        except RuntimeError as exc:
+            ok, err = False, f"RuntimeError: {str(exc)[:300]}"
+        resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        report[name] = {"ok": ok, "error": err, "budget_mb": budget_mb}
+    print(json.dumps(report))
+''')
+
+CASES = ["dcsr_to_dcsc", "transpose_view_to_dcsr", "csf_3d", "wide_csr_to_csc", "cd_format"]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """Every case, each under its own budget, in one child (one torch import)."""
+    script = tmp_path_factory.mktemp("large") / "child.py"
+    script.write_text(CHILD)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_ARENA_MAX="1",
+               PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-W", "ignore", str(script)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_conversion_under_memory_limit(case, report):
+    assert report[case]["ok"], report[case]
