@@ -81,3 +81,19 @@ def test_size_mismatch_names_both_operands():
     with pytest.raises(ValueError, match="subscript j has size 4 for operand 1 which does not "
                                          "broadcast with previously seen size 5 \\(operand 0\\)"):
         scorch.einsum("ij,jk->ik", A, torch.ones(4, 2))
+
+
+def test_broadcast_dense_operand_is_not_materialized_at_full_size():
+    """A dense operand broadcast along a dimension the kernel does not stream is read with
+    stride 0 (a row against a 2M x 2M matrix must not become 2M x 2M)."""
+    from scorch.tensor_compiler import Access, Assignment, compute
+    from scorch.tensor_type import SparseTensor
+    n = 2_000_000
+    idx = torch.tensor([[0, 5, n - 1], [3, n - 2, 7]])
+    S = scorch.sparse_tensor((idx, torch.tensor([1.0, 2.0, 3.0])), size=(n, n), format="csr")
+    row = torch.rand(1, n)
+    A, B = Access(0, "ij"), Access(1, "ij")
+    for D in (row,):
+        r = SparseTensor(compute(Assignment("ij", A * B), S, D))
+        want = torch.tensor([1.0, 2.0, 3.0]) * D.expand(n, n)[idx[0], idx[1]]
+        torch.testing.assert_close(r.values(), want)

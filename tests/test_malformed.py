@@ -6,8 +6,7 @@ running is recorded as a crash and a new child resumes after it, so a crash cost
 restart and every case still runs. Cases marked ``raises`` must end in a clean exception
 (ValueError, TypeError, RuntimeError or NotImplementedError); ``ok`` cases are valid input
 that must give the right answer; ``any`` cases (front-end items handled elsewhere) only
-must not crash; ``lead`` marks a crash the compiler front end still has (a strict xfail:
-it fails as soon as the front end is fixed, so the mark is removed then)."""
+must not crash."""
 import json
 import os
 import signal
@@ -137,14 +136,14 @@ CASES = [
      "b = io.BytesIO(); torch.save(Evil(), b); b.seek(0); torch.load(b)"),
     ("share_memory_ of a sparse tensor", "ok",
      "s = scorch.sparse_tensor(torch.eye(3), format='csr'); s.share_memory_(); assert s.is_shared(); check(s, torch.eye(3))"),
-    # compiler front end (owned elsewhere): must not crash
-    ("einsum equation None", "any", "scorch.einsum(None, scorch.sparse_tensor(torch.eye(2)))"),
-    ("einsum equation int", "any", "scorch.einsum(3, scorch.sparse_tensor(torch.eye(2)))"),
-    ("einsum ii->i on 4 x 1", "any", "scorch.einsum('ii->i', scorch.sparse_tensor(torch.ones(4, 1)))"),
-    ("einsum with a meta operand", "lead",
+    # compiler front end: a clean error each
+    ("einsum equation None", "raises", "scorch.einsum(None, scorch.sparse_tensor(torch.eye(2)))"),
+    ("einsum equation int", "raises", "scorch.einsum(3, scorch.sparse_tensor(torch.eye(2)))"),
+    ("einsum ii->i on 4 x 1", "raises", "scorch.einsum('ii->i', scorch.sparse_tensor(torch.ones(4, 1)))"),
+    ("einsum with a meta operand", "raises",
      "scorch.einsum('ij,j->i', scorch.sparse_tensor(torch.eye(3)), torch.empty(3, device='meta'))"),
-    ("einsum dtype string", "any", "scorch.einsum('ij->i', scorch.sparse_tensor(torch.eye(3)), dtype='float32')"),
-    ("out_format on a scalar output", "any", "scorch.einsum('ij->', scorch.sparse_tensor(torch.eye(3)), out_format='csr')"),
+    ("einsum dtype string", "raises", "scorch.einsum('ij->i', scorch.sparse_tensor(torch.eye(3)), dtype='float32')"),
+    ("out_format on a scalar output", "raises", "scorch.einsum('ij->', scorch.sparse_tensor(torch.eye(3)), out_format='csr')"),
 ]
 
 CHILD = PRELUDE + textwrap.dedent('''
@@ -203,13 +202,7 @@ def test_every_case_ran(outcomes):
     assert sorted(outcomes) == list(range(len(CASES)))
 
 
-FRONT_END_PENDING = pytest.mark.xfail(
-    strict=True, reason="issue 14, compiler front end (lead): a meta-device operand in einsum "
-                        "crashes; remove this mark when it raises")
-
-
-@pytest.mark.parametrize("index", [pytest.param(i, marks=FRONT_END_PENDING) if c[1] == "lead" else i
-                                   for i, c in enumerate(CASES)], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[c[0] for c in CASES])
 def test_malformed_input(outcomes, index):
     name, expect, _ = CASES[index]
     got = outcomes[index]

@@ -51,7 +51,7 @@ def apply(fn: str, t: SparseTensor, p: Optional[float] = None) -> torch.Tensor:
     if fn in _FLOATING and not t.dtype.is_floating_point:
         t = with_values(t, t._storage.values.to(torch.get_default_dtype()))
     if not f.preserves_zero(p):
-        check_dense_size(f"torch.{fn}", t.shape, t.dtype)   # dense by nature: say when it is big
+        check_dense_size(fn, t.shape, t.dtype)   # dense by nature: say when it is big
     v = _vars(t.dim())
     return _wrap(tc.compute(tc.Assignment(v, Apply(fn, tc.Access(0, v), p)), t))
 

@@ -51,9 +51,13 @@ def prepare_operands(entry: PlanEntry, ops, sizes, orig=None):
             rl = entry.relayout.get(ap.id)
             if rl is not None:
                 full = tuple(sizes[v] for v in ap.indices)
-                if tuple(x.shape) != full:      # size-1 broadcast: materialize
-                    x = x.expand(full)
-                if x.stride(rl[0]) != 1 and full[rl[0]] > 1:
+                d = rl[0]
+                if x.shape[d] != full[d]:
+                    # broadcast along the streamed dimension: materialize that dimension only
+                    # (other size-1 dimensions are read with stride 0; expanding them all
+                    # would copy a column against a 2M x 2M matrix at full size)
+                    x = x.expand(tuple(full[k] if k == d else s for k, s in enumerate(x.shape)))
+                if x.stride(d) != 1 and full[d] > 1:
                     x = relayout(x, rl[1], rl[2], threads.threads_for, ap.id)  # scratch: this call only
             data[ap.id] = x
     return data
