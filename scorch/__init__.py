@@ -17,6 +17,7 @@ from .level_storage import Level  # noqa: E402,F401  (Storage: scorch.level_stor
 from .tensor_type import SparseTensor  # noqa: E402,F401
 from .constructors import from_scipy, sparse_tensor, tensor  # noqa: E402,F401
 from . import aten_ops, sparse_ops  # noqa: E402,F401  (registers the sparse handlers)
+from . import gradients  # noqa: E402,F401  (sparse autograd: values-level ATen ops)
 from .sparse_ops.einsum import einsum, explain  # noqa: E402,F401
 from .kernel_cache import cache_clear, cache_info  # noqa: E402,F401
 

@@ -1,0 +1,183 @@
+"""The ``torch.autograd.Function``s of the compiler's entry points: ``einsum`` and
+``compute`` (index-notation assignments). Their backward passes are more einsums/compute
+calls through the same compiler (``einsum_grad``, ``expr_grad``), made with the
+differentiable entry points below, so double backward works wherever the pieces do.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import torch
+
+from ..formats import FormatLike
+from ..level_storage import Storage
+from ..tensor_compiler.index_notation import Assignment
+from ..tensor_type import SparseTensor, _TORCH_SPARSE_LAYOUTS
+from . import einsum_grad, expr_grad
+from . import pattern as _pattern
+from .values import mark_gradient
+
+__all__ = ["einsum", "compute", "needs_graph"]
+
+_compiler_module = None
+
+
+def _compiler():
+    global _compiler_module
+    if _compiler_module is None:
+        from .. import tensor_compiler
+        tensor_compiler.set_sparse_tensor_type(SparseTensor)
+        _compiler_module = tensor_compiler
+    return _compiler_module
+
+
+def _wrap(result):
+    return SparseTensor(result) if type(result) is Storage else result
+
+
+def needs_graph(operands: Sequence[Any]) -> bool:
+    """Grad mode is on and some operand requires grad."""
+    return torch.is_grad_enabled() and torch._C._any_requires_grad(*operands)
+
+
+def _check_operands(what: str, operands) -> None:
+    for n, x in enumerate(operands):
+        if isinstance(x, torch.Tensor) and not isinstance(x, SparseTensor) and \
+                x.layout in _TORCH_SPARSE_LAYOUTS and x.requires_grad:
+            raise NotImplementedError(
+                f"{what}: operand {n} is a torch {x.layout} tensor that requires grad; its "
+                f"gradient cannot flow back through scorch. Use scorch.sparse_tensor(x, "
+                f"requires_grad=True) instead")
+
+
+# --- the dense transposes a gradient kernel reads, kept on the tensor --------------------
+
+_TRANSPOSES: Dict[tuple, Dict[int, Any]] = {}
+
+
+def _operand_key(x) -> tuple:
+    if isinstance(x, SparseTensor):
+        st = x._storage
+        return ("s", st.format, st.dtype, st.index_dtype, st.shape.count(1))
+    return ("d", x.dim(), x.dtype)
+
+
+def _pretransposed(equation: str, ops: list) -> list:
+    """Sparse operands that the plan for ``equation`` would re-format each call (a
+    transpose) are handed over already re-formatted, through ``pattern.reformatted``: the
+    converted pattern is kept, only the current values are gathered."""
+    if not any(isinstance(x, SparseTensor) for x in ops):
+        return ops
+    key = (equation,) + tuple(_operand_key(x) for x in ops)
+    tr = _TRANSPOSES.get(key)
+    if tr is None:
+        tr = {}
+        try:
+            plan = _compiler().explain(equation, *ops)
+            for n, _, to in plan.transposes:
+                if isinstance(ops[n], SparseTensor) and to.block is None:
+                    tr[n] = to
+        except Exception:   # explain is advisory here; the einsum itself reports errors
+            tr = {}
+        if len(_TRANSPOSES) > 4096:
+            _TRANSPOSES.clear()
+        _TRANSPOSES[key] = tr
+    if not tr:
+        return ops
+    ops = list(ops)
+    for n, fmt in tr.items():
+        ops[n] = SparseTensor(_pattern.reformatted(ops[n]._storage, fmt))
+    return ops
+
+
+# --- einsum ---------------------------------------------------------------------------------
+
+def _raw_einsum(equation: str, operands: Sequence, out_format: Optional[FormatLike]):
+    return _wrap(_compiler().einsum(equation, *operands, out_format=out_format))
+
+
+class EinsumFunction(torch.autograd.Function):
+    """``C = einsum(equation, *operands)``; backward: one gradient einsum per operand that
+    needs one (``einsum_grad``)."""
+
+    @staticmethod
+    def forward(ctx, equation: str, out_format, *operands):
+        out = _raw_einsum(equation, operands, out_format)
+        ctx.equation = equation
+        ctx.shapes = tuple(tuple(int(s) for s in x.shape) for x in operands)
+        ctx.out_pattern = out._storage if isinstance(out, SparseTensor) else None
+        ctx.save_for_backward(*operands)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        operands = ctx.saved_tensors
+        if ctx.out_pattern is not None and not isinstance(grad, SparseTensor):
+            grad = einsum_grad.dense_to_pattern(ctx.out_pattern, grad)
+        grads = [None, None]
+        for n, x in enumerate(operands):
+            if not ctx.needs_input_grad[n + 2]:
+                grads.append(None)
+                continue
+            plan = einsum_grad.gradient_plan(ctx.equation, ctx.shapes, n,
+                                             isinstance(x, SparseTensor))
+            grads.append(mark_gradient(einsum_grad.operand_gradient(plan, einsum, grad,
+                                                                    operands, _pretransposed)))
+        return tuple(grads)
+
+
+def einsum(equation: str, *operands, out_format: Optional[FormatLike] = None) -> torch.Tensor:
+    """``scorch.einsum(equation, *operands)`` (equation form), differentiable in every
+    operand when grad mode is on."""
+    if needs_graph(operands):
+        _check_operands("einsum", operands)
+        if out_format is None and not any(isinstance(x, SparseTensor) or x.layout in
+                                          _TORCH_SPARSE_LAYOUTS for x in operands
+                                          if isinstance(x, torch.Tensor)):
+            return torch.einsum(equation, *operands)   # dense: torch's own autograd
+        return EinsumFunction.apply(equation, out_format, *operands)
+    return _raw_einsum(equation, operands, out_format)
+
+
+# --- compute (index-notation assignments) ---------------------------------------------------
+
+def _raw_compute(assignment: Assignment, operands: Sequence, out_format):
+    return _wrap(_compiler().compute(assignment, *operands, out_format=out_format))
+
+
+class ComputeFunction(torch.autograd.Function):
+    """``out = compute(assignment, *operands)`` with the product/sum rule per access
+    (``expr_grad``)."""
+
+    @staticmethod
+    def forward(ctx, assignment: Assignment, out_format, *operands):
+        out = _raw_compute(assignment, operands, out_format)
+        ctx.assignment = assignment
+        ctx.out_pattern = out._storage if isinstance(out, SparseTensor) else None
+        ctx.save_for_backward(*operands)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        operands = ctx.saved_tensors
+        if ctx.out_pattern is not None and not isinstance(grad, SparseTensor):
+            grad = einsum_grad.dense_to_pattern(ctx.out_pattern, grad)
+        grads = [None, None]
+        for n, x in enumerate(operands):
+            if not ctx.needs_input_grad[n + 2]:
+                grads.append(None)
+                continue
+            grads.append(mark_gradient(
+                expr_grad.operand_gradient(ctx.assignment, n, grad, operands, compute)))
+        return tuple(grads)
+
+
+def compute(assignment: Assignment, *operands, out_format: Optional[FormatLike] = None):
+    """``scorch.tensor_compiler.compute`` for the op layer: runs an index-notation
+    assignment (elementwise ``Mul``/``Add``/``Sub``/``Neg``/``Scalar`` expressions with
+    einsum-style sums), differentiable in every operand when grad mode is on; sparse results
+    are SparseTensors."""
+    if needs_graph(operands):
+        _check_operands("compute", operands)
+        return ComputeFunction.apply(assignment, out_format, *operands)
+    return _raw_compute(assignment, operands, out_format)
