@@ -214,9 +214,14 @@ def clone_sparse(t: SparseTensor) -> SparseTensor:
               for lv in st.levels]
     out = SparseTensor(Storage(st.format, st.shape, levels, st.values.clone(), st.index_dtype),
                        t.requires_grad)
-    if t.__dict__.get("_values_grad"):
-        out._values_grad = True
-    return out
+    return carry_grad_flag(t, out)
+
+
+def carry_grad_flag(src: SparseTensor, dst: SparseTensor) -> SparseTensor:
+    """A copy or view of a gradient on its tensor's pattern is one too (``is_sparse``)."""
+    if src.__dict__.get("_values_grad"):
+        dst._values_grad = True
+    return dst
 
 
 def with_values(t: SparseTensor, values: torch.Tensor) -> SparseTensor:
