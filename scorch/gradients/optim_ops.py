@@ -150,13 +150,22 @@ def _foreach(packet_name: str, inplace: bool):
         def single(x, *rest, **kw):
             return x.copy_(plain(x, *rest, **kw))
 
+    takes_value = packet_name.rstrip("_") in ("addcmul", "addcdiv")
+
     def handler(*args, **kwargs):
-        lists = [k for k, a in enumerate(args) if isinstance(a, (list, tuple))]
-        n = len(args[lists[0]])
+        args = list(args)
+        if takes_value and len(args) == 4:   # the foreach form's positional value(s)
+            kwargs = dict(kwargs, value=args.pop())
+        n = len(args[0])
+        per_element = [isinstance(a, (list, tuple)) for a in args]
+        kw_lists = {k for k, v in kwargs.items()
+                    if isinstance(v, (list, tuple)) or (isinstance(v, torch.Tensor) and v.dim() == 1)}
         outs = []
         for i in range(n):
-            call = [a[i] if k in lists else a for k, a in enumerate(args)]
-            outs.append(single(*call, **kwargs))
+            call = [a[i] if each else a for a, each in zip(args, per_element)]
+            kw = {k: (v[i].item() if isinstance(v, torch.Tensor) else v[i]) if k in kw_lists else v
+                  for k, v in kwargs.items()}
+            outs.append(single(*call, **kw))
         return None if inplace else outs
     return handler
 
