@@ -181,7 +181,11 @@ def operand_gradient(plan: GradientPlan, einsum: Callable, grad, operands: Seque
         ops = [grad] + others
         if prepare is not None:
             ops = prepare(eq, ops)
-        R = einsum(eq, *ops)
+        # a dense operand's gradient is dense: asked for as such, the compiler writes it in
+        # place instead of assembling a sparse result through a workspace
+        sparse = plan.result_term and any(isinstance(o, SparseTensor) for o in ops)
+        R = einsum(eq, *ops, out_format="d" * len(plan.result_term)) if sparse \
+            else einsum(eq, *ops)
         return _dense_result(plan, R, grad, operands, tuple(x.shape), x.dtype)
     P = x._storage
     # a factor already on P's pattern (grad_C of a pattern-preserving op, an operand that

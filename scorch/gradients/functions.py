@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 
-from ..formats import FormatLike
+from ..formats import Format, FormatLike
 from ..level_storage import Storage
 from ..tensor_compiler.index_notation import Assignment
 from ..tensor_type import SparseTensor, _TORCH_SPARSE_LAYOUTS
@@ -50,44 +50,33 @@ def _check_operands(what: str, operands) -> None:
                 f"requires_grad=True) instead")
 
 
-# --- the dense transposes a gradient kernel reads, kept on the tensor --------------------
+# --- the transposes a gradient kernel reads, kept on the tensor -----------------------------
 
-_TRANSPOSES: Dict[tuple, Dict[int, Any]] = {}
-
-
-def _operand_key(x) -> tuple:
-    if isinstance(x, SparseTensor):
-        st = x._storage
-        return ("s", st.format, st.dtype, st.index_dtype, st.shape.count(1))
-    return ("d", x.dim(), x.dtype)
-
-
-def _pretransposed(equation: str, ops: list) -> list:
-    """Sparse operands that the plan for ``equation`` would re-format each call (a
-    transpose) are handed over already re-formatted, through ``pattern.reformatted``: the
-    converted pattern is kept, only the current values are gathered."""
-    if not any(isinstance(x, SparseTensor) for x in ops):
-        return ops
-    key = (equation,) + tuple(_operand_key(x) for x in ops)
-    tr = _TRANSPOSES.get(key)
-    if tr is None:
-        tr = {}
-        try:
-            plan = _compiler().explain(equation, *ops)
-            for n, _, to in plan.transposes:
-                if isinstance(ops[n], SparseTensor) and to.block is None:
-                    tr[n] = to
-        except Exception:   # explain is advisory here; the einsum itself reports errors
-            tr = {}
-        if len(_TRANSPOSES) > 4096:
-            _TRANSPOSES.clear()
-        _TRANSPOSES[key] = tr
-    if not tr:
-        return ops
-    ops = list(ops)
-    for n, fmt in tr.items():
-        ops[n] = SparseTensor(_pattern.reformatted(ops[n]._storage, fmt))
-    return ops
+def _output_first(equation: str, ops: list) -> list:
+    """A dense operand's gradient einsum (``A^T @ grad_C`` for SpMM) reads a sparse operand
+    whose outer stored level is summed: left as it is, the kernel scatters into the output
+    (a workspace per row of the sum). The operand is handed over re-formatted instead, its
+    output-indexed dimensions stored first (CSR -> CSC for ``A^T``), so the kernel walks it
+    concordantly and writes each output row once; ``pattern.reformatted`` keeps the
+    converted pattern and the permutation of positions, so a later backward step only
+    gathers the current values (no transpose rebuilt per step)."""
+    lhs, out = equation.split("->")
+    terms = lhs.split(",")
+    new = None
+    for n, (term, x) in enumerate(zip(terms, ops)):
+        if not isinstance(x, SparseTensor) or x.dim() < 2:
+            continue
+        fmt = x._storage.format
+        if fmt.block is not None or term[fmt.mode_order[0]] in out:
+            continue
+        first = sorted((d for d in range(len(term)) if term[d] in out), key=lambda d: out.index(term[d]))
+        if not first:
+            continue
+        order = tuple(first) + tuple(d for d in fmt.mode_order if d not in first)
+        if new is None:
+            new = list(ops)
+        new[n] = SparseTensor(_pattern.reformatted(x._storage, Format(fmt.levels, order)))
+    return ops if new is None else new
 
 
 # --- einsum ---------------------------------------------------------------------------------
@@ -122,7 +111,7 @@ class EinsumFunction(torch.autograd.Function):
             plan = einsum_grad.gradient_plan(ctx.equation, ctx.shapes, n,
                                              isinstance(x, SparseTensor))
             grads.append(mark_gradient(einsum_grad.operand_gradient(plan, einsum, grad,
-                                                                    operands, _pretransposed)))
+                                                                    operands, _output_first)))
         return tuple(grads)
 
 
