@@ -148,7 +148,8 @@ def reformatted(st: Storage, fmt: Format) -> Storage:
     hit = _REFORMATTED.get(key)
     ids = tuple(id(a) for a in _arrays(st))
     if hit is None or hit[0]() is not anchor or hit[1] != ids:
-        hit = (weakref.ref(anchor, lambda _, key=key: _REFORMATTED.pop(key, None)), ids, {})
+        hit = (weakref.ref(anchor, lambda _, key=key, table=_REFORMATTED: table.pop(key, None)),
+               ids, {})
         _REFORMATTED[key] = hit
     per_format = hit[2]
     got = per_format.get(fmt)
