@@ -279,3 +279,70 @@ def test_gcn_training_matches_dense(fmt):
     assert sparse_losses[-1] < sparse_losses[0]
     torch.testing.assert_close(torch.tensor(sparse_losses), torch.tensor(dense_losses),
                                rtol=1e-5, atol=0)
+
+
+def test_backward_steps_reuse_the_transposed_pattern():
+    from scorch.gradients import pattern
+    d = torch.rand(40, 30) * (torch.rand(40, 30) < 0.2)
+    A = scorch.sparse_tensor(d, format="csr")
+    X = torch.rand(30, 4, requires_grad=True)
+    misses = []
+    for step in range(3):
+        X.grad = None
+        with torch.no_grad():
+            A.values().mul_(1.5)                      # new values, same pattern
+        (_dense(scorch.einsum("ij,jk->ik", A, X)) ** 2).sum().backward()
+        misses.append(pattern.reformat_cache_info()["misses"])
+        Xd = X.detach().clone().requires_grad_()
+        ((A.to_dense() @ Xd) ** 2).sum().backward()
+        assert torch.allclose(X.grad, Xd.grad, rtol=1e-4, atol=1e-4)   # current values used
+    assert misses[1] == misses[0] and misses[2] == misses[0]
+
+
+def test_double_backward_spmm_dense_operand():
+    idx, v = _sparse_parts((5, 4), 0.5, "csr")
+    A = scorch.sparse_tensor((idx, v.detach()), size=(5, 4), format="csr")
+    X = _rand(4, 3)
+    assert torch.autograd.gradgradcheck(lambda X: _dense(scorch.einsum("ij,jk->ik", A, X)) ** 2, (X,))
+
+
+def test_torch_sparse_operand_requiring_grad_is_refused():
+    A = torch.eye(3).to_sparse().requires_grad_()
+    with pytest.raises(NotImplementedError, match="scorch.sparse_tensor"):
+        scorch.einsum("ij,jk->ik", A, torch.ones(3, 2, requires_grad=True))
+
+
+FORMATS_ANY = ["csr", "csc", "coo", "dcsr", "dcsc", scorch.Format("dd"), scorch.Format("cd", (1, 0)),
+               scorch.Format("qq", (1, 0))]
+
+
+@settings(max_examples=20, deadline=None)
+@given(m=st.integers(0, 5), n=st.integers(1, 5), k=st.integers(1, 3),
+       density=st.sampled_from([0.0, 0.4, 1.0]), fmt=st.sampled_from(FORMATS_ANY),
+       dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 99))
+def test_sddmm_and_elementwise_gradients_match_dense(m, n, k, density, fmt, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    d = (torch.rand(m, n, generator=g) * (torch.rand(m, n, generator=g) < density)).to(dtype)
+    S = scorch.sparse_tensor(d, format=fmt, requires_grad=True)
+    mask = (S.to_dense() != 0).to(dtype).detach()
+    if isinstance(fmt, scorch.Format) and fmt.is_dense:
+        mask = torch.ones(m, n, dtype=dtype)        # every entry is stored
+    X = torch.rand(m, k, dtype=dtype, generator=g, requires_grad=True)
+    Y = torch.rand(n, k, dtype=dtype, generator=g, requires_grad=True)
+    W = torch.rand(m, n, dtype=dtype, generator=g)
+    out = _dense(scorch.einsum("ij,ik,jk->ij", S, X, Y))
+    D = torch.rand(m, n, dtype=dtype, generator=g, requires_grad=True)
+    A_, B_ = Access(0, "ij"), Access(1, "ij")
+    out2 = _dense(scorch.gradients.compute(Assignment("ij", A_ * B_ - 2.0 * A_), S, D))
+    ((out * W).sum() + (out2 * W).sum()).backward()
+    Sd = d.clone().requires_grad_()
+    Xd, Yd, Dd = (t.detach().clone().requires_grad_() for t in (X, Y, D))
+    ref = Sd * (Xd @ Yd.t())
+    ref2 = Sd * Dd - 2.0 * Sd
+    ((ref * W).sum() + (ref2 * W).sum()).backward()
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-9, atol=1e-12)
+    assert S.grad.format == S.format and S.grad.nnz == S.nnz
+    torch.testing.assert_close(S.grad.to_dense(), Sd.grad * mask, **tol)
+    torch.testing.assert_close(X.grad, Xd.grad, **tol)
+    torch.testing.assert_close(Y.grad, Yd.grad, **tol)
+    torch.testing.assert_close(D.grad, Dd.grad * mask, **tol)
