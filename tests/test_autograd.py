@@ -4,12 +4,18 @@ sparse tensor's grad lifecycle; no silent detach; a 2-layer GCN matching dense t
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
-from torch.autograd import gradcheck
+from torch.autograd import gradcheck as _gradcheck
 
 import scorch
 from scorch.tensor_compiler.index_notation import Access, Assignment
 
 FORMATS_2D = ["csr", "csc", "coo", "dcsr"]
+
+
+def gradcheck(fn, inputs):
+    """torch's gradcheck (float64) in fast mode: a random projection of the Jacobian,
+    so the suite stays quick; the full Jacobian is checked for SpMM in csr."""
+    return _gradcheck(fn, inputs, fast_mode=True)
 F64 = torch.float64
 
 
@@ -39,6 +45,8 @@ def test_gradcheck_spmm(fmt):
     A = _of_values(idx, (6, 5), fmt)
     X = _rand(5, 3)
     assert gradcheck(lambda v, X: _dense(scorch.einsum("ij,jk->ik", A(v), X)), (v, X))
+    if fmt == "csr":
+        assert _gradcheck(lambda v, X: _dense(scorch.einsum("ij,jk->ik", A(v), X)), (v, X))
 
 
 @pytest.mark.parametrize("fmt", FORMATS_2D)
@@ -316,7 +324,7 @@ FORMATS_ANY = ["csr", "csc", "coo", "dcsr", "dcsc", scorch.Format("dd"), scorch.
                scorch.Format("qq", (1, 0))]
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(m=st.integers(0, 5), n=st.integers(1, 5), k=st.integers(1, 3),
        density=st.sampled_from([0.0, 0.4, 1.0]), fmt=st.sampled_from(FORMATS_ANY),
        dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 99))
