@@ -66,10 +66,24 @@ def with_pattern_values(P: Storage, values: torch.Tensor) -> Storage:
     return Storage(P.format, P.shape, P.levels, values, P.index_dtype)
 
 
+#: (id of the pattern's key array, dtype) -> (weak reference to the array, ones)
+_ONES: Dict[tuple, tuple] = {}
+
+
 def pattern_ones(P: Storage, dtype: torch.dtype) -> Storage:
     """``P``'s pattern with every stored value 1: multiplied into an einsum, it restricts
-    the einsum to ``P``'s stored entries."""
-    return with_pattern_values(P, torch.ones(P.nnz, dtype=dtype))
+    the einsum to ``P``'s stored entries. The ones are kept while the pattern lives (a
+    backward step would otherwise allocate and fill nnz values for them)."""
+    anchor = _key_array(P)
+    if anchor is None:
+        return with_pattern_values(P, torch.ones(P.nnz, dtype=dtype))
+    key = (id(anchor), dtype)
+    hit = _ONES.get(key)
+    if hit is None or hit[0]() is not anchor or hit[1].numel() != P.nnz:
+        ones = torch.ones(P.nnz, dtype=dtype)
+        hit = (weakref.ref(anchor, lambda _, key=key, table=_ONES: table.pop(key, None)), ones)
+        _ONES[key] = hit
+    return with_pattern_values(P, hit[1])
 
 
 def _linear_keys(coords: torch.Tensor, shape, mode_order) -> torch.Tensor:
