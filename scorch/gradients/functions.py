@@ -5,7 +5,7 @@ differentiable entry points below, so double backward works wherever the pieces 
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -64,7 +64,7 @@ def _output_first(equation: str, ops: list) -> list:
     terms = lhs.split(",")
     new = None
     for n, (term, x) in enumerate(zip(terms, ops)):
-        if not isinstance(x, SparseTensor) or x.dim() < 2:
+        if not isinstance(x, SparseTensor) or x._storage.ndim < 2:
             continue
         fmt = x._storage.format
         if fmt.block is not None or term[fmt.mode_order[0]] in out:
@@ -75,7 +75,11 @@ def _output_first(equation: str, ops: list) -> list:
         order = tuple(first) + tuple(d for d in fmt.mode_order if d not in first)
         if new is None:
             new = list(ops)
-        new[n] = SparseTensor(_pattern.reformatted(x._storage, Format(fmt.levels, order)))
+        target = Format(fmt.levels, order)
+        if needs_graph((x,)):   # double backward through x: the differentiable conversion
+            new[n] = x.to_format(target)
+        else:
+            new[n] = SparseTensor(_pattern.reformatted(x._storage, target))
     return ops if new is None else new
 
 

@@ -7,8 +7,6 @@ coordinates). Without grad mode or a tensor that requires grad they are the plai
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 
 from ..formats import Format
