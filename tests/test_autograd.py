@@ -355,3 +355,14 @@ def test_sddmm_and_elementwise_gradients_match_dense(m, n, k, density, fmt, dtyp
     torch.testing.assert_close(X.grad, Xd.grad, **tol)
     torch.testing.assert_close(Y.grad, Yd.grad, **tol)
     torch.testing.assert_close(D.grad, Dd.grad * mask, **tol)
+
+
+@pytest.mark.parametrize("eq,fmt", [("bij,bjk->bik", "coo"), ("...ij,...jk->...ik", "csf"),
+                                    ("bij,bjk", "coo")])
+def test_gradcheck_sparse_operand_broadcasts(eq, fmt):
+    """A sparse operand's size-1 batch dimension broadcast against a dense operand: its
+    gradient sums over the batch (a fresh index in the pattern factor)."""
+    idx, v = _sparse_parts((1, 3, 4), 0.6, fmt)
+    S = _of_values(idx, (1, 3, 4), fmt)
+    X = _rand(2, 4, 2)
+    assert gradcheck(lambda v, X: _dense(scorch.einsum(eq, S(v), X)), (v, X))
