@@ -143,14 +143,16 @@ def full_gradient(R, dims: Sequence[Optional[Tuple[str, str]]], result_vars: Seq
     if isinstance(R, SparseTensor):
         R = R.to_dense()
     R = R.to(dtype)
+    # (a produced variable can have size 1 where the operand's dimension is bigger: the
+    # other operand that carries it broadcast, so the gradient does too)
     if all(d is not None and d[0] == "var" for d in dims) and \
             len(set(d[1] for d in dims)) == len(dims):
-        return R
+        return R if tuple(R.shape) == tuple(shape) else R.expand(shape)
     if len(set(d[1] for d in dims if d is not None and d[0] == "var")) == \
             len([d for d in dims if d is not None and d[0] == "var"]):
-        view = [sizes[d[1]] if d is not None and d[0] == "var" else 1 for d in dims]
-        full = [1 if d is None else sizes[d[1]] for d in dims]
-        return R.reshape(view).expand(full)
+        view = [R.shape[result_vars.index(d[1])] if d is not None and d[0] == "var" else 1
+                for d in dims]
+        return R.reshape(view).expand(shape)
     # a diagonal: zeros, and the result written where the repeated subscripts agree
     if any(d is not None and d[0] == "expand" for d in dims):
         raise NotImplementedError("gradient of a diagonal together with an index only it has")
