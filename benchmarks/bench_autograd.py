@@ -6,7 +6,8 @@ adjacency next to the same step with torch.sparse CSR (``torch.sparse.mm``).
 
 The step: ``H = relu(A @ (X @ W1))``, ``out = A @ (H @ W2)``, cross-entropy, backward, on a
 shared graph (``SCORCH_BENCH_GRAPHS``, default "4elt G51"; row-normalized, with self loops),
-K = 64 features, float32, 2 threads (``SCORCH_BENCH_THREADS``). Variants: ``fixed`` (the
+K = 64 features, float32, 2 threads (``SCORCH_BENCH_THREADS``); ``__main__`` runs the two
+implementations in turns and prints medians and ratios. Variants: ``fixed`` (the
 adjacency is data: gradients for W1, W2 and through A @ .) and ``learned`` (the adjacency's
 values are a parameter too: its gradient is an SDDMM on A's pattern). Not part of ``pytest
 tests``.
@@ -108,6 +109,21 @@ def median_time(fn, warmup: int = 3, repeats: int = 15) -> float:
     return statistics.median(times)
 
 
+def interleaved_medians(fns: dict, warmup: int = 3, repeats: int = 25) -> dict:
+    """Median time of each callable, run in turns (one of each per round), so a change in
+    machine load during the measurement hits every implementation alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 # --- pytest-benchmark ------------------------------------------------------------------------
 try:
     import pytest
@@ -146,18 +162,15 @@ if pytest is not None and "pytest" in sys.modules and __name__ != "__main__":
 def main() -> None:
     torch.set_num_threads(THREADS)
     print(f"GCN training step (forward + backward), K={K}, hidden={HIDDEN}, classes={CLASSES}, "
-          f"float32, {THREADS} threads; median of 15 after 3 warm-up steps")
+          f"float32, {THREADS} threads; median of 25 interleaved rounds after 3 warm-up steps")
     for name in GRAPHS:
         g = load_graph(name)
         print(f"{name}: n={g[0].shape[0]}, nnz={g[0].nnz} (with self loops)")
         for variant in ("fixed", "learned"):
-            t = {}
-            losses = {}
-            for impl in ("scorch", "torch_csr"):
-                step = make_step(impl, variant, g)
-                losses[impl] = float(step())
-                t[impl] = median_time(step)
+            steps = {impl: make_step(impl, variant, g) for impl in ("scorch", "torch_csr")}
+            losses = {impl: float(step().detach()) for impl, step in steps.items()}
             assert abs(losses["scorch"] - losses["torch_csr"]) < 1e-4 * abs(losses["torch_csr"]) + 1e-5
+            t = interleaved_medians(steps)
             print(f"  {variant:8s} scorch {t['scorch'] * 1e3:8.2f} ms   torch.sparse "
                   f"{t['torch_csr'] * 1e3:8.2f} ms   torch/scorch = {t['torch_csr'] / t['scorch']:.2f}x")
 
