@@ -137,17 +137,21 @@ def test_dense_diagonal_gradient():
     assert torch.allclose(X.grad, expect)
 
 
-def test_sparse_gradient_is_sddmm_on_the_pattern():
-    A = scorch.sparse_tensor(torch.rand(50, 40) * (torch.rand(50, 40) < 0.1), format="csr",
+@pytest.mark.parametrize("fmt", ["csr", "coo", "dcsc"])
+def test_sparse_gradient_is_sddmm_on_the_pattern(fmt):
+    from scorch.gradients import pattern
+    A = scorch.sparse_tensor(torch.rand(50, 40) * (torch.rand(50, 40) < 0.1), format=fmt,
                              requires_grad=True)
     X = torch.rand(40, 8)
-    out = scorch.einsum("ij,jk->ik", A, X)
+    out = _dense(scorch.einsum("ij,jk->ik", A, X))
     out.sum().backward()
     g = A.grad
     assert isinstance(g, scorch.SparseTensor) and g.format == A.format
-    assert g._storage.levels[1].crd is A._storage.levels[1].crd   # the pattern kernel shares A's arrays
-    ones = scorch.SparseTensor(scorch.gradients.pattern.pattern_ones(A._storage, torch.float32))
-    plan = scorch.explain("ij,ik,jk->ij", ones, torch.ones(50, 8), X)
+    assert all(a is b for a, b in zip(pattern._arrays(g._storage), pattern._arrays(A._storage)))
+    # the gradient einsum's plan: a pattern kernel (COO through its compressed twin)
+    Q, perm = pattern.pattern_factor(A._storage, torch.float32)
+    assert (perm is not None) == (fmt == "coo")
+    plan = scorch.explain("ij,ik,jk->ij", scorch.SparseTensor(Q), torch.ones(50, 8), X)
     assert "values in access 0's pattern" in plan.source
     dense = (torch.ones(50, 8) @ X.t()) * (A.to_dense() != 0)
     assert torch.allclose(g.to_dense(), dense, atol=1e-5)

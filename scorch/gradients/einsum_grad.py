@@ -203,18 +203,20 @@ def operand_gradient(plan: GradientPlan, einsum: Callable, grad, operands: Seque
     dtype = torch.promote_types(grad.dtype, x.dtype)
     for f in others:
         dtype = torch.promote_types(dtype, f.dtype)
+    Q, perm = P, None
     if merged:
         eq = plan.equation(with_pattern=False)
         ops = factors
     else:
         eq = plan.equation()
-        ops = [SparseTensor(_pattern.pattern_ones(P, dtype))] + factors
+        Q, perm = _pattern.pattern_factor(P, dtype)
+        ops = [SparseTensor(Q)] + factors
     R = einsum(eq, *ops)
     if not isinstance(R, SparseTensor):   # a dense result (e.g. every factor dense and small)
         return dense_to_pattern(P, R.to(x.dtype))
     if _pattern.shares_arrays(P, R._storage):
         vals = values_of(R)
     else:
-        vals = _pattern.values_on_pattern(P, R._storage, values_of(R))
+        vals = _pattern.values_from_factor(P, Q, perm, R._storage, values_of(R))
     return from_values(P, vals.to(x.dtype))
 

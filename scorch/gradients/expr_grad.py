@@ -99,15 +99,17 @@ def _occurrence(asg: Assignment, a: Access, D: Expr, grad, operands: Sequence, c
         P = x._storage
         merged = (asg.output == a.indices and isinstance(grad, SparseTensor)
                   and _pattern.shares_arrays(P, grad._storage) and scale is None)
+        Q, perm = P, None
         if not merged:
             dtype = torch.promote_types(x.dtype, grad.dtype)
-            ops.append(SparseTensor(_pattern.pattern_ones(P, dtype)))
+            Q, perm = _pattern.pattern_factor(P, dtype)
+            ops.append(SparseTensor(Q))
             pat = Access(gid + 1, a.indices)
             rhs = pat if isinstance(rhs, Scalar) and rhs.value == 1 else Mul(pat, rhs)
         R = compute(Assignment(a.indices, rhs), *ops)
         if isinstance(R, SparseTensor):
             vals = values_of(R) if _pattern.shares_arrays(P, R._storage) else \
-                _pattern.values_on_pattern(P, R._storage, values_of(R))
+                _pattern.values_from_factor(P, Q, perm, R._storage, values_of(R))
         else:
             vals = R[tuple(_pattern._convert().coords(P))]
         return vals if scale is None else vals * scale

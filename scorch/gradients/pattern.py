@@ -15,11 +15,12 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from ..formats import Format
+from ..formats import Format, LevelKind
 from ..level_storage import Storage
 
-__all__ = ["pattern_ones", "same_pattern", "values_on_pattern", "with_pattern_values",
-           "reformatted", "reformat_cache_info"]
+__all__ = ["pattern_ones", "pattern_factor", "same_pattern", "shares_arrays",
+           "values_on_pattern", "values_from_factor", "with_pattern_values", "reformatted",
+           "reformat_cache_info"]
 
 
 def _convert():
@@ -149,15 +150,12 @@ def _key_array(st: Storage) -> Optional[torch.Tensor]:
     return None
 
 
-def reformatted(st: Storage, fmt: Format) -> Storage:
-    """``st`` in format ``fmt`` (e.g. the transpose a gradient kernel reads), with the
-    converted pattern and the permutation of positions kept for as long as ``st``'s level
-    arrays live: a later call with new values only gathers them."""
-    if fmt == st.format:
-        return st
+def _reformat_entry(st: Storage, fmt: Format) -> Optional[Tuple[Storage, torch.Tensor]]:
+    """The converted pattern (values: source positions) and the permutation, kept per
+    format while ``st``'s arrays live; None where a dense target level adds positions."""
     anchor = _key_array(st)
     if anchor is None:
-        return _convert().convert(st, fmt)
+        return None
     key = id(anchor)
     hit = _REFORMATTED.get(key)
     ids = tuple(id(a) for a in _arrays(st))
@@ -173,12 +171,49 @@ def reformatted(st: Storage, fmt: Format) -> Storage:
                       st.index_dtype)
         conv = _convert().convert(idx, fmt)
         if conv.nnz != st.nnz:   # a target with dense levels fills in positions: no permutation
-            return _convert().convert(st, fmt)
+            return None
         got = per_format[fmt] = (conv, conv.values)
     else:
         _stats["hits"] += 1
+    return got
+
+
+def reformatted(st: Storage, fmt: Format) -> Storage:
+    """``st`` in format ``fmt`` (e.g. the transpose a gradient kernel reads), with the
+    converted pattern and the permutation of positions kept for as long as ``st``'s level
+    arrays live: a later call with new values only gathers them."""
+    if fmt == st.format:
+        return st
+    got = _reformat_entry(st, fmt)
+    if got is None:
+        return _convert().convert(st, fmt)
     conv, perm = got
     return Storage(conv.format, conv.shape, conv.levels, st.values[perm], conv.index_dtype)
+
+
+def pattern_factor(P: Storage, dtype: torch.dtype) -> Tuple[Storage, Optional[torch.Tensor]]:
+    """The pattern factor for a gradient on ``P``: ``P``'s ones, or, for a pattern with
+    coordinate levels (COO), the same entries with compressed levels (the compiler runs
+    pattern kernels on those, not on coordinate levels) and the permutation from its
+    positions to ``P``'s (None: ``P`` itself)."""
+    kinds = P.format.levels
+    if P.format.block is None and LevelKind.COORDINATE in kinds:
+        fmt = Format(tuple(LevelKind.COMPRESSED if k is LevelKind.COORDINATE else k for k in kinds),
+                     P.format.mode_order)
+        got = _reformat_entry(P, fmt)
+        if got is not None:
+            conv, perm = got
+            return pattern_ones(conv, dtype), perm
+    return pattern_ones(P, dtype), None
+
+
+def values_from_factor(P: Storage, Q: Storage, perm: Optional[torch.Tensor], R: Storage,
+                       vals: torch.Tensor) -> torch.Tensor:
+    """A gradient einsum's result ``R`` (values ``vals``), run with pattern factor ``Q``, as
+    values at ``P``'s positions."""
+    if perm is not None and shares_arrays(Q, R):
+        return torch.zeros(P.nnz, dtype=vals.dtype).index_copy(0, perm, vals)
+    return values_on_pattern(P, R, vals)
 
 
 def reformat_cache_info() -> Dict[str, int]:
