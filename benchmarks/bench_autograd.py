@@ -11,6 +11,12 @@ implementations in turns and prints medians and ratios. Variants: ``fixed`` (the
 adjacency is data: gradients for W1, W2 and through A @ .) and ``learned`` (the adjacency's
 values are a parameter too: its gradient is an SDDMM on A's pattern). Not part of ``pytest
 tests``.
+
+Two OpenMP runtimes share the process: torch's bundled libgomp and the system libgomp the
+generated kernels link. Their idle workers spin, so alternating torch ops and scorch
+kernels on 2 threads of a busy 2-core machine stalls for a scheduler slice (~130 ms steps
+where 1-2 ms is right, for both implementations). ``OMP_WAIT_POLICY=PASSIVE`` (set before
+the run) removes the stalls; the numbers are reported both ways.
 """
 from __future__ import annotations
 
