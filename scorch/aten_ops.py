@@ -6,14 +6,14 @@ import torch
 
 from . import constructors
 from ._dispatch import register_aten
-from .tensor_type import SparseTensor, clone_sparse, with_values
+from .tensor_type import SparseTensor, carry_grad_flag, clone_sparse, with_values
 
 aten = torch.ops.aten
 
 
 @register_aten(aten.detach.default, aten.alias.default)
 def _detach(t):
-    return SparseTensor(t._storage)
+    return carry_grad_flag(t, SparseTensor(t._storage))
 
 
 @register_aten(aten.clone.default)

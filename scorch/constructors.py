@@ -86,9 +86,12 @@ def sparse_tensor(data: Any, size: Optional[Sequence[int]] = None, format: Forma
     to one more than the largest coordinate in each dimension."""
     _check_dtype_arg(dtype)
     st = None
+    source = None   # the tensor the result is differentiable in (values / dense data)
     if isinstance(data, tuple) and len(data) == 2 and not isinstance(data, torch.Size):
         indices, values = data
-        st = _from_coordinates(indices, values, size, format, dtype)
+        st = _from_coordinates(indices, values.detach() if isinstance(values, torch.Tensor)
+                               else values, size, format, dtype)
+        source = values
     elif isinstance(data, SparseTensor):
         st = data._storage
     elif isinstance(data, torch.Tensor) and data.layout in _TORCH_SPARSE_LAYOUTS:
@@ -109,6 +112,7 @@ def sparse_tensor(data: Any, size: Optional[Sequence[int]] = None, format: Forma
         _check_dtype(data.dtype, "data")
         fmt = as_format("coo" if format is None else format, data.dim())
         st = _convert().from_dense(data.detach(), fmt)
+        source = data
     else:
         if size is not None and _check_size(size) != tuple(st.shape):
             raise ValueError(f"size {tuple(size)} disagrees with the data's shape {tuple(st.shape)}")
@@ -119,7 +123,21 @@ def sparse_tensor(data: Any, size: Optional[Sequence[int]] = None, format: Forma
         if dtype is not None and dtype != st.dtype:
             from .tensor_type import with_values
             st = with_values(SparseTensor(st), st.values.to(dtype))._storage
+    if not requires_grad and isinstance(source, torch.Tensor) and torch.is_grad_enabled() \
+            and source.requires_grad:
+        return _differentiable(st, data, source)
     return SparseTensor(st, requires_grad)
+
+
+def _differentiable(st, data, source: torch.Tensor) -> SparseTensor:
+    """The new tensor as a function of ``source`` (like torch.sparse_coo_tensor)."""
+    from .gradients import values as grad_values
+    if isinstance(data, tuple):
+        indices = data[0]
+        if not isinstance(indices, torch.Tensor):
+            indices = torch.as_tensor(indices)
+        return grad_values.from_coordinates(st, indices, source)
+    return grad_values.from_dense(st, source)
 
 
 def _from_coordinates(indices, values, size, format, dtype):

@@ -70,11 +70,17 @@ class SparseTensor(torch.Tensor):
         return self._storage.index_dtype
 
     @property
-    def is_sparse(self) -> bool:  # torch's flag; True for every scorch format with a sparse level
-        return self._storage.format.is_sparse
+    def is_sparse(self) -> bool:
+        """torch's flag; True for every scorch format with a sparse level, except for a
+        gradient on its tensor's own pattern: that is the (dense) gradient of the stored
+        values, which optimizers that refuse torch's sparse gradients (Adam) can take."""
+        return self._storage.format.is_sparse and not self.__dict__.get("_values_grad", False)
 
     def values(self) -> torch.Tensor:
-        """Stored values in storage order (1-d), sharing memory with the tensor."""
+        """Stored values in storage order (1-d), sharing memory with the tensor;
+        differentiable when the tensor requires grad."""
+        if _grad_enabled() and _any_requires_grad(self):
+            return _AUTOGRAD["values"](self)
         return self._storage.values
 
     def indices(self) -> torch.Tensor:
@@ -82,7 +88,10 @@ class SparseTensor(torch.Tensor):
         return _convert_module().coords(self._storage)
 
     def to_dense(self, dtype: Optional[torch.dtype] = None, *, masked_grad=None) -> torch.Tensor:
-        out = _convert_module().to_dense(self._storage)
+        if _grad_enabled() and _any_requires_grad(self):
+            out = _AUTOGRAD["to_dense"](self)
+        else:
+            out = _convert_module().to_dense(self._storage)
         return out if dtype is None else out.to(dtype)
 
     def to_format(self, format: FormatLike) -> "SparseTensor":
@@ -90,7 +99,9 @@ class SparseTensor(torch.Tensor):
         fmt = as_format(format, self.dim())
         if fmt == self._storage.format:
             return self
-        return SparseTensor(_convert_module().convert(self._storage, fmt), self.requires_grad)
+        if _grad_enabled() and _any_requires_grad(self):
+            return _AUTOGRAD["to_format"](self, fmt)   # differentiable: a permutation of values
+        return SparseTensor(_convert_module().convert(self._storage, fmt))
 
     def to_torch(self) -> torch.Tensor:
         """The torch layout that matches the format (COO, CSR, CSC, BSR, BSC); arrays are
@@ -165,7 +176,28 @@ class SparseTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func not in _GRAD_SAFE and _grad_enabled() and _any_requires_grad(*args):
+            # autograd recorded torch's derivative formula for this op, which would hand a
+            # sparse input a dense gradient: no silent wrong graph
+            raise RuntimeError(
+                f"scorch: '{func.overloadpacket.__name__}' on a sparse tensor that requires "
+                f"grad has no sparse backward; wrap it in torch.no_grad(), .detach() the "
+                f"input, or use a differentiable scorch op (einsum, to_dense, values)")
         return _dispatch.aten_fallback(cls, func, args, kwargs or {})
+
+
+# --- autograd ------------------------------------------------------------------------------
+_grad_enabled = torch.is_grad_enabled
+_any_requires_grad = torch._C._any_requires_grad
+#: the differentiable forms of values / to_dense / to_format / permute, installed by
+#: ``scorch.gradients.values`` (which imports this module, so this one cannot import it)
+_AUTOGRAD: dict = {}
+_aten = torch.ops.aten
+#: ATen ops whose autograd formula is right for a sparse operand (views, copies, casts,
+#: metadata, and adding gradients of one pattern)
+_GRAD_SAFE = {_aten.detach.default, _aten.alias.default, _aten.clone.default,
+              _aten._to_copy.default, _aten._nnz.default, _aten.is_same_size.default,
+              _aten.add.Tensor, _aten.add_.Tensor, _aten.zeros_like.default}
 
 
 def _rebuild(fmt, shape, arrays, values, requires_grad):
@@ -189,8 +221,16 @@ def clone_sparse(t: SparseTensor) -> SparseTensor:
                     None if lv.pos is None else lv.pos.clone(),
                     None if lv.crd is None else lv.crd.clone(), lv.block_inner)
               for lv in st.levels]
-    return SparseTensor(Storage(st.format, st.shape, levels, st.values.clone(), st.index_dtype),
-                        t.requires_grad)
+    out = SparseTensor(Storage(st.format, st.shape, levels, st.values.clone(), st.index_dtype),
+                       t.requires_grad)
+    return carry_grad_flag(t, out)
+
+
+def carry_grad_flag(src: SparseTensor, dst: SparseTensor) -> SparseTensor:
+    """A copy or view of a gradient on its tensor's pattern is one too (``is_sparse``)."""
+    if src.__dict__.get("_values_grad"):
+        dst._values_grad = True
+    return dst
 
 
 def with_values(t: SparseTensor, values: torch.Tensor) -> SparseTensor:
@@ -223,4 +263,6 @@ def permute_view(t: SparseTensor, dims: Sequence[int]) -> SparseTensor:
     st = t._storage
     if st.format.block is not None:
         raise NotImplementedError("permute of a blocked sparse tensor: convert it first")
-    return SparseTensor(st.permuted(dims), t.requires_grad)
+    if _grad_enabled() and _any_requires_grad(t):
+        return _AUTOGRAD["from_values"](st.permuted(dims), t.values())   # same values, new view
+    return SparseTensor(st.permuted(dims))

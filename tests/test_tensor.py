@@ -118,7 +118,9 @@ def test_unsupported_op_runs_dense_with_a_warning():
         out = torch.cumsum(s, 0)
     assert torch.equal(out, torch.cumsum(x, 0))
     with pytest.raises(RuntimeError, match="in-place"):
-        s.exp_()   # mul_ keeps the pattern and is supported (sparse_ops.elementwise)
+        s.exp_()
+    s.mul_(2)   # zero-preserving in-place ops update the stored values
+    assert torch.equal(s.to_dense(), 2 * x)
 
 
 @pytest.mark.parametrize("bad,match", [

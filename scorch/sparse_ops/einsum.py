@@ -42,6 +42,8 @@ def _equation_and_operands(args):
 
 
 _compiler_module = None
+_grad_enabled = torch.is_grad_enabled
+_any_requires_grad = torch._C._any_requires_grad
 
 
 def _compiler():
@@ -58,11 +60,18 @@ def _compiler():
 def einsum(*args: Any, out_format: Optional[FormatLike] = None) -> torch.Tensor:
     """torch.einsum over any mix of dense and sparse operands, compiled into one kernel.
 
-    With only dense operands (and no ``out_format``) this is ``torch.einsum``."""
+    With only dense operands (and no ``out_format``) this is ``torch.einsum``. In grad mode,
+    with an operand that requires grad, the result is differentiable in every operand
+    (``scorch.gradients``); a sparse operand's gradient lives on its pattern."""
     if args and type(args[0]) is str and not (len(args) == 2 and isinstance(args[1], (list, tuple))):
         equation, operands = args[0], args[1:]
     else:
         equation, operands = _equation_and_operands(args)
+    if _grad_enabled() and _any_requires_grad(*operands):
+        # the graph goes through the Function (a SparseTensor's .requires_grad is a Python
+        # __torch_function__ call, ~3 us; this C check reads every operand's flag in ~0.3 us)
+        from ..gradients.functions import einsum as differentiable_einsum
+        return differentiable_einsum(equation, *operands, out_format=out_format)
     compiler = _compiler_module or _compiler()
     if out_format is None:
         # a warm call, whole, in C (tensor_compiler.fastcall): NotImplemented where it declines

@@ -1,0 +1,222 @@
+"""The gradient of ``C = einsum(eq, *operands)`` with respect to each operand, as another
+einsum of ``grad_C`` with the other operands, which the same compiler runs.
+
+For operand ``n`` indexed by ``idx_n`` the gradient is ``sum grad_C(out) * prod_{m != n}
+op_m(idx_m)`` over every variable not in ``idx_n``. Around that product:
+
+* a dense operand's gradient is dense: the einsum produces the variables of ``idx_n`` that
+  occur elsewhere; variables only ``idx_n`` has (summed in the forward) are broadcast back,
+  broadcast size-1 dimensions are summed out (their variable is not produced), and a
+  repeated variable (a diagonal, ``"ii->i"``) is written into the diagonal of zeros;
+* a sparse operand's gradient lives on its pattern: the pattern (all-one values) is one
+  more factor over ``idx_n``, so the kernel evaluates the product only at stored entries
+  (for ``A @ X`` an SDDMM) and the output shares the operand's level arrays.
+
+``GradientPlan`` holds the equation algebra (pure, cached per equation and shapes);
+``operand_gradient`` runs it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..level_storage import Storage
+from ..tensor_compiler.index_notation import parse_einsum
+from ..tensor_type import SparseTensor
+from . import pattern as _pattern
+from .values import from_values, values_of
+
+__all__ = ["GradientPlan", "gradient_plan", "operand_gradient", "dense_to_pattern"]
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+@dataclass(frozen=True)
+class GradientPlan:
+    """How to get operand ``n``'s gradient. Terms are einsum subscripts (letters).
+
+    ``grad_term`` indexes grad_C, ``other_terms`` the other operands (in ``others`` order);
+    a sparse operand adds ``pattern_term`` (its own subscripts, broadcast dims renamed) as
+    the first factor and produces it. A dense operand produces ``result_term`` and
+    ``result_vars``, then ``dims`` says, per dimension, the produced variable it takes, or
+    None (broadcast size 1 or a variable the einsum does not produce: expanded)."""
+    n: int
+    sparse: bool
+    grad_term: str
+    others: Tuple[int, ...]
+    other_terms: Tuple[str, ...]
+    pattern_term: str
+    result_term: str
+    dims: Tuple[Optional[str], ...]   # per dimension of the operand: its letter (None: size 1)
+    repeated: bool                    # a letter repeats in the operand (diagonal)
+
+    def equation(self, with_pattern: bool = True) -> str:
+        terms = ([self.pattern_term] if self.sparse and with_pattern else []) + \
+            [self.grad_term] + list(self.other_terms)
+        return ",".join(terms) + "->" + (self.pattern_term if self.sparse else self.result_term)
+
+
+@lru_cache(maxsize=4096)
+def gradient_plan(equation: str, shapes: Tuple[Tuple[int, ...], ...], n: int,
+                  sparse: bool) -> GradientPlan:
+    """The gradient einsum of operand ``n`` of ``equation`` for operands of ``shapes``."""
+    spec = parse_einsum(equation, shapes)
+    out = spec.assignment.output
+    op_idx = spec.operand_indices
+    names: Dict[str, str] = {}
+    used = {v for idx in op_idx for v in idx if not v.startswith("_")}
+    free = [c for c in _LETTERS if c not in used]
+
+    def letter(v: str) -> str:
+        if not v.startswith("_"):
+            return v
+        if v not in names:
+            if not free:
+                raise RuntimeError(f"einsum gradient of {equation!r}: more than 52 indices")
+            names[v] = free.pop(0)
+        return names[v]
+    idx_n = op_idx[n]
+    bcast = set(spec.broadcast[n])
+    others = tuple(m for m in range(len(op_idx)) if m != n)
+    grad_term = "".join(letter(v) for v in out)
+    other_terms = tuple("".join(letter(v) for v in op_idx[m]) for m in others)
+    repeated = len(set(idx_n)) != len(idx_n)
+    if sparse:
+        if repeated:
+            raise NotImplementedError(
+                f"einsum gradient of {equation!r}: operand {n} is sparse and repeats a "
+                f"subscript (a diagonal of a sparse tensor); take the diagonal first")
+        term = []
+        for d, v in enumerate(idx_n):
+            if d in bcast:   # a size-1 dimension that broadcast: its own (summed) index
+                if not free:
+                    raise RuntimeError(f"einsum gradient of {equation!r}: more than 52 indices")
+                term.append(free.pop(0))
+            else:
+                term.append(letter(v))
+        pattern_term = "".join(term)
+        return GradientPlan(n, True, grad_term, others, other_terms, pattern_term, "",
+                            tuple(pattern_term), repeated)
+    present = set(out) | {v for m in others for v in op_idx[m]}
+    result: List[str] = []
+    dims: List[Optional[str]] = []
+    for d, v in enumerate(idx_n):
+        if d in bcast or v not in present:
+            dims.append(None if d in bcast else "+" + letter(v))   # "+x": expand to x's size
+            continue
+        if letter(v) not in result:
+            result.append(letter(v))
+        dims.append(letter(v))
+    return GradientPlan(n, False, grad_term, others, other_terms, "", "".join(result),
+                        tuple(dims), repeated)
+
+
+def dense_to_pattern(C: Storage, grad: torch.Tensor) -> SparseTensor:
+    """A dense gradient of a sparse result, on the result's pattern: entries outside the
+    pattern are structurally zero (they do not depend on the inputs)."""
+    from .._runtime import convert
+    coords = convert.coords(C)
+    vals = grad[tuple(coords)] if C.ndim else grad.reshape(1).expand(C.nnz)
+    return from_values(C, vals.to(C.dtype))
+
+
+def _sizes(plan: GradientPlan, grad, operands) -> Dict[str, int]:
+    sizes: Dict[str, int] = {}
+    for term, x in [(plan.grad_term, grad)] + [(t, operands[m]) for t, m in
+                                               zip(plan.other_terms, plan.others)]:
+        for c, s in zip(term, x.shape):
+            if sizes.get(c, 1) == 1:
+                sizes[c] = int(s)
+    return sizes
+
+
+def full_gradient(R, dims: Sequence[Optional[Tuple[str, str]]], result_vars: Sequence[str],
+                  sizes: Dict[str, int], shape: Tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A dense operand's whole gradient from a result ``R`` over ``result_vars``.
+
+    ``dims[d]`` is ``("var", v)`` (the dimension takes produced variable ``v``),
+    ``("expand", v)`` (a variable the result does not have: broadcast to its size) or None
+    (a broadcast size-1 dimension)."""
+    if isinstance(R, SparseTensor):
+        R = R.to_dense()
+    R = R.to(dtype)
+    # (a produced variable can have size 1 where the operand's dimension is bigger: the
+    # other operand that carries it broadcast, so the gradient does too)
+    if all(d is not None and d[0] == "var" for d in dims) and \
+            len(set(d[1] for d in dims)) == len(dims):
+        return R if tuple(R.shape) == tuple(shape) else R.expand(shape)
+    if len(set(d[1] for d in dims if d is not None and d[0] == "var")) == \
+            len([d for d in dims if d is not None and d[0] == "var"]):
+        view = [R.shape[result_vars.index(d[1])] if d is not None and d[0] == "var" else 1
+                for d in dims]
+        return R.reshape(view).expand(shape)
+    # a diagonal: zeros, and the result written where the repeated subscripts agree
+    if any(d is not None and d[0] == "expand" for d in dims):
+        raise NotImplementedError("gradient of a diagonal together with an index only it has")
+    Z = torch.zeros(shape, dtype=dtype)
+    strides = {v: 0 for v in result_vars}
+    for k, d in enumerate(dims):
+        if d is not None:
+            strides[d[1]] += Z.stride(k)
+    Z.as_strided([sizes[v] for v in result_vars], [strides[v] for v in result_vars]).copy_(R)
+    return Z
+
+
+def _dense_result(plan: GradientPlan, R, grad, operands, shape, dtype) -> torch.Tensor:
+    sizes = _sizes(plan, grad, operands)
+    dims = [None if c is None else (("expand", c[1:]) if c.startswith("+") else ("var", c))
+            for c in plan.dims]
+    return full_gradient(R, dims, list(plan.result_term), sizes, shape, dtype)
+
+
+def operand_gradient(plan: GradientPlan, einsum: Callable, grad, operands: Sequence,
+                     prepare: Callable = None):
+    """Run ``plan`` for ``grad`` (grad_C) and the forward's ``operands``: a dense tensor, or
+    a SparseTensor with operand ``n``'s pattern and format."""
+    x = operands[plan.n]
+    others = [operands[m] for m in plan.others]
+    if not plan.sparse:
+        eq = plan.equation()
+        ops = [grad] + others
+        if prepare is not None:
+            ops = prepare(eq, ops)
+        # a dense operand's gradient is dense: asked for as such, the compiler writes it in
+        # place instead of assembling a sparse result through a workspace
+        sparse = plan.result_term and any(isinstance(o, SparseTensor) for o in ops)
+        R = einsum(eq, *ops, out_format="d" * len(plan.result_term)) if sparse \
+            else einsum(eq, *ops)
+        return _dense_result(plan, R, grad, operands, tuple(x.shape), x.dtype)
+    P = x._storage
+    # a factor already on P's pattern (grad_C of a pattern-preserving op, an operand that
+    # is P itself) does the pattern factor's job
+    terms = [plan.grad_term] + list(plan.other_terms)
+    factors = [grad] + others
+    merged = False
+    for k, (t, f) in enumerate(zip(terms, factors)):
+        if t == plan.pattern_term and isinstance(f, SparseTensor) and \
+                _pattern.shares_arrays(P, f._storage):
+            merged = True
+            break
+    dtype = torch.promote_types(grad.dtype, x.dtype)
+    for f in others:
+        dtype = torch.promote_types(dtype, f.dtype)
+    Q, perm = P, None
+    if merged:
+        eq = plan.equation(with_pattern=False)
+        ops = factors
+    else:
+        eq = plan.equation()
+        Q, perm = _pattern.pattern_factor(P, dtype)
+        ops = [SparseTensor(Q)] + factors
+    R = einsum(eq, *ops)
+    if not isinstance(R, SparseTensor):   # a dense result (e.g. every factor dense and small)
+        return dense_to_pattern(P, R.to(x.dtype))
+    if _pattern.shares_arrays(P, R._storage):
+        vals = values_of(R)
+    else:
+        vals = _pattern.values_from_factor(P, Q, perm, R._storage, values_of(R))
+    return from_values(P, vals.to(x.dtype))
+

@@ -1,0 +1,176 @@
+"""The ``torch.autograd.Function``s of the compiler's entry points: ``einsum`` and
+``compute`` (index-notation assignments). Their backward passes are more einsums/compute
+calls through the same compiler (``einsum_grad``, ``expr_grad``), made with the
+differentiable entry points below, so double backward works wherever the pieces do.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+
+from ..formats import Format, FormatLike
+from ..level_storage import Storage
+from ..tensor_compiler.index_notation import Assignment
+from ..tensor_type import SparseTensor, _TORCH_SPARSE_LAYOUTS
+from . import einsum_grad, expr_grad
+from . import pattern as _pattern
+from .values import mark_gradient
+
+__all__ = ["einsum", "compute", "needs_graph"]
+
+_compiler_module = None
+
+
+def _compiler():
+    global _compiler_module
+    if _compiler_module is None:
+        from .. import tensor_compiler
+        tensor_compiler.set_sparse_tensor_type(SparseTensor)
+        _compiler_module = tensor_compiler
+    return _compiler_module
+
+
+def _wrap(result):
+    return SparseTensor(result) if type(result) is Storage else result
+
+
+def needs_graph(operands: Sequence[Any]) -> bool:
+    """Grad mode is on and some operand requires grad."""
+    return torch.is_grad_enabled() and torch._C._any_requires_grad(*operands)
+
+
+def _check_operands(what: str, operands) -> None:
+    for n, x in enumerate(operands):
+        if isinstance(x, torch.Tensor) and not isinstance(x, SparseTensor) and \
+                x.layout in _TORCH_SPARSE_LAYOUTS and x.requires_grad:
+            raise NotImplementedError(
+                f"{what}: operand {n} is a torch {x.layout} tensor that requires grad; its "
+                f"gradient cannot flow back through scorch. Use scorch.sparse_tensor(x, "
+                f"requires_grad=True) instead")
+
+
+# --- the transposes a gradient kernel reads, kept on the tensor -----------------------------
+
+def _output_first(equation: str, ops: list) -> list:
+    """A dense operand's gradient einsum (``A^T @ grad_C`` for SpMM) reads a sparse operand
+    whose outer stored level is summed: left as it is, the kernel scatters into the output
+    (a workspace per row of the sum). The operand is handed over re-formatted instead, its
+    output-indexed dimensions stored first (CSR -> CSC for ``A^T``), so the kernel walks it
+    concordantly and writes each output row once; ``pattern.reformatted`` keeps the
+    converted pattern and the permutation of positions, so a later backward step only
+    gathers the current values (no transpose rebuilt per step)."""
+    lhs, out = equation.split("->")
+    terms = lhs.split(",")
+    new = None
+    for n, (term, x) in enumerate(zip(terms, ops)):
+        if not isinstance(x, SparseTensor) or x._storage.ndim < 2:
+            continue
+        fmt = x._storage.format
+        if fmt.block is not None or term[fmt.mode_order[0]] in out:
+            continue
+        first = sorted((d for d in range(len(term)) if term[d] in out), key=lambda d: out.index(term[d]))
+        if not first:
+            continue
+        order = tuple(first) + tuple(d for d in fmt.mode_order if d not in first)
+        if new is None:
+            new = list(ops)
+        target = Format(fmt.levels, order)
+        if needs_graph((x,)):   # double backward through x: the differentiable conversion
+            new[n] = x.to_format(target)
+        else:
+            new[n] = SparseTensor(_pattern.reformatted(x._storage, target))
+    return ops if new is None else new
+
+
+# --- einsum ---------------------------------------------------------------------------------
+
+def _raw_einsum(equation: str, operands: Sequence, out_format: Optional[FormatLike]):
+    return _wrap(_compiler().einsum(equation, *operands, out_format=out_format))
+
+
+class EinsumFunction(torch.autograd.Function):
+    """``C = einsum(equation, *operands)``; backward: one gradient einsum per operand that
+    needs one (``einsum_grad``)."""
+
+    @staticmethod
+    def forward(ctx, equation: str, out_format, *operands):
+        out = _raw_einsum(equation, operands, out_format)
+        ctx.equation = equation
+        ctx.shapes = tuple(tuple(int(s) for s in x.shape) for x in operands)
+        ctx.out_pattern = out._storage if isinstance(out, SparseTensor) else None
+        ctx.save_for_backward(*operands)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        operands = ctx.saved_tensors
+        if ctx.out_pattern is not None and not isinstance(grad, SparseTensor):
+            grad = einsum_grad.dense_to_pattern(ctx.out_pattern, grad)
+        grads = [None, None]
+        for n, x in enumerate(operands):
+            if not ctx.needs_input_grad[n + 2]:
+                grads.append(None)
+                continue
+            plan = einsum_grad.gradient_plan(ctx.equation, ctx.shapes, n,
+                                             isinstance(x, SparseTensor))
+            grads.append(mark_gradient(einsum_grad.operand_gradient(plan, einsum, grad,
+                                                                    operands, _output_first)))
+        return tuple(grads)
+
+
+def einsum(equation: str, *operands, out_format: Optional[FormatLike] = None) -> torch.Tensor:
+    """``scorch.einsum(equation, *operands)`` (equation form), differentiable in every
+    operand when grad mode is on."""
+    if needs_graph(operands):
+        _check_operands("einsum", operands)
+        if out_format is None and not any(isinstance(x, SparseTensor) or x.layout in
+                                          _TORCH_SPARSE_LAYOUTS for x in operands
+                                          if isinstance(x, torch.Tensor)):
+            return torch.einsum(equation, *operands)   # dense: torch's own autograd
+        return EinsumFunction.apply(equation, out_format, *operands)
+    return _raw_einsum(equation, operands, out_format)
+
+
+# --- compute (index-notation assignments) ---------------------------------------------------
+
+def _raw_compute(assignment: Assignment, operands: Sequence, out_format):
+    return _wrap(_compiler().compute(assignment, *operands, out_format=out_format))
+
+
+class ComputeFunction(torch.autograd.Function):
+    """``out = compute(assignment, *operands)`` with the product/sum rule per access
+    (``expr_grad``)."""
+
+    @staticmethod
+    def forward(ctx, assignment: Assignment, out_format, *operands):
+        out = _raw_compute(assignment, operands, out_format)
+        ctx.assignment = assignment
+        ctx.out_pattern = out._storage if isinstance(out, SparseTensor) else None
+        ctx.save_for_backward(*operands)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        operands = ctx.saved_tensors
+        if ctx.out_pattern is not None and not isinstance(grad, SparseTensor):
+            grad = einsum_grad.dense_to_pattern(ctx.out_pattern, grad)
+        grads = [None, None]
+        for n, x in enumerate(operands):
+            if not ctx.needs_input_grad[n + 2]:
+                grads.append(None)
+                continue
+            grads.append(mark_gradient(
+                expr_grad.operand_gradient(ctx.assignment, n, grad, operands, compute)))
+        return tuple(grads)
+
+
+def compute(assignment: Assignment, *operands, out_format: Optional[FormatLike] = None):
+    """``scorch.tensor_compiler.compute`` for the op layer: runs an index-notation
+    assignment (elementwise ``Mul``/``Add``/``Sub``/``Neg``/``Scalar`` expressions with
+    einsum-style sums), differentiable in every operand when grad mode is on; sparse results
+    are SparseTensors."""
+    if needs_graph(operands):
+        _check_operands("compute", operands)
+        return ComputeFunction.apply(assignment, out_format, *operands)
+    return _raw_compute(assignment, operands, out_format)

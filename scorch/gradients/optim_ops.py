@@ -1,0 +1,181 @@
+"""Values-level ATen ops for sparse tensors of one pattern: what gradient accumulation
+(``grad += new_grad``) and torch optimizers (SGD, Adam, AdamW: ``zeros_like``, ``add_``,
+``mul_``, ``lerp_``, ``addcmul_``, ``addcdiv_``, ``sqrt``, ``div``, ``maximum`` and their
+``_foreach_`` forms) call on a sparse parameter, its gradient and its state.
+
+Every sparse operand must have the same pattern (checked cheaply: the same level arrays, or
+equal ones); then the op runs on the value arrays and the result keeps the pattern. An
+in-place op updates the stored values and never changes the pattern (``p.add_(eps)`` adds
+to stored entries only, as the optimizer state lives on the pattern). Out-of-place ``add``
+and ``sub`` of two different patterns take the union through the compiler; any other
+mismatch is a RuntimeError naming the op.
+"""
+from __future__ import annotations
+
+from typing import Any, List
+
+import torch
+
+from .._dispatch import register_aten
+from ..level_storage import Storage
+from ..tensor_type import SparseTensor
+from . import pattern as _pattern
+
+aten = torch.ops.aten
+
+__all__: List[str] = []
+
+
+def _pattern_of(name: str, args) -> Storage:
+    for a in args:
+        if isinstance(a, SparseTensor):
+            return a._storage
+    raise RuntimeError(f"scorch: {name}: no sparse operand")
+
+
+def _values(name: str, P: Storage, x: Any, k: int):
+    """Operand ``k`` as the value-array op sees it."""
+    if isinstance(x, SparseTensor):
+        st = x._storage
+        if not _pattern.same_pattern(P, st):
+            raise RuntimeError(
+                f"scorch: {name}: operand {k} has a different sparsity pattern than the first "
+                f"sparse operand (values-level ops need one pattern; convert or union first)")
+        return st.values
+    if isinstance(x, torch.Tensor) and x.dim() > 0 and x.numel() != 1:
+        raise RuntimeError(
+            f"scorch: {name}: operand {k} is a dense tensor of shape {tuple(x.shape)}; mixing a "
+            f"sparse tensor with a dense one in '{name}' is not supported (use .to_dense())")
+    return x.reshape(()) if isinstance(x, torch.Tensor) and x.dim() > 0 else x
+
+
+def _values_op(op, inplace: bool):
+    name = op.__name__.split(".")[0]
+
+    def handler(*args, **kwargs):
+        P = _pattern_of(name, args)
+        vals = [_values(name, P, a, k) for k, a in enumerate(args)]
+        kw = {k: (_values(name, P, v, k) if isinstance(v, torch.Tensor) else v)
+              for k, v in kwargs.items() if k != "memory_format"}
+        out = op(*vals, **kw)
+        if inplace:
+            return args[0]
+        if isinstance(out, torch.Tensor) and out.dim() == 1 and out.numel() == P.nnz:
+            return SparseTensor(_pattern.with_pattern_values(P, out))
+        return out
+    handler.__name__ = f"sparse_{name}"
+    return handler
+
+
+_INPLACE = [aten.add_.Tensor, aten.add_.Scalar, aten.sub_.Tensor, aten.sub_.Scalar,
+            aten.mul_.Tensor, aten.mul_.Scalar, aten.div_.Tensor, aten.div_.Scalar,
+            aten.addcmul_.default, aten.addcdiv_.default, aten.lerp_.Scalar, aten.lerp_.Tensor,
+            aten.sqrt_.default, aten.neg_.default, aten.zero_.default, aten.clamp_min_.default]
+# out-of-place: zero-preserving on one pattern (values-level = the dense result's stored part)
+_OUT_OF_PLACE = [aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar,
+                 aten.addcmul.default, aten.addcdiv.default, aten.lerp.Scalar, aten.lerp.Tensor,
+                 aten.sqrt.default, aten.neg.default, aten.maximum.default, aten.square.default,
+                 aten.abs.default, aten.sign.default]
+
+for _op in _INPLACE:
+    register_aten(_op)(_values_op(_op, True))
+for _op in _OUT_OF_PLACE:
+    register_aten(_op)(_values_op(_op, False))
+
+
+@register_aten(aten.maximum.out)
+def _maximum_out(a, b, *, out):
+    """``torch.maximum(a, b, out=out)`` (AMSGrad's running maximum) on one pattern."""
+    P = _pattern_of("maximum", (a, b, out))
+    va, vb, vo = (_values("maximum", P, x, k) for k, x in enumerate((a, b, out)))
+    torch.maximum(va, vb, out=vo)
+    return out
+
+
+@register_aten(aten.zeros_like.default)
+def _zeros_like(t, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    if layout is not None and layout is not torch.strided:
+        raise RuntimeError(f"scorch: zeros_like: layout {layout} of a sparse tensor")
+    st = t._storage
+    vals = torch.zeros_like(st.values, dtype=dtype)
+    return SparseTensor(_pattern.with_pattern_values(st, vals))
+
+
+def _add_like(sign: float):
+    op = aten.add.Tensor if sign > 0 else aten.sub.Tensor
+    name = "add" if sign > 0 else "sub"
+
+    def handler(a, b, alpha=1):
+        if isinstance(a, SparseTensor) and isinstance(b, SparseTensor) and \
+                not _pattern.same_pattern(a._storage, b._storage):
+            return _union_add(a, b, sign * alpha)
+        P = _pattern_of(name, (a, b))
+        if not (isinstance(a, SparseTensor) and isinstance(b, SparseTensor)):
+            raise RuntimeError(
+                f"scorch: {name} of a sparse and a {'dense' if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else 'scalar'} "
+                f"operand is not zero-preserving; use .to_dense() (or the in-place form, "
+                f"which updates stored values only)")
+        out = op(a._storage.values, b._storage.values, alpha=alpha)
+        res = SparseTensor(_pattern.with_pattern_values(P, out))
+        if a.__dict__.get("_values_grad") or b.__dict__.get("_values_grad"):
+            res._values_grad = True
+        return res
+    return handler
+
+
+def _union_add(a: SparseTensor, b: SparseTensor, scale: float) -> SparseTensor:
+    """``a + scale * b`` of two patterns: their union, through the compiler."""
+    from .. import tensor_compiler
+    from ..tensor_compiler.index_notation import Access, Assignment
+    if tuple(a.shape) != tuple(b.shape):
+        raise RuntimeError(f"scorch: add: shapes {tuple(a.shape)} and {tuple(b.shape)} differ")
+    idx = tuple(f"i{d}" for d in range(a.dim()))
+    expr = Access(0, idx) + float(scale) * Access(1, idx)
+    st = tensor_compiler.compute(Assignment(idx, expr), a._storage, b._storage,
+                                 out_format=a._storage.format)
+    return SparseTensor(st) if isinstance(st, Storage) else st
+
+
+register_aten(aten.add.Tensor)(_add_like(1.0))
+register_aten(aten.sub.Tensor)(_add_like(-1.0))
+
+
+# --- _foreach_ forms: the single op per element ------------------------------------------
+
+def _foreach(packet_name: str, inplace: bool):
+    single = getattr(aten, packet_name, None)
+    if single is None:   # no in-place single op (maximum_): compute, then copy into place
+        plain = getattr(aten, packet_name.rstrip("_"))
+
+        def single(x, *rest, **kw):
+            return x.copy_(plain(x, *rest, **kw))
+
+    takes_value = packet_name.rstrip("_") in ("addcmul", "addcdiv")
+
+    def handler(*args, **kwargs):
+        args = list(args)
+        if takes_value and len(args) == 4:   # the foreach form's positional value(s)
+            kwargs = dict(kwargs, value=args.pop())
+        n = len(args[0])
+        per_element = [isinstance(a, (list, tuple)) for a in args]
+        kw_lists = {k for k, v in kwargs.items()
+                    if isinstance(v, (list, tuple)) or (isinstance(v, torch.Tensor) and v.dim() == 1)}
+        outs = []
+        for i in range(n):
+            call = [a[i] if each else a for a, each in zip(args, per_element)]
+            kw = {k: (v[i].item() if isinstance(v, torch.Tensor) else v[i]) if k in kw_lists else v
+                  for k, v in kwargs.items()}
+            outs.append(single(*call, **kw))
+        return None if inplace else outs
+    return handler
+
+
+for _name in ["add", "sub", "mul", "div", "addcmul", "addcdiv", "lerp", "sqrt", "neg",
+              "maximum", "zero"]:
+    for _inplace in (False, True):
+        _fname = f"_foreach_{_name}" + ("_" if _inplace else "")
+        _packet = getattr(aten, _fname, None)
+        if _packet is None:
+            continue
+        for _ov in _packet.overloads():
+            register_aten(getattr(_packet, _ov))(_foreach(_name + ("_" if _inplace else ""), _inplace))

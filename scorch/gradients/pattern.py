@@ -1,0 +1,220 @@
+"""A sparse operand's pattern in gradient computations.
+
+The gradient with respect to a sparse tensor is the gradient of its stored values, so it
+lives on the tensor's pattern: same level arrays, new values. These helpers build pattern
+factors (the pattern with all-one values, multiplied into a gradient einsum so the compiler
+evaluates it only at stored entries), place a sparse result's values at a pattern's
+positions when the compiler did not produce the pattern itself, and keep the re-formatted
+(e.g. transposed) pattern of a tensor across backward steps: the pattern never changes, so
+only the permutation of positions is kept and the current values are gathered through it.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from ..formats import Format, LevelKind
+from ..level_storage import Storage
+
+__all__ = ["pattern_ones", "pattern_factor", "same_pattern", "shares_arrays",
+           "values_on_pattern", "values_from_factor", "with_pattern_values", "reformatted",
+           "reformat_cache_info"]
+
+
+def _convert():
+    from .._runtime import convert
+    return convert
+
+
+def _arrays(st: Storage) -> tuple:
+    return tuple(a for lv in st.levels for a in (lv.pos, lv.crd))
+
+
+def same_pattern(a: Storage, b: Storage) -> bool:
+    """Same format, shape and level arrays (the same objects, or equal contents)."""
+    if a is b:
+        return True
+    if a.format != b.format or a.shape != b.shape or a.nnz != b.nnz:
+        return False
+    for x, y in zip(_arrays(a), _arrays(b)):
+        if x is y:
+            continue
+        if x is None or y is None:
+            return False
+        if x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.dtype == y.dtype:
+            continue
+        if x.shape != y.shape or not torch.equal(x.to(torch.int64), y.to(torch.int64)):
+            return False
+    return True
+
+
+def shares_arrays(a: Storage, b: Storage) -> bool:
+    """Same level arrays by identity or address (cheap; no content comparison)."""
+    if a.format != b.format or a.shape != b.shape:
+        return False
+    for x, y in zip(_arrays(a), _arrays(b)):
+        if x is y:
+            continue
+        if x is None or y is None or x.data_ptr() != y.data_ptr() or x.shape != y.shape:
+            return False
+    return True
+
+
+def with_pattern_values(P: Storage, values: torch.Tensor) -> Storage:
+    """``P``'s level arrays (shared) holding ``values``."""
+    return Storage(P.format, P.shape, P.levels, values, P.index_dtype)
+
+
+#: (id of the pattern's key array, dtype) -> (weak reference to the array, ones)
+_ONES: Dict[tuple, tuple] = {}
+
+
+def pattern_ones(P: Storage, dtype: torch.dtype) -> Storage:
+    """``P``'s pattern with every stored value 1: multiplied into an einsum, it restricts
+    the einsum to ``P``'s stored entries. The ones are kept while the pattern lives (a
+    backward step would otherwise allocate and fill nnz values for them)."""
+    anchor = _key_array(P)
+    if anchor is None:
+        return with_pattern_values(P, torch.ones(P.nnz, dtype=dtype))
+    key = (id(anchor), dtype)
+    hit = _ONES.get(key)
+    if hit is None or hit[0]() is not anchor or hit[1].numel() != P.nnz:
+        ones = torch.ones(P.nnz, dtype=dtype)
+        hit = (weakref.ref(anchor, lambda _, key=key, table=_ONES: table.pop(key, None)), ones)
+        _ONES[key] = hit
+    return with_pattern_values(P, hit[1])
+
+
+def _linear_keys(coords: torch.Tensor, shape, mode_order) -> torch.Tensor:
+    """Row-major keys of (ndim, n) coordinates in the format's mode order: storage order
+    sorts a (non-blocked) pattern by exactly these keys."""
+    key = torch.zeros(coords.shape[1], dtype=torch.int64)
+    total = 1
+    for d in mode_order:
+        total *= max(int(shape[d]), 1)
+    if total >= 2**63:
+        raise RuntimeError("scorch autograd: tensor too large to index its pattern with int64 keys")
+    for d in mode_order:
+        key.mul_(int(shape[d])).add_(coords[d])
+    return key
+
+
+def positions_in_pattern(P: Storage, coords: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """For (ndim, n) coordinates: their positions in ``P`` and a mask of those ``P`` stores.
+    O((nnz + n) log nnz), vectorized."""
+    order = P.format.mode_order
+    pk = _linear_keys(_convert().coords(P), P.shape, order)
+    rk = _linear_keys(coords, P.shape, order)
+    perm = None
+    if pk.numel() > 1 and not bool((pk[1:] > pk[:-1]).all()):
+        pk, perm = torch.sort(pk)
+    if pk.numel() == 0:
+        return torch.zeros_like(rk), torch.zeros(rk.shape, dtype=torch.bool)
+    pos = torch.searchsorted(pk, rk).clamp_(max=pk.numel() - 1)
+    hit = pk[pos] == rk
+    if perm is not None:
+        pos = perm[pos]
+    return pos, hit
+
+
+def values_on_pattern(P: Storage, R: Storage, vals: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The values ``vals`` (default ``R.values``) of sparse result ``R`` (over ``P``'s
+    dimensions, its entries a subset of ``P``'s) at ``P``'s positions; zero where ``R``
+    stores nothing. Used only when the compiler's output is not ``P``'s pattern itself."""
+    if vals is None:
+        vals = R.values
+    if shares_arrays(P, R):
+        return vals
+    pos, hit = positions_in_pattern(P, _convert().coords(R))
+    if not bool(hit.all()):
+        # positions a dense output level filled in: outside P, so their values are zero
+        pos, vals = pos[hit], vals[hit]
+    return torch.zeros(P.nnz, dtype=vals.dtype).index_add(0, pos, vals)
+
+
+# --- re-formatted patterns kept across backward steps ----------------------------------
+
+#: id of the pattern's key array -> (weak reference to it, {format: (storage of positions,
+#: permutation)}); the entry goes when the array is freed
+_REFORMATTED: Dict[int, tuple] = {}
+_stats = {"hits": 0, "misses": 0}
+
+
+def _key_array(st: Storage) -> Optional[torch.Tensor]:
+    for lv in reversed(st.levels):
+        for a in (lv.crd, lv.pos):
+            if a is not None:
+                return a
+    return None
+
+
+def _reformat_entry(st: Storage, fmt: Format) -> Optional[Tuple[Storage, torch.Tensor]]:
+    """The converted pattern (values: source positions) and the permutation, kept per
+    format while ``st``'s arrays live; None where a dense target level adds positions."""
+    anchor = _key_array(st)
+    if anchor is None:
+        return None
+    key = id(anchor)
+    hit = _REFORMATTED.get(key)
+    ids = tuple(id(a) for a in _arrays(st))
+    if hit is None or hit[0]() is not anchor or hit[1] != ids:
+        hit = (weakref.ref(anchor, lambda _, key=key, table=_REFORMATTED: table.pop(key, None)),
+               ids, {})
+        _REFORMATTED[key] = hit
+    per_format = hit[2]
+    got = per_format.get(fmt)
+    if got is None:
+        _stats["misses"] += 1
+        idx = Storage(st.format, st.shape, st.levels, torch.arange(st.nnz, dtype=torch.int64),
+                      st.index_dtype)
+        conv = _convert().convert(idx, fmt)
+        if conv.nnz != st.nnz:   # a target with dense levels fills in positions: no permutation
+            return None
+        got = per_format[fmt] = (conv, conv.values)
+    else:
+        _stats["hits"] += 1
+    return got
+
+
+def reformatted(st: Storage, fmt: Format) -> Storage:
+    """``st`` in format ``fmt`` (e.g. the transpose a gradient kernel reads), with the
+    converted pattern and the permutation of positions kept for as long as ``st``'s level
+    arrays live: a later call with new values only gathers them."""
+    if fmt == st.format:
+        return st
+    got = _reformat_entry(st, fmt)
+    if got is None:
+        return _convert().convert(st, fmt)
+    conv, perm = got
+    return Storage(conv.format, conv.shape, conv.levels, st.values[perm], conv.index_dtype)
+
+
+def pattern_factor(P: Storage, dtype: torch.dtype) -> Tuple[Storage, Optional[torch.Tensor]]:
+    """The pattern factor for a gradient on ``P``: ``P``'s ones, or, for a pattern with
+    coordinate levels (COO), the same entries with compressed levels (the compiler runs
+    pattern kernels on those, not on coordinate levels) and the permutation from its
+    positions to ``P``'s (None: ``P`` itself)."""
+    kinds = P.format.levels
+    if P.format.block is None and LevelKind.COORDINATE in kinds:
+        fmt = Format(tuple(LevelKind.COMPRESSED if k is LevelKind.COORDINATE else k for k in kinds),
+                     P.format.mode_order)
+        got = _reformat_entry(P, fmt)
+        if got is not None:
+            conv, perm = got
+            return pattern_ones(conv, dtype), perm
+    return pattern_ones(P, dtype), None
+
+
+def values_from_factor(P: Storage, Q: Storage, perm: Optional[torch.Tensor], R: Storage,
+                       vals: torch.Tensor) -> torch.Tensor:
+    """A gradient einsum's result ``R`` (values ``vals``), run with pattern factor ``Q``, as
+    values at ``P``'s positions."""
+    if perm is not None and shares_arrays(Q, R):
+        return torch.zeros(P.nnz, dtype=vals.dtype).index_copy(0, perm, vals)
+    return values_on_pattern(P, R, vals)
+
+
+def reformat_cache_info() -> Dict[str, int]:
+    return {"patterns": len(_REFORMATTED), **_stats}

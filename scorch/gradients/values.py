@@ -1,0 +1,137 @@
+"""The differentiable ways between a sparse tensor and its stored values: ``values()``, a
+pattern holding new values, ``to_dense()``, and construction from ``(indices, values)``.
+
+A sparse tensor's gradient is the gradient of its stored values, so each of these moves a
+gradient between a pattern and a 1-d values tensor (or a dense tensor, at the pattern's
+coordinates). Without grad mode or a tensor that requires grad they are the plain calls.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..formats import Format
+from ..level_storage import Storage
+from .. import tensor_type as _tensor_type
+from ..tensor_type import SparseTensor
+from . import pattern as _pattern
+
+__all__ = ["values_of", "from_values", "to_dense", "to_format", "from_coordinates",
+           "from_dense", "grad_values", "mark_gradient"]
+
+
+def _convert():
+    from .._runtime import convert
+    return convert
+
+
+def grad_values(P: Storage, g) -> torch.Tensor:
+    """A gradient of a tensor with pattern ``P`` (a SparseTensor on ``P``'s pattern or a
+    subset of it, or dense) as one value per stored entry of ``P``."""
+    if isinstance(g, SparseTensor):
+        vals = values_of(g)
+        return vals if _pattern.shares_arrays(P, g._storage) else \
+            _pattern.values_on_pattern(P, g._storage, vals)
+    if P.ndim == 0:
+        return g.reshape(1).expand(P.nnz)
+    return g[tuple(_convert().coords(P))]
+
+
+def mark_gradient(g):
+    """Flag a SparseTensor that is a gradient on its tensor's pattern (see
+    ``SparseTensor.is_sparse``)."""
+    if isinstance(g, SparseTensor):
+        g._values_grad = True
+    return g
+
+
+class _Values(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, s: SparseTensor) -> torch.Tensor:
+        ctx.pattern = s._storage
+        return s._storage.values.detach()   # an alias: the storage's own tensor never gets a grad_fn
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        return mark_gradient(from_values(ctx.pattern, g))
+
+
+class _FromValues(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, values: torch.Tensor, P: Storage) -> SparseTensor:
+        ctx.pattern = P
+        return SparseTensor(_pattern.with_pattern_values(P, values.detach()))
+
+    @staticmethod
+    def backward(ctx, g):
+        return grad_values(ctx.pattern, g), None
+
+
+class _ToDense(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, s: SparseTensor) -> torch.Tensor:
+        ctx.pattern = s._storage
+        return _convert().to_dense(s._storage)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        return mark_gradient(from_values(ctx.pattern, grad_values(ctx.pattern, g)))
+
+
+def _tracked(x: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and torch._C._any_requires_grad(x)
+
+
+def values_of(s: SparseTensor) -> torch.Tensor:
+    """``s.values()``: differentiable when ``s`` requires grad."""
+    if _tracked(s):
+        return _Values.apply(s)
+    return s._storage.values
+
+
+def from_values(P: Storage, values: torch.Tensor) -> SparseTensor:
+    """A SparseTensor with ``P``'s pattern and ``values``: differentiable in ``values``."""
+    if _tracked(values):
+        return _FromValues.apply(values, P)
+    return SparseTensor(_pattern.with_pattern_values(P, values))
+
+
+def to_dense(s: SparseTensor) -> torch.Tensor:
+    """``s.to_dense()``: differentiable when ``s`` requires grad (the backward gathers the
+    dense gradient at the stored coordinates)."""
+    if _tracked(s):
+        return _ToDense.apply(s)
+    return _convert().to_dense(s._storage)
+
+
+def to_format(s: SparseTensor, fmt: Format) -> SparseTensor:
+    """``s.to_format(fmt)`` differentiable: the converted values are a permutation of the
+    stored ones (positions a dense target level adds are zero)."""
+    st = s._storage
+    tagged = Storage(st.format, st.shape, st.levels,
+                     torch.arange(1, st.nnz + 1, dtype=torch.int64), st.index_dtype)
+    conv = _convert().convert(tagged, fmt)
+    src = conv.values
+    vals = values_of(s)[(src - 1).clamp_(min=0)]
+    if conv.nnz != st.nnz:
+        vals = torch.where(src > 0, vals, torch.zeros((), dtype=vals.dtype))
+    return from_values(conv, vals)
+
+
+def from_coordinates(st: Storage, indices: torch.Tensor, values: torch.Tensor) -> SparseTensor:
+    """The tensor ``st`` built from ``(indices, values)``, differentiable in ``values``:
+    duplicates were summed, so each stored value is the sum of its inputs (index_add) and
+    the backward gathers."""
+    pos, _ = _pattern.positions_in_pattern(st, indices.to(torch.int64).reshape(st.ndim, -1))
+    vals = torch.zeros(st.nnz, dtype=st.dtype).index_add(0, pos, values.to(st.dtype))
+    return from_values(st, vals)
+
+
+def from_dense(st: Storage, x: torch.Tensor) -> SparseTensor:
+    """The tensor ``st`` built from dense ``x``, differentiable in ``x``: its stored values
+    are ``x`` at the stored coordinates."""
+    vals = x[tuple(_convert().coords(st))] if st.ndim else x.reshape(1)
+    return from_values(st, vals.to(st.dtype))
+
+
+_tensor_type._AUTOGRAD.update(values=values_of, to_dense=to_dense, to_format=to_format,
+                              from_values=from_values)
