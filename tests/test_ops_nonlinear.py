@@ -100,3 +100,12 @@ def test_softmax_rows_sum_to_one_and_empty_rows_stay_empty():
     nonempty = (d != 0).any(1)
     torch.testing.assert_close(sums[nonempty], torch.ones(int(nonempty.sum())))
     assert sums[2] == 0
+
+
+def test_no_silent_detach():
+    S = scorch.sparse_tensor(_matrix((4, 3), 0.5, torch.float64, 2), format="csr", requires_grad=True)
+    for call in (torch.relu, torch.exp, lambda s: torch.amax(s, 1), lambda s: torch.sparse.softmax(s, 1)):
+        with pytest.raises(RuntimeError, match="backward"):
+            call(S)
+    with torch.no_grad():
+        assert isinstance(torch.relu(S), scorch.SparseTensor)

@@ -42,10 +42,18 @@ def _vars(rank: int) -> str:
     return _LETTERS[:rank]
 
 
+def _no_backward_yet(name: str, t: SparseTensor) -> None:
+    """No silent detach: these kernels have no gradient rule yet."""
+    if torch.is_grad_enabled() and t.requires_grad:
+        raise RuntimeError(f"scorch: {name} of a sparse tensor that requires grad has no backward "
+                           f"yet; call it under torch.no_grad() or on .detach()")
+
+
 def apply(fn: str, t: SparseTensor, p: Optional[float] = None) -> torch.Tensor:
     """``fn`` elementwise on a sparse tensor, one generated kernel."""
     from ..tensor_compiler.functions import function
     from ..tensor_compiler.index_notation import Apply
+    _no_backward_yet(fn, t)
     tc = _tc()
     f = function(fn)
     if fn in _FLOATING and not t.dtype.is_floating_point:
@@ -76,6 +84,7 @@ def _stored_count(t: SparseTensor, dims: Tuple[int, ...]) -> torch.Tensor:
 
 
 def _extreme(name: str, reduce: str, t: SparseTensor, dim, keepdim: bool) -> torch.Tensor:
+    _no_backward_yet(name, t)
     dims = _reduced_dims(dim if dim != () else None, t.dim(), name)
     extent = 1
     for d in dims:
@@ -107,6 +116,7 @@ def _softmax(t: SparseTensor, dim: int, log: bool, dtype: Optional[torch.dtype])
     the exponentials on the pattern with their sums, one for the quotient; an empty fiber
     has no entries (no NaN)."""
     from ..tensor_compiler.index_notation import Apply, Div
+    _no_backward_yet("log_softmax" if log else "softmax", t)
     tc = _tc()
     if not isinstance(dim, numbers.Integral):
         raise TypeError(f"softmax(): dim must be an int, got {dim!r}")
