@@ -124,12 +124,14 @@ def test_torch_sparse_operand_and_result_formats():
     torch.testing.assert_close((A / 0).to_dense(), (a.to_sparse() / 0).to_dense())
 
 
-def test_division_by_a_tensor_is_not_sparse_yet():
-    # the lead's IR work; until then it goes through the (bounded) dense fallback
+def test_division_by_a_dense_tensor_keeps_the_pattern():
     a = torch.tensor([[0.0, 2.0], [3.0, 0.0]])
-    with pytest.warns(UserWarning, match="no sparse kernel"):
-        out = sparse(a, "csr") / torch.tensor([1.0, 2.0])
-    assert torch.equal(out, a / torch.tensor([1.0, 2.0]))
+    for fmt in ("csr", "coo", "csc"):
+        out = sparse(a, fmt) / torch.tensor([1.0, 2.0])   # broadcast along rows
+        assert isinstance(out, scorch.SparseTensor) and out.nnz == 2
+        assert torch.equal(out.to_dense(), a / torch.tensor([1.0, 2.0]))
+        col = sparse(a, fmt) / torch.tensor([[2.0], [4.0]])
+        assert torch.equal(col.to_dense(), a / torch.tensor([[2.0], [4.0]]))
 
 
 @FAST

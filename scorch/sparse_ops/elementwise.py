@@ -63,6 +63,7 @@ _EXPRESSIONS = {
     "sub_alpha": lambda x, y, s: x - s * y,
     "mul": lambda x, y: x * y,
     "neg": lambda x: -x,
+    "div": lambda x, y: x / y,   # the compiler's Div: computed on the numerator's pattern
 }
 
 
@@ -186,11 +187,15 @@ def mul(a, b) -> torch.Tensor:
 
 
 def div(a, divisor) -> torch.Tensor:
-    """``a / divisor`` for a scalar divisor (a Python number or a 0-d tensor): the product
-    with its reciprocal, so the pattern of ``a`` is kept. As torch's sparse layouts do,
+    """``a / divisor``: a scalar divisor (a Python number or a 0-d tensor) multiplies by its
+    reciprocal, a dense tensor divisor is the compiler's division; both keep ``a``'s pattern
+    (a 0 / 0 where ``a`` stores nothing stays 0, as in torch.sparse and JAX sparse). As torch's sparse layouts do,
     division by zero changes only the stored entries (inf/nan there; unstored stay 0)."""
     if not _scalar_like(divisor):
-        raise NotImplementedError("division by a tensor needs the compiler's division node")
+        if is_sparse_operand(divisor):
+            raise NotImplementedError("division by a sparse tensor is dense by nature (x / 0)")
+        dt = result_dtype(as_scorch(a), divisor, true_division=True)
+        return _build((_cast(as_scorch(a), dt), _cast(divisor, dt)), "div")
     dt = result_dtype(as_scorch(a), divisor, true_division=True)
     if _is_scalar(divisor):
         recip = torch.tensor(1.0 / divisor if divisor != 0 else float("inf"), dtype=dt)
@@ -352,10 +357,10 @@ def _rmul(a, b):
 @register(torch.div, torch.divide, torch.true_divide, torch.Tensor.div, torch.Tensor.divide,
           torch.Tensor.true_divide, torch.Tensor.__truediv__)
 def _div(a, b, *, rounding_mode=None, out=None):
-    # only a sparse dividend over a scalar divisor stays sparse; the rest (division by a
-    # tensor, rounding modes) is the dense fallback's until the IR has division
+    # a sparse dividend over a scalar or dense divisor stays sparse; division by a sparse
+    # tensor (dense by nature) and rounding modes are the dense fallback's
     if rounding_mode is not None or out is not None or not is_sparse_operand(a) \
-            or not _scalar_like(b):
+            or is_sparse_operand(b):
         return NotImplemented
     return div(a, b)
 
@@ -369,14 +374,20 @@ def _neg(a, *, out=None):
     return neg(a)
 
 
+# a scalar added in place to a sparse tensor goes to the stored values only (the ATen
+# values-level handlers of scorch.gradients.optim_ops: optimizers add eps to their state)
 @register(torch.Tensor.add_, torch.Tensor.__iadd__)
 def _add_(self, other, *, alpha=1):
-    return add_(self, other, alpha) if _involves_sparse(self, other) else NotImplemented
+    if not _involves_sparse(self, other) or (isinstance(self, SparseTensor) and _scalar_like(other)):
+        return NotImplemented
+    return add_(self, other, alpha)
 
 
 @register(torch.Tensor.sub_, torch.Tensor.subtract_, torch.Tensor.__isub__)
 def _sub_(self, other, *, alpha=1):
-    return sub_(self, other, alpha) if _involves_sparse(self, other) else NotImplemented
+    if not _involves_sparse(self, other) or (isinstance(self, SparseTensor) and _scalar_like(other)):
+        return NotImplemented
+    return sub_(self, other, alpha)
 
 
 @register(torch.Tensor.mul_, torch.Tensor.multiply_, torch.Tensor.__imul__)

@@ -45,8 +45,8 @@ def _vars(rank: int) -> str:
 def _no_backward_yet(name: str, t: SparseTensor) -> None:
     """No silent detach: these kernels have no gradient rule yet."""
     if torch.is_grad_enabled() and t.requires_grad:
-        raise RuntimeError(f"scorch: {name} of a sparse tensor that requires grad has no backward "
-                           f"yet; call it under torch.no_grad() or on .detach()")
+        raise RuntimeError(f"scorch: '{name}' of a sparse tensor that requires grad has no "
+                           f"backward yet; call it under torch.no_grad() or on .detach()")
 
 
 def apply(fn: str, t: SparseTensor, p: Optional[float] = None) -> torch.Tensor:
