@@ -11,6 +11,7 @@ import torch
 
 from ..formats import Format, FormatLike
 from ..level_storage import Storage
+from ..compiler_access import compiler as _compiler
 from ..tensor_compiler.index_notation import Assignment
 from ..tensor_type import SparseTensor, _TORCH_SPARSE_LAYOUTS
 from . import einsum_grad, expr_grad
@@ -19,16 +20,27 @@ from .values import mark_gradient
 
 __all__ = ["einsum", "compute", "needs_graph"]
 
-_compiler_module = None
+def _saved(ctx, out, operands):
+    """forward's bookkeeping: the operands, and a sparse output's pattern (its gradient
+    lives there)."""
+    ctx.out_pattern = out._storage if isinstance(out, SparseTensor) else None
+    ctx.save_for_backward(*operands)
+    return out
 
 
-def _compiler():
-    global _compiler_module
-    if _compiler_module is None:
-        from .. import tensor_compiler
-        tensor_compiler.set_sparse_tensor_type(SparseTensor)
-        _compiler_module = tensor_compiler
-    return _compiler_module
+def _on_output_pattern(ctx, grad):
+    if ctx.out_pattern is not None and not isinstance(grad, SparseTensor):
+        return einsum_grad.dense_to_pattern(ctx.out_pattern, grad)
+    return grad
+
+
+def _gradients(ctx, operands, gradient) -> tuple:
+    """backward's result for (equation or assignment, out_format, *operands): ``gradient(n,
+    x)`` for every operand that needs one, marked as a gradient on its pattern."""
+    grads = [None, None]
+    for n, x in enumerate(operands):
+        grads.append(mark_gradient(gradient(n, x)) if ctx.needs_input_grad[n + 2] else None)
+    return tuple(grads)
 
 
 def _wrap(result):
@@ -95,28 +107,18 @@ class EinsumFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, equation: str, out_format, *operands):
-        out = _raw_einsum(equation, operands, out_format)
         ctx.equation = equation
         ctx.shapes = tuple(tuple(int(s) for s in x.shape) for x in operands)
-        ctx.out_pattern = out._storage if isinstance(out, SparseTensor) else None
-        ctx.save_for_backward(*operands)
-        return out
+        return _saved(ctx, _raw_einsum(equation, operands, out_format), operands)
 
     @staticmethod
     def backward(ctx, grad):
-        operands = ctx.saved_tensors
-        if ctx.out_pattern is not None and not isinstance(grad, SparseTensor):
-            grad = einsum_grad.dense_to_pattern(ctx.out_pattern, grad)
-        grads = [None, None]
-        for n, x in enumerate(operands):
-            if not ctx.needs_input_grad[n + 2]:
-                grads.append(None)
-                continue
-            plan = einsum_grad.gradient_plan(ctx.equation, ctx.shapes, n,
-                                             isinstance(x, SparseTensor))
-            grads.append(mark_gradient(einsum_grad.operand_gradient(plan, einsum, grad,
-                                                                    operands, _output_first)))
-        return tuple(grads)
+        operands, grad = ctx.saved_tensors, _on_output_pattern(ctx, grad)
+
+        def gradient(n, x):
+            plan = einsum_grad.gradient_plan(ctx.equation, ctx.shapes, n, isinstance(x, SparseTensor))
+            return einsum_grad.operand_gradient(plan, einsum, grad, operands, _output_first)
+        return _gradients(ctx, operands, gradient)
 
 
 def einsum(equation: str, *operands, out_format: Optional[FormatLike] = None) -> torch.Tensor:
@@ -144,25 +146,14 @@ class ComputeFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, assignment: Assignment, out_format, *operands):
-        out = _raw_compute(assignment, operands, out_format)
         ctx.assignment = assignment
-        ctx.out_pattern = out._storage if isinstance(out, SparseTensor) else None
-        ctx.save_for_backward(*operands)
-        return out
+        return _saved(ctx, _raw_compute(assignment, operands, out_format), operands)
 
     @staticmethod
     def backward(ctx, grad):
-        operands = ctx.saved_tensors
-        if ctx.out_pattern is not None and not isinstance(grad, SparseTensor):
-            grad = einsum_grad.dense_to_pattern(ctx.out_pattern, grad)
-        grads = [None, None]
-        for n, x in enumerate(operands):
-            if not ctx.needs_input_grad[n + 2]:
-                grads.append(None)
-                continue
-            grads.append(mark_gradient(
-                expr_grad.operand_gradient(ctx.assignment, n, grad, operands, compute)))
-        return tuple(grads)
+        operands, grad = ctx.saved_tensors, _on_output_pattern(ctx, grad)
+        return _gradients(ctx, operands, lambda n, x: expr_grad.operand_gradient(
+            ctx.assignment, n, grad, operands, compute))
 
 
 def compute(assignment: Assignment, *operands, out_format: Optional[FormatLike] = None):

@@ -7,6 +7,7 @@ from typing import Any, Optional
 import torch
 
 from .._dispatch import register
+from ..compiler_access import compiler
 from ..formats import FormatLike
 from ..level_storage import Storage
 from ..tensor_type import SparseTensor, as_scorch
@@ -47,13 +48,9 @@ _any_requires_grad = torch._C._any_requires_grad
 
 
 def _compiler():
-    # imported on first use (it brings in Cython only when a kernel is built) and kept:
-    # an import statement on every call was ~2.5 us of a warm call
     global _compiler_module
     if _compiler_module is None:
-        from .. import tensor_compiler
-        tensor_compiler.set_sparse_tensor_type(SparseTensor)
-        _compiler_module = tensor_compiler
+        _compiler_module = compiler()
     return _compiler_module
 
 

@@ -66,22 +66,23 @@ def _check_inner(name: str, a: torch.Tensor, b: torch.Tensor, da: int, db: int) 
                            f"({sa[da]} != {sb[db]})")
 
 
+def _checked(name: str, equation: str, a, b, names: tuple, ranks: tuple, inner: tuple):
+    """``equation`` over ``a``, ``b`` after torch's checks of ranks, inner sizes, dtypes."""
+    _check_rank(name, names[0], a, ranks[0])
+    _check_rank(name, names[1], b, ranks[1])
+    _check_inner(name, a, b, *inner)
+    _check_dtypes(name, a, b)
+    return _contract(equation, a, b)
+
+
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``torch.mm``: (m, k) @ (k, n)."""
-    _check_rank("mm", "self", a, 2)
-    _check_rank("mm", "mat2", b, 2)
-    _check_inner("mm", a, b, 1, 0)
-    _check_dtypes("mm", a, b)
-    return _contract("ij,jk->ik", a, b)
+    return _checked("mm", "ij,jk->ik", a, b, ("self", "mat2"), (2, 2), (1, 0))
 
 
 def mv(a: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``torch.mv``: (m, k) @ (k,)."""
-    _check_rank("mv", "self", a, 2)
-    _check_rank("mv", "vec", v, 1)
-    _check_inner("mv", a, v, 1, 0)
-    _check_dtypes("mv", a, v)
-    return _contract("ij,j->i", a, v)
+    return _checked("mv", "ij,j->i", a, v, ("self", "vec"), (2, 1), (1, 0))
 
 
 def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -11,12 +11,13 @@ gives a dense result, dense by nature (subject to the dense-size limit of ``_dis
 from __future__ import annotations
 
 import numbers
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from .._dispatch import check_dense_size, register
+from ..compiler_access import compiler
 from ..level_storage import Storage
 from ..tensor_type import SparseTensor, as_scorch, with_values
 from .reductions import _reduced_dims
@@ -30,8 +31,7 @@ _FLOATING = {"sqrt", "sin", "tanh", "exp", "cos", "sigmoid", "log"}
 
 
 def _tc():
-    from .. import tensor_compiler
-    return tensor_compiler
+    return compiler()
 
 
 def _wrap(r):
