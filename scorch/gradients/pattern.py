@@ -164,7 +164,10 @@ def _reformat_entry(st: Storage, fmt: Format) -> Optional[Tuple[Storage, torch.T
                ids, {})
         _REFORMATTED[key] = hit
     per_format = hit[2]
-    got = per_format.get(fmt)
+    # the same arrays can be seen through another view (a permute: other shape and dims),
+    # so the view is part of the key, not only the target format
+    key = (fmt, st.format, st.shape, tuple(lv.dim for lv in st.levels))
+    got = per_format.get(key)
     if got is None:
         _stats["misses"] += 1
         idx = Storage(st.format, st.shape, st.levels, torch.arange(st.nnz, dtype=torch.int64),
@@ -172,7 +175,7 @@ def _reformat_entry(st: Storage, fmt: Format) -> Optional[Tuple[Storage, torch.T
         conv = _convert().convert(idx, fmt)
         if conv.nnz != st.nnz:   # a target with dense levels fills in positions: no permutation
             return None
-        got = per_format[fmt] = (conv, conv.values)
+        got = per_format[key] = (conv, conv.values)
     else:
         _stats["hits"] += 1
     return got

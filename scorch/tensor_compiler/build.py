@@ -74,7 +74,7 @@ __all__ = ["BUILD_VERSION", "CompileError", "load_kernel", "cache_info", "cache_
            "cache_dir"]
 
 #: Bump whenever the pipeline changes in a way that changes the produced ``.so``.
-BUILD_VERSION = 1
+BUILD_VERSION = 2   # 2: a checksum beside every kernel (older caches are left alone, not quarantined)
 
 logger = logging.getLogger("scorch")
 
