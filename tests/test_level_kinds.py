@@ -61,9 +61,9 @@ def one_per_row(m: int, n: int, seed: int, empty_rows: float = 0.0, dtype=torch.
 FORMATS = {"ds": Format("ds"), "cs": Format("cs"), "qs": Format("qs")}
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(m=st.integers(1, 12), n=st.integers(1, 9), k=st.integers(1, 5), seed=st.integers(0, 999),
-       name=st.sampled_from(["ds", "cs", "qs"]), dtype=st.sampled_from([torch.float32, torch.float64]))
+       name=st.sampled_from(["ds", "cs", "qs"]), dtype=st.just(torch.float64))
 def test_singleton_einsums_match_dense(m, n, k, seed, name, dtype):
     x = one_per_row(m, n, seed, empty_rows=0.0 if name == "ds" else 0.3, dtype=dtype)
     S = scorch.sparse_tensor(x, format=FORMATS[name])
