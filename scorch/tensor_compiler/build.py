@@ -70,8 +70,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from .target import (SOURCE_TAG, TARGET_ENV, Target, cpu_flags, openmp_link_flags, runnable,
+                     target_named)
+
 __all__ = ["BUILD_VERSION", "CompileError", "load_kernel", "cache_info", "cache_clear",
-           "cache_dir"]
+           "cache_dir", "kernel_cflags", "source_target"]
 
 #: Bump whenever the pipeline changes in a way that changes the produced ``.so``.
 BUILD_VERSION = 2   # 2: a checksum beside every kernel (older caches are left alone, not quarantined)
@@ -320,6 +323,9 @@ def _environment_fingerprint() -> str:
             "gcc": _compiler_version("gcc"),
             "cpu": _cpu_fingerprint(),
             "runtime": _runtime_fingerprint(),
+            # torch's OpenMP runtime linked by path (absent where -fopenmp's is the one
+            # torch loaded, so those keys stay as they were)
+            **({"openmp": _openmp_flags()} if _openmp_flags() else {}),
         }, sort_keys=True)
     return _fingerprint_cache
 
@@ -340,6 +346,45 @@ def source_cflags(source: str) -> list[str]:
     if bad:
         raise ValueError(f"kernel source asks for compiler flags {bad}; allowed: {SOURCE_CFLAGS}")
     return flags
+
+
+_SOURCE_TARGET_LINE = re.compile(r"^" + re.escape(SOURCE_TAG) + r"(\S+)\s*$", re.M)
+
+
+def source_target(source: str) -> Target | None:
+    """The chosen target a kernel source names (``# scorch-target: avx2``), or None for
+    the native build."""
+    m = _SOURCE_TARGET_LINE.search(source)
+    return None if m is None else target_named(m.group(1))
+
+
+def kernel_cflags(source: str) -> list[str]:
+    """The compile flags of one kernel: :data:`CFLAGS` with the ISA flags of the target its
+    source names (``-march=native`` otherwise) and the flags it asks for, then the link
+    flags that bind it to torch's OpenMP runtime. Raises RuntimeError for a target this
+    CPU cannot run (its kernels would die on their first illegal instruction)."""
+    t = source_target(source)
+    flags = list(CFLAGS)
+    if t is not None and not t.native:
+        if not runnable(t):
+            raise RuntimeError(f"scorch: kernels for target {t.name!r} ({TARGET_ENV}) need the "
+                               f"CPU features {sorted(t.requires)}; this CPU lacks "
+                               f"{sorted(t.requires - cpu_flags())}")
+        isa = ("-march=", "-mprefer-vector-width=", "-mtune-ctrl=")
+        flags = [f for f in flags if not f.startswith(isa)]
+        at = flags.index("-O3") + 1
+        flags[at:at] = t.march
+    return flags + source_cflags(source) + list(_openmp_flags())
+
+
+_omp_flags: list[tuple[str, ...]] = []
+
+
+def _openmp_flags() -> tuple[str, ...]:
+    """``target.openmp_link_flags()``, computed once per process."""
+    if not _omp_flags:
+        _omp_flags.append(openmp_link_flags())
+    return _omp_flags[0]
 
 
 def _kernel_key(source: str) -> str:
@@ -900,9 +945,10 @@ def _cc(source: str, c_file: Path, so: Path, pyx: Path, cpp: bool, cdir: Path,
         pch: Path | None = None) -> None:
     """Compile and link in one gcc/g++ call (no separate .o step)."""
     cc = "g++" if cpp else "gcc"
-    pch_flags = ["-include", str(pch)] if pch is not None else []
-    cmd = [cc, *CFLAGS, *source_cflags(source), *pch_flags, *_include_flags(source), str(c_file),
-           "-o", str(so)]
+    flags = kernel_cflags(source)
+    # the precompiled header is built with the native flags (gcc would only reject it)
+    pch_flags = ["-include", str(pch)] if pch is not None and source_target(source) is None else []
+    cmd = [cc, *flags, *pch_flags, *_include_flags(source), str(c_file), "-o", str(so)]
     _last_cc_cmd[:] = cmd
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")

@@ -49,6 +49,7 @@ from .lower import (CTYPES, DENSE_WS_LIMIT, ITYPES, NPTYPES, SHORT_ROWS, SHORT_R
                     kernel_facts, lower_kernel, relayouts, short_rows, short_rows_limit,
                     unit_stride_accesses)
 from .schedule import Schedule
+from .target import SOURCE_TAG
 
 # the type tables and schedule analyses live with the lowering; the compiler reads them here
 __all__ = ["generate", "print_kernel", "print_stmts", "panel_widths", "relayouts", "short_rows",
@@ -110,15 +111,18 @@ def _print_stmt(st: Stmt, pre: str, ind: int, w) -> None:
 
 # ---- the module ------------------------------------------------------------------------
 def _vector_types(k: Kernel, w) -> None:
-    """GCC vector types of one 512-bit register, their zero and horizontal sum."""
+    """GCC vector types of one register of the target (``k.vector_bytes``: 64 on AVX-512,
+    32 on AVX2, 16 on SSE/NEON), their zero and horizontal sum. A type wider than the
+    registers is not split into registers: gcc keeps it on the stack."""
+    nb = k.vector_bytes
     w("cdef extern from *:")
     w('    """')
-    w("    typedef float scorch_vf __attribute__((vector_size(64), aligned(4), may_alias));")
-    w("    typedef double scorch_vd __attribute__((vector_size(64), aligned(8), may_alias));")
+    w(f"    typedef float scorch_vf __attribute__((vector_size({nb}), aligned(4), may_alias));")
+    w(f"    typedef double scorch_vd __attribute__((vector_size({nb}), aligned(8), may_alias));")
     w("    static inline scorch_vf scorch_vf_zero(void) { scorch_vf z = {0}; return z; }")
     w("    static inline scorch_vd scorch_vd_zero(void) { scorch_vd z = {0}; return z; }")
-    w("    static inline float scorch_vf_hsum(scorch_vf v) { float s = 0; for (int i = 0; i < 16; i++) s += v[i]; return s; }")
-    w("    static inline double scorch_vd_hsum(scorch_vd v) { double s = 0; for (int i = 0; i < 8; i++) s += v[i]; return s; }")
+    w(f"    static inline float scorch_vf_hsum(scorch_vf v) {{ float s = 0; for (int i = 0; i < {nb // 4}; i++) s += v[i]; return s; }}")
+    w(f"    static inline double scorch_vd_hsum(scorch_vd v) {{ double s = 0; for (int i = 0; i < {nb // 8}; i++) s += v[i]; return s; }}")
     w('    """')
     w(f"    ctypedef {k.value_type} {k.vector_type}")
     w(f"    {k.vector_type} {k.vector_type}_zero() noexcept nogil")
@@ -339,6 +343,8 @@ def print_kernel(k: Kernel) -> str:
     w("# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True")
     w("# distutils: language = c++")
     w(f"# scorch generated kernel (codegen v{CODEGEN_VERSION})")
+    if k.target:   # built for a chosen target (its flags: build.py), part of the cache key
+        w(f"{SOURCE_TAG}{k.target}")
     for line in k.header:
         w(f"# {line}")
     for line in k.imports:

@@ -177,6 +177,8 @@ class Kernel:
     panels: Optional[Panels]
     output: Union[DenseOutput, TuplesOutput, RowsOutput]
     fill: Optional[str] = None               # what memset fills instead of 0 (max/min: -inf/+inf)
+    vector_bytes: int = 64                   # the vector type's size (the target's registers)
+    target: str = ""                         # a chosen (not native) build target, or ""
 
 
 def walk(stmts) -> Iterator[Stmt]:

@@ -3,7 +3,7 @@ formats (``PlanEntry``: schedule, kernels per index width, warm runner), the use
 ``Plan`` that ``explain`` returns, and the keys a warm call looks plans up by.
 
 The cache is keyed by the equation, each operand's format, rank, value dtype and index dtype,
-and the requested output format; shapes are run-time arguments. ``_fast`` is its front, keyed
+the requested output format and the build target; shapes are run-time arguments. ``_fast`` is its front, keyed
 by per-Storage signatures (small ints cached on each Storage), so a warm call hashes ints."""
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from . import codegen
 from .index_notation import Assignment
 from .loop_ir import Kernel, outline
 from .schedule import Schedule
+from .target import current as current_target, on_change as on_target_change
 
 __all__ = ["Plan", "PlanEntry", "COMPILER_VERSION", "cached_entry", "fmt_key", "storage_signature",
            "storage_pointers"]
@@ -93,6 +94,8 @@ _plans: Dict[tuple, PlanEntry] = {}
 _fast: Dict[tuple, "PlanEntry"] = {}   # front cache of _plans keyed by signatures (see einsum)
 _lock = threading.Lock()
 _stats = {"plan_hits": 0, "plan_misses": 0}
+# the warm-call front table is keyed without the target: a new target empties it
+on_target_change(_fast.clear)
 
 
 def fmt_key(x) -> tuple:
@@ -103,6 +106,9 @@ def fmt_key(x) -> tuple:
 
 
 def cached_entry(key, make):
+    """The plan under ``key`` for the current build target (``target.py``: the vector
+    width shapes the kernel and its panel widths), made by ``make()`` on a miss."""
+    key = (key, current_target().key)
     e = _plans.get(key)
     if e is not None:
         _stats["plan_hits"] += 1

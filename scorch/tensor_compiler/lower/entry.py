@@ -186,4 +186,5 @@ def lower_kernel(s: Schedule, value_dtype: torch.dtype,
                   chunk_functions=tuple(chunk_function(f, v) for v in variants(f)),
                   c_entry=c_entry, ws_vars=tuple(out.ws_vars) if out.mode == "ws" else (),
                   chunking=_chunking(f), memset=memset, panels=_panels(f), output=_output(f),
-                  fill=None if s.assignment.reduce == "sum" else reduce_identity(s.assignment.reduce, f.vt))
+                  fill=None if s.assignment.reduce == "sum" else reduce_identity(s.assignment.reduce, f.vt),
+                  vector_bytes=f.target.vector_bytes, target=f.target.tag)

@@ -19,6 +19,7 @@ from ..functions import function
 from ..index_notation import Apply
 from ..levels import LevelPlan
 from ..schedule import Schedule
+from ..target import Target, current as current_target
 
 __all__ = ["CTYPES", "NPTYPES", "ITYPES", "DENSE_WS_LIMIT", "SHORT_ROWS", "SHORT_ROWS_BY_DTYPE",
            "short_rows_limit", "short_rows", "unit_stride_accesses", "relayouts", "LoopLevels",
@@ -36,16 +37,21 @@ NPTYPES = {torch.float32: "float32", torch.float64: "float64", torch.int64: "int
 ITYPES = {torch.int32: "int32_t", torch.int64: "int64_t"}
 
 #: segments (rows) of at most this many entries on average run the scalar variant of a
-#: sparse-dot kernel (see short_rows); float32 rows shorter than one 512-bit vector (16)
+#: sparse-dot kernel (see short_rows); float32 rows shorter than one vector (16 on AVX-512)
 #: never fill gcc's vector loop and run scalar faster (copter2, 12.7 a row: 286 -> 273 us,
 #: random_uniform, 10 a row: 615 -> 559 us at 2 threads), float64 ones gain from 6 up
+#: (the figures of the 64-byte target; other targets scale them by their vector width)
 SHORT_ROWS = 6
 SHORT_ROWS_BY_DTYPE = {torch.float32: 16}
 
 
-def short_rows_limit(value_dtype: torch.dtype) -> int:
-    """Average entries per row up to which the short-rows variant runs (see short_rows)."""
-    return SHORT_ROWS_BY_DTYPE.get(value_dtype, SHORT_ROWS)
+def short_rows_limit(value_dtype: torch.dtype, target: Optional[Target] = None) -> int:
+    """Average entries per row up to which the short-rows variant runs (see short_rows):
+    the 64-byte target's limits, scaled to the target's vector width (a float32 row
+    shorter than one vector never fills the vector loop), at least 4."""
+    t = target or current_target()
+    limit = SHORT_ROWS_BY_DTYPE.get(value_dtype, SHORT_ROWS)
+    return max(4, limit * t.vector_bytes // 64)
 
 
 def cvar(v: str) -> str:
@@ -270,8 +276,9 @@ class KernelFacts:
     oit: str                               # appended coordinates' type (rows assembly)
     crd_buf: str                           # chunk buffer types
     val_buf: str
-    lanes: int                             # values per 512-bit vector
+    lanes: int                             # values per vector register of the target
     vtype: str                             # GCC vector type
+    target: Target                         # the machine the kernel is built for
     widths: Tuple[int, ...]                # fixed innermost widths with their own variant
     panels: Tuple[int, ...]                # panel widths (Algorithm 3 tiling)
     loops: Tuple[LoopLevels, ...]          # one per loop depth
@@ -341,9 +348,12 @@ def reduce_into(reduce: str, target: str, val: str) -> str:
     return f"{val} if {val} {op} {target} else {target}"
 
 
-def kernel_facts(s: Schedule, value_dtype: torch.dtype,
-                 index_dtypes: Dict[int, torch.dtype]) -> KernelFacts:
-    """Decide everything about the kernel for ``s`` that does not depend on a node."""
+def kernel_facts(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, torch.dtype],
+                 target: Optional[Target] = None) -> KernelFacts:
+    """Decide everything about the kernel for ``s`` that does not depend on a node, for
+    ``target`` (default: ``target.current()``: its vector width sets the lanes and the
+    register-row widths)."""
+    tg = target or current_target()
     vt = CTYPES[value_dtype]
     idx = {i: ITYPES[d] for i, d in index_dtypes.items()}
     out, order = s.output, s.loop_order
@@ -363,7 +373,7 @@ def kernel_facts(s: Schedule, value_dtype: torch.dtype,
     widths: Tuple[int, ...] = ()
     # fixed-width variants compute on GCC vector types: arithmetic only, no function calls
     if (row_depth >= 0 or dot) and vt in ("float", "double") and not _applies(s.assignment.rhs):
-        widths = (16, 32, 64, 128) if vt == "float" else (8, 16, 32, 64)
+        widths = tg.row_widths(vt)
     panels = widths if (row_depth >= 0 and order[-1] in s.tiled) else ()
     loops = _loop_levels(s)
     depth = _store_depth(s, row_depth)
@@ -372,8 +382,8 @@ def kernel_facts(s: Schedule, value_dtype: torch.dtype,
     return KernelFacts(s=s, ids=ml.access_ids(s.assignment.rhs), vt=vt, npvt=NPTYPES[value_dtype],
                        idx=idx, unit=unit, out_unit=out_unit, rt_ws=rt_ws, row_depth=row_depth,
                        dot=dot, rows=rows, oit=oit, crd_buf=crd_buf, val_buf=val_buf,
-                       lanes=16 if vt == "float" else 8,
-                       vtype="scorch_vf" if vt == "float" else "scorch_vd", widths=widths,
+                       lanes=tg.lanes(vt if vt in ("float", "double") else "double"),
+                       vtype="scorch_vf" if vt == "float" else "scorch_vd", target=tg, widths=widths,
                        panels=panels, loops=loops, store_all=store_all, chunk_kind=chunk_kind,
                        chunk_level=chunk_level, balance=_balance_pos(s, chunk_kind))
 

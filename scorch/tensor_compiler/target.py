@@ -1,0 +1,227 @@
+"""The machine kernels are built for: its ISA level, vector width, vector registers and the
+compiler flags that select them.
+
+Kernels keep output rows in vector registers (``lower/facts.py``: register rows, vector
+dots), so the vector width and the register budget decide which row widths get their own
+variant, the panel widths (``tiling``) and the short-rows threshold; ``build.py`` compiles
+with the same target's flags. A 64-byte GCC vector type on a machine with 32-byte
+registers is not split into two registers per accumulator: gcc lowers such a row loop
+through the stack (8x slower than 32-byte vectors on an AVX2-only EPYC), hence one target
+per ISA level, not one vector size for all.
+
+The native target is detected from ``/proc/cpuinfo``'s flags (x86: AVX-512 F/BW/DQ/VL ->
+``avx512``, AVX2 with FMA -> ``avx2``, SSE4.2 -> ``sse``; aarch64 -> ``neon``; anything
+else ``generic``) and built with ``-march=native``. ``SCORCH_TARGET=avx512|avx2|sse|generic``
+chooses another one (read once, at first use; :func:`set_target` switches in process):
+kernels are then built with ``-march=x86-64-v4`` / ``-march=haswell`` / ``-march=x86-64-v2``
+(AVX2 kernels built and run on an AVX-512 machine), their sources say so on a
+``# scorch-target:`` line (so the kernel cache keys differ), and the plan key carries the
+target. Kernels of a target this CPU cannot run are refused at build time, not at their
+first illegal instruction.
+"""
+from __future__ import annotations
+
+import os
+import platform
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, Tuple
+
+__all__ = ["Target", "TARGETS", "TARGET_ENV", "current", "set_target", "use_target", "target_named",
+           "native_target", "cpu_flags", "runnable", "on_change", "SOURCE_TAG",
+           "openmp_library", "openmp_link_flags"]
+
+#: the environment variable that overrides the detected target
+TARGET_ENV = "SCORCH_TARGET"
+#: the kernel-source line naming a chosen (not native) target: ``# scorch-target: avx2``
+SOURCE_TAG = "# scorch-target: "
+
+_X86 = platform.machine().lower() in ("x86_64", "amd64")
+_ARM = platform.machine().lower() in ("aarch64", "arm64")
+
+#: the widest output row kept in registers (bytes): 8 AVX-512 registers
+ROW_BYTES = 512
+#: the value types' sizes (bytes), for lanes per vector
+_SIZES = {"float": 4, "double": 8}
+
+
+@dataclass(frozen=True)
+class Target:
+    """One ISA level: ``vector_bytes`` per vector register, ``vector_registers`` of them,
+    ``march`` (the flags choosing the ISA when built for it by name), ``requires`` (the
+    ``/proc/cpuinfo`` flags a CPU needs to run its kernels) and ``native`` (detected here:
+    built with ``-march=native``)."""
+    name: str
+    vector_bytes: int
+    vector_registers: int
+    march: Tuple[str, ...]
+    requires: FrozenSet[str] = frozenset()
+    native: bool = False
+
+    def lanes(self, ctype: str) -> int:
+        """Values of C type ``ctype`` (``float``, ``double``) per vector register."""
+        return self.vector_bytes // _SIZES[ctype]
+
+    def row_widths(self, ctype: str) -> Tuple[int, ...]:
+        """Output-row widths kept in registers, one kernel variant each: 1, 2, 4, ...
+        vectors up to a 512-byte row (128 float32) or the register file, whichever is
+        smaller. AVX-512: 1-8 zmm; AVX2: 1-16 ymm (at 16 accumulators gcc keeps two of them
+        in L1, still faster than 64-wide panels or the generic row loop: SpMM K = 128 on
+        copter2 45 ms against 64 and 63 ms, ``benchmarks/report_targets.py``)."""
+        n = self.lanes(ctype)
+        most = min(ROW_BYTES, self.vector_registers * self.vector_bytes) // _SIZES[ctype]
+        out = []
+        while n <= most:
+            out.append(n)
+            n *= 2
+        return tuple(out)
+
+    @property
+    def tag(self) -> str:
+        """What the kernel source says about its target: nothing for the native one."""
+        return "" if self.native else self.name
+
+    @property
+    def key(self) -> Tuple[str, bool]:
+        """The target's part of a plan key."""
+        return (self.name, self.native)
+
+
+def _x86(name: str, vbytes: int, regs: int, march: Tuple[str, ...], requires: str) -> Target:
+    return Target(name, vbytes, regs, march, frozenset(requires.split()))
+
+
+#: the targets a user can choose by name (``SCORCH_TARGET``)
+TARGETS: Dict[str, Target] = {
+    "avx512": _x86("avx512", 64, 32,
+                   ("-march=x86-64-v4", "-mprefer-vector-width=512", "-mtune-ctrl=^use_gather"),
+                   "avx512f avx512bw avx512dq avx512vl avx512cd avx2 fma bmi2 movbe"),
+    "avx2": _x86("avx2", 32, 16, ("-march=haswell", "-mtune-ctrl=^use_gather"),
+                 "avx2 fma bmi1 bmi2 f16c movbe popcnt"),
+    "sse": _x86("sse", 16, 16, ("-march=x86-64-v2",), "sse4_2 ssse3 popcnt"),
+}
+TARGETS["generic"] = (Target("generic", 16, 16, ("-march=x86-64-v2",), TARGETS["sse"].requires)
+                      if _X86 else Target("generic", 16, 16, ()))
+
+
+def cpu_flags() -> FrozenSet[str]:
+    """The ISA flags of this machine's first CPU (``/proc/cpuinfo``'s ``flags`` or, on
+    ARM, ``Features``); empty where unknown."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def _detect(flags: FrozenSet[str]) -> Target:
+    """The best target this machine runs, as its native build."""
+    if _X86:
+        for name in ("avx512", "avx2", "sse"):
+            t = TARGETS[name]
+            if t.requires <= flags:
+                return Target(t.name, t.vector_bytes, t.vector_registers, ("-march=native",),
+                              t.requires, native=True)
+    if _ARM:
+        return Target("neon", 16, 32, ("-march=native",), native=True)
+    return Target("generic", 16, 16, ("-march=native",), native=True)
+
+
+_native: List[Target] = []
+_chosen: List[Target] = []
+_hooks: List[Callable[[], None]] = []
+
+
+def native_target() -> Target:
+    """This machine's target (detected once per process)."""
+    if not _native:
+        _native.append(_detect(cpu_flags()))
+    return _native[0]
+
+
+def target_named(name: str) -> Target:
+    """The target called ``name``; the native one's name gives the native build. Raises
+    ValueError for an unknown name (naming the ones there are)."""
+    nat = native_target()
+    if name in ("native", nat.name):
+        return nat
+    t = TARGETS.get(name)
+    if t is None:
+        raise ValueError(f"{TARGET_ENV}={name!r} is not a known target; choose one of "
+                         f"{', '.join(['native', *TARGETS])}")
+    if t.march and t.march[0].startswith("-march=x86") and not _X86:
+        raise ValueError(f"{TARGET_ENV}={name!r} is an x86 target and this machine is "
+                         f"{platform.machine()}")
+    return t
+
+
+def runnable(t: Target) -> bool:
+    """Whether this CPU runs ``t``'s kernels."""
+    return t.native or t.requires <= cpu_flags()
+
+
+def current() -> Target:
+    """The target kernels are generated and built for now: ``set_target``'s, else
+    ``$SCORCH_TARGET``'s (read once), else the native one."""
+    if not _chosen:
+        name = os.environ.get(TARGET_ENV, "").strip().lower()
+        _chosen.append(target_named(name) if name else native_target())
+    return _chosen[0]
+
+
+def on_change(hook: Callable[[], None]) -> None:
+    """Call ``hook`` whenever :func:`set_target` changes the target (the warm-call plan
+    table, keyed without it, is emptied that way)."""
+    _hooks.append(hook)
+
+
+def set_target(name: Optional[str]) -> Target:
+    """Generate and build kernels for target ``name`` from now on in this process (None:
+    back to ``$SCORCH_TARGET`` / the native one); returns the target now in use."""
+    before = _chosen[0] if _chosen else None
+    _chosen.clear()
+    if name is not None:
+        _chosen.append(target_named(name.strip().lower()))
+    now = current()
+    if now != before:
+        for hook in _hooks:
+            hook()
+    return now
+
+
+@contextmanager
+def use_target(name: Optional[str]) -> Iterator[Target]:
+    """``set_target(name)`` for the ``with`` block, then the previous target again."""
+    before = current()
+    try:
+        yield set_target(name)
+    finally:
+        set_target(before.name if not before.native else "native")
+
+
+def openmp_library(torch_lib: Optional[Path] = None) -> Optional[Path]:
+    """The OpenMP runtime torch ships in its ``lib`` folder (``libgomp*.so*``), or None."""
+    if torch_lib is None:
+        import torch
+        torch_lib = Path(torch.__file__).resolve().parent / "lib"
+    found = sorted(torch_lib.glob("libgomp*.so*")) if torch_lib.is_dir() else []
+    return found[0] if found else None
+
+
+def openmp_link_flags(torch_lib: Optional[Path] = None) -> Tuple[str, ...]:
+    """Link flags that make a kernel use the OpenMP runtime torch already loaded. Two
+    runtimes in one process each keep their own spinning thread pool (a GCN step on a
+    loaded machine: 130 ms instead of 2). The loader shares a library by its soname, so a
+    copy named ``libgomp.so.1`` (torch's wheels today) is the one ``-fopenmp``'s
+    ``-lgomp`` resolves to at load time: no flags needed. A renamed copy
+    (``libgomp-<hash>.so.1``, older wheels) is linked by path, found through the rpath,
+    and ``--as-needed`` drops the system ``-lgomp`` that ``-fopenmp`` appends."""
+    lib = openmp_library(torch_lib)
+    if lib is None or lib.name == "libgomp.so.1":
+        return ()
+    return ("-Wl,--as-needed", str(lib), f"-Wl,-rpath,{lib.parent}")
