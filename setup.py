@@ -3,6 +3,7 @@ then compiles the standard kernels (scorch.tensor_compiler.prebuilt) so their fi
 compile. Set SCORCH_SKIP_PREBUILT=1 to skip the second step (kernels then compile on
 first use)."""
 import glob
+import importlib.util
 import os
 import subprocess
 import sys
@@ -13,7 +14,27 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 COMPILE_ARGS = ["-O3", "-fopenmp", "-std=c++17", "-Wno-unused-function", "-Wno-sign-compare"]
-LINK_ARGS = ["-fopenmp"]
+
+
+def openmp_link_args():
+    """``-fopenmp`` and, where torch ships a renamed copy of libgomp, that copy by path:
+    one OpenMP runtime per process (``scorch/tensor_compiler/target.py``, loaded by path:
+    the package itself is not importable before it is built)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scorch", "tensor_compiler",
+                        "target.py")
+    spec = importlib.util.spec_from_file_location("_scorch_build_target", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod      # dataclasses look their module up
+    try:
+        spec.loader.exec_module(mod)
+        return ["-fopenmp", *mod.openmp_link_flags()]
+    except ImportError:               # no torch in this build environment
+        return ["-fopenmp"]
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+LINK_ARGS = openmp_link_args()
 
 
 def runtime_extensions():
