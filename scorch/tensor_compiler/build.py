@@ -70,8 +70,18 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .target import (SOURCE_TAG, TARGET_ENV, Target, cpu_flags, openmp_link_flags, runnable,
-                     target_named)
+try:
+    from . import target as _target
+except ImportError:   # this module loaded alone, by path (tests, tools): its sibling by path
+    _spec = importlib.util.spec_from_file_location(
+        "_scorch_target", Path(__file__).resolve().with_name("target.py"))
+    _target = importlib.util.module_from_spec(_spec)
+    sys.modules[_spec.name] = _target          # dataclasses look their module up
+    _spec.loader.exec_module(_target)
+SOURCE_TAG, TARGET_ENV, Target = _target.SOURCE_TAG, _target.TARGET_ENV, _target.Target
+cpu_flags, openmp_link_flags, runnable = (_target.cpu_flags, _target.openmp_link_flags,
+                                          _target.runnable)
+target_named = _target.target_named
 
 __all__ = ["BUILD_VERSION", "CompileError", "load_kernel", "cache_info", "cache_clear",
            "cache_dir", "kernel_cflags", "source_target"]

@@ -108,7 +108,7 @@ def fmt_key(x) -> tuple:
 def cached_entry(key, make):
     """The plan under ``key`` for the current build target (``target.py``: the vector
     width shapes the kernel and its panel widths), made by ``make()`` on a miss."""
-    key = (key, current_target().key)
+    key = (*key, current_target().key)
     e = _plans.get(key)
     if e is not None:
         _stats["plan_hits"] += 1

@@ -37,21 +37,19 @@ NPTYPES = {torch.float32: "float32", torch.float64: "float64", torch.int64: "int
 ITYPES = {torch.int32: "int32_t", torch.int64: "int64_t"}
 
 #: segments (rows) of at most this many entries on average run the scalar variant of a
-#: sparse-dot kernel (see short_rows); float32 rows shorter than one vector (16 on AVX-512)
+#: sparse-dot kernel (see short_rows); float32 rows shorter than one 512-bit vector (16)
 #: never fill gcc's vector loop and run scalar faster (copter2, 12.7 a row: 286 -> 273 us,
-#: random_uniform, 10 a row: 615 -> 559 us at 2 threads), float64 ones gain from 6 up
-#: (the figures of the 64-byte target; other targets scale them by their vector width)
+#: random_uniform, 10 a row: 615 -> 559 us at 2 threads), float64 ones gain from 6 up.
+#: The same holds for the AVX2 target's 8-wide loop, so the limits do not follow the vector
+#: width (1 thread, ``SCORCH_TARGET=avx2``: random_uniform 1.92 -> 1.71 ms, 4elt 61 -> 50 us,
+#: bcspwr10 18 -> 13 us, copter2 586 -> 568 us scalar; Groebner, 35 a row, 61 vs 150 us)
 SHORT_ROWS = 6
 SHORT_ROWS_BY_DTYPE = {torch.float32: 16}
 
 
-def short_rows_limit(value_dtype: torch.dtype, target: Optional[Target] = None) -> int:
-    """Average entries per row up to which the short-rows variant runs (see short_rows):
-    the 64-byte target's limits, scaled to the target's vector width (a float32 row
-    shorter than one vector never fills the vector loop), at least 4."""
-    t = target or current_target()
-    limit = SHORT_ROWS_BY_DTYPE.get(value_dtype, SHORT_ROWS)
-    return max(4, limit * t.vector_bytes // 64)
+def short_rows_limit(value_dtype: torch.dtype) -> int:
+    """Average entries per row up to which the short-rows variant runs (see short_rows)."""
+    return SHORT_ROWS_BY_DTYPE.get(value_dtype, SHORT_ROWS)
 
 
 def cvar(v: str) -> str:
