@@ -10,11 +10,12 @@ second, so the two modes differ in where configurations come from:
 * CI (default): derandomized (a fixed seed), with configurations drawn from a fixed pool
   built by a seeded generator (``POOL_SIZE`` einsums, ``EXPR_POOL_SIZE`` expressions), so a
   cold kernel cache compiles a bounded set of kernels; ``CI_EXAMPLES`` examples per test.
-* long mode, for local runs: ``SCORCH_FUZZ_EXAMPLES=2000 python -m pytest tests/test_fuzz.py
-  -p no:randomly -x`` draws N examples per test from the whole configuration space with a new
-  seed each run (every example may compile new kernels: about a second each). Add
-  ``SCORCH_FUZZ_SEED=<int>`` to repeat a run. A failure prints the configuration, the sizes
-  and hypothesis' ``@reproduce_failure`` line.
+* long mode, for local runs: ``SCORCH_FUZZ_EXAMPLES=500 python -m pytest tests/test_fuzz.py
+  -x`` draws N examples per test from the whole configuration space with a new seed each
+  run (most examples compile a new kernel: about a second each on a quiet machine). Add
+  ``SCORCH_FUZZ_SEED=<int>`` to repeat a run, ``-s --hypothesis-verbosity=verbose`` to watch
+  each example. A failure prints the configuration, the sizes and hypothesis'
+  ``@reproduce_failure`` line.
 
 Configurations are made by plain ``random.Random`` generators (one code path for both
 modes); the failing example's ``repr`` is the whole configuration.
@@ -37,7 +38,7 @@ from compiler_helpers import check_storage, dense, sparse
 from scorch.formats import Format
 from scorch.level_storage import Storage
 from scorch.tensor_compiler.index_notation import (Access, Add, Apply, Assignment, Div, Mul, Neg,
-                                                   Scalar, Sub)
+                                                   Scalar, Sub, accesses)
 from scorch.tensor_type import SparseTensor
 
 LONG_EXAMPLES = int(os.environ.get("SCORCH_FUZZ_EXAMPLES", "0") or 0)
@@ -393,16 +394,11 @@ def random_expression(rng: random.Random) -> ExprConfig:
 
     rhs = tree(3)
     for n in range(n_ops):                        # every operand takes part (full index set)
-        if all(a.tensor != n for a in _accesses(rhs)):
+        if all(a.tensor != n for a in accesses(rhs)):
             rhs = Add(rhs, Access(n, terms[n])) if rng.random() < 0.5 else Mul(rhs, Access(n, terms[n]))
-    if not any(a.indices == full for a in _accesses(rhs)):
+    if not any(a.indices == full for a in accesses(rhs)):
         rhs = Mul(rhs, Access(0, full))
     return ExprConfig(Assignment(out, rhs, reduce), tuple(terms), tuple(kinds), dtype, tuple(denominators))
-
-
-def _accesses(e):
-    from scorch.tensor_compiler.index_notation import accesses
-    return accesses(e)
 
 
 def _dense_eval(e, ops, full):
