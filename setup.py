@@ -68,8 +68,9 @@ class build_ext_and_kernels(build_ext):
                if k not in ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME", "PYTHONSAFEPATH")}
         env["PYTHONPATH"] = root
         cmd = [sys.executable, "-m", "scorch.tensor_compiler.prebuilt", "--dest", dest]
-        print("scorch: compiling the standard kernels (about 50 modules, in 2 parallel worker "
-              "processes; a line per kernel follows; SCORCH_SKIP_PREBUILT=1 skips this):",
+        print("scorch: compiling the standard kernels (about 75 modules, in 2 parallel worker "
+              "processes, 2-3 minutes on 2 cores; a line per kernel follows; SCORCH_SKIP_PREBUILT=1 "
+              "skips this):",
               " ".join(cmd), flush=True)
         try:
             subprocess.run(cmd, env=env, cwd=root, check=True)

@@ -4,7 +4,11 @@
 functions it extends for sparse operands, and those give torch's own result, through
 torch's own kernels, when every operand is dense.
 """
-import torch as _torch
+from ._runtime import require_built as _require_built
+
+_require_built()   # a source checkout without compiled extensions: say so, not fail later
+
+import torch as _torch  # noqa: E402
 from torch import *  # noqa: F401,F403  (the drop-in surface)
 
 from . import _torch_alias

@@ -272,8 +272,9 @@ def test_libcpp_kernel_builds_as_cpp(cache_dir):
     assert mod.count_distinct(keys.ctypes.data, len(keys)) == [(1, 2), (3, 1), (5, 3)]
 
 
-def test_cpp_kernels_use_precompiled_header_once_built(cache_dir):
+def test_cpp_kernels_use_precompiled_header_once_built(cache_dir, monkeypatch):
     """The first C++ kernel starts the PCH build; later ones compile with -include."""
+    monkeypatch.setattr(build, "PREBUILT_DIR", cache_dir / "no-install")   # not the installed PCH
     load_kernel(LIBCPP_MAP, "cppmap")
     for t in list(build._pch_threads.values()):
         t.join(timeout=120)
@@ -470,7 +471,8 @@ def test_cache_clear_removes_temporary_build_dirs_not_in_use(cache_dir):
     assert not busy.exists()
 
 
-def test_damaged_precompiled_header_is_not_used(cache_dir):
+def test_damaged_precompiled_header_is_not_used(cache_dir, monkeypatch):
+    monkeypatch.setattr(build, "PREBUILT_DIR", cache_dir / "no-install")
     cdir = build.cache_dir()
     tag = build.hashlib.sha256(build._environment_fingerprint().encode()).hexdigest()[:16]
     header = cdir / "pch" / f"scorch_c_{tag}.h"
@@ -493,6 +495,62 @@ def test_damaged_precompiled_header_is_not_used(cache_dir):
     build._pch_checked.clear()
     assert build._pch_ok(gch) and build._pch(cdir, False) == header
     gch.unlink()
+
+
+FASTCALL_CHILD = textwrap.dedent('''
+    import json, shutil, sys
+    from pathlib import Path
+    from scorch.tensor_compiler import build, fastcall
+    good, where = Path(sys.argv[1]), sys.argv[2]
+    build.PREBUILT_DIR = Path(sys.argv[3])
+    name = fastcall.module_name()
+    folder = build.cache_dir() if where == "cache" else build.PREBUILT_DIR
+    damaged = folder / (name + build._EXT_SUFFIX)
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(good, damaged)
+    build.write_checksum(damaged)                       # the checksum of the whole file
+    damaged.write_bytes(good.read_bytes()[: good.stat().st_size // 2])   # then truncated
+    compiled = []
+
+    def compile_copy(name, dest):                       # a build, without the 15 s of g++
+        compiled.append(name)
+        tmp = dest.parent / "tmp-copy.so"
+        shutil.copyfile(good, tmp)
+        build.publish(tmp, dest)
+    fastcall._compile = compile_copy
+    mod = fastcall.load()
+    cached = build.cache_dir() / damaged.name
+    print(json.dumps({"name": damaged.name, "loaded": mod is not None and mod.__name__ == name, "compiled": len(compiled),
+                      "from": mod.__file__, "verified": build._verified_now(cached),
+                      "quarantined": [p.name for p in (damaged.parent / "quarantine").glob("*")]
+                      if (damaged.parent / "quarantine").is_dir() else [],
+                      "install_copy_left": damaged.exists() if where == "install" else None}))
+''')
+
+
+@pytest.mark.parametrize("where", ["cache", "install"])
+def test_damaged_fastcall_module_is_not_loaded_and_is_rebuilt(tmp_path, where):
+    """The C warm-call module is published with its checksum like a kernel: a truncated copy
+    is never loaded; in the cache it is quarantined, at the install it is skipped; either
+    way a fresh build is published (and verified) in the cache."""
+    from scorch.tensor_compiler import fastcall
+    mod = fastcall.load()
+    if mod is None:
+        pytest.skip("the C warm-call module cannot be built here (no torch headers / g++)")
+    env = dict(os.environ, SCORCH_CACHE_DIR=str(tmp_path / "cache"))
+    out = subprocess.run([sys.executable, "-c", FASTCALL_CHILD, mod.__file__, where,
+                          str(tmp_path / "install")], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["loaded"] and report["compiled"] == 1 and report["verified"], report
+    assert str(tmp_path / "cache") in report["from"], report
+    assert "not used" in out.stderr, out.stderr[-2000:]
+    if where == "cache":
+        assert any(q.startswith(report["name"] + ".") and ".sum." not in q
+                   for q in report["quarantined"]), report
+    else:
+        assert report["install_copy_left"] and not report["quarantined"], report
 
 
 # --- install progress ---------------------------------------------------------------

@@ -6,7 +6,8 @@ running is recorded as a crash and a new child resumes after it, so a crash cost
 restart and every case still runs. Cases marked ``raises`` must end in a clean exception
 (ValueError, TypeError, RuntimeError or NotImplementedError); ``ok`` cases are valid input
 that must give the right answer; ``any`` cases (front-end items handled elsewhere) only
-must not crash."""
+must not crash. ``python -m pytest tests/test_malformed.py -rP`` shows the summary line
+(cases run, clean errors, right answers, crashes)."""
 import json
 import os
 import signal
@@ -144,6 +145,31 @@ CASES = [
      "scorch.einsum('ij,j->i', scorch.sparse_tensor(torch.eye(3)), torch.empty(3, device='meta'))"),
     ("einsum dtype string", "raises", "scorch.einsum('ij->i', scorch.sparse_tensor(torch.eye(3)), dtype='float32')"),
     ("out_format on a scalar output", "raises", "scorch.einsum('ij->', scorch.sparse_tensor(torch.eye(3)), out_format='csr')"),
+    ("einsum size mismatch", "raises",
+     "scorch.einsum('ij,jk->ik', scorch.sparse_tensor(torch.eye(3)), torch.ones(4, 2))"),
+    ("einsum more operands than terms", "raises", "scorch.einsum('ij->ij', scorch.sparse_tensor(torch.eye(3)), torch.ones(3))"),
+    ("block size not dividing the shape", "raises",
+     "scorch.sparse_tensor(torch.eye(3), format=scorch.Format('dc', block=(2, 2)))"),
+    ("singleton level with two entries in a row", "raises",
+     "scorch.sparse_tensor(torch.ones(2, 2), format=scorch.Format('cs'))"),
+    # the plan cache must not answer a broadcasting call with a plan made for size-1 dims
+    # that did not broadcast (or the reverse), whatever the order of the calls
+    ("size-1 dims, then the same dims broadcasting", "ok",
+     "A = scorch.sparse_tensor(torch.tensor([[1.], [0.], [2.]]), format='csr')\n"
+     "check(scorch.einsum('ij,ij->ij', A, torch.full((3, 1), 2.)), torch.tensor([[2.], [0.], [4.]]))\n"
+     "check(scorch.einsum('ij,ij->ij', A, torch.ones(3, 4)), torch.tensor([[1.], [0.], [2.]]).expand(3, 4))"),
+    ("broadcasting dims, then the same dims of size 1", "ok",
+     "A = scorch.sparse_tensor(torch.tensor([[0., 3.]]), format='coo')\n"
+     "check(scorch.einsum('ij,ij->ij', A, torch.ones(4, 2)), torch.tensor([[0., 3.]]).expand(4, 2))\n"
+     "check(scorch.einsum('ij,ij->ij', A, torch.full((1, 2), 2.)), torch.tensor([[0., 6.]]))"),
+    # the kernel cache: an unusable folder falls back to a private one (one warning)
+    ("kernel cache folder is a file", "ok",
+     "import os, tempfile; f = tempfile.NamedTemporaryFile(); os.environ['SCORCH_CACHE_DIR'] = f.name\n"
+     "try:\n"
+     "    check(scorch.einsum('ij,j->i', scorch.sparse_tensor(torch.eye(3), format='csr'), torch.ones(3)), torch.ones(3))\n"
+     "    from scorch.tensor_compiler import build; assert f.name not in str(build.cache_dir())\n"
+     "finally:\n"
+     "    del os.environ['SCORCH_CACHE_DIR']"),
 ]
 
 CHILD = PRELUDE + textwrap.dedent('''
@@ -198,7 +224,20 @@ def outcomes():
     return _run_all()
 
 
+def summary(outcomes: dict) -> str:
+    """One line: how many cases ran and how each kind of outcome counted."""
+    kinds = {"ok": 0, "clean error": 0, "crash": 0, "unclean": 0, "wrong": 0}
+    for got in outcomes.values():
+        key = ("ok" if got == "ok" else "clean error" if got.startswith("raised") else
+               "crash" if got.startswith("CRASH") else "wrong" if got.startswith("WRONG") else "unclean")
+        kinds[key] += 1
+    return (f"malformed-input suite: {len(outcomes)} of {len(CASES)} cases ran: "
+            + ", ".join(f"{n} {k}" for k, n in kinds.items()))
+
+
 def test_every_case_ran(outcomes):
+    """Prints the summary line (shown with ``pytest -rP``)."""
+    print(summary(outcomes))
     assert sorted(outcomes) == list(range(len(CASES)))
 
 

@@ -1,9 +1,15 @@
 """Standard kernels are compiled at install time: a fresh process with an empty kernel
-cache runs them without compiling."""
+cache runs them without compiling, through einsum and through the torch ops (``@``,
+``F.linear``) alike, and a kernel it does compile uses the install's precompiled header;
+a source checkout without built extensions says so on import."""
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
+
+import scorch
 
 PROBE = r"""
 import json, torch, scorch, warnings
@@ -25,6 +31,10 @@ for fmt in ["csr", "csc", "coo"]:
         At = scorch.sparse_tensor(d.t().contiguous().to(dtype), format=fmt)
         P = scorch.einsum("ij,jk->ik", A, At)
         ok &= torch.allclose(P.to_dense(), d.to(dtype) @ d.t().to(dtype), atol=1e-4)
+        # the op layer asks for other kernels than einsum (a dense result, CSC transposed)
+        ok &= torch.allclose(A @ X, d.to(dtype) @ X, atol=1e-5)
+        ok &= torch.allclose(A @ X[:, 0], d.to(dtype) @ X[:, 0], atol=1e-5)
+        ok &= torch.allclose(torch.nn.functional.linear(X.t(), A), X.t() @ d.to(dtype).t(), atol=1e-5)
         res[f"{fmt}-{dtype}"] = bool(ok)
 csr64 = d.to_sparse_csr()
 res["torch-csr-spmm"] = bool(torch.allclose(scorch.einsum("ij,jk->ik", csr64, torch.ones(40, 3)), d @ torch.ones(40, 3), atol=1e-5))
@@ -47,3 +57,66 @@ def test_standard_kernels_need_no_compile(tmp_path):
         f"prebuild them (see setup.py / scorch.tensor_compiler.prebuilt); stderr: {out.stderr[-2000:]}")
     assert report["fastcall"] is not None and "_prebuilt" in report["fastcall"], (
         f"the C warm-call module was not prebuilt: {report['fastcall']}; stderr: {out.stderr[-2000:]}")
+
+
+PCH_PROBE = r"""
+import json
+from scorch.tensor_compiler import build
+src = ("# distutils: language = c++\nfrom libcpp.vector cimport vector\n"
+       "def size_of(int n):\n    cdef vector[int] v\n    v.resize(n)\n    return v.size()\n")
+m = build.load_kernel(src, "pch_probe")
+pch = build.cache_dir() / "pch"
+print(json.dumps({"value": m.size_of(3), "cmd": build._last_cc_cmd, "prebuilt": str(build.PREBUILT_DIR),
+                  "built_here": sorted(p.name for p in pch.glob("*.gch*")) if pch.is_dir() else []}))
+"""
+
+
+def test_kernels_compiled_later_use_the_installed_precompiled_header(tmp_path):
+    """The install builds the C and C++ precompiled headers; a C++ kernel compiled in an
+    empty cache includes the installed one (gcc reports it used) and builds none itself."""
+    env = dict(os.environ, SCORCH_CACHE_DIR=str(tmp_path / "empty-cache"))
+    out = subprocess.run([sys.executable, "-c", PCH_PROBE], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["value"] == 3
+    cmd = report["cmd"]
+    header = Path(cmd[cmd.index("-include") + 1]) if "-include" in cmd else None
+    assert header is not None and header.parent == Path(report["prebuilt"]) / "pch", (
+        f"the C++ kernel did not include the install's precompiled header: {cmd}")
+    assert report["built_here"] == [], report
+    # gcc itself: -H marks a precompiled header it used with "!", one it rejected with "x"
+    flags, skip = [], False
+    for a in cmd[1:]:
+        if skip or a == "-o":
+            skip = not skip
+            continue
+        if not a.endswith((".c", ".cpp")):
+            flags.append(a)
+    probe = tmp_path / "probe.cpp"
+    probe.write_text("int probe() { return 0; }\n")
+    gcc = subprocess.run([cmd[0], *flags, "-H", "-Winvalid-pch", "-fsyntax-only", str(probe)],
+                         capture_output=True, text=True, timeout=120)
+    assert f"! {header}.gch" in gcc.stderr, gcc.stderr[-2000:]
+
+
+def test_source_tree_without_built_extensions_says_why(tmp_path):
+    """Python run where a ``scorch/`` checkout that was never built is on sys.path (its root
+    as the current directory, or its parent on PYTHONPATH) gets an ImportError that names
+    the tree, the missing extensions, the installed copy it hides and the fix."""
+    package = Path(scorch.__file__).resolve().parent
+    checkout = tmp_path / "checkout"
+    shutil.copytree(package, checkout / "scorch",
+                    ignore=shutil.ignore_patterns("*.so", "*.pyd", "_prebuilt", "__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    runs = [(checkout, env),                                          # the checkout's root
+            (tmp_path, dict(env, PYTHONPATH=os.pathsep.join([str(checkout), str(package.parent)])))]
+    for cwd, run_env in runs:
+        out = subprocess.run([sys.executable, "-c", "import scorch"], cwd=cwd, env=run_env,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode != 0
+        last = out.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"ImportError: scorch: the source tree at {checkout / 'scorch'} has "
+                               f"no built extensions"), out.stderr[-2000:]
+        assert "convert" in last and "pip install -e ." in last and "another directory" in last
+    assert f"It hides the installed scorch at {package}" in last     # PYTHONPATH run: ours is found

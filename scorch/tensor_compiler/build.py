@@ -41,7 +41,8 @@ Nothing is loaded unverified (a damaged ``.so`` would crash every later process 
   private temporary directory (removed at exit) and one warning says why.
 * the precompiled header is built once per cache directory (a lock file: other processes
   compile without it meanwhile), published atomically with its checksum, and verified once
-  per process before use.
+  per process before use. The install builds both headers into ``_prebuilt/pch``, which is
+  looked at first, so no cache directory builds them again.
 * ``cache_clear`` also removes temporary build directories that no live build holds (each
   build holds a lock on its own).
 """
@@ -442,22 +443,10 @@ def _load_slow(source: str, name_hint: str) -> types.ModuleType:
         key = _kernel_key(source)
         name = _module_name(name_hint, key)
         cdir = cache_dir()
-        so_path = cdir / (name + _EXT_SUFFIX)
-        prebuilt = PREBUILT_DIR / (name + _EXT_SUFFIX)
-        mod = None
-        for candidate, in_cache in ((so_path, True), (prebuilt, False)):
-            if mod is not None or not candidate.exists():
-                continue
-            try:
-                mod = _import_extension(name, candidate, require_checksum=True)
-                _stats["disk_hits"] += 1
-                logger.debug("scorch: loaded kernel %s from %s", name, candidate)
-            except (ImportError, KernelFileError) as exc:   # damaged, stale: rebuild
-                logger.warning("scorch: kernel file %s not used (%s); %s", candidate, exc,
-                               "rebuilding" if in_cache else "building it instead")
-                if in_cache:
-                    _quarantine(candidate)
-        if mod is None:
+        mod = load_published(name, cdir)
+        if mod is not None:
+            _stats["disk_hits"] += 1
+        else:
             _log_compile(name, cdir)
             t0 = time.perf_counter()
             try:
@@ -472,6 +461,29 @@ def _load_slow(source: str, name_hint: str) -> types.ModuleType:
             mod = _import_extension(name, cdir / (name + _EXT_SUFFIX), require_checksum=True)
         _memory[(name_hint, source)] = mod
         return mod
+
+
+def load_published(name: str, cdir: Path | None = None) -> types.ModuleType | None:
+    """Module ``name`` from the cache folder or the install-time folder, whichever holds a
+    copy that matches its recorded checksum; None when neither does. A cached copy that
+    fails the check (or fails to import) is quarantined so that it gets rebuilt; a damaged
+    install-time copy is only skipped (the package folder may be read-only)."""
+    cdir = cache_dir() if cdir is None else cdir
+    for folder, in_cache in ((cdir, True), (PREBUILT_DIR, False)):
+        path = folder / (name + _EXT_SUFFIX)
+        if not path.exists():
+            continue
+        try:
+            mod = _import_extension(name, path, require_checksum=True)
+        except (ImportError, KernelFileError) as exc:   # damaged, stale: rebuild
+            logger.warning("scorch: module file %s not used (%s); %s", path, exc,
+                           "rebuilding it" if in_cache else "building it instead")
+            if in_cache:
+                _quarantine(path)
+            continue
+        logger.debug("scorch: loaded %s from %s", name, path)
+        return mod
+    return None
 
 
 def cache_info() -> dict[str, Any]:
@@ -846,9 +858,11 @@ def _pch(cdir: Path, cpp: bool) -> Path | None:
     ignores a ``.gch`` that does not match the command line (falling back to the plain
     header), so a stale or foreign one is only slower, never wrong.
     """
-    tag = hashlib.sha256(_environment_fingerprint().encode()).hexdigest()[:16]
-    header = cdir / "pch" / f"scorch_{'cxx' if cpp else 'c'}_{tag}.h"
-    gch = header.with_name(header.name + ".gch")
+    header, gch = _pch_paths(cdir, cpp)
+    installed = PREBUILT_DIR / "pch" / header.name
+    installed_gch = installed.with_name(gch.name)
+    if str(installed_gch) not in _pch_failed and installed_gch.exists() and _pch_ok(installed_gch):
+        return installed             # built at install time (prebuilt.py)
     if str(gch) in _pch_failed:
         return None
     if gch.exists():
@@ -863,6 +877,33 @@ def _pch(cdir: Path, cpp: bool) -> Path | None:
         _pch_threads[str(gch)] = thread
         thread.start()
     return None
+
+
+def _pch_paths(cdir: Path, cpp: bool) -> tuple[Path, Path]:
+    """The header and its ``.gch`` for this cache dir; the name carries the fingerprint."""
+    tag = hashlib.sha256(_environment_fingerprint().encode()).hexdigest()[:16]
+    header = cdir / "pch" / f"scorch_{'cxx' if cpp else 'c'}_{tag}.h"
+    return header, header.with_name(header.name + ".gch")
+
+
+def build_precompiled_headers() -> list[Path]:
+    """Build the C and C++ precompiled headers of the cache dir in use now, waiting for a
+    build another process started; returns the ``.gch`` files that are ready (the install
+    step copies them to ``_prebuilt/pch``, where :func:`_pch` finds them first)."""
+    ready = []
+    for cpp in (False, True):
+        header, gch = _pch_paths(cache_dir(), cpp)
+        for _attempt in range(2):       # the first may only have waited for another builder
+            _build_pch(header, gch, cpp)
+            lock_fd = os.open(gch.with_name(gch.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)    # until a build elsewhere finishes
+            finally:
+                os.close(lock_fd)
+            if gch.exists() and _pch_ok(gch):
+                ready.append(gch)
+                break
+    return ready
 
 
 _pch_checked: dict[str, tuple[int, int]] = {}   # verified .gch -> (inode, mtime_ns)

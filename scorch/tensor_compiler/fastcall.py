@@ -3,7 +3,8 @@
 The module reads tensors through ATen, so it is compiled against the installed torch's
 headers: by ``scorch.tensor_compiler.prebuilt`` at install time (about 15 s), or on first
 use when no copy exists, and kept in the kernel cache under a key of its source, torch's
-version and the compiler. Where it cannot be built (no headers, no g++) warm calls keep the
+version and the compiler, with its checksum (``build.publish``): like a kernel, it is verified
+before it is loaded, and a damaged copy is quarantined and rebuilt. Where it cannot be built (no headers, no g++) warm calls keep the
 Python runner, which does the same work more slowly; ``SCORCH_FASTCALL=0`` chooses that.
 """
 from __future__ import annotations
@@ -44,9 +45,11 @@ def _torch_flags() -> list[str]:
 
 
 def module_name() -> str:
-    """``scorch_fastcall_<key>``: the key covers the source, torch, Python and the flags."""
+    """``scorch_fastcall_<key>``: the key covers the source, torch, Python and the flags (and
+    the publishing scheme: copies from before checksums have other names, so they are not
+    taken for damaged ones)."""
     import torch
-    h = hashlib.sha256()
+    h = hashlib.sha256(b"published with a checksum\0")
     for part in (SOURCE.read_bytes(), torch.__version__.encode(), sys.version.encode(),
                  " ".join(CXXFLAGS).encode(), build._compiler_version("g++").encode()):
         h.update(part + b"\0")
@@ -64,7 +67,7 @@ def _compile(name: str, dest: Path) -> None:
             raise build.CompileError(
                 f"g++ failed (exit {proc.returncode}) on {SOURCE}:\n"
                 f"{build._trim(build._errors_first(proc.stderr))}", pyx_path=str(SOURCE), stage="cc")
-        os.replace(so, dest)
+        build.publish(so, dest)     # with its checksum, checked before every load
 
 
 def load(compile_missing: bool = True) -> Optional[types.ModuleType]:
@@ -81,17 +84,15 @@ def load(compile_missing: bool = True) -> Optional[types.ModuleType]:
             return None
         try:
             name = module_name()
-            file = name + build._EXT_SUFFIX
-            path = next((d / file for d in (build.PREBUILT_DIR, build.cache_dir())
-                         if (d / file).exists()), None)
-            if path is None:
+            module = build.load_published(name)    # verified; a damaged copy is not loaded
+            if module is None:
                 if not compile_missing:
                     return None
-                path = build.cache_dir() / file
+                path = build.cache_dir() / (name + build._EXT_SUFFIX)
                 logger.warning("scorch: compiling the warm-call module once (about 15 s; "
                                "cached in %s)", path.parent)
                 _compile(name, path)
-            module = build._import_extension(name, path)
+                module = build._import_extension(name, path, require_checksum=True)
         except Exception as exc:  # noqa: BLE001  (the Python runner does the same work)
             logger.warning("scorch: the C warm-call module is unavailable (%s); warm calls "
                            "take the Python path", str(exc).splitlines()[0] if str(exc) else exc)

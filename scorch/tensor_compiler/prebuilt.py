@@ -1,6 +1,7 @@
 """Standard kernels compiled at install time, so their first call pays no compile.
 
-SpMV, SpMM, SDDMM, SpGEMM and elementwise add/mul, for CSR, CSC and COO operands in
+SpMV and SpMM (as einsums and as the ops ``@`` and ``F.linear``, which ask for other
+kernels), SDDMM, SpGEMM and elementwise add/mul, for CSR, CSC and COO operands in
 float32 and float64 (int32 indices, as scorch builds them, plus int64 CSR, as torch's own
 CSR tensors arrive), are produced by running each operation once on small operands: the
 kernels come out of the ordinary compiler path (nothing is written by hand) and land in a
@@ -9,7 +10,9 @@ scratch kernel cache, from which the compiled modules are copied into ``scorch/_
 source, flags or CPU differ is simply compiled on first use as usual.
 
 The C warm-call module (``fastcall``, built against torch's headers) is compiled beside
-them into the same folder.
+them into the same folder, and the C and C++ precompiled headers into ``pch/`` in it: a
+kernel compiled later (in any cache dir, e.g. the test suite's) uses them instead of
+building its own (``build._pch`` looks there first). Every file goes with its checksum.
 
 Run ``python -m scorch.tensor_compiler.prebuilt`` (setup.py does, after building the runtime).
 """
@@ -27,6 +30,7 @@ from typing import Callable, List, Tuple
 __all__ = ["standard_cases", "build_prebuilt"]
 
 FORMATS = ("csr", "csc", "coo")
+CASE_NAMES = ("spmv", "spmm", "mv", "mm", "linear", "sddmm", "spgemm", "mul", "add")
 
 
 def standard_cases() -> List[Tuple[str, Callable[[], object]]]:
@@ -51,6 +55,11 @@ def standard_cases() -> List[Tuple[str, Callable[[], object]]]:
             cases += [
                 (f"spmv-{tag}", lambda A=A, x=x: scorch.einsum("ij,j->i", A, x)),
                 (f"spmm-{tag}", lambda A=A, X=X: scorch.einsum("ij,jk->ik", A, X)),
+                # the op layer asks for a dense result where einsum infers a sparse one
+                # (COO rows), and reads CSC through its transpose: other kernels
+                (f"mv-{tag}", lambda A=A, x=x: A @ x),
+                (f"mm-{tag}", lambda A=A, X=X: A @ X),
+                (f"linear-{tag}", lambda A=A, X=X: torch.nn.functional.linear(X.t(), A)),
                 (f"sddmm-{tag}", lambda A=A, B=B, C=C: scorch.einsum("ij,ik,kj->ij", A, B, C)),
                 (f"spgemm-{tag}", lambda A=A: scorch.einsum("ij,jk->ik", A, A)),
                 (f"mul-{tag}", lambda A=A: scorch.einsum("ij,ij->ij", A, A)),
@@ -88,7 +97,8 @@ def build_prebuilt(dest: Path | None = None, jobs: int = 2) -> int:
     from .build import PREBUILT_DIR, BUILD_VERSION
     dest = Path(dest) if dest is not None else PREBUILT_DIR
     print(f"scorch: prebuilding {_case_count()} standard kernel cases in {jobs} parallel "
-          f"processes, and the C warm-call module in one more; one line per kernel:", flush=True)
+          f"processes, and the C warm-call module and the precompiled headers in one more; "
+          f"one line per kernel:", flush=True)
     with tempfile.TemporaryDirectory(prefix="scorch-prebuilt-") as scratch:
         # the kernel workers do not need the C warm-call module: it compiles beside them
         env = dict(os.environ, SCORCH_CACHE_DIR=scratch, SCORCH_FASTCALL="0")
@@ -111,16 +121,18 @@ def build_prebuilt(dest: Path | None = None, jobs: int = 2) -> int:
             if f.suffix in (".so", ".pyx", build.CHECKSUM_SUFFIX) or f.name.endswith(".pyd"):
                 shutil.copy2(f, dest / f.name)
                 count += f.suffix == ".so"
-        for f in sorted(built.glob(f"scorch_fastcall_*{build._EXT_SUFFIX}")):
-            if not (dest / (f.name + build.CHECKSUM_SUFFIX)).exists():
-                build.write_checksum(dest / f.name)
+        shutil.rmtree(dest / "pch", ignore_errors=True)
+        (dest / "pch").mkdir()
+        for f in sorted((built / "pch").glob("scorch_*")):
+            if f.name.endswith((".h", ".gch", ".gch" + build.CHECKSUM_SUFFIX)):
+                shutil.copy2(f, dest / "pch" / f.name)
     (dest / "__init__.py").write_text('"""Kernels compiled at install time (scorch.tensor_compiler.prebuilt)."""\n')
     return count
 
 
 def _case_count() -> int:
     """How many cases ``standard_cases`` runs (without importing torch in the parent)."""
-    return len(("spmv", "spmm", "sddmm", "spgemm", "mul", "add")) * (len(FORMATS) + 1) * 2
+    return len(CASE_NAMES) * (len(FORMATS) + 1) * 2
 
 
 def main(argv=None) -> None:
@@ -138,6 +150,11 @@ def main(argv=None) -> None:
         build.PREBUILT_DIR = Path(os.devnull)
         if fastcall.load() is None:
             raise SystemExit("scorch: the C warm-call module did not build")
+        print("scorch: the C warm-call module is built; building the precompiled headers",
+              flush=True)
+        if len(build.build_precompiled_headers()) != 2:
+            print("scorch: WARNING: the precompiled headers did not build (kernels compile "
+                  "without them, a little slower)", flush=True)
         return
     n = build_prebuilt(args.dest, args.jobs)
     print(f"scorch: {n} standard kernels compiled into {args.dest or 'scorch/_prebuilt'}")
