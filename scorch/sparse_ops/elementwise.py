@@ -105,9 +105,10 @@ def _wrap(result):
     return SparseTensor(result) if isinstance(result, Storage) else result
 
 
-def _build(terms, op: str) -> torch.Tensor:
-    """Run the expression ``_EXPRESSIONS[op]`` over ``terms`` (operands already in the result
-    dtype) with torch's broadcasting; returns the kernel's result."""
+def _build(terms, op, compute=None) -> torch.Tensor:
+    """Run the expression ``_EXPRESSIONS[op]`` (or ``op`` itself: a function of the accesses)
+    over ``terms`` (operands already in the result dtype) with torch's broadcasting; returns
+    the kernel's result. ``compute``: the compiler entry (default: the differentiable one)."""
     shape = tuple(torch.broadcast_shapes(*[_shape_of(t) for t in terms]))
     rank = len(shape)
     if rank > len(_LETTERS):
@@ -136,7 +137,7 @@ def _build(terms, op: str) -> torch.Tensor:
             partial_sparse |= len(vars_) < rank
         operands.append(x)
         accesses.append(ir.Access(len(operands) - 1, vars_))
-    rhs = _EXPRESSIONS[op](*accesses)
+    rhs = (_EXPRESSIONS[op] if isinstance(op, str) else op)(*accesses)
     missing = [v for v in out_vars if v not in rhs.vars()]
     if missing:
         raise RuntimeError(f"elementwise: output dimension {missing} is indexed by no operand")
@@ -145,8 +146,8 @@ def _build(terms, op: str) -> torch.Tensor:
         # a product with a sparse operand is sparse; where the sparse operand is broadcast,
         # format inference alone would make the stretched dimensions dense
         out_format = "coo"
-    result = _wrap(_compute()(ir.Assignment(out_vars, rhs), *operands,
-                                       out_format=out_format))
+    result = _wrap((compute or _compute())(ir.Assignment(out_vars, rhs), *operands,
+                                           out_format=out_format))
     if tuple(result.shape) != shape:
         raise RuntimeError(f"elementwise: kernel gave shape {tuple(result.shape)}, expected {shape}")
     return result

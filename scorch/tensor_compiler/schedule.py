@@ -270,9 +270,8 @@ def _check_denominators(e, formats) -> None:
             raise ValueError(f"division by sparse operand {sparse[0]}: the quotient is x / 0 "
                              f"wherever it stores nothing (dense by nature); divide by its "
                              f"dense form")
-    for child in (getattr(e, "a", None), getattr(e, "b", None)):
-        if child is not None:
-            _check_denominators(child, formats)
+    for child in e.children():
+        _check_denominators(child, formats)
 
 
 def _tiled(order: Sequence[str], plans: List[AccessPlan]) -> List[str]:
