@@ -204,13 +204,18 @@ for _op, _fns in {
     _comparison(_op, *_fns)
 
 
-@register(torch.where, torch.Tensor.where)
+@register(torch.where)
 def _where(cond, *args, out=None, **kwargs):
-    if "input" in kwargs or "self" in kwargs or "other" in kwargs:
-        args = args + tuple(kwargs.pop(k) for k in ("input", "self", "other") if k in kwargs)
+    args = args + tuple(kwargs.pop(k) for k in ("input", "other") if k in kwargs)
     if len(args) != 2 or out is not None or kwargs or not _involves_sparse(cond, *args):
         return NotImplemented
     return where(cond, args[0], args[1])
+
+
+@register(torch.Tensor.where)
+def _tensor_where(self, condition, y):
+    """``x.where(cond, y)`` is ``torch.where(cond, x, y)``."""
+    return where(condition, self, y) if _involves_sparse(self, condition, y) else NotImplemented
 
 
 @register(torch.masked_fill, torch.Tensor.masked_fill)

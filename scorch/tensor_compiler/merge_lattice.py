@@ -64,9 +64,14 @@ def zero_analysis(e: Expr, ids: Dict[Access, int]) -> Tuple[object, object]:
     if isinstance(e, Where):
         zc, sc = zero_analysis(e.c, ids)
         (za, sa), (zb, sb) = zero_analysis(e.a, ids), zero_analysis(e.b, ids)
+        # two bounds, both valid (so is their intersection): where neither branch is stored
+        # and both give the same constant the condition does not matter; where the
+        # condition is not stored it picks one branch
+        same = za is not UNKNOWN and zb is not UNKNOWN and za == zb
         if zc is UNKNOWN:
-            return (za if za is not UNKNOWN and za == zb else UNKNOWN), _or(sc, _or(sa, sb))
-        return (za, _or(sc, sa)) if zc else (zb, _or(sc, sb))
+            return (za if same else UNKNOWN), (_or(sa, sb) if same else _or(sc, _or(sa, sb)))
+        z, picked = (za, _or(sc, sa)) if zc else (zb, _or(sc, sb))
+        return z, (_and(picked, _or(sa, sb)) if same else picked)
     (za, sa), (zb, sb) = zero_analysis(e.a, ids), zero_analysis(e.b, ids)
     known = za is not UNKNOWN and zb is not UNKNOWN
     if isinstance(e, Mul):   # a factor at 0 makes the product 0 (0 * inf counts as 0)
