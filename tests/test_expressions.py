@@ -154,3 +154,48 @@ def test_max_over_a_3d_tensor_and_integers():
     assert "max_j" in str(Assignment("ik", Access(0, "ijk"), "max"))
     with pytest.raises(ValueError, match="unknown reduction 'mean'"):
         Assignment("i", A, "mean")
+
+
+# --- comparisons and where --------------------------------------------------------------------
+
+def _keeps_zero(expr) -> bool:
+    """Format inference's answer for an "ij" expression over sparse (compressed) accesses."""
+    from scorch.formats import LevelKind
+    from scorch.tensor_compiler.format_inference import infer_kind
+    return infer_kind(expr, "j", lambda a, v: LevelKind.COMPRESSED) != LevelKind.DENSE
+
+
+def test_zero_analysis_decides_which_comparisons_keep_zeros():
+    from scorch.tensor_compiler.index_notation import COMPARISONS, Scalar, Where
+    for name, node in COMPARISONS.items():
+        for s in (-1.0, 0.0, 2.0):
+            assert _keeps_zero(node(A, Scalar(s))) == (not node.holds(0, s)), (name, s)
+        assert _keeps_zero(node(A, B)) == (not node.holds(0, 0)), name   # both sparse: union
+    Gt, Ne, Eq = COMPARISONS["gt"], COMPARISONS["ne"], COMPARISONS["eq"]
+    assert _keeps_zero(Where(Gt(A, Scalar(0.0)), A, Scalar(0.0)))
+    assert _keeps_zero(Where(B, A, Scalar(0.0)))            # a sparse mask picks
+    assert not _keeps_zero(Where(B, A, Scalar(1.0)))       # 1 where the mask is unstored
+    assert _keeps_zero(Where(B, Scalar(1.0), A))            # where(mask, 1, A): mask | A
+    assert not _keeps_zero(Eq(A, Scalar(0.0)))
+    assert _keeps_zero(Ne(A, Scalar(0.0)) * Apply("exp", B))   # a product with a sparse factor
+    assert not _keeps_zero(Apply("exp", Ne(A, Scalar(0.0))))
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(op=st.sampled_from(["lt", "ge", "eq", "ne"]), fmt=st.sampled_from(["csr", "dcsc"]),
+       m=st.integers(0, 6), n=st.integers(1, 6), density=st.sampled_from([0.0, 0.4, 1.0]),
+       dtype=st.sampled_from([torch.float64, torch.int64]), seed=st.integers(0, 99))
+def test_comparison_and_where_kernels(op, fmt, m, n, density, dtype, seed):
+    """The nodes run in any format: ``cmp(A, B)`` over two sparse operands (union of their
+    patterns when ``0 op 0`` is false) and ``where(A op B, A, 0) * 2 + B``."""
+    from scorch.tensor_compiler.index_notation import COMPARISONS, Scalar, Where
+    node = COMPARISONS[op]
+    x, y = (_matrix(m, n, density, torch.float64, seed + k).mul(3).to(dtype) for k in (0, 1))
+    X, Y = scorch.sparse_tensor(x, format=fmt), scorch.sparse_tensor(y, format=fmt)
+    ref = getattr(torch, op)(x, y)
+    r = compute(Assignment("ij", node(A, B)), X, Y)
+    assert isinstance(r, torch.Tensor) == node.holds(0, 0)
+    torch.testing.assert_close(_dense(r), ref.to(dtype))
+    r = compute(Assignment("ij", Where(node(A, B), A, Scalar(0)) * 2 + B), X, Y)
+    assert not isinstance(r, torch.Tensor)
+    torch.testing.assert_close(_dense(r), torch.where(ref, x, 0) * 2 + y)
