@@ -20,6 +20,8 @@ A, B, C = Access(0, "ij"), Access(1, "ij"), Access(2, "ij")
 
 
 def _dense(r):
+    if isinstance(r, SparseTensor):
+        return r.to_dense()
     return SparseTensor(r).to_dense() if not isinstance(r, torch.Tensor) else r
 
 
@@ -199,3 +201,61 @@ def test_comparison_and_where_kernels(op, fmt, m, n, density, dtype, seed):
     r = compute(Assignment("ij", Where(node(A, B), A, Scalar(0)) * 2 + B), X, Y)
     assert not isinstance(r, torch.Tensor)
     torch.testing.assert_close(_dense(r), torch.where(ref, x, 0) * 2 + y)
+
+
+# --- fused forms --------------------------------------------------------------------------------
+
+def _count_kernel_runs(monkeypatch):
+    """Every compute/einsum run goes through ``api.run`` once (a warm einsum may go to C,
+    compute never): count them."""
+    import scorch.tensor_compiler.api as api
+    runs = [0]
+    original = api.run
+
+    def counting(*args, **kwargs):
+        runs[0] += 1
+        return original(*args, **kwargs)
+    monkeypatch.setattr(api, "run", counting)
+    return runs
+
+
+# (format of C, of A, of B); None = dense
+ADDC = [("csr", "csr", "csr"), ("coo", None, "coo"), ("csr", "csr", None), (None, "csr", None)]
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(formats=st.sampled_from(ADDC), value=st.sampled_from([1, 0.5, -2]),
+       dtype=st.sampled_from([torch.float32, torch.float64]), m=st.integers(0, 5),
+       n=st.integers(1, 5), density=st.sampled_from([0.0, 0.4, 1.0]), seed=st.integers(0, 99))
+def test_addcmul_and_addcdiv_are_one_kernel(formats, value, dtype, m, n, density, seed):
+    import _pytest.monkeypatch
+    mp = _pytest.monkeypatch.MonkeyPatch()
+    try:
+        runs = _count_kernel_runs(mp)
+        c, a, b = (_matrix(m, n, density, dtype, seed + k) for k in range(3))
+        C, X, Y = (t if f is None else scorch.sparse_tensor(t, format=f)
+                   for t, f in zip((c, a, b), formats))
+        got = torch.addcmul(C, X, Y, value=value)
+        assert runs[0] == 1, "C + v * A * B is one kernel"
+        want = torch.addcmul(c, a, b, value=value)
+        assert isinstance(got, SparseTensor) == (formats[0] is not None and formats[1:] != (None, None))
+        torch.testing.assert_close(_dense(got), want)
+        if formats[2] is None:
+            d = torch.rand(m, n, dtype=dtype) + 0.5
+            runs[0] = 0
+            got = torch.addcdiv(C, X, d, value=value)
+            assert runs[0] == 1
+            torch.testing.assert_close(_dense(got), torch.addcdiv(c, a, d, value=value))
+    finally:
+        mp.undo()
+
+
+def test_addcmul_in_place_keeps_the_pattern_and_broadcasts():
+    c = _matrix(4, 3, 0.5, torch.float64, 3)
+    a = _matrix(4, 3, 0.5, torch.float64, 4)
+    C = scorch.sparse_tensor(c, format="csr")
+    values = C.values()
+    C.addcmul_(scorch.sparse_tensor(a, format="csr"), torch.arange(3.0, dtype=torch.float64), value=2)
+    assert C.values().data_ptr() == values.data_ptr()
+    torch.testing.assert_close(C.to_dense(), c + 2 * a * torch.arange(3.0, dtype=torch.float64) * (c != 0)
+                               + 2 * a * torch.arange(3.0, dtype=torch.float64) * (c == 0))

@@ -25,7 +25,7 @@ from ..level_storage import Storage
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, with_values
 from . import shape as _shape
 
-__all__ = ["add", "sub", "mul", "div", "neg"]
+__all__ = ["add", "sub", "mul", "div", "neg", "addcmul", "addcdiv"]
 
 _LETTERS = "ijklmnopqrstuvwxyzabcdefgh"
 
@@ -64,6 +64,9 @@ _EXPRESSIONS = {
     "mul": lambda x, y: x * y,
     "neg": lambda x: -x,
     "div": lambda x, y: x / y,   # the compiler's Div: computed on the numerator's pattern
+    # fused forms: one kernel for the whole expression (s: the 0-d ``value``)
+    "addcmul": lambda c, x, y, s: c + s * x * y,
+    "addcdiv": lambda c, x, y, s: c + s * x / y,
 }
 
 
@@ -208,6 +211,25 @@ def div(a, divisor) -> torch.Tensor:
 def neg(a) -> torch.Tensor:
     a = as_scorch(a)
     return _build((a,), "neg")
+
+
+def _addc(op: str, c, x, y, value) -> torch.Tensor:
+    """``c + value * x (*|/) y`` as ONE kernel (torch's dtype rules: the three tensors and
+    the value promote together)."""
+    c, x, y = as_scorch(c), as_scorch(x), as_scorch(y)
+    dt = torch.result_type(_stand_in(c), _stand_in(x))
+    dt = torch.promote_types(dt, result_dtype(y, value))
+    return _build((_cast(c, dt), _cast(x, dt), _cast(y, dt), _cast(value, dt)), op)
+
+
+def addcmul(c, x, y, value=1) -> torch.Tensor:
+    """``c + value * x * y``: sparse when ``c`` is sparse and so is ``x`` or ``y``."""
+    return _addc("addcmul", c, x, y, value)
+
+
+def addcdiv(c, x, y, value=1) -> torch.Tensor:
+    """``c + value * x / y`` (``y`` dense: a sparse denominator is x / 0, dense by nature)."""
+    return _addc("addcdiv", c, x, y, value)
 
 
 def _scalar_like(x) -> bool:
@@ -373,6 +395,37 @@ def _neg(a, *, out=None):
         return NotImplemented
     _no_out("neg", out)
     return neg(a)
+
+
+@register(torch.addcmul, torch.Tensor.addcmul)
+def _addcmul(c, x, y, *, value=1, out=None):
+    if not _involves_sparse(c, x, y):
+        return NotImplemented
+    _no_out("addcmul", out)
+    return addcmul(c, x, y, value)
+
+
+@register(torch.addcdiv, torch.Tensor.addcdiv)
+def _addcdiv(c, x, y, *, value=1, out=None):
+    # a sparse denominator is dense by nature; integer division: torch's own error
+    if not _involves_sparse(c, x, y) or is_sparse_operand(y) or not all(
+            t.dtype.is_floating_point for t in (c, x, y) if isinstance(t, torch.Tensor)):
+        return NotImplemented
+    _no_out("addcdiv", out)
+    return addcdiv(c, x, y, value)
+
+
+@register(torch.Tensor.addcmul_)
+def _addcmul_(self, x, y, *, value=1):
+    return (_store_in_place("addcmul_", self, addcmul(self, x, y, value))
+            if _involves_sparse(self, x, y) else NotImplemented)
+
+
+@register(torch.Tensor.addcdiv_)
+def _addcdiv_(self, x, y, *, value=1):
+    if not _involves_sparse(self, x, y) or is_sparse_operand(y):
+        return NotImplemented
+    return _store_in_place("addcdiv_", self, addcdiv(self, x, y, value))
 
 
 # a scalar added in place to a sparse tensor goes to the stored values only (the ATen
