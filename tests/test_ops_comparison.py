@@ -179,3 +179,22 @@ def test_dense_by_nature_results_respect_the_dense_limit():
     assert (big > 0.5).nnz == 1          # sparse: costs the stored entries only
     with pytest.raises(scorch.DenseFallbackError, match="dense by nature"):
         big == 0
+
+
+@settings(max_examples=10, deadline=None, derandomize=True)
+@given(st.data(), st.sampled_from(["csr", "coo"]))
+def test_bool_and_integer_arithmetic_follows_torch(data, fmt):
+    """bool ``+`` is or and ``*`` is and (bool results, the union / intersection of the
+    patterns); integer dtypes keep their type."""
+    m, n = data.draw(side()), data.draw(side())
+    a, b = _values(data, (m, n), torch.bool), _values(data, (m, n), torch.bool)
+    A, B = sparse(a, fmt), sparse(b, fmt)
+    assert_matches(A + B, a + b, sparse=True)
+    assert_matches(A * B, a * b, sparse=True)
+    assert_matches(A * b, a * b, sparse=True)
+    assert_matches(A * 2, a * 2, sparse=True)
+    for dtype in (torch.int32, torch.uint8):
+        x, y = a.to(dtype) * 3, b.to(dtype) * 2
+        assert_matches(sparse(x, fmt) + sparse(y, fmt), x + y, sparse=True)
+        assert_matches(sparse(x, fmt) * sparse(y, fmt), x * y, sparse=True)
+        assert_matches(sparse(x, fmt) > 1, x > 1, sparse=True)

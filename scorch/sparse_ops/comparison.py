@@ -22,8 +22,9 @@ import torch
 
 from .._dispatch import check_dense_size, register
 from ..compiler_access import compiler
-from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, with_values
-from .elementwise import _build, _cast, _is_scalar, _scalar_like, _shape_of, result_dtype
+from ..tensor_type import as_scorch, is_sparse_operand
+from .elementwise import (_build, _cast, _is_scalar, _scalar_like, _shape_of, as_bool, bool_as_uint8,
+                          result_dtype)
 
 __all__ = ["compare", "where", "masked_fill", "logical"]
 
@@ -43,17 +44,8 @@ def _in(x, dt: torch.dtype):
     """``x`` in the kernel dtype: bool arrays reinterpreted as uint8 (no copy)."""
     x = as_scorch(x)
     if isinstance(x, torch.Tensor) and x.dtype == torch.bool and dt == torch.uint8:
-        if isinstance(x, SparseTensor):
-            return with_values(x, x._storage.values.view(torch.uint8))
-        return x.view(torch.uint8)
+        return bool_as_uint8(x)
     return _cast(x, dt)
-
-
-def _as_bool(r) -> torch.Tensor:
-    """The kernel's 0/1 result stored as torch.bool."""
-    if isinstance(r, SparseTensor):
-        return with_values(r, r._storage.values != 0)
-    return r != 0
 
 
 def _scalar_value(x) -> Optional[float]:
@@ -106,7 +98,7 @@ def compare(op: str, a, b) -> torch.Tensor:
     else:
         dense = not (is_sparse_operand(a) and is_sparse_operand(b)) or node.holds(0, 0)
         r = _run(op, [x, y], node, dense, dt)
-    return _as_bool(r)
+    return as_bool(r)
 
 
 def _no_backward_yet(name: str, *xs) -> None:
@@ -138,7 +130,7 @@ def where(cond, x, y, name: str = "where") -> torch.Tensor:
     dense = not (is_sparse_operand(cond) or is_sparse_operand(x)) or not zy
     r = _run(name, terms, _ir().Where, dense, dt)
     if out_dt == torch.bool:
-        return _as_bool(r)
+        return as_bool(r)
     return r
 
 
@@ -168,7 +160,7 @@ def logical(op: str, a, b) -> torch.Tensor:
     ir = _ir()
     sparse_a, sparse_b = is_sparse_operand(a), is_sparse_operand(b)
     dense = not (sparse_a and sparse_b) and not (op == "and" and (sparse_a or sparse_b))
-    return _as_bool(_run(f"logical_{op}", [_in(a, dt), _in(b, dt)],
+    return as_bool(_run(f"logical_{op}", [_in(a, dt), _in(b, dt)],
                          lambda x, y: _LOGICAL[op](ir, x, y), dense, dt))
 
 

@@ -25,7 +25,7 @@ from ..level_storage import Storage
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, with_values
 from . import shape as _shape
 
-__all__ = ["add", "sub", "mul", "div", "neg", "addcmul", "addcdiv"]
+__all__ = ["add", "sub", "mul", "div", "neg", "addcmul", "addcdiv", "bool_as_uint8", "as_bool"]
 
 _LETTERS = "ijklmnopqrstuvwxyzabcdefgh"
 
@@ -162,11 +162,42 @@ def _prepare(*xs, true_division: bool = False):
     return dt, tuple(_cast(x, dt) for x in xs)
 
 
+def bool_as_uint8(x):
+    """A bool operand as uint8 (the same bytes, 0/1; kernels have no bool type): no copy."""
+    if _is_scalar(x):
+        return torch.tensor(int(x), dtype=torch.uint8)
+    if isinstance(x, SparseTensor):
+        return with_values(x, x._storage.values.view(torch.uint8))
+    return x.view(torch.uint8)
+
+
+def as_bool(r) -> torch.Tensor:
+    """A kernel's 0/1 result stored as torch.bool."""
+    if isinstance(r, SparseTensor):
+        v = r._storage.values
+        return with_values(r, v.view(torch.bool) if v.dtype == torch.uint8 else v != 0)
+    return r.view(torch.bool) if r.dtype == torch.uint8 else r != 0
+
+
+def _bool_op(a, b, expression) -> torch.Tensor:
+    """torch's bool arithmetic (``+`` is or, ``*`` is and) on 0/1 uint8 values: the kernel
+    result is 0/1 again and is viewed back as bool."""
+    return as_bool(_build((bool_as_uint8(as_scorch(a)), bool_as_uint8(as_scorch(b))),
+                          expression))
+
+
+def _bool_or(x, y):
+    ir = _compiler().index_notation
+    return ir.Gt(x + y, ir.Scalar(0))
+
+
 def add(a, b, alpha=1) -> torch.Tensor:
     """``a + alpha * b``: sparse when both are sparse (union of patterns), else dense."""
     if not (is_sparse_operand(a) or is_sparse_operand(b)):
         return torch.add(a, b, alpha=alpha)
     dt, (a, b) = _prepare(a, b)
+    if dt == torch.bool and alpha == 1:
+        return _bool_op(a, b, _bool_or)
     if alpha == 1:
         return _build((a, b), "add")
     return _build((a, b, _cast(alpha, dt)), "add_alpha")
@@ -187,6 +218,8 @@ def mul(a, b) -> torch.Tensor:
     if not (is_sparse_operand(a) or is_sparse_operand(b)):
         return torch.mul(a, b)
     dt, (a, b) = _prepare(a, b)
+    if dt == torch.bool:
+        return _bool_op(a, b, "mul")
     return _build((a, b), "mul")
 
 
