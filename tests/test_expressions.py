@@ -248,14 +248,3 @@ def test_addcmul_and_addcdiv_are_one_kernel(formats, value, dtype, m, n, density
             torch.testing.assert_close(_dense(got), torch.addcdiv(c, a, d, value=value))
     finally:
         mp.undo()
-
-
-def test_addcmul_in_place_keeps_the_pattern_and_broadcasts():
-    c = _matrix(4, 3, 0.5, torch.float64, 3)
-    a = _matrix(4, 3, 0.5, torch.float64, 4)
-    C = scorch.sparse_tensor(c, format="csr")
-    values = C.values()
-    C.addcmul_(scorch.sparse_tensor(a, format="csr"), torch.arange(3.0, dtype=torch.float64), value=2)
-    assert C.values().data_ptr() == values.data_ptr()
-    torch.testing.assert_close(C.to_dense(), c + 2 * a * torch.arange(3.0, dtype=torch.float64) * (c != 0)
-                               + 2 * a * torch.arange(3.0, dtype=torch.float64) * (c == 0))

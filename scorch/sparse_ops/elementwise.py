@@ -448,19 +448,6 @@ def _addcdiv(c, x, y, *, value=1, out=None):
     return addcdiv(c, x, y, value)
 
 
-@register(torch.Tensor.addcmul_)
-def _addcmul_(self, x, y, *, value=1):
-    return (_store_in_place("addcmul_", self, addcmul(self, x, y, value))
-            if _involves_sparse(self, x, y) else NotImplemented)
-
-
-@register(torch.Tensor.addcdiv_)
-def _addcdiv_(self, x, y, *, value=1):
-    if not _involves_sparse(self, x, y) or is_sparse_operand(y):
-        return NotImplemented
-    return _store_in_place("addcdiv_", self, addcdiv(self, x, y, value))
-
-
 # a scalar added in place to a sparse tensor goes to the stored values only (the ATen
 # values-level handlers of scorch.gradients.optim_ops: optimizers add eps to their state)
 @register(torch.Tensor.add_, torch.Tensor.__iadd__)
