@@ -198,3 +198,13 @@ def test_bool_and_integer_arithmetic_follows_torch(data, fmt):
         assert_matches(sparse(x, fmt) + sparse(y, fmt), x + y, sparse=True)
         assert_matches(sparse(x, fmt) * sparse(y, fmt), x * y, sparse=True)
         assert_matches(sparse(x, fmt) > 1, x > 1, sparse=True)
+
+
+def test_a_comparison_that_keeps_zeros_is_written_on_the_operands_pattern():
+    """``A > s`` stores exactly A's entries, so the kernel writes values at A's positions and
+    the result shares A's index arrays (no coordinate buffers, no assembly)."""
+    a = torch.tensor([[0.0, -2.0, 3.0], [4.0, 0.0, -1.0]])
+    A = sparse(a, "csr")
+    for r in (A > 0.5, A != 0, A <= -1):
+        assert r.nnz == A.nnz
+        assert r._storage.levels[1].crd.data_ptr() == A._storage.levels[1].crd.data_ptr()
