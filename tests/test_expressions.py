@@ -20,6 +20,8 @@ A, B, C = Access(0, "ij"), Access(1, "ij"), Access(2, "ij")
 
 
 def _dense(r):
+    if isinstance(r, SparseTensor):
+        return r.to_dense()
     return SparseTensor(r).to_dense() if not isinstance(r, torch.Tensor) else r
 
 
@@ -154,3 +156,95 @@ def test_max_over_a_3d_tensor_and_integers():
     assert "max_j" in str(Assignment("ik", Access(0, "ijk"), "max"))
     with pytest.raises(ValueError, match="unknown reduction 'mean'"):
         Assignment("i", A, "mean")
+
+
+# --- comparisons and where --------------------------------------------------------------------
+
+def _keeps_zero(expr) -> bool:
+    """Format inference's answer for an "ij" expression over sparse (compressed) accesses."""
+    from scorch.formats import LevelKind
+    from scorch.tensor_compiler.format_inference import infer_kind
+    return infer_kind(expr, "j", lambda a, v: LevelKind.COMPRESSED) != LevelKind.DENSE
+
+
+def test_zero_analysis_decides_which_comparisons_keep_zeros():
+    from scorch.tensor_compiler.index_notation import COMPARISONS, Scalar, Where
+    for name, node in COMPARISONS.items():
+        for s in (-1.0, 0.0, 2.0):
+            assert _keeps_zero(node(A, Scalar(s))) == (not node.holds(0, s)), (name, s)
+        assert _keeps_zero(node(A, B)) == (not node.holds(0, 0)), name   # both sparse: union
+    Gt, Ne, Eq = COMPARISONS["gt"], COMPARISONS["ne"], COMPARISONS["eq"]
+    assert _keeps_zero(Where(Gt(A, Scalar(0.0)), A, Scalar(0.0)))
+    assert _keeps_zero(Where(B, A, Scalar(0.0)))            # a sparse mask picks
+    assert not _keeps_zero(Where(B, A, Scalar(1.0)))       # 1 where the mask is unstored
+    assert _keeps_zero(Where(B, Scalar(1.0), A))            # where(mask, 1, A): mask | A
+    assert not _keeps_zero(Eq(A, Scalar(0.0)))
+    assert _keeps_zero(Ne(A, Scalar(0.0)) * Apply("exp", B))   # a product with a sparse factor
+    assert not _keeps_zero(Apply("exp", Ne(A, Scalar(0.0))))
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(op=st.sampled_from(["lt", "ge", "eq", "ne"]), fmt=st.sampled_from(["csr", "dcsc"]),
+       m=st.integers(0, 6), n=st.integers(1, 6), density=st.sampled_from([0.0, 0.4, 1.0]),
+       dtype=st.sampled_from([torch.float64, torch.int64]), seed=st.integers(0, 99))
+def test_comparison_and_where_kernels(op, fmt, m, n, density, dtype, seed):
+    """The nodes run in any format: ``cmp(A, B)`` over two sparse operands (union of their
+    patterns when ``0 op 0`` is false) and ``where(A op B, A, 0) * 2 + B``."""
+    from scorch.tensor_compiler.index_notation import COMPARISONS, Scalar, Where
+    node = COMPARISONS[op]
+    x, y = (_matrix(m, n, density, torch.float64, seed + k).mul(3).to(dtype) for k in (0, 1))
+    X, Y = scorch.sparse_tensor(x, format=fmt), scorch.sparse_tensor(y, format=fmt)
+    ref = getattr(torch, op)(x, y)
+    r = compute(Assignment("ij", node(A, B)), X, Y)
+    assert isinstance(r, torch.Tensor) == node.holds(0, 0)
+    torch.testing.assert_close(_dense(r), ref.to(dtype))
+    r = compute(Assignment("ij", Where(node(A, B), A, Scalar(0)) * 2 + B), X, Y)
+    assert not isinstance(r, torch.Tensor)
+    torch.testing.assert_close(_dense(r), torch.where(ref, x, 0) * 2 + y)
+
+
+# --- fused forms --------------------------------------------------------------------------------
+
+def _count_kernel_runs(monkeypatch):
+    """Every compute/einsum run goes through ``api.run`` once (a warm einsum may go to C,
+    compute never): count them."""
+    import scorch.tensor_compiler.api as api
+    runs = [0]
+    original = api.run
+
+    def counting(*args, **kwargs):
+        runs[0] += 1
+        return original(*args, **kwargs)
+    monkeypatch.setattr(api, "run", counting)
+    return runs
+
+
+# (format of C, of A, of B); None = dense
+ADDC = [("csr", "csr", "csr"), ("coo", None, "coo"), ("csr", "csr", None), (None, "csr", None)]
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(formats=st.sampled_from(ADDC), value=st.sampled_from([1, 0.5, -2]),
+       dtype=st.sampled_from([torch.float32, torch.float64]), m=st.integers(0, 5),
+       n=st.integers(1, 5), density=st.sampled_from([0.0, 0.4, 1.0]), seed=st.integers(0, 99))
+def test_addcmul_and_addcdiv_are_one_kernel(formats, value, dtype, m, n, density, seed):
+    import _pytest.monkeypatch
+    mp = _pytest.monkeypatch.MonkeyPatch()
+    try:
+        runs = _count_kernel_runs(mp)
+        c, a, b = (_matrix(m, n, density, dtype, seed + k) for k in range(3))
+        C, X, Y = (t if f is None else scorch.sparse_tensor(t, format=f)
+                   for t, f in zip((c, a, b), formats))
+        got = torch.addcmul(C, X, Y, value=value)
+        assert runs[0] == 1, "C + v * A * B is one kernel"
+        want = torch.addcmul(c, a, b, value=value)
+        assert isinstance(got, SparseTensor) == (formats[0] is not None and formats[1:] != (None, None))
+        torch.testing.assert_close(_dense(got), want)
+        if formats[2] is None:
+            d = torch.rand(m, n, dtype=dtype) + 0.5
+            runs[0] = 0
+            got = torch.addcdiv(C, X, d, value=value)
+            assert runs[0] == 1
+            torch.testing.assert_close(_dense(got), torch.addcdiv(c, a, d, value=value))
+    finally:
+        mp.undo()

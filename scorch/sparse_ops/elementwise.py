@@ -25,7 +25,7 @@ from ..level_storage import Storage
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, with_values
 from . import shape as _shape
 
-__all__ = ["add", "sub", "mul", "div", "neg"]
+__all__ = ["add", "sub", "mul", "div", "neg", "addcmul", "addcdiv", "bool_as_uint8", "as_bool"]
 
 _LETTERS = "ijklmnopqrstuvwxyzabcdefgh"
 
@@ -64,6 +64,9 @@ _EXPRESSIONS = {
     "mul": lambda x, y: x * y,
     "neg": lambda x: -x,
     "div": lambda x, y: x / y,   # the compiler's Div: computed on the numerator's pattern
+    # fused forms: one kernel for the whole expression (s: the 0-d ``value``)
+    "addcmul": lambda c, x, y, s: c + s * x * y,
+    "addcdiv": lambda c, x, y, s: c + s * x / y,
 }
 
 
@@ -105,9 +108,10 @@ def _wrap(result):
     return SparseTensor(result) if isinstance(result, Storage) else result
 
 
-def _build(terms, op: str) -> torch.Tensor:
-    """Run the expression ``_EXPRESSIONS[op]`` over ``terms`` (operands already in the result
-    dtype) with torch's broadcasting; returns the kernel's result."""
+def _build(terms, op, compute=None) -> torch.Tensor:
+    """Run the expression ``_EXPRESSIONS[op]`` (or ``op`` itself: a function of the accesses)
+    over ``terms`` (operands already in the result dtype) with torch's broadcasting; returns
+    the kernel's result. ``compute``: the compiler entry (default: the differentiable one)."""
     shape = tuple(torch.broadcast_shapes(*[_shape_of(t) for t in terms]))
     rank = len(shape)
     if rank > len(_LETTERS):
@@ -136,7 +140,7 @@ def _build(terms, op: str) -> torch.Tensor:
             partial_sparse |= len(vars_) < rank
         operands.append(x)
         accesses.append(ir.Access(len(operands) - 1, vars_))
-    rhs = _EXPRESSIONS[op](*accesses)
+    rhs = (_EXPRESSIONS[op] if isinstance(op, str) else op)(*accesses)
     missing = [v for v in out_vars if v not in rhs.vars()]
     if missing:
         raise RuntimeError(f"elementwise: output dimension {missing} is indexed by no operand")
@@ -145,8 +149,8 @@ def _build(terms, op: str) -> torch.Tensor:
         # a product with a sparse operand is sparse; where the sparse operand is broadcast,
         # format inference alone would make the stretched dimensions dense
         out_format = "coo"
-    result = _wrap(_compute()(ir.Assignment(out_vars, rhs), *operands,
-                                       out_format=out_format))
+    result = _wrap((compute or _compute())(ir.Assignment(out_vars, rhs), *operands,
+                                           out_format=out_format))
     if tuple(result.shape) != shape:
         raise RuntimeError(f"elementwise: kernel gave shape {tuple(result.shape)}, expected {shape}")
     return result
@@ -158,11 +162,42 @@ def _prepare(*xs, true_division: bool = False):
     return dt, tuple(_cast(x, dt) for x in xs)
 
 
+def bool_as_uint8(x):
+    """A bool operand as uint8 (the same bytes, 0/1; kernels have no bool type): no copy."""
+    if _is_scalar(x):
+        return torch.tensor(int(x), dtype=torch.uint8)
+    if isinstance(x, SparseTensor):
+        return with_values(x, x._storage.values.view(torch.uint8))
+    return x.view(torch.uint8)
+
+
+def as_bool(r) -> torch.Tensor:
+    """A kernel's 0/1 result stored as torch.bool."""
+    if isinstance(r, SparseTensor):
+        v = r._storage.values
+        return with_values(r, v.view(torch.bool) if v.dtype == torch.uint8 else v != 0)
+    return r.view(torch.bool) if r.dtype == torch.uint8 else r != 0
+
+
+def _bool_op(a, b, expression) -> torch.Tensor:
+    """torch's bool arithmetic (``+`` is or, ``*`` is and) on 0/1 uint8 values: the kernel
+    result is 0/1 again and is viewed back as bool."""
+    return as_bool(_build((bool_as_uint8(as_scorch(a)), bool_as_uint8(as_scorch(b))),
+                          expression))
+
+
+def _bool_or(x, y):
+    ir = _compiler().index_notation
+    return ir.Gt(x + y, ir.Scalar(0))
+
+
 def add(a, b, alpha=1) -> torch.Tensor:
     """``a + alpha * b``: sparse when both are sparse (union of patterns), else dense."""
     if not (is_sparse_operand(a) or is_sparse_operand(b)):
         return torch.add(a, b, alpha=alpha)
     dt, (a, b) = _prepare(a, b)
+    if dt == torch.bool and alpha == 1:
+        return _bool_op(a, b, _bool_or)
     if alpha == 1:
         return _build((a, b), "add")
     return _build((a, b, _cast(alpha, dt)), "add_alpha")
@@ -183,6 +218,8 @@ def mul(a, b) -> torch.Tensor:
     if not (is_sparse_operand(a) or is_sparse_operand(b)):
         return torch.mul(a, b)
     dt, (a, b) = _prepare(a, b)
+    if dt == torch.bool:
+        return _bool_op(a, b, "mul")
     return _build((a, b), "mul")
 
 
@@ -207,6 +244,25 @@ def div(a, divisor) -> torch.Tensor:
 def neg(a) -> torch.Tensor:
     a = as_scorch(a)
     return _build((a,), "neg")
+
+
+def _addc(op: str, c, x, y, value) -> torch.Tensor:
+    """``c + value * x (*|/) y`` as ONE kernel (torch's dtype rules: the three tensors and
+    the value promote together)."""
+    c, x, y = as_scorch(c), as_scorch(x), as_scorch(y)
+    dt = torch.result_type(_stand_in(c), _stand_in(x))
+    dt = torch.promote_types(dt, result_dtype(y, value))
+    return _build((_cast(c, dt), _cast(x, dt), _cast(y, dt), _cast(value, dt)), op)
+
+
+def addcmul(c, x, y, value=1) -> torch.Tensor:
+    """``c + value * x * y``: sparse when ``c`` is sparse and so is ``x`` or ``y``."""
+    return _addc("addcmul", c, x, y, value)
+
+
+def addcdiv(c, x, y, value=1) -> torch.Tensor:
+    """``c + value * x / y`` (``y`` dense: a sparse denominator is x / 0, dense by nature)."""
+    return _addc("addcdiv", c, x, y, value)
 
 
 def _scalar_like(x) -> bool:
@@ -372,6 +428,24 @@ def _neg(a, *, out=None):
         return NotImplemented
     _no_out("neg", out)
     return neg(a)
+
+
+@register(torch.addcmul, torch.Tensor.addcmul)
+def _addcmul(c, x, y, *, value=1, out=None):
+    if not _involves_sparse(c, x, y):
+        return NotImplemented
+    _no_out("addcmul", out)
+    return addcmul(c, x, y, value)
+
+
+@register(torch.addcdiv, torch.Tensor.addcdiv)
+def _addcdiv(c, x, y, *, value=1, out=None):
+    # a sparse denominator is dense by nature; integer division: torch's own error
+    if not _involves_sparse(c, x, y) or is_sparse_operand(y) or not all(
+            t.dtype.is_floating_point for t in (c, x, y) if isinstance(t, torch.Tensor)):
+        return NotImplemented
+    _no_out("addcdiv", out)
+    return addcdiv(c, x, y, value)
 
 
 # a scalar added in place to a sparse tensor goes to the stored values only (the ATen

@@ -9,7 +9,9 @@
   (conservative, as the paper argues);
 * a scalar is dense;
 * a quotient is like its numerator (the denominator is dense);
-* a function keeps its argument's kind when it maps 0 to 0 (``functions.py``), else dense.
+* a function keeps its argument's kind when it maps 0 to 0 (``functions.py``), else dense;
+* a comparison or ``where`` is sparse where it keeps 0 where its sparse operands store
+  nothing (``A > s`` iff ``not (0 > s)``, ``A != 0``, ``where(A > 0, A, 0)``), else dense.
 
 A sparse output level takes the kind its feeding sparse levels agree on (``output_kind``:
 coordinate levels give coordinate, compressed and singleton levels compressed), else
@@ -21,51 +23,22 @@ from __future__ import annotations
 from typing import Callable, Dict, Sequence
 
 from ..formats import LevelKind
-from .functions import function
-from .index_notation import Access, Add, Apply, Div, Expr, Mul, Neg, Scalar, Sub
+from . import merge_lattice as ml
+from .index_notation import Access, Expr
 
 __all__ = ["infer_kind", "infer_output_kinds"]
 
-# Results: None (does not index v), DENSE, or the frozenset of sparse kinds feeding v.
-DENSE = "d"
-
-
-def _infer(e: Expr, v: str, kind_of: Callable[[Access, str], LevelKind]):
-    if isinstance(e, Access):
-        if v not in e.indices:
-            return None
-        k = kind_of(e, v)
-        return DENSE if k.full else frozenset((k,))
-    if isinstance(e, Scalar):
-        return DENSE
-    if isinstance(e, Neg):
-        return _infer(e.a, v, kind_of)
-    if isinstance(e, Apply):   # functions.py: only a zero-preserving function keeps sparsity
-        a = _infer(e.a, v, kind_of)
-        return a if a is None or function(e.fn).preserves_zero(e.p) else DENSE
-    a, b = _infer(e.a, v, kind_of), _infer(e.b, v, kind_of)
-    if isinstance(e, Div):     # like the numerator; a numerator broadcast along v is dense
-        return (DENSE if b is not None else None) if a is None else a
-    if isinstance(e, Mul):
-        if a is None or a == DENSE:
-            return b if b is not None else a
-        if b is None or b == DENSE:
-            return a
-        return a | b
-    if isinstance(e, (Add, Sub)):
-        if a is None and b is None:
-            return None
-        if a is None or b is None or a == DENSE or b == DENSE:
-            return DENSE
-        return a | b
-    raise TypeError(f"unknown expression node {e!r}")
-
 
 def infer_kind(rhs: Expr, v: str, kind_of: Callable[[Access, str], LevelKind]) -> LevelKind:
-    r = _infer(rhs, v, kind_of)
-    if r is None or r == DENSE:
+    """Sparse at ``v`` when the presence formula (``merge_lattice``) cannot hold with every
+    access that is sparse at ``v`` absent (the others, dense at ``v`` or broadcast along it,
+    present): the rules above, read off one formula, so comparisons and ``where`` follow."""
+    ids = ml.access_ids(rhs)
+    sparse = {ids[a]: kind_of(a, v) for a in ids if v in a.indices}
+    sparse = {i: k for i, k in sparse.items() if not k.full}
+    if not sparse or ml.dense_needed(ml.formula(rhs, ids), sparse):
         return LevelKind.DENSE
-    kinds = {k.output_kind() for k in r}
+    kinds = {k.output_kind() for k in sparse.values()}
     return kinds.pop() if len(kinds) == 1 else LevelKind.COMPRESSED
 
 

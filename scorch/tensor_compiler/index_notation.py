@@ -2,7 +2,9 @@
 
 An :class:`Assignment` ``out(i, k) = sum_j A(i, j) * B(j, k)`` has output index variables
 and a right-hand side built from :class:`Access` (operand ``n`` indexed by variables),
-:class:`Mul`, :class:`Add`, :class:`Sub`, :class:`Neg` and :class:`Scalar`. Every variable of
+:class:`Mul`, :class:`Add`, :class:`Sub`, :class:`Div`, :class:`Neg`, :class:`Apply`,
+:class:`Scalar`, the comparisons (:class:`Lt`, :class:`Le`, :class:`Gt`, :class:`Ge`,
+:class:`Eq`, :class:`Ne`: 1 where they hold, else 0) and :class:`Where`. Every variable of
 the right-hand side that is not an output variable is summed over (einsum semantics).
 
 ``parse_einsum`` turns a torch-style einsum equation (implicit output, ``...``, batch
@@ -18,13 +20,14 @@ dimensions an ellipsis stands for.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .frontend import bind_sizes, check_equation
 from .functions import function
 
 __all__ = [
     "Expr", "Access", "Binary", "Mul", "Add", "Sub", "Div", "Neg", "Apply", "Scalar", "Assignment",
+    "Compare", "Lt", "Le", "Gt", "Ge", "Eq", "Ne", "COMPARISONS", "Where",
     "parse_einsum", "EinsumSpec", "accesses", "label_sort_key", "product", "REDUCTIONS",
 ]
 
@@ -41,6 +44,10 @@ class Expr:
     def __neg__(self): return Neg(self)
     def __truediv__(self, other): return Div(self, _wrap(other))
     def __rtruediv__(self, other): return Div(_wrap(other), self)
+
+    def children(self) -> Tuple["Expr", ...]:
+        """The sub-expressions (what a traversal visits)."""
+        return tuple(getattr(self, f) for f in ("c", "a", "b") if isinstance(getattr(self, f, None), Expr))
 
     def vars(self) -> List[str]:
         """Index variables in first-appearance order."""
@@ -109,6 +116,52 @@ class Div(Binary):
     symbol, paren_left, paren_right_always = "/", True, True
 
 
+class Compare(Binary):
+    """A comparison: 1 where ``holds(a, b)``, else 0 (the op layer stores the result as bool).
+    Whether it keeps 0 where its operands are 0 is ``holds(0, 0)`` (``merge_lattice``)."""
+    symbol, paren_left, paren_right_always = "?", True, True
+    holds: Callable[[float, float], bool] = staticmethod(lambda x, y: False)
+
+
+class Lt(Compare):
+    symbol, holds = "<", staticmethod(lambda x, y: x < y)
+
+
+class Le(Compare):
+    symbol, holds = "<=", staticmethod(lambda x, y: x <= y)
+
+
+class Gt(Compare):
+    symbol, holds = ">", staticmethod(lambda x, y: x > y)
+
+
+class Ge(Compare):
+    symbol, holds = ">=", staticmethod(lambda x, y: x >= y)
+
+
+class Eq(Compare):
+    symbol, holds = "==", staticmethod(lambda x, y: x == y)
+
+
+class Ne(Compare):
+    symbol, holds = "!=", staticmethod(lambda x, y: x != y)
+
+
+#: the comparison nodes by torch's name of the op
+COMPARISONS = {"lt": Lt, "le": Le, "gt": Gt, "ge": Ge, "eq": Eq, "ne": Ne}
+
+
+@dataclass(frozen=True, eq=True)
+class Where(Expr):
+    """``a`` where ``c`` is nonzero, else ``b`` (torch.where)."""
+    c: Expr
+    a: Expr
+    b: Expr
+
+    def __str__(self) -> str:
+        return f"where({self.c}, {self.a}, {self.b})"
+
+
 @dataclass(frozen=True, eq=True)
 class Apply(Expr):
     """An elementwise function (``functions.FUNCTIONS``) of ``a``; ``p``: its parameter."""
@@ -142,7 +195,7 @@ class Scalar(Expr):
 
 
 def _paren(e: Expr, parent, always: bool = False) -> str:
-    if isinstance(e, (Access, Scalar, Apply)):
+    if isinstance(e, (Access, Scalar, Apply, Where)):
         return str(e)
     if isinstance(e, Mul) and parent in (Mul, Add, Sub, Neg) and not (always and parent is Neg):
         return str(e)
@@ -155,11 +208,7 @@ def accesses(e: Expr) -> List[Access]:
     """Every access of ``e``, left to right."""
     if isinstance(e, Access):
         return [e]
-    if isinstance(e, Binary):
-        return accesses(e.a) + accesses(e.b)
-    if isinstance(e, (Neg, Apply)):
-        return accesses(e.a)
-    return []
+    return [a for c in e.children() for a in accesses(c)]
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 Whether the right-hand side *may be nonzero* at a point is a monotone boolean formula of
 which accesses have a stored entry there: a product needs all its factors (intersection),
-a sum or difference needs any term (union), a scalar is always "present". At a loop over
+a sum or difference needs any term (union), a scalar is always "present"; comparisons and
+``where`` follow from the value each sub-expression takes where nothing is stored
+(``zero_analysis``). At a loop over
 index variable ``v`` the sparse levels that index ``v`` are the lattice's iterators:
 
 * if the formula can hold with every iterator exhausted (a dense term or a broadcast term
@@ -20,12 +22,12 @@ index variable ``v`` the sparse levels that index ``v`` are the lattice's iterat
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, Sequence
+from typing import Callable, Dict, Iterable, List, Sequence, Tuple
 
 from .functions import function
-from .index_notation import Access, Add, Apply, Div, Expr, Mul, Neg, Scalar, Sub
+from .index_notation import Access, Add, Apply, Compare, Div, Expr, Mul, Neg, Scalar, Sub, Where
 
-__all__ = ["access_ids", "formula", "evaluate", "to_code", "dense_needed", "necessary",
+__all__ = ["access_ids", "zero_analysis", "UNKNOWN", "formula", "evaluate", "to_code", "dense_needed", "necessary",
            "loop_condition"]
 
 
@@ -39,22 +41,68 @@ def access_ids(rhs: Expr) -> Dict[Access, int]:
     return ids
 
 
-def formula(e: Expr, ids: Dict[Access, int]):
+#: the value of an expression where it is constant but the table does not say which constant
+UNKNOWN = object()
+
+
+def zero_analysis(e: Expr, ids: Dict[Access, int]) -> Tuple[object, object]:
+    """``(z, support)``: outside the formula ``support`` the expression equals the constant
+    ``z`` (a number, or ``UNKNOWN``); every access is 0 where it stores nothing. This is how
+    the zero-preserving table reaches comparisons and ``where``: ``A > s`` is ``0 > s``
+    outside ``A``, so it keeps zeros iff ``not (0 > s)``; ``where(A > 0, A, 0)`` is 0 outside
+    ``A``."""
     if isinstance(e, Access):
-        return ("var", ids[e])
-    if isinstance(e, Mul):
-        return _and(formula(e.a, ids), formula(e.b, ids))
-    if isinstance(e, (Add, Sub)):
-        return _or(formula(e.a, ids), formula(e.b, ids))
-    if isinstance(e, Neg):
-        return formula(e.a, ids)
-    if isinstance(e, Div):   # the denominator is dense (schedule checks): the numerator's
-        return formula(e.a, ids)
-    if isinstance(e, Apply):  # a function that maps 0 elsewhere is nonzero everywhere
-        return formula(e.a, ids) if function(e.fn).preserves_zero(e.p) else True
+        return 0, ("var", ids[e])
     if isinstance(e, Scalar):
-        return True
+        return e.value, False
+    if isinstance(e, Neg):
+        z, s = zero_analysis(e.a, ids)
+        return (UNKNOWN if z is UNKNOWN else -z), s
+    if isinstance(e, Apply):  # functions.py: only a zero-preserving function keeps 0 at 0
+        z, s = zero_analysis(e.a, ids)
+        return (0 if z == 0 and function(e.fn).preserves_zero(e.p) else UNKNOWN), s
+    if isinstance(e, Where):
+        zc, sc = zero_analysis(e.c, ids)
+        (za, sa), (zb, sb) = zero_analysis(e.a, ids), zero_analysis(e.b, ids)
+        # two bounds, both valid (so is their intersection): where neither branch is stored
+        # and both give the same constant the condition does not matter; where the
+        # condition is not stored it picks one branch
+        same = za is not UNKNOWN and zb is not UNKNOWN and za == zb
+        if zc is UNKNOWN:
+            return (za if same else UNKNOWN), (_or(sa, sb) if same else _or(sc, _or(sa, sb)))
+        z, picked = (za, _or(sc, sa)) if zc else (zb, _or(sc, sb))
+        return z, (_and(picked, _or(sa, sb)) if same else picked)
+    (za, sa), (zb, sb) = zero_analysis(e.a, ids), zero_analysis(e.b, ids)
+    known = za is not UNKNOWN and zb is not UNKNOWN
+    if isinstance(e, Mul):   # a factor at 0 makes the product 0 (0 * inf counts as 0)
+        if za == 0 and zb == 0:
+            return 0, _and(sa, sb)
+        if za == 0 or zb == 0:
+            return 0, sa if za == 0 else sb
+        return (za * zb if known else UNKNOWN), _or(sa, sb)
+    if isinstance(e, Div):   # computed where the numerator may be nonzero (0 / 0 stays 0)
+        if za == 0:
+            return 0, sa
+        return (za / zb if known and zb != 0 else UNKNOWN), _or(sa, sb)
+    if isinstance(e, (Add, Sub)):
+        z = (za + zb if isinstance(e, Add) else za - zb) if known else UNKNOWN
+        return z, _or(sa, sb)
+    if isinstance(e, Compare):
+        return (float(e.holds(za, zb)) if known else UNKNOWN), _or(sa, sb)
     raise TypeError(f"unknown expression node {e!r}")
+
+
+def formula(e: Expr, ids: Dict[Access, int]):
+    """Where ``e`` may be nonzero: its support when it is 0 elsewhere, else everywhere.
+    An expression that is 0 everywhere (``A * 0``) is computed where its accesses are
+    stored (it stores zeros; the loops still need iterators)."""
+    z, s = zero_analysis(e, ids)
+    if z is UNKNOWN or z != 0:
+        return True
+    if s is False:
+        for i in sorted(set(ids.values())):
+            s = _or(s, ("var", i))
+    return s
 
 
 def _and(a, b):

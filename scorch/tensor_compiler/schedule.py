@@ -23,8 +23,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ..formats import Format, LevelKind
 from . import merge_lattice as ml
 from .format_inference import infer_output_kinds
-from .functions import function
-from .index_notation import Access, Apply, Assignment, Div, Mul, Neg, Scalar, accesses
+from .index_notation import Access, Assignment, Div, accesses
 from .levels import LevelPlan, level_plans
 from .cost_model import OrderProblem, concordant_dims, order_cost
 from .loop_order import CycleRemoval, Move, NoValidOrder, algorithm1
@@ -99,8 +98,8 @@ def _pattern_access(asg: Assignment, plans: List[AccessPlan], out: OutputPlan,
                     order: Sequence[str]) -> int:
     """The access whose stored pattern *is* the output's (SDDMM's S, ``A * D``), or -1.
 
-    Holds when the expression is a product (no sum can add entries), the only sparse access
-    ``P`` is over exactly the output variables, is read in the output's produced format
+    Holds when the only sparse access ``P`` is one the presence formula needs (no entry
+    outside its pattern), is over exactly the output variables, is read in the output's produced format
     (same level kinds in the same variable order, no run grouping of duplicates), and the
     output loops come first: then every stored entry of ``P`` is visited exactly once and
     gives exactly one output entry (given non-empty reductions, checked at run time), so
@@ -108,21 +107,12 @@ def _pattern_access(asg: Assignment, plans: List[AccessPlan], out: OutputPlan,
     ``pos``/``crd`` arrays: no coordinate buffers, no assembly pass."""
     if out.dense or out.mode not in ("acc", "direct") or out.final_format is not None:
         return -1
-
-    def product(e) -> bool:
-        if isinstance(e, (Access, Scalar)):
-            return True
-        if isinstance(e, (Neg, Div)):   # a quotient's denominator is dense
-            return product(e.a)
-        if isinstance(e, Apply):
-            return function(e.fn).preserves_zero(e.p) and product(e.a)
-        if isinstance(e, Mul):
-            return product(e.a) and product(e.b)
-        return False
-    if not product(asg.rhs):
-        return -1
     sparse = [ap for ap in plans if ap.sparse]
     if len(sparse) != 1:
+        return -1
+    # no entry outside P's pattern: the presence formula cannot hold without P (a product,
+    # a zero-preserving function, a comparison that keeps 0, where(P > 0, P, 0), ...)
+    if ml.dense_needed(ml.formula(asg.rhs, ml.access_ids(asg.rhs)), [sparse[0].id]):
         return -1
     P = sparse[0]
     if (P.level_vars != out.level_vars or len(set(P.indices)) != len(P.indices)
@@ -270,9 +260,8 @@ def _check_denominators(e, formats) -> None:
             raise ValueError(f"division by sparse operand {sparse[0]}: the quotient is x / 0 "
                              f"wherever it stores nothing (dense by nature); divide by its "
                              f"dense form")
-    for child in (getattr(e, "a", None), getattr(e, "b", None)):
-        if child is not None:
-            _check_denominators(child, formats)
+    for child in e.children():
+        _check_denominators(child, formats)
 
 
 def _tiled(order: Sequence[str], plans: List[AccessPlan]) -> List[str]:

@@ -16,7 +16,7 @@ import torch
 
 from .. import merge_lattice as ml
 from ..functions import function
-from ..index_notation import Apply
+from ..index_notation import Apply, Compare, Where
 from ..levels import LevelPlan
 from ..schedule import Schedule
 from ..target import Target, current as current_target
@@ -304,15 +304,15 @@ def _store_depth(s: Schedule, row_depth: int) -> Optional[int]:
 
 
 def _applies(e) -> bool:
-    """The expression applies an elementwise function somewhere."""
-    return any(isinstance(x, Apply) for x in _nodes(e))
+    """The expression applies an elementwise function, a comparison or a selection somewhere
+    (none of which the vector types compute)."""
+    return any(isinstance(x, (Apply, Compare, Where)) for x in _nodes(e))
 
 
 def _nodes(e):
     yield e
-    for child in (getattr(e, "a", None), getattr(e, "b", None)):
-        if child is not None:
-            yield from _nodes(child)
+    for child in e.children():
+        yield from _nodes(child)
 
 
 def math_functions(s: Schedule) -> Tuple[str, ...]:

@@ -13,7 +13,7 @@ from typing import List, Optional, Tuple
 
 from .. import merge_lattice as ml
 from ..functions import function
-from ..index_notation import Access, Add, Apply, Div, Expr, Mul, Neg, Scalar, Sub
+from ..index_notation import Access, Add, Apply, Compare, Div, Expr, Mul, Neg, Scalar, Sub, Where
 from ..loop_ir import AddTo, AppendEntry, Assign, Call, For, If, Stmt, While
 from .facts import cvar, reduce_identity, reduce_into
 from .nest import Cursor, Nest
@@ -41,6 +41,11 @@ def value(n: Nest, e: Expr, st: Cursor, vec_at: Optional[int] = None) -> str:
     if isinstance(e, Apply):   # never in a vector leaf (facts: no fixed widths)
         fn = function(e.fn)
         return "(" + fn.c_expr.format(x=value(n, e.a, st, vec_at), p=f"(<{f.vt}>{e.p!r})") + ")"
+    if isinstance(e, Compare):  # 1 or 0 in the value type (the op layer stores it as bool)
+        return f"(<{f.vt}>({value(n, e.a, st, vec_at)} {e.symbol} {value(n, e.b, st, vec_at)}))"
+    if isinstance(e, Where):    # never in a vector leaf either
+        return (f"({value(n, e.a, st, vec_at)} if {value(n, e.c, st, vec_at)} "
+                f"else {value(n, e.b, st, vec_at)})")
     op = {Mul: "*", Add: "+", Sub: "-", Div: "/"}[type(e)]
     return f"({value(n, e.a, st, vec_at)} {op} {value(n, e.b, st, vec_at)})"
 

@@ -1,0 +1,244 @@
+"""Comparisons, ``where`` and the logical ops on sparse operands, each ONE generated kernel
+over the compiler's ``Compare``/``Where`` nodes (``tensor_compiler/index_notation.py``).
+
+Whether a result is sparse is decided by the compiler from the expression (the presence
+formula of ``merge_lattice.zero_analysis``), never here: ``A != 0`` and ``A < B`` (both
+sparse) keep 0 where nothing is stored, ``A == 0`` does not. A scalar operand enters the
+kernel as a 0-d tensor (one kernel for every value), so the compiler cannot see its value;
+where ``0 op s`` is false the comparison is written ``where(A, A op s, 0)`` (equal wherever
+``A`` is 0, stored or not), which keeps ``A``'s pattern. A scalar 0 in ``where`` or
+``masked_fill`` enters as the constant 0, so ``where(A > 0, A, 0)`` stays on ``A``'s pattern.
+
+Kernels compute in the operands' promoted type (a bool operand as uint8, the same bytes) and
+give 1 or 0; results are stored as ``torch.bool``. A result that is dense by nature
+(``A == 0``, ``where(mask, x, 1)``) is allocated only under the dense limit of ``_dispatch``.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Callable, List, Optional
+
+import torch
+
+from .._dispatch import check_dense_size, register
+from ..compiler_access import compiler
+from ..tensor_type import as_scorch, is_sparse_operand
+from .elementwise import (_build, _cast, _is_scalar, _scalar_like, _shape_of, as_bool, bool_as_uint8,
+                          result_dtype)
+
+__all__ = ["compare", "where", "masked_fill", "logical"]
+
+
+def _ir():
+    return compiler().index_notation
+
+
+def _compute_dtype(dt: torch.dtype) -> torch.dtype:
+    """Kernels have no bool type: bool values run as uint8 (same size, 0/1)."""
+    if dt.is_complex:
+        raise TypeError(f"comparisons of sparse tensors do not support {dt}")
+    return torch.uint8 if dt == torch.bool else dt
+
+
+def _in(x, dt: torch.dtype):
+    """``x`` in the kernel dtype: bool arrays reinterpreted as uint8 (no copy)."""
+    x = as_scorch(x)
+    if isinstance(x, torch.Tensor) and x.dtype == torch.bool and dt == torch.uint8:
+        return bool_as_uint8(x)
+    return _cast(x, dt)
+
+
+def _scalar_value(x) -> Optional[float]:
+    """The value of a Python number or a dense 0-d tensor; None for anything else."""
+    if _is_scalar(x):
+        return x
+    if _scalar_like(x):
+        return x.item()
+    return None
+
+
+def _dense_size_check(name: str, terms, dt: torch.dtype) -> None:
+    shape = torch.broadcast_shapes(*[_shape_of(t) for t in terms])
+    check_dense_size(name, shape, dt)
+
+
+def _run(name: str, terms: List[object], expr: Callable, dense_by_nature: bool, dt):
+    """One kernel over ``terms`` (None entries: the constant 0) without autograd; the
+    expression gets one access per tensor term and ``Scalar(0)`` for each None."""
+    ir = _ir()
+    tensors = [t for t in terms if t is not None]
+    if dense_by_nature:
+        _dense_size_check(name, tensors, dt)
+
+    def rhs(*accesses):
+        it = iter(accesses)
+        return expr(*[ir.Scalar(0) if t is None else next(it) for t in terms])
+    with torch.no_grad():
+        return _build(tensors, rhs, compiler().compute)
+
+
+def compare(op: str, a, b) -> torch.Tensor:
+    """``torch.<op>(a, b)`` (lt, le, gt, ge, eq, ne) with a sparse operand, as torch.bool."""
+    a, b = as_scorch(a), as_scorch(b)
+    dt = _compute_dtype(result_dtype(a, b))
+    node = _ir().COMPARISONS[op]
+    sa, sb = _scalar_value(a), _scalar_value(b)
+    x, y = _in(a, dt), _in(b, dt)
+    if sb is not None or sa is not None:
+        # a tensor against a scalar: sparse iff "0 op s" is false (then equal to
+        # where(T, T op s, 0) wherever T is 0, stored or not)
+        keeps = not (node.holds(0, sb) if sb is not None else node.holds(sa, 0))
+        tensor_first = sb is not None
+        if keeps:
+            expr = ((lambda t, s: _ir().Where(t, node(t, s), _ir().Scalar(0))) if tensor_first
+                    else (lambda s, t: _ir().Where(t, node(s, t), _ir().Scalar(0))))
+        else:
+            expr = node
+        r = _run(op, [x, y], expr, not keeps, dt)
+    else:
+        dense = not (is_sparse_operand(a) and is_sparse_operand(b)) or node.holds(0, 0)
+        r = _run(op, [x, y], node, dense, dt)
+    return as_bool(r)
+
+
+def _no_backward_yet(name: str, *xs) -> None:
+    """No silent detach: ``where`` has no gradient rule on sparse operands yet."""
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                       for x in xs):
+        raise RuntimeError(f"scorch: '{name}' with a sparse operand that requires grad has no "
+                           f"backward yet; call it under torch.no_grad() or on .detach()")
+
+
+def _term(x, dt):
+    """A value operand of where: the constant 0 (None) for a zero scalar, else a tensor."""
+    s = _scalar_value(x)
+    return None if s is not None and s == 0 else _in(x, dt)
+
+
+def where(cond, x, y, name: str = "where") -> torch.Tensor:
+    """``torch.where(cond, x, y)`` with a sparse operand: sparse where the result is 0 where
+    the sparse operands store nothing (``where(A > 0, A, 0)``, ``where(mask, A, B)``)."""
+    cond, x, y = as_scorch(cond), as_scorch(x), as_scorch(y)
+    if isinstance(cond, torch.Tensor) and cond.dtype != torch.bool:
+        raise RuntimeError(f"{name}: expected condition to be a boolean tensor, but got a "
+                           f"tensor with dtype {cond.dtype}")
+    _no_backward_yet(name, x, y)
+    out_dt = result_dtype(x, y)
+    dt = _compute_dtype(out_dt)
+    terms = [_in(cond, dt), _term(x, dt), _term(y, dt)]
+    zy = terms[2] is None or is_sparse_operand(y)
+    dense = not (is_sparse_operand(cond) or is_sparse_operand(x)) or not zy
+    r = _run(name, terms, _ir().Where, dense, dt)
+    if out_dt == torch.bool:
+        return as_bool(r)
+    return r
+
+
+def masked_fill(t, mask, value) -> torch.Tensor:
+    """``t.masked_fill(mask, value)``: ``where(mask, value, t)``, in ``t``'s dtype."""
+    if not _scalar_like(value):
+        raise RuntimeError("masked_fill only supports a 0-dimensional value tensor")
+    value = _scalar_value(value)
+    r = where(mask, torch.tensor(value, dtype=t.dtype), t, "masked_fill")
+    return r if r.dtype == t.dtype else r.to(t.dtype)
+
+
+_LOGICAL = {
+    # nonzero tests combined; each keeps 0 where both operands are 0 (or: 0 unless one is)
+    "and": lambda ir, x, y: ir.Mul(ir.Ne(x, ir.Scalar(0)), ir.Ne(y, ir.Scalar(0))),
+    "or": lambda ir, x, y: ir.Gt(ir.Ne(x, ir.Scalar(0)) + ir.Ne(y, ir.Scalar(0)), ir.Scalar(0)),
+    "xor": lambda ir, x, y: ir.Ne(ir.Ne(x, ir.Scalar(0)), ir.Ne(y, ir.Scalar(0))),
+}
+
+
+def logical(op: str, a, b) -> torch.Tensor:
+    """``torch.logical_<op>(a, b)`` (and, or, xor) as torch.bool; for bool operands also
+    ``&``, ``|``, ``^``. Sparse: the intersection (and) or union (or, xor) of the patterns
+    when both are sparse."""
+    a, b = as_scorch(a), as_scorch(b)
+    dt = _compute_dtype(result_dtype(a, b))
+    ir = _ir()
+    sparse_a, sparse_b = is_sparse_operand(a), is_sparse_operand(b)
+    dense = not (sparse_a and sparse_b) and not (op == "and" and (sparse_a or sparse_b))
+    return as_bool(_run(f"logical_{op}", [_in(a, dt), _in(b, dt)],
+                         lambda x, y: _LOGICAL[op](ir, x, y), dense, dt))
+
+
+# --- registration ----------------------------------------------------------------------------
+
+def _involves_sparse(*xs) -> bool:
+    return any(is_sparse_operand(x) for x in xs)
+
+
+def _operand(x) -> bool:
+    return isinstance(x, torch.Tensor) or (isinstance(x, numbers.Number) and not isinstance(x, complex))
+
+
+def _comparison(op: str, *torch_functions):
+    @register(*torch_functions)
+    def handler(a, b, *, out=None):
+        if out is not None or not _involves_sparse(a, b) or not (_operand(a) and _operand(b)):
+            return NotImplemented
+        return compare(op, a, b)
+    return handler
+
+
+for _op, _fns in {
+        "lt": (torch.lt, torch.less, torch.Tensor.lt, torch.Tensor.less, torch.Tensor.__lt__),
+        "le": (torch.le, torch.less_equal, torch.Tensor.le, torch.Tensor.less_equal,
+               torch.Tensor.__le__),
+        "gt": (torch.gt, torch.greater, torch.Tensor.gt, torch.Tensor.greater, torch.Tensor.__gt__),
+        "ge": (torch.ge, torch.greater_equal, torch.Tensor.ge, torch.Tensor.greater_equal,
+               torch.Tensor.__ge__),
+        "eq": (torch.eq, torch.Tensor.eq, torch.Tensor.__eq__),
+        "ne": (torch.ne, torch.not_equal, torch.Tensor.ne, torch.Tensor.not_equal,
+               torch.Tensor.__ne__)}.items():
+    _comparison(_op, *_fns)
+
+
+@register(torch.where)
+def _where(cond, *args, out=None, **kwargs):
+    args = args + tuple(kwargs.pop(k) for k in ("input", "other") if k in kwargs)
+    if len(args) != 2 or out is not None or kwargs or not _involves_sparse(cond, *args):
+        return NotImplemented
+    return where(cond, args[0], args[1])
+
+
+@register(torch.Tensor.where)
+def _tensor_where(self, condition, y):
+    """``x.where(cond, y)`` is ``torch.where(cond, x, y)``."""
+    return where(condition, self, y) if _involves_sparse(self, condition, y) else NotImplemented
+
+
+@register(torch.masked_fill, torch.Tensor.masked_fill)
+def _masked_fill(t, mask, value):
+    if not _involves_sparse(t, mask) or not _scalar_like(value):
+        return NotImplemented
+    return masked_fill(t, mask, value)
+
+
+def _logical(op: str, *torch_functions, bool_only: bool = False):
+    @register(*torch_functions)
+    def handler(a, b, *, out=None):
+        if out is not None or not _involves_sparse(a, b) or not (_operand(a) and _operand(b)):
+            return NotImplemented
+        if bool_only and not all(isinstance(x, bool) or (isinstance(x, torch.Tensor) and x.dtype == torch.bool)
+                                 for x in (a, b)):
+            return NotImplemented   # integer bitwise ops: the fallback
+        return logical(op, a, b)
+    return handler
+
+
+for _op in ("and", "or", "xor"):
+    _logical(_op, getattr(torch, f"logical_{_op}"), getattr(torch.Tensor, f"logical_{_op}"))
+_logical("and", torch.bitwise_and, torch.Tensor.bitwise_and, torch.Tensor.__and__, bool_only=True)
+_logical("or", torch.bitwise_or, torch.Tensor.bitwise_or, torch.Tensor.__or__, bool_only=True)
+_logical("xor", torch.bitwise_xor, torch.Tensor.bitwise_xor, torch.Tensor.__xor__, bool_only=True)
+
+
+@register(torch.logical_not, torch.Tensor.logical_not)
+def _logical_not(a, *, out=None):
+    """``not A`` is true where nothing is stored: dense by nature, ``A == 0``."""
+    if out is not None or not is_sparse_operand(a):
+        return NotImplemented
+    return compare("eq", a, 0)
