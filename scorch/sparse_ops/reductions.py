@@ -29,6 +29,9 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 Dims = Union[None, int, Sequence[int]]
 
+_grad_enabled = torch.is_grad_enabled
+_any_requires_grad = torch._C._any_requires_grad
+
 
 def _reduced_dims(dim: Dims, rank: int, name: str) -> Tuple[int, ...]:
     if dim is None:
@@ -81,8 +84,16 @@ def _keepdim(result: torch.Tensor, dims: Tuple[int, ...]) -> torch.Tensor:
 def sum(t: SparseTensor, dim: Dims = None, keepdim: bool = False,
         dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """``torch.sum`` over the stored entries."""
-    t = _in_dtype(as_scorch(t), dtype)
+    t = as_scorch(t)
+    if not keepdim and not (_grad_enabled() and _any_requires_grad(t)):
+        rank = len(t._storage.shape)
+        if dim is None or len(_reduced_dims(dim, rank, "sum")) == rank:
+            # every dimension: the sum of the stored values (dense-level fill is zeros),
+            # one vectorized pass with no walk over the levels
+            values = t._storage.values
+            return values.sum(dtype=dtype or _accumulate_dtype(values.dtype))
     dims = _reduced_dims(dim, t.dim(), "sum")
+    t = _in_dtype(t, dtype)
     result = _einsum_sum(t, dims)
     return _keepdim(result, dims) if keepdim else result
 
