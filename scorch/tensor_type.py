@@ -179,12 +179,18 @@ class SparseTensor(torch.Tensor):
     # a tenth of a small SpMM. Python asks a subclass's reflected method first, so
     # ``dense @ sparse`` comes here too. A handler that declines leaves the call to torch.
     def __matmul__(self, other):
+        if not isinstance(other, torch.Tensor):
+            return NotImplemented          # Python's TypeError, as for a dense tensor
         return _direct(torch.Tensor.__matmul__, self, other)
 
     def __rmatmul__(self, other):
+        if not isinstance(other, torch.Tensor):
+            return NotImplemented
         return _direct(torch.Tensor.__rmatmul__, self, other)
 
     def mm(self, mat2):
+        if not isinstance(mat2, torch.Tensor):
+            raise TypeError(f"mm(): argument 'mat2' must be Tensor, not {type(mat2).__name__}")
         return _direct(torch.Tensor.mm, self, mat2)
 
     def sum(self, *args, **kwargs):
