@@ -181,6 +181,11 @@ class SparseTensor(torch.Tensor):
     def __matmul__(self, other):
         if not isinstance(other, torch.Tensor):
             return NotImplemented          # Python's TypeError, as for a dense tensor
+        spmm = _SPMM[0]
+        if spmm is not None:
+            result = spmm(self, other)
+            if result is not None:
+                return result
         return _direct(torch.Tensor.__matmul__, self, other)
 
     def __rmatmul__(self, other):
@@ -238,6 +243,11 @@ class SparseTensor(torch.Tensor):
                 f"grad has no sparse backward; wrap it in torch.no_grad(), .detach() the "
                 f"input, or use a differentiable scorch op (einsum, to_dense, values)")
         return _dispatch.aten_fallback(cls, func, args, kwargs or {})
+
+
+#: sparse matrix @ dense matrix, warm (``scorch.sparse_ops.matmul._spmm``, which installs
+#: itself: this module cannot import the op layer); None where it declines
+_SPMM: list = [None]
 
 
 def _direct(method, *args, **kwargs):
