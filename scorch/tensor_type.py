@@ -179,13 +179,13 @@ class SparseTensor(torch.Tensor):
     # a tenth of a small SpMM. Python asks a subclass's reflected method first, so
     # ``dense @ sparse`` comes here too. A handler that declines leaves the call to torch.
     def __matmul__(self, other):
-        if not isinstance(other, torch.Tensor):
-            return NotImplemented          # Python's TypeError, as for a dense tensor
         spmm = _SPMM[0]
-        if spmm is not None:
+        if spmm is not None and type(other) is torch.Tensor:   # the hot path, inline
             result = spmm(self, other)
             if result is not None:
                 return result
+        if not isinstance(other, torch.Tensor):
+            return NotImplemented          # Python's TypeError, as for a dense tensor
         return _direct(torch.Tensor.__matmul__, self, other)
 
     def __rmatmul__(self, other):
@@ -196,7 +196,7 @@ class SparseTensor(torch.Tensor):
     def mm(self, mat2):
         if not isinstance(mat2, torch.Tensor):
             raise TypeError(f"mm(): argument 'mat2' must be Tensor, not {type(mat2).__name__}")
-        return _direct(torch.Tensor.mm, self, mat2)
+        return _matmul_direct(torch.Tensor.mm, self, mat2)
 
     def sum(self, *args, **kwargs):
         return _direct(torch.Tensor.sum, self, *args, **kwargs)
@@ -259,6 +259,16 @@ def _direct(method, *args, **kwargs):
         if result is not NotImplemented:
             return result
     return method(*args, **kwargs)
+
+
+def _matmul_direct(method, a, b):
+    """``a @ b`` or ``a.mm(b)``: the warm SpMM when it takes the call, else the handler."""
+    spmm = _SPMM[0]
+    if spmm is not None:
+        result = spmm(a, b)
+        if result is not None:
+            return result
+    return _direct(method, a, b)
 
 
 _PY_SCALARS = (int, float, bool)
