@@ -208,25 +208,20 @@ class SparseTensor(torch.Tensor):
     # autograd records, goes to the registered handlers as before.
     def __mul__(self, other):
         r = _scalar_op(torch.mul, self, other)
-        if r is None:
-            r = _pattern_op(torch.mul, self, other)
-        return r if r is not None else _direct(torch.Tensor.__mul__, self, other)
+        return _or_handler(r if r is not None else _pattern_op(torch.mul, self, other),
+                           torch.Tensor.__mul__, self, other)
 
     def __rmul__(self, other):
-        r = _scalar_op(torch.mul, self, other)
-        return r if r is not None else _direct(torch.Tensor.__rmul__, self, other)
+        return _or_handler(_scalar_op(torch.mul, self, other), torch.Tensor.__rmul__, self, other)
 
     def __truediv__(self, other):
-        r = _scalar_op(torch.div, self, other)
-        return r if r is not None else _direct(torch.Tensor.__truediv__, self, other)
+        return _or_handler(_scalar_op(torch.div, self, other), torch.Tensor.__truediv__, self, other)
 
     def __add__(self, other):
-        r = _pattern_op(torch.add, self, other)
-        return r if r is not None else _direct(torch.Tensor.__add__, self, other)
+        return _or_handler(_pattern_op(torch.add, self, other), torch.Tensor.__add__, self, other)
 
     def __sub__(self, other):
-        r = _pattern_op(torch.sub, self, other)
-        return r if r is not None else _direct(torch.Tensor.__sub__, self, other)
+        return _or_handler(_pattern_op(torch.sub, self, other), torch.Tensor.__sub__, self, other)
 
     def __neg__(self):
         if _grad_enabled() and _any_requires_grad(self):
@@ -259,6 +254,11 @@ def _direct(method, *args, **kwargs):
         if result is not NotImplemented:
             return result
     return method(*args, **kwargs)
+
+
+def _or_handler(result, method, a, b):
+    """A fast path's result, or (None) ``method(a, b)`` through its handler."""
+    return result if result is not None else _direct(method, a, b)
 
 
 def _matmul_direct(method, a, b):
