@@ -174,6 +174,60 @@ class SparseTensor(torch.Tensor):
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
 
+    # ``A @ X``, ``X @ A`` and ``A.mm(X)`` straight to their handlers: torch's Python-level
+    # ``Tensor.__matmul__`` and its ``__torch_function__`` dispatch cost ~1.5 us, as much as
+    # a tenth of a small SpMM. Python asks a subclass's reflected method first, so
+    # ``dense @ sparse`` comes here too. A handler that declines leaves the call to torch.
+    def __matmul__(self, other):
+        spmm = _SPMM[0]
+        if spmm is not None and type(other) is torch.Tensor:   # the hot path, inline
+            result = spmm(self, other)
+            if result is not None:
+                return result
+        if not isinstance(other, torch.Tensor):
+            return NotImplemented          # Python's TypeError, as for a dense tensor
+        return _direct(torch.Tensor.__matmul__, self, other)
+
+    def __rmatmul__(self, other):
+        if not isinstance(other, torch.Tensor):
+            return NotImplemented
+        return _direct(torch.Tensor.__rmatmul__, self, other)
+
+    def mm(self, mat2):
+        if not isinstance(mat2, torch.Tensor):
+            raise TypeError(f"mm(): argument 'mat2' must be Tensor, not {type(mat2).__name__}")
+        return _matmul_direct(torch.Tensor.mm, self, mat2)
+
+    def sum(self, *args, **kwargs):
+        return _direct(torch.Tensor.sum, self, *args, **kwargs)
+
+    # Elementwise ops that keep the pattern (a scalar factor or divisor, negation, two
+    # operands sharing their index arrays, as ``A`` and ``A * 2`` do): new values over the
+    # same level arrays, without the op layer's and the compiler's per-call work (tens of
+    # us, more than scipy.sparse takes for a small matrix). Anything else, and anything that
+    # autograd records, goes to the registered handlers as before.
+    def __mul__(self, other):
+        r = _scalar_op(torch.mul, self, other)
+        return _or_handler(r if r is not None else _pattern_op(torch.mul, self, other),
+                           torch.Tensor.__mul__, self, other)
+
+    def __rmul__(self, other):
+        return _or_handler(_scalar_op(torch.mul, self, other), torch.Tensor.__rmul__, self, other)
+
+    def __truediv__(self, other):
+        return _or_handler(_scalar_op(torch.div, self, other), torch.Tensor.__truediv__, self, other)
+
+    def __add__(self, other):
+        return _or_handler(_pattern_op(torch.add, self, other), torch.Tensor.__add__, self, other)
+
+    def __sub__(self, other):
+        return _or_handler(_pattern_op(torch.sub, self, other), torch.Tensor.__sub__, self, other)
+
+    def __neg__(self):
+        if _grad_enabled() and _any_requires_grad(self):
+            return _direct(torch.Tensor.__neg__, self)
+        return _new_values(self._storage, torch.neg(self._storage.values))
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         if func not in _GRAD_SAFE and _grad_enabled() and _any_requires_grad(*args):
@@ -184,6 +238,66 @@ class SparseTensor(torch.Tensor):
                 f"grad has no sparse backward; wrap it in torch.no_grad(), .detach() the "
                 f"input, or use a differentiable scorch op (einsum, to_dense, values)")
         return _dispatch.aten_fallback(cls, func, args, kwargs or {})
+
+
+#: sparse matrix @ dense matrix, warm (``scorch.sparse_ops.matmul._spmm``, which installs
+#: itself: this module cannot import the op layer); None where it declines
+_SPMM: list = [None]
+
+
+def _direct(method, *args, **kwargs):
+    """``method(*args)`` through its registered handler without torch's dispatch, else
+    torch's own method (which dispatches through ``__torch_function__`` as usual)."""
+    handler = _dispatch.lookup(method)
+    if handler is not None:
+        result = handler(*args, **kwargs)
+        if result is not NotImplemented:
+            return result
+    return method(*args, **kwargs)
+
+
+def _or_handler(result, method, a, b):
+    """A fast path's result, or (None) ``method(a, b)`` through its handler."""
+    return result if result is not None else _direct(method, a, b)
+
+
+def _matmul_direct(method, a, b):
+    """``a @ b`` or ``a.mm(b)``: the warm SpMM when it takes the call, else the handler."""
+    spmm = _SPMM[0]
+    if spmm is not None:
+        result = spmm(a, b)
+        if result is not None:
+            return result
+    return _direct(method, a, b)
+
+
+_PY_SCALARS = (int, float, bool)
+
+
+def _new_values(st: Storage, values: torch.Tensor) -> "SparseTensor":
+    return SparseTensor(Storage(st.format, st.shape, st.levels, values, st.index_dtype))
+
+
+def _scalar_op(fn, t: "SparseTensor", scalar):
+    """``fn(t, scalar)`` on the stored values for a Python number (torch's type promotion,
+    as the dense op), or None."""
+    if type(scalar) not in _PY_SCALARS or (_grad_enabled() and _any_requires_grad(t)):
+        return None
+    st = t._storage
+    return _new_values(st, fn(st.values, scalar))
+
+
+def _pattern_op(fn, a: "SparseTensor", b):
+    """``fn(a, b)`` on the stored values when ``b`` is a SparseTensor over the very same
+    level arrays (same format and shape), or None."""
+    if type(b) is not SparseTensor or (_grad_enabled() and _any_requires_grad(a, b)):
+        return None
+    sa, sb = a._storage, b._storage
+    if sa.shape != sb.shape or not (sa.format is sb.format or sa.format == sb.format):
+        return None
+    if sa.levels is not sb.levels and not all(x is y for x, y in zip(sa.levels, sb.levels)):
+        return None
+    return _new_values(sa, fn(sa.values, sb.values))
 
 
 # --- autograd ------------------------------------------------------------------------------

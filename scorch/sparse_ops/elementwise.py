@@ -156,6 +156,33 @@ def _build(terms, op, compute=None) -> torch.Tensor:
     return result
 
 
+_SAME_SHAPE: dict = {}   # (op, rank) -> the Assignment of _same_shape
+
+
+def _same_shape(a, b, op: str):
+    """Two scorch sparse tensors of one shape and dtype (the common case): the kernel straight
+    away, with the Assignment ``_build`` would make, without its broadcasting and type
+    promotion work (~50 us a call: more than scipy.sparse takes on a small matrix); else None."""
+    if type(a) is not SparseTensor or type(b) is not SparseTensor:
+        return None
+    sa, sb = a._storage, b._storage
+    rank = len(sa.shape)
+    if sa.shape != sb.shape or sa.values.dtype != sb.values.dtype or not 0 < rank <= len(_LETTERS):
+        return None
+    asg = _SAME_SHAPE.get((op, rank))
+    if asg is None:
+        ir = _compiler().index_notation
+        v = _LETTERS[:rank]
+        asg = _SAME_SHAPE[op, rank] = ir.Assignment(v, _EXPRESSIONS[op](ir.Access(0, v), ir.Access(1, v)))
+    if _grad_enabled() and _any_requires_grad(a, b):
+        return _wrap(_compute()(asg, a, b))
+    return _wrap(_compiler().compute(asg, sa, sb))
+
+
+_grad_enabled = torch.is_grad_enabled
+_any_requires_grad = torch._C._any_requires_grad
+
+
 def _prepare(*xs, true_division: bool = False):
     xs = tuple(as_scorch(x) for x in xs)
     dt = result_dtype(xs[0], xs[1], true_division) if len(xs) > 1 else xs[0].dtype
@@ -195,6 +222,10 @@ def add(a, b, alpha=1) -> torch.Tensor:
     """``a + alpha * b``: sparse when both are sparse (union of patterns), else dense."""
     if not (is_sparse_operand(a) or is_sparse_operand(b)):
         return torch.add(a, b, alpha=alpha)
+    if alpha == 1:
+        fast = _same_shape(a, b, "add")
+        if fast is not None:
+            return fast
     dt, (a, b) = _prepare(a, b)
     if dt == torch.bool and alpha == 1:
         return _bool_op(a, b, _bool_or)
@@ -207,6 +238,10 @@ def sub(a, b, alpha=1) -> torch.Tensor:
     """``a - alpha * b``."""
     if not (is_sparse_operand(a) or is_sparse_operand(b)):
         return torch.sub(a, b, alpha=alpha)
+    if alpha == 1:
+        fast = _same_shape(a, b, "sub")
+        if fast is not None:
+            return fast
     dt, (a, b) = _prepare(a, b)
     if alpha == 1:
         return _build((a, b), "sub")
@@ -217,6 +252,9 @@ def mul(a, b) -> torch.Tensor:
     """``a * b``: sparse when either is sparse (intersection of patterns)."""
     if not (is_sparse_operand(a) or is_sparse_operand(b)):
         return torch.mul(a, b)
+    fast = _same_shape(a, b, "mul")
+    if fast is not None:
+        return fast
     dt, (a, b) = _prepare(a, b)
     if dt == torch.bool:
         return _bool_op(a, b, "mul")

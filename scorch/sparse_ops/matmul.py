@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from .._dispatch import register
+from .. import tensor_type
 from ..tensor_type import SparseTensor, is_sparse_operand
 from . import elementwise
 from . import einsum as _einsum_entry
@@ -207,17 +208,43 @@ def _spmm_out_format(a: SparseTensor, b: torch.Tensor):
     return _SPMM_OUT[fmt]
 
 
-@register(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
-def _matmul(a, b, *, out=None):
-    # the hot path of ``A @ X`` (sparse matrix @ dense matrix): written out flat, each helper
-    # call costs ~0.1 us and a warm small SpMM is a few us
-    if type(a) is SparseTensor and type(b) is torch.Tensor and out is None:
+def _spmm(a, b):
+    """The hot path of ``A @ X`` / ``A.mm(X)`` (sparse matrix @ dense matrix), written out
+    flat (each helper call costs ~0.1 us and a warm small SpMM is a few us): the einsum with
+    the output format that keeps its warm C call; None where another path must decide."""
+    if type(a) is SparseTensor and type(b) is torch.Tensor:
         st = a._storage
         shape = st.shape
         if len(shape) == 2 and b.ndim == 2 and shape[1] == b.shape[0] \
                 and st.values.dtype == b.dtype:
             of = _last_spmm[1] if st.format is _last_spmm[0] else _spmm_out_format(a, b)
+            if of is None and not (_grad_enabled() and _any_requires_grad(a, b)):
+                # einsum's warm C call itself (what scorch.einsum would try first)
+                dispatch = _warm_dispatch[0]
+                if dispatch is None:   # loaded by the compiler's first einsum
+                    compiler = _einsum_entry._compiler()
+                    dispatch = _warm_dispatch[0] = compiler._DISPATCH[0]
+                    _warm_dispatch[1] = compiler._fast
+                if dispatch is not None:
+                    result = dispatch(_warm_dispatch[1], "ij,jk->ik", (a, b))
+                    if result is not NotImplemented:
+                        return result
             return _einsum_entry.einsum("ij,jk->ik", a, b, out_format=of)
+    return None
+
+
+_grad_enabled = torch.is_grad_enabled
+_any_requires_grad = torch._C._any_requires_grad
+_warm_dispatch: list = [None, None]   # the compiler's C warm call and its plan table, once loaded
+tensor_type._SPMM[0] = _spmm
+
+
+@register(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
+def _matmul(a, b, *, out=None):
+    if out is None:
+        result = _spmm(a, b)
+        if result is not None:
+            return result
     if not (is_sparse_operand(a) or is_sparse_operand(b)):
         return NotImplemented
     if out is not None:
@@ -232,8 +259,13 @@ def _rmatmul(a, b):
 
 
 @register(torch.mm, torch.Tensor.mm)
-@_sparse_only
 def _mm(a, b, **kwargs):
+    if not kwargs:
+        result = _spmm(a, b)
+        if result is not None:
+            return result
+    if not _any_sparse(a, b):
+        return NotImplemented
     _no_out("mm", kwargs)
     return mm(a, b)
 

@@ -29,10 +29,15 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 Dims = Union[None, int, Sequence[int]]
 
+_grad_enabled = torch.is_grad_enabled
+_any_requires_grad = torch._C._any_requires_grad
+
 
 def _reduced_dims(dim: Dims, rank: int, name: str) -> Tuple[int, ...]:
     if dim is None:
         return tuple(range(rank))
+    if type(dim) is int and -rank <= dim < rank:   # the common case, without ABC checks
+        return (dim % rank,)
     dims = [dim] if isinstance(dim, numbers.Integral) else list(dim)
     if not dims:   # torch: an empty dim list reduces every dimension
         return tuple(range(rank))
@@ -56,12 +61,13 @@ def _accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _in_dtype(t: SparseTensor, dtype: Optional[torch.dtype]) -> SparseTensor:
-    target = dtype if dtype is not None else _accumulate_dtype(t.dtype)
-    return t if t.dtype == target else with_values(t, t._storage.values.to(target))
+    values = t._storage.values
+    target = dtype if dtype is not None else _accumulate_dtype(values.dtype)
+    return t if values.dtype == target else with_values(t, values.to(target))
 
 
 def _einsum_sum(t: SparseTensor, dims: Tuple[int, ...], out_format=None) -> torch.Tensor:
-    rank = t.dim()
+    rank = len(t._storage.shape)
     if rank > len(_LETTERS):
         raise RuntimeError(f"sum(): at most {len(_LETTERS)} dimensions are supported")
     letters = _LETTERS[:rank]
@@ -81,8 +87,15 @@ def _keepdim(result: torch.Tensor, dims: Tuple[int, ...]) -> torch.Tensor:
 def sum(t: SparseTensor, dim: Dims = None, keepdim: bool = False,
         dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """``torch.sum`` over the stored entries."""
-    t = _in_dtype(as_scorch(t), dtype)
-    dims = _reduced_dims(dim, t.dim(), "sum")
+    t = as_scorch(t)
+    rank = len(t._storage.shape)   # the storage's: each tensor attribute is a torch call
+    dims = _reduced_dims(dim, rank, "sum")
+    if len(dims) == rank and not keepdim and not (_grad_enabled() and _any_requires_grad(t)):
+        # every dimension: the sum of the stored values (dense-level fill is zeros), one
+        # vectorized pass with no walk over the levels
+        values = t._storage.values
+        return values.sum(dtype=dtype or _accumulate_dtype(values.dtype))
+    t = _in_dtype(t, dtype)
     result = _einsum_sum(t, dims)
     return _keepdim(result, dims) if keepdim else result
 

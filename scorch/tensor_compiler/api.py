@@ -46,6 +46,7 @@ def plan_cache_info() -> dict:
 def plan_cache_clear() -> None:
     _plans.clear()
     _fast.clear()
+    _EXPR_FAST.clear()
 
 
 _DISPATCH: list = [None, None]   # fastcall.dispatch and its module, once loaded (see einsum)
@@ -87,6 +88,7 @@ def einsum_declined(equation: str, operands: tuple, out_format=None):
     key = [equation, out_format]
     sparse = False
     elsewhere = None   # a dense operand on another device (fine for torch.einsum alone)
+    stretched = False  # a dense operand with a size-1 dimension (that may broadcast)
     for n, x in enumerate(operands):
         tx = type(x)
         if tx is Storage:
@@ -109,8 +111,19 @@ def einsum_declined(equation: str, operands: tuple, out_format=None):
             ops.append(st)
             key.append(st.dtype)
             key.append(st.dim())
+            if 1 in st.shape:
+                stretched = True
     if out_format is None and not sparse:
         return torch.einsum(check_equation(equation), *operands)   # the caller's tensors: autograd intact
+    if stretched:
+        equation, ops = squeeze_dense_broadcasts(equation, ops)
+        key = [equation, out_format]
+        for st in ops:
+            if type(st) is Storage:
+                key.append(st._sig if st._sig is not None else storage_signature(st))
+            else:
+                key.append(st.dtype)
+                key.append(st.dim())
     if elsewhere is not None:
         raise ValueError(f"einsum(): operand {elsewhere} is on device "
                          f"{operands[elsewhere].device}; scorch kernels run on CPU tensors "
@@ -135,21 +148,73 @@ def einsum_declined(equation: str, operands: tuple, out_format=None):
     return run(entry, ops)
 
 
+_EXPR_FAST: Dict[tuple, tuple] = {}   # front cache of compute's plans (see compute)
+
+
+def _operand_key(st) -> object:
+    """What a plan depends on of one operand, cheaply: a Storage's signature (an int), a
+    dense tensor's dtype and rank."""
+    if type(st) is Storage:
+        sig = st._sig
+        return sig if sig is not None else storage_signature(st)
+    return (st.dtype, st.dim())
+
+
+def squeeze_dense_broadcasts(equation: str, ops: list) -> Tuple[str, list]:
+    """The einsum with every dense operand's broadcast size-1 dimension dropped from the
+    operand (a view) and from its subscripts: the kernel then reads that operand once per
+    value of the other variables, with no stretched copy (a column ``D[i, 0]`` against a
+    2M x 2M matrix streamed along ``j`` would otherwise be laid out at full size). Equations
+    with ``...`` or without ``->``, and repeated subscripts, stay as they are."""
+    if "..." in equation or "->" not in equation:
+        return equation, ops
+    lhs, out = equation.replace(" ", "").split("->")
+    subs = lhs.split(",")
+    if len(subs) != len(ops):
+        return equation, ops
+    wide = {v for sub, x in zip(subs, ops) if len(sub) == len(x.shape)
+            for v, n in zip(sub, x.shape) if n != 1}
+    ops = list(ops)
+    changed = False
+    for k, (sub, x) in enumerate(zip(subs, ops)):
+        if type(x) is Storage or len(sub) != x.dim() or len(set(sub)) != len(sub):
+            continue
+        drop = [d for d, v in enumerate(sub) if x.shape[d] == 1 and v in wide]
+        if drop:
+            subs[k] = "".join(v for d, v in enumerate(sub) if d not in drop)
+            ops[k] = x.squeeze(drop)
+            changed = True
+    return (",".join(subs) + "->" + out if changed else equation), ops
+
+
 def compute(assignment: Assignment, *operands, out_format=None):
     """Evaluate an index-notation assignment (e.g. ``Assignment("ij", A - 0.5 * B)``) over
     these operands through the same compiler path as einsum."""
     ops = [as_operand(x) for x in operands]
+    # the warm path: the plan found by the assignment's identity and the operands'
+    # signatures (ints), without walking or printing the expression (an op on a small
+    # matrix takes a few us in its kernel)
+    fkey = (id(assignment), out_format, *[_operand_key(st) for st in ops])
+    hit = _EXPR_FAST.get(fkey)
+    if hit is not None and hit[0] is assignment:
+        _, indices, tensors, entry = hit
+        try:
+            bind_sizes(indices, [ops[n].shape for n in tensors])
+        except ValueError:
+            _bind_sizes(accesses(assignment.rhs), ops)   # the same error, operands named
+            raise
+        _stats["plan_hits"] += 1
+        return run(entry, ops)
     accs: Dict[int, Tuple[str, ...]] = {}
-    for a in accesses(assignment.rhs):
+    every = accesses(assignment.rhs)
+    for a in every:
         if a.tensor >= len(ops):
             raise ValueError(f"expression uses operand {a.tensor} but {len(ops)} were given")
         if len(a.indices) != len(ops[a.tensor].shape):
             raise ValueError(
                 f"operand {a.tensor} has {len(ops[a.tensor].shape)} dimensions but is indexed by {a.indices}")
         accs.setdefault(a.tensor, a.indices)
-    every = accesses(assignment.rhs)
-    bind_sizes([a.indices for a in every], [ops[a.tensor].shape for a in every],
-               [f"operand {a.tensor} (access {a})" for a in every], "compute()")
+    _bind_sizes(every, ops)
     operand_indices = [accs.get(n, ()) for n in range(len(ops))]
     key = (COMPILER_VERSION, "expr", str(assignment), assignment,
            tuple(fmt_key(x) for x in ops), out_format)
@@ -158,7 +223,16 @@ def compute(assignment: Assignment, *operands, out_format=None):
         fmt = resolve_out_format(out_format, len(assignment.output))
         return make_entry(assignment, operand_indices, ops, fmt)
     entry = cached_entry(key, make)
+    if len(_EXPR_FAST) > 4096:
+        _EXPR_FAST.clear()
+    # the entry holds the assignment, so its id stays its own while cached
+    _EXPR_FAST[fkey] = (assignment, [a.indices for a in every], [a.tensor for a in every], entry)
     return run(entry, ops)
+
+
+def _bind_sizes(every, ops) -> None:
+    bind_sizes([a.indices for a in every], [ops[a.tensor].shape for a in every],
+               [f"operand {a.tensor} (access {a})" for a in every], "compute()")
 
 
 def explain(equation: str, *operands, out_format=None) -> Plan:

@@ -40,6 +40,17 @@ def _rows_levels(out, res, sizes):
 def _tuple_levels(out, res, sizes):
     """Sorted, unique coordinate tuples (level-major) -> each level's arrays, top down."""
     crd, vals = res
+    kinds = out.format.levels
+    if len(kinds) == 1 and not kinds[0].full and kinds[0].has_pos(None):
+        # a sparse vector (a reduction such as CSR.sum(0)): one segment over the sorted,
+        # unique coordinates, with no per-level passes
+        n = vals.shape[0]
+        idt = index_dtype_for(tuple(sizes[v] for v in out.vars), n)
+        pos = torch.tensor([0, n], dtype=idt)
+        c = torch.from_numpy(crd)
+        v = out.level_vars[0]
+        return [Level(kinds[0], 0, sizes[v], pos, c if c.dtype == idt else c.to(idt))], \
+            torch.from_numpy(vals), idt
     coords = torch.from_numpy(crd).view(len(out.level_vars), -1).t()
     built, values, count = build_levels(out.format.levels, coords, torch.from_numpy(vals),
                                         [sizes[v] for v in out.level_vars])

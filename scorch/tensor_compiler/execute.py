@@ -16,6 +16,7 @@ from .plans import PlanEntry
 from .relayout import relayout
 from .rewrite import inner_var, outer_var, split_operand
 from .runner import make_runner
+from .shared_pattern import run_values, values_plan
 from . import threads
 from .threads import work_of
 from .tiling import panel_for
@@ -111,7 +112,15 @@ def kernel_for(entry: PlanEntry, data, load: bool = True):
 
 
 def run(entry: PlanEntry, ops):
-    """Run a plan: its warm runner when it takes the call, else the general path."""
+    """Run a plan: values only when its sparse operands share one pattern
+    (``shared_pattern``), else its warm runner when it takes the call, else the general path."""
+    shared = entry.shared
+    if shared is None:
+        shared = entry.shared = values_plan(entry) or False
+    if shared:
+        r = run_values(shared, entry, ops)
+        if r is not None:
+            return r
     warm = entry.runner
     if warm is not None:
         r = warm(ops)

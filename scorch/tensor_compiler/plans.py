@@ -84,6 +84,7 @@ class PlanEntry:
     relayout: Dict[int, tuple] = field(default_factory=dict)   # dense access -> (dim, perm, inverse)
     split: Optional[Dict[str, int]] = None   # blocked operands read natively: var -> block size
     runner: Any = None            # warm-call fast path (runner.py), once a kernel is loaded
+    shared: Any = None            # shared_pattern.values_plan, decided on the first run (False: none)
     formats: Tuple[Any, ...] = ()  # operand format objects, for the identity-checked fast key
     orig_output: Tuple[str, ...] = ()
     orig_indices: List[Tuple[str, ...]] = field(default_factory=list)
