@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, Tuple
 
-__all__ = ["Target", "TARGETS", "TARGET_ENV", "current", "set_target", "use_target", "target_named",
+__all__ = ["Target", "TARGETS", "TARGET_ENV", "ROW_BYTES", "current", "set_target", "use_target", "target_named",
            "native_target", "cpu_flags", "runnable", "on_change", "SOURCE_TAG",
            "openmp_library", "openmp_link_flags"]
 
