@@ -101,15 +101,15 @@ def load_graph(dataset: str = "cora", matrix: str = None, features: int = None,
 
 
 class GCNLayer(nn.Module):
-    """H' = A_hat @ (H @ W) + b."""
+    """H' = A_hat @ (H @ W) + b (Kipf & Welling's layer; W is in x out, Glorot-initialised)."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
-        self.linear = nn.Linear(in_features, out_features, bias=False)
+        self.weight = nn.Parameter(nn.init.xavier_uniform_(torch.empty(in_features, out_features)))
         self.bias = nn.Parameter(torch.zeros(out_features))
 
     def forward(self, a_hat: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        return a_hat @ self.linear(h) + self.bias
+        return a_hat @ (h @ self.weight) + self.bias
 
 
 class GCN(nn.Module):
