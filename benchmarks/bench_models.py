@@ -39,7 +39,7 @@ CASES = {
     "bigbird": ["n4096"],
     "moe": ["mnist-b1024"],
 }
-LABELS = {"scorch": "scorch", "scorch_dense_x": "scorch (dense input)", "torch_csr": "torch.sparse CSR",
+LABELS = {"scorch": "scorch", "scorch_dense_x": "scorch (dense input)", "scorch_wxt": "scorch (W @ x^T)", "torch_csr": "torch.sparse CSR",
           "torch_coo": "torch.sparse COO", "pyg": "PyG GCNConv", "dense_masked": "dense masked",
           "dense_gate": "dense-gate einsum"}
 # diagnostic variants, left out of the target means
@@ -184,6 +184,20 @@ def sae_case(dataset: str, batch: int = 64, density: float = 0.1) -> Case:
     case.impls["scorch"] = scorch_impl(True)
     case.impls["scorch_dense_x"] = scorch_impl(False)
 
+    def encoder_wxt(inp):  # diagnostic: the encoder as torch.sparse users write it
+        return F.relu((model.encoder.weight @ inp.t()).t() + model.encoder.bias)
+
+    def train_wxt():
+        _zero(model.parameters())
+        loss = F.mse_loss(torch.sigmoid(model.decoder(encoder_wxt(x))), x)
+        loss.backward()
+        return loss
+
+    def infer_wxt():
+        with torch.no_grad():
+            return F.mse_loss(torch.sigmoid(model.decoder(encoder_wxt(x))), x)
+    case.impls["scorch_wxt"] = Impl(train_wxt, infer_wxt)
+
     # torch.sparse: a CSR weight; torch multiplies it with a dense input (sparse x sparse CSR
     # products have no backward in torch), W @ x^T through torch.sparse.mm
     w = model.encoder.weight.detach().to_torch().requires_grad_()
@@ -302,7 +316,7 @@ if pytest is not None and "pytest" in sys.modules and __name__ != "__main__":
     _CASES: Dict[tuple, Case] = {}
     _THREADS = [int(t) for t in os.environ.get("SCORCH_BENCH_THREADS", "1 2").split()]
     _PARAMS = [(m, d, impl) for m, ds in CASES.items() for d in ds[:1]
-               for impl in {"gcn": ["scorch", "torch_csr", "pyg"], "sae": ["scorch", "scorch_dense_x", "torch_csr"],
+               for impl in {"gcn": ["scorch", "torch_csr", "pyg"], "sae": ["scorch", "scorch_dense_x", "scorch_wxt", "torch_csr"],
                             "bigbird": ["scorch", "dense_masked"], "moe": ["scorch", "dense_gate"]}[m]]
 
     def _case(model: str, dataset: str) -> Case:

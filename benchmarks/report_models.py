@@ -85,10 +85,21 @@ def time_case(case: BM.Case, threads: int, rounds: int, max_call: float) -> List
 
 
 def ratios(model: str, cells: Dict[str, Dict]) -> Dict[str, float]:
+    """peer ms / scorch ms for every peer; for a diagnostic scorch variant (``scorch_*``),
+    the first peer's ms / the variant's ms, keyed ``peer/variant``."""
     ours = cells.get("scorch", {}).get("ms")
-    if not ours:
-        return {}
-    return {impl: c["ms"] / ours for impl, c in cells.items() if impl != "scorch" and c.get("ms")}
+    peers = {i: c["ms"] for i, c in cells.items() if not i.startswith("scorch") and c.get("ms")}
+    out = {p: ms / ours for p, ms in peers.items()} if ours else {}
+    for variant, c in cells.items():
+        if variant.startswith("scorch_") and c.get("ms") and peers:
+            peer, ms = next(iter(peers.items()))
+            out[f"{peer}/{variant}"] = ms / c["ms"]
+    return out
+
+
+def ratio_label(key: str) -> str:
+    peer, _, variant = key.partition("/")
+    return BM.LABELS[peer] + (f" / {BM.LABELS[variant]}" if variant else "")
 
 
 def cell_text(cell: Optional[Dict]) -> str:
@@ -120,7 +131,8 @@ def write_markdown(path: Path, rows: List[Dict], meta: Dict) -> None:
          f"{meta['cpu']}, {meta['cores']} cores, torch {meta['torch']}, scorch at git {meta['git']}).\n",
          "- train = forward + loss + backward (no optimizer step), infer = forward under no_grad; "
          f"float32; median ms of {meta['rounds']} interleaved rounds after a first call (compiles) and a warm-up",
-         "- ratio = peer ms / scorch ms (> 1: scorch faster); errors are shown as raised",
+         "- ratio = peer ms / scorch ms (> 1: scorch faster); `peer / scorch (variant)`: the same for a "
+         "diagnostic scorch variant (another way to write the model); errors are shown as raised",
          "- taken on a shared machine under load from other processes: compare ratios, not times\n",
          "## Cases\n"]
     seen = set()
@@ -132,7 +144,7 @@ def write_markdown(path: Path, rows: List[Dict], meta: Dict) -> None:
           "| model | data | phase | threads | " + " | ".join(BM.LABELS[i] for i in impls) + " | ratios |",
           "|---|---|---|---:|" + "---:|" * len(impls) + "---|"]
     for r in rows:
-        rat = ", ".join(f"{BM.LABELS[i]} {x:.2f}x" for i, x in r["ratios"].items())
+        rat = ", ".join(f"{ratio_label(i)} {x:.2f}x" for i, x in r["ratios"].items())
         L.append(f"| {r['model']} | {r['dataset']} | {r['phase']} | {r['threads']} | "
                  + " | ".join(cell_text(r["cells"].get(i)) for i in impls) + f" | {rat} |")
     L += ["", "## Targets (training step, geometric mean over data sets, "
@@ -181,7 +193,7 @@ def plot(path: Path, rows: List[Dict]) -> Optional[str]:
         ax_t.set_xticks(np.arange(len(keys)))
         ax_t.set_xticklabels([f"{m}\n{d}" for m, d in keys], fontsize=8)
         ax_t.legend(fontsize=6, ncol=2)
-        peers = [i for i in impls if i != "scorch"]
+        peers = [i for i in impls if not i.startswith("scorch")]
         width = 0.8 / max(1, len(peers) * len(threads))
         for pi, peer in enumerate(peers):
             for ti, t in enumerate(threads):
@@ -225,6 +237,8 @@ def main() -> None:
     if args.append and (out / "models.json").exists():
         data = json.loads((out / "models.json").read_text())
         earlier, commands = data["rows"], data["meta"]["commands"]
+        for row in earlier:
+            row["ratios"] = ratios(row["model"], row["cells"])
     commands.append(" ".join(["python benchmarks/report_models.py", *sys.argv[1:]]))
     try:
         git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
