@@ -46,15 +46,3 @@ def progress(items: Iterable[T], desc: str, total: Optional[int] = None, quiet: 
             print(f"{desc}: {i}{of} ({time.perf_counter() - start:.1f} s)", file=sys.stderr, flush=True)
         yield item
 
-
-def random_sparse(rows: int, cols: int, density: float, generator: torch.Generator,
-                  values: str = "ones") -> torch.Tensor:
-    """A scorch CSR matrix with about ``density * cols`` entries per row at random columns,
-    built from coordinates (no dense rows x cols array); values ones or normal."""
-    per_row = max(1, round(cols * density))
-    r = torch.arange(rows).repeat_interleave(per_row)
-    c = torch.randint(0, cols, (rows * per_row,), generator=generator)
-    lin = (r * cols + c).unique()
-    vals = torch.ones(lin.numel()) if values == "ones" else torch.randn(lin.numel(), generator=generator)
-    return torch.sparse_tensor((torch.stack([lin // cols, lin % cols]), vals), size=(rows, cols),
-                               format="csr")

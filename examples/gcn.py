@@ -8,10 +8,10 @@ features are scorch sparse tensors, everything else is ordinary torch.
     python examples/gcn.py --matrix G51 --epochs 20 --threads 2
 
 The public graph sets (Cora, PubMed, ogbn-arxiv) cannot be downloaded here, so the graphs are
-real SuiteSparse/METIS graphs of matching size, and the node features and labels are generated
-with a fixed seed: features like the paper's sets (sparse binary bag-of-words, or dense), labels
-from a random linear map of the 2-hop averaged features (so a GCN can learn them; a classifier
-that ignores the graph cannot do as well).
+real SuiteSparse/METIS graphs of matching size, and the labels and node features are generated
+with a fixed seed: labels that follow the graph (a random field smoothed over it, so neighbours
+mostly agree, as in citation graphs), features that carry the label noisily (sparse binary
+bag-of-words with class-specific words, or dense Gaussian features around a class mean).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from scorch.datasets import load_matrix
 from scorch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_common_args, apply_common_args, progress, random_sparse  # noqa: E402
+from common import add_common_args, apply_common_args, progress  # noqa: E402
 
 # dataset -> (graph, feature dimension, feature density (1.0: dense features), classes)
 DATASETS = {
@@ -70,17 +70,40 @@ def normalized_adjacency(m) -> torch.Tensor:
     return a_hat, torch.stack([rows[rows != cols], cols[rows != cols]])
 
 
-def random_features(n: int, dim: int, density: float, generator: torch.Generator) -> torch.Tensor:
-    """Binary bag-of-words-like features (scorch CSR) at the given density; dense when 1."""
+def smooth_labels(a_hat: torch.Tensor, classes: int, generator: torch.Generator,
+                  steps: int = 10) -> torch.Tensor:
+    """Labels that follow the graph (neighbours mostly agree, as in citation graphs): the
+    argmax of a random field smoothed by ``steps`` propagations through A_hat."""
+    field = torch.randn(a_hat.shape[0], classes, generator=generator)
+    for _ in range(steps):
+        field = a_hat @ field
+    return field.argmax(1)
+
+
+def class_features(y: torch.Tensor, dim: int, density: float, classes: int,
+                   generator: torch.Generator, signal: float = 0.5) -> torch.Tensor:
+    """Features that carry the label: binary bag-of-words (scorch CSR) where a ``signal``
+    share of each node's words come from its class's block of the vocabulary; dense
+    Gaussian features around a class mean when the density is 1."""
+    n = y.numel()
     if density >= 1.0:
-        return torch.randn(n, dim, generator=generator)
-    return random_sparse(n, dim, density, generator)
+        means = torch.randn(classes, dim, generator=generator) * signal
+        return means[y] + torch.randn(n, dim, generator=generator)
+    per_row = max(1, round(dim * density))
+    rows = torch.arange(n).repeat_interleave(per_row)
+    block = dim // classes
+    topical = y[rows] * block + torch.randint(0, block, (rows.numel(),), generator=generator)
+    anywhere = torch.randint(0, dim, (rows.numel(),), generator=generator)
+    cols = torch.where(torch.rand(rows.numel(), generator=generator) < signal, topical, anywhere)
+    lin = (rows * dim + cols).unique()
+    return torch.sparse_tensor((torch.stack([lin // dim, lin % dim]), torch.ones(lin.numel())),
+                               size=(n, dim), format="csr")
 
 
 def load_graph(dataset: str = "cora", matrix: str = None, features: int = None,
                density: float = None, classes: int = None, data_dir: str = None,
                seed: int = 0) -> Graph:
-    """A real graph with generated features, labels and a 10 / 10 / 80 % node split."""
+    """A real graph with generated labels and features and a 10 / 10 / 80 % node split."""
     d_matrix, d_features, d_density, d_classes = DATASETS[dataset]
     matrix, features = matrix or d_matrix, features or d_features
     density = d_density if density is None else density
@@ -88,10 +111,9 @@ def load_graph(dataset: str = "cora", matrix: str = None, features: int = None,
     a_hat, edge_index = normalized_adjacency(load_matrix(matrix, data_dir))
     n = a_hat.shape[0]
     g = torch.Generator().manual_seed(seed)
-    x = random_features(n, features, density, g)
     with torch.no_grad():
-        teacher = torch.randn(features, classes, generator=g)
-        y = (a_hat @ (a_hat @ (x @ teacher))).argmax(1)
+        y = smooth_labels(a_hat, classes, g)
+    x = class_features(y, features, density, classes, g)
     order = torch.randperm(n, generator=g)
     train, val, test = (torch.zeros(n, dtype=torch.bool) for _ in range(3))
     train[order[: n // 10]] = True

@@ -24,7 +24,7 @@ from scorch.datasets import data_dir, load_idx
 from scorch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_common_args, apply_common_args, progress, random_sparse  # noqa: E402
+from common import add_common_args, apply_common_args, progress  # noqa: E402
 
 FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
          "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
@@ -37,13 +37,24 @@ def load_images(dataset: str, split: str, folder: str = None, limit: int = None)
     return x[:limit] if limit else x
 
 
+def random_pattern(rows: int, cols: int, density: float, generator=None) -> torch.Tensor:
+    """A scorch CSR matrix with about ``density * cols`` normal entries per row at random
+    columns, built from coordinates (no dense rows x cols array)."""
+    per_row = max(1, round(cols * density))
+    r = torch.arange(rows).repeat_interleave(per_row)
+    c = torch.randint(0, cols, (rows * per_row,), generator=generator)
+    lin = (r * cols + c).unique()
+    return torch.sparse_tensor((torch.stack([lin // cols, lin % cols]), torch.randn(lin.numel(), generator=generator)),
+                               size=(rows, cols), format="csr")
+
+
 class SparseLinear(nn.Module):
     """A linear layer whose weight is a sparse parameter: only the stored weights exist and
     are trained (the optimizer keeps the pattern)."""
 
     def __init__(self, in_features: int, out_features: int, density: float, generator=None):
         super().__init__()
-        w = random_sparse(out_features, in_features, density, generator, values="normal")
+        w = random_pattern(out_features, in_features, density, generator)
         # Kaiming-uniform-like scale for the ~density * in_features inputs of each unit
         self.weight = nn.Parameter(w * (1.0 / math.sqrt(max(1.0, density * in_features))))
         self.bias = nn.Parameter(torch.zeros(out_features))
