@@ -19,7 +19,7 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict
 
 import torch
 import torch.nn.functional as F

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List
 
-import numpy as np
 
 import scorch as torch
 from scorch import nn

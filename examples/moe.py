@@ -21,12 +21,12 @@ from typing import Dict, List
 
 import scorch as torch
 from scorch import nn
+from scorch.datasets import data_dir, load_idx
 from scorch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_common_args, apply_common_args, progress  # noqa: E402
 from sparse_autoencoder import FILES, load_images  # noqa: E402
-from scorch.datasets import data_dir, load_idx  # noqa: E402
 
 
 def load_labels(dataset: str, split: str, folder: str = None, limit: int = None) -> torch.Tensor:

@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-import scorch
 import scorch as torch
 from scorch import nn
 from scorch.datasets import data_dir

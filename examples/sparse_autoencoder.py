@@ -16,7 +16,7 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List
 
 import scorch as torch
 from scorch import nn
