@@ -230,7 +230,8 @@ class SparseTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        if func not in _GRAD_SAFE and _grad_enabled() and _any_requires_grad(*args):
+        if (func not in _GRAD_SAFE and func.overloadpacket not in _NO_GRADIENT
+                and _grad_enabled() and _any_requires_grad(*args)):
             # autograd recorded torch's derivative formula for this op, which would hand a
             # sparse input a dense gradient: no silent wrong graph
             raise RuntimeError(
@@ -312,6 +313,13 @@ _aten = torch.ops.aten
 _GRAD_SAFE = {_aten.detach.default, _aten.alias.default, _aten.clone.default,
               _aten._to_copy.default, _aten._nnz.default, _aten.is_same_size.default,
               _aten.add.Tensor, _aten.add_.Tensor, _aten.zeros_like.default}
+
+#: ops whose results carry no gradient (bool or index results): nothing to detach
+_NO_GRADIENT = {getattr(_aten, n) for n in (
+    "allclose", "isclose", "equal", "eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf",
+    "isfinite", "isposinf", "isneginf", "signbit", "logical_and", "logical_or",
+    "logical_xor", "logical_not", "argmax", "argmin", "nonzero", "count_nonzero", "any",
+    "all") if hasattr(_aten, n)}
 
 
 def _rebuild(fmt, shape, arrays, values, requires_grad):
