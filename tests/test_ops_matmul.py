@@ -135,3 +135,21 @@ def test_matmul_errors_name_the_problem():
         torch.bmm(sparse(torch.ones(2, 3, 3).double(), "coo"), torch.ones(3, 3, 3).double())
     with pytest.raises(RuntimeError, match="linear"):
         F.linear(torch.rand(2, 4).double(), A)
+
+
+def test_linear_dense_batch_through_sparse_weight_runs_as_spmm():
+    """F.linear(x, W) with W sparse runs as W @ x^T (the batch as SpMM's dense columns):
+    contiguous like torch's, equal to dense, differentiable in both operands."""
+    torch.manual_seed(0)
+    wd = torch.randn(7, 5, dtype=torch.float64) * (torch.rand(7, 5) < 0.4)
+    w = scorch.sparse_tensor(wd, format="csr").requires_grad_()
+    x = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    y = F.linear(x, w)
+    assert y.shape == (2, 3, 7) and y.is_contiguous()
+    torch.testing.assert_close(y, F.linear(x, wd))
+    g = torch.randn_like(y)
+    y.backward(g)
+    xr, wr = x.detach().requires_grad_(), wd.clone().requires_grad_()
+    F.linear(xr, wr).backward(g)
+    torch.testing.assert_close(x.grad, xr.grad)
+    torch.testing.assert_close(w.grad.to_dense(), wr.grad * (wd != 0))

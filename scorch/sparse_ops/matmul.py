@@ -165,7 +165,15 @@ def linear(input: torch.Tensor, weight: torch.Tensor,
     lead = _BATCH_LETTERS[:len(si) - 1]
     if len(lead) != len(si) - 1:
         raise RuntimeError("linear: too many leading dimensions")
-    if len(sw) == 2:
+    if len(sw) == 2 and len(si) >= 2 and is_sparse_operand(weight) \
+            and not is_sparse_operand(input):
+        # a dense batch through a sparse weight is SpMM with the batch as the dense
+        # columns: W @ x^T streams x^T's rows (x^T is re-laid out once, B*J values) and
+        # writes contiguous output rows; "aj,oj->ao" as written would read x and write the
+        # output with a stride in the innermost loop (90x slower at 64 x 784 x 256)
+        x2 = input.reshape(-1, si[-1])
+        out = _contract("oj,ja->oa", weight, x2.t()).t().contiguous().view(*si[:-1], sw[0])
+    elif len(sw) == 2:
         out = _contract(f"{lead}j,oj->{lead}o", input, weight)
     else:
         out = _contract(f"{lead}j,j->{lead}", input, weight)
