@@ -26,11 +26,12 @@ from .plans import PlanEntry
 __all__ = ["ValuesPlan", "values_plan", "run_values"]
 
 _BINARY = {Add: torch.add, Sub: torch.sub, Mul: torch.mul, Div: torch.div}
-#: the torch op of each function of ``functions.FUNCTIONS`` (same value at every stored entry)
+#: the torch op of each function of ``functions.FUNCTIONS`` (same value at every stored
+#: entry); a function missing here runs in the kernel
 _FUNCTIONS = {"abs": torch.abs, "relu": torch.relu, "sqrt": torch.sqrt, "sin": torch.sin,
               "tanh": torch.tanh, "sign": torch.sign, "square": torch.square, "exp": torch.exp,
-              "cos": torch.cos, "sigmoid": torch.sigmoid, "log": torch.log}
-assert set(_FUNCTIONS) | {"pow"} == set(FUNCTIONS), "a function without its torch op"
+              "cos": torch.cos, "sigmoid": torch.sigmoid, "log": torch.log,
+              "pow": lambda x, p: torch.pow(x, p)}
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ def _supported(e: Expr, floating: bool) -> bool:
     if isinstance(e, Neg):
         return _supported(e.a, floating)
     if isinstance(e, Apply):   # torch computes these in floating point only, as the kernel
-        return floating and _supported(e.a, floating)
+        return floating and e.fn in _FUNCTIONS and e.fn in FUNCTIONS and _supported(e.a, floating)
     if type(e) in _BINARY:     # integer Div truncates in C, torch divides truly
         return (floating or type(e) is not Div) and _supported(e.a, floating) \
             and _supported(e.b, floating)
@@ -96,7 +97,8 @@ def _values(e: Expr, ops, vt: torch.dtype) -> torch.Tensor:
         return torch.neg(_values(e.a, ops, vt))
     if isinstance(e, Apply):
         x = _values(e.a, ops, vt)
-        return torch.pow(x, e.p) if e.fn == "pow" else _FUNCTIONS[e.fn](x)
+        fn = _FUNCTIONS[e.fn]
+        return fn(x, e.p) if FUNCTIONS[e.fn].parameter else fn(x)
     return _BINARY[type(e)](_values(e.a, ops, vt), _values(e.b, ops, vt))
 
 
