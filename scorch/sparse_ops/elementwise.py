@@ -167,7 +167,8 @@ def _same_shape(a, b, op: str):
         return None
     sa, sb = a._storage, b._storage
     rank = len(sa.shape)
-    if sa.shape != sb.shape or sa.values.dtype != sb.values.dtype or not 0 < rank <= len(_LETTERS):
+    if sa.shape != sb.shape or sa.values.dtype != sb.values.dtype or not 0 < rank <= len(_LETTERS) \
+            or sa.values.dtype == torch.bool:   # bool + and * are or / and (_bool_op)
         return None
     asg = _SAME_SHAPE.get((op, rank))
     if asg is None:
