@@ -1,8 +1,9 @@
 """Gradients of index-notation assignments (``compute``): ``out(o) = sum rhs`` where rhs is
 built from accesses with ``Mul``/``Add``/``Sub``/``Neg``/``Scalar``.
 
-The derivative of rhs with respect to one access occurrence follows the sum and product
-rules (``derivative``); the gradient of operand ``n`` sums, over its occurrences ``a``,
+The derivative of rhs with respect to one access occurrence follows the sum, product and
+quotient rules and the chain rule through elementwise functions (``Apply``, with the table of
+``derivatives``) (``derivative``); the gradient of operand ``n`` sums, over its occurrences ``a``,
 ``compute(Assignment(idx_a, grad(o) * d rhs / d a))`` - for a sparse operand with its
 pattern as one more factor, so the expression is evaluated only at stored entries.
 """
@@ -12,10 +13,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from ..tensor_compiler.index_notation import (Access, Add, Assignment, Expr, Mul, Neg, Scalar,
-                                              Sub, accesses)
+from ..tensor_compiler.index_notation import (Access, Add, Apply, Assignment, Div, Expr, Mul,
+                                              Neg, Scalar, Sub, accesses)
 from ..tensor_type import SparseTensor
 from . import pattern as _pattern
+from .derivatives import derivative_of
 from .einsum_grad import full_gradient
 from .values import from_values, values_of
 
@@ -59,6 +61,17 @@ def derivative(e: Expr, k: int) -> Optional[Expr]:
             if left is None:
                 return right
             return left if right is None else Add(left, right)
+        if isinstance(x, Div):
+            # (a / b)' = a' / b - a * b' / b^2 (b is dense: a quotient's denominator always is)
+            da, db = d(x.a), d(x.b)
+            left = None if da is None else Div(da, x.b)
+            right = None if db is None else Div(_mul(x.a, db), Apply("square", x.b))
+            if right is None:
+                return left
+            return Neg(right) if left is None else Sub(left, right)
+        if isinstance(x, Apply):
+            da = d(x.a)
+            return None if da is None else _mul(derivative_of(x), da)
         raise TypeError(f"no derivative rule for {type(x).__name__}")
     return d(e)
 
