@@ -23,6 +23,7 @@ from ..level_storage import Storage
 from ..tensor_compiler.index_notation import Access, Apply, Assignment, Mul, Sub
 from ..tensor_type import SparseTensor
 from . import pattern as _pattern
+from .einsum_grad import dense_to_pattern
 from .functions import compute, needs_graph
 from .values import from_values, grad_values, mark_gradient
 
@@ -48,6 +49,8 @@ class _Softmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         y, = ctx.saved_tensors
+        if not isinstance(y, SparseTensor):   # a dense result (e.g. no stored entry)
+            y = dense_to_pattern(ctx.pattern, y)
         Ys = y._storage
         G = _on_pattern(Ys, g)
         rank = len(Ys.shape)
