@@ -16,6 +16,8 @@ F64 = torch.float64
 FORMATS_2D = ["csr", "csc", "coo", "dcsr", "dcsc", scorch.Format("dd"),
               scorch.Format("cd", (1, 0))]
 FORMATS_3D = ["coo", "csf", scorch.Format("dcc", (2, 0, 1))]
+#: fewer formats where every draw is a new kernel (an elementwise op per format and dtype)
+FORMATS_FEW = ["csr", "coo", "dcsc", scorch.Format("dd")]
 
 
 def _dense(t):
@@ -95,9 +97,9 @@ def test_gradcheck_unary_function(fn):
     assert gradcheck(f, (v,))
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(shape=st.sampled_from([(0, 3), (1, 4), (3, 1), (4, 5)]),
-       density=st.sampled_from([0.0, 0.4, 1.0]), fmt=st.sampled_from(FORMATS_2D),
+       density=st.sampled_from([0.0, 0.4, 1.0]), fmt=st.sampled_from(FORMATS_FEW),
        dtype=st.sampled_from([torch.float32, F64]),
        fn=st.sampled_from(["relu", "abs", "tanh", "sin", "square", "exp", "sigmoid", "cos",
                            "sign"]), seed=st.integers(0, 99))
@@ -129,12 +131,12 @@ def test_gradcheck_softmax(fmt, shape, log):
         assert gradcheck(lambda v: _dense(fn(make(v), dim)), (v,))
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(shape=st.sampled_from([(0, 3), (1, 4), (3, 1), (4, 5), (3, 2, 4)]),
        density=st.sampled_from([0.0, 0.4, 1.0]), log=st.booleans(), seed=st.integers(0, 99),
        dtype=st.sampled_from([torch.float32, F64]), data=st.data())
 def test_softmax_gradients_match_torch_sparse(shape, density, log, seed, dtype, data):
-    fmt = data.draw(st.sampled_from(FORMATS_2D if len(shape) == 2 else FORMATS_3D))
+    fmt = data.draw(st.sampled_from(FORMATS_FEW if len(shape) == 2 else FORMATS_3D[:2]))
     dim = data.draw(st.integers(-len(shape), len(shape) - 1))
     d = _random(shape, density, dtype, seed)
     S = scorch.sparse_tensor(d, format=fmt, requires_grad=True)
@@ -158,14 +160,14 @@ def test_double_backward_softmax_and_unary():
 
 # --- amax / amin -------------------------------------------------------------------------
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(shape=st.sampled_from([(1, 4), (3, 1), (4, 5), (3, 2, 4)]),
        density=st.sampled_from([0.0, 0.5, 1.0]), reduce=st.sampled_from(["amax", "amin"]),
        keepdim=st.booleans(), seed=st.integers(0, 99), dtype=st.sampled_from([torch.float32, F64]),
        data=st.data())
 def test_amax_amin_gradients_split_ties_like_torch(shape, density, reduce, keepdim, seed, dtype,
                                                    data):
-    fmt = data.draw(st.sampled_from(FORMATS_2D if len(shape) == 2 else FORMATS_3D))
+    fmt = data.draw(st.sampled_from(FORMATS_FEW if len(shape) == 2 else FORMATS_3D[:2]))
     rank = len(shape)
     dim = data.draw(st.sampled_from([(), 0, -1, (0, rank - 1)]))
     d = _random(shape, density, dtype, seed, values=[-1.0, 0.0, 2.0])   # ties, zeros
@@ -180,12 +182,12 @@ def test_gradcheck_amax():
 
 # --- reductions, elementwise ---------------------------------------------------------------
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(shape=st.sampled_from([(0, 3), (1, 4), (4, 5), (3, 2, 4)]),
        density=st.sampled_from([0.0, 0.4, 1.0]), mean=st.booleans(), keepdim=st.booleans(),
        seed=st.integers(0, 99), dtype=st.sampled_from([torch.float32, F64]), data=st.data())
 def test_sum_mean_gradients_match_dense(shape, density, mean, keepdim, seed, dtype, data):
-    fmt = data.draw(st.sampled_from(FORMATS_2D if len(shape) == 2 else FORMATS_3D))
+    fmt = data.draw(st.sampled_from(FORMATS_FEW if len(shape) == 2 else FORMATS_3D[:2]))
     rank = len(shape)
     dim = data.draw(st.sampled_from([None, 0, (0, rank - 1), tuple(range(rank))]))
     if mean and 0 in shape:
@@ -205,9 +207,9 @@ _BINARY = {
 }
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(shape=st.sampled_from([(0, 3), (1, 4), (4, 5)]), density=st.sampled_from([0.0, 0.4, 1.0]),
-       op=st.sampled_from(sorted(_BINARY)), fmt=st.sampled_from(FORMATS_2D),
+       op=st.sampled_from(sorted(_BINARY)), fmt=st.sampled_from(FORMATS_FEW),
        other=st.sampled_from(["same", "row", "column", "scalar"]),
        dtype=st.sampled_from([torch.float32, F64]), seed=st.integers(0, 99))
 def test_elementwise_gradients_match_dense(shape, density, op, fmt, other, dtype, seed):

@@ -67,7 +67,7 @@ class _Softmax(torch.autograd.Function):
             s = compute(Assignment(keep, Mul(Yv, Gv)), y, G, out_format=dense)
             gx = compute(Assignment(v, Mul(Yv, Sub(Gv, Sk))), y, G, s)
         P = ctx.pattern
-        return mark_gradient(from_values(P, grad_values(P, gx).to(P.dtype))), None, None, None
+        return mark_gradient(_on_pattern(P, gx)), None, None, None
 
 
 def softmax(t: SparseTensor, dim: int, log: bool, run: Callable[[SparseTensor], SparseTensor]):
