@@ -219,6 +219,25 @@ def test_elementwise_gradients_match_dense(shape, density, op, fmt, other, dtype
     check_against_dense(_BINARY[op], d, fmt, seed, (y,))
 
 
+def test_type_promotion_keeps_the_graph():
+    """A float32 sparse operand promoted to float64 (a product with a float64 tensor,
+    ``sum(dtype=)``, ``softmax(dtype=)``): the cast is differentiable, never a detach."""
+    d = _random((4, 5), 0.5, torch.float32, 4)
+    Y = torch.rand(4, 5, dtype=F64)
+    for op in (lambda x: x * Y, lambda x: x.sum(0, dtype=F64),
+               lambda x: torch.sparse.softmax(x, 1, dtype=F64)):
+        S = scorch.sparse_tensor(d, format="csr", requires_grad=True)
+        out = _dense(op(S))
+        assert out.dtype == F64
+        out.sum().backward()
+        assert S.grad is not None and S.grad.dtype == torch.float32 and S.grad.nnz == S.nnz
+    D = d.clone().requires_grad_()
+    (D * Y).sum().backward()
+    S = scorch.sparse_tensor(d, format="csr", requires_grad=True)
+    (_dense(S * Y)).sum().backward()
+    torch.testing.assert_close(S.grad.to_dense(), D.grad * (d != 0))
+
+
 def test_sparse_operand_broadcast_in_elementwise():
     """A sparse row broadcast against a dense matrix: its gradient sums over the rows."""
     d = _random((1, 5), 0.6, F64, 3)

@@ -20,7 +20,7 @@ from .._dispatch import check_dense_size, register
 from ..compiler_access import compiler
 from ..gradients import compute as differentiable_compute
 from ..gradients import fiber_ops
-from ..gradients.values import from_values, values_of
+from ..gradients.values import with_dtype
 from ..level_storage import Storage
 from ..tensor_type import SparseTensor, as_scorch, with_values
 from .reductions import _reduced_dims
@@ -122,7 +122,7 @@ def _softmax(t: SparseTensor, dim: int, log: bool, dtype: Optional[torch.dtype])
                          f"[{-rank}, {rank - 1}], but got {dim})")
     dim = int(dim) % rank
     if dtype is not None:
-        t = from_values(t._storage, values_of(t).to(dtype))   # differentiable cast
+        t = with_dtype(t, dtype)   # differentiable cast
     elif not t.dtype.is_floating_point:
         raise RuntimeError(f"softmax(): expected a floating point tensor, got {t.dtype}")
     return fiber_ops.softmax(t, dim, log, lambda x: _softmax_kernels(x, dim, log))
