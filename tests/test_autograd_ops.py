@@ -272,6 +272,21 @@ def test_matmul_family_gradients_match_dense(name, density):
     check_against_dense(op, d, fmt, 1, xs)
 
 
+@pytest.mark.filterwarnings("error::UserWarning")   # no dense fallback on the way
+def test_torch_sparse_mm_runs_sparse_and_differentiates():
+    d = _random((4, 5), 0.5, F64, 5)
+    X = torch.rand(5, 3, dtype=F64)
+    S = scorch.sparse_tensor(d, format="csr", requires_grad=True)
+    Xs = X.clone().requires_grad_()
+    out = torch.sparse.mm(S, Xs)
+    D, Xd = d.clone().requires_grad_(), X.clone().requires_grad_()
+    torch.testing.assert_close(out, D @ Xd)
+    (out ** 2).sum().backward()
+    ((D @ Xd) ** 2).sum().backward()
+    torch.testing.assert_close(S.grad.to_dense(), D.grad * (d != 0))
+    torch.testing.assert_close(Xs.grad, Xd.grad)
+
+
 def test_double_backward_spmm_dense_operand():
     """SpMM is linear in X: torch's double backward exists for the dense op, and here."""
     S = scorch.sparse_tensor(_random((5, 4), 0.5, F64, 2), format="csr")
