@@ -347,3 +347,15 @@ def test_sparse_diagonal_gradient(n, density, fmt, seed):
     X = torch.rand(n, 3, dtype=F64)
     check_against_dense(lambda a, x: torch.einsum("ii,ij->j", a, x), d, fmt, seed, (X,))
     check_against_dense(lambda a: torch.einsum("ii->i", a), d, fmt, seed)
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo"])
+def test_gradcheck_compute_with_a_sparse_diagonal(fmt):
+    """``out(j) = T(i,i) * E(i,j)`` through compute: T's gradient on its diagonal entries."""
+    from scorch.tensor_compiler.index_notation import Access, Assignment
+    make, idx, v = _parts((4, 4), fmt, density=0.7)
+    E = torch.rand(4, 3, dtype=F64, requires_grad=True)
+    D = torch.rand(4, dtype=F64, requires_grad=True)
+    for asg, dense in ((Assignment("j", Access(0, "ii") * Access(1, "ij")), E),
+                       (Assignment("i", Access(0, "ii") * Access(1, "i")), D)):
+        assert gradcheck(lambda v, x: _dense(scorch.gradients.compute(asg, make(v), x)), (v, dense))

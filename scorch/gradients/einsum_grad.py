@@ -29,7 +29,7 @@ from ..level_storage import Storage
 from ..tensor_compiler.index_notation import parse_einsum
 from ..tensor_type import SparseTensor
 from . import pattern as _pattern
-from .values import from_values, values_of
+from .values import from_values, grad_values, values_of
 
 __all__ = ["GradientPlan", "gradient_plan", "operand_gradient", "dense_to_pattern"]
 
@@ -229,32 +229,12 @@ def operand_gradient(plan: GradientPlan, einsum: Callable, grad, operands: Seque
 
 
 def _diagonal_gradient(plan: GradientPlan, einsum: Callable, grad, x: SparseTensor, others):
-    """A sparse operand read along a diagonal (a subscript repeated): only its stored
-    entries whose repeated coordinates agree take part, so the gradient einsum runs on
-    that diagonal pattern (over the distinct subscripts) and its values go back to those
-    entries' positions; every other stored entry gets 0. O(nnz) coordinate work."""
-    from .._runtime import convert
-    from ..formats import Format, LevelKind
+    """A sparse operand read along a diagonal (a subscript repeated): the gradient einsum
+    runs on the pattern's diagonal entries (``pattern.diagonal``) and its values go back
+    to those entries; every other stored entry gets 0."""
     P = x._storage
-    c = convert.coords(P)
-    first = {}
-    for d, letter in enumerate(plan.dims):
-        first.setdefault(letter, d)
-    on_diagonal = torch.ones(P.nnz, dtype=torch.bool)
-    for d, letter in enumerate(plan.dims):
-        if first[letter] != d:
-            on_diagonal &= c[d] == c[first[letter]]
-    entries = torch.nonzero(on_diagonal).reshape(-1)
-    kept = [first[letter] for letter in plan.pattern_term]
-    k = len(kept)
-    fmt = Format((LevelKind.COMPRESSED,) * k, tuple(range(k)))
-    # entry numbers as values: the diagonal pattern's positions -> P's positions
-    Q = convert.from_coords(c[kept][:, entries], torch.arange(entries.numel(), dtype=torch.int64),
-                            [P.shape[d] for d in kept], fmt, sum_duplicates=False)
     dtype = torch.promote_types(grad.dtype, x.dtype)
-    ones = _pattern.pattern_ones(Q, dtype)
-    R = einsum(plan.equation(), SparseTensor(ones), grad, *others)
-    vals = _pattern.values_on_pattern(Q, R._storage, values_of(R)) if isinstance(R, SparseTensor) \
-        else R[tuple(convert.coords(Q))]
-    out = torch.zeros(P.nnz, dtype=vals.dtype).index_copy(0, entries[Q.values], vals)
-    return from_values(P, out.to(x.dtype))
+    Q, entries, which = _pattern.diagonal(P, plan.dims, dtype)
+    R = einsum(plan.equation(), SparseTensor(Q), grad, *others)
+    vals = grad_values(Q, R)
+    return from_values(P, _pattern.from_diagonal(P, entries, which, vals).to(x.dtype))

@@ -19,7 +19,7 @@ from ..tensor_type import SparseTensor
 from . import pattern as _pattern
 from .derivatives import derivative_of
 from .einsum_grad import full_gradient
-from .values import from_values, values_of
+from .values import from_values, grad_values, values_of
 
 __all__ = ["derivative", "operand_gradient"]
 
@@ -107,8 +107,7 @@ def _occurrence(asg: Assignment, a: Access, D: Expr, grad, operands: Sequence, c
     sizes = _sizes(asg, operands, grad)
     if isinstance(x, SparseTensor):
         if len(set(a.indices)) != len(a.indices):
-            raise NotImplementedError(
-                f"gradient of {asg}: operand {a.tensor} is sparse and repeats an index")
+            return _diagonal_occurrence(a, rhs, scale, x, ops, compute, gid)
         P = x._storage
         merged = (asg.output == a.indices and isinstance(grad, SparseTensor)
                   and _pattern.shares_arrays(P, grad._storage) and scale is None)
@@ -146,6 +145,21 @@ def _occurrence(asg: Assignment, a: Access, D: Expr, grad, operands: Sequence, c
     if scale is not None:
         R = R * scale
     return full_gradient(R, dims, result, sizes, tuple(x.shape), x.dtype)
+
+
+def _diagonal_occurrence(a: Access, rhs: Expr, scale, x: SparseTensor, ops: list,
+                         compute: Callable, gid: int) -> torch.Tensor:
+    """A sparse access that repeats an index (``T(i,i)``): the gradient expression runs on
+    the pattern's diagonal entries (``pattern.diagonal``); other entries get 0."""
+    P = x._storage
+    dtype = torch.promote_types(x.dtype, ops[gid].dtype)
+    Q, entries, which = _pattern.diagonal(P, a.indices, dtype)
+    distinct = tuple(dict.fromkeys(a.indices))
+    pat = Access(gid + 1, distinct)
+    rhs = pat if isinstance(rhs, Scalar) and rhs.value == 1 else Mul(pat, rhs)
+    R = compute(Assignment(distinct, rhs), *ops, SparseTensor(Q))
+    vals = _pattern.from_diagonal(P, entries, which, grad_values(Q, R))
+    return vals if scale is None else vals * scale
 
 
 def operand_gradient(asg: Assignment, n: int, grad, operands: Sequence, compute: Callable):
