@@ -3,7 +3,9 @@
 plus torch's implicit zeros) and ``softmax``/``log_softmax`` over stored entries, as
 ``torch.sparse.softmax`` defines them (an unstored entry counts as minus infinity).
 
-Every op is one or a few generated kernels; none densifies a sparse operand. A function that
+Every op is one or a few generated kernels; none densifies a sparse operand. Each is
+differentiable in the stored values (``scorch.gradients``: the derivative table for the
+functions, ``fiber_ops`` for softmax and amax/amin). A function that
 keeps 0 at 0 (relu, abs, sqrt, sin, tanh, sign, square, pow with a positive exponent) gives a
 sparse result on the operand's pattern; one that maps 0 elsewhere (exp, cos, sigmoid, log)
 gives a dense result, dense by nature (subject to the dense-size limit of ``_dispatch``).
