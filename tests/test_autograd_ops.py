@@ -359,3 +359,19 @@ def test_gradcheck_compute_with_a_sparse_diagonal(fmt):
     for asg, dense in ((Assignment("j", Access(0, "ii") * Access(1, "ij")), E),
                        (Assignment("i", Access(0, "ii") * Access(1, "i")), D)):
         assert gradcheck(lambda v, x: _dense(scorch.gradients.compute(asg, make(v), x)), (v, dense))
+
+
+def test_transposed_values_are_regathered_only_after_a_change():
+    """The backward of ``A @ X`` reads A^T: its values are gathered once for a fixed A and
+    again after an in-place update of A's values (an optimizer step)."""
+    from scorch.gradients import pattern
+    d = _random((30, 20), 0.2, torch.float32, 6)
+    A = scorch.sparse_tensor(d, format="csr")
+    csc = scorch.as_format("csc", 2)
+    first = pattern.reformatted(A._storage, csc).values
+    assert pattern.reformatted(A._storage, csc).values is first
+    with torch.no_grad():
+        A.values().mul_(2)
+    again = pattern.reformatted(A._storage, csc)
+    assert again.values is not first
+    torch.testing.assert_close(scorch.SparseTensor(again).to_dense(), 2 * d)

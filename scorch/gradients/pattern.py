@@ -191,7 +191,26 @@ def reformatted(st: Storage, fmt: Format) -> Storage:
     if got is None:
         return _convert().convert(st, fmt)
     conv, perm = got
-    return Storage(conv.format, conv.shape, conv.levels, st.values[perm], conv.index_dtype)
+    return Storage(conv.format, conv.shape, conv.levels, _gathered(st.values, perm),
+                   conv.index_dtype)
+
+
+#: id of a permutation -> (weak refs to it and to the values, the values' version, the
+#: gathered values): a fixed operand (a GCN's adjacency) is gathered once, not every step
+_GATHERED: Dict[int, tuple] = {}
+
+
+def _gathered(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """``values[perm]``, reused while ``values`` is the same tensor, unchanged (its
+    version counter moves with every in-place update, e.g. an optimizer step)."""
+    key = id(perm)
+    hit = _GATHERED.get(key)
+    if hit is not None and hit[0]() is perm and hit[1]() is values and hit[2] == values._version:
+        return hit[3]
+    out = values[perm]
+    _GATHERED[key] = (weakref.ref(perm, lambda _, key=key, table=_GATHERED: table.pop(key, None)),
+                      weakref.ref(values), values._version, out)
+    return out
 
 
 def pattern_factor(P: Storage, dtype: torch.dtype) -> Tuple[Storage, Optional[torch.Tensor]]:
