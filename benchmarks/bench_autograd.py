@@ -1,16 +1,22 @@
 """pytest-benchmark: one GCN training step (forward + backward) with a scorch sparse
-adjacency next to the same step with torch.sparse CSR (``torch.sparse.mm``).
+adjacency next to the same step with torch.sparse CSR (``torch.sparse.mm``) and with PyG's
+``GCNConv`` (the optional ``bench`` extra: ``torch_geometric``).
 
     python -m pytest benchmarks/bench_autograd.py --benchmark-columns=median
-    python benchmarks/bench_autograd.py            # one process: medians and ratios
+    SCORCH_DATA_DIR=/work/shared/data python benchmarks/bench_autograd.py   # medians, ratios
 
 The step: ``H = relu(A @ (X @ W1))``, ``out = A @ (H @ W2)``, cross-entropy, backward, on a
-shared graph (``SCORCH_BENCH_GRAPHS``, default "4elt G51"; row-normalized, with self loops),
-K = 64 features, float32, 2 threads (``SCORCH_BENCH_THREADS``); ``__main__`` runs the two
-implementations in turns and prints medians and ratios. Variants: ``fixed`` (the
-adjacency is data: gradients for W1, W2 and through A @ .) and ``learned`` (the adjacency's
-values are a parameter too: its gradient is an SDDMM on A's pattern). Not part of ``pytest
-tests``.
+shared graph (``SCORCH_BENCH_GRAPHS``, default "4elt G51 bcspwr10"; GCN's normalization
+``D^-1/2 (A + I) D^-1/2``), K = 64 features, float32, at 1 and 2 threads
+(``SCORCH_BENCH_THREADS``, e.g. "1 2"; ``SCORCH_BENCH_VARIANTS``: "fixed learned");
+``__main__`` runs the implementations in turns and
+prints medians and ratios. PyG runs as its users write it: two ``GCNConv(cached=True)``
+layers (normalize=True: it adds the self loops and normalizes once, then caches) on the
+graph's ``edge_index``, with the same weights (bias=False, so the losses agree and are
+checked). Variants: ``fixed`` (the adjacency is data: gradients for W1, W2 and through
+A @ .) and ``learned`` (the adjacency's values are a parameter too: its gradient is an
+SDDMM on A's pattern; PyG has no such layer, so it runs only ``fixed``). Not part of
+``pytest tests``.
 
 Two OpenMP runtimes share the process: torch's bundled libgomp and the system libgomp the
 generated kernels link. Their idle workers spin, so alternating torch ops and scorch
@@ -36,8 +42,9 @@ warnings.filterwarnings("ignore", message=".*Sparse CSR tensor support is in bet
 import scorch  # noqa: E402
 from scorch import datasets  # noqa: E402
 
-GRAPHS = os.environ.get("SCORCH_BENCH_GRAPHS", "4elt G51").split()
-THREADS = int(os.environ.get("SCORCH_BENCH_THREADS", "2"))
+GRAPHS = os.environ.get("SCORCH_BENCH_GRAPHS", "4elt G51 bcspwr10").split()
+THREADS = [int(t) for t in os.environ.get("SCORCH_BENCH_THREADS", "1 2").split()]
+VARIANTS = os.environ.get("SCORCH_BENCH_VARIANTS", "fixed learned").split()
 K, HIDDEN, CLASSES = 64, 64, 16
 
 
@@ -50,16 +57,16 @@ def _data_dir():
 
 
 def load_graph(name: str):
-    """Row-normalized adjacency with self loops (scipy CSR, float32), features, labels and
-    initial weights, all seeded."""
+    """GCN's adjacency ``D^-1/2 (A + I) D^-1/2`` of the symmetrized graph (scipy CSR,
+    float32), features, labels and initial weights, all seeded."""
     import scipy.sparse as sp
     m = datasets.load_matrix(name, _data_dir(), dtype=np.dtype("float32"))
     n = m.shape[0]
-    a = (abs(m) + sp.eye(n, dtype=np.float32)).tocsr()
+    m = abs(sp.csr_matrix(m))
+    a = (m + m.T + sp.eye(n, dtype=np.float32)).tocsr()
     a.data[:] = 1.0
-    deg = np.asarray(a.sum(1)).ravel()
-    a = sp.diags(1.0 / deg).astype(np.float32) @ a
-    a = a.tocsr()
+    scale = sp.diags(1.0 / np.sqrt(np.asarray(a.sum(1)).ravel())).astype(np.float32)
+    a = (scale @ a @ scale).tocsr()
     a.sort_indices()
     g = torch.Generator().manual_seed(0)
     X = torch.rand(n, K, generator=g)
@@ -69,12 +76,42 @@ def load_graph(name: str):
     return a, X, y, W1, W2
 
 
+def _pyg_layers(a, W1, W2):
+    """Two ``GCNConv(cached=True)`` layers holding ``W1``, ``W2`` (PyG stores W^T), and the
+    graph's ``edge_index`` (self loops included: GCNConv keeps them, adds none)."""
+    from torch_geometric.nn import GCNConv
+    coo = a.tocoo()
+    edge_index = torch.stack([torch.from_numpy(coo.row).long(), torch.from_numpy(coo.col).long()])
+    layers = []
+    for W in (W1, W2):
+        conv = GCNConv(W.shape[0], W.shape[1], cached=True, bias=False)
+        with torch.no_grad():
+            conv.lin.weight.copy_(W.t())
+        layers.append(conv)
+    return layers, edge_index
+
+
 def make_step(impl: str, variant: str, graph):
     """A zero-argument callable running one forward + backward; returns the loss."""
     a, X, y, W1, W2 = graph
     W1 = W1.clone().requires_grad_()
     W2 = W2.clone().requires_grad_()
     learned = variant == "learned"
+    if impl == "pyg":
+        if learned:
+            raise ValueError("PyG's GCNConv has no learned adjacency")
+        (conv1, conv2), edge_index = _pyg_layers(a, W1.detach(), W2.detach())
+        params = list(conv1.parameters()) + list(conv2.parameters())
+
+        def step():
+            for p in params:
+                p.grad = None
+            H = torch.relu(conv1(X, edge_index))
+            out = conv2(H, edge_index)
+            loss = torch.nn.functional.cross_entropy(out, y)
+            loss.backward()
+            return loss
+        return step
     if impl == "scorch":
         A = scorch.sparse_tensor(a, format="csr", requires_grad=learned)
 
@@ -145,12 +182,22 @@ if pytest is not None and "pytest" in sys.modules and __name__ != "__main__":
             _GRAPHS[name] = load_graph(name)
         return _GRAPHS[name]
 
+    def _have_pyg() -> bool:
+        try:
+            import torch_geometric  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    @pytest.mark.parametrize("threads", THREADS)
     @pytest.mark.parametrize("variant", ["fixed", "learned"])
-    @pytest.mark.parametrize("impl", ["scorch", "torch_csr"])
+    @pytest.mark.parametrize("impl", ["scorch", "torch_csr", "pyg"])
     @pytest.mark.parametrize("graph", GRAPHS)
-    def test_gcn_step(benchmark, graph, impl, variant):
+    def test_gcn_step(benchmark, graph, impl, variant, threads):
+        if impl == "pyg" and (variant == "learned" or not _have_pyg()):
+            pytest.skip("PyG: not installed (the bench extra), or no learned adjacency")
         saved = torch.get_num_threads()
-        torch.set_num_threads(THREADS)
+        torch.set_num_threads(threads)
         try:
             try:
                 g = _graph(graph)
@@ -158,27 +205,48 @@ if pytest is not None and "pytest" in sys.modules and __name__ != "__main__":
                 pytest.skip(str(e))
             step = make_step(impl, variant, g)
             step()
-            benchmark.group = f"gcn step {graph} {variant} T{THREADS}"
-            benchmark.extra_info.update({"graph": graph, "impl": impl, "variant": variant, "K": K})
+            benchmark.group = f"gcn step {graph} {variant} T{threads}"
+            benchmark.extra_info.update({"graph": graph, "impl": impl, "variant": variant, "K": K,
+                                         "threads": threads})
             benchmark(step)
         finally:
             torch.set_num_threads(saved)
 
 
+def _implementations(variant: str) -> list:
+    impls = ["scorch", "torch_csr"]
+    if variant == "fixed":
+        try:
+            import torch_geometric  # noqa: F401
+            impls.append("pyg")
+        except ImportError:
+            print("  (torch_geometric not installed: pip install scorch[bench] for the PyG column)")
+    return impls
+
+
 def main() -> None:
-    torch.set_num_threads(THREADS)
     print(f"GCN training step (forward + backward), K={K}, hidden={HIDDEN}, classes={CLASSES}, "
-          f"float32, {THREADS} threads; median of 25 interleaved rounds after 3 warm-up steps")
+          f"float32; median of 25 interleaved rounds after 3 warm-up steps; ratio = other / "
+          f"scorch (above 1: scorch is faster)")
     for name in GRAPHS:
         g = load_graph(name)
         print(f"{name}: n={g[0].shape[0]}, nnz={g[0].nnz} (with self loops)")
-        for variant in ("fixed", "learned"):
-            steps = {impl: make_step(impl, variant, g) for impl in ("scorch", "torch_csr")}
-            losses = {impl: float(step().detach()) for impl, step in steps.items()}
-            assert abs(losses["scorch"] - losses["torch_csr"]) < 1e-4 * abs(losses["torch_csr"]) + 1e-5
-            t = interleaved_medians(steps)
-            print(f"  {variant:8s} scorch {t['scorch'] * 1e3:8.2f} ms   torch.sparse "
-                  f"{t['torch_csr'] * 1e3:8.2f} ms   torch/scorch = {t['torch_csr'] / t['scorch']:.2f}x")
+        for threads in THREADS:
+            torch.set_num_threads(threads)
+            for variant in VARIANTS:
+                impls = _implementations(variant)
+                steps = {impl: make_step(impl, variant, g) for impl in impls}
+                losses = {impl: float(step().detach()) for impl, step in steps.items()}
+                for impl in impls[1:]:   # the same computation
+                    assert abs(losses["scorch"] - losses[impl]) < 1e-4 * abs(losses[impl]) + 1e-5, \
+                        (impl, losses)
+                t = interleaved_medians(steps)
+                line = f"  T{threads} {variant:8s} scorch {t['scorch'] * 1e3:8.2f} ms"
+                for impl, label in (("torch_csr", "torch.sparse"), ("pyg", "PyG")):
+                    if impl in t:
+                        line += (f"   {label} {t[impl] * 1e3:8.2f} ms "
+                                 f"({t[impl] / t['scorch']:.2f}x)")
+                print(line)
 
 
 if __name__ == "__main__":

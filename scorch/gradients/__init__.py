@@ -1,7 +1,9 @@
 """Autograd for scorch: gradients of einsums and index expressions as more einsums through
-the same compiler (``einsum_grad``, ``expr_grad``, the Functions in ``functions``), sparse
-gradients on the operand's pattern (``pattern``, ``values``), and the values-level ATen ops
-that gradient accumulation and torch optimizers call on sparse tensors (``optim_ops``).
+the same compiler (``einsum_grad``, ``expr_grad`` with the elementwise functions' table in
+``derivatives``, the Functions in ``functions``), the per-fiber ops' rules (softmax, amax:
+``fiber_ops``), sparse gradients on the operand's pattern (``pattern``, ``values``), and the
+values-level ATen ops that gradient accumulation and torch optimizers call on sparse
+tensors (``optim_ops``).
 
 Importing the package registers the ATen handlers and the differentiable ``values`` /
 ``to_dense`` / ``to_format``; the compiler side (``functions``) is imported on first use,

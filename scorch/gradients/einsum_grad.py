@@ -10,7 +10,9 @@ op_m(idx_m)`` over every variable not in ``idx_n``. Around that product:
   repeated variable (a diagonal, ``"ii->i"``) is written into the diagonal of zeros;
 * a sparse operand's gradient lives on its pattern: the pattern (all-one values) is one
   more factor over ``idx_n``, so the kernel evaluates the product only at stored entries
-  (for ``A @ X`` an SDDMM) and the output shares the operand's level arrays.
+  (for ``A @ X`` an SDDMM) and the output shares the operand's level arrays. A repeated
+  subscript (``"ii->i"``) takes the pattern's diagonal entries (a filter over the stored
+  coordinates) as the factor over the distinct subscripts; the other entries get 0.
 
 ``GradientPlan`` holds the equation algebra (pure, cached per equation and shapes);
 ``operand_gradient`` runs it.
@@ -27,7 +29,7 @@ from ..level_storage import Storage
 from ..tensor_compiler.index_notation import parse_einsum
 from ..tensor_type import SparseTensor
 from . import pattern as _pattern
-from .values import from_values, values_of
+from .values import from_values, grad_values, values_of
 
 __all__ = ["GradientPlan", "gradient_plan", "operand_gradient", "dense_to_pattern"]
 
@@ -85,10 +87,6 @@ def gradient_plan(equation: str, shapes: Tuple[Tuple[int, ...], ...], n: int,
     other_terms = tuple("".join(letter(v) for v in op_idx[m]) for m in others)
     repeated = len(set(idx_n)) != len(idx_n)
     if sparse:
-        if repeated:
-            raise NotImplementedError(
-                f"einsum gradient of {equation!r}: operand {n} is sparse and repeats a "
-                f"subscript (a diagonal of a sparse tensor); take the diagonal first")
         term = []
         for d, v in enumerate(idx_n):
             if d in bcast:   # a size-1 dimension that broadcast: its own (summed) index
@@ -97,9 +95,10 @@ def gradient_plan(equation: str, shapes: Tuple[Tuple[int, ...], ...], n: int,
                 term.append(free.pop(0))
             else:
                 term.append(letter(v))
-        pattern_term = "".join(term)
+        # a repeated subscript: the factor is the diagonal, over the distinct subscripts
+        pattern_term = "".join(dict.fromkeys(term))
         return GradientPlan(n, True, grad_term, others, other_terms, pattern_term, "",
-                            tuple(pattern_term), repeated)
+                            tuple(term), repeated)
     present = set(out) | {v for m in others for v in op_idx[m]}
     result: List[str] = []
     dims: List[Optional[str]] = []
@@ -153,15 +152,20 @@ def full_gradient(R, dims: Sequence[Optional[Tuple[str, str]]], result_vars: Seq
         view = [R.shape[result_vars.index(d[1])] if d is not None and d[0] == "var" else 1
                 for d in dims]
         return R.reshape(view).expand(shape)
-    # a diagonal: zeros, and the result written where the repeated subscripts agree
-    if any(d is not None and d[0] == "expand" for d in dims):
-        raise NotImplementedError("gradient of a diagonal together with an index only it has")
+    # a diagonal: zeros, and the result written where the repeated subscripts agree (a
+    # variable only this operand has is broadcast along its own, possibly diagonal, stride)
+    expanded = list(dict.fromkeys(d[1] for d in dims if d is not None and d[0] == "expand"))
+    every = list(result_vars) + expanded
     Z = torch.zeros(shape, dtype=dtype)
-    strides = {v: 0 for v in result_vars}
+    strides = {v: 0 for v in every}
+    sizes = dict(sizes)
     for k, d in enumerate(dims):
         if d is not None:
             strides[d[1]] += Z.stride(k)
-    Z.as_strided([sizes[v] for v in result_vars], [strides[v] for v in result_vars]).copy_(R)
+            sizes.setdefault(d[1], shape[k])
+    extent = [sizes[v] for v in every]
+    R = R.reshape(list(R.shape) + [1] * len(expanded)).expand(extent)
+    Z.as_strided(extent, [strides[v] for v in every]).copy_(R)
     return Z
 
 
@@ -178,6 +182,8 @@ def operand_gradient(plan: GradientPlan, einsum: Callable, grad, operands: Seque
     a SparseTensor with operand ``n``'s pattern and format."""
     x = operands[plan.n]
     others = [operands[m] for m in plan.others]
+    if plan.sparse and plan.repeated:
+        return _diagonal_gradient(plan, einsum, grad, x, others)
     if not plan.sparse:
         eq = plan.equation()
         ops = [grad] + others
@@ -220,3 +226,15 @@ def operand_gradient(plan: GradientPlan, einsum: Callable, grad, operands: Seque
         vals = _pattern.values_from_factor(P, Q, perm, R._storage, values_of(R))
     return from_values(P, vals.to(x.dtype))
 
+
+
+def _diagonal_gradient(plan: GradientPlan, einsum: Callable, grad, x: SparseTensor, others):
+    """A sparse operand read along a diagonal (a subscript repeated): the gradient einsum
+    runs on the pattern's diagonal entries (``pattern.diagonal``) and its values go back
+    to those entries; every other stored entry gets 0."""
+    P = x._storage
+    dtype = torch.promote_types(grad.dtype, x.dtype)
+    Q, entries, which = _pattern.diagonal(P, plan.dims, dtype)
+    R = einsum(plan.equation(), SparseTensor(Q), grad, *others)
+    vals = grad_values(Q, R)
+    return from_values(P, _pattern.from_diagonal(P, entries, which, vals).to(x.dtype))

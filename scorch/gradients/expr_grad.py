@@ -1,8 +1,9 @@
 """Gradients of index-notation assignments (``compute``): ``out(o) = sum rhs`` where rhs is
 built from accesses with ``Mul``/``Add``/``Sub``/``Neg``/``Scalar``.
 
-The derivative of rhs with respect to one access occurrence follows the sum and product
-rules (``derivative``); the gradient of operand ``n`` sums, over its occurrences ``a``,
+The derivative of rhs with respect to one access occurrence follows the sum, product and
+quotient rules and the chain rule through elementwise functions (``Apply``, with the table of
+``derivatives``) (``derivative``); the gradient of operand ``n`` sums, over its occurrences ``a``,
 ``compute(Assignment(idx_a, grad(o) * d rhs / d a))`` - for a sparse operand with its
 pattern as one more factor, so the expression is evaluated only at stored entries.
 """
@@ -12,12 +13,13 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from ..tensor_compiler.index_notation import (Access, Add, Assignment, Expr, Mul, Neg, Scalar,
-                                              Sub, accesses)
+from ..tensor_compiler.index_notation import (Access, Add, Apply, Assignment, Div, Expr, Mul,
+                                              Neg, Scalar, Sub, accesses)
 from ..tensor_type import SparseTensor
 from . import pattern as _pattern
+from .derivatives import derivative_of
 from .einsum_grad import full_gradient
-from .values import from_values, values_of
+from .values import from_values, grad_values, values_of
 
 __all__ = ["derivative", "operand_gradient"]
 
@@ -59,6 +61,17 @@ def derivative(e: Expr, k: int) -> Optional[Expr]:
             if left is None:
                 return right
             return left if right is None else Add(left, right)
+        if isinstance(x, Div):
+            # (a / b)' = a' / b - a * b' / b^2 (b is dense: a quotient's denominator always is)
+            da, db = d(x.a), d(x.b)
+            left = None if da is None else Div(da, x.b)
+            right = None if db is None else Div(_mul(x.a, db), Apply("square", x.b))
+            if right is None:
+                return left
+            return Neg(right) if left is None else Sub(left, right)
+        if isinstance(x, Apply):
+            da = d(x.a)
+            return None if da is None else _mul(derivative_of(x), da)
         raise TypeError(f"no derivative rule for {type(x).__name__}")
     return d(e)
 
@@ -94,8 +107,7 @@ def _occurrence(asg: Assignment, a: Access, D: Expr, grad, operands: Sequence, c
     sizes = _sizes(asg, operands, grad)
     if isinstance(x, SparseTensor):
         if len(set(a.indices)) != len(a.indices):
-            raise NotImplementedError(
-                f"gradient of {asg}: operand {a.tensor} is sparse and repeats an index")
+            return _diagonal_occurrence(a, rhs, scale, x, ops, compute, gid)
         P = x._storage
         merged = (asg.output == a.indices and isinstance(grad, SparseTensor)
                   and _pattern.shares_arrays(P, grad._storage) and scale is None)
@@ -133,6 +145,21 @@ def _occurrence(asg: Assignment, a: Access, D: Expr, grad, operands: Sequence, c
     if scale is not None:
         R = R * scale
     return full_gradient(R, dims, result, sizes, tuple(x.shape), x.dtype)
+
+
+def _diagonal_occurrence(a: Access, rhs: Expr, scale, x: SparseTensor, ops: list,
+                         compute: Callable, gid: int) -> torch.Tensor:
+    """A sparse access that repeats an index (``T(i,i)``): the gradient expression runs on
+    the pattern's diagonal entries (``pattern.diagonal``); other entries get 0."""
+    P = x._storage
+    dtype = torch.promote_types(x.dtype, ops[gid].dtype)
+    Q, entries, which = _pattern.diagonal(P, a.indices, dtype)
+    distinct = tuple(dict.fromkeys(a.indices))
+    pat = Access(gid + 1, distinct)
+    rhs = pat if isinstance(rhs, Scalar) and rhs.value == 1 else Mul(pat, rhs)
+    R = compute(Assignment(distinct, rhs), *ops, SparseTensor(Q))
+    vals = _pattern.from_diagonal(P, entries, which, grad_values(Q, R))
+    return vals if scale is None else vals * scale
 
 
 def operand_gradient(asg: Assignment, n: int, grad, operands: Sequence, compute: Callable):

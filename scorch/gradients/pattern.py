@@ -20,7 +20,7 @@ from ..level_storage import Storage
 
 __all__ = ["pattern_ones", "pattern_factor", "same_pattern", "shares_arrays",
            "values_on_pattern", "values_from_factor", "with_pattern_values", "reformatted",
-           "reformat_cache_info"]
+           "reformat_cache_info", "diagonal", "from_diagonal"]
 
 
 def _convert():
@@ -191,7 +191,26 @@ def reformatted(st: Storage, fmt: Format) -> Storage:
     if got is None:
         return _convert().convert(st, fmt)
     conv, perm = got
-    return Storage(conv.format, conv.shape, conv.levels, st.values[perm], conv.index_dtype)
+    return Storage(conv.format, conv.shape, conv.levels, _gathered(st.values, perm),
+                   conv.index_dtype)
+
+
+#: id of a permutation -> (weak refs to it and to the values, the values' version, the
+#: gathered values): a fixed operand (a GCN's adjacency) is gathered once, not every step
+_GATHERED: Dict[int, tuple] = {}
+
+
+def _gathered(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """``values[perm]``, reused while ``values`` is the same tensor, unchanged (its
+    version counter moves with every in-place update, e.g. an optimizer step)."""
+    key = id(perm)
+    hit = _GATHERED.get(key)
+    if hit is not None and hit[0]() is perm and hit[1]() is values and hit[2] == values._version:
+        return hit[3]
+    out = values[perm]
+    _GATHERED[key] = (weakref.ref(perm, lambda _, key=key, table=_GATHERED: table.pop(key, None)),
+                      weakref.ref(values), values._version, out)
+    return out
 
 
 def pattern_factor(P: Storage, dtype: torch.dtype) -> Tuple[Storage, Optional[torch.Tensor]]:
@@ -221,3 +240,36 @@ def values_from_factor(P: Storage, Q: Storage, perm: Optional[torch.Tensor], R: 
 
 def reformat_cache_info() -> Dict[str, int]:
     return {"patterns": len(_REFORMATTED), **_stats}
+
+
+# --- a pattern read along a diagonal (a repeated index) ---------------------------------
+
+def diagonal(P: Storage, labels: Tuple[str, ...], dtype: torch.dtype) -> Tuple[Storage, torch.Tensor, torch.Tensor]:
+    """``P`` indexed by ``labels`` with a label repeated (``"ii"``): its stored entries
+    whose coordinates agree wherever a label repeats, as an all-ones pattern over the
+    distinct labels (first-appearance order, compressed levels), with the positions in
+    ``P`` of those entries and, per position of the diagonal pattern, which of them it
+    holds. O(nnz) coordinate work; the other entries of ``P`` take no part."""
+    c = _convert().coords(P)
+    first: Dict[str, int] = {}
+    for d, label in enumerate(labels):
+        first.setdefault(label, d)
+    on_diagonal = torch.ones(P.nnz, dtype=torch.bool)
+    for d, label in enumerate(labels):
+        if first[label] != d:
+            on_diagonal &= c[d] == c[first[label]]
+    entries = torch.nonzero(on_diagonal).reshape(-1)
+    kept = list(first.values())
+    fmt = Format((LevelKind.COMPRESSED,) * len(kept), tuple(range(len(kept))))
+    # entry numbers as values: the diagonal pattern's positions -> ``entries``
+    Q = _convert().from_coords(c[kept][:, entries], torch.arange(entries.numel(), dtype=torch.int64),
+                               [P.shape[d] for d in kept], fmt, sum_duplicates=False)
+    ones = with_pattern_values(Q, torch.ones(Q.nnz, dtype=dtype))
+    return ones, entries, Q.values
+
+
+def from_diagonal(P: Storage, entries: torch.Tensor, which: torch.Tensor,
+                  vals: torch.Tensor) -> torch.Tensor:
+    """Values on the diagonal pattern (``diagonal``) as values at ``P``'s positions; 0 at
+    the entries off the diagonal."""
+    return torch.zeros(P.nnz, dtype=vals.dtype).index_copy(0, entries[which], vals)

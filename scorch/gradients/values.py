@@ -15,8 +15,8 @@ from .. import tensor_type as _tensor_type
 from ..tensor_type import SparseTensor
 from . import pattern as _pattern
 
-__all__ = ["values_of", "from_values", "to_dense", "to_format", "from_coordinates",
-           "from_dense", "grad_values", "mark_gradient"]
+__all__ = ["values_of", "from_values", "with_dtype", "to_dense", "to_format",
+           "from_coordinates", "from_dense", "grad_values", "mark_gradient"]
 
 
 def _convert():
@@ -93,6 +93,14 @@ def from_values(P: Storage, values: torch.Tensor) -> SparseTensor:
     if _tracked(values):
         return _FromValues.apply(values, P)
     return SparseTensor(_pattern.with_pattern_values(P, values))
+
+
+def with_dtype(s: SparseTensor, dtype: torch.dtype) -> SparseTensor:
+    """``s`` with its values cast to ``dtype`` (the same pattern), differentiable: the cast
+    an op does for type promotion must not cut the graph."""
+    if s.dtype == dtype:
+        return s
+    return from_values(s._storage, values_of(s).to(dtype))
 
 
 def to_dense(s: SparseTensor) -> torch.Tensor:

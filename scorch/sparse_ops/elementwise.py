@@ -21,8 +21,9 @@ from typing import List, Tuple
 import torch
 
 from .._dispatch import register
+from ..gradients.values import with_dtype
 from ..level_storage import Storage
-from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, with_values
+from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand
 from . import shape as _shape
 
 __all__ = ["add", "sub", "mul", "div", "neg", "addcmul", "addcdiv", "bool_as_uint8", "as_bool"]
@@ -94,7 +95,7 @@ def _cast(x, dtype: torch.dtype):
     if _is_scalar(x):
         return torch.tensor(x, dtype=dtype)
     if isinstance(x, SparseTensor):
-        return x if x.dtype == dtype else with_values(x, x._storage.values.to(dtype))
+        return with_dtype(x, dtype)   # differentiable
     return x if x.dtype == dtype else x.to(dtype)
 
 

@@ -278,6 +278,14 @@ def _mm(a, b, **kwargs):
     return mm(a, b)
 
 
+@register(torch.sparse.mm)
+@_sparse_only
+def _sparse_mm(a, b, reduce=None):
+    """``torch.sparse.mm`` (GCN code calls it): ``mm``; a ``reduce`` other than sum is
+    torch's."""
+    return mm(a, b) if reduce in (None, "sum") else NotImplemented
+
+
 @register(torch.mv, torch.Tensor.mv)
 @_sparse_only
 def _mv(a, v, **kwargs):

@@ -3,7 +3,9 @@
 plus torch's implicit zeros) and ``softmax``/``log_softmax`` over stored entries, as
 ``torch.sparse.softmax`` defines them (an unstored entry counts as minus infinity).
 
-Every op is one or a few generated kernels; none densifies a sparse operand. A function that
+Every op is one or a few generated kernels; none densifies a sparse operand. Each is
+differentiable in the stored values (``scorch.gradients``: the derivative table for the
+functions, ``fiber_ops`` for softmax and amax/amin). A function that
 keeps 0 at 0 (relu, abs, sqrt, sin, tanh, sign, square, pow with a positive exponent) gives a
 sparse result on the operand's pattern; one that maps 0 elsewhere (exp, cos, sigmoid, log)
 gives a dense result, dense by nature (subject to the dense-size limit of ``_dispatch``).
@@ -18,6 +20,9 @@ import torch.nn.functional as F
 
 from .._dispatch import check_dense_size, register
 from ..compiler_access import compiler
+from ..gradients import compute as differentiable_compute
+from ..gradients import fiber_ops
+from ..gradients.values import with_dtype
 from ..level_storage import Storage
 from ..tensor_type import SparseTensor, as_scorch, with_values
 from .reductions import _reduced_dims
@@ -42,18 +47,10 @@ def _vars(rank: int) -> str:
     return _LETTERS[:rank]
 
 
-def _no_backward_yet(name: str, t: SparseTensor) -> None:
-    """No silent detach: these kernels have no gradient rule yet."""
-    if torch.is_grad_enabled() and t.requires_grad:
-        raise RuntimeError(f"scorch: '{name}' of a sparse tensor that requires grad has no "
-                           f"backward yet; call it under torch.no_grad() or on .detach()")
-
-
 def apply(fn: str, t: SparseTensor, p: Optional[float] = None) -> torch.Tensor:
     """``fn`` elementwise on a sparse tensor, one generated kernel."""
     from ..tensor_compiler.functions import function
     from ..tensor_compiler.index_notation import Apply
-    _no_backward_yet(fn, t)
     tc = _tc()
     f = function(fn)
     if fn in _FLOATING and not t.dtype.is_floating_point:
@@ -61,7 +58,8 @@ def apply(fn: str, t: SparseTensor, p: Optional[float] = None) -> torch.Tensor:
     if not f.preserves_zero(p):
         check_dense_size(fn, t.shape, t.dtype)   # dense by nature: say when it is big
     v = _vars(t.dim())
-    return _wrap(tc.compute(tc.Assignment(v, Apply(fn, tc.Access(0, v), p)), t))
+    # the differentiable compute: f'(x) on x's pattern (scorch.gradients.derivatives)
+    return _wrap(differentiable_compute(tc.Assignment(v, Apply(fn, tc.Access(0, v), p)), t))
 
 
 def _reduce_stored(t: SparseTensor, dims: Tuple[int, ...], reduce: str, dense: bool = True):
@@ -84,19 +82,22 @@ def _stored_count(t: SparseTensor, dims: Tuple[int, ...]) -> torch.Tensor:
 
 
 def _extreme(name: str, reduce: str, t: SparseTensor, dim, keepdim: bool) -> torch.Tensor:
-    _no_backward_yet(name, t)
     dims = _reduced_dims(dim if dim != () else None, t.dim(), name)
     extent = 1
     for d in dims:
         extent *= t.shape[d]
     if extent == 0:
         raise IndexError(f"{name}(): Expected reduction dim {dims[0]} to have non-zero size.")
-    m = _reduce_stored(t, dims, reduce)
-    count = _stored_count(t, dims)
-    # torch's amax counts the implicit zeros: a fiber that does not store every entry has 0
-    zero = torch.zeros((), dtype=m.dtype)
-    implicit = count < extent
-    m = torch.where(implicit, torch.maximum(m, zero) if reduce == "max" else torch.minimum(m, zero), m)
+
+    def run(x: SparseTensor) -> torch.Tensor:
+        m = _reduce_stored(x, dims, reduce)
+        count = _stored_count(x, dims)
+        # torch's amax counts the implicit zeros: a fiber that does not store every entry has 0
+        zero = torch.zeros((), dtype=m.dtype)
+        implicit = count < extent
+        return torch.where(implicit, torch.maximum(m, zero) if reduce == "max"
+                           else torch.minimum(m, zero), m)
+    m = fiber_ops.extreme(t, dims, run)   # torch's backward: split among ties
     if keepdim:
         for d in dims:
             m = m.unsqueeze(d)
@@ -115,9 +116,6 @@ def _softmax(t: SparseTensor, dim: int, log: bool, dtype: Optional[torch.dtype])
     """Over the stored entries of each fiber along ``dim``: one max kernel, one kernel for
     the exponentials on the pattern with their sums, one for the quotient; an empty fiber
     has no entries (no NaN)."""
-    from ..tensor_compiler.index_notation import Apply, Div
-    _no_backward_yet("log_softmax" if log else "softmax", t)
-    tc = _tc()
     if not isinstance(dim, numbers.Integral):
         raise TypeError(f"softmax(): dim must be an int, got {dim!r}")
     rank = t.dim()
@@ -126,10 +124,16 @@ def _softmax(t: SparseTensor, dim: int, log: bool, dtype: Optional[torch.dtype])
                          f"[{-rank}, {rank - 1}], but got {dim})")
     dim = int(dim) % rank
     if dtype is not None:
-        t = with_values(t, t._storage.values.to(dtype))
+        t = with_dtype(t, dtype)   # differentiable cast
     elif not t.dtype.is_floating_point:
         raise RuntimeError(f"softmax(): expected a floating point tensor, got {t.dtype}")
-    v = _vars(rank)
+    return fiber_ops.softmax(t, dim, log, lambda x: _softmax_kernels(x, dim, log))
+
+
+def _softmax_kernels(t: SparseTensor, dim: int, log: bool) -> SparseTensor:
+    from ..tensor_compiler.index_notation import Apply, Div
+    tc = _tc()
+    v = _vars(t.dim())
     keep = "".join(c for d, c in enumerate(v) if d != dim)
     A, M = tc.Access(0, v), tc.Access(1, keep)
     ones = with_values(t, torch.ones_like(t._storage.values))   # carries the pattern

@@ -18,7 +18,8 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from .._dispatch import register
-from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, with_values
+from ..gradients.values import with_dtype
+from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand
 from . import elementwise
 from . import shape as _shape
 from . import einsum as _einsum_entry
@@ -63,7 +64,7 @@ def _accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
 def _in_dtype(t: SparseTensor, dtype: Optional[torch.dtype]) -> SparseTensor:
     values = t._storage.values
     target = dtype if dtype is not None else _accumulate_dtype(values.dtype)
-    return t if values.dtype == target else with_values(t, values.to(target))
+    return t if values.dtype == target else with_dtype(t, target)   # differentiable
 
 
 def _einsum_sum(t: SparseTensor, dims: Tuple[int, ...], out_format=None) -> torch.Tensor:

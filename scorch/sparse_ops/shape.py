@@ -29,6 +29,7 @@ import torch
 
 from .._dispatch import register, register_aten
 from ..formats import Format, LevelKind, as_format
+from ..gradients.values import from_values, values_of
 from ..level_storage import Level, Storage
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, permute_view
 
@@ -58,9 +59,9 @@ def _build(coords: torch.Tensor, values: torch.Tensor, shape: Sequence[int],
     gives the dense scalar (the sum of at most one entry).
 
     The storage is built over entry numbers, not values: the result's values are then one
-    gather of ``values`` (``values`` itself comes from gathers of the input's values), so the
-    whole value path is plain torch indexing, differentiable as it stands, and a gradient rule
-    is the matching index_add."""
+    gather of ``values`` (``values`` itself comes from gathers of the input's values, taken
+    with ``values_of``), so the whole value path is plain torch indexing, differentiable as
+    it stands: the backward is the matching index_add over stored entries, never dense."""
     shape = tuple(int(s) for s in shape)
     if len(shape) == 0:
         return values.sum().to(values.dtype)
@@ -70,8 +71,7 @@ def _build(coords: torch.Tensor, values: torch.Tensor, shape: Sequence[int],
     number = torch.arange(1, values.numel() + 1, dtype=torch.int64)
     st = _convert().from_coords(coords, number, shape, fmt, sum_duplicates=False)
     padded = torch.cat([values.new_zeros(1), values])
-    return SparseTensor(Storage(st.format, st.shape, st.levels,
-                                padded.index_select(0, st.values), st.index_dtype))
+    return from_values(st, padded.index_select(0, st.values))
 
 
 def _unblocked(fmt: Format) -> Format:
@@ -162,16 +162,16 @@ def unsqueeze(t: SparseTensor, dim: int) -> SparseTensor:
     position is the root's, so the other levels' arrays are shared unchanged)."""
     r = t.dim()
     dim = _dim(dim, r + 1)
+    if t._storage.format.block is not None:
+        t = t.to_format(_unblocked(t._storage.format))   # differentiable: a permutation
     st = t._storage
-    if st.format.block is not None:
-        st = _convert().convert(st, _unblocked(st.format))
     shift = [d + 1 if d >= dim else d for d in range(r)]
     levels = [Level(LevelKind.DENSE, dim, 1)] + [
         Level(lv.kind, shift[lv.dim], lv.size, lv.pos, lv.crd, lv.block_inner) for lv in st.levels]
     fmt = Format((LevelKind.DENSE,) + st.format.levels,
                  (dim,) + tuple(shift[m] for m in st.format.mode_order))
     shape = st.shape[:dim] + (1,) + st.shape[dim:]
-    return SparseTensor(Storage(fmt, shape, levels, st.values, st.index_dtype), t.requires_grad)
+    return from_values(Storage(fmt, shape, levels, st.values, st.index_dtype), values_of(t))
 
 
 def _drop_dims_format(fmt: Format, dims: Sequence[int]) -> Optional[Format]:
@@ -193,13 +193,14 @@ def squeeze_dims(t: SparseTensor, dims: Sequence[int]) -> torch.Tensor:
     for d in dims:
         if t.shape[d] != 1:
             raise RuntimeError(f"squeeze: dimension {d} has size {t.shape[d]}, not 1")
+    if t._storage.format.block is not None:
+        t = t.to_format(_unblocked(t._storage.format))   # differentiable: a permutation
     st = t._storage
-    if st.format.block is not None:
-        st = _convert().convert(st, _unblocked(st.format))
+    values = values_of(t)
     fmt = _drop_dims_format(st.format, dims)
     shape = tuple(s for d, s in enumerate(st.shape) if d not in dims)
     if fmt is None:
-        return st.values.sum().to(st.dtype)
+        return values.sum().to(st.dtype)
     kinds = st.format.levels
     drop = [k for k, lv in enumerate(st.levels) if lv.dim in dims]
     # a dense size-1 level can be dropped in place unless it separates two coordinate levels
@@ -211,11 +212,10 @@ def squeeze_dims(t: SparseTensor, dims: Sequence[int]) -> torch.Tensor:
         remap = {d: d - sum(1 for x in dims if x < d) for d in range(st.ndim) if d not in dims}
         levels = [Level(lv.kind, remap[lv.dim], lv.size, lv.pos, lv.crd, lv.block_inner)
                   for k, lv in enumerate(st.levels) if k not in drop]
-        return SparseTensor(Storage(fmt, shape, levels, st.values, st.index_dtype),
-                            t.requires_grad)
+        return from_values(Storage(fmt, shape, levels, st.values, st.index_dtype), values)
     c = _convert().coords(st)
     keep = [d for d in range(st.ndim) if d not in dims]
-    return _build(c[keep], st.values, shape, fmt)
+    return _build(c[keep], values, shape, fmt)
 
 
 def squeeze(t: SparseTensor, dim=None) -> torch.Tensor:
@@ -291,7 +291,7 @@ def reshape(t: SparseTensor, shape: Sequence[int]) -> torch.Tensor:
         if s:
             out[d] = torch.remainder(lin, s)
             lin = torch.div(lin, s, rounding_mode="floor")
-    return _build(out, st.values, new)
+    return _build(out, values_of(t), new)
 
 
 def flatten(t: SparseTensor, start_dim: int = 0, end_dim: int = -1) -> torch.Tensor:
@@ -390,7 +390,7 @@ def cat(tensors: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
         if offset:
             c[d] += offset
         coords.append(c)
-        values.append(x._storage.values.to(dtype))
+        values.append(values_of(x).to(dtype))
         offset += x.shape[d]
     shape = list(tensors[0].shape)
     shape[d] = offset
@@ -502,7 +502,7 @@ def getitem(t: SparseTensor, index) -> torch.Tensor:
     rank = st.ndim
     items = _expand_index(index, rank)
     c = _convert().coords(st)
-    values = st.values
+    values = values_of(t)
     keep = None                       # mask over the entries
     out_rows: List[Tuple[str, object]] = []   # ("row", tensor) / ("zero", None) / ("adv", None)
     out_shape: List[int] = []

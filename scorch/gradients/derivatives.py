@@ -1,0 +1,70 @@
+"""The derivative of each elementwise function of ``tensor_compiler/functions.py``, as an
+index expression of its argument: the table beside the zero-preserving one.
+
+``expr_grad`` applies the chain rule through ``Apply`` nodes with it, so the gradient of a
+fused expression such as ``tanh(A * B)`` is one more kernel the same compiler builds; for a
+sparse argument the gradient kernel carries the argument's pattern as a factor, so
+``f'(x)`` is computed only at stored entries (even where ``f'(0) != 0``).
+
+Each rule is written with the table's own functions (no comparisons in the IR): relu's step
+is ``relu(sign(x))`` (0 at 0, as torch's ``threshold_backward``), a reciprocal is
+``pow(x, -1)`` (a quotient's denominator must be dense, an argument need not be). Torch's
+conventions at the kinks hold: abs'(0) = sign(0) = 0, sqrt'(0) = inf, log'(0) = inf.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional
+
+from ..tensor_compiler.functions import FUNCTIONS
+from ..tensor_compiler.index_notation import Apply, Expr, Mul, Neg, Scalar, Sub
+
+__all__ = ["DERIVATIVES", "derivative_of"]
+
+Rule = Callable[[Expr, Optional[float]], Optional[Expr]]
+
+
+def _pow(x: Expr, p: Optional[float]) -> Optional[Expr]:
+    if p == 0:
+        return None                       # x ** 0 == 1: constant
+    if p == 1:
+        return Scalar(1.0)
+    if p == 2:
+        return Mul(Scalar(2.0), x)
+    return Mul(Scalar(float(p)), Apply("pow", x, float(p) - 1.0))
+
+
+def _one_minus_tanh_squared(x: Expr, p: Optional[float]) -> Expr:
+    return Sub(Scalar(1.0), Apply("square", Apply("tanh", x)))
+
+
+def _sigmoid(x: Expr, p: Optional[float]) -> Expr:
+    s = Apply("sigmoid", x)
+    return Mul(s, Sub(Scalar(1.0), s))
+
+
+#: function name -> f'(x) as an expression of the argument ``x`` (None: f' == 0)
+DERIVATIVES: Dict[str, Rule] = {
+    "abs": lambda x, p: Apply("sign", x),
+    "relu": lambda x, p: Apply("relu", Apply("sign", x)),
+    "sqrt": lambda x, p: Mul(Scalar(0.5), Apply("pow", x, -0.5)),
+    "sin": lambda x, p: Apply("cos", x),
+    "tanh": _one_minus_tanh_squared,
+    "sign": lambda x, p: None,
+    "pow": _pow,
+    "square": lambda x, p: Mul(Scalar(2.0), x),
+    "exp": lambda x, p: Apply("exp", x),
+    "cos": lambda x, p: Neg(Apply("sin", x)),
+    "sigmoid": _sigmoid,
+    "log": lambda x, p: Apply("pow", x, -1.0),
+}
+
+
+
+def derivative_of(node: Apply) -> Optional[Expr]:
+    """``f'(a)`` for ``node = Apply(f, a, p)``; None where it is identically zero."""
+    rule = DERIVATIVES.get(node.fn)
+    if rule is None:   # a function added to FUNCTIONS without its rule: say so, never detach
+        known = "" if node.fn in FUNCTIONS else " (not an elementwise function)"
+        raise NotImplementedError(f"scorch autograd: no derivative rule for {node.fn!r}{known}; "
+                                  f"add it to scorch/gradients/derivatives.py")
+    return rule(node.a, node.p)

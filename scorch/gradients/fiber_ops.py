@@ -1,0 +1,121 @@
+"""Backward rules of the per-fiber ops on a sparse tensor: ``softmax`` / ``log_softmax``
+over stored entries (``torch.sparse.softmax``) and ``amax`` / ``amin``.
+
+The forward kernels live in ``sparse_ops/nonlinear.py``; it hands them here as callables
+(this package never imports the op layer). Each backward works on stored entries only:
+
+* softmax: ``grad_x = y * (g - sum_fiber(g * y))``; log_softmax: ``grad_x = g -
+  exp(y) * sum_fiber(g)`` - two kernels of the same compiler on ``y``'s pattern, made with
+  the differentiable ``compute``, so double backward works;
+* amax/amin: torch's rule, the gradient split evenly among the entries equal to the
+  extreme, counting a fiber's implicit zeros when the extreme is 0 (they take their share,
+  which belongs to no stored value) - vectorized gathers and ``index_add`` over the stored
+  coordinates, O(nnz + size of the result).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence, Tuple
+
+import torch
+
+from ..level_storage import Storage
+from ..tensor_compiler.index_notation import Access, Apply, Assignment, Mul, Sub
+from ..tensor_type import SparseTensor
+from . import pattern as _pattern
+from .einsum_grad import dense_to_pattern
+from .functions import compute, needs_graph
+from .values import from_values, grad_values, mark_gradient
+
+__all__ = ["softmax", "extreme"]
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _on_pattern(P: Storage, g) -> SparseTensor:
+    """``g`` (a gradient of a tensor with pattern ``P``: sparse or dense) as a SparseTensor
+    sharing ``P``'s arrays, differentiable in ``g``."""
+    return from_values(P, grad_values(P, g).to(P.dtype))
+
+
+class _Softmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t: SparseTensor, dim: int, log: bool, run: Callable) -> SparseTensor:
+        y = run(t)
+        ctx.dim, ctx.log, ctx.pattern = dim, log, t._storage
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        y, = ctx.saved_tensors
+        if not isinstance(y, SparseTensor):   # a dense result (e.g. no stored entry)
+            y = dense_to_pattern(ctx.pattern, y)
+        Ys = y._storage
+        G = _on_pattern(Ys, g)
+        rank = len(Ys.shape)
+        v = _LETTERS[:rank]
+        keep = "".join(c for d, c in enumerate(v) if d != ctx.dim)
+        dense = "d" * len(keep) if keep else None
+        Yv, Gv, Sk = Access(0, v), Access(1, v), Access(2, keep)
+        if ctx.log:
+            s = compute(Assignment(keep, Access(0, v)), G, out_format=dense)
+            ones = SparseTensor(_pattern.pattern_ones(Ys, Ys.dtype))
+            gx = compute(Assignment(v, Mul(Access(3, v), Sub(Gv, Mul(Apply("exp", Yv), Sk)))),
+                         y, G, s, ones)
+        else:
+            s = compute(Assignment(keep, Mul(Yv, Gv)), y, G, out_format=dense)
+            gx = compute(Assignment(v, Mul(Yv, Sub(Gv, Sk))), y, G, s)
+        P = ctx.pattern
+        return mark_gradient(_on_pattern(P, gx)), None, None, None
+
+
+def softmax(t: SparseTensor, dim: int, log: bool, run: Callable[[SparseTensor], SparseTensor]):
+    """``run(t)`` (the forward kernels of softmax or log_softmax along ``dim``),
+    differentiable in ``t``'s stored values when the graph is wanted."""
+    if needs_graph((t,)):
+        return _Softmax.apply(t, dim, log, run)
+    return run(t)
+
+
+def _fiber_numbers(coords: torch.Tensor, shape: Sequence[int], keep: Sequence[int]) -> torch.Tensor:
+    """Each stored entry's fiber: its kept coordinates, row-major over the kept dims."""
+    lin = torch.zeros(coords.shape[1], dtype=torch.int64)
+    for d in keep:
+        lin = lin * int(shape[d]) + coords[d]
+    return lin
+
+
+class _Extreme(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t: SparseTensor, dims: Tuple[int, ...], run: Callable) -> torch.Tensor:
+        m = run(t)
+        ctx.pattern, ctx.dims = t._storage, dims
+        ctx.save_for_backward(m)
+        return m
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        m, = ctx.saved_tensors
+        P, dims = ctx.pattern, ctx.dims
+        keep = [d for d in range(P.ndim) if d not in dims]
+        coords = _pattern._convert().coords(P)
+        fiber = _fiber_numbers(coords, P.shape, keep)
+        m_flat, g_flat = m.reshape(-1), g.reshape(-1)
+        tie = P.values == m_flat[fiber]
+        ties = torch.zeros(m_flat.numel(), dtype=m.dtype).index_add_(0, fiber, tie.to(m.dtype))
+        stored = torch.zeros(m_flat.numel(), dtype=m.dtype).index_add_(
+            0, fiber, torch.ones(P.nnz, dtype=m.dtype))
+        extent = math.prod(int(P.shape[d]) for d in dims)
+        count = ties + torch.where(m_flat == 0, extent - stored, torch.zeros((), dtype=m.dtype))
+        share = (g_flat / count.clamp(min=1))[fiber]
+        vals = torch.where(tie, share, torch.zeros((), dtype=share.dtype))
+        return mark_gradient(from_values(P, vals.to(P.dtype))), None, None
+
+
+def extreme(t: SparseTensor, dims: Tuple[int, ...], run: Callable[[SparseTensor], torch.Tensor]):
+    """``run(t)`` (amax or amin over ``dims``, without keepdim: dense over the kept dims),
+    differentiable in ``t``'s stored values when the graph is wanted."""
+    if needs_graph((t,)):
+        return _Extreme.apply(t, dims, run)
+    return run(t)
