@@ -7,6 +7,7 @@ sparse gives a sparse tensor (its format comes from format inference).
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -171,7 +172,7 @@ def linear(input: torch.Tensor, weight: torch.Tensor,
         # columns: W @ x^T streams x^T's rows (x^T is re-laid out once, B*J values) and
         # writes contiguous output rows; "aj,oj->ao" as written would read x and write the
         # output with a stride in the innermost loop (90x slower at 64 x 784 x 256)
-        x2 = input.reshape(-1, si[-1])
+        x2 = input.reshape(math.prod(si[:-1]), si[-1])
         out = _contract("oj,ja->oa", weight, x2.t()).t().contiguous().view(*si[:-1], sw[0])
     elif len(sw) == 2:
         out = _contract(f"{lead}j,oj->{lead}o", input, weight)
