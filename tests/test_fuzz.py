@@ -402,7 +402,10 @@ def random_expression(rng: random.Random) -> ExprConfig:
 
 
 def _dense_eval(e, ops, full):
-    """(value, stored mask) of ``e`` over the full index space, with torch broadcasting."""
+    """(value, stored mask) of ``e`` over the full index space, with torch broadcasting.
+
+    A product is computed only where both factors are stored, a quotient where its numerator
+    is (as torch.sparse does): elsewhere it is 0 even when the other side is NaN or inf."""
     if isinstance(e, Access):
         x, mask = ops[e.tensor]
         shape = [x.shape[e.indices.index(v)] if v in e.indices else 1 for v in full]
@@ -418,10 +421,11 @@ def _dense_eval(e, ops, full):
         return DENSE_FN[e.fn](x), m if keeps else torch.ones_like(m)
     a, ma = _dense_eval(e.a, ops, full)
     b, mb = _dense_eval(e.b, ops, full)
+    zero = torch.zeros((), dtype=torch.result_type(a, b))
     if isinstance(e, Mul):
-        return a * b, ma & mb
+        return torch.where(ma & mb, a * b, zero), ma & mb
     if isinstance(e, Div):
-        return a / b, ma & torch.ones_like(mb)
+        return torch.where(ma, a / b, zero), ma | torch.zeros_like(mb)
     return (a + b if isinstance(e, Add) else a - b), ma | mb
 
 
