@@ -108,10 +108,12 @@ def _child(src: str, cache: str) -> dict:
 
 
 def _wait_for_pch(cache: str, timeout: float = 60.0) -> None:
-    """The seeding child exits before its background PCH build does; wait for the file."""
+    """The seeding child exits before its background PCH build does; wait for the file
+    (none is built where the install's, ``scorch/_prebuilt/pch``, serves every cache dir)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if list(Path(cache).glob("kernels-v*/pch/*.gch")):
+        if (list(Path(cache).glob("kernels-v*/pch/*.gch"))
+                or list((REPO / "scorch" / "_prebuilt" / "pch").glob("*.gch"))):
             return
         time.sleep(0.05)
     raise RuntimeError("precompiled header was not built")

@@ -9,9 +9,22 @@ from scorch.tensor_compiler.cost_model import WEIGHTS, OrderProblem, cost_terms,
 from scorch.tensor_compiler.loop_order import (algorithm1, exhaustive_order, greedy_moves,
                                                remove_mode_order_cycles, sort_by_sparsity)
 from scorch.tensor_compiler.schedule import schedule
-from test_compiler_random import EQUATIONS, FORMATS
 
 CSR, CSC, COO = as_format("csr"), as_format("csc"), as_format("coo", 2)
+
+# equations and formats the greedy order is compared with the exhaustive search on
+EQUATIONS = [
+    "i->", "ij->ji", "ijk->ki", "ijkl->lj",
+    "i,i->i", "i,j->ij", "ij,j->i", "ij,jk->ik", "ij,ij->ij", "ij,ji->i",
+    "ijk,kj->ik", "ijk,ikl->jl", "ijkl,jl->ik", "bij,bjk->bik",
+    "ij,ik,kj->ij", "ij,jk,kl->il", "i,ij,j->", "bd,ndh,bn->bh",
+]
+FORMATS = {
+    1: [None, Format("c"), Format("q")],
+    2: [None, Format("dc"), Format("dc", (1, 0)), Format("cc"), Format("qq"), Format("qq", (1, 0)), Format("cd")],
+    3: [None, Format("dcc"), Format("qqq"), Format("cdc", (2, 0, 1))],
+    4: [None, Format("qqqq"), Format("dcdc", (3, 1, 0, 2))],
+}
 
 
 def _problem(eq, fmts, out_sparse=None, out_mode_vars=None, weights=None):

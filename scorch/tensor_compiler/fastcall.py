@@ -4,8 +4,9 @@ The module reads tensors through ATen, so it is compiled against the installed t
 headers: by ``scorch.tensor_compiler.prebuilt`` at install time (about 15 s), or on first
 use when no copy exists, and kept in the kernel cache under a key of its source, torch's
 version and the compiler, with its checksum (``build.publish``): like a kernel, it is verified
-before it is loaded, and a damaged copy is quarantined and rebuilt. Where it cannot be built (no headers, no g++) warm calls keep the
-Python runner, which does the same work more slowly; ``SCORCH_FASTCALL=0`` chooses that.
+before it is loaded, and a damaged copy is quarantined and rebuilt. Where it cannot be built
+(no headers, no g++) warm calls keep the Python runner, which does the same work more slowly;
+``SCORCH_FASTCALL=0`` chooses that.
 """
 from __future__ import annotations
 
