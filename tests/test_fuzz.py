@@ -519,9 +519,8 @@ def test_expression_matches_dense_torch(cfg: ExprConfig, data):
     assert_matches(got, want, cfg.dtype)
 
 
-@pytest.mark.xfail(strict=True, reason="found by this suite: max/min reductions skip NaN "
-                   "(torch.amax propagates it); the compiler's max/min update ignores NaN")
 def test_max_min_propagate_nan():
+    """Found by this suite: max/min over stored entries skipped NaN; torch.amax propagates it."""
     x = torch.tensor([[float("nan"), 1.0], [2.0, 0.0]])
     got = C.compute(Assignment("i", Access(0, "ij"), "max"), scorch.sparse_tensor(x, format="csr"))
     assert_matches(got, torch.tensor([float("nan"), 2.0]), torch.float32)
@@ -536,9 +535,8 @@ def test_ci_pool_covers_every_feature(pool, features, wanted):
     assert wanted <= covered, f"not covered: {sorted(wanted - covered)}"
 
 
-@pytest.mark.xfail(strict=True, reason="found by this suite: abs of an int64 operand does not "
-                   "compile (functions.py computes it with fabs, a double)")
 def test_abs_of_integers():
+    """Found by this suite: abs of an int64 operand did not compile (fabs is a double)."""
     x = torch.tensor([[1, -2], [0, 3]])
     got = C.compute(Assignment("ij", Apply("abs", Access(0, "ij"))), scorch.sparse_tensor(x, format="csr"))
     assert_matches(got, x.abs(), torch.int64)

@@ -30,7 +30,7 @@ class Function:
 
 _TABLE = [
     # maps 0 to 0: stays sparse
-    Function("abs", "fabs({x})", True, ("fabs",)),
+    Function("abs", "({x} if {x} >= 0 else -({x}))", True),   # any value type (fabs: doubles)
     Function("relu", "({x} if {x} > 0 else 0)", True),
     Function("sqrt", "sqrt({x})", True, ("sqrt",)),
     Function("sin", "sin({x})", True, ("sin",)),

@@ -343,7 +343,8 @@ def reduce_into(reduce: str, target: str, val: str) -> str:
     if reduce == "sum":
         return f"{target} + {val}"
     op = ">" if reduce == "max" else "<"
-    return f"{val} if {val} {op} {target} else {target}"
+    # NaN wins, as in torch.amax (x != x only for NaN; a NaN target stays: no x > NaN)
+    return f"{val} if ({val} {op} {target} or {val} != {val}) else {target}"
 
 
 def kernel_facts(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, torch.dtype],
