@@ -23,7 +23,7 @@ import torch
 from .._dispatch import register
 from ..gradients.values import with_dtype
 from ..level_storage import Storage
-from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand
+from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, with_values
 from . import shape as _shape
 
 __all__ = ["add", "sub", "mul", "div", "neg", "addcmul", "addcdiv", "bool_as_uint8", "as_bool"]
