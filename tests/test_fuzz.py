@@ -542,10 +542,9 @@ def test_abs_of_integers():
     assert_matches(got, x.abs(), torch.int64)
 
 
-@pytest.mark.xfail(strict=True, reason="found by this suite: a size-1 dim broadcast against a "
-                   "blocked operand's dim and summed is refused (torch.einsum broadcasts it; "
-                   "kept in the output it works): rewrite.py asks for a multiple of the block")
 def test_broadcast_against_a_blocked_operand():
+    """Found by this suite: a size-1 dim broadcast against a blocked operand's dim and summed
+    was refused (a broadcast dense dim now leaves the equation before the block split)."""
     B = torch.arange(4.0).reshape(2, 2)
     got = scorch.einsum("ij,ij->", torch.ones(1, 2), scorch.sparse_tensor(B, format=Format("dc", block=(2, 2))))
     assert_matches(got, torch.tensor(6.0), torch.float32)
