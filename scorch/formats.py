@@ -148,6 +148,31 @@ class Format:
     def with_mode_order(self, mode_order: Sequence[int]) -> "Format":
         return Format(self._levels, mode_order, self._block)
 
+    def transposed_copy(self, mode_order: Sequence[int]) -> "Format":
+        """The format of a copy of a tensor in this format stored in ``mode_order``.
+
+        Position by position the kinds are kept (CSR stored as CSC stays dense over columns,
+        compressed over rows), and a copy must hold any pattern, so kinds that cannot
+        (singleton) become the kind an output fed by them would have. A dense level is only
+        kept under a sparse one for a dimension of this format's dense tail (stored in full
+        below its last sparse level, so independent of the pattern); any other dimension
+        there would get one slot per stored parent position (a b x h x n x n blow-up for
+        attention scores 'dcdd' (i, j, b, h) stored as (b, h, j, i)) and is compressed."""
+        by_dim = dict(zip(self._mode_order, self._levels))
+        tail = len(self._levels)
+        while tail > 0 and self._levels[tail - 1].full:
+            tail -= 1
+        free = set(self._mode_order[tail:])
+        kinds, sparse_above = [], False
+        for k, d in zip(self._levels, mode_order):
+            kind = k.output_kind()
+            if kind.full and sparse_above and d not in free:
+                own = by_dim[d]
+                kind = own.output_kind() if not own.full else compressed
+            kinds.append(kind)
+            sparse_above = sparse_above or not kind.full
+        return Format(kinds, mode_order, self._block)
+
     def permuted(self, dims: Sequence[int]) -> "Format":
         """The format of ``t.permute(dims)`` when ``t`` has this format (same storage)."""
         inverse = [0] * self.rank

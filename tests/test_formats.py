@@ -74,3 +74,17 @@ def test_roundtrip_through_repr(letters, rnd):
     f = Format("".join(letters), order)
     assert eval(repr(f), {"Format": Format}) == f
     assert as_format(f, len(letters)) is f
+
+
+def test_transposed_copy_keeps_dense_levels_only_where_they_cost_nothing():
+    """A copy in another mode order keeps the kinds by position (CSR as CSC), but a dense
+    level under a sparse one only for a dimension of the source's dense tail: attention
+    scores 'dcdd' over (i, j, b, h) stored as (b, h, j, i) must not get a dense level over i
+    under the compressed j (b*h*n*n slots)."""
+    from scorch import Format
+    assert Format("dc").transposed_copy((1, 0)) == Format("dc", mode_order=(1, 0))   # CSC
+    assert Format("dd").transposed_copy((1, 0)) == Format("dd", mode_order=(1, 0))
+    scores = Format("dcdd", mode_order=(2, 3, 0, 1))
+    assert scores.transposed_copy((0, 1, 3, 2)).level_string == "dccc"
+    assert scores.transposed_copy((2, 0, 3, 1)).level_string == "dccd"   # h: dense tail, kept
+    assert Format("cs").transposed_copy((1, 0)).level_string == "cc"     # singleton: no copy

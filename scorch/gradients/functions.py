@@ -87,7 +87,7 @@ def _output_first(equation: str, ops: list) -> list:
         order = tuple(first) + tuple(d for d in fmt.mode_order if d not in first)
         if new is None:
             new = list(ops)
-        target = Format(fmt.levels, order)
+        target = fmt.transposed_copy(order)
         if needs_graph((x,)):   # double backward through x: the differentiable conversion
             new[n] = x.to_format(target)
         else:

@@ -83,6 +83,7 @@ class Schedule:
     cost_terms: Dict[str, float] = field(default_factory=dict)
 
 
+
 def _concordant_dims(indices: Sequence[str], fmt: Format, order: Sequence[str],
                      tail: int = 0) -> Tuple[Optional[Tuple[int, ...]], bool]:
     return concordant_dims(indices, fmt, order, tail)
@@ -192,9 +193,7 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
             continue
         dims, tr = _concordant_dims(acc.indices, fmt, order, fixed_tail.get(acc.tensor, 0))
         lvars = tuple(acc.indices[d] for d in dims)
-        # a transposed copy must hold any pattern: kinds that cannot (singleton) become the
-        # kind an output fed by them would have
-        read_fmt = Format([k.output_kind() for k in fmt.levels], dims) if tr else fmt
+        read_fmt = fmt.transposed_copy(dims) if tr else fmt
         plans.append(AccessPlan(i, acc.tensor, acc.indices, True, fmt, read_fmt, tr,
                                 level_plans(i, read_fmt.levels, lvars)))
 
