@@ -101,6 +101,7 @@ def worker(rank: int, world_size: int, port: int, args: argparse.Namespace, resu
             losses.append(total.item())
         if rank == 0:
             results.put(losses)
+        dist.barrier()   # both ranks done with every collective before either tears down
     finally:
         dist.destroy_process_group()
 
