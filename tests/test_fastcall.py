@@ -48,6 +48,9 @@ def _python_runner(entry):
        density=st.sampled_from([0.0, 0.05, 0.3, 1.0]), dtype=st.sampled_from([torch.float32, torch.float64]),
        fmt=st.sampled_from(["csr", "csc", "coo"]), seed=st.integers(0, 2**16))
 def test_matches_dense_torch_and_python_runner(m, n, k, density, dtype, fmt, seed):
+    # fresh plans: under xdist an entry left by another test file in this worker was seen to
+    # make the C path decline for m = 0 (results still right; open question in the issue note)
+    C.plan_cache_clear()
     d, A = _matrix(m, n, density, dtype, seed, fmt)
     g = torch.Generator().manual_seed(seed + 1)
     x, X = torch.rand(n, generator=g, dtype=dtype), torch.rand(n, k, generator=g, dtype=dtype)
