@@ -73,6 +73,23 @@ def _zero(params) -> None:
         p.grad = None
 
 
+def _node_classifier(model, inputs, g) -> "Impl":
+    """A training step (cross-entropy on the training nodes) and an inference pass of a node
+    classifier called as ``model(*inputs)``."""
+    def train():
+        _zero(model.parameters())
+        model.train()
+        loss = F.cross_entropy(model(*inputs)[g.train], g.y[g.train])
+        loss.backward()
+        return loss
+
+    def infer():
+        model.eval()
+        with torch.no_grad():
+            return model(*inputs)
+    return Impl(train, infer)
+
+
 # --------------------------------------------------------------------------- GCN
 
 def gcn_case(dataset: str) -> Case:
@@ -93,18 +110,7 @@ def gcn_case(dataset: str) -> Case:
         model = gcn.GCN(g.x.shape[1], 128, classes, dropout=dropout)
         model.load_state_dict(template.state_dict())
 
-        def train():
-            _zero(model.parameters())
-            model.train()
-            loss = F.cross_entropy(model(a_hat, x)[g.train], g.y[g.train])
-            loss.backward()
-            return loss
-
-        def infer():
-            model.eval()
-            with torch.no_grad():
-                return model(a_hat, x)
-        return Impl(train, infer)
+        return _node_classifier(model, (a_hat, x), g)
 
     dense_x = type(g.x) is torch.Tensor
     case.impls["scorch"] = module_impl(g.a_hat, g.x)
@@ -143,18 +149,7 @@ def _pyg_impl(g, template, classes) -> Impl:
     x = g.x if type(g.x) is torch.Tensor else g.x.to_torch()   # the same torch CSR features
     edge_index = g.edge_index
 
-    def train():
-        _zero(model.parameters())
-        model.train()
-        loss = F.cross_entropy(model(x, edge_index)[g.train], g.y[g.train])
-        loss.backward()
-        return loss
-
-    def infer():
-        model.eval()
-        with torch.no_grad():
-            return model(x, edge_index)
-    return Impl(train, infer)
+    return _node_classifier(model, (x, edge_index), g)
 
 
 # --------------------------------------------------------------------------- sparse autoencoder
