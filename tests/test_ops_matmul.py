@@ -153,3 +153,22 @@ def test_linear_dense_batch_through_sparse_weight_runs_as_spmm():
     F.linear(xr, wr).backward(g)
     torch.testing.assert_close(x.grad, xr.grad)
     torch.testing.assert_close(w.grad.to_dense(), wr.grad * (wd != 0))
+
+
+def test_linear_sparse_by_sparse_is_dense_when_the_product_fills_up():
+    """A CSR batch through a CSR weight whose product stores (nearly) every entry gives a
+    dense result (then the weight's gradient is an SDDMM); a product expected to stay sparse
+    stays sparse. Both equal dense torch and differentiate on the weight's pattern."""
+    torch.manual_seed(0)
+    x = (torch.rand(16, 60, dtype=torch.float64) < 0.3) * torch.rand(16, 60, dtype=torch.float64)
+    wd = torch.randn(12, 60, dtype=torch.float64) * (torch.rand(12, 60) < 0.3)
+    X, W = scorch.sparse_tensor(x, format="csr"), scorch.sparse_tensor(wd, format="csr").requires_grad_()
+    y = F.linear(X, W)
+    assert type(y) is torch.Tensor
+    torch.testing.assert_close(y, x @ wd.t())
+    y.sum().backward()
+    torch.testing.assert_close(W.grad.to_dense(), x.sum(0).expand(12, 60) * (wd != 0))
+    eye = scorch.sparse_tensor(torch.eye(50, dtype=torch.float64), format="csr")
+    z = F.linear(eye, eye)
+    assert isinstance(z, scorch.SparseTensor)
+    torch.testing.assert_close(z.to_dense(), torch.eye(50, dtype=torch.float64))

@@ -47,6 +47,28 @@ def _contract(equation: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _einsum_entry.einsum(equation, a, b)
 
 
+#: sparse @ sparse products expected to store at least this fraction of their entries are
+#: computed dense (see linear)
+DENSE_PRODUCT_FILL = 0.25
+
+
+def _fills_up(a, b, inner: int) -> bool:
+    """Whether ``a @ b^T`` (both sparse, reduction extent ``inner``) is expected to store at
+    least ``DENSE_PRODUCT_FILL`` of its entries, for uniformly spread stored entries:
+    1 - (1 - da * db) ** inner."""
+    if not (is_sparse_operand(a) and is_sparse_operand(b)) or inner == 0:
+        return False
+    da, db = _density(a), _density(b)
+    return 1.0 - (1.0 - da * db) ** inner >= DENSE_PRODUCT_FILL
+
+
+def _density(x) -> float:
+    st = getattr(x, "_storage", None)
+    nnz = st.nnz if st is not None else x._nnz()
+    size = math.prod(_shape(x))
+    return nnz / size if size else 0.0
+
+
 def _check_dtypes(name: str, a: torch.Tensor, b: torch.Tensor) -> None:
     da, db = _dtype(a), _dtype(b)
     if da != db:
@@ -174,6 +196,11 @@ def linear(input: torch.Tensor, weight: torch.Tensor,
         # output with a stride in the innermost loop (90x slower at 64 x 784 x 256)
         x2 = input.reshape(math.prod(si[:-1]), si[-1])
         out = _contract("oj,ja->oa", weight, x2.t()).t().contiguous().view(*si[:-1], sw[0])
+    elif len(sw) == 2 and _fills_up(input, weight, si[-1]):
+        # sparse @ sparse whose product stores (nearly) every entry (a sparse autoencoder's
+        # CSR batch through a CSR weight): a dense result, so the layer stays a dense
+        # activation and the weight's gradient an SDDMM, not a three-way intersection
+        out = _einsum_entry.einsum(f"{lead}j,oj->{lead}o", input, weight, out_format="dense")
     elif len(sw) == 2:
         out = _contract(f"{lead}j,oj->{lead}o", input, weight)
     else:
