@@ -130,6 +130,25 @@ class Storage:
         out.append(self.values)
         return out
 
+    def shares_pattern(self, other: "Storage") -> bool:
+        """Whether ``other`` is over this storage's very index arrays (same format and shape;
+        the same tensors, or views of the same memory). Identity only, never contents: a
+        per-call check on hot paths, and equal patterns in other arrays are still computed
+        right by a kernel."""
+        if self is other:
+            return True
+        if self.shape != other.shape or not (self.format is other.format or self.format == other.format):
+            return False
+        if self.levels is other.levels:
+            return True
+        for la, lb in zip(self.levels, other.levels):
+            for x, y in ((la.pos, lb.pos), (la.crd, lb.crd)):
+                if x is y:
+                    continue
+                if x is None or y is None or x.data_ptr() != y.data_ptr() or x.shape != y.shape:
+                    return False
+        return True
+
     def nbytes(self) -> int:
         return sum(a.numel() * a.element_size() for a in self.arrays())
 

@@ -226,7 +226,7 @@ class SparseTensor(torch.Tensor):
     def __neg__(self):
         if _grad_enabled() and _any_requires_grad(self):
             return _direct(torch.Tensor.__neg__, self)
-        return _new_values(self._storage, torch.neg(self._storage.values))
+        return with_values(self, torch.neg(self._storage.values))
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -275,17 +275,12 @@ def _matmul_direct(method, a, b):
 _PY_SCALARS = (int, float, bool)
 
 
-def _new_values(st: Storage, values: torch.Tensor) -> "SparseTensor":
-    return SparseTensor(Storage(st.format, st.shape, st.levels, values, st.index_dtype))
-
-
 def _scalar_op(fn, t: "SparseTensor", scalar):
     """``fn(t, scalar)`` on the stored values for a Python number (torch's type promotion,
     as the dense op), or None."""
     if type(scalar) not in _PY_SCALARS or (_grad_enabled() and _any_requires_grad(t)):
         return None
-    st = t._storage
-    return _new_values(st, fn(st.values, scalar))
+    return with_values(t, fn(t._storage.values, scalar))
 
 
 def _pattern_op(fn, a: "SparseTensor", b):
@@ -294,11 +289,9 @@ def _pattern_op(fn, a: "SparseTensor", b):
     if type(b) is not SparseTensor or (_grad_enabled() and _any_requires_grad(a, b)):
         return None
     sa, sb = a._storage, b._storage
-    if sa.shape != sb.shape or not (sa.format is sb.format or sa.format == sb.format):
+    if not sa.shares_pattern(sb):
         return None
-    if sa.levels is not sb.levels and not all(x is y for x, y in zip(sa.levels, sb.levels)):
-        return None
-    return _new_values(sa, fn(sa.values, sb.values))
+    return with_values(a, fn(sa.values, sb.values))
 
 
 # --- autograd ------------------------------------------------------------------------------

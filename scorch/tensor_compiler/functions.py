@@ -9,7 +9,9 @@ the result dense by nature. ``pow`` keeps 0 only for a positive exponent."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
 
 __all__ = ["Function", "FUNCTIONS", "function"]
 
@@ -21,6 +23,9 @@ class Function:
     zero_preserving: bool              # f(0) == 0 (for pow: when the exponent is positive)
     math: Tuple[str, ...] = ()         # libc.math names the expression uses
     parameter: bool = False            # takes a scalar parameter (pow's exponent)
+    #: torch's op for the same function over a values array (``shared_pattern`` computes
+    #: operands on one pattern with it); None: only the kernel computes it
+    torch_op: Optional[Callable] = None
 
     def preserves_zero(self, p: Optional[float] = None) -> bool:
         if self.name == "pow":
@@ -30,19 +35,19 @@ class Function:
 
 _TABLE = [
     # maps 0 to 0: stays sparse
-    Function("abs", "({x} if {x} >= 0 else -({x}))", True),   # any value type (fabs: doubles)
-    Function("relu", "({x} if {x} > 0 else 0)", True),
-    Function("sqrt", "sqrt({x})", True, ("sqrt",)),
-    Function("sin", "sin({x})", True, ("sin",)),
-    Function("tanh", "tanh({x})", True, ("tanh",)),
-    Function("sign", "((({x}) > 0) - (({x}) < 0))", True),
-    Function("pow", "pow({x}, {p})", True, ("pow",), parameter=True),
-    Function("square", "(({x}) * ({x}))", True),
+    Function("abs", "({x} if {x} >= 0 else -({x}))", True, torch_op=torch.abs),   # any value type (fabs: doubles)
+    Function("relu", "({x} if {x} > 0 else 0)", True, torch_op=torch.relu),
+    Function("sqrt", "sqrt({x})", True, ("sqrt",), torch_op=torch.sqrt),
+    Function("sin", "sin({x})", True, ("sin",), torch_op=torch.sin),
+    Function("tanh", "tanh({x})", True, ("tanh",), torch_op=torch.tanh),
+    Function("sign", "((({x}) > 0) - (({x}) < 0))", True, torch_op=torch.sign),
+    Function("pow", "pow({x}, {p})", True, ("pow",), parameter=True, torch_op=torch.pow),
+    Function("square", "(({x}) * ({x}))", True, torch_op=torch.square),
     # maps 0 elsewhere: dense by nature
-    Function("exp", "exp({x})", False, ("exp",)),
-    Function("cos", "cos({x})", False, ("cos",)),
-    Function("sigmoid", "(1 / (1 + exp(-({x}))))", False, ("exp",)),
-    Function("log", "log({x})", False, ("log",)),
+    Function("exp", "exp({x})", False, ("exp",), torch_op=torch.exp),
+    Function("cos", "cos({x})", False, ("cos",), torch_op=torch.cos),
+    Function("sigmoid", "(1 / (1 + exp(-({x}))))", False, ("exp",), torch_op=torch.sigmoid),
+    Function("log", "log({x})", False, ("log",), torch_op=torch.log),
 ]
 
 FUNCTIONS: Dict[str, Function] = {f.name: f for f in _TABLE}

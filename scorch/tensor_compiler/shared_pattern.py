@@ -26,12 +26,6 @@ from .plans import PlanEntry
 __all__ = ["ValuesPlan", "values_plan", "run_values"]
 
 _BINARY = {Add: torch.add, Sub: torch.sub, Mul: torch.mul, Div: torch.div}
-#: the torch op of each function of ``functions.FUNCTIONS`` (same value at every stored
-#: entry); a function missing here runs in the kernel
-_FUNCTIONS = {"abs": torch.abs, "relu": torch.relu, "sqrt": torch.sqrt, "sin": torch.sin,
-              "tanh": torch.tanh, "sign": torch.sign, "square": torch.square, "exp": torch.exp,
-              "cos": torch.cos, "sigmoid": torch.sigmoid, "log": torch.log,
-              "pow": lambda x, p: torch.pow(x, p)}
 
 
 @dataclass(frozen=True)
@@ -46,7 +40,8 @@ def _supported(e: Expr, floating: bool) -> bool:
     if isinstance(e, Neg):
         return _supported(e.a, floating)
     if isinstance(e, Apply):   # torch computes these in floating point only, as the kernel
-        return floating and e.fn in _FUNCTIONS and e.fn in FUNCTIONS and _supported(e.a, floating)
+        return floating and e.fn in FUNCTIONS and FUNCTIONS[e.fn].torch_op is not None \
+            and _supported(e.a, floating)
     if type(e) in _BINARY:     # integer Div truncates in C, torch divides truly
         return (floating or type(e) is not Div) and _supported(e.a, floating) \
             and _supported(e.b, floating)
@@ -75,17 +70,6 @@ def values_plan(entry: PlanEntry) -> Optional[ValuesPlan]:
     return ValuesPlan(tuple(sparse)) if sparse else None
 
 
-def _same_arrays(a: Storage, b: Storage) -> bool:
-    """Whether ``b`` is over ``a``'s very level arrays (same format and shape). Only identity
-    counts: comparing the arrays of two patterns costs a pass over them on every call, and
-    equal patterns in different arrays are still computed right by the kernel."""
-    if a is b or a.levels is b.levels:
-        return a.shape == b.shape and (a.format is b.format or a.format == b.format)
-    if a.shape != b.shape or a.format != b.format:
-        return False
-    return all(la.pos is lb.pos and la.crd is lb.crd for la, lb in zip(a.levels, b.levels))
-
-
 def _values(e: Expr, ops, vt: torch.dtype) -> torch.Tensor:
     if isinstance(e, Access):
         x = ops[e.tensor]
@@ -97,8 +81,8 @@ def _values(e: Expr, ops, vt: torch.dtype) -> torch.Tensor:
         return torch.neg(_values(e.a, ops, vt))
     if isinstance(e, Apply):
         x = _values(e.a, ops, vt)
-        fn = _FUNCTIONS[e.fn]
-        return fn(x, e.p) if FUNCTIONS[e.fn].parameter else fn(x)
+        f = FUNCTIONS[e.fn]
+        return f.torch_op(x, e.p) if f.parameter else f.torch_op(x)
     return _BINARY[type(e)](_values(e.a, ops, vt), _values(e.b, ops, vt))
 
 
@@ -110,7 +94,7 @@ def run_values(plan: ValuesPlan, entry: PlanEntry, ops) -> Optional[Storage]:
     if P.format is not out.format and P.format != out.format:
         return None
     for n in plan.operands[1:]:
-        if not _same_arrays(P, ops[n]):
+        if not P.shares_pattern(ops[n]):
             return None
     vt = entry.value_dtype
     values = _values(entry.assignment.rhs, ops, vt)
