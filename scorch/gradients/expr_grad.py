@@ -2,8 +2,9 @@
 built from accesses with ``Mul``/``Add``/``Sub``/``Neg``/``Scalar``.
 
 The derivative of rhs with respect to one access occurrence follows the sum, product and
-quotient rules and the chain rule through elementwise functions (``Apply``, with the table of
-``derivatives``) (``derivative``); the gradient of operand ``n`` sums, over its occurrences ``a``,
+quotient rules, the chain rule through elementwise functions (``Apply``, with the table of
+``derivatives``) and ``where`` (each branch gets the gradient where it was taken;
+comparisons are piecewise constant) (``derivative``); the gradient of operand ``n`` sums, over its occurrences ``a``,
 ``compute(Assignment(idx_a, grad(o) * d rhs / d a))`` - for a sparse operand with its
 pattern as one more factor, so the expression is evaluated only at stored entries.
 """
@@ -13,8 +14,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from ..tensor_compiler.index_notation import (Access, Add, Apply, Assignment, Div, Expr, Mul,
-                                              Neg, Scalar, Sub, accesses)
+from ..tensor_compiler.index_notation import (Access, Add, Apply, Assignment, Compare, Div, Expr,
+                                              Mul, Neg, Scalar, Sub, Where, accesses)
 from ..tensor_type import SparseTensor
 from . import pattern as _pattern
 from .derivatives import derivative_of
@@ -72,6 +73,19 @@ def derivative(e: Expr, k: int) -> Optional[Expr]:
         if isinstance(x, Apply):
             da = d(x.a)
             return None if da is None else _mul(derivative_of(x), da)
+        if isinstance(x, Compare):   # piecewise constant (and a bool result): no gradient
+            d(x.a), d(x.b)           # (their accesses still count)
+            return None
+        if isinstance(x, Where):
+            # where(c, a, b)' = where(c, a', 0) + where(c, 0, b'): the gradient goes to the
+            # branch each entry took; the condition is piecewise constant
+            d(x.c)
+            da, db = d(x.a), d(x.b)
+            left = None if da is None else Where(x.c, da, Scalar(0.0))
+            right = None if db is None else Where(x.c, Scalar(0.0), db)
+            if left is None:
+                return right
+            return left if right is None else Add(left, right)
         raise TypeError(f"no derivative rule for {type(x).__name__}")
     return d(e)
 

@@ -62,9 +62,12 @@ def _dense_size_check(name: str, terms, dt: torch.dtype) -> None:
     check_dense_size(name, shape, dt)
 
 
-def _run(name: str, terms: List[object], expr: Callable, dense_by_nature: bool, dt):
-    """One kernel over ``terms`` (None entries: the constant 0) without autograd; the
-    expression gets one access per tensor term and ``Scalar(0)`` for each None."""
+def _run(name: str, terms: List[object], expr: Callable, dense_by_nature: bool, dt,
+         differentiable: bool = False):
+    """One kernel over ``terms`` (None entries: the constant 0); the expression gets one
+    access per tensor term and ``Scalar(0)`` for each None. ``differentiable``: through the
+    differentiable ``compute`` (``where``: its backward is the same expression's gradient,
+    ``scorch.gradients.expr_grad``), else without autograd (bool results)."""
     ir = _ir()
     tensors = [t for t in terms if t is not None]
     if dense_by_nature:
@@ -73,6 +76,8 @@ def _run(name: str, terms: List[object], expr: Callable, dense_by_nature: bool, 
     def rhs(*accesses):
         it = iter(accesses)
         return expr(*[ir.Scalar(0) if t is None else next(it) for t in terms])
+    if differentiable and torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors):
+        return _build(tensors, rhs)
     with torch.no_grad():
         return _build(tensors, rhs, compiler().compute)
 
@@ -101,17 +106,10 @@ def compare(op: str, a, b) -> torch.Tensor:
     return as_bool(r)
 
 
-def _no_backward_yet(name: str, *xs) -> None:
-    """No silent detach: ``where`` has no gradient rule on sparse operands yet."""
-    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
-                                       for x in xs):
-        raise RuntimeError(f"scorch: '{name}' with a sparse operand that requires grad has no "
-                           f"backward yet; call it under torch.no_grad() or on .detach()")
-
-
 def _term(x, dt):
-    """A value operand of where: the constant 0 (None) for a zero scalar, else a tensor."""
-    s = _scalar_value(x)
+    """A value operand of where: the constant 0 (None) for a zero scalar that needs no
+    gradient, else a tensor."""
+    s = None if isinstance(x, torch.Tensor) and x.requires_grad else _scalar_value(x)
     return None if s is not None and s == 0 else _in(x, dt)
 
 
@@ -122,13 +120,12 @@ def where(cond, x, y, name: str = "where") -> torch.Tensor:
     if isinstance(cond, torch.Tensor) and cond.dtype != torch.bool:
         raise RuntimeError(f"{name}: expected condition to be a boolean tensor, but got a "
                            f"tensor with dtype {cond.dtype}")
-    _no_backward_yet(name, x, y)
     out_dt = result_dtype(x, y)
     dt = _compute_dtype(out_dt)
     terms = [_in(cond, dt), _term(x, dt), _term(y, dt)]
     zy = terms[2] is None or is_sparse_operand(y)
     dense = not (is_sparse_operand(cond) or is_sparse_operand(x)) or not zy
-    r = _run(name, terms, _ir().Where, dense, dt)
+    r = _run(name, terms, _ir().Where, dense, dt, differentiable=out_dt != torch.bool)
     if out_dt == torch.bool:
         return as_bool(r)
     return r
@@ -138,8 +135,9 @@ def masked_fill(t, mask, value) -> torch.Tensor:
     """``t.masked_fill(mask, value)``: ``where(mask, value, t)``, in ``t``'s dtype."""
     if not _scalar_like(value):
         raise RuntimeError("masked_fill only supports a 0-dimensional value tensor")
-    value = _scalar_value(value)
-    r = where(mask, torch.tensor(value, dtype=t.dtype), t, "masked_fill")
+    if not (isinstance(value, torch.Tensor) and value.requires_grad):
+        value = torch.tensor(_scalar_value(value), dtype=t.dtype)
+    r = where(mask, value, t, "masked_fill")
     return r if r.dtype == t.dtype else r.to(t.dtype)
 
 

@@ -370,24 +370,48 @@ def _store_in_place(name: str, self, result) -> torch.Tensor:
     return self
 
 
+def _not_recorded(name: str, self, other) -> None:
+    """No silent detach: an in-place op writes into the sparse tensor's values array, which
+    its views share and autograd does not see; with grad in play it raises instead."""
+    if isinstance(self, SparseTensor) and _grad_enabled() and _any_requires_grad(self, other):
+        raise RuntimeError(f"scorch: in-place '{name}' on a sparse tensor is not recorded by "
+                           f"autograd (an operand requires grad); use the out-of-place form "
+                           f"(x = x {_OPERATORS[name]} y) or wrap it in torch.no_grad()")
+
+
+_OPERATORS = {"add_": "+", "sub_": "-", "mul_": "*", "div_": "/"}
+
+
+def _operand(self, other):
+    """``self`` as the out-of-place op's operand: a dense ``self`` that autograd records is
+    cloned first, as the op may save it for its backward and copy_ then overwrites it."""
+    if not isinstance(self, SparseTensor) and _grad_enabled() and _any_requires_grad(self, other):
+        return self.clone()
+    return self
+
+
 def add_(self, other, alpha=1):
-    return _store_in_place("add_", self, add(self, other, alpha))
+    _not_recorded("add_", self, other)
+    return _store_in_place("add_", self, add(_operand(self, other), other, alpha))
 
 
 def sub_(self, other, alpha=1):
-    return _store_in_place("sub_", self, sub(self, other, alpha))
+    _not_recorded("sub_", self, other)
+    return _store_in_place("sub_", self, sub(_operand(self, other), other, alpha))
 
 
 def mul_(self, other):
+    _not_recorded("mul_", self, other)
     if isinstance(self, SparseTensor) and _scalar_like(other):
         self._storage.values.mul_(other)     # torch raises for float into an int tensor
         return self
-    return _store_in_place("mul_", self, mul(self, other))
+    return _store_in_place("mul_", self, mul(_operand(self, other), other))
 
 
 def div_(self, other):
     if not _scalar_like(other):
         return NotImplemented
+    _not_recorded("div_", self, other)
     if not (self.dtype.is_floating_point or self.dtype.is_complex):
         raise RuntimeError(f"div_: result type Float can't be cast to the desired output type "
                            f"{self.dtype}")

@@ -1,0 +1,286 @@
+"""The autograd surface: every torch function scorch runs on sparse operands (the registry of
+``scorch._dispatch``, the ops of docs/ops.md), with a sparse input that requires grad and with
+a dense input that requires grad beside a sparse one. Each backward runs and matches dense
+torch (a sparse input's gradient on its stored entries), or the op raises an error that
+names it: never a result cut off from the graph. A handler registered without a row here
+fails ``test_every_registered_function_is_covered``."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence, Tuple
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import scorch
+from scorch import _dispatch
+
+F64 = torch.float64
+SHAPE = (4, 5)
+
+
+def _dense(t):
+    return t.to_dense() if isinstance(t, scorch.SparseTensor) else t
+
+
+@dataclass
+class Case:
+    """``call(S, *partners)``: ``S`` the sparse operand (its dense copy for the oracle),
+    ``partners`` dense tensors of ``partner_shapes``. ``oracle`` replaces ``call`` on the
+    dense side where torch's dense op means something else (sparse softmax). ``raises``: the
+    op refuses a sparse input that requires grad, with that error and message."""
+    name: str
+    functions: Sequence[object]
+    call: Callable
+    partner_shapes: Sequence[Tuple[int, ...]] = ()
+    shape: Tuple[int, ...] = SHAPE
+    positive: bool = False
+    oracle: Optional[Callable] = None
+    raises: Optional[Tuple[type, str]] = None
+    bool_result: bool = False
+    fmt: str = "csr"
+    extra: dict = field(default_factory=dict)
+
+
+def _torch_sparse_softmax(log):
+    def oracle(d, dim=1):
+        s = d.to_sparse().coalesce()
+        r = (torch.sparse.log_softmax if log else torch.sparse.softmax)(s, dim)
+        return r.to_dense()
+    return oracle
+
+
+_T = torch.Tensor
+_IN_PLACE = (RuntimeError, "in-place '.*' on a sparse tensor is not recorded by autograd")
+CASES = [
+    # --- einsum and the matmul family --------------------------------------------------------
+    Case("einsum", [torch.einsum], lambda s, x: torch.einsum("ij,jk->ik", s, x), [(5, 3)]),
+    Case("matmul", [torch.matmul, _T.matmul, _T.__matmul__], lambda s, x: torch.matmul(s, x),
+         [(5, 3)]),
+    Case("@", [_T.__matmul__], lambda s, x: s @ x, [(5, 3)]),
+    Case("rmatmul", [_T.__rmatmul__], lambda s, x: x @ s, [(3, 4)]),
+    Case("mm", [torch.mm, _T.mm], lambda s, x: torch.mm(s, x), [(5, 3)]),
+    Case("Tensor.mm", [_T.mm], lambda s, x: s.mm(x), [(5, 3)]),
+    Case("mv", [torch.mv, _T.mv], lambda s, x: torch.mv(s, x), [(5,)]),
+    Case("bmm", [torch.bmm, _T.bmm], lambda s, x: torch.bmm(s, x), [(2, 5, 3)], shape=(2, 4, 5),
+         fmt="coo"),
+    Case("addmm", [torch.addmm, _T.addmm], lambda s, c, x: torch.addmm(c, s, x, beta=0.5, alpha=2.0),
+         [(4, 3), (5, 3)]),
+    Case("linear", [F.linear], lambda s, x, b: F.linear(x, s, b), [(2, 5), (4,)]),
+    Case("sparse.mm", [torch.sparse.mm], lambda s, x: torch.sparse.mm(s, x), [(5, 3)]),
+    # --- elementwise arithmetic --------------------------------------------------------------
+    Case("add", [torch.add, _T.add, _T.__add__], lambda s, x: torch.add(s, x, alpha=2.0), [SHAPE]),
+    Case("radd", [_T.__radd__], lambda s, x: x + s, [SHAPE]),
+    Case("add_sparse", [_T.__add__], lambda s: s + s * 3.0),
+    Case("sub", [torch.sub, torch.subtract, _T.sub, _T.subtract, _T.__sub__],
+         lambda s, x: torch.sub(s, x), [SHAPE]),
+    Case("rsub", [torch.rsub, _T.__rsub__], lambda s, x: torch.rsub(s, x), [SHAPE]),
+    Case("rsub_scalar", [_T.__rsub__], lambda s: 1.5 - s),
+    Case("mul", [torch.mul, torch.multiply, _T.mul, _T.multiply, _T.__mul__],
+         lambda s, x: torch.mul(s, x), [SHAPE]),
+    Case("rmul", [_T.__rmul__], lambda s, x: x * s, [SHAPE]),
+    Case("mul_scalar", [_T.__mul__, _T.__rmul__], lambda s: 2.0 * (s * 3.0)),
+    Case("div", [torch.div, torch.divide, torch.true_divide, _T.div, _T.divide, _T.true_divide,
+                 _T.__truediv__], lambda s, x: torch.div(s, x), [SHAPE], extra={"partner_positive": True}),
+    Case("div_scalar", [_T.__truediv__], lambda s: s / 4.0),
+    Case("addcmul", [torch.addcmul, _T.addcmul], lambda s, x, y: torch.addcmul(s, s, y, value=0.5) + 0 * x,
+         [SHAPE, SHAPE]),
+    Case("addcdiv", [torch.addcdiv, _T.addcdiv], lambda s, x: torch.addcdiv(s, s, x, value=0.5),
+         [SHAPE], extra={"partner_positive": True}),
+    Case("neg", [torch.neg, torch.negative, _T.neg, _T.negative], lambda s: torch.neg(s)),
+    Case("neg_op", [], lambda s: -s),
+    # in-place ops write into a values array that views share: refused under autograd
+    Case("add_", [_T.add_, _T.__iadd__], lambda s: (s * 1.0).add_(s * 2.0), raises=_IN_PLACE),
+    Case("sub_", [_T.sub_, _T.subtract_, _T.__isub__], lambda s: (s * 1.0).sub_(s * 2.0),
+         raises=_IN_PLACE),
+    Case("mul_", [_T.mul_, _T.multiply_, _T.__imul__], lambda s: (s * 1.0).mul_(3.0),
+         raises=_IN_PLACE),
+    Case("div_", [_T.div_, _T.divide_, _T.true_divide_, _T.__idiv__], lambda s: (s * 1.0).div_(4.0),
+         raises=_IN_PLACE),
+    # a dense tensor updated in place by a sparse one: torch's copy_ records it
+    Case("dense.add_(sparse)", [_T.add_], lambda s, x: (x * 1.0).add_(s), [SHAPE]),
+    # --- elementwise functions (the derivative table) ----------------------------------------
+    *[Case(name, [getattr(torch, name), getattr(_T, name)] + ([getattr(F, name)] if name in
+                                                            ("relu", "tanh", "sigmoid") else []),
+           (lambda name: lambda s: getattr(torch, name)(s))(name),
+           positive=name in ("sqrt", "log"))
+      for name in ("relu", "abs", "sqrt", "sin", "tanh", "sign", "square", "exp", "cos",
+                   "sigmoid", "log")],
+    Case("absolute", [torch.absolute, _T.absolute], lambda s: torch.absolute(s)),
+    Case("pow", [torch.pow, _T.pow], lambda s: torch.pow(s, 3)),
+    Case("pow_fraction", [_T.pow], lambda s: s.pow(1.5), positive=True),
+    Case("**", [_T.__pow__], lambda s: s ** 2),
+    # --- softmax over stored entries ---------------------------------------------------------
+    Case("softmax", [torch.softmax, _T.softmax, F.softmax, torch._softmax],
+         lambda s: F.softmax(s, dim=1), oracle=_torch_sparse_softmax(False)),
+    Case("sparse.softmax", [torch.sparse.softmax], lambda s: torch.sparse.softmax(s, 1),
+         oracle=_torch_sparse_softmax(False)),
+    Case("log_softmax", [torch.log_softmax, _T.log_softmax, F.log_softmax, torch._log_softmax],
+         lambda s: s.log_softmax(dim=1), oracle=_torch_sparse_softmax(True)),
+    Case("sparse.log_softmax", [torch.sparse.log_softmax],
+         lambda s: torch.sparse.log_softmax(s, 1), oracle=_torch_sparse_softmax(True)),
+    # --- reductions --------------------------------------------------------------------------
+    Case("sum", [torch.sum, _T.sum], lambda s: torch.sum(s, 1)),
+    Case("sum_all", [_T.sum], lambda s: s.sum()),
+    Case("sparse.sum", [torch.sparse.sum, torch._sparse_sum], lambda s: torch.sparse.sum(s, 0),
+         oracle=lambda d: d.sum(0)),
+    Case("mean", [torch.mean, _T.mean], lambda s: torch.mean(s, 0, keepdim=True)),
+    Case("amax", [torch.amax, _T.amax], lambda s: torch.amax(s, 1)),
+    Case("amin", [torch.amin, _T.amin], lambda s: s.amin(0)),
+    # --- shape -------------------------------------------------------------------------------
+    Case("t", [torch.t, _T.t], lambda s: torch.t(s)),
+    Case("T", [_T.T], lambda s: s.T),
+    Case("mT", [_T.mT], lambda s: s.mT),
+    Case("transpose", [torch.transpose, _T.transpose, torch.swapaxes, _T.swapaxes, torch.swapdims,
+                       _T.swapdims], lambda s: torch.transpose(s, 0, 1)),
+    Case("permute", [torch.permute, _T.permute], lambda s: s.permute(1, 0)),
+    Case("reshape", [torch.reshape, _T.reshape], lambda s: s.reshape(2, 10)),
+    Case("view", [_T.view], lambda s: s.view(-1)),
+    Case("view_as", [_T.view_as, _T.reshape_as], lambda s, x: s.view_as(x), [(20,)]),
+    Case("flatten", [torch.flatten, _T.flatten], lambda s: torch.flatten(s)),
+    Case("unflatten", [torch.unflatten, _T.unflatten], lambda s: s.unflatten(1, (5, 1))),
+    Case("unsqueeze", [torch.unsqueeze, _T.unsqueeze], lambda s: s.unsqueeze(0)),
+    Case("squeeze", [torch.squeeze, _T.squeeze], lambda s: s.unsqueeze(1).squeeze(1)),
+    Case("cat", [torch.cat, torch.concat, torch.concatenate], lambda s: torch.cat([s, s * 2.0], 1)),
+    Case("cat_dense", [torch.cat], lambda s, x: torch.cat([s, x], 0), [(2, 5)]),
+    Case("stack", [torch.stack], lambda s: torch.stack([s, s * s], 0)),
+    Case("getitem", [_T.__getitem__], lambda s: s[1:, [0, 2, 2]]),
+    Case("index_select", [torch.index_select, _T.index_select],
+         lambda s: s.index_select(0, torch.tensor([3, 0, 0]))),
+    # --- accessors ---------------------------------------------------------------------------
+    Case("values", [_T.values], lambda s: s.values() * 2.0, oracle=lambda d: d[d != 0] * 2.0),
+    Case("to_dense", [_T.to_dense], lambda s: s.to_dense()),
+    Case("to", [_T.to], lambda s: s.to(torch.float32).to(F64)),
+    Case("to_copy", [_T.to], lambda s: s.to("cpu", F64, copy=True) * 2.0),
+    Case("float", [_T.float, _T.double], lambda s: s.float().double()),
+    Case("half", [_T.half, _T.bfloat16], lambda s: s.half().double() + s.bfloat16().double()),
+    Case("type_as", [_T.type_as], lambda s, x: s.type_as(x.float()).type_as(x), [SHAPE]),
+    # --- where, masked_fill, dropout -------------------------------------------------------
+    Case("where", [torch.where], lambda s, x: torch.where(s > 0, s, x * (s != 0)), [SHAPE]),
+    Case("where_scalar", [torch.where], lambda s: torch.where(s > 0, s, 0.0)),
+    Case("Tensor.where", [_T.where], lambda s: s.where(s < 0, 0.0)),
+    Case("masked_fill", [torch.masked_fill, _T.masked_fill], lambda s: s.masked_fill(s > 0, 0.0)),
+    Case("dropout_eval", [F.dropout, torch.dropout], lambda s: F.dropout(s, 0.5, training=False)),
+    # --- results with no gradient: bool or index results ---------------------------------
+    *[Case(name, fns, call, bool_result=True) for name, fns, call in [
+        ("compare", [torch.lt, torch.less, _T.lt, _T.less, _T.__lt__, torch.le, torch.less_equal,
+                     _T.le, _T.less_equal, _T.__le__, torch.gt, torch.greater, _T.gt, _T.greater,
+                     _T.__gt__, torch.ge, torch.greater_equal, _T.ge, _T.greater_equal, _T.__ge__,
+                     torch.eq, _T.eq, _T.__eq__, torch.ne, torch.not_equal, _T.ne, _T.not_equal,
+                     _T.__ne__], lambda s: s > 0),
+        ("logical", [torch.logical_and, _T.logical_and, torch.logical_or, _T.logical_or,
+                     torch.logical_xor, _T.logical_xor, torch.logical_not, _T.logical_not,
+                     torch.bitwise_and, _T.bitwise_and, _T.__and__, torch.bitwise_or,
+                     _T.bitwise_or, _T.__or__, torch.bitwise_xor, _T.bitwise_xor, _T.__xor__],
+         lambda s: torch.logical_and(s, s > 0)),
+    ]],
+    Case("indices", [_T.indices, _T._indices], lambda s: s.indices(), bool_result=True,
+         oracle=lambda d: d.detach().to_sparse().indices()),
+    Case("nnz", [_T._nnz], lambda s: torch.tensor(s._nnz()), bool_result=True,
+         oracle=lambda d: torch.tensor(int((d != 0).sum()))),
+    Case("is_shared", [_T.is_shared], lambda s: torch.tensor(s.is_shared()), bool_result=True,
+         oracle=lambda d: torch.tensor(False)),
+]
+
+#: handlers registered for non-differentiable things whose rows above do not run them
+_COVERED_ELSEWHERE = {torch.Tensor.share_memory_: "tests/test_serialization.py"}
+
+
+def test_every_registered_function_is_covered():
+    """A new handler must come with its autograd row (a backward, or a clear refusal)."""
+    covered = set()
+    for case in CASES:
+        for fn in case.functions:
+            covered.add(fn)
+            if type(fn).__name__ == "getset_descriptor":   # .T, .mT: registered as __get__
+                covered.add(fn.__get__)
+    missing = [f for f in _dispatch._HANDLERS if f not in covered and f not in _COVERED_ELSEWHERE]
+    names = [getattr(f, "__qualname__", None) or repr(f) for f in missing]
+    assert not missing, f"registered without an autograd row in {__file__}: {names}"
+
+
+def _values(shape, positive, seed, density=0.5):
+    g = torch.Generator().manual_seed(seed)
+    v = torch.rand(shape, dtype=F64, generator=g) + 0.5
+    if not positive:
+        v = v * torch.where(torch.rand(shape, generator=g) < 0.5, -1.0, 1.0).to(F64)
+    return v * (torch.rand(shape, generator=g) < density)
+
+
+def _partners(case: Case, seed: int):
+    out = []
+    for k, s in enumerate(case.partner_shapes):
+        x = _values(s, case.extra.get("partner_positive", False), seed + 10 + k, density=1.0)
+        out.append(x)
+    return out
+
+
+def _loss(out, seed):
+    out = _dense(out)
+    if not out.dtype.is_floating_point:
+        return None
+    w = torch.rand(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(seed))
+    return (out * w).sum()
+
+
+def _stored(S) -> torch.Tensor:
+    mask = torch.zeros(S.shape, dtype=torch.bool)
+    if S.nnz:
+        mask[tuple(S.indices())] = True
+    return mask
+
+
+def _run(case: Case, sparse_grad: bool, dense_grad: bool, seed: int = 0):
+    d = _values(case.shape, case.positive, seed)
+    xs = _partners(case, seed)
+    S = scorch.sparse_tensor(d, format=case.fmt, requires_grad=sparse_grad)
+    Xs = [x.clone().requires_grad_(dense_grad) for x in xs]
+    D = d.clone().requires_grad_(sparse_grad)
+    Xd = [x.clone().requires_grad_(dense_grad) for x in xs]
+    out = case.call(S, *Xs)
+    expect = (case.oracle or case.call)(D, *Xd)
+    torch.testing.assert_close(_dense(out), _dense(expect))
+    assert out.requires_grad == _dense(expect).requires_grad, "the result lost the graph"
+    if not out.requires_grad:
+        return
+    loss, loss_d = _loss(out, seed), _loss(expect, seed)
+    loss.backward()
+    loss_d.backward()
+    if sparse_grad:
+        assert isinstance(S.grad, scorch.SparseTensor), f"{type(S.grad).__name__} gradient"
+        assert S.grad.format == S.format and S.grad.dtype == S.dtype
+        assert S.grad._storage.shares_pattern(S._storage) or torch.equal(S.grad.indices(), S.indices())
+        want = torch.where(_stored(S), D.grad, torch.zeros((), dtype=F64))
+        torch.testing.assert_close(S.grad.to_dense(), want)
+    for a, b in zip(Xs, Xd):
+        if dense_grad:
+            assert (a.grad is None) == (b.grad is None)
+            if b.grad is not None:
+                torch.testing.assert_close(a.grad, b.grad)
+
+
+_DIFFERENTIABLE = [c for c in CASES if not c.bool_result]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_sparse_input_requiring_grad(case):
+    if case.raises is not None:
+        exc, message = case.raises
+        with pytest.raises(exc, match=message):
+            _run(case, True, False)
+        return
+    _run(case, True, False)
+
+
+_MIXED = [c for c in _DIFFERENTIABLE if c.partner_shapes]
+
+
+@pytest.mark.parametrize("case", _MIXED, ids=[c.name for c in _MIXED])
+def test_dense_input_requiring_grad_beside_a_sparse_one(case):
+    _run(case, False, True)
+
+
+@pytest.mark.parametrize("case", _MIXED, ids=[c.name for c in _MIXED])
+def test_both_require_grad(case):
+    _run(case, True, True, seed=1)
