@@ -368,8 +368,10 @@ def as_scorch(x) -> object:
     """Torch sparse layouts become SparseTensor (sharing arrays); anything else unchanged."""
     if isinstance(x, torch.Tensor) and not isinstance(x, SparseTensor) \
             and x.layout in _TORCH_SPARSE_LAYOUTS:
+        if x.requires_grad and _grad_enabled():   # the gradient flows back to x
+            return _AUTOGRAD["from_torch"](x)
         from . import interop
-        return SparseTensor(interop.from_torch(x), x.requires_grad)
+        return SparseTensor(interop.from_torch(x))
     return x
 
 

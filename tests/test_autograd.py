@@ -322,10 +322,49 @@ def test_double_backward_spmm(fmt):
         lambda v, X: _dense(scorch.einsum("ij,jk->ik", A(v), X)) ** 2, (v, X), fast_mode=True)
 
 
-def test_torch_sparse_operand_requiring_grad_is_refused():
-    A = torch.eye(3).to_sparse().requires_grad_()
-    with pytest.raises(NotImplementedError, match="scorch.sparse_tensor"):
-        scorch.einsum("ij,jk->ik", A, torch.ones(3, 2, requires_grad=True))
+_TORCH_LAYOUTS = {
+    "coo": lambda d: d.to_sparse(),
+    "coo_uncoalesced": lambda d: torch.sparse_coo_tensor(
+        torch.cat([d.to_sparse().indices()] * 2, 1).flip(1),
+        torch.cat([d.to_sparse().values()] * 2).flip(0) / 2, d.shape),
+    "csr": lambda d: d.to_sparse_csr(),
+}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("layout", sorted(_TORCH_LAYOUTS))
+def test_torch_sparse_operand_gets_its_gradient_in_its_layout(layout):
+    """A torch COO/CSR tensor that requires grad, read by scorch: the gradient flows back to
+    it in its own layout, on its pattern, equal to torch.sparse.mm's; it accumulates."""
+    d = torch.rand(5, 4, dtype=F64) * (torch.rand(5, 4) < 0.5)
+    X = torch.rand(4, 3, dtype=F64, requires_grad=True)
+    W = torch.rand(5, 3, dtype=F64)
+    S = _TORCH_LAYOUTS[layout](d).requires_grad_()
+    (scorch.einsum("ij,jk->ik", S, X) * W).sum().backward()
+    assert S.grad.layout == S.layout
+    ref = d.to_sparse().requires_grad_()
+    Xr = X.detach().clone().requires_grad_()
+    (torch.sparse.mm(ref, Xr) * W).sum().backward()
+    torch.testing.assert_close(S.grad.to_dense(), ref.grad.to_dense())
+    torch.testing.assert_close(X.grad, Xr.grad)
+    # an op with a scorch operand reads it too; the gradients add up
+    B = scorch.sparse_tensor(d + 1.0, format="csr")
+    (S * B).to_dense().sum().backward()
+    torch.testing.assert_close(S.grad.to_dense(), ref.grad.to_dense() + (d + 1.0) * (d != 0))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("make", [lambda d: d.to_sparse_csc(), lambda d: d.to_sparse_bsr((1, 2))],
+                         ids=["csc", "bsr"])
+def test_torch_sparse_operand_torch_cannot_differentiate_is_refused(make):
+    S = make(torch.eye(4, dtype=F64)).requires_grad_()
+    with pytest.raises(RuntimeError, match="operand 0 is a torch sparse_(csc|bsr) tensor that requires grad"):
+        scorch.einsum("ij,jk->ik", S, torch.ones(4, 2, dtype=F64))
+    with pytest.raises(RuntimeError, match="sparse_(csc|bsr) tensor that requires grad"):
+        S * scorch.sparse_tensor(torch.eye(4, dtype=F64), format="csr")
+    with torch.no_grad():   # no graph wanted: read as it is
+        assert torch.equal(_dense(scorch.einsum("ij,jk->ik", S, torch.ones(4, 2, dtype=F64))),
+                           torch.ones(4, 2, dtype=F64))
 
 
 FORMATS_ANY = ["csr", "csc", "coo", "dcsr", "dcsc", scorch.Format("dd"), scorch.Format("cd", (1, 0)),

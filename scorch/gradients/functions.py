@@ -16,7 +16,7 @@ from ..tensor_compiler.index_notation import Assignment
 from ..tensor_type import SparseTensor, _TORCH_SPARSE_LAYOUTS
 from . import einsum_grad, expr_grad
 from . import pattern as _pattern
-from .values import mark_gradient
+from .values import from_torch, mark_gradient
 
 __all__ = ["einsum", "compute", "needs_graph"]
 
@@ -52,14 +52,16 @@ def needs_graph(operands: Sequence[Any]) -> bool:
     return torch.is_grad_enabled() and torch._C._any_requires_grad(*operands)
 
 
-def _check_operands(what: str, operands) -> None:
+def _read_torch_layouts(what: str, operands) -> tuple:
+    """The operands with each torch sparse tensor that requires grad read as a SparseTensor
+    once, differentiably: its gradient flows back to it in its own layout
+    (``values.from_torch``)."""
+    out = list(operands)
     for n, x in enumerate(operands):
         if isinstance(x, torch.Tensor) and not isinstance(x, SparseTensor) and \
                 x.layout in _TORCH_SPARSE_LAYOUTS and x.requires_grad:
-            raise NotImplementedError(
-                f"{what}: operand {n} is a torch {x.layout} tensor that requires grad; its "
-                f"gradient cannot flow back through scorch. Use scorch.sparse_tensor(x, "
-                f"requires_grad=True) instead")
+            out[n] = from_torch(x, f"{what}: operand {n}")
+    return tuple(out)
 
 
 # --- the transposes a gradient kernel reads, kept on the tensor -----------------------------
@@ -125,7 +127,7 @@ def einsum(equation: str, *operands, out_format: Optional[FormatLike] = None) ->
     """``scorch.einsum(equation, *operands)`` (equation form), differentiable in every
     operand when grad mode is on."""
     if needs_graph(operands):
-        _check_operands("einsum", operands)
+        operands = _read_torch_layouts("einsum", operands)
         if out_format is None and not any(isinstance(x, SparseTensor) or x.layout in
                                           _TORCH_SPARSE_LAYOUTS for x in operands
                                           if isinstance(x, torch.Tensor)):
@@ -162,6 +164,6 @@ def compute(assignment: Assignment, *operands, out_format: Optional[FormatLike] 
     einsum-style sums), differentiable in every operand when grad mode is on; sparse results
     are SparseTensors."""
     if needs_graph(operands):
-        _check_operands("compute", operands)
+        operands = _read_torch_layouts("compute", operands)
         return ComputeFunction.apply(assignment, out_format, *operands)
     return _raw_compute(assignment, operands, out_format)

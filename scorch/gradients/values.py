@@ -1,5 +1,6 @@
 """The differentiable ways between a sparse tensor and its stored values: ``values()``, a
-pattern holding new values, ``to_dense()``, and construction from ``(indices, values)``.
+pattern holding new values, ``to_dense()``, construction from ``(indices, values)``, and
+torch's own sparse layouts read as SparseTensors (``from_torch``).
 
 A sparse tensor's gradient is the gradient of its stored values, so each of these moves a
 gradient between a pattern and a 1-d values tensor (or a dense tensor, at the pattern's
@@ -16,7 +17,7 @@ from ..tensor_type import SparseTensor
 from . import pattern as _pattern
 
 __all__ = ["values_of", "from_values", "with_dtype", "to_dense", "to_format",
-           "from_coordinates", "from_dense", "grad_values", "mark_gradient"]
+           "from_coordinates", "from_dense", "from_torch", "grad_values", "mark_gradient"]
 
 
 def _convert():
@@ -141,5 +142,52 @@ def from_dense(st: Storage, x: torch.Tensor) -> SparseTensor:
     return from_values(st, vals.to(st.dtype))
 
 
+# --- torch's own sparse layouts -------------------------------------------------------------
+
+#: layouts whose leaves torch's autograd can give a gradient in their own layout (as
+#: torch.sparse.mm does); the others (CSC, BSR, BSC) fail in torch's engine
+_GRADIENT_LAYOUTS = (torch.sparse_coo, torch.sparse_csr)
+
+
+def _torch_gradient(x: torch.Tensor, P: Storage, vals: torch.Tensor) -> torch.Tensor:
+    """Values on ``P`` (the storage read from torch tensor ``x``) as a gradient in ``x``'s
+    layout, on the same (coalesced) pattern."""
+    if x.layout is torch.sparse_coo:
+        sparse_dims = sum(1 for lv in P.levels if lv.crd is not None)
+        indices = torch.stack([lv.crd.to(torch.int64) for lv in P.levels[:sparse_dims]])
+        return torch.sparse_coo_tensor(indices, vals.reshape(P.nnz, *x.shape[sparse_dims:]) if
+                                       sparse_dims else vals, x.shape, is_coalesced=True,
+                                       check_invariants=False)
+    from .. import interop
+    return interop.to_torch(_pattern.with_pattern_values(P, vals))
+
+
+class _FromTorch(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> SparseTensor:
+        from .. import interop
+        ctx.pattern, ctx.source = interop.from_torch(x), x.detach()
+        return SparseTensor(ctx.pattern)
+
+    @staticmethod
+    def backward(ctx, g):
+        P = ctx.pattern
+        return _torch_gradient(ctx.source, P, grad_values(P, g).to(P.dtype))
+
+
+def from_torch(x: torch.Tensor, operand: str = "operand") -> SparseTensor:
+    """A torch sparse tensor (COO, CSR) that requires grad as a SparseTensor over its arrays
+    (read once), differentiable: the gradient flows back to ``x`` in ``x``'s layout, on its
+    pattern, as ``torch.sparse.mm`` gives it. torch cannot hold a gradient in the other
+    layouts: a clear error names the operand."""
+    if x.layout not in _GRADIENT_LAYOUTS:
+        name = str(x.layout).replace("torch.", "")
+        raise RuntimeError(
+            f"scorch: {operand} is a torch {name} tensor that requires grad; torch's autograd "
+            f"cannot give a {name} tensor a gradient. Use x.to_sparse_csr() / x.to_sparse() "
+            f"or scorch.sparse_tensor(x, requires_grad=True)")
+    return _FromTorch.apply(x)
+
+
 _tensor_type._AUTOGRAD.update(values=values_of, to_dense=to_dense, to_format=to_format,
-                              from_values=from_values)
+                              from_values=from_values, from_torch=from_torch)
