@@ -411,3 +411,70 @@ def test_gradcheck_sparse_operand_broadcasts(eq, fmt):
     S = _of_values(idx, (1, 3, 4), fmt)
     X = _rand(2, 4, 2)
     assert gradcheck(lambda v, X: _dense(scorch.einsum(eq, S(v), X)), (v, X))
+
+
+_REPEATED = {
+    "einsum_same": lambda a: torch.einsum("ij,ij->ij", a, a),
+    "einsum_spgemm": lambda a: torch.einsum("ij,jk->ik", a, a),
+    "einsum_gram": lambda a: torch.einsum("ij,kj->ik", a, a),
+    "einsum_diag": lambda a: torch.einsum("ii,ij->ij", a, a),
+    "einsum_three": lambda a: torch.einsum("ij,jk,ik->ik", a, a, a),
+    "compute_diag": lambda a: scorch.gradients.compute(
+        Assignment("ij", Access(0, "ii") * Access(1, "ij")), a, a),
+    "compute_transposed": lambda a: scorch.gradients.compute(
+        Assignment("ij", Access(0, "ij") * Access(0, "ji") - Access(1, "ij")), a, a),
+    "mul": lambda a: a * a, "matmul": lambda a: a @ a, "add": lambda a: a + a * a,
+}
+
+
+@settings(max_examples=25, deadline=None)
+@given(form=st.sampled_from(sorted(_REPEATED)), n=st.integers(0, 5),
+       density=st.sampled_from([0.0, 0.5, 1.0]), fmt=st.sampled_from(FORMATS_ANY + ["dense"]),
+       dtype=st.sampled_from([torch.float32, F64]), seed=st.integers(0, 99))
+def test_repeated_operand_gradients_add(form, n, density, fmt, dtype, seed):
+    """One tensor in several operand places (``einsum("ij,ij->ij", A, A)``, ``A * A``,
+    ``T(i,i) * T(i,j)`` with ``T`` twice): its gradient is the sum over the places, on its
+    pattern for a sparse tensor; as dense torch."""
+    g = torch.Generator().manual_seed(seed)
+    d = ((torch.rand(n, n, generator=g) - 0.5) * (torch.rand(n, n, generator=g) < density)).to(dtype)
+    fn = _REPEATED[form]
+    A = d.clone().requires_grad_() if fmt == "dense" else \
+        scorch.sparse_tensor(d, format=fmt, requires_grad=True)
+    ref = d.clone().requires_grad_()
+    out, expect = _dense(fn(A)), _REPEATED_DENSE.get(form, fn)(ref)
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else {}
+    torch.testing.assert_close(out, expect, **tol)
+    w = torch.rand(out.shape, generator=g).to(dtype)
+    (out * w).sum().backward()
+    (expect * w).sum().backward()
+    want = ref.grad
+    if isinstance(A, scorch.SparseTensor):
+        assert isinstance(A.grad, scorch.SparseTensor) and A.grad.format == A.format
+        stored = torch.zeros(d.shape, dtype=torch.bool)
+        if A.nnz:
+            stored[tuple(A.indices())] = True
+        want = torch.where(stored, ref.grad, torch.zeros((), dtype=dtype))
+    torch.testing.assert_close(_dense(A.grad), want, **tol)
+
+
+#: the torch oracle of the compute forms
+_REPEATED_DENSE = {
+    "compute_diag": lambda a: torch.diagonal(a)[:, None] * a,
+    "compute_transposed": lambda a: a * a.t() - a,
+}
+
+
+def test_dense_operand_read_twice_warm_call():
+    """``T(i,j) * T(j,i)`` with one dense ``T`` (a repeated operand's forward, and the
+    gradient kernels of repeated sparse ones): the warm call re-lays ``T`` out for the
+    transposed read only, as the first call does."""
+    from scorch.tensor_compiler import compute as raw_compute
+    asg = Assignment("ij", Access(0, "ij") * Access(0, "ji"))
+    for step in range(3):
+        t = torch.rand(5, 5, dtype=F64) + step
+        torch.testing.assert_close(raw_compute(asg, t), t * t.t())
+    T = torch.rand(5, 5, dtype=F64, requires_grad=True)
+    for step in range(2):
+        T.grad = None
+        scorch.gradients.compute(asg, T).sum().backward()
+        torch.testing.assert_close(T.grad, 2 * T.detach().t())

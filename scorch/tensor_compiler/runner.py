@@ -45,6 +45,8 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
     by_tensor: Dict[int, List] = {}
     for ap in s.accesses:
         by_tensor.setdefault(ap.tensor, []).append(ap)
+    if any(len(aps) > 1 and any(ap.id in entry.relayout for ap in aps) for aps in by_tensor.values()):
+        return None   # one dense tensor read twice (T(i,j) * T(j,i)), re-laid out for one read only
     vt = entry.value_dtype
     env = {"torch": torch, "VT": vt, "KERNEL": module.kernel, "THREADS": threads.threads_for,
            "ASSEMBLE": assemble, "ENTRY": entry, "PATTERN": pattern_storage, "PTRS": storage_pointers,
