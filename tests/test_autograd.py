@@ -208,6 +208,17 @@ def test_no_silent_detach():
         torch.cumsum(A, 0)                          # no sparse backward: it says so
     with torch.no_grad():
         assert torch.cumsum(A, 0).grad_fn is None   # no graph wanted: it runs
+    from scorch import tensor_compiler         # the compiler's own entries record no graph
+    with pytest.raises(RuntimeError, match="records no autograd graph"):
+        tensor_compiler.compute(Assignment("ij", Access(0, "ij") * 2.0), A)
+    with pytest.raises(RuntimeError, match="records no autograd graph"):
+        tensor_compiler.einsum("ij,jk->ik", A, torch.ones(4, 2))
+    with pytest.raises(RuntimeError, match="records no autograd graph"):
+        tensor_compiler.compute(Assignment("i", Access(0, "i")), torch.ones(3, requires_grad=True))
+    X = torch.ones(4, 2, requires_grad=True)       # dense only: torch.einsum, graph intact
+    assert tensor_compiler.einsum("ij,jk->ik", torch.ones(3, 4), X).grad_fn is not None
+    with torch.no_grad():
+        assert tensor_compiler.einsum("ij,jk->ik", A, X).shape == (4, 2)
     At = A.t()                                     # shape ops keep the graph
     assert At.grad_fn is not None
     _dense(scorch.einsum("ij,jk->ik", At, torch.ones(4, 2))).sum().backward()

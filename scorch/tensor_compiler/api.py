@@ -64,12 +64,26 @@ def _load_dispatch() -> None:
     _DISPATCH[:] = [fc.dispatch, fc]
 
 
+def _not_recorded(entry: str, operands, any_operand: bool) -> None:
+    """No silent detach: the compiler's entry points record no autograd graph, so an
+    operand that requires grad (in grad mode) is an error pointing at the differentiable
+    entries. ``any_operand=False``: only with a sparse operand (dense-only einsum is
+    torch.einsum, graph intact)."""
+    if torch.is_grad_enabled() and torch._C._any_requires_grad(*operands) and (
+            any_operand or not all(type(x) is torch.Tensor and x.layout is _STRIDED for x in operands)):
+        raise RuntimeError(
+            f"scorch.tensor_compiler.{entry}() records no autograd graph and an operand requires "
+            f"grad; use the differentiable scorch.einsum / scorch.gradients.compute, or call it "
+            f"under torch.no_grad()")
+
+
 def einsum(equation: str, *operands, out_format=None):
     """``torch.einsum`` over dense tensors, Storages and SparseTensors (anything with a
     ``._storage``) in any format. Dense operands only and no ``out_format``: exactly
     ``torch.einsum``. Returns a dense tensor or a Storage (sparse result)."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
+    _not_recorded("einsum", operands, out_format is not None)
     check_equation(equation)
     if out_format is None and _DISPATCH[0] is not None:
         # the warm call in C: plan lookup, checks, output and kernel in one step
@@ -189,7 +203,9 @@ def squeeze_dense_broadcasts(equation: str, ops: list) -> Tuple[str, list]:
 
 def compute(assignment: Assignment, *operands, out_format=None):
     """Evaluate an index-notation assignment (e.g. ``Assignment("ij", A - 0.5 * B)``) over
-    these operands through the same compiler path as einsum."""
+    these operands through the same compiler path as einsum (no autograd: see
+    ``scorch.gradients.compute``)."""
+    _not_recorded("compute", operands, True)
     ops = [as_operand(x) for x in operands]
     # the warm path: the plan found by the assignment's identity and the operands'
     # signatures (ints), without walking or printing the expression (an op on a small
