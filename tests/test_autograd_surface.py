@@ -284,3 +284,37 @@ def test_dense_input_requiring_grad_beside_a_sparse_one(case):
 @pytest.mark.parametrize("case", _MIXED, ids=[c.name for c in _MIXED])
 def test_both_require_grad(case):
     _run(case, True, True, seed=1)
+
+
+_DOUBLE = {
+    "spmm": lambda s, x: s @ x.t(),
+    "mul": lambda s, x: s * x * x,
+    "where": lambda s, x: torch.where(x > 0.5, s * x, 0.0),
+    "sigmoid": lambda s, x: torch.sigmoid(s) * x,
+    "sum": lambda s, x: (s * x).sum(1) ** 2,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_DOUBLE))
+def test_double_backward(name):
+    """gradgradcheck (float64) in the stored values and the dense operand, where torch has
+    a double backward for the dense op."""
+    d = _values(SHAPE, False, 3)
+    S = scorch.sparse_tensor(d, format="csr")
+    idx, v = S.indices(), S.values().detach().clone().requires_grad_()
+    x = torch.rand(SHAPE, dtype=F64, generator=torch.Generator().manual_seed(4)).requires_grad_()
+
+    def f(v, x):
+        return _dense(_DOUBLE[name](scorch.sparse_tensor((idx, v), size=SHAPE, format="csr"), x))
+    assert torch.autograd.gradgradcheck(f, (v, x), fast_mode=True)
+
+
+def test_dropout_in_training_scales_the_kept_entries():
+    """The gradient of a dropped-out sparse tensor is the mask / (1 - p) on its pattern."""
+    d = _values(SHAPE, False, 5, density=0.8)
+    S = scorch.sparse_tensor(d, format="coo", requires_grad=True)
+    out = F.dropout(S, 0.5, training=True)
+    out.to_dense().sum().backward()
+    kept = out.values().detach() != 0
+    assert S.grad._storage.shares_pattern(S._storage)
+    torch.testing.assert_close(S.grad.values(), kept.to(F64) * 2.0)
