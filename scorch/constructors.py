@@ -94,8 +94,10 @@ def sparse_tensor(data: Any, size: Optional[Sequence[int]] = None, format: Forma
         source = values
     elif isinstance(data, SparseTensor):
         st = data._storage
+        source = data
     elif isinstance(data, torch.Tensor) and data.layout in _TORCH_SPARSE_LAYOUTS:
         st = interop.from_torch(data)
+        source = data
     elif interop.is_scipy_sparse(data):
         st = interop.from_scipy(data)
     else:
@@ -132,6 +134,13 @@ def sparse_tensor(data: Any, size: Optional[Sequence[int]] = None, format: Forma
 def _differentiable(st, data, source: torch.Tensor) -> SparseTensor:
     """The new tensor as a function of ``source`` (like torch.sparse_coo_tensor)."""
     from .gradients import values as grad_values
+    if source.layout in _TORCH_SPARSE_LAYOUTS or isinstance(source, SparseTensor):
+        # a sparse tensor in the graph: re-formatted and cast differentiably
+        t = source if isinstance(source, SparseTensor) else grad_values.from_torch(source, "data")
+        t = grad_values.with_dtype(t.to_format(st.format), st.dtype)
+        if t is source:   # a new tensor, as for any other input
+            t = grad_values.from_values(t._storage, grad_values.values_of(t))
+        return t
     if isinstance(data, tuple):
         indices = data[0]
         if not isinstance(indices, torch.Tensor):

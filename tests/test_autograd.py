@@ -514,3 +514,22 @@ def test_training_steps_convert_the_sparse_operand_once(route, fmt, weight, monk
     X.grad = None
     (_dense(fn(A, X)) ** 2).sum().backward()
     torch.testing.assert_close(X.grad, Xd.grad, rtol=1e-4, atol=1e-4)   # current values used
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_constructor_keeps_the_graph_of_a_sparse_input():
+    """``scorch.sparse_tensor(x, format=, dtype=)`` of a sparse tensor in the graph (a
+    SparseTensor, a torch COO/CSR tensor) re-formats and casts it differentiably."""
+    d = torch.tensor([[1.0, 0, 2], [0, 3, 0]], dtype=F64)
+    w = torch.arange(6.0, dtype=F64).reshape(2, 3)
+    A = scorch.sparse_tensor(d, format="csr", requires_grad=True)
+    B = scorch.sparse_tensor(A * 2.0, format="csc", dtype=torch.float32)
+    assert B.format == scorch.as_format("csc", 2) and B.dtype == torch.float32
+    (B.to_dense() * w.float()).sum().backward()
+    torch.testing.assert_close(A.grad.to_dense(), 2 * w * (d != 0))
+    C = scorch.sparse_tensor(A)
+    assert C is not A and C.grad_fn is not None
+    T = d.to_sparse_csr().requires_grad_()
+    (scorch.sparse_tensor(T, format="coo").to_dense() * w).sum().backward()
+    assert T.grad.layout == torch.sparse_csr
+    torch.testing.assert_close(T.grad.to_dense(), w * (d != 0))
