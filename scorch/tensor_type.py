@@ -105,12 +105,17 @@ class SparseTensor(torch.Tensor):
 
     def to_torch(self) -> torch.Tensor:
         """The torch layout that matches the format (COO, CSR, CSC, BSR, BSC); arrays are
-        shared where torch's layout agrees with the storage."""
+        shared where torch's layout agrees with the storage; differentiable."""
+        if _grad_enabled() and _any_requires_grad(self):
+            return _AUTOGRAD["to_torch"](self)
         from . import interop
         return interop.to_torch(self._storage)
 
     def to_scipy(self, kind: str = "array"):
         """scipy.sparse array (``kind="matrix"`` for the matrix classes), sharing arrays."""
+        if self.requires_grad:   # as torch's numpy(): scipy holds no graph
+            raise RuntimeError("Can't call to_scipy() on a sparse tensor that requires grad. "
+                               "Use tensor.detach().to_scipy() instead.")
         from . import interop
         return interop.to_scipy(self._storage, kind)
 

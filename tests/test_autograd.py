@@ -533,3 +533,22 @@ def test_constructor_keeps_the_graph_of_a_sparse_input():
     (scorch.sparse_tensor(T, format="coo").to_dense() * w).sum().backward()
     assert T.grad.layout == torch.sparse_csr
     torch.testing.assert_close(T.grad.to_dense(), w * (d != 0))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("fmt", ["csr", "coo", "dcsr", "csc"])
+def test_to_torch_is_differentiable(fmt):
+    """``A.to_torch()`` of a tensor that requires grad stays in the graph: torch's gradient
+    of the torch tensor (sparse from torch.sparse.mm, or dense) comes back on A's pattern;
+    scipy holds no graph, so ``to_scipy()`` refuses as torch's ``numpy()`` does."""
+    d = torch.tensor([[1.0, 0, 2], [0, 3, 0]], dtype=F64)
+    X = torch.rand(3, 2, dtype=F64)
+    A = scorch.sparse_tensor(d, format=fmt, requires_grad=True)
+    t = A.to_torch()
+    out = torch.sparse.mm(t, X) if t.layout in (torch.sparse_coo, torch.sparse_csr) else t.to_dense() @ X
+    out.sum().backward()
+    assert A.grad.format == A.format
+    torch.testing.assert_close(A.grad.to_dense(), (d != 0) * X.sum(1))
+    with pytest.raises(RuntimeError, match="to_scipy.*requires grad"):
+        A.to_scipy()
+    assert A.detach().to_scipy().nnz == 3

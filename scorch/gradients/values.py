@@ -1,6 +1,6 @@
 """The differentiable ways between a sparse tensor and its stored values: ``values()``, a
 pattern holding new values, ``to_dense()``, construction from ``(indices, values)``, and
-torch's own sparse layouts read as SparseTensors (``from_torch``).
+torch's own sparse layouts both ways (``from_torch``, ``to_torch``).
 
 A sparse tensor's gradient is the gradient of its stored values, so each of these moves a
 gradient between a pattern and a 1-d values tensor (or a dense tensor, at the pattern's
@@ -17,7 +17,8 @@ from ..tensor_type import SparseTensor
 from . import pattern as _pattern
 
 __all__ = ["values_of", "from_values", "with_dtype", "to_dense", "to_format",
-           "from_coordinates", "from_dense", "from_torch", "grad_values", "mark_gradient"]
+           "from_coordinates", "from_dense", "from_torch", "to_torch", "grad_values",
+           "mark_gradient"]
 
 
 def _convert():
@@ -189,5 +190,26 @@ def from_torch(x: torch.Tensor, operand: str = "operand") -> SparseTensor:
     return _FromTorch.apply(x)
 
 
+class _ToTorch(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, s: SparseTensor) -> torch.Tensor:
+        from .. import interop
+        ctx.pattern = s._storage
+        return interop.to_torch(s._storage)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        if g.layout is not torch.strided:   # torch's sparse gradient: its entries on the pattern
+            from .. import interop
+            g = SparseTensor(interop.from_torch(g))
+        return mark_gradient(from_values(ctx.pattern, grad_values(ctx.pattern, g).to(ctx.pattern.dtype)))
+
+
+def to_torch(s: SparseTensor) -> torch.Tensor:
+    """``s.to_torch()`` differentiable: torch's gradient of the torch tensor (sparse or
+    dense) comes back as ``s``'s gradient on its pattern."""
+    return _ToTorch.apply(s)
+
+
 _tensor_type._AUTOGRAD.update(values=values_of, to_dense=to_dense, to_format=to_format,
-                              from_values=from_values, from_torch=from_torch)
+                              from_values=from_values, from_torch=from_torch, to_torch=to_torch)
