@@ -26,7 +26,9 @@ def _to_copy(t, dtype=None, layout=None, device=None, pin_memory=None, non_block
              memory_format=None):
     if device is not None and torch.device(device).type != "cpu":
         raise RuntimeError(f"scorch: sparse tensors live on the CPU; cannot move to {device}")
-    if layout is not None and layout is torch.strided:
+    # (autograd casts a gradient back with its input's options, whose layout reads strided
+    # for a SparseTensor: a gradient on its tensor's pattern stays on it)
+    if layout is not None and layout is torch.strided and not t.__dict__.get("_values_grad"):
         out = t.to_dense()
         return out if dtype is None else out.to(dtype)
     values = t._storage.values
@@ -34,7 +36,7 @@ def _to_copy(t, dtype=None, layout=None, device=None, pin_memory=None, non_block
         values = values.to(dtype)
     else:
         values = values.clone()
-    return with_values(t, values)
+    return carry_grad_flag(t, with_values(t, values))
 
 
 @register_aten(aten.copy_.default)

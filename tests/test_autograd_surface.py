@@ -155,6 +155,7 @@ CASES = [
     Case("to_copy", [_T.to], lambda s: s.to("cpu", F64, copy=True) * 2.0),
     Case("float", [_T.float, _T.double], lambda s: s.float().double()),
     Case("half", [_T.half, _T.bfloat16], lambda s: s.half().double() + s.bfloat16().double()),
+    Case("type", [], lambda s: s.type(torch.float32).type("torch.DoubleTensor")),   # ATen's _to_copy
     Case("type_as", [_T.type_as], lambda s, x: s.type_as(x.float()).type_as(x), [SHAPE]),
     # --- where, masked_fill, dropout -------------------------------------------------------
     Case("where", [torch.where], lambda s, x: torch.where(s > 0, s, x * (s != 0)), [SHAPE]),
