@@ -45,7 +45,9 @@ bcspwr10  1   1.90x (17.4 ms)         3.38x             47.9x
 bcspwr10  2   1.45x (5.5 ms)          2.87x             79.8x
 ========  ==  ======================  ================  ========================
 
-torch's learned adjacency (a COO tensor requiring grad) takes seconds a step on 4elt: the 25
+Single figures move a lot under this load: two reruns of G51 T1 fixed gave 4.16x and 3.45x
+against torch.sparse (1.8-2.2 ms a step) and 9.6x and 8.2x against PyG. torch's learned
+adjacency (a COO tensor requiring grad) takes seconds a step on 4elt: the 25
 rounds do not fit a minute there (``SCORCH_BENCH_ROUNDS=5``). Rerun on a quiet machine for
 figures to quote.
 """
