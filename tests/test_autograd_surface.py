@@ -69,6 +69,9 @@ CASES = [
          [(4, 3), (5, 3)]),
     Case("linear", [F.linear], lambda s, x, b: F.linear(x, s, b), [(2, 5), (4,)]),
     Case("sparse.mm", [torch.sparse.mm], lambda s, x: torch.sparse.mm(s, x), [(5, 3)]),
+    Case("linear_sparse_input", [F.linear], lambda s, w, b: F.linear(s, w, b), [(3, 5), (3,)]),
+    Case("einsum_sddmm", [torch.einsum], lambda s, x, y: torch.einsum("ij,ik,jk->ij", s, x, y),
+         [(4, 3), (5, 3)]),
     # --- elementwise arithmetic --------------------------------------------------------------
     Case("add", [torch.add, _T.add, _T.__add__], lambda s, x: torch.add(s, x, alpha=2.0), [SHAPE]),
     Case("radd", [_T.__radd__], lambda s, x: x + s, [SHAPE]),
@@ -145,6 +148,8 @@ CASES = [
     Case("cat", [torch.cat, torch.concat, torch.concatenate], lambda s: torch.cat([s, s * 2.0], 1)),
     Case("cat_dense", [torch.cat], lambda s, x: torch.cat([s, x], 0), [(2, 5)]),
     Case("stack", [torch.stack], lambda s: torch.stack([s, s * s], 0)),
+    Case("stack_dense", [torch.stack], lambda s, x: torch.stack([s, x], 1), [SHAPE]),
+    Case("mul_broadcast", [torch.mul], lambda s, x: s * x, [(5,)]),
     Case("getitem", [_T.__getitem__], lambda s: s[1:, [0, 2, 2]]),
     Case("index_select", [torch.index_select, _T.index_select],
          lambda s: s.index_select(0, torch.tensor([3, 0, 0]))),
@@ -162,6 +167,9 @@ CASES = [
     Case("where_scalar", [torch.where], lambda s: torch.where(s > 0, s, 0.0)),
     Case("Tensor.where", [_T.where], lambda s: s.where(s < 0, 0.0)),
     Case("masked_fill", [torch.masked_fill, _T.masked_fill], lambda s: s.masked_fill(s > 0, 0.0)),
+    Case("masked_fill_dense", [_T.masked_fill], lambda s, x: x.masked_fill(s > 0, 1.5) * s, [SHAPE]),
+    Case("masked_fill_value", [_T.masked_fill],
+         lambda s, x: s.masked_fill(s < 0, x.sum() / 10.0), [(2,)]),
     Case("dropout_eval", [F.dropout, torch.dropout], lambda s: F.dropout(s, 0.5, training=False)),
     # --- results with no gradient: bool or index results ---------------------------------
     *[Case(name, fns, call, bool_result=True) for name, fns, call in [
