@@ -420,9 +420,10 @@ _REPEATED = {
 }
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(form=st.sampled_from(sorted(_REPEATED)), n=st.integers(0, 5),
-       density=st.sampled_from([0.0, 0.5, 1.0]), fmt=st.sampled_from(FORMATS_ANY + ["dense"]),
+       density=st.sampled_from([0.0, 0.5, 1.0]),
+       fmt=st.sampled_from(["csr", "coo", "dcsc", scorch.Format("dd"), "dense"]),
        dtype=st.sampled_from([torch.float32, F64]), seed=st.integers(0, 99))
 def test_repeated_operand_gradients_add(form, n, density, fmt, dtype, seed):
     """One tensor in several operand places (``einsum("ij,ij->ij", A, A)``, ``A * A``,
