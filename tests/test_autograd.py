@@ -247,6 +247,27 @@ def test_transposed_pattern_is_kept():
     assert t1.levels[1].crd is t2.levels[1].crd
 
 
+def test_transposed_pattern_is_kept_for_an_equal_pattern_on_new_arrays():
+    """A pattern rebuilt with the same contents on new arrays (an SDDMM's result every
+    step) reuses the kept conversion; a different pattern of the same shape does not."""
+    from scorch.gradients import pattern
+    csc = scorch.as_format("csc", 2)
+    d = torch.rand(30, 20) * (torch.rand(30, 20) < 0.2)
+    pattern.reformatted(scorch.sparse_tensor(d, format="csr")._storage, csc)
+    before = pattern.reformat_cache_info()
+    B = scorch.sparse_tensor(d * 3, format="csr")                # equal pattern, new arrays
+    t = pattern.reformatted(B._storage, csc)
+    after = pattern.reformat_cache_info()
+    assert after["content_hits"] == before["content_hits"] + 1 and after["misses"] == before["misses"]
+    assert torch.equal(scorch.SparseTensor(t).to_dense(), d * 3)
+    e = d.clone()
+    e[0, 0], e[-1, -1] = (0.0, 1.0) if e[0, 0] else (1.0, 0.0)  # same shape, another pattern
+    C = scorch.sparse_tensor(e, format="csr")
+    t = pattern.reformatted(C._storage, csc)
+    assert pattern.reformat_cache_info()["misses"] == after["misses"] + 1
+    assert torch.equal(scorch.SparseTensor(t).to_dense(), e)
+
+
 @settings(max_examples=15, deadline=None)
 @given(m=st.integers(0, 6), n=st.integers(1, 6), k=st.integers(1, 4),
        density=st.sampled_from([0.0, 0.3, 1.0]), fmt=st.sampled_from(FORMATS_2D),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from scorch import datasets
 
@@ -106,6 +107,38 @@ def test_bigbird_pattern_and_sparse_equals_dense_attention():
     dense = sa.BigBirdClassifier(vocab, 32, block=8, layers=1, dense=True).eval()
     with torch.no_grad():
         torch.testing.assert_close(sparse(ids[:4]), dense(ids[:4]), rtol=1e-4, atol=1e-5)
+
+
+@settings(max_examples=12, deadline=None)
+@given(batch=st.integers(1, 2), heads=st.integers(1, 3), blocks=st.integers(1, 5),
+       block=st.sampled_from([1, 2, 4]), dim=st.integers(1, 5),
+       dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 99))
+def test_bigbird_attention_gradients_equal_dense_masked(batch, heads, blocks, block, dim, dtype, seed):
+    """SDDMM scores on the (batch, heads, i, j) pattern, the sparse softmax and its backward
+    (fiber_ops: the gradient carried from the result's pattern to the scores' pattern by
+    value order), sparse @ dense: q, k, v gradients equal dense masked attention's."""
+    import scorch
+    import sparse_attention as sa
+    gen = torch.Generator().manual_seed(seed)
+    n = blocks * block
+    pattern = sa.bigbird_pattern(n, block, window=1, global_blocks=1, random_blocks=1, generator=gen)
+    qkv = [torch.randn(batch, heads, n, dim, generator=gen, dtype=dtype) for _ in range(3)]
+    weight = torch.randn(batch, heads, n, dim, generator=gen, dtype=dtype)
+    allowed = pattern.to_dense() != 0
+
+    def sparse(q, k, v):
+        return torch.softmax(scorch.einsum("ij,bhid,bhjd->bhij", pattern.to(dtype), q, k) * 0.5, -1) @ v
+
+    def dense(q, k, v):
+        return ((q @ k.transpose(-1, -2)) * 0.5).masked_fill(~allowed, float("-inf")).softmax(-1) @ v
+
+    grads = []
+    for attend in (sparse, dense):
+        leaves = [x.clone().requires_grad_() for x in qkv]
+        (attend(*leaves) * weight).sum().backward()
+        grads.append([x.grad for x in leaves])
+    for ours, theirs in zip(*grads):
+        torch.testing.assert_close(ours, theirs)
 
 
 @pytest.mark.parametrize("attention", ["sparse", "dense"])

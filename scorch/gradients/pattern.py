@@ -132,7 +132,7 @@ def values_on_pattern(P: Storage, R: Storage, vals: Optional[torch.Tensor] = Non
 #: id of the pattern's key array -> (weak reference to it, {format: (storage of positions,
 #: permutation)}); the entry goes when the array is freed
 _REFORMATTED: Dict[int, tuple] = {}
-_stats = {"hits": 0, "misses": 0}
+_stats = {"hits": 0, "misses": 0, "content_hits": 0}
 
 
 def _key_array(st: Storage) -> Optional[torch.Tensor]:
@@ -162,6 +162,11 @@ def _reformat_entry(st: Storage, fmt: Format) -> Optional[Tuple[Storage, torch.T
     key = (fmt, st.format, st.shape, tuple(lv.dim for lv in st.levels))
     got = per_format.get(key)
     if got is None:
+        got = _recent_equal(st, key)
+        if got is not None:
+            _stats["content_hits"] += 1
+            per_format[key] = got
+            return got
         _stats["misses"] += 1
         idx = Storage(st.format, st.shape, st.levels, torch.arange(st.nnz, dtype=torch.int64),
                       st.index_dtype)
@@ -169,8 +174,36 @@ def _reformat_entry(st: Storage, fmt: Format) -> Optional[Tuple[Storage, torch.T
         if conv.nnz != st.nnz:   # a target with dense levels fills in positions: no permutation
             return None
         got = per_format[key] = (conv, conv.values)
+        _RECENT[key] = (_arrays(st), got)
+        while len(_RECENT) > _RECENT_MAX:
+            _RECENT.pop(next(iter(_RECENT)))
     else:
         _stats["hits"] += 1
+    return got
+
+
+#: (target format, format, shape, level dims) -> (the level arrays, the converted pattern and
+#: permutation) of the latest conversions: a pattern rebuilt every step on new arrays with
+#: the same contents (BigBird's attention scores, made by the SDDMM each step) converts once
+_RECENT: Dict[tuple, tuple] = {}
+_RECENT_MAX = 4
+
+
+def _recent_equal(st: Storage, key: tuple) -> Optional[Tuple[Storage, torch.Tensor]]:
+    """The kept conversion of an earlier pattern equal to ``st``'s in content (arrays
+    compared element by element: O(stored entries), far below a conversion)."""
+    hit = _RECENT.get(key)
+    if hit is None:
+        return None
+    arrays, got = hit
+    if got[0].nnz != st.nnz:
+        return None
+    for x, y in zip(arrays, _arrays(st)):
+        if (x is None) != (y is None):
+            return None
+        if x is not None and x is not y and (x.shape != y.shape or x.dtype != y.dtype
+                                             or not torch.equal(x, y)):
+            return None
     return got
 
 

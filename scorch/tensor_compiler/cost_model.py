@@ -111,6 +111,7 @@ def measure(order: Sequence[str], p: OrderProblem) -> Optional[OrderMeasure]:
         return p._memo[key]
     rank = {v: n for n, v in enumerate(order)}
     sparse_at: Dict[str, List[int]] = {v: [] for v in order}
+    stored_at: Dict[str, List[int]] = {v: [] for v in order}
     transposes, weighted = 0, 0
     for acc, i, fmt in p.sparse_accesses:
         lvars, tr = concordant_vars(acc.indices, fmt, order, p.fixed_tail.get(acc.tensor, 0))
@@ -120,13 +121,21 @@ def measure(order: Sequence[str], p: OrderProblem) -> Optional[OrderMeasure]:
         if tr:
             transposes += 1
             weighted += p.transpose_weights.get(i, 1)
+        below_sparse = False
         for kind, v in zip(fmt.levels, lvars):
             if kind.is_sparse:
                 sparse_at[v].append(i)
+                below_sparse = True
+            elif below_sparse and not tr:
+                stored_at[v].append(i)
     pattern, late = [], 0
     for v in order:
         its = sparse_at[v]
-        dense = not its or ml.dense_needed(p.f, its)
+        # a dense level under a sparse level of the same operand, read in place, walks
+        # stored positions (the block of each stored parent), not the dense extent
+        # (BigBird's (i, j, b, h) scores: b and h under the compressed j)
+        bound = its + stored_at[v]
+        dense = not bound or ml.dense_needed(p.f, bound)
         pattern.append(1 if dense else 0)
         if not dense:
             late += rank[v] * len(its)
