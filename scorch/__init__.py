@@ -29,6 +29,10 @@ from .kernel_cache import cache_clear, cache_info  # noqa: E402,F401
 from ._dispatch import (DenseFallbackError, get_dense_fallback_limit,  # noqa: E402,F401
                         set_dense_fallback_limit)
 
+from . import dynamo_rules as _dynamo_rules  # noqa: E402
+
+_dynamo_rules.mark_package(__name__)   # torch.compile: scorch calls run eagerly, never traced into
+
 __version__ = "0.1.0"
 
 

@@ -74,7 +74,8 @@ class SparseTensor(torch.Tensor):
         """torch's flag; True for every scorch format with a sparse level, except for a
         gradient on its tensor's own pattern: that is the (dense) gradient of the stored
         values, which optimizers that refuse torch's sparse gradients (Adam) can take."""
-        return self._storage.format.is_sparse and not self.__dict__.get("_values_grad", False)
+        return (self._storage.format.is_sparse and not self.__dict__.get("_values_grad", False)
+                and not torch.compiler.is_compiling())
 
     def values(self) -> torch.Tensor:
         """Stored values in storage order (1-d), sharing memory with the tensor;
@@ -168,6 +169,8 @@ class SparseTensor(torch.Tensor):
         kwargs = kwargs or {}
         handler = _dispatch.lookup(func)
         if handler is not None:
+            if _is_compiling():
+                return _UNDER_COMPILE[0](func, args, kwargs)
             result = handler(*args, **kwargs)
             if result is not NotImplemented:
                 return result
@@ -238,7 +241,27 @@ class SparseTensor(torch.Tensor):
                 f"scorch: '{func.overloadpacket.__name__}' on a sparse tensor that requires "
                 f"grad has no sparse backward; wrap it in torch.no_grad(), .detach() the "
                 f"input, or use a differentiable scorch op (einsum, to_dense, values)")
+        if _is_compiling() and func not in _dispatch._ATEN_HANDLERS:
+            # no dense fallback on fake arrays: a graph break, and the op runs eagerly
+            _unsupported_under_compile(func, args, kwargs)
         return _dispatch.aten_fallback(cls, func, args, kwargs or {})
+
+
+# --- torch.compile ---------------------------------------------------------------------------
+# Dynamo runs SparseTensor's operators (``A @ X``) on tensors whose level arrays are fake
+# (shapes, no data) to learn the result's shape, and AOTAutograd runs them again to record
+# the graph. While a compile runs, the operators go to ``_UNDER_COMPILE[0]``: the registered
+# operators where there is one (installed by ``scorch.library_ops``), else an
+# ``UnsupportedOperatorException``, which Dynamo turns into a graph break: the op then runs
+# eagerly on the real tensor.
+_is_compiling = torch.compiler.is_compiling
+
+
+def _unsupported_under_compile(method, args, kwargs):
+    raise torch._subclasses.fake_tensor.UnsupportedOperatorException(method)
+
+
+_UNDER_COMPILE: list = [_unsupported_under_compile]
 
 
 #: sparse matrix @ dense matrix, warm (``scorch.sparse_ops.matmul._spmm``, which installs
@@ -249,6 +272,8 @@ _SPMM: list = [None]
 def _direct(method, *args, **kwargs):
     """``method(*args)`` through its registered handler without torch's dispatch, else
     torch's own method (which dispatches through ``__torch_function__`` as usual)."""
+    if _is_compiling():
+        return _UNDER_COMPILE[0](method, args, kwargs)
     handler = _dispatch.lookup(method)
     if handler is not None:
         result = handler(*args, **kwargs)
@@ -286,7 +311,8 @@ def _scalar_op(fn, t: "SparseTensor", scalar):
 def _pattern_op(fn, a: "SparseTensor", b):
     """``fn(a, b)`` on the stored values when ``b`` is a SparseTensor over the very same
     level arrays (same format and shape), or None."""
-    if type(b) is not SparseTensor or (_grad_enabled() and _any_requires_grad(a, b)):
+    if type(b) is not SparseTensor or (_grad_enabled() and _any_requires_grad(a, b)) \
+            or _is_compiling():     # fake arrays have no addresses to compare
         return None
     sa, sb = a._storage, b._storage
     if not sa.shares_pattern(sb):
