@@ -35,7 +35,7 @@ def opaque_to_dynamo(fn: Callable) -> Callable:
     """Dynamo runs ``fn`` eagerly: it graph-breaks at the call instead of inlining it, and
     compiles no frame ``fn`` calls (scorch's internals, the user's callbacks aside)."""
     code = getattr(fn, "__code__", None)
-    if code is None or set_code_exec_strategy is None:
+    if code is None or set_code_exec_strategy is None or getattr(fn, "_scorch_traced", False):
         return fn
     set_code_exec_strategy(code, _SKIP_RECURSIVELY)
     if "_torchdynamo_inline" not in getattr(fn, "__dict__", {}):
@@ -48,6 +48,7 @@ def trace_instead(fn: Callable, traced: Callable) -> None:
     ``fn`` stays skipped when it runs eagerly (after a graph break elsewhere)."""
     fn._torchdynamo_inline = traced
     fn.__dict__.pop("_torchdynamo_disable", None)
+    traced._scorch_traced = True    # mark_package leaves it traceable
 
 
 def _functions_of(obj) -> Iterable[Callable]:

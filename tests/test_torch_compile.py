@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import scorch
+from scorch import library_ops
 from scorch.nn import functional as F
 
 DT = torch.float64
@@ -101,3 +102,91 @@ def test_sparse_weight_linear_module_compiled_whole():
     for gc, ge in zip(_grads(out, params), _grads(ref, params)):
         assert type(gc) is type(ge)
         torch.testing.assert_close(_to_dense(gc), _to_dense(ge))
+
+
+# --- graph breaks: the registered operators keep scorch inside the graph ---------------------
+
+def _graphs_and_breaks(fn, *args):
+    e = torch._dynamo.explain(fn)(*args)
+    return e.graph_count, e.graph_break_count
+
+
+def test_gcn_and_attention_compile_to_one_graph():
+    _, A = _sparse((7, 6), 0.4, "csr", seed=14)
+    X, W = _dense(6, 5, seed=15), _dense(5, 3, seed=16)
+    assert _graphs_and_breaks(gcn_layer, A, X, W) == (1, 0)
+    _, M = _sparse((6, 6), 0.5, "csr", seed=17)
+    Q, K, V = (_dense(6, 4, seed=s) for s in (18, 19, 20))
+    assert _graphs_and_breaks(attention, M, Q, K, V) == (1, 0)
+
+
+def test_one_graph_holds_the_scorch_operators():
+    """What the compiled graph calls: torch.ops.scorch.*, not a Python fallback."""
+    _, M = _sparse((6, 6), 0.5, "csr", seed=21)
+    Q, K, V = (_dense(6, 4, seed=s) for s in (22, 23, 24))
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    seen = {"forward": [], "backward": []}
+
+    def recorder(which):
+        def compiler(gm, example_inputs):
+            seen[which].extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+            return make_boxed_func(gm.forward)
+        return compiler
+    backend = aot_autograd(fw_compiler=recorder("forward"), bw_compiler=recorder("backward"))
+    out = torch.compile(attention, backend=backend)(M, Q, K, V)
+    _check_same(out, attention(M, Q, K, V), [Q, K, V])
+    forward, backward = (" ".join(seen[k]) for k in ("forward", "backward"))
+    assert "scorch.einsum_on_pattern" in forward and "scorch.pattern_map" in forward
+    assert "scorch.einsum" in forward                                   # the SpMM
+    assert "scorch.pattern_map_backward" in backward and "scorch.einsum" in backward
+
+
+# --- the registered operators ----------------------------------------------------------------
+
+def _op_args(equation, *operands):
+    metas, arrays = library_ops.flatten_operands(operands)
+    return library_ops._key(equation, None, metas, operands), arrays
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo", "dcsr"])
+def test_opcheck_einsum(fmt):
+    _, A = _sparse((5, 4), 0.5, fmt, seed=25)
+    X = _dense(4, 3, seed=26)
+    key, arrays = _op_args("ij,jk->ik", A, X)
+    arrays[-2].requires_grad_(True)        # A's values: its gradient is an SDDMM
+    torch.library.opcheck(torch.ops.scorch.einsum.default, (key, arrays))
+
+
+def test_opcheck_einsum_on_pattern_and_pattern_map():
+    _, M = _sparse((6, 5), 0.5, "csr", seed=27)
+    Q, K = _dense(6, 3, seed=28), _dense(5, 3, seed=29)
+    key, arrays = _op_args("ij,id,jd->ij", M, Q, K)
+    torch.library.opcheck(torch.ops.scorch.einsum_on_pattern.default, (key, arrays))
+    key, arrays = _op_args("softmax:1", M)
+    arrays[-1].requires_grad_(True)
+    torch.library.opcheck(torch.ops.scorch.pattern_map.default, ("softmax:1", key, arrays))
+    torch.library.opcheck(torch.ops.scorch.pattern_map.default, ("log_softmax:0", key, arrays))
+
+
+def test_operator_results_match_eager_scorch():
+    a, A = _sparse((6, 5), 0.5, "csr", seed=30)
+    X = _dense(5, 3, seed=31, requires_grad=False)
+    key, arrays = _op_args("ij,jk->ik", A, X)
+    torch.testing.assert_close(torch.ops.scorch.einsum(key, arrays), a @ X)
+    key, arrays = _op_args("softmax:1", A)
+    ref = scorch.sparse.softmax(A, dim=1)
+    torch.testing.assert_close(torch.ops.scorch.pattern_map("softmax:1", key, arrays),
+                               ref._storage.values)
+
+
+def test_keys_decode_in_a_fresh_registry(monkeypatch):
+    """A graph from torch's disk cache carries keys this process never made."""
+    _, A = _sparse((4, 4), 0.5, "csr", seed=32)
+    X = _dense(4, 2, seed=33, requires_grad=False)
+    key, arrays = _op_args("ij,jk->ik", A, X)
+    expected = torch.ops.scorch.einsum(key, arrays)
+    monkeypatch.setattr(library_ops, "_SPECS", {})
+    torch.testing.assert_close(torch.ops.scorch.einsum(key, arrays), expected)
+    with pytest.raises(RuntimeError, match="not a scorch operator key"):
+        torch.ops.scorch.einsum("__import__('os')", arrays)
