@@ -4,15 +4,16 @@ that ``torch.compile`` keeps them inside its graphs.
 A sparse operand crosses the operator boundary as its arrays (``pos``/``crd`` per level and
 ``values``: what ``SparseTensor.__tensor_flatten__`` names); everything static (equation,
 formats, shapes, level sizes, the requested output format, what the plan decided) is one
-string key: the repr of a tuple of literals, which any process decodes. Three operators:
+string key: the repr of a tuple of literals, which any process decodes. The operators:
 
 * ``scorch::einsum(key, arrays) -> Tensor``: an einsum whose result is dense.
 * ``scorch::einsum_on_pattern(key, arrays) -> Tensor``: an einsum whose result is sparse
   with the pattern of one of its operands (SDDMM: the scores of sparse attention); it
   returns the result's values, in that operand's storage order, and the result reuses the
   operand's index arrays.
-* ``scorch::pattern_gradient(key, n, grad, arrays) -> Tensor``: the gradient of a sparse
-  operand's values (one per stored entry), the backward of the other two.
+* ``scorch::einsum_backward(key, n, grad, arrays) -> Tensor``: the gradient of operand
+  ``n`` (a sparse operand: of its values, one per stored entry), the backward of the other
+  two.
 
 The fake implementations promise: the dense result's shape (torch.einsum's rule on the
 operand shapes, symbolic sizes included) and dtype (the operands' promoted dtype); a
@@ -27,6 +28,8 @@ run through these operators again, so a compiled backward stays in the graph too
 from __future__ import annotations
 
 import ast
+import hashlib
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -180,9 +183,25 @@ def _spec(key: str):
 
 # --- the operators --------------------------------------------------------------------------
 
+#: key -> (arrays, operands) of the last call: a compiled graph passes the same array
+#: tensors call after call, and operands over them keep the compiler's per-Storage caches
+#: (format signature, addresses) warm, as an eager SparseTensor does
+_LAST_OPERANDS: Dict[str, Tuple[Tuple[torch.Tensor, ...], list]] = {}
+
+
+def _operands(key: str, metas, arrays: Sequence[torch.Tensor]) -> list:
+    last = _LAST_OPERANDS.get(key)
+    if last is not None and len(last[0]) == len(arrays) and \
+            all(a is b for a, b in zip(last[0], arrays)):
+        return last[1]
+    ops = operands_from_arrays(metas, arrays)
+    _LAST_OPERANDS[key] = (tuple(arrays), ops)
+    return ops
+
+
 def _run(key: str, arrays: Sequence[torch.Tensor]):
     equation, out_format, metas, _ = _spec(key)
-    ops = operands_from_arrays(metas, arrays)
+    ops = _operands(key, metas, arrays)
     result = _compiler().einsum(equation, *ops, out_format=out_format)
     return SparseTensor(result) if type(result) is Storage else result, ops
 
@@ -243,25 +262,28 @@ def _einsum_on_pattern_fake(key: str, arrays: List[torch.Tensor]) -> torch.Tenso
     return values.new_empty(values.shape, dtype=_result_dtype(metas, arrays))
 
 
-@torch.library.custom_op("scorch::pattern_gradient", mutates_args=())
-def pattern_gradient_op(key: str, n: int, grad: torch.Tensor,
-                        arrays: List[torch.Tensor]) -> torch.Tensor:
-    """The gradient of sparse operand ``n``'s values, for the gradient ``grad`` of the
-    einsum's result (dense, or the values of a pattern result)."""
+@torch.library.custom_op("scorch::einsum_backward", mutates_args=())
+def einsum_backward_op(key: str, n: int, grad: torch.Tensor,
+                       arrays: List[torch.Tensor]) -> torch.Tensor:
+    """The gradient of operand ``n`` (a dense operand: the whole tensor; a sparse one: its
+    values) for the gradient ``grad`` of the einsum's result (dense, or the values of a
+    pattern result): the eager gradient einsum, with the operand transposes it keeps."""
+    from .gradients.functions import _output_first
     equation, _, metas, (kind, p) = _spec(key)
-    ops = operands_from_arrays(metas, arrays)
+    ops = _operands(key, metas, arrays)
     G = _gradient_operand(kind, p, grad, ops)
-    plan = einsum_grad.gradient_plan(equation, _broadcast_shapes(ops), n, True)
-    g = einsum_grad.operand_gradient(plan, _eager_einsum, G, ops)
+    sparse = metas[n] is not None
+    plan = einsum_grad.gradient_plan(equation, _broadcast_shapes(ops), n, sparse)
+    g = einsum_grad.operand_gradient(plan, _eager_einsum, G, ops, _output_first)
     values = g._storage.values if isinstance(g, SparseTensor) else g
     return _fresh(values.to(ops[n].dtype).contiguous(), arrays + [grad])
 
 
-@pattern_gradient_op.register_fake
-def _pattern_gradient_fake(key: str, n: int, grad: torch.Tensor,
-                           arrays: List[torch.Tensor]) -> torch.Tensor:
+@einsum_backward_op.register_fake
+def _einsum_backward_fake(key: str, n: int, grad: torch.Tensor,
+                          arrays: List[torch.Tensor]) -> torch.Tensor:
     _, _, metas, _ = _spec(key)
-    return torch.empty_like(arrays[_values_index(metas, n)])
+    return torch.empty_like(arrays[_values_index(metas, n)], memory_format=torch.contiguous_format)
 
 
 def _eager_einsum(equation: str, *operands, out_format=None):
@@ -288,25 +310,18 @@ def _broadcast_shapes(ops) -> Tuple[Tuple[int, ...], ...]:
 def _setup_context(ctx, inputs, output) -> None:
     key, arrays = inputs
     ctx.key = key
+    ctx.wanted = [a.requires_grad for a in arrays]   # no gradient einsum nobody asked for
     ctx.save_for_backward(*arrays)
 
 
 def _backward(ctx, grad):
-    equation, _, metas, (kind, p) = _spec(ctx.key)
+    _, _, metas, _ = _spec(ctx.key)
     arrays = list(ctx.saved_tensors)
-    ops = operands_from_arrays(metas, arrays)
-    G = _gradient_operand(kind, p, grad, ops)
-    shapes = _broadcast_shapes(ops)
     grads: List[Optional[torch.Tensor]] = [None] * len(arrays)
-    for n, (meta, x) in enumerate(zip(metas, ops)):
-        if not x.dtype.is_floating_point and not x.dtype.is_complex:
-            continue
+    for n in range(len(metas)):
         k = _values_index(metas, n)
-        if meta is None:
-            plan = einsum_grad.gradient_plan(equation, shapes, n, False)
-            grads[k] = einsum_grad.operand_gradient(plan, einsum_under_compile, G, ops)
-        else:
-            grads[k] = pattern_gradient_op(ctx.key, n, grad, arrays)
+        if ctx.wanted[k]:
+            grads[k] = einsum_backward_op(ctx.key, n, grad, arrays)
     return None, grads
 
 
@@ -372,7 +387,8 @@ def _pattern_map_setup(ctx, inputs, output) -> None:
 def _pattern_map_backward(ctx, grad):
     arrays = list(ctx.saved_tensors)
     grads: List[Optional[torch.Tensor]] = [None] * len(arrays)
-    grads[-1] = pattern_map_backward_op(ctx.name, ctx.key, arrays, grad)
+    if ctx.needs_input_grad[2]:
+        grads[-1] = pattern_map_backward_op(ctx.name, ctx.key, arrays, grad)
     return None, None, grads
 
 
@@ -482,6 +498,7 @@ _LOG_SOFTMAX = {torch.log_softmax, torch.Tensor.log_softmax, torch.nn.functional
                 torch.sparse.log_softmax, torch._log_softmax}
 _LINEAR = {torch.nn.functional.linear, torch._C._nn.linear}
 _tensor_type._UNDER_COMPILE[0] = _route
+_tensor_type._CACHE_SALT[0] = hashlib.sha1(Path(__file__).read_bytes()).hexdigest()[:16]
 
 
 def _traced_einsum(*args, out_format=None):

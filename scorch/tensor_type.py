@@ -134,6 +134,9 @@ class SparseTensor(torch.Tensor):
     # lets torch utilities see the arrays inside. Inner tensors are named by level.
     def __tensor_flatten__(self):
         st = self._storage
+        flat = self.__dict__.get("_flat")   # asked on every call of a compiled graph (guards)
+        if flat is not None and flat[0] is st:
+            return flat[1], flat[2]
         names = []
         for k, lv in enumerate(st.levels):
             if lv.pos is not None:
@@ -143,7 +146,18 @@ class SparseTensor(torch.Tensor):
         names.append("_level_values")
         meta = (st.format, st.shape, tuple((lv.kind.letter, lv.dim, lv.size, lv.block_inner)
                                            for lv in st.levels))
+        self._flat = (st, names, meta)
         return names, meta
+
+    def _stable_hash_for_caching(self) -> str:
+        """torch's on-disk caches of compiled graphs key a graph with a SparseTensor input
+        by this: its static description (what ``__tensor_flatten__`` says), its arrays'
+        dtypes, shapes and strides, and the version of the operators it is traced into (``_CACHE_SALT``, set by
+        ``scorch.library_ops``), so a scorch upgrade never replays a stale graph."""
+        names, meta = self.__tensor_flatten__()
+        st = self._storage
+        arrays = tuple((str(a.dtype), tuple(a.shape), a.stride()) for a in st.arrays())
+        return repr((_CACHE_SALT[0], repr(meta), tuple(self.shape), self.requires_grad, arrays))
 
     @staticmethod
     def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
@@ -262,6 +276,22 @@ def _unsupported_under_compile(method, args, kwargs):
 
 
 _UNDER_COMPILE: list = [_unsupported_under_compile]
+#: the version of what compiled graphs call (a hash of ``scorch.library_ops``)
+_CACHE_SALT: list = [""]
+
+
+def _inner_array(level: int, which: str) -> property:
+    """``_level{k}_pos`` / ``_level{k}_crd``: the names ``__tensor_flatten__`` gives the
+    arrays, read by compiled graphs on every call (a property, not ``__getattr__``'s
+    miss path)."""
+    return property(lambda self: getattr(self._storage.levels[level], which)
+                    if level < len(self._storage.levels) else None)
+
+
+for _k in range(8):
+    for _which in ("pos", "crd"):
+        setattr(SparseTensor, f"_level{_k}_{_which}", _inner_array(_k, _which))
+SparseTensor._level_values = property(lambda self: self._storage.values)
 
 
 #: sparse matrix @ dense matrix, warm (``scorch.sparse_ops.matmul._spmm``, which installs

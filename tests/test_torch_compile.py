@@ -139,7 +139,7 @@ def test_one_graph_holds_the_scorch_operators():
     forward, backward = (" ".join(seen[k]) for k in ("forward", "backward"))
     assert "scorch.einsum_on_pattern" in forward and "scorch.pattern_map" in forward
     assert "scorch.einsum" in forward                                   # the SpMM
-    assert "scorch.pattern_map_backward" in backward and "scorch.einsum" in backward
+    assert "scorch.pattern_map_backward" in backward and "scorch.einsum_backward" in backward
 
 
 # --- the registered operators ----------------------------------------------------------------
