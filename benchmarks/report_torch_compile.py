@@ -5,7 +5,9 @@ one process (medians of rounds, so load from other processes falls on both sides
         [--steps 10] [--rounds 5] [--before 8ac8988] [--threads 2]
 
 1. A GCN training step (examples/gcn.py's model, Cora scale, Adam) with the model compiled
-   by ``torch.compile`` (inductor) beside the eager step.
+   by ``torch.compile`` (inductor) beside the eager step: as the example trains (dropout
+   0.5), with inductor's ``fallback_random`` (dropout's mask drawn by torch's kernel rather
+   than inductor's generated one), and without dropout (the sparse products alone).
 2. The per-call time of a compiled ``A @ X`` on a 4 x 4 CSR operand beside the eager call
    (and a compiled dense op for scale: what any compiled call costs).
 3. The eager operators' speed after this change against the tree ``--before`` (its
@@ -25,6 +27,9 @@ import types
 import warnings
 from pathlib import Path
 
+# a loaded machine: OpenMP threads that spin after their region (the default) steal the
+# cores from the next region of another runtime (torch's, inductor's, scorch's kernels)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
@@ -42,11 +47,14 @@ def _best_us(fn, number: int, repeat: int = 3) -> float:
     return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
 
 
-def gcn_step(steps: int, rounds: int) -> None:
+def gcn_step(steps: int, rounds: int, dropout: float = 0.5, fallback_random: bool = False) -> None:
     import gcn
+    import torch._inductor.config as inductor_config
+    torch._dynamo.reset()
+    inductor_config.fallback_random = fallback_random
     graph = gcn.load_graph("cora", data_dir=os.environ.get("SCORCH_DATA_DIR"))
     torch.manual_seed(0)
-    model = gcn.GCN(graph.x.shape[1], 128, int(graph.y.max()) + 1, 0.5)
+    model = gcn.GCN(graph.x.shape[1], 128, int(graph.y.max()) + 1, dropout)
     compiled = torch.compile(model)
     opt = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
 
@@ -72,7 +80,8 @@ def gcn_step(steps: int, rounds: int) -> None:
     e, c = (statistics.median(times[k]) for k in ("eager", "compiled"))
     explained = torch._dynamo.explain(model)(graph.a_hat, graph.x)
     print(f"GCN training step, Cora scale ({graph.a_hat.shape[0]} nodes, {graph.a_hat.nnz} "
-          f"entries in A_hat, features {tuple(graph.x.shape)} sparse):")
+          f"entries in A_hat, features {tuple(graph.x.shape)} sparse), dropout {dropout}"
+          f"{', inductor fallback_random' if fallback_random else ''}:")
     print(f"  eager {e:.2f} ms   compiled {c:.2f} ms   eager/compiled {e / c:.2f}x   "
           f"(first compiled step, with compilation: {first:.1f} s; graphs "
           f"{explained.graph_count}, graph breaks {explained.graph_break_count})")
@@ -162,9 +171,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    print(f"(threads {args.threads}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')})")
     eager_ab(args.before, args.rounds)
     small_op(args.rounds)
-    gcn_step(args.steps, args.rounds)
+    gcn_step(args.steps, args.rounds)                        # examples/gcn.py as it trains
+    gcn_step(args.steps, args.rounds, fallback_random=True)  # dropout's mask by torch's kernel
+    gcn_step(args.steps, args.rounds, dropout=0.0)           # the sparse products alone
 
 
 if __name__ == "__main__":

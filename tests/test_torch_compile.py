@@ -190,3 +190,27 @@ def test_keys_decode_in_a_fresh_registry(monkeypatch):
     torch.testing.assert_close(torch.ops.scorch.einsum(key, arrays), expected)
     with pytest.raises(RuntimeError, match="not a scorch operator key"):
         torch.ops.scorch.einsum("__import__('os')", arrays)
+
+
+def test_sparse_tensor_in_and_out_of_one_graph():
+    """A compiled graph takes a SparseTensor and returns one (flatten/unflatten)."""
+    _, M = _sparse((6, 5), 0.5, "csr", seed=34)
+    Q, K = _dense(6, 3, seed=35, requires_grad=False), _dense(5, 3, seed=36, requires_grad=False)
+
+    def scaled_scores(M, Q, K):
+        return scorch.einsum("ij,id,jd->ij", M, Q, K) * 2
+    out, ref = torch.compile(scaled_scores)(M, Q, K), scaled_scores(M, Q, K)
+    assert isinstance(out, scorch.SparseTensor) and out.format == M.format
+    torch.testing.assert_close(out.to_dense(), ref.to_dense())
+    assert _graphs_and_breaks(scaled_scores, M, Q, K) == (1, 0)
+
+
+def test_unregistered_sparse_op_breaks_the_graph_and_stays_right():
+    """An op with no registered operator (sparse + sparse: a new pattern) runs eagerly."""
+    a, A = _sparse((5, 5), 0.4, "csr", seed=37)
+    b, B = _sparse((5, 5), 0.4, "csr", seed=38)
+    X = _dense(5, 2, seed=39, requires_grad=False)
+
+    def f(A, B, X):
+        return torch.relu((A + B) @ X)
+    torch.testing.assert_close(torch.compile(f)(A, B, X), torch.relu((a + b) @ X))
