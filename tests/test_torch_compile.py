@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import scorch
 from scorch import library_ops
@@ -214,3 +216,75 @@ def test_unregistered_sparse_op_breaks_the_graph_and_stays_right():
     def f(A, B, X):
         return torch.relu((A + B) @ X)
     torch.testing.assert_close(torch.compile(f)(A, B, X), torch.relu((a + b) @ X))
+
+
+# --- the operators over formats, shapes, densities and dtypes (no compile: cheap) ----------
+
+_FORMATS = ["csr", "csc", "coo", "dcsr", "dcsc", "dense"]
+
+
+def _random_sparse(draw, shape, dtype):
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    density = draw(st.sampled_from([0.0, 0.3, 1.0]))
+    d = torch.rand(*shape, generator=g, dtype=dtype)
+    d[torch.rand(*shape, generator=g) >= density] = 0
+    return d, scorch.sparse_tensor(d, format=draw(st.sampled_from(_FORMATS)))
+
+
+def _fake_matches(op, args, real):
+    """The fake implementation gives the real result's shape and dtype."""
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake_args = [a if not isinstance(a, list) else [mode.from_tensor(t) for t in a]
+                     for a in args]
+        fake = op(*fake_args)
+    assert tuple(fake.shape) == tuple(real.shape) and fake.dtype == real.dtype
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_einsum_operators_match_dense_torch(data):
+    draw = data.draw
+    m, k, n = (draw(st.integers(0, 5)) for _ in range(3))
+    dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+    a, A = _random_sparse(draw, (m, k), dtype)
+    X = torch.randn(k, n, dtype=dtype).requires_grad_(True)
+    key, arrays = _op_args("ij,jk->ik", A, X)
+    out = torch.ops.scorch.einsum(key, arrays)
+    torch.testing.assert_close(out, a @ X)
+    _fake_matches(torch.ops.scorch.einsum, (key, arrays), out)
+    G = torch.randn(m, n, dtype=dtype)
+    gX, = torch.autograd.grad(out, X, G)
+    torch.testing.assert_close(gX, a.t() @ G)
+    gA = torch.ops.scorch.einsum_backward(key, 0, G, arrays)
+    mask = A.to_dense() != 0
+    dense_gA = (G @ X.detach().t())
+    stored = scorch.sparse_tensor(a, format=A.format)   # same pattern as A
+    torch.testing.assert_close(
+        scorch.tensor_type.with_values(stored, gA).to_dense() * mask, dense_gA * mask)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.data())
+def test_pattern_operators_match_dense_torch(data):
+    draw = data.draw
+    m, n, d = draw(st.integers(1, 5)), draw(st.integers(1, 5)), draw(st.integers(1, 3))
+    dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+    mask, M = _random_sparse(draw, (m, n), dtype)
+    if M.format == scorch.as_format("dense", 2):
+        return
+    Q, K = torch.randn(m, d, dtype=dtype), torch.randn(n, d, dtype=dtype)
+    key, arrays = _op_args("ij,id,jd->ij", M, Q, K)
+    facts = library_ops._spec(key)[3]
+    ref = mask * (Q @ K.t())
+    if facts[0] == "pattern":
+        vals = torch.ops.scorch.einsum_on_pattern(key, arrays)
+        _fake_matches(torch.ops.scorch.einsum_on_pattern, (key, arrays), vals)
+        got = scorch.tensor_type.with_values(M, vals).to_dense()
+        torch.testing.assert_close(got, ref)
+    dim = draw(st.sampled_from([0, 1]))
+    name = f"{draw(st.sampled_from(['softmax', 'log_softmax']))}:{dim}"
+    key, arrays = _op_args(name, M)
+    vals = torch.ops.scorch.pattern_map(name, key, arrays)
+    _fake_matches(torch.ops.scorch.pattern_map, (name, key, arrays), vals)
+    fn = scorch.sparse.softmax if name.startswith("softmax") else scorch.sparse.log_softmax
+    torch.testing.assert_close(vals, fn(M, dim=dim)._storage.values)
