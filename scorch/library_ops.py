@@ -397,9 +397,9 @@ pattern_map_op.register_autograd(_pattern_map_backward, setup_context=_pattern_m
 
 def pattern_map_under_compile(name: str, t: SparseTensor) -> SparseTensor:
     """``name`` (see ``pattern_map_op``) of ``t`` through the registered operator."""
-    if torch.is_grad_enabled() and t.requires_grad:
-        _unsupported(name)
     metas, arrays = flatten_operands([t])
+    if torch.is_grad_enabled() and t.requires_grad:
+        arrays[-1] = t.values()   # differentiably (see einsum_under_compile)
     key = _key(name, None, metas, [t])
     P = t._storage
     return SparseTensor(Storage(P.format, P.shape, P.levels, pattern_map_op(name, key, arrays),
@@ -415,12 +415,13 @@ class NotRegistered(Exception):
 def einsum_under_compile(equation: str, *operands, out_format=None) -> torch.Tensor:
     """``scorch.einsum`` through the registered operators (what runs while a graph is
     traced); ``UnsupportedOperatorException`` (a graph break) where none applies."""
-    if torch.is_grad_enabled() and any(isinstance(x, SparseTensor) and x.requires_grad
-                                       for x in operands):
-        # a sparse tensor that requires grad crosses a graph boundary as a whole tensor;
-        # its gradient (on its pattern) is eager autograd's
-        _unsupported(equation)
     metas, arrays = flatten_operands(operands)
+    if torch.is_grad_enabled():
+        for n, x in enumerate(operands):
+            if isinstance(x, SparseTensor) and x.requires_grad:
+                # its values, differentiably: the gradient goes back as a SparseTensor on
+                # its pattern (what eager autograd gives it)
+                arrays[_values_index(metas, n)] = x.values()
     key = _key(equation, out_format, metas, operands)
     kind, p = _spec(key)[3]
     if kind == "dense":

@@ -135,7 +135,8 @@ class SparseTensor(torch.Tensor):
     def __tensor_flatten__(self):
         st = self._storage
         flat = self.__dict__.get("_flat")   # asked on every call of a compiled graph (guards)
-        if flat is not None and flat[0] is st:
+        gradient = self.__dict__.get("_values_grad", False)   # see is_sparse
+        if flat is not None and flat[0] is st and flat[2][3] == gradient:
             return flat[1], flat[2]
         names = []
         for k, lv in enumerate(st.levels):
@@ -145,7 +146,7 @@ class SparseTensor(torch.Tensor):
                 names.append(f"_level{k}_crd")
         names.append("_level_values")
         meta = (st.format, st.shape, tuple((lv.kind.letter, lv.dim, lv.size, lv.block_inner)
-                                           for lv in st.levels))
+                                           for lv in st.levels), gradient)
         self._flat = (st, names, meta)
         return names, meta
 
@@ -161,10 +162,13 @@ class SparseTensor(torch.Tensor):
 
     @staticmethod
     def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
-        fmt, shape, level_meta = meta
+        fmt, shape, level_meta, gradient = meta
         arrays = [(k, d, s, inner.get(f"_level{i}_pos"), inner.get(f"_level{i}_crd"), b)
                   for i, (k, d, s, b) in enumerate(level_meta)]
-        return _rebuild(fmt, shape, arrays, inner["_level_values"], False)
+        out = _rebuild(fmt, shape, arrays, inner["_level_values"], False)
+        if gradient:   # a compiled backward's gradient on its tensor's pattern stays one
+            out._values_grad = True
+        return out
 
     def __getattr__(self, name: str):
         if name.startswith("_level"):

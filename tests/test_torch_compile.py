@@ -81,9 +81,18 @@ def test_gcn_layer_sparse_operand_gradient():
     torch.testing.assert_close(out, ref)
     gA, gX = _grads(out, [A, X])
     rA, rX = _grads(ref, [A, X])
-    assert isinstance(gA, scorch.SparseTensor) and gA.format == A.format
+    assert isinstance(gA, scorch.SparseTensor) and gA.format == A.format and not gA.is_sparse
     torch.testing.assert_close(gA.to_dense(), rA.to_dense())
     torch.testing.assert_close(gX, rX)
+    assert _graphs_and_breaks(gcn_layer, A, X, W) == (1, 0)
+
+
+def test_attention_with_a_trained_sparse_mask():
+    _, M = _sparse((5, 5), 0.6, "csr", seed=42, requires_grad=True)
+    Q, K, V = (_dense(5, 3, seed=s) for s in (43, 44, 45))
+    out = torch.compile(attention)(M, Q, K, V)
+    _check_same(out, attention(M, Q, K, V), [M, Q, K, V])
+    assert _graphs_and_breaks(attention, M, Q, K, V) == (1, 0)
 
 
 def test_attention_sddmm_softmax_spmm():
@@ -104,6 +113,25 @@ def test_sparse_weight_linear_module_compiled_whole():
     for gc, ge in zip(_grads(out, params), _grads(ref, params)):
         assert type(gc) is type(ge)
         torch.testing.assert_close(_to_dense(gc), _to_dense(ge))
+    assert _graphs_and_breaks(eager, x) == (1, 0)
+
+
+def test_compiled_training_with_adam_matches_eager():
+    """The sparse weight's compiled gradient is a gradient on its pattern (is_sparse
+    False), so Adam takes it, and steps match the eager ones."""
+    _, Wt = _sparse((4, 6), 0.5, "csr", seed=40)
+    x = _dense(3, 6, seed=41, requires_grad=False)
+    models = [SparseLinear(Wt.detach().clone()), SparseLinear(Wt.detach().clone())]
+    runs = [torch.compile(models[0]), models[1]]
+    opts = [torch.optim.Adam(m.parameters(), lr=0.05) for m in models]
+    for _ in range(3):
+        for run, opt in zip(runs, opts):
+            opt.zero_grad()
+            run(x).square().sum().backward()
+            opt.step()
+    assert isinstance(models[0].weight, scorch.SparseTensor)
+    torch.testing.assert_close(models[0].weight.to_dense(), models[1].weight.to_dense())
+    torch.testing.assert_close(models[0].bias, models[1].bias)
 
 
 # --- graph breaks: the registered operators keep scorch inside the graph ---------------------
