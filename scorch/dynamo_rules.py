@@ -33,7 +33,7 @@ __all__ = ["opaque_to_dynamo", "trace_instead", "mark_package"]
 
 def opaque_to_dynamo(fn: Callable) -> Callable:
     """Dynamo runs ``fn`` eagerly: it graph-breaks at the call instead of inlining it, and
-    compiles no frame ``fn`` calls (scorch's internals, the user's callbacks aside)."""
+    compiles no frame ``fn`` calls (scorch's internals, and any callback scorch calls)."""
     code = getattr(fn, "__code__", None)
     if code is None or set_code_exec_strategy is None or getattr(fn, "_scorch_traced", False):
         return fn

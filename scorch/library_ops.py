@@ -13,17 +13,22 @@ string key: the repr of a tuple of literals, which any process decodes. The oper
   operand's index arrays.
 * ``scorch::einsum_backward(key, n, grad, arrays) -> Tensor``: the gradient of operand
   ``n`` (a sparse operand: of its values, one per stored entry), the backward of the other
-  two.
+  two: the eager gradient einsum (``gradients.einsum_grad``, with the operand transposes it
+  keeps between steps), attached with ``register_autograd``.
+* ``scorch::pattern_map(name, key, arrays) -> Tensor`` and ``pattern_map_backward``:
+  ``softmax`` / ``log_softmax`` over the stored entries (the result keeps the pattern).
 
 The fake implementations promise: the dense result's shape (torch.einsum's rule on the
 operand shapes, symbolic sizes included) and dtype (the operands' promoted dtype); a
-pattern result's values have the operand's stored-entry count; a pattern gradient has the
-operand's values' shape and dtype. No result's size depends on data, so nothing needs an
-unbacked size. Einsums whose sparse result has a new pattern (SpGEMM, a sum of two
-patterns) are not registered: under ``torch.compile`` they graph-break and run eagerly.
+pattern result's values have the operand's stored-entry count; a gradient has its operand's
+shape and dtype (a sparse operand: its values'). No result's size depends on data, so
+nothing needs an unbacked size. Einsums whose sparse result has a new pattern (SpGEMM, a
+sum of two patterns) are not registered: under ``torch.compile`` they graph-break and run
+eagerly.
 
-``register_autograd`` attaches the existing gradient einsums (``gradients.einsum_grad``),
-run through these operators again, so a compiled backward stays in the graph too.
+While a graph is traced, ``SparseTensor``'s operators reach ``_route`` (installed as
+``tensor_type._UNDER_COMPILE``), which calls these operators; a sparse operand that requires
+grad passes its values through ``values()``, so its gradient comes back on its pattern.
 """
 from __future__ import annotations
 
@@ -440,6 +445,8 @@ def _unsupported(what) -> None:
 # --- what SparseTensor's operators do while a graph is traced -----------------------------
 
 def _matmul_equation(a, b) -> str:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        raise NotRegistered
     if a.dim() == 2 and b.dim() == 2:
         return "ij,jk->ik"
     if a.dim() == 2 and b.dim() == 1:
@@ -485,7 +492,8 @@ def _softmax(log: bool, x, dim=None, dtype=None, *rest, **kwargs):
 
 
 def _linear(input, weight, bias=None):
-    if weight.dim() != 2 or input.dim() < 1:
+    if not (isinstance(input, torch.Tensor) and isinstance(weight, torch.Tensor)) or \
+            weight.dim() != 2 or input.dim() < 1:
         raise NotRegistered
     out = einsum_under_compile("...j,kj->...k", input, weight)
     return out if bias is None else out + bias
