@@ -345,13 +345,22 @@ def _scalar_op(fn, t: "SparseTensor", scalar):
 def _pattern_op(fn, a: "SparseTensor", b):
     """``fn(a, b)`` on the stored values when ``b`` is a SparseTensor over the very same
     level arrays (same format and shape), or None."""
-    if type(b) is not SparseTensor or (_grad_enabled() and _any_requires_grad(a, b)) \
-            or _is_compiling():     # fake arrays have no addresses to compare
+    if type(b) is not SparseTensor or (_grad_enabled() and _any_requires_grad(a, b)):
         return None
     sa, sb = a._storage, b._storage
-    if not sa.shares_pattern(sb):
+    if not (_same_index_arrays(sa, sb) if _is_compiling() else sa.shares_pattern(sb)):
         return None
     return with_values(a, fn(sa.values, sb.values))
+
+
+def _same_index_arrays(sa: Storage, sb: Storage) -> bool:
+    """``shares_pattern`` for a graph being traced (fake arrays have no addresses): two
+    storages derived in the graph from one tensor (``A * 2`` and ``A``) hold the same level
+    tuple, and the values-level op stays in the graph, where inductor fuses a chain of them
+    (``A * 2 + A * B.values()``...) into one loop over the stored values. Separate graph
+    inputs never count as sharing (AOTAutograd gives each its own arrays, so Dynamo's and
+    its traces would disagree); they graph-break."""
+    return sa.levels is sb.levels and sa.shape == sb.shape and sa.format == sb.format
 
 
 # --- autograd ------------------------------------------------------------------------------

@@ -316,3 +316,26 @@ def test_pattern_operators_match_dense_torch(data):
     _fake_matches(torch.ops.scorch.pattern_map, (name, key, arrays), vals)
     fn = scorch.sparse.softmax if name.startswith("softmax") else scorch.sparse.log_softmax
     torch.testing.assert_close(vals, fn(M, dim=dim)._storage.values)
+
+
+def test_elementwise_chain_on_one_pattern_fuses_in_the_graph():
+    """``A * 2 + B - C`` over tensors derived in the graph from one pattern: aten ops on the
+    stored values inside the graph (inductor fuses them into one loop), then the SpMM."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    _, A = _sparse((6, 5), 0.5, "csr", seed=46)
+    X = _dense(5, 2, seed=47, requires_grad=False)
+
+    def f(A, X):
+        B = A * 3.0
+        return (A * 2 + B - (-A) * 0.5) @ X
+    seen = []
+
+    def record(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return make_boxed_func(gm.forward)
+    out = torch.compile(f, backend=aot_autograd(fw_compiler=record))(A, X)
+    torch.testing.assert_close(out, f(A, X))
+    assert seen.count("scorch.einsum.default") == 1 and "aten.add.Tensor" in seen
+    assert _graphs_and_breaks(f, A, X) == (1, 0)
+    torch.testing.assert_close(torch.compile(f)(A, X), f(A, X))   # inductor
