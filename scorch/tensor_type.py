@@ -153,8 +153,9 @@ class SparseTensor(torch.Tensor):
     def _stable_hash_for_caching(self) -> str:
         """torch's on-disk caches of compiled graphs key a graph with a SparseTensor input
         by this: its static description (what ``__tensor_flatten__`` says), its arrays'
-        dtypes, shapes and strides, and the version of the operators it is traced into (``_CACHE_SALT``, set by
-        ``scorch.library_ops``), so a scorch upgrade never replays a stale graph."""
+        dtypes, shapes and strides, and the version of the operators it is traced into
+        (``_CACHE_SALT``, set by ``scorch.library_ops``): an upgrade never replays a stale
+        graph."""
         names, meta = self.__tensor_flatten__()
         st = self._storage
         arrays = tuple((str(a.dtype), tuple(a.shape), a.stride()) for a in st.arrays())
@@ -357,7 +358,7 @@ def _same_index_arrays(sa: Storage, sb: Storage) -> bool:
     """``shares_pattern`` for a graph being traced (fake arrays have no addresses): two
     storages derived in the graph from one tensor (``A * 2`` and ``A``) hold the same level
     tuple, and the values-level op stays in the graph, where inductor fuses a chain of them
-    (``A * 2 + A * B.values()``...) into one loop over the stored values. Separate graph
+    (``B = A * 3; A * 2 + B``) into one loop over the stored values. Separate graph
     inputs never count as sharing (AOTAutograd gives each its own arrays, so Dynamo's and
     its traces would disagree); they graph-break."""
     return sa.levels is sb.levels and sa.shape == sb.shape and sa.format == sb.format
