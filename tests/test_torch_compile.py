@@ -197,6 +197,18 @@ def test_opcheck_einsum_on_pattern_and_pattern_map():
     arrays[-1].requires_grad_(True)
     torch.library.opcheck(torch.ops.scorch.pattern_map.default, ("softmax:1", key, arrays))
     torch.library.opcheck(torch.ops.scorch.pattern_map.default, ("log_softmax:0", key, arrays))
+    grad = torch.randn_like(arrays[-1])
+    torch.library.opcheck(torch.ops.scorch.pattern_map_backward.default,
+                          ("softmax:1", key, [a.detach() for a in arrays], grad))
+
+
+def test_opcheck_einsum_backward():
+    _, A = _sparse((5, 4), 0.5, "csr", seed=48)
+    X = _dense(4, 3, seed=49, requires_grad=False)
+    key, arrays = _op_args("ij,jk->ik", A, X)
+    G = _dense(5, 3, seed=50, requires_grad=False)
+    for n in (0, 1):   # the sparse operand's values, the dense operand
+        torch.library.opcheck(torch.ops.scorch.einsum_backward.default, (key, n, G, arrays))
 
 
 def test_operator_results_match_eager_scorch():
