@@ -411,6 +411,58 @@ def pattern_map_under_compile(name: str, t: SparseTensor) -> SparseTensor:
                                 P.index_dtype))
 
 
+# --- to_dense ---------------------------------------------------------------------------------
+
+@torch.library.custom_op("scorch::to_dense", mutates_args=())
+def to_dense_op(key: str, arrays: List[torch.Tensor]) -> torch.Tensor:
+    """A sparse tensor (as its arrays) as a dense tensor."""
+    return _fresh(_single_pattern(key, arrays).to_dense().contiguous(), arrays)
+
+
+@to_dense_op.register_fake
+def _to_dense_fake(key: str, arrays: List[torch.Tensor]) -> torch.Tensor:
+    _, _, metas, _ = _spec(key)
+    return arrays[-1].new_empty(metas[0][1])
+
+
+@torch.library.custom_op("scorch::to_dense_backward", mutates_args=())
+def to_dense_backward_op(key: str, arrays: List[torch.Tensor], grad: torch.Tensor) -> torch.Tensor:
+    """The gradient of ``to_dense``'s input values: ``grad`` at the stored coordinates."""
+    from .gradients.values import grad_values
+    t = _single_pattern(key, arrays)
+    return _fresh(grad_values(t._storage, grad).to(t.dtype).contiguous(), arrays + [grad])
+
+
+@to_dense_backward_op.register_fake
+def _to_dense_backward_fake(key: str, arrays: List[torch.Tensor],
+                            grad: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(arrays[-1])
+
+
+def _to_dense_setup(ctx, inputs, output) -> None:
+    ctx.key = inputs[0]
+    ctx.save_for_backward(*inputs[1])
+
+
+def _to_dense_backward(ctx, grad):
+    arrays = list(ctx.saved_tensors)
+    grads: List[Optional[torch.Tensor]] = [None] * len(arrays)
+    if ctx.needs_input_grad[1]:
+        grads[-1] = to_dense_backward_op(ctx.key, arrays, grad)
+    return None, grads
+
+
+to_dense_op.register_autograd(_to_dense_backward, setup_context=_to_dense_setup)
+
+
+def to_dense_under_compile(t: SparseTensor) -> torch.Tensor:
+    """``t.to_dense()`` through the registered operator."""
+    metas, arrays = flatten_operands([t])
+    if torch.is_grad_enabled() and t.requires_grad:
+        arrays[-1] = t.values()   # differentiably (see einsum_under_compile)
+    return to_dense_op(_key("to_dense", None, metas, [t]), arrays)
+
+
 # --- routing ----------------------------------------------------------------------------------
 
 class NotRegistered(Exception):
@@ -469,6 +521,9 @@ def _route(func, args, kwargs):
             return _linear(*args, **kwargs)
         if func in _SOFTMAX or func in _LOG_SOFTMAX:
             return _softmax(func in _LOG_SOFTMAX, *args, **kwargs)
+        if func is SparseTensor.to_dense or func in _TO_DENSE:
+            if isinstance(args[0], SparseTensor) and len(args) == 1 and not kwargs:
+                return to_dense_under_compile(args[0])
         if func is torch.einsum:
             equation, operands = _einsum_args(args)
             return einsum_under_compile(equation, *operands, **kwargs)
@@ -505,6 +560,7 @@ _SOFTMAX = {torch.softmax, torch.Tensor.softmax, torch.nn.functional.softmax,
             torch.sparse.softmax, torch._softmax}
 _LOG_SOFTMAX = {torch.log_softmax, torch.Tensor.log_softmax, torch.nn.functional.log_softmax,
                 torch.sparse.log_softmax, torch._log_softmax}
+_TO_DENSE = {torch.Tensor.to_dense}
 _LINEAR = {torch.nn.functional.linear, torch._C._nn.linear}
 _tensor_type._UNDER_COMPILE[0] = _route
 _tensor_type._CACHE_SALT[0] = hashlib.sha1(Path(__file__).read_bytes()).hexdigest()[:16]

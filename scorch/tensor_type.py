@@ -86,10 +86,14 @@ class SparseTensor(torch.Tensor):
 
     def indices(self) -> torch.Tensor:
         """(ndim, nnz) int64 coordinates of ``values()``, as torch's COO ``indices()``."""
+        if _is_compiling():
+            return _UNDER_COMPILE[0](SparseTensor.indices, (self,), {})
         return _convert_module().coords(self._storage)
 
     def to_dense(self, dtype: Optional[torch.dtype] = None, *, masked_grad=None) -> torch.Tensor:
-        if _grad_enabled() and _any_requires_grad(self):
+        if _is_compiling():
+            out = _UNDER_COMPILE[0](SparseTensor.to_dense, (self,), {})
+        elif _grad_enabled() and _any_requires_grad(self):
             out = _AUTOGRAD["to_dense"](self)
         else:
             out = _convert_module().to_dense(self._storage)
@@ -100,6 +104,8 @@ class SparseTensor(torch.Tensor):
         fmt = as_format(format, self.dim())
         if fmt == self._storage.format:
             return self
+        if _is_compiling():
+            return _UNDER_COMPILE[0](SparseTensor.to_format, (self, fmt), {})
         if _grad_enabled() and _any_requires_grad(self):
             return _AUTOGRAD["to_format"](self, fmt)   # differentiable: a permutation of values
         return SparseTensor(_convert_module().convert(self._storage, fmt))
@@ -107,6 +113,8 @@ class SparseTensor(torch.Tensor):
     def to_torch(self) -> torch.Tensor:
         """The torch layout that matches the format (COO, CSR, CSC, BSR, BSC); arrays are
         shared where torch's layout agrees with the storage."""
+        if _is_compiling():
+            return _UNDER_COMPILE[0](SparseTensor.to_torch, (self,), {})
         from . import interop
         return interop.to_torch(self._storage)
 

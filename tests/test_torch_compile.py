@@ -351,3 +351,25 @@ def test_elementwise_chain_on_one_pattern_fuses_in_the_graph():
     assert seen.count("scorch.einsum.default") == 1 and "aten.add.Tensor" in seen
     assert _graphs_and_breaks(f, A, X) == (1, 0)
     torch.testing.assert_close(torch.compile(f)(A, X), f(A, X))   # inductor
+
+
+def test_to_dense_in_the_graph_with_its_gradient():
+    _, A = _sparse((5, 4), 0.5, "coo", seed=51, requires_grad=True)
+    X = _dense(4, 3, seed=52)
+
+    def f(A, X):
+        return A.to_dense() @ X + A.to_dense().sum()
+    out = torch.compile(f)(A, X)
+    _check_same(out, f(A, X), [A, X])
+    assert _graphs_and_breaks(f, A, X) == (1, 0)
+    key, arrays = _op_args("to_dense", A.detach())
+    torch.library.opcheck(torch.ops.scorch.to_dense.default,
+                          (key, arrays[:-1] + [arrays[-1].clone().requires_grad_(True)]))
+
+
+def test_conversions_under_compile_break_the_graph_and_stay_right():
+    a, A = _sparse((4, 5), 0.5, "csr", seed=53)
+
+    def f(A):
+        return A.to_format("csc").indices().sum() + A.to_torch().to_dense().sum()
+    torch.testing.assert_close(torch.compile(f)(A), f(A))
