@@ -120,6 +120,8 @@ class SparseTensor(torch.Tensor):
 
     def to_scipy(self, kind: str = "array"):
         """scipy.sparse array (``kind="matrix"`` for the matrix classes), sharing arrays."""
+        if _is_compiling():
+            return _UNDER_COMPILE[0](SparseTensor.to_scipy, (self, kind), {})
         from . import interop
         return interop.to_scipy(self._storage, kind)
 
