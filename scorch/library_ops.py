@@ -17,6 +17,7 @@ string key: the repr of a tuple of literals, which any process decodes. The oper
   keeps between steps), attached with ``register_autograd``.
 * ``scorch::pattern_map(name, key, arrays) -> Tensor`` and ``pattern_map_backward``:
   ``softmax`` / ``log_softmax`` over the stored entries (the result keeps the pattern).
+* ``scorch::to_dense(key, arrays)`` and ``to_dense_backward``.
 
 The fake implementations promise: the dense result's shape (torch.einsum's rule on the
 operand shapes, symbolic sizes included) and dtype (the operands' promoted dtype); a
