@@ -24,10 +24,15 @@ from .constructors import from_scipy, sparse_tensor, tensor  # noqa: E402,F401
 from . import aten_ops, sparse_ops  # noqa: E402,F401  (registers the sparse handlers)
 from . import collectives  # noqa: E402,F401  (torch.distributed on SparseTensor; saving: via tensor_type)
 from . import gradients  # noqa: E402,F401  (sparse autograd: values-level ATen ops)
+from . import library_ops  # noqa: E402,F401  (torch.ops.scorch.*: the kernels under torch.compile)
 from .sparse_ops.einsum import einsum, explain  # noqa: E402,F401
 from .kernel_cache import cache_clear, cache_info  # noqa: E402,F401
 from ._dispatch import (DenseFallbackError, get_dense_fallback_limit,  # noqa: E402,F401
                         set_dense_fallback_limit)
+
+from . import dynamo_rules as _dynamo_rules  # noqa: E402
+
+_dynamo_rules.mark_package(__name__)   # torch.compile: scorch calls run eagerly, never traced into
 
 __version__ = "0.1.0"
 

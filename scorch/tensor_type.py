@@ -74,7 +74,8 @@ class SparseTensor(torch.Tensor):
         """torch's flag; True for every scorch format with a sparse level, except for a
         gradient on its tensor's own pattern: that is the (dense) gradient of the stored
         values, which optimizers that refuse torch's sparse gradients (Adam) can take."""
-        return self._storage.format.is_sparse and not self.__dict__.get("_values_grad", False)
+        return (self._storage.format.is_sparse and not self.__dict__.get("_values_grad", False)
+                and not torch.compiler.is_compiling())
 
     def values(self) -> torch.Tensor:
         """Stored values in storage order (1-d), sharing memory with the tensor;
@@ -85,10 +86,14 @@ class SparseTensor(torch.Tensor):
 
     def indices(self) -> torch.Tensor:
         """(ndim, nnz) int64 coordinates of ``values()``, as torch's COO ``indices()``."""
+        if _is_compiling():
+            return _UNDER_COMPILE[0](SparseTensor.indices, (self,), {})
         return _convert_module().coords(self._storage)
 
     def to_dense(self, dtype: Optional[torch.dtype] = None, *, masked_grad=None) -> torch.Tensor:
-        if _grad_enabled() and _any_requires_grad(self):
+        if _is_compiling():
+            out = _UNDER_COMPILE[0](SparseTensor.to_dense, (self,), {})
+        elif _grad_enabled() and _any_requires_grad(self):
             out = _AUTOGRAD["to_dense"](self)
         else:
             out = _convert_module().to_dense(self._storage)
@@ -99,6 +104,8 @@ class SparseTensor(torch.Tensor):
         fmt = as_format(format, self.dim())
         if fmt == self._storage.format:
             return self
+        if _is_compiling():
+            return _UNDER_COMPILE[0](SparseTensor.to_format, (self, fmt), {})
         if _grad_enabled() and _any_requires_grad(self):
             return _AUTOGRAD["to_format"](self, fmt)   # differentiable: a permutation of values
         return SparseTensor(_convert_module().convert(self._storage, fmt))
@@ -106,6 +113,8 @@ class SparseTensor(torch.Tensor):
     def to_torch(self) -> torch.Tensor:
         """The torch layout that matches the format (COO, CSR, CSC, BSR, BSC); arrays are
         shared where torch's layout agrees with the storage; differentiable."""
+        if _is_compiling():
+            return _UNDER_COMPILE[0](SparseTensor.to_torch, (self,), {})
         if _grad_enabled() and _any_requires_grad(self):
             return _AUTOGRAD["to_torch"](self)
         from . import interop
@@ -113,6 +122,8 @@ class SparseTensor(torch.Tensor):
 
     def to_scipy(self, kind: str = "array"):
         """scipy.sparse array (``kind="matrix"`` for the matrix classes), sharing arrays."""
+        if _is_compiling():
+            return _UNDER_COMPILE[0](SparseTensor.to_scipy, (self, kind), {})
         if self.requires_grad:   # as torch's numpy(): scipy holds no graph
             raise RuntimeError("Can't call to_scipy() on a sparse tensor that requires grad. "
                                "Use tensor.detach().to_scipy() instead.")
@@ -138,6 +149,10 @@ class SparseTensor(torch.Tensor):
     # lets torch utilities see the arrays inside. Inner tensors are named by level.
     def __tensor_flatten__(self):
         st = self._storage
+        flat = self.__dict__.get("_flat")   # asked on every call of a compiled graph (guards)
+        gradient = self.__dict__.get("_values_grad", False)   # see is_sparse
+        if flat is not None and flat[0] is st and flat[2][3] == gradient:
+            return flat[1], flat[2]
         names = []
         for k, lv in enumerate(st.levels):
             if lv.pos is not None:
@@ -146,15 +161,30 @@ class SparseTensor(torch.Tensor):
                 names.append(f"_level{k}_crd")
         names.append("_level_values")
         meta = (st.format, st.shape, tuple((lv.kind.letter, lv.dim, lv.size, lv.block_inner)
-                                           for lv in st.levels))
+                                           for lv in st.levels), gradient)
+        self._flat = (st, names, meta)
         return names, meta
+
+    def _stable_hash_for_caching(self) -> str:
+        """torch's on-disk caches of compiled graphs key a graph with a SparseTensor input
+        by this: its static description (what ``__tensor_flatten__`` says), its arrays'
+        dtypes, shapes and strides, and the version of the operators it is traced into
+        (``_CACHE_SALT``, set by ``scorch.library_ops``): an upgrade never replays a stale
+        graph."""
+        names, meta = self.__tensor_flatten__()
+        st = self._storage
+        arrays = tuple((str(a.dtype), tuple(a.shape), a.stride()) for a in st.arrays())
+        return repr((_CACHE_SALT[0], repr(meta), tuple(self.shape), self.requires_grad, arrays))
 
     @staticmethod
     def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
-        fmt, shape, level_meta = meta
+        fmt, shape, level_meta, gradient = meta
         arrays = [(k, d, s, inner.get(f"_level{i}_pos"), inner.get(f"_level{i}_crd"), b)
                   for i, (k, d, s, b) in enumerate(level_meta)]
-        return _rebuild(fmt, shape, arrays, inner["_level_values"], False)
+        out = _rebuild(fmt, shape, arrays, inner["_level_values"], False)
+        if gradient:   # a compiled backward's gradient on its tensor's pattern stays one
+            out._values_grad = True
+        return out
 
     def __getattr__(self, name: str):
         if name.startswith("_level"):
@@ -173,6 +203,8 @@ class SparseTensor(torch.Tensor):
         kwargs = kwargs or {}
         handler = _dispatch.lookup(func)
         if handler is not None:
+            if _is_compiling():
+                return _UNDER_COMPILE[0](func, args, kwargs)
             result = handler(*args, **kwargs)
             if result is not NotImplemented:
                 return result
@@ -243,7 +275,43 @@ class SparseTensor(torch.Tensor):
                 f"scorch: '{func.overloadpacket.__name__}' on a sparse tensor that requires "
                 f"grad has no sparse backward; wrap it in torch.no_grad(), .detach() the "
                 f"input, or use a differentiable scorch op (einsum, to_dense, values)")
+        if _is_compiling() and func not in _dispatch._ATEN_HANDLERS:
+            # no dense fallback on fake arrays: a graph break, and the op runs eagerly
+            _unsupported_under_compile(func, args, kwargs)
         return _dispatch.aten_fallback(cls, func, args, kwargs or {})
+
+
+# --- torch.compile ---------------------------------------------------------------------------
+# Dynamo runs SparseTensor's operators (``A @ X``) on tensors whose level arrays are fake
+# (shapes, no data) to learn the result's shape, and AOTAutograd runs them again to record
+# the graph. While a compile runs, the operators go to ``_UNDER_COMPILE[0]``: the registered
+# operators where there is one (installed by ``scorch.library_ops``), else an
+# ``UnsupportedOperatorException``, which Dynamo turns into a graph break: the op then runs
+# eagerly on the real tensor.
+_is_compiling = torch.compiler.is_compiling
+
+
+def _unsupported_under_compile(method, args, kwargs):
+    raise torch._subclasses.fake_tensor.UnsupportedOperatorException(method)
+
+
+_UNDER_COMPILE: list = [_unsupported_under_compile]
+#: the version of what compiled graphs call (a hash of ``scorch.library_ops``)
+_CACHE_SALT: list = [""]
+
+
+def _inner_array(level: int, which: str) -> property:
+    """``_level{k}_pos`` / ``_level{k}_crd``: the names ``__tensor_flatten__`` gives the
+    arrays, read by compiled graphs on every call (a property, not ``__getattr__``'s
+    miss path)."""
+    return property(lambda self: getattr(self._storage.levels[level], which)
+                    if level < len(self._storage.levels) else None)
+
+
+for _k in range(8):
+    for _which in ("pos", "crd"):
+        setattr(SparseTensor, f"_level{_k}_{_which}", _inner_array(_k, _which))
+SparseTensor._level_values = property(lambda self: self._storage.values)
 
 
 #: sparse matrix @ dense matrix, warm (``scorch.sparse_ops.matmul._spmm``, which installs
@@ -254,6 +322,8 @@ _SPMM: list = [None]
 def _direct(method, *args, **kwargs):
     """``method(*args)`` through its registered handler without torch's dispatch, else
     torch's own method (which dispatches through ``__torch_function__`` as usual)."""
+    if _is_compiling():
+        return _UNDER_COMPILE[0](method, args, kwargs)
     handler = _dispatch.lookup(method)
     if handler is not None:
         result = handler(*args, **kwargs)
@@ -294,9 +364,19 @@ def _pattern_op(fn, a: "SparseTensor", b):
     if type(b) is not SparseTensor or (_grad_enabled() and _any_requires_grad(a, b)):
         return None
     sa, sb = a._storage, b._storage
-    if not sa.shares_pattern(sb):
+    if not (_same_index_arrays(sa, sb) if _is_compiling() else sa.shares_pattern(sb)):
         return None
     return with_values(a, fn(sa.values, sb.values))
+
+
+def _same_index_arrays(sa: Storage, sb: Storage) -> bool:
+    """``shares_pattern`` for a graph being traced (fake arrays have no addresses): two
+    storages derived in the graph from one tensor (``A * 2`` and ``A``) hold the same level
+    tuple, and the values-level op stays in the graph, where inductor fuses a chain of them
+    (``B = A * 3; A * 2 + B``) into one loop over the stored values. Separate graph
+    inputs never count as sharing (AOTAutograd gives each its own arrays, so Dynamo's and
+    its traces would disagree); they graph-break."""
+    return sa.levels is sb.levels and sa.shape == sb.shape and sa.format == sb.format
 
 
 # --- autograd ------------------------------------------------------------------------------

@@ -23,3 +23,7 @@ from .plans import COMPILER_VERSION, Plan, _fast  # noqa: F401
 
 __all__ = ["einsum", "einsum_declined", "explain", "compute", "Access", "Assignment", "Plan",
            "plan_cache_clear", "plan_cache_info", "set_sparse_tensor_type", "COMPILER_VERSION"]
+
+from .. import dynamo_rules as _dynamo_rules  # noqa: E402
+
+_dynamo_rules.mark_package(__name__)   # torch.compile: the compiler runs eagerly, never traced into
