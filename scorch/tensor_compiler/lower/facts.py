@@ -19,7 +19,7 @@ from ..functions import function
 from ..index_notation import Apply, Compare, Where
 from ..levels import LevelPlan
 from ..schedule import Schedule
-from ..target import Target, current as current_target
+from ..target import Target, current as current_target, vector_type_name
 
 __all__ = ["CTYPES", "NPTYPES", "ITYPES", "DENSE_WS_LIMIT", "SHORT_ROWS", "SHORT_ROWS_BY_DTYPE",
            "short_rows_limit", "short_rows", "unit_stride_accesses", "relayouts", "LoopLevels",
@@ -285,6 +285,11 @@ class KernelFacts:
     chunk_level: Optional[LevelPlan]
     balance: Optional[str]                 # pos array weighing chunks by entries
 
+    def vector(self, width: int) -> Tuple[int, str]:
+        """Lanes and GCC vector type of a register row (or vector dot) ``width`` values
+        wide: the target's register, or one narrower vector for rows that fit in less."""
+        nb = self.target.vector_bytes_for(self.vt, width)
+        return nb // (self.target.vector_bytes // self.lanes), vector_type_name(self.vt, nb, self.target.vector_bytes)
 
 
 def _stores_once(s: Schedule, loops: Sequence[LoopLevels], depth: int) -> bool:
