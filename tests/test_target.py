@@ -179,6 +179,27 @@ def test_sddmm_spmv_and_panels_equal_dense_per_target(name):
             torch.testing.assert_close(dense(C.einsum("ij,j->i", s, v)), a @ v, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_spmv_prefetch_variant_equals_dense(dtype):
+    """An SpMV whose x exceeds facts.PREFETCH_MIN_BYTES runs the prefetching row loop (its
+    last rows stop prefetching before the end of the coordinates); both builds (long rows:
+    vectorized, short rows: scalar) agree with dense torch."""
+    from scorch.tensor_compiler.lower.facts import PREFETCH_MIN_BYTES
+    n = PREFETCH_MIN_BYTES // (4 if dtype == torch.float32 else 8) + 7
+    g = torch.Generator().manual_seed(0)
+    src = C.explain("ij,j->i", sparse(rand((3, 5), 0.5, dtype=dtype), "csr"), torch.randn(5, dtype=dtype)).source
+    assert "cdef void run_chunk_prefetch(" in src and f">= {PREFETCH_MIN_BYTES}" in src
+    assert "scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 64])" in src
+    for m, per_row in ((40, 3), (6, 70)):          # short rows, then long ones
+        rows = torch.arange(m).repeat_interleave(per_row)
+        cols = torch.randint(0, n, (m * per_row,), generator=g)
+        a = torch.sparse_coo_tensor(torch.stack([rows, cols]), torch.rand(m * per_row, dtype=dtype, generator=g),
+                                    (m, n)).coalesce().to_sparse_csr()
+        x = torch.randn(n, dtype=dtype, generator=g)
+        tol = 1e-4 if dtype == torch.float32 else 1e-10
+        torch.testing.assert_close(C.einsum("ij,j->i", a, x), torch.mv(a.to_dense(), x), rtol=tol, atol=tol)
+
+
 def _openmp_mappings() -> set:
     return {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
             if re.search(r"/libgomp[^/]*\.so", line)}
