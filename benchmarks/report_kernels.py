@@ -639,6 +639,19 @@ def _meta(argv, matrices) -> Dict[str, Any]:
             "matrices": [K.describe_matrix(m) for m in matrices]}
 
 
+def render(path: Path, args) -> int:
+    """Markdown and plots from a saved ``kernels.json`` (into ``args.out``)."""
+    saved = json.loads(path.read_text())
+    rows, streams, meta = saved["rows"], saved["stream"], saved["meta"]
+    summary = summarize(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_markdown(args.out / "kernels.md", rows, summary, streams, meta, args)
+    if not args.no_plot and not plot(args.out / "kernels.png", rows, summary) and streams:
+        plot_bandwidth(args.out / "kernels_bandwidth.png", rows, streams)
+    print(f"wrote {args.out / 'kernels.md'} from {path}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -666,8 +679,13 @@ def main(argv=None) -> int:
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--from-json", type=Path, default=None,
+                   help="write the markdown and plots again from a run's kernels.json (an "
+                        "interrupted run keeps its finished cases there)")
     args = p.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
+    if args.from_json is not None:
+        return render(args.from_json, args)
 
     matrices = args.matrices or (K.MATRICES_QUICK + K.MATRICES_SYNTHETIC_QUICK if args.quick
                                  else K.MATRICES_ALL + K.SYNTHETIC)
