@@ -8,8 +8,10 @@ A *case* is (kernel, K, matrix). Kernels, all float32:
 * ``spmm`` K          Y = A X, X is n x K        scorch: ``einsum("ij,jk->ik", A, X)``
 * ``spgemm``          A @ A^T (A truncated to square when it is not; A^T given as CSR)
                                                  scorch: ``einsum("ij,jk->ik", A, AT)``
-* ``sddmm`` K         S = A * (B @ C), B m x K, C K x n, sparse like A
+* ``sddmm`` K         S = A * (B @ C), B m x K, C K x n (row-major), sparse like A
                                                  scorch: ``einsum("ij,ik,kj->ij", A, B, C)``
+* ``sddmm_nk`` K      the same with C arriving as the transpose of an n x K row-major
+                      array (``C = CT.t()``): the layout the kernel reads along k
 
 Implementations (each gets the same operands; conversions happen outside the timed call):
 
@@ -18,6 +20,7 @@ Implementations (each gets the same operands; conversions happen outside the tim
                  ``torch.mv``, ``torch.mm``, ``csr @ csr``, ``torch.sparse.sampled_addmm``
                  (beta=0; its values are then multiplied by A's values in place, because
                  sampled_addmm samples B @ C on A's pattern but ignores A's values)
+* ``torch_csr64`` the same with int64 indices (torch's default CSR index type)
 * ``torch_coo``  torch.sparse COO (coalesced, int64): ``torch.mv``, ``torch.sparse.mm``;
                  SDDMM has no COO kernel in torch (sampled_addmm is CSR-only; the dense
                  route A * (B @ C) forms the m x n product), so that peer is unavailable
@@ -65,6 +68,12 @@ __all__ = [
 # --------------------------------------------------------------------------- matrices
 
 RANDOM_MATRIX = "random_uniform"  # n = 100,000, 1e6 uniformly placed nonzeros, seed 0
+#: seeded synthetic matrices ``rmat<s>`` / ``uniform<s>``: 2^s x 2^s, 10 entries a row on
+#: average (``uniform21``: the issue's 2M x 2M with 20M entries); R-MAT with the Graph500
+#: probabilities (0.57, 0.19, 0.19, 0.05): a power-law graph
+SYNTHETIC_SCALES = range(16, 22)
+SYNTHETIC = [f"{kind}{s}" for kind in ("rmat", "uniform") for s in SYNTHETIC_SCALES]
+MATRICES_SYNTHETIC_QUICK = ["rmat16", "uniform16", "rmat18", "uniform18"]
 MATRICES_QUICK = ["bcspwr10", "4elt", "Groebner_id2003_aug"]
 MATRICES_MAIN = ["NotreDame_www", "mdual", "copter2", "4elt", "bcspwr10", "Groebner_id2003_aug",
                  RANDOM_MATRIX]
@@ -73,16 +82,20 @@ MATRICES_ALL = MATRICES_MAIN + MATRICES_EXTRA
 
 KERNELS: Dict[str, List[Optional[int]]] = {
     "spmv": [None],
-    "spmm": [16, 32, 128],
+    "spmm": [32, 128],
     "spgemm": [None],
-    "sddmm": [16, 128],
+    "sddmm": [32, 128],
+    "sddmm_nk": [32, 128],
 }
-KERNEL_LABELS = {"spmv": "SpMV", "spmm": "SpMM", "spgemm": "SpGEMM", "sddmm": "SDDMM"}
+KERNEL_LABELS = {"spmv": "SpMV", "spmm": "SpMM", "spgemm": "SpGEMM", "sddmm": "SDDMM",
+                 "sddmm_nk": "SDDMM(C nxK)"}
 EQUATIONS = {"spmv": "ij,j->i", "spmm": "ij,jk->ik", "spgemm": "ij,jk->ik",
-             "sddmm": "ij,ik,kj->ij"}
-IMPLS = ["scorch", "torch_csr", "torch_coo", "scipy"]
-IMPL_LABELS = {"scorch": "scorch", "torch_csr": "torch CSR", "torch_coo": "torch COO",
-               "scipy": "scipy"}
+             "sddmm": "ij,ik,kj->ij", "sddmm_nk": "ij,ik,kj->ij"}
+IMPLS = ["scorch", "torch_csr", "torch_csr64", "torch_coo", "scipy"]
+IMPL_LABELS = {"scorch": "scorch", "torch_csr": "torch CSR", "torch_csr64": "torch CSR64",
+               "torch_coo": "torch COO", "scipy": "scipy"}
+#: the peers a ratio is taken against (the fastest of them)
+PEERS = ("torch_csr", "torch_csr64", "scipy")
 
 
 def full_run_requested() -> bool:
@@ -107,11 +120,46 @@ def _random_uniform(n: int = 100_000, nnz: int = 1_000_000, seed: int = 0) -> sp
     return sp.csr_array((vals, cols.astype(np.int32), indptr), shape=(n, n))
 
 
+def _csr_from_coords(n: int, rows: np.ndarray, cols: np.ndarray, rng) -> sp.csr_array:
+    """A canonical n x n float32 CSR from coordinates (duplicates dropped), values in [0.5, 1.5)."""
+    lin = np.unique(rows.astype(np.int64) * n + cols)
+    r, c = lin // n, lin % n
+    indptr = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(np.bincount(r, minlength=n), out=indptr[1:])
+    vals = rng.random(lin.size, dtype=np.float32) + np.float32(0.5)
+    return sp.csr_array((vals, c.astype(np.int32), indptr), shape=(n, n))
+
+
+def synthetic_matrix(name: str) -> sp.csr_array:
+    """``rmat<s>`` / ``uniform<s>`` (see SYNTHETIC): seeded by the name, vectorized."""
+    kind, scale = name.rstrip("0123456789"), int(name[len(name.rstrip("0123456789")):])
+    n, m = 1 << scale, 10 << scale
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    if kind == "uniform":
+        return _csr_from_coords(n, rng.integers(0, n, m), rng.integers(0, n, m), rng)
+    if kind != "rmat":
+        raise ValueError(f"unknown synthetic matrix {name!r}")
+    rows = np.zeros(m, dtype=np.int64)
+    cols = np.zeros(m, dtype=np.int64)
+    for bit in range(scale):     # each level picks a quadrant: a, b, c, d = .57, .19, .19, .05
+        u = rng.random(m, dtype=np.float32)
+        rows |= (u >= 0.76).astype(np.int64) << bit
+        cols |= ((u >= 0.57) & (u < 0.76) | (u >= 0.95)).astype(np.int64) << bit
+    perm = rng.permutation(n)    # scatter the hubs (R-MAT puts them all at low indices)
+    return _csr_from_coords(n, perm[rows], perm[cols], rng)
+
+
+def is_synthetic(name: str) -> bool:
+    return name.rstrip("0123456789") in ("rmat", "uniform") and name[-1:].isdigit()
+
+
 @functools.lru_cache(maxsize=4)
 def load_matrix(name: str) -> sp.csr_array:
     """The matrix as a canonical (sorted, no duplicates) float32 scipy CSR array."""
     if name == RANDOM_MATRIX:
         m = _random_uniform()
+    elif is_synthetic(name):
+        m = synthetic_matrix(name)
     else:
         m = scorch.datasets.load_matrix(name)
     m = sp.csr_array(m, dtype=np.float32)
@@ -243,17 +291,25 @@ def operands(case: Case) -> Operands:
         B.sum_duplicates()
         B.sort_indices()
         return Operands(case, A, B=B)
-    if case.kernel == "sddmm":
+    if case.kernel in ("sddmm", "sddmm_nk"):
         rows = np.repeat(np.arange(m, dtype=np.int32), np.diff(A.indptr))
         return Operands(case, A, Bd=rng.standard_normal((m, case.k), dtype=np.float32),
                         Cd=rng.standard_normal((case.k, n), dtype=np.float32), rows=rows)
     raise ValueError(case.kernel)
 
 
-def _torch_csr(M: sp.csr_array) -> torch.Tensor:
-    return torch.sparse_csr_tensor(torch.from_numpy(M.indptr), torch.from_numpy(M.indices),
+def _torch_csr(M: sp.csr_array, index_dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    return torch.sparse_csr_tensor(torch.from_numpy(M.indptr).to(index_dtype),
+                                   torch.from_numpy(M.indices).to(index_dtype),
                                    torch.from_numpy(M.data), size=M.shape,
                                    check_invariants=False)
+
+
+def _dense_c(ops: Operands, kernel: str) -> torch.Tensor:
+    """SDDMM's C (K x n): row-major, or (sddmm_nk) the transpose of an n x K array."""
+    if kernel == "sddmm_nk":
+        return torch.from_numpy(np.ascontiguousarray(ops.Cd.T)).t()
+    return torch.from_numpy(ops.Cd)
 
 
 def _torch_coo(M: sp.csr_array) -> torch.Tensor:
@@ -312,11 +368,11 @@ def make_impl(case: Case, impl: str) -> Impl:
         if kernel == "spgemm":
             Bs = scorch.from_scipy(ops.B)
             return Impl(impl, lambda: scorch.einsum(eq, As, Bs), host, f'einsum("{eq}")')
-        Bt, Ct = torch.from_numpy(ops.Bd), torch.from_numpy(ops.Cd)
+        Bt, Ct = torch.from_numpy(ops.Bd), _dense_c(ops, kernel)
         return Impl(impl, lambda: scorch.einsum(eq, As, Bt, Ct), host, f'einsum("{eq}")')
 
-    if impl == "torch_csr":
-        At = _torch_csr(A)
+    if impl in ("torch_csr", "torch_csr64"):
+        At = _torch_csr(A, torch.int64 if impl == "torch_csr64" else torch.int32)
         if kernel == "spmv":
             x = torch.from_numpy(ops.x)
             return Impl(impl, lambda: torch.mv(At, x), host, "torch.mv(csr, x)")
@@ -324,9 +380,9 @@ def make_impl(case: Case, impl: str) -> Impl:
             X = torch.from_numpy(ops.x)
             return Impl(impl, lambda: torch.mm(At, X), host, "torch.mm(csr, X)")
         if kernel == "spgemm":
-            Bt = _torch_csr(ops.B)
+            Bt = _torch_csr(ops.B, At.crow_indices().dtype)
             return Impl(impl, lambda: At @ Bt, host, "csr @ csr")
-        Bt, Ct = torch.from_numpy(ops.Bd), torch.from_numpy(ops.Cd)
+        Bt, Ct = torch.from_numpy(ops.Bd), _dense_c(ops, kernel)
         avals = At.values()
 
         def sddmm():
@@ -336,7 +392,7 @@ def make_impl(case: Case, impl: str) -> Impl:
         return Impl(impl, sddmm, host, "sparse.sampled_addmm(csr, B, C, beta=0) * A.values")
 
     if impl == "torch_coo":
-        if kernel == "sddmm":
+        if kernel in ("sddmm", "sddmm_nk"):
             raise Unavailable("torch has no COO SDDMM (sampled_addmm is CSR-only)")
         Ac = _torch_coo(A)
         if kernel == "spmv":
@@ -355,8 +411,9 @@ def make_impl(case: Case, impl: str) -> Impl:
         if kernel == "spgemm":
             B = ops.B
             return Impl(impl, lambda: A @ B, host, "A @ AT")
-        Bd, CT, rows, cols, data = (ops.Bd, np.ascontiguousarray(ops.Cd.T), ops.rows,
-                                    A.indices, A.data)
+        # sddmm: CT = C.T made contiguous outside the timed call; sddmm_nk: C arrives so
+        Bd, CT, rows, cols, data = (ops.Bd, _dense_c(ops, kernel).t().contiguous().numpy(),
+                                    ops.rows, A.indices, A.data)
         indptr, shape = A.indptr, A.shape
 
         def sddmm():

@@ -57,7 +57,8 @@ def test_spmv_rows_are_segments_and_the_accumulator_is_stored_once():
     assert k.memset is None and kernel_facts(s, torch.float64, {}).store_all
     assert k.chunking.kind == "dense" and k.chunking.balance == "a.t0_pos1"
     assert isinstance(k.output, DenseOutput) and k.c_entry
-    assert [f.name for f in k.chunk_functions] == ["run_chunk"]
+    # plus the variant prefetching x ahead when x exceeds L2 (facts.PREFETCH_MIN_BYTES)
+    assert [f.name for f in k.chunk_functions] == ["run_chunk", "run_chunk_prefetch"]
     assert ("acc", "int64_t") not in _fn(k).locals and ("acc", "double") in _fn(k).locals
 
 
@@ -76,7 +77,10 @@ def test_spmm_register_rows_and_panels():
     with use_target("avx512"):   # the 64-byte target's widths (tests/test_target.py: the others)
         s, k = _lower(Assignment("ik", A * Access(1, "jk")), [CSR, None], dtype=torch.float32)
     names = [f.name for f in k.chunk_functions]
-    assert names == ["run_chunk", "run_chunk_w16", "run_chunk_w32", "run_chunk_w64", "run_chunk_w128"]
+    assert names == ["run_chunk", "run_chunk_w4", "run_chunk_w8", "run_chunk_w16", "run_chunk_w32",
+                     "run_chunk_w64", "run_chunk_w128"]
+    # rows narrower than a zmm: one vector of the row's own size (32 bytes for 8 floats)
+    assert ("wv0", "scorch_vf32") in _fn(k, "run_chunk_w8").locals
     assert _fn(k, "run_chunk_w32").select == "a.N_k == 32"
     assert k.vector_type == "scorch_vf"
     # run-time width: the output row is zeroed where it starts, then added to
@@ -90,7 +94,7 @@ def test_spmm_register_rows_and_panels():
     assert not [lp for lp in _loops(k, "run_chunk_w32") if lp[0] == "c_k"]   # no k loop
     assert k.memset is None
     assert s.tiled == ["k"]
-    assert k.panels.widths == (16, 32, 64, 128) and "out_vals" in k.panels.shifted
+    assert k.panels.widths == (4, 8, 16, 32, 64, 128) and "out_vals" in k.panels.shifted
 
 
 def test_sddmm_writes_into_the_pattern_and_has_a_vector_dot():

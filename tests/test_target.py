@@ -39,13 +39,20 @@ def test_widths_follow_vector_size_and_registers():
     assert (avx2.vector_bytes, avx2.vector_registers) == (32, 16)
     assert (sse.vector_bytes, T.TARGETS["generic"].vector_bytes) == (16, 16)
     assert avx512.lanes("float") == 16 and avx2.lanes("float") == 8 and avx2.lanes("double") == 4
-    # the 64-byte target keeps today's widths; AVX2 one vector narrower, up to 16 registers
-    assert avx512.row_widths("float") == (16, 32, 64, 128)
-    assert avx512.row_widths("double") == (8, 16, 32, 64)
-    assert avx2.row_widths("float") == (8, 16, 32, 64, 128)
-    assert avx2.row_widths("double") == (4, 8, 16, 32, 64)
+    # rows of 16 and 32 bytes have their own (narrower) vector; then 1, 2, 4, ... registers
+    # up to 512 bytes (AVX-512: 8 zmm; AVX2: 16 ymm)
+    assert avx512.row_widths("float") == (4, 8, 16, 32, 64, 128)
+    assert avx512.row_widths("double") == (2, 4, 8, 16, 32, 64)
+    assert avx2.row_widths("float") == (4, 8, 16, 32, 64, 128)
+    assert avx2.row_widths("double") == (2, 4, 8, 16, 32, 64)
     # 16 registers of 16 bytes: rows up to 256 bytes
     assert sse.row_widths("float") == (4, 8, 16, 32, 64)
+    # a row narrower than the register is one vector of its own size
+    assert [avx512.vector_bytes_for("float", w) for w in (4, 8, 16, 128)] == [16, 32, 64, 64]
+    assert [avx512.vector_bytes_for("double", w) for w in (2, 4, 8)] == [16, 32, 64]
+    assert [avx2.vector_bytes_for("float", w) for w in (4, 8, 16)] == [16, 32, 32]
+    assert T.vector_type_name("float", 32, 64) == "scorch_vf32"
+    assert T.vector_type_name("double", 32, 32) == "scorch_vd"
 
 
 def _spmm_args(dtype=torch.float32):
@@ -63,14 +70,20 @@ def test_generated_source_per_target(name):
                               torch.randn(6, 3, dtype=dtype), torch.randn(3, 5, dtype=dtype))
         src = plan.source
         nb = t.vector_bytes
-        assert f"typedef float scorch_vf __attribute__((vector_size({nb}), aligned(4)" in src
-        assert f"typedef double scorch_vd __attribute__((vector_size({nb}), aligned(8)" in src
-        assert f"for (int i = 0; i < {nb // 4}; i++)" in src and f"for (int i = 0; i < {nb // 8}; i++)" in src
+        v = "scorch_vf" if ct == "float" else "scorch_vd"
+        assert f"typedef {ct} {v} __attribute__((vector_size({nb}), aligned({size})" in src
+        assert f"for (int i = 0; i < {nb // size}; i++)" in src
         widths = tuple(int(w) for w in re.findall(r"^cdef void run_chunk_w(\d+)\(", src, re.M))
         assert widths == t.row_widths(ct)
         # the widest variant holds one accumulator per vector of its row
         top = max(widths)
         assert len(set(re.findall(r"\bwv(\d+) = wv\1 \+", src))) == top * size // nb
+        # a narrow row (16 bytes) is one accumulator of its own 16-byte vector type
+        body = src.split(f"cdef void run_chunk_w{widths[0]}(")[1].split("cdef void")[0]
+        narrow = T.vector_type_name(ct, 16, nb)
+        assert f"cdef {narrow} wv0" in body and "wv1" not in body
+        assert widths[0] * size == 16
+        assert f"typedef {ct} {narrow} __attribute__((vector_size(16)" in src
         assert plan.loop_ir.vector_bytes == nb
         # the SDDMM dot product: lane-wise partial sums of the target's vectors
         assert f"vector_size({nb})" in sddmm.source
@@ -164,6 +177,27 @@ def test_sddmm_spmv_and_panels_equal_dense_per_target(name):
                 torch.testing.assert_close(dense(C.einsum("ij,jk->ik", s, x)), a @ x, rtol=tol, atol=tol)
             v = torch.randn(29, dtype=dtype)
             torch.testing.assert_close(dense(C.einsum("ij,j->i", s, v)), a @ v, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_spmv_prefetch_variant_equals_dense(dtype):
+    """An SpMV whose x exceeds facts.PREFETCH_MIN_BYTES runs the prefetching row loop (its
+    last rows stop prefetching before the end of the coordinates); both builds (long rows:
+    vectorized, short rows: scalar) agree with dense torch."""
+    from scorch.tensor_compiler.lower.facts import PREFETCH_MIN_BYTES
+    n = PREFETCH_MIN_BYTES // (4 if dtype == torch.float32 else 8) + 7
+    g = torch.Generator().manual_seed(0)
+    src = C.explain("ij,j->i", sparse(rand((3, 5), 0.5, dtype=dtype), "csr"), torch.randn(5, dtype=dtype)).source
+    assert "cdef void run_chunk_prefetch(" in src and f">= {PREFETCH_MIN_BYTES}" in src
+    assert "scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 64])" in src
+    for m, per_row in ((40, 3), (6, 70)):          # short rows, then long ones
+        rows = torch.arange(m).repeat_interleave(per_row)
+        cols = torch.randint(0, n, (m * per_row,), generator=g)
+        a = torch.sparse_coo_tensor(torch.stack([rows, cols]), torch.rand(m * per_row, dtype=dtype, generator=g),
+                                    (m, n)).coalesce().to_sparse_csr()
+        x = torch.randn(n, dtype=dtype, generator=g)
+        tol = 1e-4 if dtype == torch.float32 else 1e-10
+        torch.testing.assert_close(C.einsum("ij,j->i", a, x), torch.mv(a.to_dense(), x), rtol=tol, atol=tol)
 
 
 def _openmp_mappings() -> set:

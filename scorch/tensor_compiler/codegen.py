@@ -49,7 +49,7 @@ from .lower import (CTYPES, DENSE_WS_LIMIT, ITYPES, NPTYPES, SHORT_ROWS, SHORT_R
                     kernel_facts, lower_kernel, relayouts, short_rows, short_rows_limit,
                     unit_stride_accesses)
 from .schedule import Schedule
-from .target import SOURCE_TAG
+from .target import MIN_VECTOR_BYTES, SOURCE_TAG, vector_type_name
 
 # the type tables and schedule analyses live with the lowering; the compiler reads them here
 __all__ = ["generate", "print_kernel", "print_stmts", "panel_widths", "relayouts", "short_rows",
@@ -112,21 +112,25 @@ def _print_stmt(st: Stmt, pre: str, ind: int, w) -> None:
 # ---- the module ------------------------------------------------------------------------
 def _vector_types(k: Kernel, w) -> None:
     """GCC vector types of one register of the target (``k.vector_bytes``: 64 on AVX-512,
-    32 on AVX2, 16 on SSE/NEON), their zero and horizontal sum. A type wider than the
+    32 on AVX2, 16 on SSE/NEON) and of each narrower size down to 16 bytes (register rows
+    narrower than a register), their zero and horizontal sum. A type wider than the
     registers is not split into registers: gcc keeps it on the stack."""
     nb = k.vector_bytes
+    sizes = [b for b in (16, 32, 64) if MIN_VECTOR_BYTES <= b < nb] + [nb]
+    ct, size = k.value_type, (4 if k.value_type == "float" else 8)
     w("cdef extern from *:")
     w('    """')
-    w(f"    typedef float scorch_vf __attribute__((vector_size({nb}), aligned(4), may_alias));")
-    w(f"    typedef double scorch_vd __attribute__((vector_size({nb}), aligned(8), may_alias));")
-    w("    static inline scorch_vf scorch_vf_zero(void) { scorch_vf z = {0}; return z; }")
-    w("    static inline scorch_vd scorch_vd_zero(void) { scorch_vd z = {0}; return z; }")
-    w(f"    static inline float scorch_vf_hsum(scorch_vf v) {{ float s = 0; for (int i = 0; i < {nb // 4}; i++) s += v[i]; return s; }}")
-    w(f"    static inline double scorch_vd_hsum(scorch_vd v) {{ double s = 0; for (int i = 0; i < {nb // 8}; i++) s += v[i]; return s; }}")
+    for b in sizes:
+        v = vector_type_name(ct, b, nb)
+        w(f"    typedef {ct} {v} __attribute__((vector_size({b}), aligned({size}), may_alias));")
+        w(f"    static inline {v} {v}_zero(void) {{ {v} z = {{0}}; return z; }}")
+        w(f"    static inline {ct} {v}_hsum({v} v) {{ {ct} s = 0; for (int i = 0; i < {b // size}; i++) s += v[i]; return s; }}")
     w('    """')
-    w(f"    ctypedef {k.value_type} {k.vector_type}")
-    w(f"    {k.vector_type} {k.vector_type}_zero() noexcept nogil")
-    w(f"    {k.value_type} {k.vector_type}_hsum({k.vector_type}) noexcept nogil")
+    for b in sizes:
+        v = vector_type_name(ct, b, nb)
+        w(f"    ctypedef {ct} {v}")
+        w(f"    {v} {v}_zero() noexcept nogil")
+        w(f"    {ct} {v}_hsum({v}) noexcept nogil")
     w("")
 
 

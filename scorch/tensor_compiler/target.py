@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, Tuple
 
-__all__ = ["Target", "TARGETS", "TARGET_ENV", "ROW_BYTES", "current", "set_target", "use_target", "target_named",
+__all__ = ["Target", "TARGETS", "TARGET_ENV", "ROW_BYTES", "MIN_VECTOR_BYTES", "vector_type_name", "current", "set_target", "use_target", "target_named",
            "native_target", "cpu_flags", "runnable", "on_change", "SOURCE_TAG",
            "openmp_library", "openmp_link_flags"]
 
@@ -42,6 +42,8 @@ _ARM = platform.machine().lower() in ("aarch64", "arm64")
 
 #: the widest output row kept in registers (bytes): 8 AVX-512 registers
 ROW_BYTES = 512
+#: the narrowest vector a register row uses (bytes): one SSE / NEON register, 4 float32
+MIN_VECTOR_BYTES = 16
 #: the value types' sizes (bytes), for lanes per vector
 _SIZES = {"float": 4, "double": 8}
 
@@ -64,18 +66,28 @@ class Target:
         return self.vector_bytes // _SIZES[ctype]
 
     def row_widths(self, ctype: str) -> Tuple[int, ...]:
-        """Output-row widths kept in registers, one kernel variant each: 1, 2, 4, ...
-        vectors up to a 512-byte row (128 float32) or the register file, whichever is
-        smaller. AVX-512: 1-8 zmm; AVX2: 1-16 ymm (at 16 accumulators gcc keeps two of them
-        in L1, still faster than 64-wide panels or the generic row loop: SpMM K = 128 on
-        copter2 45 ms against 64 and 63 ms, ``benchmarks/report_targets.py``)."""
-        n = self.lanes(ctype)
+        """Output-row widths kept in registers, one kernel variant each: rows of 16 and 32
+        bytes (narrower than the register: one half- or quarter-width vector, see
+        :meth:`vector_bytes_for`), then 1, 2, 4, ... full vectors up to a 512-byte row (128
+        float32) or the register file, whichever is smaller. AVX-512: 16 B, 32 B, 1-8 zmm;
+        AVX2: 16 B, 1-16 ymm (at 16 accumulators gcc keeps two of them in L1, still faster
+        than 64-wide panels or the generic row loop: SpMM K = 128 on copter2 45 ms against
+        64 and 63 ms, ``benchmarks/report_targets.py``). Without the narrow rows a K = 8
+        float32 row on AVX-512 ran gcc's run-time-width loop, whose 16-wide body never
+        runs: 0.13-0.62x of torch CSR."""
+        n = MIN_VECTOR_BYTES // _SIZES[ctype]
         most = min(ROW_BYTES, self.vector_registers * self.vector_bytes) // _SIZES[ctype]
         out = []
         while n <= most:
             out.append(n)
             n *= 2
         return tuple(out)
+
+    def vector_bytes_for(self, ctype: str, width: int) -> int:
+        """The vector size (bytes) a register row of ``width`` values of ``ctype`` is kept
+        in: the target's register, or the row itself when it is narrower (a 32-byte row on
+        AVX-512 is one ymm, not a zmm half of which is loaded past the row's end)."""
+        return min(self.vector_bytes, width * _SIZES[ctype])
 
     @property
     def tag(self) -> str:
@@ -86,6 +98,13 @@ class Target:
     def key(self) -> Tuple[str, bool]:
         """The target's part of a plan key."""
         return (self.name, self.native)
+
+
+def vector_type_name(ctype: str, nbytes: int, register_bytes: int) -> str:
+    """The GCC vector type's name in kernel sources: ``scorch_vf`` / ``scorch_vd`` for one
+    whole register, ``scorch_vf32`` etc. for a narrower vector of ``nbytes``."""
+    base = "scorch_vf" if ctype == "float" else "scorch_vd"
+    return base if nbytes >= register_bytes else f"{base}{nbytes}"
 
 
 def _x86(name: str, vbytes: int, regs: int, march: Tuple[str, ...], requires: str) -> Target:

@@ -28,13 +28,22 @@ cdef struct Args:
 
 cdef extern from *:
     """
+    typedef float scorch_vf16 __attribute__((vector_size(16), aligned(4), may_alias));
+    static inline scorch_vf16 scorch_vf16_zero(void) { scorch_vf16 z = {0}; return z; }
+    static inline float scorch_vf16_hsum(scorch_vf16 v) { float s = 0; for (int i = 0; i < 4; i++) s += v[i]; return s; }
+    typedef float scorch_vf32 __attribute__((vector_size(32), aligned(4), may_alias));
+    static inline scorch_vf32 scorch_vf32_zero(void) { scorch_vf32 z = {0}; return z; }
+    static inline float scorch_vf32_hsum(scorch_vf32 v) { float s = 0; for (int i = 0; i < 8; i++) s += v[i]; return s; }
     typedef float scorch_vf __attribute__((vector_size(64), aligned(4), may_alias));
-    typedef double scorch_vd __attribute__((vector_size(64), aligned(8), may_alias));
     static inline scorch_vf scorch_vf_zero(void) { scorch_vf z = {0}; return z; }
-    static inline scorch_vd scorch_vd_zero(void) { scorch_vd z = {0}; return z; }
     static inline float scorch_vf_hsum(scorch_vf v) { float s = 0; for (int i = 0; i < 16; i++) s += v[i]; return s; }
-    static inline double scorch_vd_hsum(scorch_vd v) { double s = 0; for (int i = 0; i < 8; i++) s += v[i]; return s; }
     """
+    ctypedef float scorch_vf16
+    scorch_vf16 scorch_vf16_zero() noexcept nogil
+    float scorch_vf16_hsum(scorch_vf16) noexcept nogil
+    ctypedef float scorch_vf32
+    scorch_vf32 scorch_vf32_zero() noexcept nogil
+    float scorch_vf32_hsum(scorch_vf32) noexcept nogil
     ctypedef float scorch_vf
     scorch_vf scorch_vf_zero() noexcept nogil
     float scorch_vf_hsum(scorch_vf) noexcept nogil
@@ -68,6 +77,54 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, v
                 o1_2 = o1_1 + c_k
                 oo_2 = oo_0 + c_k
                 a.out_vals[oo_2] += (a.t0_vals[q0_1] * a.t1_vals[o1_2])
+
+cdef void run_chunk_w4(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, vector[float]* oval) noexcept nogil:
+    cdef Args a = pa[0]
+    cdef int64_t c_i
+    cdef int64_t p0_0
+    cdef int64_t oo_0
+    cdef int64_t c_k
+    cdef scorch_vf16 wv0
+    cdef int64_t c_j
+    cdef int64_t q0_1
+    cdef int64_t h0_1
+    cdef int64_t e0_1
+    cdef int64_t o1_1
+    for c_i in range(clo, chi):
+        p0_0 = c_i
+        oo_0 = c_i * a.out_st_i
+        wv0 = scorch_vf16_zero()
+        q0_1 = a.t0_pos1[p0_0]
+        h0_1 = a.t0_pos1[p0_0 + 1]
+        for q0_1 in range(q0_1, h0_1):
+            c_j = a.t0_crd1[q0_1]
+            o1_1 = c_j * a.t1_st_j
+            wv0 = wv0 + (a.t0_vals[q0_1] * (<scorch_vf16*>(a.t1_vals + o1_1 + 0))[0])
+        (<scorch_vf16*>(a.out_vals + oo_0 + 0))[0] = wv0
+
+cdef void run_chunk_w8(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, vector[float]* oval) noexcept nogil:
+    cdef Args a = pa[0]
+    cdef int64_t c_i
+    cdef int64_t p0_0
+    cdef int64_t oo_0
+    cdef int64_t c_k
+    cdef scorch_vf32 wv0
+    cdef int64_t c_j
+    cdef int64_t q0_1
+    cdef int64_t h0_1
+    cdef int64_t e0_1
+    cdef int64_t o1_1
+    for c_i in range(clo, chi):
+        p0_0 = c_i
+        oo_0 = c_i * a.out_st_i
+        wv0 = scorch_vf32_zero()
+        q0_1 = a.t0_pos1[p0_0]
+        h0_1 = a.t0_pos1[p0_0 + 1]
+        for q0_1 in range(q0_1, h0_1):
+            c_j = a.t0_crd1[q0_1]
+            o1_1 = c_j * a.t1_st_j
+            wv0 = wv0 + (a.t0_vals[q0_1] * (<scorch_vf32*>(a.t1_vals + o1_1 + 0))[0])
+        (<scorch_vf32*>(a.out_vals + oo_0 + 0))[0] = wv0
 
 cdef void run_chunk_w16(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, vector[float]* oval) noexcept nogil:
     cdef Args a = pa[0]
@@ -228,6 +285,10 @@ cdef void kernel_c(const int64_t* args, int nthreads, int panel) noexcept nogil:
     if nthreads > 1 and hi0 - lo0 >= 64:
         nchunks = min(hi0 - lo0, 8 * nthreads, 1024)
     cdef chunk_fn fn = run_chunk
+    if a.N_k == 4:
+        fn = run_chunk_w4
+    if a.N_k == 8:
+        fn = run_chunk_w8
     if a.N_k == 16:
         fn = run_chunk_w16
     if a.N_k == 32:
@@ -257,8 +318,12 @@ cdef void kernel_c(const int64_t* args, int nthreads, int panel) noexcept nogil:
     cdef Args b
     cdef int64_t pp, pw
     cdef chunk_fn pfn
-    if panel > 0 and panel < a.N_k and panel in (16, 32, 64, 128):
+    if panel > 0 and panel < a.N_k and panel in (4, 8, 16, 32, 64, 128):
         pfn = run_chunk
+        if panel == 4:
+            pfn = run_chunk_w4
+        if panel == 8:
+            pfn = run_chunk_w8
         if panel == 16:
             pfn = run_chunk_w16
         if panel == 32:

@@ -15,7 +15,8 @@ import torch
 from ..loop_ir import (ArgSpec, Assign, Call, ChunkFunction, Chunking, DenseOutput, Kernel, Panels,
                        RowsOutput, Stmt, TuplesOutput)
 from ..schedule import Schedule
-from .facts import DENSE_WS_LIMIT, KernelFacts, kernel_facts, math_functions, reduce_identity, ws_size
+from .facts import (DENSE_WS_LIMIT, PREFETCH_DISTANCE, PREFETCH_MIN_BYTES, KernelFacts, kernel_facts,
+                    math_functions, reduce_identity, short_rows, ws_size)
 from .loops import loop_nest
 from .nest import Cursor, Decls, Nest, Variant
 
@@ -88,6 +89,11 @@ def chunk_function(f: KernelFacts, variant: Variant) -> ChunkFunction:
                    pres={a.id: "1" for a in s.accesses},
                    off={a.id: "0" for a in s.accesses if not a.sparse})
     pre, post = _workspace_setup(n)
+    if variant.prefetch:     # the last position whose entry PREFETCH_DISTANCE ahead exists
+        acc, rows = short_rows(s)
+        lv = s.accesses[acc].levels[-1]
+        extent = " * ".join(f"a.N_{v}" for v in rows) or "1"
+        pre.insert(0, Assign(n.decls.need("pfe"), f"{lv.pos}[{extent}] - {PREFETCH_DISTANCE}"))
     body = tuple(pre) + loop_nest(n, 0, start) + tuple(post)
     return ChunkFunction(variant.name, variant.select, n.decls.items(), body)
 
@@ -98,6 +104,10 @@ def variants(f: KernelFacts) -> Tuple[Variant, ...]:
     out = [Variant()]
     L = s.loop_order[-1] if s.loop_order else None
     out += [Variant(f"run_chunk_w{W}", f"a.N_{L} == {W}", width=W) for W in f.widths]
+    if f.gathers:
+        big = " or ".join(f"a.N_{L} * a.t{i}_st_{L} * sizeof({f.vt}) >= {PREFETCH_MIN_BYTES}"
+                          for i in f.gathers)
+        out.append(Variant("run_chunk_prefetch", big, prefetch=True))
     if f.rt_ws:
         out.append(Variant("run_chunk_map", f"{ws_size(s.output.ws_vars)} > {DENSE_WS_LIMIT}",
                            ws_map=True))
@@ -127,6 +137,10 @@ def _imports(f: KernelFacts) -> Tuple[str, ...]:
     if out.mode == "ws" and out.ws_dense:
         lines.append("from libc.stdlib cimport calloc, free")
     lines.append("from libcpp.vector cimport vector")
+    if f.gathers:
+        lines += ["cdef extern from *:", '    """',
+                  "    #define scorch_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)",
+                  '    """', "    void scorch_prefetch(const void*) noexcept nogil"]
     if out.mode == "ws" and f.rt_ws:
         lines.append("from scorch._runtime.workspace cimport (AppendBuffer, DenseScratch, SparseWorkspace,\n"
                      "                                        dense_scratch, dense_ws_drain)")

@@ -19,10 +19,10 @@ from ..functions import function
 from ..index_notation import Apply, Compare, Where
 from ..levels import LevelPlan
 from ..schedule import Schedule
-from ..target import Target, current as current_target
+from ..target import Target, current as current_target, vector_type_name
 
 __all__ = ["CTYPES", "NPTYPES", "ITYPES", "DENSE_WS_LIMIT", "SHORT_ROWS", "SHORT_ROWS_BY_DTYPE",
-           "short_rows_limit", "short_rows", "unit_stride_accesses", "relayouts", "LoopLevels",
+           "PREFETCH_DISTANCE", "PREFETCH_MIN_BYTES", "gathered", "short_rows_limit", "short_rows", "unit_stride_accesses", "relayouts", "LoopLevels",
            "KernelFacts", "kernel_facts", "cvar", "ws_size"]
 
 #: a sparse workspace whose extent is at most this many entries runs as a dense array with
@@ -45,6 +45,17 @@ ITYPES = {torch.int32: "int32_t", torch.int64: "int64_t"}
 #: bcspwr10 18 -> 13 us, copter2 586 -> 568 us scalar; Groebner, 35 a row, 61 vs 150 us)
 SHORT_ROWS = 6
 SHORT_ROWS_BY_DTYPE = {torch.float32: 16}
+
+#: a row loop gathering from a dense operand (SpMV's ``x[crd[q]]``) prefetches the entry
+#: PREFETCH_DISTANCE positions ahead when that operand spans at least PREFETCH_MIN_BYTES
+#: along the gathered dimension (twice this Zen 4's 1 MiB L2): every gather then misses L2.
+#: A small gain, measured as CPU time per call (the machine was loaded; wall times swung
+#: +-30 %), 1 thread, scalar short-rows build: uniform 2^20 rows x 10 a row (x 4 MiB)
+#: 24.6 -> 22.9 ms, R-MAT 2^20 31.2 -> 29.8, uniform 2^18 4.57 -> 4.48. Where x fits in L2
+#: (copter2, NotreDame, Groebner) prefetching cost 5-15 % in wall time, hence a run-time
+#: choice (``run_chunk_prefetch``).
+PREFETCH_DISTANCE = 64
+PREFETCH_MIN_BYTES = 2 << 20
 
 
 def short_rows_limit(value_dtype: torch.dtype) -> int:
@@ -110,6 +121,16 @@ def short_rows(s: Schedule) -> Optional[Tuple[int, Tuple[str, ...]]]:
             or tuple(p.var for p in ap.levels[:-1]) != tuple(order[:-1])):
         return None
     return ap.id, tuple(order[:-1])
+
+
+def gathered(s: Schedule) -> Tuple[int, ...]:
+    """The dense accesses a short-rows-shaped kernel (see :func:`short_rows`: one sparse
+    row per segment, reduced into a scalar) reads at the row's stored coordinates: the
+    gathers a ``run_chunk_prefetch`` variant prefetches ahead. Empty when none."""
+    if short_rows(s) is None:
+        return ()
+    L = s.loop_order[-1]
+    return tuple(ap.id for ap in s.accesses if not ap.sparse and L in ap.indices)
 
 
 @dataclass(frozen=True)
@@ -284,7 +305,13 @@ class KernelFacts:
     chunk_kind: Optional[str]              # None | "dense" | "sparse"
     chunk_level: Optional[LevelPlan]
     balance: Optional[str]                 # pos array weighing chunks by entries
+    gathers: Tuple[int, ...] = ()          # dense accesses gathered at stored coordinates
 
+    def vector(self, width: int) -> Tuple[int, str]:
+        """Lanes and GCC vector type of a register row (or vector dot) ``width`` values
+        wide: the target's register, or one narrower vector for rows that fit in less."""
+        nb = self.target.vector_bytes_for(self.vt, width)
+        return nb // (self.target.vector_bytes // self.lanes), vector_type_name(self.vt, nb, self.target.vector_bytes)
 
 
 def _stores_once(s: Schedule, loops: Sequence[LoopLevels], depth: int) -> bool:
@@ -384,7 +411,8 @@ def kernel_facts(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, 
                        lanes=tg.lanes(vt if vt in ("float", "double") else "double"),
                        vtype="scorch_vf" if vt == "float" else "scorch_vd", target=tg, widths=widths,
                        panels=panels, loops=loops, store_all=store_all, chunk_kind=chunk_kind,
-                       chunk_level=chunk_level, balance=_balance_pos(s, chunk_kind))
+                       chunk_level=chunk_level, balance=_balance_pos(s, chunk_kind),
+                       gathers=gathered(s))
 
 
 def ws_size(ws_vars: Sequence[str]) -> str:

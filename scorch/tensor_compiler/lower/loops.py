@@ -17,8 +17,8 @@ from typing import List, Tuple
 
 from .. import merge_lattice as ml
 from ..levels import LevelPlan, group_end, segment_setup
-from ..loop_ir import AddTo, Assign, For, If, LevelCode, Stmt, While
-from .facts import LoopLevels, cvar
+from ..loop_ir import AddTo, Assign, Call, For, If, LevelCode, Stmt, While
+from .facts import PREFETCH_DISTANCE, LoopLevels, cvar
 from .nest import Cursor, Nest
 from .output import after_loop, before_loop, leaf, vector_leaf
 
@@ -114,6 +114,22 @@ def _bind_children(n: Nest, lp: LoopLevels, st: Cursor, new: Cursor) -> List[Stm
     return body + _chase(n, lp, new)
 
 
+def _prefetch(n: Nest, lp: LoopLevels, st: Cursor) -> List[Stmt]:
+    """The prefetch variant's row loop asks for its gathers ``PREFETCH_DISTANCE`` stored
+    entries ahead (up to the last entry: ``pfe``)."""
+    f = n.facts
+    if not n.variant.prefetch or lp.depth != len(f.s.loop_order) - 1:
+        return []
+    lv, v = lp.iters[0], lp.var
+    ahead = f"{lv.crd}[{lv.q} + {PREFETCH_DISTANCE}]"
+    calls = []
+    for i in f.gathers:
+        prev = st.off[i]
+        step = ahead if i in f.unit else f"{ahead} * a.t{i}_st_{v}"
+        calls.append(Call(f"scorch_prefetch(a.t{i}_vals + {step if prev == '0' else f'{prev} + {step}'})"))
+    return [If(f"{lv.q} < pfe", tuple(calls))]
+
+
 def _loop(n: Nest, lp: LoopLevels, st: Cursor) -> List[Stmt]:
     """The loop of one depth (its segment setup, then the loop of its kind)."""
     f, d = n.facts, n.decls
@@ -146,7 +162,7 @@ def _loop(n: Nest, lp: LoopLevels, st: Cursor) -> List[Stmt]:
         new.pres[lv.access] = "1"
         if lp.kind == "segment":
             lo, hi = ("clo", "chi") if chunked else (lv.q, lv.hi)
-            body = [Assign(cv, f"{lv.crd}[{lv.q}]")] + _bind_children(n, lp, st, new)
+            body = [Assign(cv, f"{lv.crd}[{lv.q}]")] + _prefetch(n, lp, st) + _bind_children(n, lp, st, new)
             body += loop_nest(n, depth + 1, new)
             return stmts + [For(lv.q, lo, hi, tuple(body), "segment")]
         body = [Assign(cv, f"{lv.crd}[{lv.q}]"), LevelCode(tuple(group_end(lv, cv)))]

@@ -14,11 +14,13 @@ __all__ = ["Variant", "Decls", "Nest", "Cursor"]
 class Variant:
     """One chunk-function variant: ``width`` is the innermost loop's compile-time extent
     (None: the run-time ``N``), ``ws_map``: the workspace is the runtime's std::map, else
-    local dense arrays. ``select``: the condition that picks it (None: ``run_chunk``)."""
+    local dense arrays. ``prefetch``: the row loop prefetches its gathers ahead (see
+    ``facts.PREFETCH_MIN_BYTES``). ``select``: the condition that picks it (None: ``run_chunk``)."""
     name: str = "run_chunk"
     select: Optional[str] = None
     width: Optional[int] = None
     ws_map: bool = False
+    prefetch: bool = False
 
 
 class Decls:

@@ -31,7 +31,7 @@ def value(n: Nest, e: Expr, st: Cursor, vec_at: Optional[int] = None) -> str:
         p = st.pos[i] if ap.sparse else st.off[i]
         code = f"a.t{i}_vals[{p}]"
         if vec_at is not None and not ap.sparse and f.s.loop_order[-1] in ap.indices:
-            code = f"(<{f.vtype}*>(a.t{i}_vals + {p} + {vec_at}))[0]"
+            code = f"(<{f.vector(n.variant.width)[1]}*>(a.t{i}_vals + {p} + {vec_at}))[0]"
         pr = st.pres[i]
         return code if pr == "1" else f"({code} if {pr} else 0)"
     if isinstance(e, Scalar):
@@ -146,14 +146,15 @@ def vector_leaf(n: Nest, st: Cursor) -> Tuple[Stmt, ...]:
     broadcast them), one accumulator register per vector of the row (or, for a
     reduction, lane-wise partial sums added horizontally once)."""
     f = n.facts
-    rhs, regs = f.s.assignment.rhs, range(n.variant.width // f.lanes)
+    lanes, vtype = f.vector(n.variant.width)
+    rhs, regs = f.s.assignment.rhs, range(n.variant.width // lanes)
     if f.row_depth < 0:   # vector dot product
-        terms = " + ".join(value(n, rhs, st, c * f.lanes) for c in regs)
-        body: List[Stmt] = [Assign("acc", f"acc + {f.vtype}_hsum({terms})")]
+        terms = " + ".join(value(n, rhs, st, c * lanes) for c in regs)
+        body: List[Stmt] = [Assign("acc", f"acc + {vtype}_hsum({terms})")]
         if f.s.output.mode == "acc" and f.s.output.pattern < 0:
             body.append(Assign("hit", "1"))
         return _guarded(n, st, body)
-    return _guarded(n, st, [Assign(f"wv{c}", f"wv{c} + {value(n, rhs, st, c * f.lanes)}")
+    return _guarded(n, st, [Assign(f"wv{c}", f"wv{c} + {value(n, rhs, st, c * lanes)}")
                             for c in regs])
 
 
@@ -164,8 +165,9 @@ def _row_start(n: Nest, st: Cursor) -> List[Stmt]:
     L = f.s.loop_order[-1]
     cv = d.need(cvar(L))
     if n.variant.width is not None:
-        return [Assign(d.need(f"wv{c}", f.vtype), f"{f.vtype}_zero()")
-                for c in range(n.variant.width // f.lanes)]
+        lanes, vtype = f.vector(n.variant.width)
+        return [Assign(d.need(f"wv{c}", vtype), f"{vtype}_zero()")
+                for c in range(n.variant.width // lanes)]
     if f.store_all:
         return [For(cv, None, f"a.N_{L}", (Assign(f"a.out_vals[{st.oo} + {cv}]", "0"),), "zero")]
     return []
@@ -177,8 +179,9 @@ def _row_end(n: Nest, st: Cursor) -> List[Stmt]:
     if n.variant.width is None:
         return []
     out = []
-    for c in range(n.variant.width // f.lanes):
-        p = f"(<{f.vtype}*>(a.out_vals + {st.oo} + {c * f.lanes}))[0]"
+    lanes, vtype = f.vector(n.variant.width)
+    for c in range(n.variant.width // lanes):
+        p = f"(<{vtype}*>(a.out_vals + {st.oo} + {c * lanes}))[0]"
         out.append(Assign(p, f"wv{c}" if f.store_all else f"{p} + wv{c}"))
     return out
 
