@@ -88,8 +88,12 @@ def chunk_function(f: KernelFacts, variant: Variant) -> ChunkFunction:
                    pres={a.id: "1" for a in s.accesses},
                    off={a.id: "0" for a in s.accesses if not a.sparse})
     pre, post = _workspace_setup(n)
+    if f.row_room:
+        # the chunk's entries (or, in the bound pass, their bound) counted from its room's start
+        pre.append(Assign(n.decls.need("ok"), "0"))
     body = tuple(pre) + loop_nest(n, 0, start) + tuple(post)
-    return ChunkFunction(variant.name, variant.select, n.decls.items(), body)
+    return ChunkFunction(variant.name, variant.select, n.decls.items(), body,
+                         "ok" if f.row_room else None)
 
 
 def variants(f: KernelFacts) -> Tuple[Variant, ...]:
@@ -130,7 +134,7 @@ def _imports(f: KernelFacts) -> Tuple[str, ...]:
     if out.mode == "ws" and f.rt_ws:
         lines.append("from scorch._runtime.workspace cimport (AppendBuffer, DenseScratch, SparseWorkspace,\n"
                      "                                        dense_scratch, dense_ws_drain)")
-    elif f.rows:
+    elif f.rows and not f.row_room:
         lines.append("from scorch._runtime.workspace cimport AppendBuffer")
     elif out.mode == "ws" and not out.ws_dense:
         lines.append("from libcpp.map cimport map as cmap")
@@ -144,7 +148,8 @@ def _imports(f: KernelFacts) -> Tuple[str, ...]:
 def _output(f: KernelFacts):
     out = f.s.output
     if f.rows:
-        return RowsOutput(tuple(out.level_vars[:f.rows]), out.level_vars[-1], tuple(out.level_vars), f.oit)
+        return RowsOutput(tuple(out.level_vars[:f.rows]), out.level_vars[-1], tuple(out.level_vars), f.oit,
+                          f.row_room)
     if out.dense or out.pattern >= 0:
         return DenseOutput()
     return TuplesOutput(max(1, len(out.level_vars)))
@@ -187,4 +192,5 @@ def lower_kernel(s: Schedule, value_dtype: torch.dtype,
                   c_entry=c_entry, ws_vars=tuple(out.ws_vars) if out.mode == "ws" else (),
                   chunking=_chunking(f), memset=memset, panels=_panels(f), output=_output(f),
                   fill=None if s.assignment.reduce == "sum" else reduce_identity(s.assignment.reduce, f.vt),
-                  vector_bytes=f.target.vector_bytes, target=f.target.tag)
+                  vector_bytes=f.target.vector_bytes, target=f.target.tag,
+                  bound_function=chunk_function(f, Variant("run_bound", bound_only=True)) if f.row_room else None)

@@ -14,11 +14,14 @@ __all__ = ["Variant", "Decls", "Nest", "Cursor"]
 class Variant:
     """One chunk-function variant: ``width`` is the innermost loop's compile-time extent
     (None: the run-time ``N``), ``ws_map``: the workspace is the runtime's std::map, else
-    local dense arrays. ``select``: the condition that picks it (None: ``run_chunk``)."""
+    local dense arrays. ``select``: the condition that picks it (None: ``run_chunk``).
+    ``bound_only``: the bound pass of a rows output (the loops down to the last output
+    level, adding up that loop's trip-count bounds)."""
     name: str = "run_chunk"
     select: Optional[str] = None
     width: Optional[int] = None
     ws_map: bool = False
+    bound_only: bool = False
 
 
 class Decls:
@@ -47,12 +50,15 @@ class Nest:
 class Cursor:
     """Where the loops above stand, per access: ``pos`` the position of a sparse access
     (None inside a grouped run, whose range is ``seg``), ``pres`` its presence code (``"1"``
-    when known present), ``off`` a dense access's offset; ``oo`` the dense output's."""
+    when known present, ``"0"`` when known absent), ``off`` a dense access's offset; ``oo``
+    the dense output's; ``some``: groups of presence codes of which at least one holds (the
+    iterators of an enclosing merge point)."""
     pos: Dict[int, Optional[str]] = field(default_factory=dict)
     seg: Dict[int, Tuple[str, str]] = field(default_factory=dict)
     pres: Dict[int, str] = field(default_factory=dict)
     off: Dict[int, str] = field(default_factory=dict)
     oo: str = "0"
+    some: Tuple[Tuple[str, ...], ...] = ()
 
     def child(self) -> "Cursor":
         """A copy the loop below rebinds (the loop's own cursor is never changed)."""
