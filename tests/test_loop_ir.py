@@ -139,12 +139,13 @@ def test_union_and_intersection_merges():
         ("q0_1 < h0_1 and q1_1 < h1_1", "merge"), ("q0_1", "rest"), ("q1_1", "rest")]
     merge = next(n for n in _nodes(k, While) if n.role == "merge")
     # the smallest coordinate selected without a branch, each iterator advanced by its flag
-    assert Assign("c_j", "a.t1_crd1[q1_1] if a.t1_crd1[q1_1] < c_j else c_j") in merge.body
+    assert Assign("c_j", "j1_1 if scorch_unpredictable(j1_1 < c_j, 1, 0.5) else c_j") in merge.body
     assert AddTo("q0_1", "f0_1") in merge.body and not [n for n in merge.body if isinstance(n, If)]
     # a union: each operand may be absent in the merge, its value guarded by its found flag;
     # in the rest loops the other operand is known absent (read as 0)
     appends = _nodes(k, AppendEntry)
-    assert "f0_1" in appends[0].value and "f1_1" in appends[0].value
+    assert appends[0].value == ("((x0_1 if scorch_unpredictable(f0_1, 1, 0.5) else 0) + "
+                                "(x1_1 if scorch_unpredictable(f1_1, 1, 0.5) else 0))")
     assert appends[1].value == "(a.t0_vals[q0_1] + 0)" and appends[2].value == "(0 + a.t1_vals[q1_1])"
     # rows written straight into the room a bound pass made, counted once per row
     assert all(a.local for a in appends) and k.output.bound

@@ -199,6 +199,7 @@ class Kernel:
     vector_bytes: int = 64                   # the vector type's size (the target's registers)
     target: str = ""                         # a chosen (not native) build target, or ""
     bound_function: Optional[ChunkFunction] = None   # rows output's bound pass (RowsOutput.bound)
+    cflags: str = ""                         # extra compiler flags the kernel asks for, or ""
 
 
 def walk(stmts) -> Iterator[Stmt]:

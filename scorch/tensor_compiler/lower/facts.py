@@ -21,7 +21,7 @@ from ..levels import LevelPlan
 from ..schedule import Schedule
 from ..target import Target, current as current_target
 
-__all__ = ["CTYPES", "NPTYPES", "ITYPES", "DENSE_WS_LIMIT", "SHORT_ROWS", "SHORT_ROWS_BY_DTYPE",
+__all__ = ["UNPREDICTABLE", "UNPREDICTABLE_DECL", "CTYPES", "NPTYPES", "ITYPES", "DENSE_WS_LIMIT", "SHORT_ROWS", "SHORT_ROWS_BY_DTYPE",
            "short_rows_limit", "short_rows", "unit_stride_accesses", "relayouts", "LoopLevels",
            "KernelFacts", "kernel_facts", "cvar", "ws_size"]
 
@@ -50,6 +50,13 @@ SHORT_ROWS_BY_DTYPE = {torch.float32: 16}
 def short_rows_limit(value_dtype: torch.dtype) -> int:
     """Average entries per row up to which the short-rows variant runs (see short_rows)."""
     return SHORT_ROWS_BY_DTYPE.get(value_dtype, SHORT_ROWS)
+
+
+#: the C builtin a kernel calls to mark a condition as unpredictable (gcc then selects with
+#: a conditional move instead of a branch), declared in the kernel as this name
+UNPREDICTABLE = "scorch_unpredictable"
+UNPREDICTABLE_DECL = ("cdef extern from *:",
+                      f'    bint {UNPREDICTABLE} "__builtin_expect_with_probability"(long, long, double) nogil')
 
 
 def cvar(v: str) -> str:

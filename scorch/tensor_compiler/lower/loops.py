@@ -22,7 +22,7 @@ from typing import List, Tuple
 from .. import merge_lattice as ml
 from ..levels import LevelPlan, group_end, segment_setup
 from ..loop_ir import AddTo, Assign, For, If, LevelCode, Stmt, While
-from .facts import LoopLevels, cvar
+from .facts import UNPREDICTABLE, LoopLevels, cvar
 from .nest import Cursor, Nest
 from .output import after_loop, before_loop, leaf, presence, row_room, vector_leaf
 
@@ -210,17 +210,27 @@ def _point(n: Nest, lp: LoopLevels, st: Cursor, new: Cursor, sub: List[LevelPlan
     iterator advanced by its flag."""
     f, d = n.facts, n.decls
     cv = cvar(lp.var)
-    first = sub[0]
-    body: List[Stmt] = [Assign(cv, f"{first.crd}[{first.q}]")]
+    body: List[Stmt] = []
+    # each iterator's coordinate (and, at an access's last level, its value: always
+    # readable here) in a local; the smallest coordinate by conditional moves (a branch on
+    # it mispredicts wherever the operands interleave)
+    for lv in sub:
+        j = d.need("j" + lv.q[1:])
+        body.append(Assign(j, f"{lv.crd}[{lv.q}]"))
+        if not lv.grouped and lv.k == len(f.s.accesses[lv.access].levels) - 1:
+            x = d.need("x" + lv.q[1:], f.vt)
+            body.append(Assign(x, f"a.t{lv.access}_vals[{lv.q}]"))
+            new.vals[lv.access] = x
+    body.append(Assign(cv, "j" + sub[0].q[1:]))
     for lv in sub[1:]:
-        x = f"{lv.crd}[{lv.q}]"
-        body.append(Assign(cv, f"{x} if {x} < {cv} else {cv}"))
+        j = "j" + lv.q[1:]
+        body.append(Assign(cv, f"{j} if {UNPREDICTABLE}({j} < {cv}, 1, 0.5) else {cv}"))
     # the iterators the formula needs at this point (the others outside it are absent)
     absent = {lv.access: False for lv in lp.iters if new.pres[lv.access] == "0"}
     nec = set(ml.necessary(ml.substitute(f.s.formula, absent), [lv.access for lv in sub]))
     for lv in sub:
         fl = d.need(lv.found, "int")
-        body.append(Assign(fl, f"{lv.crd}[{lv.q}] == {cv}"))
+        body.append(Assign(fl, f"{'j' + lv.q[1:]} == {cv}"))
         if lv.grouped:
             body.append(If(fl, (LevelCode(tuple(group_end(lv, cv))),)))
         new.pres[lv.access] = fl

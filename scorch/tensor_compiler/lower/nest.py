@@ -52,15 +52,17 @@ class Cursor:
     (None inside a grouped run, whose range is ``seg``), ``pres`` its presence code (``"1"``
     when known present, ``"0"`` when known absent), ``off`` a dense access's offset; ``oo``
     the dense output's; ``some``: groups of presence codes of which at least one holds (the
-    iterators of an enclosing merge point)."""
+    iterators of an enclosing merge point); ``vals``: a local holding an access's value at
+    its current position (a merge point loads it unconditionally)."""
     pos: Dict[int, Optional[str]] = field(default_factory=dict)
     seg: Dict[int, Tuple[str, str]] = field(default_factory=dict)
     pres: Dict[int, str] = field(default_factory=dict)
     off: Dict[int, str] = field(default_factory=dict)
     oo: str = "0"
     some: Tuple[Tuple[str, ...], ...] = ()
+    vals: Dict[int, str] = field(default_factory=dict)
 
     def child(self) -> "Cursor":
         """A copy the loop below rebinds (the loop's own cursor is never changed)."""
         return replace(self, pos=dict(self.pos), seg=dict(self.seg), pres=dict(self.pres),
-                       off=dict(self.off))
+                       off=dict(self.off), vals=dict(self.vals))

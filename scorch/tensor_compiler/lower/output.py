@@ -15,7 +15,7 @@ from .. import merge_lattice as ml
 from ..functions import function
 from ..index_notation import Access, Add, Apply, Compare, Div, Expr, Mul, Neg, Scalar, Sub, Where
 from ..loop_ir import AddTo, AppendEntry, Assign, Call, For, If, RowEnd, Stmt, While
-from .facts import cvar, reduce_identity, reduce_into
+from .facts import UNPREDICTABLE, cvar, reduce_identity, reduce_into
 from .nest import Cursor, Nest
 
 __all__ = ["value", "presence", "leaf", "vector_leaf", "before_loop", "after_loop", "row_room"]
@@ -35,6 +35,8 @@ def value(n: Nest, e: Expr, st: Cursor, vec_at: Optional[int] = None) -> str:
         pr = st.pres[i]
         if pr == "0":   # known absent (a merge point past its iterator): nothing is read
             return "0"
+        if pr != "1" and i in st.vals:   # loaded already: a select, not a branch
+            return f"({st.vals[i]} if {UNPREDICTABLE}({pr}, 1, 0.5) else 0)"
         return code if pr == "1" else f"({code} if {pr} else 0)"
     if isinstance(e, Scalar):
         return f"(<{f.vt}>{e.value!r})"
