@@ -34,6 +34,10 @@ concatenating the buffers in chunk order gives sorted, unique coordinate tuples,
 level-major; ``pos``/``crd`` are then built in one vectorized O(nnz) pass
 (``level_kinds.assembly.build_levels``). This needs no symbolic pass and no over-allocation bound, and
 reads the inputs once; the price is one copy of the output through the buffers.
+A CSR-like output written directly (no workspace: unions, intersections, selections) has a
+bound pass instead (``run_bound``: the loops down to the last output level, adding up that
+loop's trip-count bound, e.g. the operands' row lengths of a union) and its chunks write
+their rows straight into that room through a local counter (``_rows_bound_epilogue``).
 Entries are kept where the expression's operands are stored, even if the computed value is
 0 (e.g. ``A - A``): computed zeros are kept, never duplicates.
 """

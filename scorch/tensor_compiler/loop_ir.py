@@ -13,8 +13,9 @@ C expressions stay strings inside the nodes (``"a.t0_vals[q0_1]"``); statements 
   expression statement such as ``ws.clear()``);
 * :class:`For` ``for var in range(lo, hi)``, :class:`While`, :class:`If`; a loop's ``role``
   says why it exists (``"dense"``, ``"segment"``: the segment of one sparse level,
-  ``"group"``: runs of equal coordinates, ``"merge"``: the k-pointer merge of several sparse
-  levels, ``"search"``: a diagonal's bound coordinate, ``"drain"``: a workspace read out,
+  ``"group"``: runs of equal coordinates, ``"merge"``: a merge of several sparse levels (a
+  lattice point of two or more, or one k-pointer loop), ``"rest"``: a lattice point of one
+  level, the rest of its segment after the others ended, ``"search"``: a diagonal's bound coordinate, ``"drain"``: a workspace read out,
   ``"zero"``: an output row cleared);
 * :class:`LevelCode`: the lines a level kind contributes (``levels.segment_setup`` and
   ``levels.group_end``), kept as the level wrote them;
