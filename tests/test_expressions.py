@@ -90,10 +90,16 @@ def test_division_by_dense_and_by_scalar_keeps_the_numerators_pattern(fmt, m, n,
 
 
 def test_division_by_a_sparse_operand_is_refused_with_the_reason():
+    """A quotient computed only where a sparse numerator stores entries cannot divide by a
+    sparse operand (x / 0 elsewhere); one computed everywhere (a dense numerator) can, and
+    reads an unstored entry as 0, as dense torch."""
     x = _matrix(4, 3, 0.5, torch.float64, 0)
     S = scorch.sparse_tensor(x, format="csr")
     with pytest.raises(ValueError, match="division by sparse operand 1"):
-        compute(Assignment("ij", Div(A, B)), torch.ones(4, 3, dtype=torch.float64), S)
+        compute(Assignment("ij", Div(A, B)), S, S)
+    D = torch.tensor([[1.0, 0.0, -2.0]] * 4, dtype=torch.float64)
+    got = compute(Assignment("ij", Div(A, B)), D, S)
+    torch.testing.assert_close(got, D / S.to_dense(), equal_nan=True)
 
 
 def test_explain_source_calls_libm():

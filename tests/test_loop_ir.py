@@ -138,15 +138,40 @@ def test_dense_and_map_workspaces():
 
 def test_union_and_intersection_merges():
     s, k = _lower(Assignment("ij", A + B), [CSR, CSR])
-    (cond, role), = [lp for lp in _loops(k) if lp[1] == "merge"]
-    assert cond == "(q0_1 < h0_1 or q1_1 < h1_1)"
-    # a union: each operand may be absent, its value guarded by its found flag
-    (append,) = _nodes(k, AppendEntry)
-    assert "f0_1" in append.value and "f1_1" in append.value
+    # TACO's lattice points: the two-way merge, then the rest of each operand copied
+    assert [lp for lp in _loops(k) if lp[1] in ("merge", "rest")] == [
+        ("q0_1 < h0_1 and q1_1 < h1_1", "merge"), ("q0_1", "rest"), ("q1_1", "rest")]
+    merge = next(n for n in _nodes(k, While) if n.role == "merge")
+    # the smallest coordinate selected without a branch, each iterator advanced by its flag
+    assert Assign("c_j", "j1_1 if scorch_unpredictable(j1_1 < c_j, 1, 0.5) else c_j") in merge.body
+    assert AddTo("q0_1", "f0_1") in merge.body and not [n for n in merge.body if isinstance(n, If)]
+    # a union: each operand may be absent in the merge, its value guarded by its found flag;
+    # in the rest loops the other operand is known absent (read as 0)
+    appends = _nodes(k, AppendEntry)
+    assert appends[0].value == ("((x0_1 if scorch_unpredictable(f0_1, 1, 0.5) else 0) + "
+                                "(x1_1 if scorch_unpredictable(f1_1, 1, 0.5) else 0))")
+    assert appends[1].value == "(a.t0_vals[q0_1] + 0)" and appends[2].value == "(0 + a.t1_vals[q1_1])"
+    # rows written straight into the room a bound pass made, counted once per row
+    assert all(a.local for a in appends) and k.output.bound
+    assert [n for n in walk(k.bound_function.body) if isinstance(n, AddTo)] == [
+        AddTo("ok", "(h0_1 - q0_1) + (h1_1 - q1_1)")]
     s, k = _lower(Assignment("ij", A * B), [CSR, CSR])
-    assert [lp for lp in _loops(k) if lp[1] == "merge"] == [("(q0_1 < h0_1 and q1_1 < h1_1)", "merge")]
+    assert [lp for lp in _loops(k) if lp[1] in ("merge", "rest")] == [("q0_1 < h0_1 and q1_1 < h1_1", "merge")]
     guard = [n for n in _nodes(k, If) if n.cond == "(f0_1 and f1_1)"]
     assert len(guard) == 1     # the body runs where both are present
+
+
+def test_three_way_union_has_every_lattice_point():
+    C3 = Access(2, "ij")
+    s, k = _lower(Assignment("ij", A + B + C3), [CSR, CSR, CSR])
+    conds = [lp[0] for lp in _loops(k) if lp[1] in ("merge", "rest")]
+    assert conds == ["q0_1 < h0_1 and q1_1 < h1_1 and q2_1 < h2_1", "q0_1 < h0_1 and q1_1 < h1_1",
+                     "q0_1 < h0_1 and q2_1 < h2_1", "q1_1 < h1_1 and q2_1 < h2_1", "q0_1", "q1_1", "q2_1"]
+    # A * B + C: the product needs both, so no point has A or B alone
+    s, k = _lower(Assignment("ij", A * B + C3), [CSR, CSR, CSR])
+    conds = [lp[0] for lp in _loops(k) if lp[1] in ("merge", "rest")]
+    assert conds == ["q0_1 < h0_1 and q1_1 < h1_1 and q2_1 < h2_1", "q0_1 < h0_1 and q1_1 < h1_1",
+                     "q0_1 < h0_1 and q2_1 < h2_1", "q1_1 < h1_1 and q2_1 < h2_1", "q2_1"]
 
 
 def test_a_dense_term_merges_iterators_into_a_dense_loop():

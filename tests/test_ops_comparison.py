@@ -208,3 +208,33 @@ def test_a_comparison_that_keeps_zeros_is_written_on_the_operands_pattern():
     for r in (A > 0.5, A != 0, A <= -1):
         assert r.nnz == A.nnz
         assert r._storage.levels[1].crd.data_ptr() == A._storage.levels[1].crd.data_ptr()
+
+
+@KERNELS
+@given(st.data(), st.sampled_from(["maximum", "minimum"]), st.sampled_from(PAIRS),
+       st.sampled_from([torch.float64, torch.float32, torch.int64]))
+def test_maximum_and_minimum(data, op, pair, dtype):
+    """Two sparse operands of different patterns: the union (max(a, 0) where only one
+    stores); a dense operand: dense by nature. NaN propagates from either side, as torch."""
+    m, n = data.draw(side()), data.draw(side())
+    a, b = data.draw(dense_values((m, n), dtype)), data.draw(dense_values((m, n), dtype))
+    if dtype.is_floating_point and m * n and data.draw(st.booleans()):
+        a.view(-1)[0], b.view(-1)[-1] = float("nan"), float("nan")
+    A = a if pair[0] is None else sparse(a, pair[0])
+    B = b if pair[1] is None else sparse(b, pair[1])
+    fn = getattr(torch, op)
+    want = fn(a, b)
+    for got in (fn(A, B), getattr(A, op)(B) if pair[0] else getattr(B, op)(A)):
+        assert isinstance(got, scorch.SparseTensor) == (None not in pair) and got.dtype == want.dtype
+        torch.testing.assert_close(got.to_dense() if None not in pair else got, want, equal_nan=True)
+    if None not in pair:   # on the union of the stored patterns, no more
+        assert got.nnz <= A.nnz + B.nnz
+
+
+def test_maximum_of_two_patterns_reached_below_torch_function_names_the_op():
+    """At the ATen level (an optimizer's values-level step) two patterns raise, naming the op."""
+    A = sparse(torch.tensor([[1.0, 0.0], [0.0, 2.0]]), "csr")
+    B = sparse(torch.tensor([[0.0, 3.0], [0.0, 1.0]]), "csr")
+    with pytest.raises(RuntimeError, match="maximum.*different sparsity pattern"):
+        torch.ops.aten.maximum.default(A, B)
+    assert_matches(torch.maximum(A, B), torch.tensor([[1.0, 3.0], [0.0, 2.0]]), sparse=True)

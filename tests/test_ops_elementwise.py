@@ -221,3 +221,57 @@ def test_blocked_operands():
     C.mul_(0.5)
     assert_matches(C, x)
     assert C.format == B.format
+
+
+# (format of the numerator, of the divisor); None = dense or, first, a Python number
+DIVISORS = [("csr", "csr"), ("coo", "dcsc"), (None, "csr"), ("scalar", "coo")]
+
+
+@settings(max_examples=20, deadline=None, derandomize=True)
+@given(st.data(), st.sampled_from(DIVISORS), st.sampled_from([torch.float32, torch.float64, torch.int64]))
+def test_division_by_a_sparse_tensor_is_dense_by_nature(data, pair, dtype):
+    """x / 0 where the divisor stores nothing: +-inf, and NaN where the numerator is 0
+    too, exactly as dense torch (integers divide to the default float dtype)."""
+    m, n = data.draw(side()), data.draw(side())
+    a, b = data.draw(dense_values((m, n), dtype)), data.draw(dense_values((m, n), dtype))
+    A = 2.5 if pair[0] == "scalar" else _operand(a, pair[0])
+    # an unstored entry is +0 (a dense -0.0 is not stored, so it divides as +0)
+    want = (2.5 if pair[0] == "scalar" else a) / (b + 0.0 if dtype.is_floating_point else b)
+    for got in [A / _operand(b, pair[1])] + ([] if pair[0] == "scalar" else [torch.div(A, _operand(b, pair[1]))]):
+        assert type(got) is torch.Tensor and got.dtype == want.dtype
+        torch.testing.assert_close(got, want, equal_nan=True)
+
+
+UNION_FORMATS = [("csr", "csr"), ("csc", "coo"), ("dcsr", "csr"), ("coo", "coo")]
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(st.data(), st.sampled_from(UNION_FORMATS), st.sampled_from([torch.float32, torch.float64]),
+       st.sampled_from(["add", "sub"]))
+def test_union_of_two_patterns(data, fmts, dtype, op):
+    """The union merge (lattice points: the two-way merge, then the rest of either operand)
+    over empty, sparse and full operands, rows that end early on either side."""
+    m, n = data.draw(side(0, 7)), data.draw(side(0, 7))
+    a, b = data.draw(dense_values((m, n), dtype)), data.draw(dense_values((m, n), dtype))
+    A, B = sparse(a, fmts[0]), sparse(b, fmts[1])
+    py, _ = OPS[op]
+    got = py(A, B)
+    assert_matches(got, py(a, b), sparse=True)
+    # entries exactly where either operand stores one (computed zeros kept)
+    assert got.nnz == int(((A.to_dense() != 0) | (B.to_dense() != 0)).sum()) or \
+        got.nnz == len({tuple(c) for c in torch.cat([A.indices().t(), B.indices().t()]).tolist()})
+
+
+def test_union_of_three_patterns_in_one_kernel():
+    """``A + B - 2 C`` through the compiler: every lattice point of three iterators."""
+    from scorch.tensor_compiler import compute
+    from scorch.tensor_compiler.index_notation import Access, Assignment
+    g = torch.Generator().manual_seed(3)
+    xs = [(torch.rand(9, 11, generator=g) < p) * torch.rand(9, 11, generator=g) for p in (0.2, 0.5, 0.05)]
+    A, B, C = (sparse(x, f) for x, f in zip(xs, ("csr", "csr", "coo")))
+    i = "ij"
+    got = compute(Assignment(i, Access(0, i) + Access(1, i) - 2.0 * Access(2, i)),
+                  A._storage, B._storage, C._storage)
+    want = xs[0] + xs[1] - 2 * xs[2]
+    assert torch.allclose(scorch.SparseTensor(got).to_dense(), want)
+    assert got.nnz == int(((xs[0] != 0) | (xs[1] != 0) | (xs[2] != 0)).sum())

@@ -53,6 +53,32 @@ SCRIPT = textwrap.dedent(r"""
     check("A * col", A * v[:, None], (n, n), True)
     check("A / 2", A / 2, (n, n), True)
     check("-A", -A, (n, n), True)
+    # comparisons, selections and logical ops: sparse where they keep 0 where nothing is stored
+    check("A > 0", A > 0, (n, n), True)
+    assert (A > 0).nnz == A.nnz
+    check("A < -1", A < -1, (n, n), True)
+    check("A != 0", A != 0, (n, n), True)
+    check("A < B", A < B, (n, n), True)
+    check("A > B", torch.gt(A, B), (n, n), True)
+    check("ne(A, B)", torch.ne(A, B), (n, n), True)
+    check("where", torch.where(A > 1, A, 0), (n, n), True)
+    check("where(mask, A, B)", torch.where(A > 1, A, B), (n, n), True)
+    check("masked_fill", A.masked_fill(A > 1, 2.5), (n, n), True)
+    check("logical_and", torch.logical_and(A > 1, B), (n, n), True)
+    check("logical_or", torch.logical_or(A > 1, B > 1), (n, n), True)
+    check("logical_xor", torch.logical_xor(A > 1, B), (n, n), True)
+    check("bool &", (A > 1) & (B > 1), (n, n), True)
+    check("maximum", torch.maximum(A, B), (n, n), True)
+    check("minimum", torch.minimum(A, -B), (n, n), True)
+    for name, dense_by_nature in (("eq", lambda: torch.eq(A, B)), ("A == 0", lambda: A == 0),
+                                  ("logical_not", lambda: torch.logical_not(A)),
+                                  ("A / B", lambda: A / B)):
+        try:
+            dense_by_nature()
+        except scorch.DenseFallbackError:
+            print("ok dense by nature raised:", name, flush=True)
+        else:
+            raise AssertionError(f"{name} on a 2M x 2M sparse matrix did not raise")
     C = A.clone(); C.mul_(2); C.add_(A)
     assert torch.allclose(C.values(), 3 * A.values())
     check("reshape", A.reshape(n // 2, 2 * n), (n // 2, 2 * n), True)

@@ -100,3 +100,31 @@ def test_reductions_reject_bad_dims():
         s.sum((0, -2))
     with pytest.raises(IndexError, match="out of range"):
         torch.sparse.sum(s, 5)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(st.data(), st.sampled_from(["csr", "coo", "csc"]), st.sampled_from([torch.float32, torch.float64, torch.int64]))
+def test_sum_down_to_a_sparse_vector_keeps_every_stored_position(data, fmt, dtype):
+    """A matrix summed over its outer level (CSR ``sum(0)``, CSC ``sum(1)``): a dense
+    accumulation pass, compressed to the positions where entries are stored, also where
+    they cancel (the convention of the sparse path)."""
+    m, n = data.draw(side(0, 6)), data.draw(side(0, 6))
+    x = data.draw(dense_values((m, n), dtype))
+    dim = 1 if fmt == "csc" else 0
+    if m >= 2 and n >= 1 and data.draw(st.booleans()):   # a column that sums to 0
+        x[0, 0], x[1, 0] = 1, -1
+    s = sparse(x, fmt)
+    got = s.sum(dim)
+    assert_matches(got, x.sum(dim), sparse=True)
+    # an entry wherever a stored entry falls (the last level's distinct coordinates)
+    assert got.nnz == len(set(s._storage.levels[-1].crd.tolist()))
+
+
+def test_sum_positions_follow_changes_of_the_index_array():
+    """The stored positions are kept for the index array while its version is unchanged."""
+    x = torch.tensor([[1.0, 0.0, 2.0], [0.0, 0.0, 3.0]])
+    s = sparse(x, "csr")
+    assert s.sum(0).indices().tolist() == [[0, 2]]
+    s._storage.levels[-1].crd[0] = 1          # move an entry: a new version of the array
+    assert s.sum(0).indices().tolist() == [[1, 2]]
+    assert torch.equal(s.sum(0).to_dense(), torch.tensor([0.0, 1.0, 5.0]))

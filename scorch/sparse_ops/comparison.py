@@ -12,6 +12,10 @@ where ``0 op s`` is false the comparison is written ``where(A, A op s, 0)`` (equ
 Kernels compute in the operands' promoted type (a bool operand as uint8, the same bytes) and
 give 1 or 0; results are stored as ``torch.bool``. A result that is dense by nature
 (``A == 0``, ``where(mask, x, 1)``) is allocated only under the dense limit of ``_dispatch``.
+
+``maximum``/``minimum`` are selections too: ``where(a > b or a != a, a, b)`` (NaN wins, as in
+torch), so two sparse operands give the union of their patterns (``max(a, 0)`` where only
+one stores) and a dense operand a dense result.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from ..tensor_type import as_scorch, is_sparse_operand
 from .elementwise import (_build, _cast, _is_scalar, _scalar_like, _shape_of, as_bool, bool_as_uint8,
                           result_dtype)
 
-__all__ = ["compare", "where", "masked_fill", "logical"]
+__all__ = ["compare", "where", "masked_fill", "logical", "extremum"]
 
 
 def _ir():
@@ -192,6 +196,34 @@ for _op, _fns in {
         "ne": (torch.ne, torch.not_equal, torch.Tensor.ne, torch.Tensor.not_equal,
                torch.Tensor.__ne__)}.items():
     _comparison(_op, *_fns)
+
+
+def extremum(op: str, a, b) -> torch.Tensor:
+    """``torch.maximum(a, b)`` / ``torch.minimum(a, b)`` with a sparse operand: ONE kernel of
+    ``where(a > b or a != a, a, b)`` (``<`` for minimum; ``a != a``: a NaN in ``a`` wins, one
+    in ``b`` is picked by the comparison failing). Sparse with both operands sparse (the
+    union of their patterns), else dense by nature."""
+    a, b = as_scorch(a), as_scorch(b)
+    _no_backward_yet(op, a, b)
+    out_dt = result_dtype(a, b)
+    dt = _compute_dtype(out_dt)
+    ir = _ir()
+    node = ir.Gt if op == "maximum" else ir.Lt
+    dense = not (is_sparse_operand(a) and is_sparse_operand(b))
+    r = _run(op, [_in(a, dt), _in(b, dt)], lambda x, y: ir.Where(node(x, y) + ir.Ne(x, x), x, y),
+             dense, dt)
+    return as_bool(r) if out_dt == torch.bool else r
+
+
+for _name, _fns in {"maximum": (torch.maximum, torch.Tensor.maximum),
+                    "minimum": (torch.minimum, torch.Tensor.minimum)}.items():
+    def _make(name):
+        @register(*_fns)
+        def _extremum(a, b, *, out=None):
+            if out is not None or not _involves_sparse(a, b) or _is_scalar(a) or _is_scalar(b):
+                return NotImplemented
+            return extremum(name, a, b)
+    _make(_name)
 
 
 @register(torch.where)

@@ -10,8 +10,9 @@ variable, so the kernel never stretches anything. Scalars (Python numbers, 0-d t
 as 0-d operands, so one kernel serves every value. The result format comes from format inference: a product with a sparse
 operand is sparse, a sum is sparse only when both terms are.
 
-Division by a tensor and unary functions other than ``neg`` need new IR nodes; they return
-``NotImplemented`` here and so run through the (size-limited) dense fallback.
+Division by a dense tensor is the compiler's ``Div`` on the numerator's pattern; division by a
+sparse tensor (``A / B``, ``2 / A``) is dense by nature (x / 0 where the divisor stores
+nothing) and runs as one kernel computed everywhere; rounding modes are the dense fallback's.
 """
 from __future__ import annotations
 
@@ -20,13 +21,13 @@ from typing import List, Tuple
 
 import torch
 
-from .._dispatch import register
+from .._dispatch import check_dense_size, register
 from ..gradients.values import with_dtype
 from ..level_storage import Storage
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, with_values
 from . import shape as _shape
 
-__all__ = ["add", "sub", "mul", "div", "neg", "addcmul", "addcdiv", "bool_as_uint8", "as_bool"]
+__all__ = ["add", "sub", "mul", "div", "divide_by_sparse", "neg", "addcmul", "addcdiv", "bool_as_uint8", "as_bool"]
 
 _LETTERS = "ijklmnopqrstuvwxyzabcdefgh"
 
@@ -267,10 +268,11 @@ def div(a, divisor) -> torch.Tensor:
     """``a / divisor``: a scalar divisor (a Python number or a 0-d tensor) multiplies by its
     reciprocal, a dense tensor divisor is the compiler's division; both keep ``a``'s pattern
     (a 0 / 0 where ``a`` stores nothing stays 0, as in torch.sparse and JAX sparse). As torch's sparse layouts do,
-    division by zero changes only the stored entries (inf/nan there; unstored stay 0)."""
+    division by zero changes only the stored entries (inf/nan there; unstored stay 0).
+    A sparse divisor gives a dense result (:func:`divide_by_sparse`)."""
     if not _scalar_like(divisor):
         if is_sparse_operand(divisor):
-            raise NotImplementedError("division by a sparse tensor is dense by nature (x / 0)")
+            return divide_by_sparse(a, divisor)
         dt = result_dtype(as_scorch(a), divisor, true_division=True)
         return _build((_cast(as_scorch(a), dt), _cast(divisor, dt)), "div")
     dt = result_dtype(as_scorch(a), divisor, true_division=True)
@@ -279,6 +281,27 @@ def div(a, divisor) -> torch.Tensor:
     else:
         recip = torch.reciprocal(divisor.reshape(()).to(dt))
     return mul(_cast(as_scorch(a), dt), recip)
+
+
+def divide_by_sparse(a, divisor) -> torch.Tensor:
+    """``a / divisor`` with a sparse divisor, as dense torch divides: ``x / 0`` wherever the
+    divisor stores nothing (+-inf, NaN where ``a`` is 0 there too), so the result is dense
+    by nature (allocated under the dense limit). ONE kernel over every position:
+    ``where(1, a / divisor, 1)`` with a 0-d operand ``1`` is an expression the compiler
+    computes everywhere, reading an absent entry as 0. No backward yet."""
+    a, divisor = as_scorch(a), as_scorch(divisor)
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                       for x in (a, divisor)):
+        raise RuntimeError("scorch: 'div' by a sparse tensor that requires grad (or of one) "
+                           "has no backward yet; call it under torch.no_grad() or on .detach()")
+    dt = result_dtype(a, divisor, true_division=True)
+    shape = torch.broadcast_shapes(_shape_of(a), _shape_of(divisor))
+    check_dense_size("div", shape, dt)
+    ir = _compiler().index_notation
+    one = torch.tensor(1, dtype=dt)
+    with torch.no_grad():
+        return _build((_cast(a, dt), _cast(divisor, dt), one),
+                      lambda x, y, o: ir.Where(o, x / y, o), _compiler().compute)
 
 
 def neg(a) -> torch.Tensor:
@@ -478,11 +501,16 @@ def _rmul(a, b):
           torch.Tensor.true_divide, torch.Tensor.__truediv__)
 def _div(a, b, *, rounding_mode=None, out=None):
     # a sparse dividend over a scalar or dense divisor stays sparse; division by a sparse
-    # tensor (dense by nature) and rounding modes are the dense fallback's
-    if rounding_mode is not None or out is not None or not is_sparse_operand(a) \
-            or is_sparse_operand(b):
+    # tensor is a dense kernel (dense by nature); rounding modes are the dense fallback's
+    if rounding_mode is not None or out is not None or not _involves_sparse(a, b):
         return NotImplemented
     return div(a, b)
+
+
+@register(torch.Tensor.__rtruediv__)
+def _rdiv(a, b):
+    # ``b / a`` with ``b`` a number or a dense tensor: division by a sparse tensor
+    return div(b, a) if is_sparse_operand(a) else NotImplemented
 
 
 @register(torch.neg, torch.negative, torch.Tensor.neg, torch.Tensor.negative,

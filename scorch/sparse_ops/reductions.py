@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Optional, Sequence, Tuple, Union
+import weakref
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 
 from .._dispatch import register
+from ..formats import Format
 from ..gradients.values import with_dtype
+from ..level_storage import Level, Storage, index_dtype_for
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand
 from . import elementwise
 from . import shape as _shape
@@ -78,6 +81,63 @@ def _einsum_sum(t: SparseTensor, dims: Tuple[int, ...], out_format=None) -> torc
     return _einsum_entry.einsum(f"{letters}->{out}", t)
 
 
+#: a sum down to a sparse vector of at most this many positions, or of at most
+#: ``DENSE_PASS_PER_ENTRY`` per stored entry, is accumulated in a dense array (see
+#: ``_dense_pass_sum``); wider ones go through the compiler's sparse workspace
+DENSE_PASS_LIMIT = 1 << 20
+DENSE_PASS_PER_ENTRY = 8
+
+
+def _dense_pass_sum(t: SparseTensor, dims: Tuple[int, ...]) -> Optional[SparseTensor]:
+    """The sparse-vector result of a sum down to one dimension ``d`` stored by the
+    operand's last level (CSR summed over rows: ``A.sum(0)``), from one dense
+    accumulation pass: the compiler's kernel with a dense output (a scatter-add over the
+    stored entries, no marks, touched list or sorted drain) into an array of the vector's
+    extent, then compressed to the positions where stored entries fall (the convention of
+    the sparse path: an entry there also where the sum is 0; ``_stored_positions``). None
+    when this does not apply (another shape of reduction, a blocked or dense last level, an
+    extent too large for a dense array)."""
+    st = t._storage
+    keep = [d for d in range(len(st.shape)) if d not in dims]
+    if len(keep) != 1 or st.format.block is not None:
+        return None
+    last = st.levels[-1]
+    kind = last.kind.output_kind()
+    n = int(st.shape[keep[0]])
+    if (last.dim != keep[0] or last.crd is None or last.kind.full or not kind.has_pos(None)
+            or n > max(DENSE_PASS_LIMIT, DENSE_PASS_PER_ENTRY * st.values.numel())):
+        return None
+    dense = _einsum_sum(t, dims, out_format="d")
+    idx = _stored_positions(last.crd, n)
+    values = dense if idx.numel() == n else torch.index_select(dense, 0, idx)
+    pos = torch.tensor([0, idx.numel()], dtype=idx.dtype)
+    return SparseTensor(Storage(Format([kind]), (n,), [Level(kind, 0, n, pos, idx)], values, idx.dtype))
+
+
+_POSITIONS: Dict[int, tuple] = {}   # id(crd) -> (weak reference, version, positions)
+
+
+def _stored_positions(crd: torch.Tensor, n: int) -> torch.Tensor:
+    """The distinct coordinates of a level's ``crd`` array (ascending, in the index type an
+    extent ``n`` needs): one count pass, kept for the array while its version counter is
+    unchanged (a pattern is reused across calls: a weight summed every step while only its
+    values change)."""
+    hit = _POSITIONS.get(id(crd))
+    if hit is not None and hit[0]() is crd and hit[1] == crd._version:
+        return hit[2]
+    idx = (torch.bincount(crd, minlength=n) > 0).nonzero().flatten()
+    idx = idx.to(index_dtype_for((n,), idx.numel()))
+    if len(_POSITIONS) > 1024:
+        _POSITIONS.clear()
+    key = id(crd)
+
+    def forget(ref, key=key):
+        if _POSITIONS.get(key, (None,))[0] is ref:
+            del _POSITIONS[key]
+    _POSITIONS[key] = (weakref.ref(crd, forget), crd._version, idx)
+    return idx
+
+
 def _keepdim(result: torch.Tensor, dims: Tuple[int, ...]) -> torch.Tensor:
     for d in dims:   # ascending, so each index is already the final position
         result = _shape.unsqueeze(result, d) if isinstance(result, SparseTensor) \
@@ -97,7 +157,11 @@ def sum(t: SparseTensor, dim: Dims = None, keepdim: bool = False,
         values = t._storage.values
         return values.sum(dtype=dtype or _accumulate_dtype(values.dtype))
     t = _in_dtype(t, dtype)
-    result = _einsum_sum(t, dims)
+    result = None
+    if not (_grad_enabled() and _any_requires_grad(t)):
+        result = _dense_pass_sum(t, dims)
+    if result is None:
+        result = _einsum_sum(t, dims)
     return _keepdim(result, dims) if keepdim else result
 
 

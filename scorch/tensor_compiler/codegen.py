@@ -34,6 +34,10 @@ concatenating the buffers in chunk order gives sorted, unique coordinate tuples,
 level-major; ``pos``/``crd`` are then built in one vectorized O(nnz) pass
 (``level_kinds.assembly.build_levels``). This needs no symbolic pass and no over-allocation bound, and
 reads the inputs once; the price is one copy of the output through the buffers.
+A CSR-like output written directly (no workspace: unions, intersections, selections) has a
+bound pass instead (``run_bound``: the loops down to the last output level, adding up that
+loop's trip-count bound, e.g. the operands' row lengths of a union) and its chunks write
+their rows straight into that room through a local counter (``_rows_bound_epilogue``).
 Entries are kept where the expression's operands are stored, even if the computed value is
 0 (e.g. ``A - A``): computed zeros are kept, never duplicates.
 """
@@ -44,7 +48,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 import torch
 
 from .loop_ir import (AddTo, ArgSpec, AppendEntry, Assign, Call, ChunkFunction, DenseOutput, For, If,
-                      Kernel, LevelCode, RowsOutput, Stmt, While)
+                      Kernel, LevelCode, RowEnd, RowsOutput, Stmt, While)
 from .lower import (CTYPES, DENSE_WS_LIMIT, ITYPES, NPTYPES, SHORT_ROWS, SHORT_ROWS_BY_DTYPE,
                     kernel_facts, lower_kernel, relayouts, short_rows, short_rows_limit,
                     unit_stride_accesses)
@@ -83,6 +87,13 @@ def _print_stmt(st: Stmt, pre: str, ind: int, w) -> None:
     elif isinstance(st, LevelCode):
         for ln in st.lines:
             w(pre + ln)
+    elif isinstance(st, AppendEntry) and st.local:
+        # rows assembly straight into the chunk's room (plain arrays)
+        w(f"{pre}ocrd[ok] = {st.coords[-1]}")
+        w(f"{pre}oval[ok] = {st.value}")
+        w(f"{pre}ok += 1")
+    elif isinstance(st, RowEnd):
+        w(f"{pre}a.out_pos[{st.row} + 1] = ok - ob")
     elif isinstance(st, AppendEntry):
         if st.row is not None:     # rows assembly: the last coordinate, counted into pos
             w(f"{pre}deref(ocrd).push_back({st.coords[-1]})")
@@ -134,25 +145,36 @@ def _vector_types(k: Kernel, w) -> None:
     w("")
 
 
+def _chunk_return_type(k: Kernel) -> str:
+    """``int64_t`` when the chunk functions return their entry counts, else ``void``."""
+    return "int64_t" if isinstance(k.output, RowsOutput) and k.output.bound else "void"
+
+
 def _chunk_function(k: Kernel, fn: ChunkFunction, w) -> None:
     crd, val = k.buffers
-    w(f"cdef void {fn.name}(Args* pa, int64_t clo, int64_t chi, {crd}* ocrd, {val}* oval) noexcept nogil:")
+    w(f"cdef {_chunk_return_type(k)} {fn.name}(Args* pa, int64_t clo, int64_t chi, {crd}* ocrd, "
+      f"{val}* oval) noexcept nogil:")
     w("    cdef Args a = pa[0]")
     for name, ct in fn.locals:
         w(f"    cdef {ct} {name}")
     print_stmts(fn.body, 1, w)
+    if fn.returns is not None:
+        w(f"    return {fn.returns}")
     w("")
 
 
-def _run_chunks(w, fn: str, one: str, each: str, ind: str = "    ", args: str = "&a") -> None:
+def _run_chunks(w, fn: str, one: str, each: str, ind: str = "    ", args: str = "&a",
+                into: Tuple[str, str] = ("", "")) -> None:
     """Lines that run chunk function ``fn`` over all chunks: inline for one chunk,
-    else under ``prange`` (dynamic); ``one``/``each``: its buffer arguments."""
+    else under ``prange`` (dynamic); ``one``/``each``: its buffer arguments; ``into``:
+    where the one chunk's / chunk ``t``'s returned count goes."""
+    one_into, each_into = (f"{x} = " if x else "" for x in into)
     w(f"{ind}if nchunks == 1:")
     w(f"{ind}    with nogil:")
-    w(f"{ind}        {fn}({args}, lo0, hi0, {one})")
+    w(f"{ind}        {one_into}{fn}({args}, lo0, hi0, {one})")
     w(f"{ind}else:")
     w(f"{ind}    for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):")
-    w(f"{ind}        {fn}({args}, bounds[t], bounds[t + 1], {each})")
+    w(f"{ind}        {each_into}{fn}({args}, bounds[t], bounds[t + 1], {each})")
 
 
 def _chunking(k: Kernel, w) -> None:
@@ -272,11 +294,7 @@ def _rows_epilogue(k: Kernel, w, fn: str) -> None:
     o: RowsOutput = k.output
     it, vt = o.index_type, k.value_type
     P = " * ".join(f"a.N_{v}" for v in o.dense_vars)
-    last = o.last
-    if it == "int32_t":
-        w(f"    if a.N_{last} > 2147483647:")
-        w(f"        raise OverflowError('output dimension {last} ({{}}) does not fit the int32 "
-          f"coordinates of this kernel'.format(a.N_{last}))")
+    _index_overflow_check(o, w)
     w(f"    cdef int64_t P = {P}")
     w("    pos_arr = np.zeros(P + 1, dtype=np.int64)")
     w("    a.out_pos = <int64_t*><size_t>pos_arr.ctypes.data")
@@ -321,6 +339,90 @@ def _rows_epilogue(k: Kernel, w, fn: str) -> None:
     w("    return (pos_arr if wide else pos_arr.astype(np.int32)), crd_arr, val_arr")
 
 
+def _rows_bound_epilogue(k: Kernel, w, fn: str) -> None:
+    """Rows assembly with a bound pass: ``run_bound`` adds up each chunk's upper bound of
+    entries (the trip counts of the loop over the last level: for a union, the operands'
+    row lengths), the chunks write their rows straight into that room (no growable
+    buffers) and return their counts; ``pos`` is prefix-summed. One chunk in the output's
+    index type: the room is the output (a view of its first ``total`` entries, copied when
+    it is less than half used); else the chunks' entries are copied, in parallel, into
+    arrays of the exact size."""
+    o: RowsOutput = k.output
+    it, vt = o.index_type, k.value_type
+    np_it = "np.int32" if it == "int32_t" else "np.int64"
+    P = " * ".join(f"a.N_{v}" for v in o.dense_vars)
+    _index_overflow_check(o, w)
+    w(f"    cdef int64_t P = {P}")
+    w("    pos_arr = np.zeros(P + 1, dtype=np.int64)")
+    w("    a.out_pos = <int64_t*><size_t>pos_arr.ctypes.data")
+    w("    cdef vector[int64_t] room, counts")
+    w("    room.resize(nchunks + 1)")
+    w("    counts.resize(nchunks)")
+    _run_chunks(w, "run_bound", "NULL, NULL", "NULL, NULL", into=("room[1]", "room[t + 1]"))
+    w("    room[0] = 0")
+    w("    for t in range(nchunks):")
+    w("        room[t + 1] += room[t]")
+    w(f"    buf_crd = np.empty(room[nchunks], dtype={np_it})")
+    w(f"    buf_val = np.empty(room[nchunks], dtype=np.{k.np_value_type})")
+    w(f"    cdef {it}* bc = <{it}*><size_t>buf_crd.ctypes.data")
+    w(f"    cdef {vt}* bv = <{vt}*><size_t>buf_val.ctypes.data")
+    _run_chunks(w, fn, "bc, bv", "bc + room[t], bv + room[t]", into=("counts[0]", "counts[t]"))
+    w("    cdef vector[int64_t] offs")
+    w("    offs.resize(nchunks + 1)")
+    w("    offs[0] = 0")
+    w("    for t in range(nchunks):")
+    w("        offs[t + 1] = offs[t] + counts[t]")
+    w("    total = offs[nchunks]")
+    w(f"    cdef bint wide = max(total, P, {', '.join(f'a.N_{v}' for v in o.level_vars)}) > 2147483647")
+    # the rows' counts prefix-summed straight into pos in its index type (one pass)
+    w("    cdef int64_t* pp = a.out_pos")
+    w("    cdef int32_t* p32")
+    w("    cdef int64_t run = 0")
+    w("    if wide:")
+    w("        with nogil:")
+    w("            for t in range(P):")
+    w("                pp[t + 1] += pp[t]")
+    w("        run = pp[P]")
+    w("    else:")
+    w("        pos32 = np.empty(P + 1, dtype=np.int32)")
+    w("        p32 = <int32_t*><size_t>pos32.ctypes.data")
+    w("        with nogil:")
+    w("            p32[0] = 0")
+    w("            for t in range(P):")
+    w("                run += pp[t + 1]")
+    w("                p32[t + 1] = <int32_t>run")
+    w("        pos_arr = pos32")
+    w("    if run != total:")
+    w("        raise RuntimeError('scorch kernel: row counts and written entries disagree')")
+    w(f"    if nchunks == 1 and wide == {it == 'int64_t'}:")
+    w("        if 2 * total < room[1]:")
+    w("            buf_crd, buf_val = buf_crd[:total].copy(), buf_val[:total].copy()")
+    w("        return pos_arr, buf_crd[:total], buf_val[:total]")
+    w("    crd_arr = np.empty(total, dtype=np.int64 if wide else np.int32)")
+    w(f"    val_arr = np.empty(total, dtype=np.{k.np_value_type})")
+    w("    cdef size_t cp = crd_arr.ctypes.data, vp = val_arr.ctypes.data")
+    w("    cdef int64_t e")
+    w("    for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):")
+    w("        n = counts[t]")
+    w("        if n:")
+    w(f"            memcpy(<void*>(vp + offs[t] * sizeof({vt})), bv + room[t], n * sizeof({vt}))")
+    w("            if wide:")
+    w("                for e in range(n):")
+    w("                    (<int64_t*>cp)[offs[t] + e] = bc[room[t] + e]")
+    w("            else:")
+    w("                for e in range(n):")
+    w("                    (<int32_t*>cp)[offs[t] + e] = <int32_t>bc[room[t] + e]")
+    w("    return pos_arr, crd_arr, val_arr")
+
+
+def _index_overflow_check(o: RowsOutput, w) -> None:
+    """int32 coordinates cannot hold the last dimension's extent: raise."""
+    if o.index_type == "int32_t":
+        w(f"    if a.N_{o.last} > 2147483647:")
+        w(f"        raise OverflowError('output dimension {o.last} ({{}}) does not fit the int32 "
+          f"coordinates of this kernel'.format(a.N_{o.last}))")
+
+
 def _c_entry(k: Kernel, w) -> None:
     """The Python ``kernel`` over ``kernel_c`` and the ``KERNEL_C`` capsule."""
     n = len(k.args)
@@ -347,6 +449,8 @@ def print_kernel(k: Kernel) -> str:
     w("# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True")
     w("# distutils: language = c++")
     w(f"# scorch generated kernel (codegen v{CODEGEN_VERSION})")
+    if k.cflags:
+        w(f"# scorch-cflags: {k.cflags}")
     if k.target:   # built for a chosen target (its flags: build.py), part of the cache key
         w(f"{SOURCE_TAG}{k.target}")
     for line in k.header:
@@ -365,11 +469,13 @@ def print_kernel(k: Kernel) -> str:
         _vector_types(k, w)
     fns = k.chunk_functions
     if len(fns) > 1:
-        w(f"ctypedef void (*chunk_fn)(Args*, int64_t, int64_t, {k.buffers[0]}*, "
+        w(f"ctypedef {_chunk_return_type(k)} (*chunk_fn)(Args*, int64_t, int64_t, {k.buffers[0]}*, "
           f"{k.buffers[1]}*) noexcept nogil")
         w("")
     for fn in fns:
         _chunk_function(k, fn, w)
+    if k.bound_function is not None:
+        _chunk_function(k, k.bound_function, w)
     if k.c_entry:
         # the body runs without the GIL; ``kernel`` (Python) and ``KERNEL_C`` (a capsule
         # for the C fast path, ``scorch/_runtime/fastcall.cpp``) both call it
@@ -386,7 +492,9 @@ def print_kernel(k: Kernel) -> str:
         w(f"        raise OverflowError('workspace over {','.join(k.ws_vars)} is too large to index with int64')")
     _chunking(k, w)
     fn = "fn" if len(fns) > 1 else "run_chunk"
-    if rows:
+    if rows and k.output.bound:
+        _rows_bound_epilogue(k, w, fn)
+    elif rows:
         _rows_epilogue(k, w, fn)
     else:
         _tuples_epilogue(k, w, fn)

@@ -13,13 +13,15 @@ C expressions stay strings inside the nodes (``"a.t0_vals[q0_1]"``); statements 
   expression statement such as ``ws.clear()``);
 * :class:`For` ``for var in range(lo, hi)``, :class:`While`, :class:`If`; a loop's ``role``
   says why it exists (``"dense"``, ``"segment"``: the segment of one sparse level,
-  ``"group"``: runs of equal coordinates, ``"merge"``: the k-pointer merge of several sparse
-  levels, ``"search"``: a diagonal's bound coordinate, ``"drain"``: a workspace read out,
+  ``"group"``: runs of equal coordinates, ``"merge"``: a merge of several sparse levels (a
+  lattice point of two or more, or one k-pointer loop), ``"rest"``: a lattice point of one
+  level, the rest of its segment after the others ended, ``"search"``: a diagonal's bound coordinate, ``"drain"``: a workspace read out,
   ``"zero"``: an output row cleared);
 * :class:`LevelCode`: the lines a level kind contributes (``levels.segment_setup`` and
   ``levels.group_end``), kept as the level wrote them;
 * :class:`AppendEntry`: one output entry appended to the chunk's buffers (coordinate
-  tuples, or rows assembly with the row's count);
+  tuples, or rows assembly with the row's count); :class:`RowEnd`: a row's count stored
+  once (rows written straight into the output's room);
 * :class:`ChunkFunction`: one ``run_chunk*`` variant (its locals and body) and the run-time
   condition that selects it;
 * :class:`Kernel`: the module: header comments, cimports, the argument struct, vector
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 from typing import Iterator, Optional, Tuple, Union
 
 __all__ = ["ArgSpec", "Stmt", "Assign", "AddTo", "Call", "For", "While", "If", "LevelCode", "outline",
-           "AppendEntry", "ChunkFunction", "Chunking", "Panels", "DenseOutput", "TuplesOutput",
+           "AppendEntry", "RowEnd", "ChunkFunction", "Chunking", "Panels", "DenseOutput", "TuplesOutput",
            "RowsOutput", "Kernel", "walk"]
 
 
@@ -96,24 +98,37 @@ class LevelCode:
 class AppendEntry:
     """Append one output entry: ``coords`` (one C expression per output level) and
     ``value``. ``row``: rows assembly (only the last coordinate is appended, the entry is
-    counted into ``out_pos[row + 1]``); None: one coordinate vector per level."""
+    counted into ``out_pos[row + 1]``); None: one coordinate vector per level. ``local``
+    (rows assembly with a bound pass): written at ``ok`` into the chunk's room
+    (``ocrd``/``oval`` are plain arrays), the row counted once (:class:`RowEnd`)."""
     coords: Tuple[str, ...]
     value: str
     row: Optional[str] = None
+    local: bool = False
 
 
-Stmt = Union[Assign, AddTo, Call, For, While, If, LevelCode, AppendEntry]
+@dataclass(frozen=True)
+class RowEnd:
+    """The row's entry count (``ok - ob``: ``ob`` is where it started) stored into
+    ``out_pos[row + 1]``."""
+    row: str
+
+
+Stmt = Union[Assign, AddTo, Call, For, While, If, LevelCode, AppendEntry, RowEnd]
 
 
 @dataclass(frozen=True)
 class ChunkFunction:
     """``cdef void name(Args*, clo, chi, ocrd, oval)``: the loop nest over one range of the
     outermost loop. ``select``: the run-time condition under which ``kernel`` calls this
-    variant instead of ``run_chunk`` (None for ``run_chunk`` itself)."""
+    variant instead of ``run_chunk`` (None for ``run_chunk`` itself). ``returns``: a local
+    the function returns (the chunk's entry count when rows are written through local
+    pointers), or None (``void``)."""
     name: str
     select: Optional[str]
     locals: Tuple[Tuple[str, str], ...]      # (name, C type), in order of first use
     body: Tuple[Stmt, ...]
+    returns: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -153,11 +168,16 @@ class TuplesOutput:
 @dataclass(frozen=True)
 class RowsOutput:
     """Rows assembly: ``dense_vars`` are the dense levels' variables over the last
-    (compressed) level ``last``; coordinates are appended in ``index_type``."""
+    (compressed) level ``last``; coordinates are appended in ``index_type``. ``bound``: the
+    kernel has a bound pass (``Kernel.bound_function``: an upper bound of each chunk's
+    entries, from the trip counts of the loop over the last level) and the chunk functions
+    write straight into that room and return their entry counts; else they append to
+    growable buffers."""
     dense_vars: Tuple[str, ...]
     last: str
     level_vars: Tuple[str, ...]
     index_type: str
+    bound: bool = False
 
 
 @dataclass(frozen=True)
@@ -179,6 +199,8 @@ class Kernel:
     fill: Optional[str] = None               # what memset fills instead of 0 (max/min: -inf/+inf)
     vector_bytes: int = 64                   # the vector type's size (the target's registers)
     target: str = ""                         # a chosen (not native) build target, or ""
+    bound_function: Optional[ChunkFunction] = None   # rows output's bound pass (RowsOutput.bound)
+    cflags: str = ""                         # extra compiler flags the kernel asks for, or ""
 
 
 def walk(stmts) -> Iterator[Stmt]:

@@ -22,13 +22,14 @@ index variable ``v`` the sparse levels that index ``v`` are the lattice's iterat
 """
 from __future__ import annotations
 
+from itertools import combinations
 from typing import Callable, Dict, Iterable, List, Sequence, Tuple
 
 from .functions import function
 from .index_notation import Access, Add, Apply, Compare, Div, Expr, Mul, Neg, Scalar, Sub, Where
 
 __all__ = ["access_ids", "zero_analysis", "UNKNOWN", "formula", "evaluate", "to_code", "dense_needed", "necessary",
-           "loop_condition"]
+           "loop_condition", "lattice_points", "MAX_POINT_ITERATORS", "implied_by_any"]
 
 
 def access_ids(rhs: Expr) -> Dict[Access, int]:
@@ -147,7 +148,8 @@ def substitute(f, known: Dict[int, object]):
 
 def to_code(f, flag: Callable[[int], str]) -> str:
     """C (Cython) boolean expression; ``flag(id)`` gives each access's presence code
-    (``"1"`` when known present). Returns ``"1"`` when the formula always holds."""
+    (``"1"`` when known present, ``"0"`` when known absent). Returns ``"1"`` when the
+    formula always holds and ``"0"`` when it never does."""
     def rec(g):
         if g is True:
             return "1"
@@ -159,6 +161,8 @@ def to_code(f, flag: Callable[[int], str]) -> str:
             return flag(g[1])
         a, b = rec(g[1]), rec(g[2])
         if g[0] == "and":
+            if a == "0" or b == "0":
+                return "0"
             if a == "1":
                 return b
             if b == "1":
@@ -166,6 +170,10 @@ def to_code(f, flag: Callable[[int], str]) -> str:
             return f"({a} and {b})"
         if a == "1" or b == "1":
             return "1"
+        if a == "0":
+            return b
+        if b == "0":
+            return a
         return f"({a} or {b})"
     return rec(f)
 
@@ -186,3 +194,33 @@ def loop_condition(f, iterators: Sequence[int], not_exhausted: Callable[[int], s
     access that is not an iterator of this loop counted present."""
     its = set(iterators)
     return to_code(f, lambda i: not_exhausted(i) if i in its else "1")
+
+
+#: a merge of at most this many iterators is lowered as TACO's lattice points (one loop per
+#: point); more run as one k-pointer loop (2^k - 1 points would copy the body too often)
+MAX_POINT_ITERATORS = 3
+
+
+def lattice_points(f, iterators: Sequence[int], present: Callable[[int], bool]) -> List[Tuple[int, ...]]:
+    """TACO's merge lattice points of a loop over ``iterators``: every subset ``S`` of them
+    (largest first) where the formula can hold with only ``S``'s iterators left
+    (``present(i)`` for the accesses that are not iterators here). Run in this order, each
+    point's loop runs while all of ``S`` are unexhausted, so when it starts the iterators
+    outside ``S`` are exhausted: the union ``A + B`` gives ``(A, B), (A,), (B,)`` (after
+    the two-way merge, the rest of one operand is copied without comparisons), the
+    intersection ``A * B`` only ``(A, B)``."""
+    its = list(iterators)
+    out: List[Tuple[int, ...]] = []
+    for size in range(len(its), 0, -1):
+        for S in combinations(its, size):
+            if evaluate(f, lambda i, S=S: i in S if i in its else present(i)):
+                out.append(S)
+    return out
+
+
+def implied_by_any(f, flags: Dict[int, str], group: Sequence[str]) -> bool:
+    """Whether the formula holds wherever at least one presence code of ``group`` is true
+    (a merge point: the smallest coordinate is present in at least one of its iterators).
+    ``flags``: each access's presence code; a code outside ``group`` counts as absent
+    unless it is ``"1"``. For the union ``A + B`` with ``group = (f0, f1)``: yes."""
+    return all(evaluate(f, lambda i, g=g: flags[i] == "1" or flags[i] == g) for g in group)

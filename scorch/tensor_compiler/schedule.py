@@ -135,9 +135,12 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
     operand read natively: its block-inner dense levels).
     """
     fixed_tail = fixed_tail or {}
-    _check_denominators(asg.rhs, formats)
     ids = ml.access_ids(asg.rhs)
     f = ml.formula(asg.rhs, ids)
+    sparse_ids = {i for a, i in ids.items() if formats[a.tensor] is not None}
+    if not ml.evaluate(f, lambda i: i not in sparse_ids):
+        # unless computed everywhere (where a quotient reads x / 0 if nothing is stored)
+        _check_denominators(asg.rhs, formats)
     for acc in ids:
         fmt = formats[acc.tensor]
         if fmt is not None:
@@ -252,7 +255,8 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
 def _check_denominators(e, formats) -> None:
     """A quotient is computed where its numerator may be nonzero, so its denominator must be
     dense: dividing by a sparse operand is x / 0 wherever it stores nothing (dense by
-    nature)."""
+    nature). (An expression computed at every position, ``where(1, A / B, 1)``, may divide
+    by a sparse operand: there an absent entry reads as 0.)"""
     if isinstance(e, Div):
         sparse = sorted({a.tensor for a in accesses(e.b) if formats[a.tensor] is not None})
         if sparse:

@@ -15,8 +15,8 @@ import torch
 from ..loop_ir import (ArgSpec, Assign, Call, ChunkFunction, Chunking, DenseOutput, Kernel, Panels,
                        RowsOutput, Stmt, TuplesOutput)
 from ..schedule import Schedule
-from .facts import (DENSE_WS_LIMIT, PREFETCH_DISTANCE, PREFETCH_MIN_BYTES, KernelFacts, kernel_facts,
-                    math_functions, reduce_identity, short_rows, ws_size)
+from .facts import (DENSE_WS_LIMIT, PREFETCH_DISTANCE, PREFETCH_MIN_BYTES, UNPREDICTABLE_DECL, KernelFacts,
+                    kernel_facts, math_functions, reduce_identity, short_rows, ws_size)
 from .loops import loop_nest
 from .nest import Cursor, Decls, Nest, Variant
 
@@ -94,8 +94,12 @@ def chunk_function(f: KernelFacts, variant: Variant) -> ChunkFunction:
         lv = s.accesses[acc].levels[-1]
         extent = " * ".join(f"a.N_{v}" for v in rows) or "1"
         pre.insert(0, Assign(n.decls.need("pfe"), f"{lv.pos}[{extent}] - {PREFETCH_DISTANCE}"))
+    if f.row_room:
+        # the chunk's entries (or, in the bound pass, their bound) counted from its room's start
+        pre.append(Assign(n.decls.need("ok"), "0"))
     body = tuple(pre) + loop_nest(n, 0, start) + tuple(post)
-    return ChunkFunction(variant.name, variant.select, n.decls.items(), body)
+    return ChunkFunction(variant.name, variant.select, n.decls.items(), body,
+                         "ok" if f.row_room else None)
 
 
 def variants(f: KernelFacts) -> Tuple[Variant, ...]:
@@ -144,12 +148,14 @@ def _imports(f: KernelFacts) -> Tuple[str, ...]:
     if out.mode == "ws" and f.rt_ws:
         lines.append("from scorch._runtime.workspace cimport (AppendBuffer, DenseScratch, SparseWorkspace,\n"
                      "                                        dense_scratch, dense_ws_drain)")
-    elif f.rows:
+    elif f.rows and not f.row_room:
         lines.append("from scorch._runtime.workspace cimport AppendBuffer")
     elif out.mode == "ws" and not out.ws_dense:
         lines.append("from libcpp.map cimport map as cmap")
     lines += ["from cython.operator cimport dereference as deref, preincrement as inc",
               "from cython.parallel cimport prange"]
+    if any(lp.kind == "merge" for lp in f.loops):   # merge points select without branches
+        lines += list(UNPREDICTABLE_DECL)
     if not out.dense and out.pattern < 0:
         lines.append("import numpy as np")
     return tuple(lines)
@@ -158,7 +164,8 @@ def _imports(f: KernelFacts) -> Tuple[str, ...]:
 def _output(f: KernelFacts):
     out = f.s.output
     if f.rows:
-        return RowsOutput(tuple(out.level_vars[:f.rows]), out.level_vars[-1], tuple(out.level_vars), f.oit)
+        return RowsOutput(tuple(out.level_vars[:f.rows]), out.level_vars[-1], tuple(out.level_vars), f.oit,
+                          f.row_room)
     if out.dense or out.pattern >= 0:
         return DenseOutput()
     return TuplesOutput(max(1, len(out.level_vars)))
@@ -201,4 +208,9 @@ def lower_kernel(s: Schedule, value_dtype: torch.dtype,
                   c_entry=c_entry, ws_vars=tuple(out.ws_vars) if out.mode == "ws" else (),
                   chunking=_chunking(f), memset=memset, panels=_panels(f), output=_output(f),
                   fill=None if s.assignment.reduce == "sum" else reduce_identity(s.assignment.reduce, f.vt),
-                  vector_bytes=f.target.vector_bytes, target=f.target.tag)
+                  vector_bytes=f.target.vector_bytes, target=f.target.tag,
+                  bound_function=chunk_function(f, Variant("run_bound", bound_only=True)) if f.row_room else None,
+                  # rows written straight run short loops (a union's rest of a row: a few
+                  # entries), where gcc's vectorized copies cost more in set-up than they
+                  # save (arrow, 3 a row: 1.09 -> 0.65 ms; 4elt, 6: 0.65 -> 0.44 ms)
+                  cflags="-fno-tree-vectorize" if f.row_room else "")

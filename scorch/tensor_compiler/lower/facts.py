@@ -21,8 +21,9 @@ from ..levels import LevelPlan
 from ..schedule import Schedule
 from ..target import Target, current as current_target, vector_type_name
 
-__all__ = ["CTYPES", "NPTYPES", "ITYPES", "DENSE_WS_LIMIT", "SHORT_ROWS", "SHORT_ROWS_BY_DTYPE",
-           "PREFETCH_DISTANCE", "PREFETCH_MIN_BYTES", "gathered", "short_rows_limit", "short_rows", "unit_stride_accesses", "relayouts", "LoopLevels",
+__all__ = ["UNPREDICTABLE", "UNPREDICTABLE_DECL", "CTYPES", "NPTYPES", "ITYPES", "DENSE_WS_LIMIT", "SHORT_ROWS",
+           "SHORT_ROWS_BY_DTYPE", "PREFETCH_DISTANCE", "PREFETCH_MIN_BYTES", "gathered", "short_rows_limit",
+           "short_rows", "unit_stride_accesses", "relayouts", "LoopLevels",
            "KernelFacts", "kernel_facts", "cvar", "ws_size"]
 
 #: a sparse workspace whose extent is at most this many entries runs as a dense array with
@@ -61,6 +62,13 @@ PREFETCH_MIN_BYTES = 2 << 20
 def short_rows_limit(value_dtype: torch.dtype) -> int:
     """Average entries per row up to which the short-rows variant runs (see short_rows)."""
     return SHORT_ROWS_BY_DTYPE.get(value_dtype, SHORT_ROWS)
+
+
+#: the C builtin a kernel calls to mark a condition as unpredictable (gcc then selects with
+#: a conditional move instead of a branch), declared in the kernel as this name
+UNPREDICTABLE = "scorch_unpredictable"
+UNPREDICTABLE_DECL = ("cdef extern from *:",
+                      f'    bint {UNPREDICTABLE} "__builtin_expect_with_probability"(long, long, double) nogil')
 
 
 def cvar(v: str) -> str:
@@ -292,6 +300,7 @@ class KernelFacts:
     row_depth: int                         # register-row accumulation depth (-1: none)
     dot: bool                              # vector dot product at fixed widths
     rows: int                              # rows assembly: dense levels over the last one
+    row_room: bool                         # rows written straight into room from a bound pass
     oit: str                               # appended coordinates' type (rows assembly)
     crd_buf: str                           # chunk buffer types
     val_buf: str
@@ -391,8 +400,14 @@ def kernel_facts(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, 
     row_depth = _row_accumulation_depth(s, out_unit) if summed else -1
     dot = _vector_dot(s, unit) and summed
     rows = _rows_assembly(s, rt_ws)
+    # appends at most once per iteration of the loop over the last output level (no
+    # workspace between): that loop's trip count bounds the row, so a bound pass sizes the
+    # output and the rows are written straight into it
+    row_room = bool(rows) and out.mode in ("direct", "acc")
     oit = "int32_t" if idx and all(t == "int32_t" for t in idx.values()) else "int64_t"
-    if rows:
+    if row_room:
+        crd_buf, val_buf = oit, vt
+    elif rows:
         crd_buf, val_buf = f"AppendBuffer[{oit}]", f"AppendBuffer[{vt}]"
     else:
         crd_buf, val_buf = "vector[int64_t]", f"vector[{vt}]"
@@ -407,7 +422,7 @@ def kernel_facts(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, 
     chunk_kind, chunk_level = _chunk_level(s)
     return KernelFacts(s=s, ids=ml.access_ids(s.assignment.rhs), vt=vt, npvt=NPTYPES[value_dtype],
                        idx=idx, unit=unit, out_unit=out_unit, rt_ws=rt_ws, row_depth=row_depth,
-                       dot=dot, rows=rows, oit=oit, crd_buf=crd_buf, val_buf=val_buf,
+                       dot=dot, rows=rows, row_room=row_room, oit=oit, crd_buf=crd_buf, val_buf=val_buf,
                        lanes=tg.lanes(vt if vt in ("float", "double") else "double"),
                        vtype="scorch_vf" if vt == "float" else "scorch_vd", target=tg, widths=widths,
                        panels=panels, loops=loops, store_all=store_all, chunk_kind=chunk_kind,

@@ -5,8 +5,12 @@ it advances and the merge lattice (``facts.LoopLevels``):
   the expression does not need are merged in (a found flag per iterator);
 * ``segment``: ``for q in range(pos[p], pos[p+1])`` over one sparse level;
 * ``group``: a ``while`` over runs of equal coordinates of a grouped coordinate level;
-* ``merge``: a k-pointer ``while`` visiting the smallest current coordinate and entering the
-  body where the lattice point holds (intersection for products, union for sums).
+* ``merge``: TACO's merge lattice points, one loop each (largest first): a ``while`` over
+  two or more iterators visiting the smallest current coordinate (selected without
+  branches) and entering the body where the formula holds (intersection for products,
+  union for sums), each iterator advanced by its found flag; a point of one iterator
+  (``rest``) copies the rest of its segment after the others are exhausted. More than
+  ``merge_lattice.MAX_POINT_ITERATORS`` iterators: one k-pointer ``while``.
 
 Levels over variables already bound (a diagonal, ``ii->i``) are *chased* in the loop body:
 located by arithmetic, or searched for in their segment.
@@ -18,9 +22,9 @@ from typing import List, Tuple
 from .. import merge_lattice as ml
 from ..levels import LevelPlan, group_end, segment_setup
 from ..loop_ir import AddTo, Assign, Call, For, If, LevelCode, Stmt, While
-from .facts import PREFETCH_DISTANCE, LoopLevels, cvar
+from .facts import PREFETCH_DISTANCE, UNPREDICTABLE, LoopLevels, cvar
 from .nest import Cursor, Nest
-from .output import after_loop, before_loop, leaf, vector_leaf
+from .output import after_loop, before_loop, leaf, presence, row_room, vector_leaf
 
 __all__ = ["loop_nest"]
 
@@ -149,6 +153,9 @@ def _loop(n: Nest, lp: LoopLevels, st: Cursor) -> List[Stmt]:
         if n.variant.width is not None and depth == len(f.s.loop_order) - 1:
             return stmts + list(vector_leaf(n, st))
         lo, hi = ("clo", "chi") if chunked else ("0", f"a.N_{lp.var}")
+        room = row_room(n, depth, f"a.N_{lp.var}")
+        if n.variant.bound_only and room:
+            return stmts + room
         body: List[Stmt] = []
         for lv in lp.iters:
             body += _found(n, lv, cv)
@@ -156,25 +163,114 @@ def _loop(n: Nest, lp: LoopLevels, st: Cursor) -> List[Stmt]:
         body += _bind_children(n, lp, st, new)
         body += loop_nest(n, depth + 1, new)
         body += _advance_found(lp.iters)
-        return stmts + [For(cv, lo, hi, tuple(body), "dense")]
+        return stmts + room + [For(cv, lo, hi, tuple(body), "dense")]
+    # iterators known absent here (a merge point above left them behind) drop out
+    live = [lv for lv in lp.iters if st.pres[lv.access] != "0"]
+    room = row_room(n, depth, " + ".join(f"({lv.hi} - {lv.q})" for lv in live) or "0")
+    stmts += room
+    if not live or (n.variant.bound_only and room):
+        return stmts
     if lp.kind in ("segment", "group"):
-        lv = lp.iters[0]
-        new.pres[lv.access] = "1"
-        if lp.kind == "segment":
-            lo, hi = ("clo", "chi") if chunked else (lv.q, lv.hi)
-            body = [Assign(cv, f"{lv.crd}[{lv.q}]")] + _prefetch(n, lp, st) + _bind_children(n, lp, st, new)
-            body += loop_nest(n, depth + 1, new)
-            return stmts + [For(lv.q, lo, hi, tuple(body), "segment")]
-        body = [Assign(cv, f"{lv.crd}[{lv.q}]"), LevelCode(tuple(group_end(lv, cv)))]
+        lo, hi = ("clo", "chi") if chunked and lp.kind == "segment" else (live[0].q, live[0].hi)
+        return stmts + _single(n, lp, live[0], st, new, lo, hi)
+    return stmts + _merge(n, lp, st, live)
+
+
+def _single(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor, new: Cursor, lo: str, hi: str,
+            role: str = "") -> List[Stmt]:
+    """The loop over one sparse level's entries ``lo .. hi`` (a segment), or over its runs
+    of equal coordinates (a grouped level); ``role``: ``"rest"`` for a merge point's last
+    iterator."""
+    cv = cvar(lp.var)
+    new.pres[lv.access] = "1"
+    body: List[Stmt] = [Assign(cv, f"{lv.crd}[{lv.q}]")]
+    if not lv.grouped:
+        if not role:
+            body += _prefetch(n, lp, st)
         body += _bind_children(n, lp, st, new)
-        body += loop_nest(n, depth + 1, new)
-        body.append(Assign(lv.q, lv.qe))
-        return stmts + [While(f"{lv.q} < {lv.hi}", tuple(body), "group")]
-    return stmts + [_merge(n, lp, st, new)]
+        body += loop_nest(n, lp.depth + 1, new)
+        return [For(lv.q, lo, hi, tuple(body), role or "segment")]
+    body.append(LevelCode(tuple(group_end(lv, cv))))
+    body += _bind_children(n, lp, st, new)
+    body += loop_nest(n, lp.depth + 1, new)
+    body.append(Assign(lv.q, lv.qe))
+    return [While(f"{lv.q} < {hi}", tuple(body), role or "group")]
 
 
-def _merge(n: Nest, lp: LoopLevels, st: Cursor, new: Cursor) -> While:
-    """The k-pointer merge of several sparse iterators (the merge lattice at run time)."""
+def _merge(n: Nest, lp: LoopLevels, st: Cursor, live: List[LevelPlan]) -> List[Stmt]:
+    """The merge of several sparse iterators as TACO's lattice points
+    (``merge_lattice.lattice_points``): one loop per point, largest first, each running
+    while all its iterators are unexhausted and knowing the others exhausted; a point of
+    one iterator copies the rest of its segment without comparisons. More than
+    ``MAX_POINT_ITERATORS`` iterators: one k-pointer loop."""
+    f = n.facts
+    if len(live) > ml.MAX_POINT_ITERATORS:
+        return [_kpointer(n, lp, st, st.child())]
+    ids = [lv.access for lv in live]
+    points = ml.lattice_points(f.s.formula, ids, lambda i: st.pres[i] != "0")
+    out: List[Stmt] = []
+    for S in points:
+        new = st.child()
+        for lv in live:
+            if lv.access not in S:
+                new.pres[lv.access] = "0"
+        sub = [lv for lv in live if lv.access in S]
+        if len(sub) == 1:
+            out += _single(n, lp, sub[0], st, new, sub[0].q, sub[0].hi, "rest")
+        else:
+            out.append(_point(n, lp, st, new, sub))
+    return out
+
+
+def _point(n: Nest, lp: LoopLevels, st: Cursor, new: Cursor, sub: List[LevelPlan]) -> While:
+    """One merge point of two or more iterators: the smallest coordinate selected without
+    branches, each iterator's found flag, the body where the formula holds, and each
+    iterator advanced by its flag."""
+    f, d = n.facts, n.decls
+    cv = cvar(lp.var)
+    body: List[Stmt] = []
+    # each iterator's coordinate (and, at an access's last level, its value: always
+    # readable here) in a local; the smallest coordinate by conditional moves (a branch on
+    # it mispredicts wherever the operands interleave)
+    for lv in sub:
+        j = d.need("j" + lv.q[1:])
+        body.append(Assign(j, f"{lv.crd}[{lv.q}]"))
+        if not lv.grouped and lv.k == len(f.s.accesses[lv.access].levels) - 1:
+            x = d.need("x" + lv.q[1:], f.vt)
+            body.append(Assign(x, f"a.t{lv.access}_vals[{lv.q}]"))
+            new.vals[lv.access] = x
+    body.append(Assign(cv, "j" + sub[0].q[1:]))
+    for lv in sub[1:]:
+        j = "j" + lv.q[1:]
+        body.append(Assign(cv, f"{j} if {UNPREDICTABLE}({j} < {cv}, 1, 0.5) else {cv}"))
+    # the iterators the formula needs at this point (the others outside it are absent)
+    absent = {lv.access: False for lv in lp.iters if new.pres[lv.access] == "0"}
+    nec = set(ml.necessary(ml.substitute(f.s.formula, absent), [lv.access for lv in sub]))
+    for lv in sub:
+        fl = d.need(lv.found, "int")
+        body.append(Assign(fl, f"{'j' + lv.q[1:]} == {cv}"))
+        if lv.grouped:
+            body.append(If(fl, (LevelCode(tuple(group_end(lv, cv))),)))
+        new.pres[lv.access] = fl
+    # at least one iterator stands at the coordinate; the body runs where the formula holds
+    new.some = st.some + (tuple(lv.found for lv in sub),)
+    it_ids = {lv.access for lv in lp.iters}
+    guard = presence(n, new, {i: (c if i in it_ids else "1") for i, c in new.pres.items()})
+    for lv in sub:    # inside the guard, the iterators the formula needs are present
+        if lv.access in nec:
+            new.pres[lv.access] = "1"
+    body += _bind_children(n, lp, st, new)
+    inner = loop_nest(n, lp.depth + 1, new)
+    if guard != "0":
+        body += [If(guard, inner)] if guard != "1" else list(inner)
+    for lv in sub:
+        body.append(If(lv.found, (Assign(lv.q, lv.qe),)) if lv.grouped else AddTo(lv.q, lv.found))
+    return While(" and ".join(f"{lv.q} < {lv.hi}" for lv in sub), tuple(body), "merge")
+
+
+def _kpointer(n: Nest, lp: LoopLevels, st: Cursor, new: Cursor) -> While:
+    """The k-pointer merge of several sparse iterators in one loop (the merge lattice at
+    run time)."""
     f = n.facts
     cv, its = cvar(lp.var), lp.iters
     it_ids = [lv.access for lv in its]

@@ -15,12 +15,15 @@ class Variant:
     """One chunk-function variant: ``width`` is the innermost loop's compile-time extent
     (None: the run-time ``N``), ``ws_map``: the workspace is the runtime's std::map, else
     local dense arrays. ``prefetch``: the row loop prefetches its gathers ahead (see
-    ``facts.PREFETCH_MIN_BYTES``). ``select``: the condition that picks it (None: ``run_chunk``)."""
+    ``facts.PREFETCH_MIN_BYTES``). ``select``: the condition that picks it (None: ``run_chunk``).
+    ``bound_only``: the bound pass of a rows output (the loops down to the last output
+    level, adding up that loop's trip-count bounds)."""
     name: str = "run_chunk"
     select: Optional[str] = None
     width: Optional[int] = None
     ws_map: bool = False
     prefetch: bool = False
+    bound_only: bool = False
 
 
 class Decls:
@@ -49,14 +52,19 @@ class Nest:
 class Cursor:
     """Where the loops above stand, per access: ``pos`` the position of a sparse access
     (None inside a grouped run, whose range is ``seg``), ``pres`` its presence code (``"1"``
-    when known present), ``off`` a dense access's offset; ``oo`` the dense output's."""
+    when known present, ``"0"`` when known absent), ``off`` a dense access's offset; ``oo``
+    the dense output's; ``some``: groups of presence codes of which at least one holds (the
+    iterators of an enclosing merge point); ``vals``: a local holding an access's value at
+    its current position (a merge point loads it unconditionally)."""
     pos: Dict[int, Optional[str]] = field(default_factory=dict)
     seg: Dict[int, Tuple[str, str]] = field(default_factory=dict)
     pres: Dict[int, str] = field(default_factory=dict)
     off: Dict[int, str] = field(default_factory=dict)
     oo: str = "0"
+    some: Tuple[Tuple[str, ...], ...] = ()
+    vals: Dict[int, str] = field(default_factory=dict)
 
     def child(self) -> "Cursor":
         """A copy the loop below rebinds (the loop's own cursor is never changed)."""
         return replace(self, pos=dict(self.pos), seg=dict(self.seg), pres=dict(self.pres),
-                       off=dict(self.off))
+                       off=dict(self.off), vals=dict(self.vals))

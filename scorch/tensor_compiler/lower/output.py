@@ -9,16 +9,16 @@ std::map, or a plain std::map; drained in key order into the output).
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from .. import merge_lattice as ml
 from ..functions import function
 from ..index_notation import Access, Add, Apply, Compare, Div, Expr, Mul, Neg, Scalar, Sub, Where
-from ..loop_ir import AddTo, AppendEntry, Assign, Call, For, If, Stmt, While
-from .facts import cvar, reduce_identity, reduce_into
+from ..loop_ir import AddTo, AppendEntry, Assign, Call, For, If, RowEnd, Stmt, While
+from .facts import UNPREDICTABLE, cvar, reduce_identity, reduce_into
 from .nest import Cursor, Nest
 
-__all__ = ["value", "leaf", "vector_leaf", "before_loop", "after_loop"]
+__all__ = ["value", "presence", "leaf", "vector_leaf", "before_loop", "after_loop", "row_room"]
 
 
 def value(n: Nest, e: Expr, st: Cursor, vec_at: Optional[int] = None) -> str:
@@ -33,6 +33,10 @@ def value(n: Nest, e: Expr, st: Cursor, vec_at: Optional[int] = None) -> str:
         if vec_at is not None and not ap.sparse and f.s.loop_order[-1] in ap.indices:
             code = f"(<{f.vector(n.variant.width)[1]}*>(a.t{i}_vals + {p} + {vec_at}))[0]"
         pr = st.pres[i]
+        if pr == "0":   # known absent (a merge point past its iterator): nothing is read
+            return "0"
+        if pr != "1" and i in st.vals:   # loaded already: a select, not a branch
+            return f"({st.vals[i]} if {UNPREDICTABLE}({pr}, 1, 0.5) else 0)"
         return code if pr == "1" else f"({code} if {pr} else 0)"
     if isinstance(e, Scalar):
         return f"(<{f.vt}>{e.value!r})"
@@ -50,9 +54,25 @@ def value(n: Nest, e: Expr, st: Cursor, vec_at: Optional[int] = None) -> str:
     return f"({value(n, e.a, st, vec_at)} {op} {value(n, e.b, st, vec_at)})"
 
 
+def presence(n: Nest, st: Cursor, flags: Optional[Dict[int, str]] = None) -> str:
+    """The lattice's presence condition at the cursor as C code (``flags``: presence codes
+    to use instead of the cursor's): ``"1"`` where it always holds, also where an enclosing
+    merge point guarantees it (``Cursor.some``: the union ``A + B`` holds at every
+    coordinate its merge visits), ``"0"`` where it never does."""
+    f = n.facts.s.formula
+    codes = flags if flags is not None else st.pres
+    cond = ml.to_code(f, lambda i: codes[i])
+    if cond not in ("0", "1") and any(ml.implied_by_any(f, codes, g) for g in st.some):
+        return "1"
+    return cond
+
+
 def _guarded(n: Nest, st: Cursor, stmts: List[Stmt]) -> Tuple[Stmt, ...]:
-    """``stmts`` under the lattice's presence condition at the cursor (if it can fail)."""
-    cond = ml.to_code(n.facts.s.formula, lambda i: st.pres[i])
+    """``stmts`` under the lattice's presence condition at the cursor (if it can fail;
+    nothing where it cannot hold)."""
+    cond = presence(n, st)
+    if cond == "0":
+        return ()
     return (If(cond, tuple(stmts)),) if cond != "1" else tuple(stmts)
 
 
@@ -67,7 +87,19 @@ def _row_position(n: Nest) -> str:
 
 def _append(n: Nest, val: str) -> AppendEntry:
     coords = tuple(cvar(v) for v in n.facts.s.output.level_vars)
-    return AppendEntry(coords, val, _row_position(n) if n.facts.rows else None)
+    return AppendEntry(coords, val, _row_position(n) if n.facts.rows else None, n.facts.row_room)
+
+
+def row_room(n: Nest, depth: int, bound: str) -> List[Stmt]:
+    """At the loop over the output's last level (rows written straight into the room the
+    bound pass made): the bound pass adds the loop's trip-count bound ``bound``; the
+    chunk function notes where the row starts."""
+    if not (n.facts.row_room and depth == n.facts.rows):
+        return []
+    if n.variant.bound_only:
+        return [AddTo(n.decls.need("ok"), bound)]
+    n.decls.need("ok")
+    return [Assign(n.decls.need("ob"), "ok")]
 
 
 def _ws_key(n: Nest) -> str:
@@ -257,6 +289,8 @@ def after_loop(n: Nest, depth: int, st: Cursor) -> List[Stmt]:
     f, d = n.facts, n.decls
     out = f.s.output
     stmts: List[Stmt] = _row_end(n, st) if depth == f.row_depth else []
+    if f.row_room and depth == f.rows and not n.variant.bound_only:
+        stmts.append(RowEnd(_row_position(n)))
     if out.mode == "ws" and depth == out.ws_depth and out.ws_dense:
         d.need("wkey")
         fiber = ([Assign("wkey", "wi")] + _decode_key(n)
