@@ -200,18 +200,25 @@ for _op, _fns in {
 
 def extremum(op: str, a, b) -> torch.Tensor:
     """``torch.maximum(a, b)`` / ``torch.minimum(a, b)`` with a sparse operand: ONE kernel of
-    ``where(a > b or a != a, a, b)`` (``<`` for minimum; ``a != a``: a NaN in ``a`` wins, one
-    in ``b`` is picked by the comparison failing). Sparse with both operands sparse (the
-    union of their patterns), else dense by nature."""
+    ``where(a > b, a, where(a < b, b, a/2 + b/2))`` (``<`` and ``>`` swapped for minimum). The
+    last branch is taken at ties, where it is ``a``, and where either is NaN, where it is
+    NaN (torch propagates NaN from either side); its gradient splits a tie evenly, as
+    torch's. Sparse with both operands sparse (the union of their patterns), else dense by
+    nature; differentiable in both."""
     a, b = as_scorch(a), as_scorch(b)
-    _no_backward_yet(op, a, b)
     out_dt = result_dtype(a, b)
     dt = _compute_dtype(out_dt)
     ir = _ir()
-    node = ir.Gt if op == "maximum" else ir.Lt
+    wins, loses = (ir.Gt, ir.Lt) if op == "maximum" else (ir.Lt, ir.Gt)
+    half = ir.Scalar(0.5)
     dense = not (is_sparse_operand(a) and is_sparse_operand(b))
-    r = _run(op, [_in(a, dt), _in(b, dt)], lambda x, y: ir.Where(node(x, y) + ir.Ne(x, x), x, y),
-             dense, dt)
+    if dt.is_floating_point:
+        def expr(x, y):
+            return ir.Where(wins(x, y), x, ir.Where(loses(x, y), y, x * half + y * half))
+    else:       # no NaN, no gradient: the winner or, at a tie, either
+        def expr(x, y):
+            return ir.Where(wins(x, y), x, y)
+    r = _run(op, [_in(a, dt), _in(b, dt)], expr, dense, dt, differentiable=dt.is_floating_point)
     return as_bool(r) if out_dt == torch.bool else r
 
 
