@@ -153,8 +153,17 @@ def test_union_and_intersection_merges():
     assert appends[1].value == "(a.t0_vals[q0_1] + 0)" and appends[2].value == "(0 + a.t1_vals[q1_1])"
     # rows written straight into the room a bound pass made, counted once per row
     assert all(a.local for a in appends) and k.output.bound
-    assert [n for n in walk(k.bound_function.body) if isinstance(n, AddTo)] == [
-        AddTo("ok", "(h0_1 - q0_1) + (h1_1 - q1_1)")]
+    # each row's room is its segments' lengths and the segments are indexed by the row, so a
+    # chunk's room telescopes to pos[chi] - pos[clo] per operand: no walk over the rows
+    bound = k.bound_function.body
+    assert [n for n in walk(bound) if isinstance(n, AddTo)] == [AddTo("ok", (
+        "(<int64_t>a.t0_pos1[chi] - a.t0_pos1[clo]) + (<int64_t>a.t1_pos1[chi] - a.t1_pos1[clo])"))]
+    assert not [n for n in walk(bound) if isinstance(n, For)]
+    # a sparse vector broadcast over the rows: its segment is not the row's, so the pass
+    # adds each row's trip-count bound
+    s, k = _lower(Assignment("ij", A + Access(1, "j")), [CSR, Format("c")])
+    bound = k.bound_function.body
+    assert [n for n in walk(bound) if isinstance(n, AddTo)] == [AddTo("ok", "(h0_1 - q0_1) + (h1_0 - q1_0)")]
     s, k = _lower(Assignment("ij", A * B), [CSR, CSR])
     assert [lp for lp in _loops(k) if lp[1] in ("merge", "rest")] == [("q0_1 < h0_1 and q1_1 < h1_1", "merge")]
     guard = [n for n in _nodes(k, If) if n.cond == "(f0_1 and f1_1)"]

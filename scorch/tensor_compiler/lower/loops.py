@@ -153,6 +153,10 @@ def _loop(n: Nest, lp: LoopLevels, st: Cursor) -> List[Stmt]:
         if n.variant.width is not None and depth == len(f.s.loop_order) - 1:
             return stmts + list(vector_leaf(n, st))
         lo, hi = ("clo", "chi") if chunked else ("0", f"a.N_{lp.var}")
+        if n.variant.bound_only and chunked:
+            whole = _telescoped_room(n, lp, st)
+            if whole is not None:
+                return whole
         room = row_room(n, depth, f"a.N_{lp.var}")
         if n.variant.bound_only and room:
             return stmts + room
@@ -174,6 +178,26 @@ def _loop(n: Nest, lp: LoopLevels, st: Cursor) -> List[Stmt]:
         lo, hi = ("clo", "chi") if chunked and lp.kind == "segment" else (live[0].q, live[0].hi)
         return stmts + _single(n, lp, live[0], st, new, lo, hi)
     return stmts + _merge(n, lp, st, live)
+
+
+def _telescoped_room(n: Nest, lp: LoopLevels, st: Cursor):
+    """The bound pass of a chunk of rows at once, where each row's room is the sum of its
+    segments' lengths and every segment's parent position is the row itself (``A + B``
+    over CSR): the lengths telescope to ``pos[chi] - pos[clo]`` per operand, so the pass
+    reads two entries per operand instead of walking the row pointers. None where the
+    rows' segments are not indexed by the row (the general per-row pass then)."""
+    f = n.facts
+    if f.rows != 1 or lp.iters or lp.chased or len(f.loops) < 2:
+        return None
+    row = {lv.access for lv in lp.locs if st.pos[lv.access] == "0" and not lv.from_range}
+    nl = f.loops[1]
+    if nl.kind == "dense" or nl.chased or not nl.iters:
+        return None
+    for lv in nl.iters:
+        if not lv.has_pos or lv.from_range or lv.access not in row or st.pres[lv.access] != "1":
+            return None
+    ok = n.decls.need("ok")
+    return [AddTo(ok, " + ".join(f"(<int64_t>{lv.pos}[chi] - {lv.pos}[clo])" for lv in nl.iters))]
 
 
 def _single(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor, new: Cursor, lo: str, hi: str,
