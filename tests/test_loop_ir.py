@@ -240,3 +240,18 @@ def test_generate_prints_the_lowered_kernel(asg, formats):
     assert lower_kernel(s, torch.float32, idx) == k          # lowering is deterministic
     short = codegen.generate(s, torch.float32, idx, scalar_inner=True)[0].split("\n")
     assert short[2] == "# scorch-cflags: -fno-tree-vectorize" and short[4:] == src.split("\n")[2:]
+
+
+def test_row_loop_nothing_reads_is_flattened():
+    # A.sum(0) over CSR into a dense vector: the row loop is never read below, so the two
+    # loops are one loop over all stored positions (no per-row exit to mispredict)
+    s, k = _lower(Assignment("j", A), [CSR], Format("d"))
+    assert _loops(k) == [("q0_1", "segment")]
+    assert _fn(k).body[:2] == (Assign("q0_1", "a.t0_pos1[0]"), Assign("h0_1", "a.t0_pos1[a.N_i]"))
+    # the row is read: by the output (row sums), by a dense operand over it, by a sparse
+    # output's rows: the row loop stays
+    for asg, fmts, out in [(Assignment("i", A), [CSR], Format("d")),
+                           (Assignment("j", A * Access(1, "i")), [CSR, None], Format("d")),
+                           (Assignment("ij", A), [CSR], CSR)]:
+        s, k = _lower(asg, fmts, out)
+        assert ("c_i", "dense") in _loops(k), asg

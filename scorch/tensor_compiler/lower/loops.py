@@ -157,6 +157,9 @@ def _loop(n: Nest, lp: LoopLevels, st: Cursor) -> List[Stmt]:
             whole = _telescoped_room(n, lp, st)
             if whole is not None:
                 return whole
+        flat = _flattened(n, lp, st, lo, hi)
+        if flat is not None:
+            return stmts + flat
         room = row_room(n, depth, f"a.N_{lp.var}")
         if n.variant.bound_only and room:
             return stmts + room
@@ -198,6 +201,35 @@ def _telescoped_room(n: Nest, lp: LoopLevels, st: Cursor):
             return None
     ok = n.decls.need("ok")
     return [AddTo(ok, " + ".join(f"(<int64_t>{lv.pos}[chi] - {lv.pos}[clo])" for lv in nl.iters))]
+
+
+def _flattened(n: Nest, lp: LoopLevels, st: Cursor, lo: str, hi: str):
+    """A dense loop nothing below reads, over one compressed level positioned by it
+    (``A.sum(0)`` over CSR: ``for i: for q in pos[i]..pos[i+1]``): one loop over the
+    positions ``pos[lo] .. pos[hi]``, with no per-row exit to mispredict. None where the
+    loop's variable is read (an output or another operand indexes it, the output keeps
+    per-row state) or its child is not a plain segment of that one level."""
+    f = n.facts
+    d, v, out = lp.depth, lp.var, f.s.output
+    if (lp.iters or lp.chased or len(lp.locs) != 1 or d + 1 >= len(f.loops) or n.variant.prefetch
+            or n.variant.width is not None or out.mode != "dense" or v in out.vars
+            or out.acc_depth in (d, d + 1) or f.row_depth in (d, d + 1) or f.rows):
+        return None
+    loc, nl = lp.locs[0], f.loops[d + 1]
+    if (st.pos[loc.access] != "0" or st.pres[loc.access] != "1" or nl.kind != "segment"
+            or nl.locs or nl.chased or len(nl.iters) != 1):
+        return None
+    lv = nl.iters[0]
+    if lv.access != loc.access or not lv.has_pos or lv.grouped or lv.from_range:
+        return None
+    if any(v in ap.indices and (ap.id != loc.access or ap.indices.count(v) > 1) for ap in f.s.accesses):
+        return None
+    for x in (cvar(nl.var), lv.q, lv.hi, lv.qe):
+        n.decls.need(x)
+    mid = st.child()
+    mid.pos[loc.access] = None     # no row position: the loop below runs over all of them
+    return ([Assign(lv.q, f"{lv.pos}[{lo}]"), Assign(lv.hi, f"{lv.pos}[{hi}]")]
+            + _single(n, nl, lv, mid, mid.child(), lv.q, lv.hi))
 
 
 def _single(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor, new: Cursor, lo: str, hi: str,
