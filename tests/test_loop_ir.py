@@ -7,7 +7,10 @@ the commit); the golden sources (``test_compiler_golden.py``) hold it for three 
 """
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
+from compiler_helpers import dense, rand, sparse
+import scorch.tensor_compiler as tc
 from scorch.formats import Format
 from scorch.tensor_compiler import codegen
 from scorch.tensor_compiler.index_notation import Access, Assignment
@@ -255,3 +258,23 @@ def test_row_loop_nothing_reads_is_flattened():
                            (Assignment("ij", A), [CSR], CSR)]:
         s, k = _lower(asg, fmts, out)
         assert ("c_i", "dense") in _loops(k), asg
+
+
+@pytest.mark.parametrize("eq,kinds,mode", [
+    ("ij->j", "dc", (0, 1)), ("ij,j->j", "dc", (0, 1)),     # flattened
+    ("ij,i->j", "dc", (0, 1)), ("ij->i", "dc", (0, 1)), ("ij->j", "dc", (1, 0)),
+    ("ij->j", "cc", (0, 1)), ("ij->j", "qq", (0, 1)), ("ij->j", "dd", (0, 1))])
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 6), st.integers(0, 6), st.sampled_from([0.0, 0.3, 1.0]),
+       st.sampled_from([torch.float32, torch.float64]), st.integers(0, 99))
+def test_reductions_to_a_dense_output_match_dense_torch(eq, kinds, mode, m, n, density, dtype, seed):
+    # the flattened row loop (CSR "ij->j") and every form it must leave alone, against torch
+    x = rand((m, n), density, dtype=dtype, seed=seed)
+    ops = [sparse(x, Format(kinds, mode))]
+    dense_ops = [x]
+    if "," in eq:
+        v = torch.randn(n if eq.startswith("ij,j") else m, dtype=dtype)
+        ops.append(v)
+        dense_ops.append(v)
+    r = tc.einsum(eq, *ops, out_format=Format("d"))
+    torch.testing.assert_close(dense(r), torch.einsum(eq, *dense_ops), rtol=1e-4, atol=1e-4)
