@@ -14,6 +14,12 @@ it advances and the merge lattice (``facts.LoopLevels``):
 
 Levels over variables already bound (a diagonal, ``ii->i``) are *chased* in the loop body:
 located by arithmetic, or searched for in their segment.
+
+Two loops collapse where the rows are not needed one by one: a dense loop nothing below
+reads, over one compressed level it positions (``A.sum(0)`` over CSR), is one loop over
+that level's positions (``_flattened``); the bound pass of a rows output whose rows'
+segments are indexed by the row adds ``pos[chi] - pos[clo]`` per operand
+(``_telescoped_room``).
 """
 from __future__ import annotations
 
