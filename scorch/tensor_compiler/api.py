@@ -80,7 +80,9 @@ def _not_recorded(entry: str, operands, any_operand: bool) -> None:
 def einsum(equation: str, *operands, out_format=None):
     """``torch.einsum`` over dense tensors, Storages and SparseTensors (anything with a
     ``._storage``) in any format. Dense operands only and no ``out_format``: exactly
-    ``torch.einsum``. Returns a dense tensor or a Storage (sparse result)."""
+    ``torch.einsum``. Returns a dense tensor or a Storage (sparse result), whose coordinates
+    are sorted and unique within every fiber (a CSR result is canonical), so it feeds any
+    further kernel or conversion as it is."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     _not_recorded("einsum", operands, out_format is not None)

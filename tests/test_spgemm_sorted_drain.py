@@ -1,0 +1,83 @@
+"""SpGEMM output rows come out sorted and deduplicated whichever way the dense workspace is
+read out (``workspace.h``: dense_ws_drain): the marker scan (rows dense in their span), the
+rank sort (short spread-out rows, up to kRankSortMax = 128 entries) and the radix sort
+(longer spread-out rows). Oracle: dense torch; the sorted promise is checked on the stored
+coordinates, and the result feeds another kernel and the conversions."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import scorch
+
+FORMATS = ["csr", "dcsr", "coo", "csc", "dcsc"]
+
+
+def random_matrix(rng, m: int, n: int, density: float, dtype: torch.dtype) -> torch.Tensor:
+    keep = torch.from_numpy(rng.random((m, n)) < density)
+    vals = torch.from_numpy(rng.standard_normal((m, n))).to(dtype)
+    return torch.where(keep, vals, torch.zeros((), dtype=dtype))
+
+
+def assert_rows_sorted_unique(s) -> None:
+    """Stored CSR coordinates strictly increase inside every row (the default's promise)."""
+    m = s.to_scipy().tocsr()
+    indptr, indices = m.indptr, m.indices
+    assert m.has_canonical_format or m.nnz == 0
+    inner = np.ones(len(indices), dtype=bool)
+    inner[indptr[:-1][indptr[:-1] < len(indices)]] = False   # a row's first entry
+    assert (np.diff(indices.astype(np.int64), prepend=-1)[inner] > 0).all()
+
+
+def check_product(a: torch.Tensor, b: torch.Tensor, fmt_a: str, fmt_b: str) -> None:
+    A = scorch.sparse_tensor(a, format=fmt_a)
+    B = scorch.sparse_tensor(b, format=fmt_b)
+    C = scorch.einsum("ij,jk->ik", A, B, out_format="csr")
+    expect = a @ b
+    tol = 1e-4 if a.dtype == torch.float32 else 1e-10
+    torch.testing.assert_close(C.to_dense(), expect, rtol=tol, atol=tol)
+    assert_rows_sorted_unique(C)
+    # the sorted output is a valid operand: co-iteration in a further kernel, conversions
+    torch.testing.assert_close(scorch.einsum("ik,ik->ik", C, C).to_dense(), expect * expect,
+                               rtol=tol, atol=tol)
+    torch.testing.assert_close(torch.from_numpy(C.to_scipy().toarray()), expect, rtol=tol, atol=tol)
+    torch.testing.assert_close(C.to_torch().to_dense(), expect, rtol=tol, atol=tol)
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(0, 6), inner=st.integers(0, 40), n=st.sampled_from([0, 1, 7, 300, 5000]),
+       density_a=st.sampled_from([0.0, 0.1, 0.5, 1.0]), density_b=st.sampled_from([0.0, 0.01, 0.05, 0.2, 1.0]),
+       dtype=st.sampled_from([torch.float32, torch.float64]),
+       fmt_a=st.sampled_from(FORMATS), fmt_b=st.sampled_from(FORMATS), seed=st.integers(0, 2**16))
+def test_spgemm_matches_dense_and_rows_are_sorted(m, inner, n, density_a, density_b, dtype,
+                                                  fmt_a, fmt_b, seed):
+    rng = np.random.default_rng(seed)
+    check_product(random_matrix(rng, m, inner, density_a, dtype),
+                  random_matrix(rng, inner, n, density_b, dtype), fmt_a, fmt_b)
+
+
+@pytest.mark.parametrize("row_nnz", [1, 2, 15, 16, 17, 33, 100, 127, 128, 129, 200, 700])
+@pytest.mark.parametrize("spread", [True, False])
+def test_every_drain_path(row_nnz, spread):
+    """Rows of exactly ``row_nnz`` entries, spread over a wide extent (rank sort up to 128,
+    radix sort above; 700 spread entries are dense enough for the marker scan) or packed
+    into a narrow span (marker scan). ``[A, A] @ [P; P]`` = 2 A P with P a random
+    permutation: the workspace is touched in shuffled order and every output entry gets two
+    contributions that it must merge into one."""
+    rng = np.random.default_rng(row_nnz)
+    extent = 60_000 if spread else row_nnz + 3
+    rows = 4
+    cols = np.concatenate([rng.choice(extent, row_nnz, replace=False) for _ in range(rows)])
+    a = sp.csr_array((rng.standard_normal(len(cols)), (np.repeat(np.arange(rows), row_nnz), cols)),
+                     shape=(rows, extent))
+    perm = sp.csr_array((np.ones(extent), (np.arange(extent), rng.permutation(extent))),
+                        shape=(extent, extent))
+    C = scorch.einsum("ij,jk->ik", scorch.from_scipy(sp.hstack([a, a], format="csr")),
+                      scorch.from_scipy(sp.vstack([perm, perm], format="csr")))
+    assert C.nnz == a.nnz
+    torch.testing.assert_close(C.to_dense(), torch.from_numpy(2 * (a @ perm).toarray()))
+    assert_rows_sorted_unique(C)
