@@ -49,6 +49,22 @@ def _best_us(fn, number: int, repeat: int = 3) -> float:
     return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
 
 
+def _eager_and_compiled_ms(step, eager, compiled, steps: int, rounds: int):
+    """Median ms per ``step(fn)`` for the eager and the compiled ``fn``, warmed, then timed
+    in interleaved rounds (load from other processes falls on both alike)."""
+    for _ in range(3):   # warm both (kernels built, recompiles done)
+        step(compiled)
+        step(eager)
+    times = {"eager": [], "compiled": []}
+    for _ in range(rounds):
+        for name, fn in (("eager", eager), ("compiled", compiled)):
+            start = time.perf_counter()
+            for _ in range(steps):
+                step(fn)
+            times[name].append((time.perf_counter() - start) / steps * 1e3)
+    return tuple(statistics.median(times[k]) for k in ("eager", "compiled"))
+
+
 def gcn_step(steps: int, rounds: int, dropout: float = 0.5, fallback_random: bool = False) -> None:
     import gcn
     import torch._inductor.config as inductor_config
@@ -69,17 +85,7 @@ def gcn_step(steps: int, rounds: int, dropout: float = 0.5, fallback_random: boo
     start = time.perf_counter()
     step(compiled)
     first = time.perf_counter() - start
-    for _ in range(3):   # warm both (kernels built, recompiles done)
-        step(compiled)
-        step(model)
-    times = {"eager": [], "compiled": []}
-    for _ in range(rounds):
-        for name, m in (("eager", model), ("compiled", compiled)):
-            start = time.perf_counter()
-            for _ in range(steps):
-                step(m)
-            times[name].append((time.perf_counter() - start) / steps * 1e3)
-    e, c = (statistics.median(times[k]) for k in ("eager", "compiled"))
+    e, c = _eager_and_compiled_ms(step, model, compiled, steps, rounds)
     explained = torch._dynamo.explain(model)(graph.a_hat, graph.x)
     print(f"GCN training step, Cora scale ({graph.a_hat.shape[0]} nodes, {graph.a_hat.nnz} "
           f"entries in A_hat, features {tuple(graph.x.shape)} sparse), dropout {dropout}"
@@ -103,17 +109,7 @@ def dense_dropout_control(steps: int, rounds: int) -> None:
 
     def step(fn):
         fn(h0.clone().requires_grad_(), w).backward()
-    for _ in range(3):
-        step(f)
-        step(compiled)
-    times = {"eager": [], "compiled": []}
-    for _ in range(rounds):
-        for name, fn in (("eager", f), ("compiled", compiled)):
-            start = time.perf_counter()
-            for _ in range(steps):
-                step(fn)
-            times[name].append((time.perf_counter() - start) / steps * 1e3)
-    e, c = (statistics.median(times[k]) for k in ("eager", "compiled"))
+    e, c = _eager_and_compiled_ms(step, f, compiled, steps, rounds)
     print("dense control (no scorch tensor): relu, dropout 0.5, @ W, backward on 5300 x 128:")
     print(f"  eager {e:.2f} ms   compiled {c:.2f} ms   eager/compiled {e / c:.2f}x")
 
