@@ -75,7 +75,7 @@ class SparseTensor(torch.Tensor):
         gradient on its tensor's own pattern: that is the (dense) gradient of the stored
         values, which optimizers that refuse torch's sparse gradients (Adam) can take."""
         return (self._storage.format.is_sparse and not self.__dict__.get("_values_grad", False)
-                and not torch.compiler.is_compiling())
+                and not _is_compiling())
 
     def values(self) -> torch.Tensor:
         """Stored values in storage order (1-d), sharing memory with the tensor;
