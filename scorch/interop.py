@@ -29,14 +29,14 @@ counter moves (its index arrays share the counter), so a warm einsum pays only a
 """
 from __future__ import annotations
 
-import weakref
-from typing import Dict, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 
 from .formats import Format, LevelKind, as_format
 from .level_storage import Level, Storage
+from .tensor_cache import TensorKeyedCache
 
 __all__ = ["from_torch", "to_torch", "from_scipy", "to_scipy"]
 
@@ -60,10 +60,10 @@ def _index_pair(a: torch.Tensor, b: torch.Tensor):
     return a, b
 
 
-#: id of a torch sparse tensor -> (weak reference, version counter, None when its arrays are
-#: canonical and were checked, else the canonical Storage built from them). The index arrays
+#: a torch sparse tensor -> (None when its arrays are canonical and were checked, else the
+#: canonical Storage built from them,), kept per version counter. The index arrays
 #: share the tensor's version counter, so an in-place change of any of them is seen.
-_CHECKED: Dict[int, tuple] = {}
+_CHECKED = TensorKeyedCache()
 
 
 def _layout_name(layout) -> str:
@@ -82,18 +82,10 @@ def from_torch(x: torch.Tensor) -> Storage:
     layout = x.layout
     if x.device.type != "cpu":
         raise ValueError(f"sparse tensor on {x.device}: scorch works on CPU tensors")
-    key = id(x)
-    hit = _CHECKED.get(key)
-    if hit is not None and hit[0]() is x and hit[1] == x._version:
-        return hit[2] if hit[2] is not None else _torch_storage(x)
-    canonical = _checked_torch(x, layout)
-    try:
-        ref = weakref.ref(x, lambda _, key=key: _CHECKED.pop(key, None))
-    except TypeError:  # pragma: no cover - torch tensors take weak references
-        ref = None
-    if ref is not None:
-        _CHECKED[key] = (ref, x._version, canonical)
-    return canonical if canonical is not None else _torch_storage(x)
+    checked = _CHECKED.get(x, stamp=x._version)
+    if checked is None:     # checked once per tensor version: (the canonical Storage or None,)
+        checked = _CHECKED.put(x, (_checked_torch(x, layout),), stamp=x._version)
+    return checked[0] if checked[0] is not None else _torch_storage(x)
 
 
 def _checked_torch(x: torch.Tensor, layout) -> Optional[Storage]:

@@ -17,6 +17,7 @@ import torch
 
 from ..formats import Format, LevelKind
 from ..level_storage import Storage
+from ..tensor_cache import TensorKeyedCache
 
 __all__ = ["pattern_ones", "pattern_factor", "same_pattern", "shares_arrays",
            "values_on_pattern", "values_from_factor", "with_pattern_values", "reformatted",
@@ -60,8 +61,8 @@ def with_pattern_values(P: Storage, values: torch.Tensor) -> Storage:
     return Storage(P.format, P.shape, P.levels, values, P.index_dtype)
 
 
-#: (id of the pattern's key array, dtype) -> (weak reference to the array, ones)
-_ONES: Dict[tuple, tuple] = {}
+#: the pattern's key array (and dtype) -> its ones
+_ONES = TensorKeyedCache()
 
 
 def pattern_ones(P: Storage, dtype: torch.dtype) -> Storage:
@@ -71,13 +72,10 @@ def pattern_ones(P: Storage, dtype: torch.dtype) -> Storage:
     anchor = _key_array(P)
     if anchor is None:
         return with_pattern_values(P, torch.ones(P.nnz, dtype=dtype))
-    key = (id(anchor), dtype)
-    hit = _ONES.get(key)
-    if hit is None or hit[0]() is not anchor or hit[1].numel() != P.nnz:
-        ones = torch.ones(P.nnz, dtype=dtype)
-        hit = (weakref.ref(anchor, lambda _, key=key, table=_ONES: table.pop(key, None)), ones)
-        _ONES[key] = hit
-    return with_pattern_values(P, hit[1])
+    ones = _ONES.get(anchor, dtype, P.nnz)
+    if ones is None:
+        ones = _ONES.put(anchor, torch.ones(P.nnz, dtype=dtype), dtype, P.nnz)
+    return with_pattern_values(P, ones)
 
 
 def _linear_keys(coords: torch.Tensor, shape, mode_order) -> torch.Tensor:
@@ -129,9 +127,9 @@ def values_on_pattern(P: Storage, R: Storage, vals: Optional[torch.Tensor] = Non
 
 # --- re-formatted patterns kept across backward steps ----------------------------------
 
-#: id of the pattern's key array -> (weak reference to it, {format: (storage of positions,
-#: permutation)}); the entry goes when the array is freed
-_REFORMATTED: Dict[int, tuple] = {}
+#: the pattern's key array -> {format: (storage of positions, permutation)}, while the
+#: pattern's arrays are the same (stamp: their ids); the entry goes when the array is freed
+_REFORMATTED = TensorKeyedCache()
 _stats = {"hits": 0, "misses": 0, "content_hits": 0}
 
 
@@ -149,14 +147,10 @@ def _reformat_entry(st: Storage, fmt: Format) -> Optional[Tuple[Storage, torch.T
     anchor = _key_array(st)
     if anchor is None:
         return None
-    key = id(anchor)
-    hit = _REFORMATTED.get(key)
     ids = tuple(id(a) for a in _arrays(st))
-    if hit is None or hit[0]() is not anchor or hit[1] != ids:
-        hit = (weakref.ref(anchor, lambda _, key=key, table=_REFORMATTED: table.pop(key, None)),
-               ids, {})
-        _REFORMATTED[key] = hit
-    per_format = hit[2]
+    per_format = _REFORMATTED.get(anchor, stamp=ids)
+    if per_format is None:
+        per_format = _REFORMATTED.put(anchor, {}, stamp=ids)
     # the same arrays can be seen through another view (a permute: other shape and dims),
     # so the view is part of the key, not only the target format
     key = (fmt, st.format, st.shape, tuple(lv.dim for lv in st.levels))

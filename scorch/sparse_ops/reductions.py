@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
-import weakref
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -22,6 +21,7 @@ from .._dispatch import register
 from ..formats import Format
 from ..gradients.values import with_dtype
 from ..level_storage import Level, Storage, index_dtype_for
+from ..tensor_cache import TensorKeyedCache
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand
 from . import elementwise
 from . import shape as _shape
@@ -114,7 +114,7 @@ def _dense_pass_sum(t: SparseTensor, dims: Tuple[int, ...]) -> Optional[SparseTe
     return SparseTensor(Storage(Format([kind]), (n,), [Level(kind, 0, n, pos, idx)], values, idx.dtype))
 
 
-_POSITIONS: Dict[int, tuple] = {}   # id(crd) -> (weak reference, version, positions)
+_POSITIONS = TensorKeyedCache()
 
 
 def _stored_positions(crd: torch.Tensor, n: int) -> torch.Tensor:
@@ -122,19 +122,10 @@ def _stored_positions(crd: torch.Tensor, n: int) -> torch.Tensor:
     extent ``n`` needs): one count pass, kept for the array while its version counter is
     unchanged (a pattern is reused across calls: a weight summed every step while only its
     values change)."""
-    hit = _POSITIONS.get(id(crd))
-    if hit is not None and hit[0]() is crd and hit[1] == crd._version:
-        return hit[2]
-    idx = (torch.bincount(crd, minlength=n) > 0).nonzero().flatten()
-    idx = idx.to(index_dtype_for((n,), idx.numel()))
-    if len(_POSITIONS) > 1024:
-        _POSITIONS.clear()
-    key = id(crd)
-
-    def forget(ref, key=key):
-        if _POSITIONS.get(key, (None,))[0] is ref:
-            del _POSITIONS[key]
-    _POSITIONS[key] = (weakref.ref(crd, forget), crd._version, idx)
+    idx = _POSITIONS.get(crd, stamp=crd._version)
+    if idx is None:
+        idx = (torch.bincount(crd, minlength=n) > 0).nonzero().flatten()
+        idx = _POSITIONS.put(crd, idx.to(index_dtype_for((n,), idx.numel())), stamp=crd._version)
     return idx
 
 
