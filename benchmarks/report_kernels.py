@@ -557,22 +557,33 @@ def plot(path: Path, rows, summary) -> Optional[str]:
         ax.axhline(TARGETS[kname], color="green", linewidth=1, linestyle="--",
                    label=f"target {TARGETS[kname]}x")
         ax.axhline(MIN_CASE_TARGET, color="red", linewidth=0.8, linestyle=":")
-        ax.set_yscale("log")
-        ax.set_title(lab)
-        ax.set_xticks(np.arange(len(matrices)))
-        ax.set_xticklabels(matrices, rotation=60, ha="right", fontsize=7)
-        ax.set_ylabel("best peer / scorch")
+        _matrix_axis(ax, lab, matrices, "best peer / scorch")
         if not any_ratio:
             ax.text(0.5, 0.5, "no scorch results", transform=ax.transAxes, ha="center")
             ax.set_ylim(0.1, 10)
         ax.legend(fontsize=6)
-    for ax in list(axes.flat)[len(labels):]:
+    _finish(plt, fig, axes, len(labels), path,
+            "scorch speedup over the fastest of torch.sparse CSR (int32, int64) and scipy (log scale)")
+    return None
+
+
+def _matrix_axis(ax, title: str, matrices, ylabel: str) -> None:
+    """A panel with one tick per matrix on a log scale."""
+    ax.set_yscale("log")
+    ax.set_title(title)
+    ax.set_xticks(np.arange(len(matrices)))
+    ax.set_xticklabels(matrices, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel(ylabel)
+
+
+def _finish(plt, fig, axes, used: int, path, title: str) -> None:
+    """Blank the unused panels, title, write the PNG."""
+    for ax in list(axes.flat)[used:]:
         ax.axis("off")
-    fig.suptitle("scorch speedup over the fastest of torch.sparse CSR (int32, int64) and scipy (log scale)")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return None
 
 
 def plot_bandwidth(path: Path, rows, streams) -> None:
@@ -603,18 +614,10 @@ def plot_bandwidth(path: Path, rows, streams) -> None:
                     label="best peer" if ti == 0 else None)
         ax.axhline(0.6, color="green", linewidth=1, linestyle="--", label="60 %")
         ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_yscale("log")
-        ax.set_title(lab)
-        ax.set_xticks(np.arange(len(matrices)))
-        ax.set_xticklabels(matrices, rotation=60, ha="right", fontsize=7)
-        ax.set_ylabel("of STREAM bandwidth")
+        _matrix_axis(ax, lab, matrices, "of STREAM bandwidth")
         ax.legend(fontsize=6)
-    for ax in list(axes.flat)[len(labels):]:
-        ax.axis("off")
-    fig.suptitle("bytes that must move / time, over STREAM at the same thread count (log)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(plt, fig, axes, len(labels), path,
+            "bytes that must move / time, over STREAM at the same thread count (log)")
 
 
 def _meta(argv, matrices) -> Dict[str, Any]:
