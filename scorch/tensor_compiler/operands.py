@@ -4,13 +4,13 @@ wrapped once per tensor. Also the storage-level steps a plan may need before a k
 re-formatting (transposes, unblocking) and value casts."""
 from __future__ import annotations
 
-import weakref
 from typing import Any, Dict, Optional
 
 import torch
 
 from ..formats import Format
 from ..level_storage import Level, Storage
+from ..tensor_cache import TensorKeyedCache
 
 __all__ = ["as_operand", "torch_sparse_storage", "convert_storage", "unblocked", "cast_storage"]
 
@@ -35,9 +35,8 @@ def as_operand(x: Any, n: Optional[int] = None):
     return torch.tensor(x)
 
 
-#: id of a torch sparse tensor -> (weak reference to it, its version counter, the Storage
-#: over its arrays); keyed by id because tensors compare elementwise
-_TORCH_SPARSE: Dict[int, tuple] = {}
+#: a torch sparse tensor -> the Storage over its arrays, stamped with its version counter
+_TORCH_SPARSE = TensorKeyedCache()
 
 
 def _unlinked(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -55,9 +54,9 @@ def torch_sparse_storage(x: torch.Tensor) -> Storage:
     tensor's value array (in-place changes of the values then show through) and the tensor's
     version counter is unchanged (an in-place op on the tensor may have replaced its arrays).
     The kept Storage refers to the arrays' memory only, so the tensor can still be freed."""
-    hit = _TORCH_SPARSE.get(id(x))
-    if hit is not None and hit[0]() is x and hit[1] == x._version:
-        return hit[2]
+    hit = _TORCH_SPARSE.get(x, stamp=x._version)
+    if hit is not None:
+        return hit
     from ..interop import from_torch
     st = from_torch(x)
     try:
@@ -69,9 +68,7 @@ def torch_sparse_storage(x: torch.Tensor) -> Storage:
                      [Level(lv.kind, lv.dim, lv.size, _unlinked(lv.pos), _unlinked(lv.crd),
                             lv.block_inner) for lv in st.levels],
                      _unlinked(st.values), st.index_dtype)
-        key = id(x)
-        _TORCH_SPARSE[key] = (weakref.ref(x, lambda _, key=key: _TORCH_SPARSE.pop(key, None)),
-                              x._version, st)
+        _TORCH_SPARSE.put(x, st, stamp=x._version)
     return st
 
 
