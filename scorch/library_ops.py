@@ -315,14 +315,31 @@ def _broadcast_shapes(ops) -> Tuple[Tuple[int, ...], ...]:
 
 def _setup_context(ctx, inputs, output) -> None:
     key, arrays = inputs
+    _, _, metas, _ = _spec(key)
     ctx.key = key
     ctx.wanted = [a.requires_grad for a in arrays]   # no gradient einsum nobody asked for
-    ctx.save_for_backward(*arrays)
+    wanted = {n for n in range(len(metas)) if ctx.wanted[_values_index(metas, n)]}
+    # a dense operand that only its own gradient reads (a GCN's X @ W in A @ (X @ W)) is
+    # not saved for the backward, which needs only its shape and dtype: the compiled
+    # forward does not keep that activation alive
+    ctx.stand_ins = {_values_index(metas, n): (arrays[_values_index(metas, n)].shape,
+                                               arrays[_values_index(metas, n)].dtype)
+                     for n, meta in enumerate(metas) if meta is None and wanted <= {n}}
+    ctx.save_for_backward(*(None if k in ctx.stand_ins else a for k, a in enumerate(arrays)))
+
+
+def _saved_arrays(ctx, grad: torch.Tensor) -> List[torch.Tensor]:
+    """The forward's arrays again, an unsaved dense operand as a stand-in of its shape and
+    dtype (one element, expanded)."""
+    arrays = list(ctx.saved_tensors)
+    for k, (shape, dtype) in ctx.stand_ins.items():
+        arrays[k] = grad.new_zeros((), dtype=dtype).expand(shape)
+    return arrays
 
 
 def _backward(ctx, grad):
     _, _, metas, _ = _spec(ctx.key)
-    arrays = list(ctx.saved_tensors)
+    arrays = _saved_arrays(ctx, grad)
     grads: List[Optional[torch.Tensor]] = [None] * len(arrays)
     for n in range(len(metas)):
         k = _values_index(metas, n)

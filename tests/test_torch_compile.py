@@ -134,6 +134,62 @@ def test_compiled_training_with_adam_matches_eager():
     torch.testing.assert_close(models[0].bias, models[1].bias)
 
 
+
+class TwoLayerGCN(torch.nn.Module):
+    """examples/gcn.py's model in small: relu, dropout between the two sparse products."""
+
+    def __init__(self, n_in, hidden, n_out, p):
+        super().__init__()
+        g = torch.Generator().manual_seed(51)
+        self.w1 = torch.nn.Parameter(torch.randn(n_in, hidden, generator=g, dtype=DT))
+        self.w2 = torch.nn.Parameter(torch.randn(hidden, n_out, generator=g, dtype=DT))
+        self.p = p
+
+    def forward(self, A, X):
+        h = F.dropout(torch.relu(A @ (X @ self.w1)), self.p, self.training)
+        return A @ (h @ self.w2)
+
+
+def test_gcn_with_dropout_compiled_with_the_documented_options_matches_eager():
+    """docs/torch_compile.md's CPU options for a model with dropout (``cpp.simdlen`` 1:
+    no vectorized bool-mask stores; ``fallback_random``: eager's dropout kernel) keep
+    scorch in one graph, and with ``fallback_random`` the masks are eager's, seed for seed."""
+    _, A = _sparse((9, 9), 0.4, "csr", seed=52)
+    X = _dense(9, 5, seed=53, requires_grad=False)
+    model = TwoLayerGCN(5, 16, 3, 0.5)
+    compiled = torch.compile(model, options={"fallback_random": True, "cpp.simdlen": 1})
+    params = list(model.parameters())
+    results = []
+    for run in (compiled, model):
+        torch.manual_seed(54)
+        out = run(A, X)
+        results.append((out, _grads(out, params)))
+    (out, grads), (ref, ref_grads) = results
+    assert (ref == 0).any()     # the mask dropped something: a real check of the same mask
+    torch.testing.assert_close(out, ref)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)
+    assert _graphs_and_breaks(model, A, X) == (1, 0)
+
+
+def test_backward_saves_no_dense_operand_it_does_not_read():
+    """``A @ H``'s gradient for H reads A only: H (an activation in a GCN) is not saved;
+    when A's values want a gradient too (an SDDMM with H), it is."""
+    a, A = _sparse((5, 4), 0.5, "csr", seed=55)
+    H = _dense(4, 3, seed=56)
+    key, arrays = _op_args("ij,jk->ik", A, H)
+    out = torch.ops.scorch.einsum(key, arrays)
+    saved = out.grad_fn.saved_tensors
+    assert saved[-1] is None and all(t is not None for t in saved[:-1])
+    g, = torch.autograd.grad(out.square().sum(), [H])
+    torch.testing.assert_close(g, a.T @ (2 * (a @ H.detach())))
+    arrays[-2].requires_grad_(True)        # A's values
+    out = torch.ops.scorch.einsum(key, arrays)
+    assert all(t is not None for t in out.grad_fn.saved_tensors)
+    gv, gh = torch.autograd.grad(out.sum(), [arrays[-2], H])
+    torch.testing.assert_close(gh, a.T @ torch.ones(5, 3, dtype=DT))
+
+
 # --- graph breaks: the registered operators keep scorch inside the graph ---------------------
 
 def _graphs_and_breaks(fn, *args):
