@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import operator
+from itertools import repeat
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -198,7 +200,7 @@ _LAST_OPERANDS: Dict[str, Tuple[Tuple[torch.Tensor, ...], list]] = {}
 def _operands(key: str, metas, arrays: Sequence[torch.Tensor]) -> list:
     last = _LAST_OPERANDS.get(key)
     if last is not None and len(last[0]) == len(arrays) and \
-            all(a is b for a, b in zip(last[0], arrays)):
+            all(map(operator.is_, last[0], arrays)):
         return last[1]
     ops = operands_from_arrays(metas, arrays)
     _LAST_OPERANDS[key] = (tuple(arrays), ops)
@@ -214,6 +216,8 @@ def _run(key: str, arrays: Sequence[torch.Tensor]):
 
 def _fresh(out: torch.Tensor, arrays: Sequence[torch.Tensor]) -> torch.Tensor:
     """An operator's result never aliases its inputs (torch.library's rule)."""
+    if out._base is None and not any(map(operator.is_, arrays, repeat(out))):
+        return out   # a tensor of its own (what a kernel allocates): checked without storages
     mine = out.untyped_storage().data_ptr()
     if any(a.untyped_storage().data_ptr() == mine for a in arrays if a.numel()):
         return out.clone()

@@ -278,6 +278,17 @@ def test_operator_results_match_eager_scorch():
                                ref._storage.values)
 
 
+
+def test_operator_results_never_alias_their_inputs():
+    """torch.library's rule, kept cheaply: a result of its own passes as it is; an input,
+    or a view of one, is copied."""
+    x, other = _dense(3, 4, seed=57, requires_grad=False), _dense(3, 4, seed=58, requires_grad=False)
+    assert library_ops._fresh(other, [x]) is other
+    for aliased in (x, x.view(4, 3), x[1:]):
+        out = library_ops._fresh(aliased, [x])
+        assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+        torch.testing.assert_close(out, aliased)
+
 def test_keys_decode_in_a_fresh_registry(monkeypatch):
     """A graph from torch's disk cache carries keys this process never made."""
     _, A = _sparse((4, 4), 0.5, "csr", seed=32)
