@@ -133,6 +133,12 @@ def dense_dropout_control(steps: int, rounds: int) -> None:
     print("dense control (no scorch tensor): relu, dropout 0.5, @ W, backward on 5300 x 128:")
     _print_variants(ms)
 
+    def mask(h):   # what the partitioner saves for relu's backward, and dropout's mask
+        return h > 0
+    ms = _interleaved_ms(lambda fn: fn(h0), _compiled_variants(mask), steps, rounds)
+    print("the bool mask h > 0 alone, 5300 x 128:")
+    _print_variants(ms)
+
 
 def small_op(rounds: int) -> None:
     """A compiled ``A @ X`` on a 4 x 4 operand, with what its call is made of beside it: the

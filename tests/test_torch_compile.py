@@ -314,6 +314,24 @@ def test_sparse_tensor_in_and_out_of_one_graph():
     assert _graphs_and_breaks(scaled_scores, M, Q, K) == (1, 0)
 
 
+
+def test_new_pattern_results_written_as_calls_break_at_the_call_only():
+    """A sparse result with a new pattern (a sum of two patterns, SpGEMM) runs eagerly; as a
+    call, Dynamo resumes after it and compiles the rest into one graph (as an operator,
+    ``A + B``, this torch runs the whole function eagerly: docs/torch_compile.md)."""
+    a, A = _sparse((5, 5), 0.4, "csr", seed=59)
+    b, B = _sparse((5, 5), 0.4, "csr", seed=60)
+    X, W = _dense(5, 4, seed=61, requires_grad=False), _dense(4, 2, seed=62, requires_grad=False)
+
+    def summed(A, B, X, W):
+        return torch.relu(torch.add(A, B) @ (X @ W))
+
+    def spgemm(A, B, X, W):
+        return torch.relu(torch.mm(A, B) @ (X @ W))
+    for f, ref in ((summed, torch.relu((a + b) @ (X @ W))), (spgemm, torch.relu(a @ b @ (X @ W)))):
+        torch.testing.assert_close(torch.compile(f)(A, B, X, W), ref)
+        assert _graphs_and_breaks(f, A, B, X, W) == (1, 0)
+
 def test_unregistered_sparse_op_breaks_the_graph_and_stays_right():
     """An op with no registered operator (sparse + sparse: a new pattern) runs eagerly."""
     a, A = _sparse((5, 5), 0.4, "csr", seed=37)
