@@ -206,10 +206,9 @@ def test_gcn_and_attention_compile_to_one_graph():
     assert _graphs_and_breaks(attention, M, Q, K, V) == (1, 0)
 
 
-def test_one_graph_holds_the_scorch_operators():
-    """What the compiled graph calls: torch.ops.scorch.*, not a Python fallback."""
-    _, M = _sparse((6, 6), 0.5, "csr", seed=21)
-    Q, K, V = (_dense(6, 4, seed=s) for s in (22, 23, 24))
+def _recording_backend():
+    """An AOTAutograd backend that records the operators of the forward and backward graphs
+    it is given (and runs them as they are)."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
     seen = {"forward": [], "backward": []}
@@ -219,7 +218,14 @@ def test_one_graph_holds_the_scorch_operators():
             seen[which].extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
             return make_boxed_func(gm.forward)
         return compiler
-    backend = aot_autograd(fw_compiler=recorder("forward"), bw_compiler=recorder("backward"))
+    return aot_autograd(fw_compiler=recorder("forward"), bw_compiler=recorder("backward")), seen
+
+
+def test_one_graph_holds_the_scorch_operators():
+    """What the compiled graph calls: torch.ops.scorch.*, not a Python fallback."""
+    _, M = _sparse((6, 6), 0.5, "csr", seed=21)
+    Q, K, V = (_dense(6, 4, seed=s) for s in (22, 23, 24))
+    backend, seen = _recording_backend()
     out = torch.compile(attention, backend=backend)(M, Q, K, V)
     _check_same(out, attention(M, Q, K, V), [Q, K, V])
     forward, backward = (" ".join(seen[k]) for k in ("forward", "backward"))
@@ -227,6 +233,18 @@ def test_one_graph_holds_the_scorch_operators():
     assert "scorch.einsum" in forward                                   # the SpMM
     assert "scorch.pattern_map_backward" in backward and "scorch.einsum_backward" in backward
 
+
+
+@pytest.mark.parametrize("a_requires_grad", [False, True])
+def test_backward_graph_computes_only_the_gradients_asked_for(a_requires_grad):
+    """A GCN layer's compiled backward: one gradient operator for ``X @ W`` and one more
+    only when the adjacency's values want a gradient."""
+    _, A = _sparse((6, 5), 0.5, "csr", seed=63, requires_grad=a_requires_grad)
+    X, W = _dense(5, 4, seed=64), _dense(4, 2, seed=65)
+    backend, seen = _recording_backend()
+    out = torch.compile(gcn_layer, backend=backend)(A, X, W)
+    out.sum().backward()
+    assert seen["backward"].count("scorch.einsum_backward.default") == 1 + a_requires_grad
 
 # --- the registered operators ----------------------------------------------------------------
 
