@@ -198,12 +198,35 @@ _LAST_OPERANDS: Dict[str, Tuple[Tuple[torch.Tensor, ...], list]] = {}
 
 
 def _operands(key: str, metas, arrays: Sequence[torch.Tensor]) -> list:
+    """The operands over ``arrays``. A sparse operand whose arrays are last call's is last
+    call's SparseTensor, whatever the dense operands are (a GCN's ``A @ H`` gets a new H
+    every step; a backward gets a stand-in): rebuilding it would cost the kernel call's
+    warm caches (on Cora's A_hat, about as much again as the product)."""
     last = _LAST_OPERANDS.get(key)
-    if last is not None and len(last[0]) == len(arrays) and \
-            all(map(operator.is_, last[0], arrays)):
-        return last[1]
-    ops = operands_from_arrays(metas, arrays)
+    if last is not None and len(last[0]) == len(arrays):
+        if all(map(operator.is_, last[0], arrays)):
+            return last[1]
+        ops = _reused_sparse_operands(metas, arrays, *last)
+    else:
+        ops = operands_from_arrays(metas, arrays)
     _LAST_OPERANDS[key] = (tuple(arrays), ops)
+    return ops
+
+
+def _reused_sparse_operands(metas, arrays, last_arrays, last_ops) -> list:
+    """``operands_from_arrays``, taking each sparse operand from ``last_ops`` where its
+    arrays are the same tensors as in ``last_arrays``."""
+    ops, k = [], 0
+    for meta, last in zip(metas, last_ops):
+        width = 1 if meta is None else 1 + sum(p + c for *_, p, c in meta[2])
+        mine = arrays[k:k + width]
+        if meta is None:
+            ops.append(mine[0])
+        elif all(map(operator.is_, last_arrays[k:k + width], mine)):
+            ops.append(last)
+        else:
+            ops.extend(operands_from_arrays([meta], mine))
+        k += width
     return ops
 
 

@@ -307,6 +307,28 @@ def test_operator_results_never_alias_their_inputs():
         assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
         torch.testing.assert_close(out, aliased)
 
+
+def test_operator_reuses_a_sparse_operand_whose_arrays_are_unchanged():
+    """A compiled graph passes the same sparse arrays call after call with new dense ones
+    (a GCN's A @ H): the SparseTensor over them, with its warm caches, is reused; new
+    arrays get a new one, and results stay right."""
+    a, A = _sparse((5, 4), 0.5, "csr", seed=66)
+    a2, A2 = _sparse((5, 4), 0.7, "csr", seed=67)
+    H1, H2 = _dense(4, 3, seed=68, requires_grad=False), _dense(4, 3, seed=69, requires_grad=False)
+    key, arrays = _op_args("ij,jk->ik", A, H1)
+    first = library_ops._operands(key, _spec_metas(key), arrays)
+    again = library_ops._operands(key, _spec_metas(key), arrays[:-1] + [H2])
+    assert again[0] is first[0] and again[1] is H2
+    _, arrays2 = _op_args("ij,jk->ik", A2, H2)
+    other = library_ops._operands(key, _spec_metas(key), arrays2)
+    assert other[0] is not first[0]
+    torch.testing.assert_close(torch.ops.scorch.einsum(key, arrays[:-1] + [H2]), a @ H2)
+    torch.testing.assert_close(torch.ops.scorch.einsum(key, arrays2), a2 @ H2)
+
+
+def _spec_metas(key):
+    return library_ops._spec(key)[2]
+
 def test_keys_decode_in_a_fresh_registry(monkeypatch):
     """A graph from torch's disk cache carries keys this process never made."""
     _, A = _sparse((4, 4), 0.5, "csr", seed=32)
