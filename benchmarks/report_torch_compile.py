@@ -19,6 +19,7 @@ one process (medians of rounds, so load from other processes falls on all sides 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import subprocess
@@ -160,9 +161,11 @@ def small_op(rounds: int) -> None:
     metas, arrays = library_ops.flatten_operands([A, X])
     key = library_ops._key("ij,jk->ik", None, metas, [A, X])
     operator = torch.ops.scorch.einsum.default
+    fresh = itertools.cycle([torch.randn(4, 4) for _ in range(16)])   # a new X every call
     cases = {"eager": (lambda: spmm(A, X), 2000),
              "operator": (lambda: operator(key, arrays), 1000),
              "compiled": (lambda: compiled(A, X), 500),
+             "compiled, new X": (lambda: compiled(A, next(fresh)), 500),
              "dense": (lambda: compiled_dense(X), 500)}
     times = {k: [] for k in cases}
     for _ in range(rounds):
@@ -170,7 +173,8 @@ def small_op(rounds: int) -> None:
             times[k].append(_best_us(fn, number))
     us = {k: statistics.median(t) for k, t in times.items()}
     print("A @ X, 4 x 4 CSR times 4 x 4 dense, per call:")
-    print(f"  eager {us['eager']:.1f} us   compiled {us['compiled']:.1f} us   (the operator "
+    print(f"  eager {us['eager']:.1f} us   compiled {us['compiled']:.1f} us (a new X every "
+          f"call: {us['compiled, new X']:.1f} us)   (the operator "
           f"torch.ops.scorch.einsum called directly: {us['operator']:.1f} us; a compiled "
           f"dense x + 1: {us['dense']:.1f} us)")
 
