@@ -103,11 +103,16 @@ def operands_from_arrays(metas: Sequence[_Meta], arrays: Sequence[torch.Tensor])
     return out
 
 
+def _width(meta: _Meta) -> int:
+    """How many arrays an operand has in the flat list (its level arrays and values)."""
+    return 1 if meta is None else 1 + sum(p + c for *_, p, c in meta[2])
+
+
 def _values_index(metas: Sequence[_Meta], n: int) -> int:
     """Position of operand ``n``'s values (its only array when dense) in the flat list."""
     k = 0
     for m, meta in enumerate(metas):
-        width = 1 if meta is None else 1 + sum(p + c for *_, p, c in meta[2])
+        width = _width(meta)
         if m == n:
             return k + width - 1
         k += width
@@ -218,7 +223,7 @@ def _reused_sparse_operands(metas, arrays, last_arrays, last_ops) -> list:
     arrays are the same tensors as in ``last_arrays``."""
     ops, k = [], 0
     for meta, last in zip(metas, last_ops):
-        width = 1 if meta is None else 1 + sum(p + c for *_, p, c in meta[2])
+        width = _width(meta)
         mine = arrays[k:k + width]
         if meta is None:
             ops.append(mine[0])
@@ -349,9 +354,11 @@ def _setup_context(ctx, inputs, output) -> None:
     # a dense operand that only its own gradient reads (a GCN's X @ W in A @ (X @ W)) is
     # not saved for the backward, which needs only its shape and dtype: the compiled
     # forward does not keep that activation alive
-    ctx.stand_ins = {_values_index(metas, n): (arrays[_values_index(metas, n)].shape,
-                                               arrays[_values_index(metas, n)].dtype)
-                     for n, meta in enumerate(metas) if meta is None and wanted <= {n}}
+    ctx.stand_ins = {}
+    for n, meta in enumerate(metas):
+        if meta is None and wanted <= {n}:
+            k = _values_index(metas, n)
+            ctx.stand_ins[k] = (arrays[k].shape, arrays[k].dtype)
     ctx.save_for_backward(*(None if k in ctx.stand_ins else a for k, a in enumerate(arrays)))
 
 
