@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import operator
+from itertools import repeat
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -101,11 +103,16 @@ def operands_from_arrays(metas: Sequence[_Meta], arrays: Sequence[torch.Tensor])
     return out
 
 
+def _width(meta: _Meta) -> int:
+    """How many arrays an operand has in the flat list (its level arrays and values)."""
+    return 1 if meta is None else 1 + sum(p + c for *_, p, c in meta[2])
+
+
 def _values_index(metas: Sequence[_Meta], n: int) -> int:
     """Position of operand ``n``'s values (its only array when dense) in the flat list."""
     k = 0
     for m, meta in enumerate(metas):
-        width = 1 if meta is None else 1 + sum(p + c for *_, p, c in meta[2])
+        width = _width(meta)
         if m == n:
             return k + width - 1
         k += width
@@ -196,12 +203,35 @@ _LAST_OPERANDS: Dict[str, Tuple[Tuple[torch.Tensor, ...], list]] = {}
 
 
 def _operands(key: str, metas, arrays: Sequence[torch.Tensor]) -> list:
+    """The operands over ``arrays``. A sparse operand whose arrays are last call's is last
+    call's SparseTensor, whatever the dense operands are (a GCN's ``A @ H`` gets a new H
+    every step; a backward gets a stand-in): rebuilding it would cost the kernel call's
+    warm caches (on Cora's A_hat, about as much again as the product)."""
     last = _LAST_OPERANDS.get(key)
-    if last is not None and len(last[0]) == len(arrays) and \
-            all(a is b for a, b in zip(last[0], arrays)):
-        return last[1]
-    ops = operands_from_arrays(metas, arrays)
+    if last is not None and len(last[0]) == len(arrays):
+        if all(map(operator.is_, last[0], arrays)):
+            return last[1]
+        ops = _reused_sparse_operands(metas, arrays, *last)
+    else:
+        ops = operands_from_arrays(metas, arrays)
     _LAST_OPERANDS[key] = (tuple(arrays), ops)
+    return ops
+
+
+def _reused_sparse_operands(metas, arrays, last_arrays, last_ops) -> list:
+    """``operands_from_arrays``, taking each sparse operand from ``last_ops`` where its
+    arrays are the same tensors as in ``last_arrays``."""
+    ops, k = [], 0
+    for meta, last in zip(metas, last_ops):
+        width = _width(meta)
+        mine = arrays[k:k + width]
+        if meta is None:
+            ops.append(mine[0])
+        elif all(map(operator.is_, last_arrays[k:k + width], mine)):
+            ops.append(last)
+        else:
+            ops.extend(operands_from_arrays([meta], mine))
+        k += width
     return ops
 
 
@@ -214,6 +244,8 @@ def _run(key: str, arrays: Sequence[torch.Tensor]):
 
 def _fresh(out: torch.Tensor, arrays: Sequence[torch.Tensor]) -> torch.Tensor:
     """An operator's result never aliases its inputs (torch.library's rule)."""
+    if out._base is None and not any(map(operator.is_, arrays, repeat(out))):
+        return out   # a tensor of its own (what a kernel allocates): checked without storages
     mine = out.untyped_storage().data_ptr()
     if any(a.untyped_storage().data_ptr() == mine for a in arrays if a.numel()):
         return out.clone()
@@ -315,14 +347,33 @@ def _broadcast_shapes(ops) -> Tuple[Tuple[int, ...], ...]:
 
 def _setup_context(ctx, inputs, output) -> None:
     key, arrays = inputs
+    _, _, metas, _ = _spec(key)
     ctx.key = key
     ctx.wanted = [a.requires_grad for a in arrays]   # no gradient einsum nobody asked for
-    ctx.save_for_backward(*arrays)
+    wanted = {n for n in range(len(metas)) if ctx.wanted[_values_index(metas, n)]}
+    # a dense operand that only its own gradient reads (a GCN's X @ W in A @ (X @ W)) is
+    # not saved for the backward, which needs only its shape and dtype: the compiled
+    # forward does not keep that activation alive
+    ctx.stand_ins = {}
+    for n, meta in enumerate(metas):
+        if meta is None and wanted <= {n}:
+            k = _values_index(metas, n)
+            ctx.stand_ins[k] = (arrays[k].shape, arrays[k].dtype)
+    ctx.save_for_backward(*(None if k in ctx.stand_ins else a for k, a in enumerate(arrays)))
+
+
+def _saved_arrays(ctx, grad: torch.Tensor) -> List[torch.Tensor]:
+    """The forward's arrays again, an unsaved dense operand as a stand-in of its shape and
+    dtype (one element, expanded)."""
+    arrays = list(ctx.saved_tensors)
+    for k, (shape, dtype) in ctx.stand_ins.items():
+        arrays[k] = grad.new_zeros((), dtype=dtype).expand(shape)
+    return arrays
 
 
 def _backward(ctx, grad):
     _, _, metas, _ = _spec(ctx.key)
-    arrays = list(ctx.saved_tensors)
+    arrays = _saved_arrays(ctx, grad)
     grads: List[Optional[torch.Tensor]] = [None] * len(arrays)
     for n in range(len(metas)):
         k = _values_index(metas, n)

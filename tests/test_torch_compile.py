@@ -134,6 +134,64 @@ def test_compiled_training_with_adam_matches_eager():
     torch.testing.assert_close(models[0].bias, models[1].bias)
 
 
+
+class TwoLayerGCN(torch.nn.Module):
+    """examples/gcn.py's model in small: relu, dropout between the two sparse products."""
+
+    def __init__(self, n_in, hidden, n_out, p):
+        super().__init__()
+        g = torch.Generator().manual_seed(51)
+        self.w1 = torch.nn.Parameter(torch.randn(n_in, hidden, generator=g, dtype=DT))
+        self.w2 = torch.nn.Parameter(torch.randn(hidden, n_out, generator=g, dtype=DT))
+        self.p = p
+
+    def forward(self, A, X):
+        h = F.dropout(torch.relu(A @ (X @ self.w1)), self.p, self.training)
+        return A @ (h @ self.w2)
+
+
+def test_gcn_with_dropout_compiled_with_the_documented_options_matches_eager():
+    """docs/torch_compile.md's CPU options for a model with dropout (``cpp.simdlen`` 1:
+    no vectorized bool-mask stores; ``fallback_random``: eager's dropout kernel) keep
+    scorch in one graph, and with ``fallback_random`` the masks are eager's, seed for seed."""
+    _, A = _sparse((9, 9), 0.4, "csr", seed=52)
+    X = _dense(9, 5, seed=53, requires_grad=False)
+    model = TwoLayerGCN(5, 16, 3, 0.5)
+    compiled = torch.compile(model, options={"fallback_random": True, "cpp.simdlen": 1})
+    params = list(model.parameters())
+    results = []
+    for run in (compiled, model):
+        torch.manual_seed(54)
+        out = run(A, X)
+        results.append((out, _grads(out, params)))
+    (out, grads), (ref, ref_grads) = results
+    torch.testing.assert_close(out, ref)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)
+    assert _graphs_and_breaks(model, A, X) == (1, 0)
+    with torch.no_grad():
+        undropped = model.eval()(A, X)
+    assert not torch.allclose(ref, undropped)   # dropout acted: equal masks are a real check
+
+
+def test_backward_saves_no_dense_operand_it_does_not_read():
+    """``A @ H``'s gradient for H reads A only: H (an activation in a GCN) is not saved;
+    when A's values want a gradient too (an SDDMM with H), it is."""
+    a, A = _sparse((5, 4), 0.5, "csr", seed=55)
+    H = _dense(4, 3, seed=56)
+    key, arrays = _op_args("ij,jk->ik", A, H)
+    out = torch.ops.scorch.einsum(key, arrays)
+    saved = out.grad_fn.saved_tensors
+    assert saved[-1] is None and all(t is not None for t in saved[:-1])
+    g, = torch.autograd.grad(out.square().sum(), [H])
+    torch.testing.assert_close(g, a.T @ (2 * (a @ H.detach())))
+    arrays[-2].requires_grad_(True)        # A's values
+    out = torch.ops.scorch.einsum(key, arrays)
+    assert all(t is not None for t in out.grad_fn.saved_tensors)
+    gv, gh = torch.autograd.grad(out.sum(), [arrays[-2], H])
+    torch.testing.assert_close(gh, a.T @ torch.ones(5, 3, dtype=DT))
+
+
 # --- graph breaks: the registered operators keep scorch inside the graph ---------------------
 
 def _graphs_and_breaks(fn, *args):
@@ -150,10 +208,9 @@ def test_gcn_and_attention_compile_to_one_graph():
     assert _graphs_and_breaks(attention, M, Q, K, V) == (1, 0)
 
 
-def test_one_graph_holds_the_scorch_operators():
-    """What the compiled graph calls: torch.ops.scorch.*, not a Python fallback."""
-    _, M = _sparse((6, 6), 0.5, "csr", seed=21)
-    Q, K, V = (_dense(6, 4, seed=s) for s in (22, 23, 24))
+def _recording_backend():
+    """An AOTAutograd backend that records the operators of the forward and backward graphs
+    it is given (and runs them as they are)."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
     seen = {"forward": [], "backward": []}
@@ -163,7 +220,14 @@ def test_one_graph_holds_the_scorch_operators():
             seen[which].extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
             return make_boxed_func(gm.forward)
         return compiler
-    backend = aot_autograd(fw_compiler=recorder("forward"), bw_compiler=recorder("backward"))
+    return aot_autograd(fw_compiler=recorder("forward"), bw_compiler=recorder("backward")), seen
+
+
+def test_one_graph_holds_the_scorch_operators():
+    """What the compiled graph calls: torch.ops.scorch.*, not a Python fallback."""
+    _, M = _sparse((6, 6), 0.5, "csr", seed=21)
+    Q, K, V = (_dense(6, 4, seed=s) for s in (22, 23, 24))
+    backend, seen = _recording_backend()
     out = torch.compile(attention, backend=backend)(M, Q, K, V)
     _check_same(out, attention(M, Q, K, V), [Q, K, V])
     forward, backward = (" ".join(seen[k]) for k in ("forward", "backward"))
@@ -171,6 +235,18 @@ def test_one_graph_holds_the_scorch_operators():
     assert "scorch.einsum" in forward                                   # the SpMM
     assert "scorch.pattern_map_backward" in backward and "scorch.einsum_backward" in backward
 
+
+
+@pytest.mark.parametrize("a_requires_grad", [False, True])
+def test_backward_graph_computes_only_the_gradients_asked_for(a_requires_grad):
+    """A GCN layer's compiled backward: one gradient operator for ``X @ W`` and one more
+    only when the adjacency's values want a gradient."""
+    _, A = _sparse((6, 5), 0.5, "csr", seed=63, requires_grad=a_requires_grad)
+    X, W = _dense(5, 4, seed=64), _dense(4, 2, seed=65)
+    backend, seen = _recording_backend()
+    out = torch.compile(gcn_layer, backend=backend)(A, X, W)
+    out.sum().backward()
+    assert seen["backward"].count("scorch.einsum_backward.default") == 1 + a_requires_grad
 
 # --- the registered operators ----------------------------------------------------------------
 
@@ -222,6 +298,39 @@ def test_operator_results_match_eager_scorch():
                                ref._storage.values)
 
 
+
+def test_operator_results_never_alias_their_inputs():
+    """torch.library's rule, kept cheaply: a result of its own passes as it is; an input,
+    or a view of one, is copied."""
+    x, other = _dense(3, 4, seed=57, requires_grad=False), _dense(3, 4, seed=58, requires_grad=False)
+    assert library_ops._fresh(other, [x]) is other
+    for aliased in (x, x.view(4, 3), x[1:]):
+        out = library_ops._fresh(aliased, [x])
+        assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+        torch.testing.assert_close(out, aliased)
+
+
+def test_operator_reuses_a_sparse_operand_whose_arrays_are_unchanged():
+    """A compiled graph passes the same sparse arrays call after call with new dense ones
+    (a GCN's A @ H): the SparseTensor over them, with its warm caches, is reused; new
+    arrays get a new one, and results stay right."""
+    a, A = _sparse((5, 4), 0.5, "csr", seed=66)
+    a2, A2 = _sparse((5, 4), 0.7, "csr", seed=67)
+    H1, H2 = _dense(4, 3, seed=68, requires_grad=False), _dense(4, 3, seed=69, requires_grad=False)
+    key, arrays = _op_args("ij,jk->ik", A, H1)
+    first = library_ops._operands(key, _spec_metas(key), arrays)
+    again = library_ops._operands(key, _spec_metas(key), arrays[:-1] + [H2])
+    assert again[0] is first[0] and again[1] is H2
+    _, arrays2 = _op_args("ij,jk->ik", A2, H2)
+    other = library_ops._operands(key, _spec_metas(key), arrays2)
+    assert other[0] is not first[0]
+    torch.testing.assert_close(torch.ops.scorch.einsum(key, arrays[:-1] + [H2]), a @ H2)
+    torch.testing.assert_close(torch.ops.scorch.einsum(key, arrays2), a2 @ H2)
+
+
+def _spec_metas(key):
+    return library_ops._spec(key)[2]
+
 def test_keys_decode_in_a_fresh_registry(monkeypatch):
     """A graph from torch's disk cache carries keys this process never made."""
     _, A = _sparse((4, 4), 0.5, "csr", seed=32)
@@ -246,6 +355,24 @@ def test_sparse_tensor_in_and_out_of_one_graph():
     torch.testing.assert_close(out.to_dense(), ref.to_dense())
     assert _graphs_and_breaks(scaled_scores, M, Q, K) == (1, 0)
 
+
+
+def test_new_pattern_results_written_as_calls_break_at_the_call_only():
+    """A sparse result with a new pattern (a sum of two patterns, SpGEMM) runs eagerly; as a
+    call, Dynamo resumes after it and compiles the rest into one graph (as an operator,
+    ``A + B``, this torch runs the whole function eagerly: docs/torch_compile.md)."""
+    a, A = _sparse((5, 5), 0.4, "csr", seed=59)
+    b, B = _sparse((5, 5), 0.4, "csr", seed=60)
+    X, W = _dense(5, 4, seed=61, requires_grad=False), _dense(4, 2, seed=62, requires_grad=False)
+
+    def summed(A, B, X, W):
+        return torch.relu(torch.add(A, B) @ (X @ W))
+
+    def spgemm(A, B, X, W):
+        return torch.relu(torch.mm(A, B) @ (X @ W))
+    for f, ref in ((summed, torch.relu((a + b) @ (X @ W))), (spgemm, torch.relu(a @ b @ (X @ W)))):
+        torch.testing.assert_close(torch.compile(f)(A, B, X, W), ref)
+        assert _graphs_and_breaks(f, A, B, X, W) == (1, 0)
 
 def test_unregistered_sparse_op_breaks_the_graph_and_stays_right():
     """An op with no registered operator (sparse + sparse: a new pattern) runs eagerly."""
