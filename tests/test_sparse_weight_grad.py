@@ -165,9 +165,16 @@ def test_training_steps_transpose_neither_weight_nor_batch_twice(monkeypatch):
         W.grad = None
         (F.linear(X, W) ** 2).sum().backward()
     assert weight_conversions == []
-    assert len(batch_conversions) == 2, batch_conversions
+    assert len(batch_conversions) == 2, batch_conversions    # a new batch: converted once
+    fixed = batches[0]                  # a fixed input: its conversion is kept from its 2nd step
+    (F.linear(fixed, W) ** 2).sum().backward()
+    batch_conversions.clear()
+    for _ in range(2):
+        W.grad = None
+        (F.linear(fixed, W) ** 2).sum().backward()
+    assert batch_conversions == []
     Wr = W.detach().to_dense().requires_grad_()
-    (torch.nn.functional.linear(batches[-1].to_dense(), Wr) ** 2).sum().backward()
+    (torch.nn.functional.linear(fixed.to_dense(), Wr) ** 2).sum().backward()
     torch.testing.assert_close(W.grad.to_dense(), Wr.grad * (Wr.detach() != 0), rtol=1e-5, atol=1e-5)
 
 

@@ -234,8 +234,8 @@ def _located_factors(plan: GradientPlan, Q: Storage, terms: Sequence[str], facto
     gradient ``oj,ao,aj->oj``): the kernel then iterates the pattern alone over its
     variables and writes the gradient at the pattern's positions. Left to the compiler, the
     factor is intersected there and the result holds only the entries it meets, which
-    then have to be searched for in the pattern. Conversions are kept per pattern
-    (``pattern.reformatted``): a fixed factor is converted once."""
+    then have to be searched for in the pattern. A factor seen again (a fixed input)
+    keeps its conversion (``pattern.converted_partner``)."""
     level_vars = "".join(plan.pattern_term[d] for d in Q.format.mode_order)
     out = factors
     for k, (t, f) in enumerate(zip(terms, factors)):
@@ -248,7 +248,7 @@ def _located_factors(plan: GradientPlan, Q: Storage, terms: Sequence[str], facto
         if out is factors:
             out = list(factors)
         differentiable = torch.is_grad_enabled() and f.requires_grad   # double backward
-        out[k] = f.to_format(fmt) if differentiable else SparseTensor(_pattern.reformatted(st, fmt))
+        out[k] = f.to_format(fmt) if differentiable else SparseTensor(_pattern.converted_partner(st, fmt))
     return out
 
 
