@@ -154,43 +154,55 @@ def _pyg_impl(g, template, classes) -> Impl:
 
 # --------------------------------------------------------------------------- sparse autoencoder
 
-def sae_case(dataset: str, batch: int = 64, density: float = 0.1) -> Case:
+def sae_case(dataset: str, batch: int = 64, density: float = 0.1, batches: int = 8) -> Case:
+    """Each call takes the next of ``batches`` batches of the test set (rotating), for every
+    implementation alike: a training step sees a new batch, so nothing kept per batch (a
+    converted copy) carries over from the previous step."""
     import sparse_autoencoder as sae
-    x = sae.load_images(dataset, "test", limit=batch)
-    case = Case("sae", dataset, f"batch {batch} x 784 ({(x != 0).float().mean().item():.0%} non-zero), "
+    xs = sae.load_images(dataset, "test", limit=batch * batches).split(batch)
+    turn = {}
+
+    def next_batch(impl: str) -> torch.Tensor:
+        turn[impl] = (turn.get(impl, -1) + 1) % len(xs)
+        return xs[turn[impl]]
+    nonzero = torch.cat(xs).ne(0).float().mean().item()
+    case = Case("sae", dataset, f"batch {batch} x 784 ({nonzero:.0%} non-zero; {len(xs)} batches in turn), "
                 f"encoder 784 -> 256 at {density:.0%} stored (CSR), decoder 256 -> 784 dense")
     torch.manual_seed(0)
     model = sae.SparseAutoencoder(784, 256, density, torch.Generator().manual_seed(0))
 
-    def scorch_impl(sparse_input: bool) -> Impl:
+    def scorch_impl(name: str, sparse_input: bool) -> Impl:
+        def step(x):
+            inp = scorch.sparse_tensor(x, format="csr") if sparse_input else x
+            return F.mse_loss(model(inp), x)
+
         def train():
             _zero(model.parameters())
-            inp = scorch.sparse_tensor(x, format="csr") if sparse_input else x
-            loss = F.mse_loss(model(inp), x)
+            loss = step(next_batch(name))
             loss.backward()
             return loss
 
         def infer():
             with torch.no_grad():
-                inp = scorch.sparse_tensor(x, format="csr") if sparse_input else x
-                return F.mse_loss(model(inp), x)
+                return step(next_batch(name))
         return Impl(train, infer)
 
-    case.impls["scorch"] = scorch_impl(True)
-    case.impls["scorch_dense_x"] = scorch_impl(False)
+    case.impls["scorch"] = scorch_impl("scorch", True)
+    case.impls["scorch_dense_x"] = scorch_impl("scorch_dense_x", False)
 
-    def encoder_wxt(inp):  # diagnostic: the encoder as torch.sparse users write it
-        return F.relu((model.encoder.weight @ inp.t()).t() + model.encoder.bias)
+    def wxt_step(x):  # diagnostic: the encoder as torch.sparse users write it
+        h = F.relu((model.encoder.weight @ x.t()).t() + model.encoder.bias)
+        return F.mse_loss(torch.sigmoid(model.decoder(h)), x)
 
     def train_wxt():
         _zero(model.parameters())
-        loss = F.mse_loss(torch.sigmoid(model.decoder(encoder_wxt(x))), x)
+        loss = wxt_step(next_batch("scorch_wxt"))
         loss.backward()
         return loss
 
     def infer_wxt():
         with torch.no_grad():
-            return F.mse_loss(torch.sigmoid(model.decoder(encoder_wxt(x))), x)
+            return wxt_step(next_batch("scorch_wxt"))
     case.impls["scorch_wxt"] = Impl(train_wxt, infer_wxt)
 
     # torch.sparse: a CSR weight; torch multiplies it with a dense input (sparse x sparse CSR
@@ -201,19 +213,19 @@ def sae_case(dataset: str, batch: int = 64, density: float = 0.1) -> Case:
     dec.load_state_dict(model.decoder.state_dict())
     params = [w, b, *dec.parameters()]
 
-    def forward():
+    def torch_step(x):
         h = F.relu(torch.sparse.mm(w, x.t()).t() + b)
-        return torch.sigmoid(dec(h))
+        return F.mse_loss(torch.sigmoid(dec(h)), x)
 
     def train():
         _zero(params)
-        loss = F.mse_loss(forward(), x)
+        loss = torch_step(next_batch("torch_csr"))
         loss.backward()
         return loss
 
     def infer():
         with torch.no_grad():
-            return F.mse_loss(forward(), x)
+            return torch_step(next_batch("torch_csr"))
     case.impls["torch_csr"] = Impl(train, infer)
     return case
 

@@ -212,11 +212,11 @@ def operand_gradient(plan: GradientPlan, einsum: Callable, grad, operands: Seque
     Q, perm = P, None
     if merged:
         eq = plan.equation(with_pattern=False)
-        ops = factors
     else:
         eq = plan.equation()
         Q, perm = _pattern.pattern_factor(P, dtype)
-        ops = [SparseTensor(Q)] + factors
+    factors = _located_factors(plan, Q, terms, factors)
+    ops = factors if merged else [SparseTensor(Q)] + factors
     R = einsum(eq, *ops)
     if not isinstance(R, SparseTensor):   # a dense result (e.g. every factor dense and small)
         return dense_to_pattern(P, R.to(x.dtype))
@@ -226,6 +226,30 @@ def operand_gradient(plan: GradientPlan, einsum: Callable, grad, operands: Seque
         vals = _pattern.values_from_factor(P, Q, perm, R._storage, values_of(R))
     return from_values(P, vals.to(x.dtype))
 
+
+
+def _located_factors(plan: GradientPlan, Q: Storage, terms: Sequence[str], factors: list) -> list:
+    """The factors with every other sparse one that shares variables with the pattern
+    handed over in ``pattern.located_format`` (e.g. a CSR batch ``X`` as CSC for the weight
+    gradient ``oj,ao,aj->oj``): the kernel then iterates the pattern alone over its
+    variables and writes the gradient at the pattern's positions. Left to the compiler, the
+    factor is intersected there and the result holds only the entries it meets, which
+    then have to be searched for in the pattern. A factor seen again (a fixed input)
+    keeps its conversion (``pattern.converted_partner``)."""
+    level_vars = "".join(plan.pattern_term[d] for d in Q.format.mode_order)
+    out = factors
+    for k, (t, f) in enumerate(zip(terms, factors)):
+        if not isinstance(f, SparseTensor) or _pattern.shares_arrays(Q, f._storage):
+            continue
+        st = f._storage
+        fmt = _pattern.located_format(st.format, st.shape, st.nnz, t, level_vars, Q.nnz)
+        if fmt is None:
+            continue
+        if out is factors:
+            out = list(factors)
+        differentiable = torch.is_grad_enabled() and f.requires_grad   # double backward
+        out[k] = f.to_format(fmt) if differentiable else SparseTensor(_pattern.converted_partner(st, fmt))
+    return out
 
 
 def _diagonal_gradient(plan: GradientPlan, einsum: Callable, grad, x: SparseTensor, others):

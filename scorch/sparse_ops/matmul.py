@@ -14,6 +14,8 @@ import torch
 
 from .._dispatch import register
 from .. import tensor_type
+from ..gradients import pattern as _pattern
+from ..gradients.values import from_values, values_of
 from ..tensor_type import SparseTensor, is_sparse_operand
 from . import elementwise
 from . import einsum as _einsum_entry
@@ -172,6 +174,28 @@ def addmm(input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta=1
     return elementwise.add(scaled, prod)
 
 
+def _input_major(weight: SparseTensor) -> SparseTensor:
+    """A sparse weight (out, in) stored input-major (CSR -> CSC), for ``x @ W^T`` with a
+    sparse ``x``: the kernel walks each input row's stored features and, for each, the
+    weights that read it (a scatter into the output row); handed over as stored, the weight
+    would be transposed by the compiler on every call. The converted pattern and the
+    permutation of positions are kept while the weight's pattern lives
+    (``pattern.reformat_permutation``), so a step only gathers the current values,
+    differentiably: the weight's gradient is computed on this pattern (an SDDMM that walks
+    each input feature's weights, reading the batch by columns) and flows back through the
+    gather to the weight's own positions."""
+    st = weight._storage
+    if st.ndim != 2 or st.format.block is not None or st.format.mode_order[0] == 1:
+        return weight
+    got = _pattern.reformat_permutation(st, st.format.transposed_copy((1, 0)))
+    if got is None:
+        return weight
+    conv, perm = got
+    if torch.is_grad_enabled() and weight.requires_grad:
+        return from_values(conv, _pattern.permuted(values_of(weight), perm))
+    return SparseTensor(_pattern.reformatted(st, conv.format))
+
+
 def linear(input: torch.Tensor, weight: torch.Tensor,
            bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``F.linear``: ``input @ weight.T + bias`` with the transpose folded into the einsum
@@ -199,8 +223,10 @@ def linear(input: torch.Tensor, weight: torch.Tensor,
     elif len(sw) == 2 and _fills_up(input, weight, si[-1]):
         # sparse @ sparse whose product stores (nearly) every entry (a sparse autoencoder's
         # CSR batch through a CSR weight): a dense result, so the layer stays a dense
-        # activation and the weight's gradient an SDDMM, not a three-way intersection
-        out = _einsum_entry.einsum(f"{lead}j,oj->{lead}o", input, weight, out_format="dense")
+        # activation and the weight's gradient an SDDMM on its pattern, not a three-way
+        # intersection; the weight input-major (see _input_major)
+        out = _einsum_entry.einsum(f"{lead}j,oj->{lead}o", input, _input_major(weight),
+                                   out_format="dense")
     elif len(sw) == 2:
         out = _contract(f"{lead}j,oj->{lead}o", input, weight)
     else:

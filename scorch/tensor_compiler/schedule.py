@@ -99,7 +99,7 @@ def _pattern_access(asg: Assignment, plans: List[AccessPlan], out: OutputPlan,
                     order: Sequence[str]) -> int:
     """The access whose stored pattern *is* the output's (SDDMM's S, ``A * D``), or -1.
 
-    Holds when the only sparse access ``P`` is one the presence formula needs (no entry
+    Holds when a sparse access ``P`` is one the presence formula needs (no entry
     outside its pattern), is over exactly the output variables, is read in the output's produced format
     (same level kinds in the same variable order, no run grouping of duplicates), and the
     output loops come first: then every stored entry of ``P`` is visited exactly once and
@@ -108,20 +108,32 @@ def _pattern_access(asg: Assignment, plans: List[AccessPlan], out: OutputPlan,
     ``pos``/``crd`` arrays: no coordinate buffers, no assembly pass."""
     if out.dense or out.mode not in ("acc", "direct") or out.final_format is not None:
         return -1
-    sparse = [ap for ap in plans if ap.sparse]
-    if len(sparse) != 1:
-        return -1
-    # no entry outside P's pattern: the presence formula cannot hold without P (a product,
-    # a zero-preserving function, a comparison that keeps 0, where(P > 0, P, 0), ...)
-    if ml.dense_needed(ml.formula(asg.rhs, ml.access_ids(asg.rhs)), [sparse[0].id]):
-        return -1
-    P = sparse[0]
+    for P in (ap for ap in plans if ap.sparse):
+        if _is_output_pattern(asg, plans, P, out, order):
+            return P.id
+    return -1
+
+
+def _is_output_pattern(asg: Assignment, plans: List[AccessPlan], P: AccessPlan,
+                       out: OutputPlan, order: Sequence[str]) -> bool:
+    """``_pattern_access`` for one candidate ``P``. Other sparse accesses may take part (the
+    weight gradient of a sparse batch through a sparse weight, ``oj,ao,aj->oj``) when their
+    levels on output variables only locate (dense levels): then no output loop is filtered
+    by them, every entry of ``P`` is still visited once, and one whose reduction finds
+    nothing stores 0."""
     if (P.level_vars != out.level_vars or len(set(P.indices)) != len(P.indices)
             or tuple(P.format.levels) != tuple(out.format.levels)
             or any(lv.grouped for lv in P.levels)
             or tuple(order[:len(out.level_vars)]) != tuple(out.level_vars)):
-        return -1
-    return P.id
+        return False
+    outputs = set(out.level_vars)
+    for ap in plans:
+        if ap.sparse and ap is not P and any(lv.var in outputs and (lv.iterates or not lv.locates)
+                                             for lv in ap.levels):
+            return False
+    # no entry outside P's pattern: the presence formula cannot hold without P (a product,
+    # a zero-preserving function, a comparison that keeps 0, where(P > 0, P, 0), ...)
+    return not ml.dense_needed(ml.formula(asg.rhs, ml.access_ids(asg.rhs)), [P.id])
 
 
 def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
