@@ -253,33 +253,45 @@ def _no_out(name, kwargs):
     kwargs.pop("out", None)
 
 
-#: sparse format -> out_format for sparse @ dense: None where format inference already gives
-#: a dense result (then einsum takes its warm C path, ~1 us faster), else "dense"
+#: (sparse format, rank of the dense operand) -> out_format for sparse @ dense: None where
+#: format inference already gives a dense result (then einsum takes its warm C path, ~1 us
+#: faster; for SpMV through the Python path ~10 us), else "dense"
 _SPMM_OUT: dict = {}
-#: the last format looked up and its answer: an identity check instead of hashing a Format
-#: (~0.4 us) when the same matrix is multiplied again
-_last_spmm = [None, None]
+#: the last format and rank looked up and the answer: an identity check instead of hashing a
+#: Format (~0.4 us) when the same matrix is multiplied again
+_last_spmm = [None, 0, None]
+#: the einsum of sparse matrix @ dense operand of rank 1 (SpMV) and 2 (SpMM)
+_SPARSE_DENSE = {1: "ij,j->i", 2: "ij,jk->ik"}
 
 
-def _spmm_out_format(a: SparseTensor, b: torch.Tensor):
-    fmt = a._storage.format
-    if fmt not in _SPMM_OUT:
-        plan = _einsum_entry.explain("ij,jk->ik", a, b)
-        _SPMM_OUT[fmt] = None if plan.output_format.is_dense else "dense"
-    _last_spmm[0], _last_spmm[1] = fmt, _SPMM_OUT[fmt]
-    return _SPMM_OUT[fmt]
+def _spmm_out_format(a: SparseTensor, b: torch.Tensor, equation: str):
+    key = (a._storage.format, b.ndim)
+    if key not in _SPMM_OUT:
+        plan = _einsum_entry.explain(equation, a, b)
+        _SPMM_OUT[key] = None if plan.output_format.is_dense else "dense"
+    _last_spmm[:] = [key[0], key[1], _SPMM_OUT[key]]
+    return _SPMM_OUT[key]
 
 
 def _spmm(a, b):
-    """The hot path of ``A @ X`` / ``A.mm(X)`` (sparse matrix @ dense matrix), written out
-    flat (each helper call costs ~0.1 us and a warm small SpMM is a few us): the einsum with
-    the output format that keeps its warm C call; None where another path must decide."""
+    """The hot path of ``A @ X`` / ``A.mm(X)`` (sparse matrix @ dense matrix); None where
+    another path must decide."""
+    return _sparse_dense(a, b, 2)
+
+
+def _sparse_dense(a, b, nd: int):
+    """Sparse matrix @ dense operand of rank ``nd`` (2: SpMM, 1: SpMV for ``A @ x``,
+    ``A.mv(x)``), written out flat (each helper call costs ~0.1 us and a warm small SpMM or
+    SpMV is a few us): the einsum with the output format that keeps its warm C call; None
+    where another path must decide (and check)."""
     if type(a) is SparseTensor and type(b) is torch.Tensor:
         st = a._storage
         shape = st.shape
-        if len(shape) == 2 and b.ndim == 2 and shape[1] == b.shape[0] \
+        if len(shape) == 2 and b.ndim == nd and shape[1] == b.shape[0] \
                 and st.values.dtype == b.dtype:
-            of = _last_spmm[1] if st.format is _last_spmm[0] else _spmm_out_format(a, b)
+            equation = _SPARSE_DENSE[nd]
+            of = (_last_spmm[2] if st.format is _last_spmm[0] and nd == _last_spmm[1]
+                  else _spmm_out_format(a, b, equation))
             if of is None and not (_grad_enabled() and _any_requires_grad(a, b)):
                 # einsum's warm C call itself (what scorch.einsum would try first)
                 dispatch = _warm_dispatch[0]
@@ -288,10 +300,10 @@ def _spmm(a, b):
                     dispatch = _warm_dispatch[0] = compiler._DISPATCH[0]
                     _warm_dispatch[1] = compiler._fast
                 if dispatch is not None:
-                    result = dispatch(_warm_dispatch[1], "ij,jk->ik", (a, b))
+                    result = dispatch(_warm_dispatch[1], equation, (a, b))
                     if result is not NotImplemented:
                         return result
-            return _einsum_entry.einsum("ij,jk->ik", a, b, out_format=of)
+            return _einsum_entry.einsum(equation, a, b, out_format=of)
     return None
 
 
@@ -304,7 +316,7 @@ tensor_type._SPMM[0] = _spmm
 @register(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
 def _matmul(a, b, *, out=None):
     if out is None:
-        result = _spmm(a, b)
+        result = _sparse_dense(a, b, 1 if type(b) is torch.Tensor and b.ndim == 1 else 2)
         if result is not None:
             return result
     if not (is_sparse_operand(a) or is_sparse_operand(b)):
@@ -343,6 +355,10 @@ def _sparse_mm(a, b, reduce=None):
 @register(torch.mv, torch.Tensor.mv)
 @_sparse_only
 def _mv(a, v, **kwargs):
+    if not kwargs:
+        result = _sparse_dense(a, v, 1)
+        if result is not None:
+            return result
     _no_out("mv", kwargs)
     return mv(a, v)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 
@@ -11,7 +12,13 @@ __all__ = ["PARALLEL_MIN_WORK", "threads_for", "work_of"]
 
 
 PARALLEL_MIN_WORK = int(os.environ.get("SCORCH_PARALLEL_MIN_WORK", 10_000))
+#: the load estimate averages the machine's busy time over windows of at least this long
+#: (``convert._runnable_others``); its first reading only opens the first window
+LOAD_WINDOW_S = 0.1
+_ADAPTIVE = os.environ.get("SCORCH_ADAPTIVE_THREADS", "1") != "0"
 _free_cores = None
+_load_known_at = None    # monotonic time from which the load estimate covers a whole window
+_load_known = not _ADAPTIVE
 
 
 def threads_for(work: int) -> int:
@@ -20,14 +27,22 @@ def threads_for(work: int) -> int:
     cores (every parallel region ends in a barrier, and a worker waiting for a core costs a
     scheduler time slice, far more than a small kernel). The load estimate is the
     runtime's (``convert.free_cores``), which does not count this process's own spinning
-    OpenMP workers as load."""
-    global _free_cores
+    OpenMP workers as load. Until it has measured one whole window, one thread: its first
+    reading reports no load, and the first 2-thread SpMV calls of a process on a busy
+    machine took 20-50 ms instead of 13 us."""
+    global _free_cores, _load_known_at, _load_known
     T = torch.get_num_threads()
     if T == 1 or work < PARALLEL_MIN_WORK:
         return 1
     if _free_cores is None:
         from .._runtime.convert import free_cores
         _free_cores = free_cores
+        _free_cores(T)    # opens the first window
+        _load_known_at = time.monotonic() + LOAD_WINDOW_S
+    if not _load_known:
+        if time.monotonic() < _load_known_at:
+            return 1
+        _load_known = True
     return _free_cores(T)
 
 

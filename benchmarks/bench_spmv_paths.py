@@ -1,0 +1,106 @@
+"""SpMV A/B measurements in one process, interleaved (issue 15, point 1-2): the call path
+(``scorch.einsum``, ``A @ x``, ``torch.mv(A, x)``, the bare kernel) against scipy and torch
+CSR, and the kernel variants the compiler chooses between (short-rows module with and
+without 32-byte loop alignment, the gather prefetch forced on and off).
+
+    SCORCH_DATA_DIR=... python benchmarks/bench_spmv_paths.py               # 1 thread
+    SCORCH_DATA_DIR=... python benchmarks/bench_spmv_paths.py --matrices bcspwr10 rmat19
+
+Times are medians over ``--rounds`` rounds (rotating order) of CPU time per call of this
+thread (``time.thread_time``: a neighbour's preemption does not count; at one thread it is
+the call's cost), so figures taken on a shared machine compare, but do not replace, a quiet
+run's wall-clock times.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import kernels as K  # noqa: E402
+import scorch  # noqa: E402
+from scorch.tensor_compiler import build, codegen  # noqa: E402
+
+
+def cpu_time_per_call(fn, budget: float = 0.03) -> float:
+    fn()
+    t0, n = time.thread_time(), 0
+    while True:
+        fn()
+        n += 1
+        dt = time.thread_time() - t0
+        if dt > budget:
+            return dt / n
+
+
+def _variants(A, x):
+    """The bare kernel modules: name -> module (all take the same argument list)."""
+    src = scorch.explain("ij,j->i", scorch.from_scipy(A), torch.from_numpy(x)).source
+    lines = src.split("\n")
+    select = next(ln for ln in lines if "sizeof(" in ln and ">=" in ln and ln.lstrip().startswith("if"))
+    indent = select[:len(select) - len(select.lstrip())]
+
+    def flags(text: str, f: str) -> str:
+        ls = text.split("\n")
+        ls.insert(2, f"# scorch-cflags: {f}")
+        return "\n".join(ls)
+    plain = src.replace(select, f"{indent}if False:")
+    prefetch = src.replace(select, f"{indent}if True:")
+    return {"short (aligned)": build.load_kernel(flags(plain, codegen.SHORT_ROWS_CFLAGS)),
+            "short (unaligned)": build.load_kernel(flags(plain, "-fno-tree-vectorize")),
+            "short + prefetch": build.load_kernel(flags(prefetch, codegen.SHORT_ROWS_CFLAGS)),
+            "vectorized": build.load_kernel(plain)}
+
+
+def measure(name: str, rounds: int) -> None:
+    A = K.load_matrix(name)
+    x = np.random.default_rng(0).standard_normal(A.shape[1]).astype(np.float32)
+    xt = torch.from_numpy(x)
+    As, At = scorch.from_scipy(A), K._torch_csr(A)
+    out = np.empty(A.shape[0], np.float32)
+    args = [A.shape[0], A.shape[1], A.indptr.ctypes.data, A.indices.ctypes.data,
+            A.data.ctypes.data, 1, x.ctypes.data, out.ctypes.data, 1]
+    calls = {"scipy": lambda: A @ x, "torch CSR": lambda: torch.mv(At, xt),
+             "scorch.einsum": lambda: scorch.einsum("ij,j->i", As, xt),
+             "A @ x": lambda: As @ xt, "torch.mv(A, x)": lambda: torch.mv(As, xt)}
+    for label, mod in _variants(A, x).items():
+        calls[f"kernel {label}"] = (lambda k: lambda: k(args, 1))(mod.kernel)
+    ref = A @ x
+    for label, fn in calls.items():
+        r = fn()
+        r = out if r is None else (r.numpy() if isinstance(r, torch.Tensor) else r)
+        if not np.allclose(r, ref, rtol=1e-3, atol=1e-3):
+            raise AssertionError(f"{name}: {label} differs from scipy")
+    times = {k: [] for k in calls}
+    for r in range(rounds):
+        order = list(calls)[r % len(calls):] + list(calls)[:r % len(calls)]
+        for k in order:
+            times[k].append(cpu_time_per_call(calls[k]))
+    med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
+    best = min(med["scipy"], med["torch CSR"])
+    print(f"\n{K.describe_matrix(name)} ({A.nnz / max(1, A.shape[0]):.1f} a row)")
+    for k, v in med.items():
+        print(f"  {k:28s} {v:10.1f} us   best peer / this {best / v:5.2f}x")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--matrices", nargs="+",
+                   default=["bcspwr10", "4elt", "Groebner_id2003_aug", "rmat16", "uniform16"])
+    p.add_argument("--rounds", type=int, default=9)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    for m in args.matrices:
+        measure(m, args.rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""The thread count of a kernel call (``tensor_compiler.threads.threads_for``): one thread
+for small work, and one thread until the load estimate has measured a whole window (its
+first reading reports an idle machine; a parallel region on a busy one stalls for a
+scheduler time slice), then the free cores."""
+import torch
+
+from scorch.tensor_compiler import threads
+
+
+def _fresh(monkeypatch, clock, free):
+    """threads_for as in a new process, with a fake clock and load estimate."""
+    readings = []
+
+    def free_cores(T):
+        readings.append(T)
+        return free
+    monkeypatch.setattr(threads, "_free_cores", None)
+    monkeypatch.setattr(threads, "_load_known", False)
+    monkeypatch.setattr(threads, "_load_known_at", None)
+    monkeypatch.setattr(threads.time, "monotonic", lambda: clock[0])
+    import scorch._runtime.convert as convert
+    monkeypatch.setattr(convert, "free_cores", free_cores)
+    return readings
+
+
+def test_one_thread_until_the_load_is_measured(monkeypatch):
+    clock = [100.0]
+    readings = _fresh(monkeypatch, clock, free=2)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        big = 10 * threads.PARALLEL_MIN_WORK
+        assert threads.threads_for(big) == 1          # opens the window
+        assert readings == [2]
+        clock[0] += threads.LOAD_WINDOW_S / 2
+        assert threads.threads_for(big) == 1          # the window is not over yet
+        clock[0] += threads.LOAD_WINDOW_S
+        assert threads.threads_for(big) == 2          # now the estimate decides
+        assert threads.threads_for(threads.PARALLEL_MIN_WORK - 1) == 1   # small work
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_busy_machine_gets_its_free_cores(monkeypatch):
+    clock = [5.0]
+    _fresh(monkeypatch, clock, free=1)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        threads.threads_for(10 ** 6)
+        clock[0] += 1.0
+        assert threads.threads_for(10 ** 6) == 1
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_one_thread_asked_is_one_thread(monkeypatch):
+    readings = _fresh(monkeypatch, [0.0], free=4)
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert threads.threads_for(10 ** 7) == 1
+        assert readings == []                          # no load reading needed
+    finally:
+        torch.set_num_threads(old)
