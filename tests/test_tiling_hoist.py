@@ -62,6 +62,10 @@ def test_restreamed_blocks_counts_matrices_per_stored_entry():
     assert restreamed_blocks(["i", "j", "k"], _problem("ij,jk->ik", [csr, None])) == 0
     assert restreamed_blocks(["i", "j", "k"], _problem("ij,ik,kj->ij", [csr, None, None], True)) == 0
     assert restreamed_blocks(["b", "n", "d", "h"], _problem(MOE, [None, None, csr], True)) == 0
+    # a sparse result in the gate's variables counts the re-read expert
+    gate = _problem(GATE_GRAD, [csr, None, None, None], True)
+    assert restreamed_blocks(["b", "n", "d", "h"], gate) == 1
+    assert restreamed_blocks(["n", "b", "d", "h"], gate) == 0
 
 
 # ---------------------------------------------------------------- plans (explain)
@@ -87,6 +91,22 @@ def test_expert_gradient_accumulates_register_rows_over_the_inputs():
     tile = plan.schedule.cache_tile
     assert (tile.var, tile.above, tile.block, tile.access) == ("h", "d", ("b",), 0)
     assert "tile loop" in str(plan)
+
+
+def test_gate_gradient_reads_expert_major_and_keeps_the_gate_format():
+    """A sparse result over exactly the one sparse operand's variables counts its operands'
+    restreamed blocks too: the gate gradient runs expert-major and is converted back to the
+    gate's format (a result in CSR for a CSR gate, never a CSC one)."""
+    G = scorch.sparse_tensor(_gate(16, 4, 2), format="csr")
+    dy, x, E = torch.rand(16, 300), torch.rand(16, 8), torch.rand(4, 8, 300)
+    plan = scorch.explain(GATE_GRAD, G, dy, x, E)
+    assert plan.loop_order == ["n", "b", "d", "h"] and [t[0] for t in plan.transposes] == [0]
+    assert plan.output_format == as_format("csr")
+    got = scorch.einsum(GATE_GRAD, G, dy, x, E)
+    assert isinstance(got, scorch.SparseTensor) and got.format == as_format("csr")
+    # the forward over a COO gate has a sparse result over (b, h): left as it was
+    coo = scorch.explain(MOE, x, E, scorch.sparse_tensor(_gate(16, 4, 2), format="coo"))
+    assert coo.loop_order == ["b", "n", "d", "h"] and not coo.transposes
 
 
 def test_spmm_and_sddmm_keep_their_plans():

@@ -172,10 +172,15 @@ def restreamed_blocks(order: Sequence[str], p: OrderProblem) -> int:
     block below a sparse loop spans two dense loops: read and written per entry (the
     expert gradient ``dE(n,d,h)`` over ``n, b, d, h``; over ``n, d, b, h`` a row
     accumulates in registers). Weighed above a transpose: the block is O(block) work per
-    stored entry, the transpose O(1). Sparse results (workspaces, assembly) are left to
-    the other terms: 0."""
+    stored entry, the transpose O(1). Of sparse results only those over exactly one sparse
+    operand's variables (written in its pattern, no workspace: the MoE gate gradient
+    ``bn,bh,bd,ndh->bn``) count their operands; the others are left to the workspace and
+    transpose terms (0)."""
     m = measure(order, p)
-    if m is None or p.out_sparse:
+    if m is None:
+        return 0
+    if p.out_sparse and not any(sorted(acc.indices) == sorted(p.asg.output)
+                                for acc, _i, _f in p.sparse_accesses):
         return 0
     sparse = [n for n, dense in enumerate(m.dense_pattern) if not dense]
     dense_vars = {v for v, dense in zip(order, m.dense_pattern) if dense}
@@ -187,7 +192,7 @@ def restreamed_blocks(order: Sequence[str], p: OrderProblem) -> int:
         if any(order[s] in idx and any(v not in idx for v in order[:s]) for s in sparse):
             count += 1
     out = set(p.asg.output)
-    if any(len(dense_vars.intersection(order[s + 1:]) & out) >= 2 for s in sparse):
+    if not p.out_sparse and any(len(dense_vars.intersection(order[s + 1:]) & out) >= 2 for s in sparse):
         count += 1
     return count
 

@@ -181,13 +181,14 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
         kinds = infer_output_kinds(asg.rhs, asg.output, kind_of)
         out_dense = rank == 0 or all(k.full for k in kinds.values())
         out_kinds = kinds
-        out_mode_vars = None
+        out_mode_vars = None if out_dense else _operand_mode_vars(asg, ids, formats)
     lo, problem = _choose_order(asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail)
     order = lo.order
-    if out_format is None and not (out_dense and len(sparse_ids) == 1):
-        # (A dense result over one sparse operand stays dense: reading that operand in
-        # another mode order is this compiler's choice (``cost_model.restreamed_blocks``:
-        # the MoE gate read expert-major), not a sparser result.)
+    if out_format is None and len(sparse_ids) != 1:
+        # (A result over one sparse operand keeps the kinds inferred from its format:
+        # reading that operand in another mode order is this compiler's choice
+        # (``cost_model.restreamed_blocks``: the MoE gate read expert-major), not another
+        # result.)
         # Infer again on the formats the kernel reads: a transposed operand's levels apply
         # to its dimensions in the new order (CSR x CSC reads B as CSR, so the product is
         # CSR, not dense because CSC stores columns densely). Repeat while that changes
@@ -239,6 +240,11 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
         else:
             produced = Format([out_kinds[v] for v in level_vars], mode_order)
             final = None
+            if out_mode_vars is not None and tuple(out_mode_vars) != level_vars:
+                # the one sparse operand was read in another mode order
+                # (cost_model.restreamed_blocks): the result keeps the operand's
+                final = Format([out_kinds[v] for v in out_mode_vars],
+                               tuple(asg.output.index(v) for v in out_mode_vars))
         out.format, out.final_format, out.level_vars = produced, final, level_vars
         red = set(asg.reduction)
         first_red = next((n for n, v in enumerate(order) if v in red), None)
@@ -273,6 +279,20 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
     return Schedule(asg, order, plans, out, f, workspaces, tiled, cost,
                     list(lo.sparsity_order), list(lo.moves), list(lo.cycles),
                     list(lo.cycle_removals), dict(lo.terms), _cache_tile(order, plans, out, tiled))
+
+
+def _operand_mode_vars(asg: Assignment, ids, formats) -> Optional[Tuple[str, ...]]:
+    """The mode order (as variables) of the one sparse operand when it spans exactly the
+    output's variables: a sparse result inferred from it keeps that mode order even when
+    the loop order reads it transposed (the MoE gate gradient ``bn,bh,bd,ndh->bn``, read
+    expert-major, is still CSR like the gate). None otherwise."""
+    sparse = [acc for acc in ids if formats[acc.tensor] is not None]
+    if len(sparse) != 1:
+        return None
+    acc, fmt = sparse[0], formats[sparse[0].tensor]
+    if sorted(acc.indices) != sorted(asg.output):
+        return None
+    return tuple(acc.indices[d] for d in fmt.mode_order)
 
 
 def _check_denominators(e, formats) -> None:
