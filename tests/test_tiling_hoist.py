@@ -14,7 +14,7 @@ import scorch
 from scorch.formats import as_format
 from scorch.tensor_compiler import merge_lattice as ml
 from scorch.tensor_compiler import tiling
-from scorch.tensor_compiler.cost_model import OrderProblem, restreamed_blocks
+from scorch.tensor_compiler.cost_model import OUTPUT_BLOCK_SHARE, OrderProblem, restreamed_blocks
 from scorch.tensor_compiler.index_notation import parse_einsum
 
 MOE = "bd,ndh,bn->bh"
@@ -56,8 +56,11 @@ def test_restreamed_blocks_counts_matrices_per_stored_entry():
     assert restreamed_blocks(["b", "n", "d", "h"], fwd) == 1    # E[n] streamed per entry
     assert restreamed_blocks(["n", "b", "d", "h"], fwd) == 0    # E[n] serves column n
     grad = _problem(EXPERT_GRAD, [None, None, csc])
-    assert restreamed_blocks(["n", "b", "d", "h"], grad) == 1   # dE[n] read+written per b
+    # dE[n] read and written again per b (a tenth: never worth a transpose)
+    assert restreamed_blocks(["n", "b", "d", "h"], grad) == pytest.approx(OUTPUT_BLOCK_SHARE)
     assert restreamed_blocks(["n", "d", "b", "h"], grad) == 0   # a register row over b
+    # a dense loop above every level of the sparse operand walks all its entries again
+    assert restreamed_blocks(["h", "b", "n", "d"], fwd) == 2    # and E[n] under b
     # SpMM and SDDMM stream a row per entry: never counted; sparse results are left alone
     assert restreamed_blocks(["i", "j", "k"], _problem("ij,jk->ik", [csr, None])) == 0
     assert restreamed_blocks(["i", "j", "k"], _problem("ij,ik,kj->ij", [csr, None, None], True)) == 0
