@@ -318,7 +318,7 @@ class KernelFacts:
     chunk_level: Optional[LevelPlan]
     balance: Optional[str]                 # pos array weighing chunks by entries
     gathers: Tuple[int, ...] = ()          # dense accesses gathered at stored coordinates
-    cache_panels: bool = False             # s.cache_tile: panels of any width above every loop
+    cache_panels: bool = False             # s.cache_tile: register panels above every loop
 
     def vector(self, width: int) -> Tuple[int, str]:
         """Lanes and GCC vector type of a register row (or vector dot) ``width`` values
