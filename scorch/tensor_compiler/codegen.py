@@ -56,7 +56,7 @@ from .schedule import Schedule
 from .target import MIN_VECTOR_BYTES, SOURCE_TAG, vector_type_name
 
 # the type tables and schedule analyses live with the lowering; the compiler reads them here
-__all__ = ["generate", "print_kernel", "print_stmts", "panel_widths", "relayouts", "short_rows",
+__all__ = ["generate", "print_kernel", "print_stmts", "panel_widths", "cache_panels", "relayouts", "short_rows",
            "short_rows_limit", "unit_stride_accesses", "CTYPES", "NPTYPES", "ITYPES", "ArgSpec",
            "SHORT_ROWS", "SHORT_ROWS_BY_DTYPE", "SHORT_ROWS_CFLAGS", "DENSE_WS_LIMIT", "CODEGEN_VERSION",
            "KERNEL_C_CAPSULE"]
@@ -232,6 +232,9 @@ def _panel_loop(k: Kernel, w) -> None:
     panel runs the generic chunk function."""
     p = k.panels
     L = p.var
+    if p.cache:
+        _cache_panel_loop(k, w)
+        return
     w("    cdef Args b")
     w("    cdef int64_t pp, pw")
     w("    cdef chunk_fn pfn")
@@ -250,6 +253,45 @@ def _panel_loop(k: Kernel, w) -> None:
     w("            fn = pfn if pw == panel else run_chunk")
     _run_chunks(w, "fn", "NULL, NULL", "NULL, NULL", " " * 12, "&b")
     w("            pp += panel")
+    w("        return")
+
+
+def _cache_panel_loop(k: Kernel, w) -> None:
+    """Cache blocking (``schedule.CacheTile``): the loop nest runs once per panel of
+    ``panel`` columns on shifted base pointers (the register kernel of that width; a last,
+    narrower panel the generic chunk function), so the block the sparse loop re-reads stays in cache; the
+    panels write disjoint columns of the output and run under ``prange`` when the nest
+    below is one chunk."""
+    p = k.panels
+    L = p.var
+    w("    cdef Args* pargs")
+    w("    cdef chunk_fn* pfns")
+    w("    cdef int64_t npan, pi")
+    w(f"    if panel > 0 and panel < a.N_{L}:")
+    w(f"        npan = (a.N_{L} + panel - 1) // panel")
+    w("        pargs = <Args*>malloc(npan * sizeof(Args))")
+    w("        pfns = <chunk_fn*>malloc(npan * sizeof(chunk_fn))")
+    w("        for pi in range(npan):")
+    w("            pargs[pi] = a")
+    w(f"            pargs[pi].N_{L} = min(panel, a.N_{L} - pi * panel)")
+    for f in p.shifted:
+        w(f"            pargs[pi].{f} = a.{f} + pi * panel")
+    w("            pfns[pi] = run_chunk")
+    for W in p.widths:   # a full panel of a register width runs that width's kernel
+        w(f"            if pargs[pi].N_{L} == {W}:")
+        w(f"                pfns[pi] = run_chunk_w{W}")
+    if p.parallel:
+        w("        if nthreads > 1 and npan > 1:")
+        w("            for pi in prange(npan, nogil=True, schedule='dynamic', num_threads=nthreads):")
+        w("                pfns[pi](&pargs[pi], lo0, hi0, NULL, NULL)")
+        w("        else:")
+        w("            for pi in range(npan):")
+        w("                pfns[pi](&pargs[pi], lo0, hi0, NULL, NULL)")
+    else:
+        w("        for pi in range(npan):")
+        _run_chunks(w, "pfns[pi]", "NULL, NULL", "NULL, NULL", " " * 12, "&pargs[pi]")
+    w("        free(pfns)")
+    w("        free(pargs)")
     w("        return")
 
 
@@ -518,6 +560,11 @@ def panel_widths(s: Schedule, value_dtype: torch.dtype) -> Tuple[int, ...]:
 #: fetches twice (measured under load, one process, CPU time, same machine code otherwise:
 #: bcspwr10 15.8 -> 12.9 us, 4elt 95 -> 53 us; benchmarks/report_kernels.py --kernels spmv)
 SHORT_ROWS_CFLAGS = "-fno-tree-vectorize -falign-loops=32"
+
+
+def cache_panels(s: Schedule, value_dtype: torch.dtype) -> bool:
+    """Whether a kernel for ``s`` runs its cache tile (``schedule.CacheTile``) in panels."""
+    return kernel_facts(s, value_dtype, {}).cache_panels
 
 
 def generate(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, torch.dtype],

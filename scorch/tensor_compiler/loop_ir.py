@@ -146,10 +146,14 @@ class Chunking:
 @dataclass(frozen=True)
 class Panels:
     """Algorithm 3's tiling of the innermost loop ``var`` into panels of ``widths`` columns:
-    ``shifted`` are the Args fields whose base pointers move with the panel."""
+    ``shifted`` are the Args fields whose base pointers move with the panel. ``cache``:
+    cache blocking (``schedule.CacheTile``), panels of any width run through the generic
+    chunk, in ``parallel`` when nothing below is split into chunks."""
     var: str
     widths: Tuple[int, ...]
     shifted: Tuple[str, ...]
+    cache: bool = False
+    parallel: bool = False
 
 
 @dataclass(frozen=True)
@@ -225,6 +229,10 @@ def outline(k: Kernel) -> str:
                      + (f", balanced by stored entries of {c.balance}" if c.balance else "") + ")")
     if k.memset is not None:
         lines.append(f"fill the output with {k.fill or 0} ({k.memset} values)")
+    if k.panels is not None and k.panels.cache:
+        lines.append(f"tile loop: for each panel of {k.panels.var} (width per call, cache-sized)"
+                     + (", in parallel" if k.panels.parallel else "")
+                     + ": run_chunk on the panel")
     for fn in k.chunk_functions:
         lines.append(fn.name + (f"  (when {fn.select})" if fn.select else "") + ":")
         _outline(fn.body, 1, lines)

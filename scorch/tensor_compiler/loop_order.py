@@ -55,8 +55,8 @@ class Move:
     order: Tuple[str, ...]            # the candidate order
 
     def __str__(self) -> str:
-        d = ", ".join(f"{k} {v:+d}" for k, v in self.deltas if v)
-        return (f"move {self.var} {self.src}->{self.dst} [{','.join(self.order)}]: net {self.net:+d}"
+        d = ", ".join(f"{k} {v:+g}" for k, v in self.deltas if v)
+        return (f"move {self.var} {self.src}->{self.dst} [{','.join(self.order)}]: net {self.net:+g}"
                 f"{' (' + d + ')' if d else ''} {'applied' if self.applied else 'rejected'}")
 
 

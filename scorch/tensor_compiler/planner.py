@@ -56,6 +56,7 @@ def make_entry(asg: Assignment, operand_indices, ops, out_format: Optional[Forma
     # out in loop order (e.g. SDDMM's C, read along k)
     entry.relayout.update(codegen.relayouts(sched))
     entry.panels = codegen.panel_widths(sched, vt)
+    entry.cache_panels = codegen.cache_panels(sched, vt)
     entry.short_rows = codegen.short_rows(sched)
     return entry
 

@@ -80,6 +80,7 @@ class PlanEntry:
     kernels: Dict[tuple, tuple] = field(default_factory=dict)  # index dtypes -> (module, args, source)
     short: Dict[tuple, Any] = field(default_factory=dict)      # index dtypes -> short-rows module
     panels: Tuple[int, ...] = ()                               # panel widths (choose_panel)
+    cache_panels: bool = False                                 # cache tile (choose_cache_panel)
     short_rows: Any = None                                     # codegen.short_rows of the schedule
     relayout: Dict[int, tuple] = field(default_factory=dict)   # dense access -> (dim, perm, inverse)
     split: Optional[Dict[str, int]] = None   # blocked operands read natively: var -> block size

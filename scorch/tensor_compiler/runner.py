@@ -27,7 +27,7 @@ from .codegen import short_rows_limit
 from .plans import storage_pointers, storage_signature
 from .relayout import relayout
 from . import threads
-from .tiling import choose_panel
+from .tiling import choose_panel, panel_chooser
 
 __all__ = ["make_runner"]
 
@@ -127,13 +127,16 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
         else:   # the output is fresh and contiguous: its strides follow from the sizes
             vals.append(" * ".join(seen[v] for v in b) or "1")
     panel = "0"
-    if entry.panels:
-        # rows wider than the register kernel may run in panels (choose_panel)
-        env.update({"CHOOSE": choose_panel, "WIDTHS": entry.panels})
+    rule = panel_chooser(entry)
+    if rule is not None:
+        # rows wider than the register kernel may run in panels (choose_panel), a cache
+        # tile in cache-sized panels (choose_cache_panel)
+        choose, first, threshold, rows_vars = rule
+        env.update({"CHOOSE": choose, "WIDTHS": first})
         L_ = s.loop_order[-1]
-        rows = " * ".join(seen[v] for v in out.vars if v != L_) or "1"
+        rows = " * ".join(seen[v] for v in rows_vars) or "1"
         nnz = " + ".join(f"p{n}[-1]" for n in sorted(by_tensor) if n in sparse) or "0"
-        w(f"    panel = 0 if {seen[L_]} <= {max(entry.panels)} else CHOOSE(WIDTHS, {seen[L_]}, {nnz}, {rows})")
+        w(f"    panel = 0 if {seen[L_]} <= {threshold} else CHOOSE(WIDTHS, {seen[L_]}, {nnz}, {rows})")
         panel = "panel"
     sr = entry.short_rows
     if sr is not None:
@@ -217,11 +220,13 @@ def _c_plan(entry, module, args, fallback, env, seen, sparse, by_tensor):
         def short_getter():   # the variant is built by the general path on first need
             mod = entry.short.get(ikey)
             return None if mod is None else mod.KERNEL_C
-    if entry.panels:
-        L_ = s.loop_order[-1]
-        spec["panel"] = (var[L_], max(entry.panels), [var[v] for v in out.vars if v != L_])
+    rule = panel_chooser(entry)
+    choose, first = choose_panel, tuple(entry.panels or ())
+    if rule is not None:
+        choose, first, threshold, rows_vars = rule
+        spec["panel"] = (var[s.loop_order[-1]], threshold, [var[v] for v in rows_vars])
     try:
-        return fc.Plan(module.KERNEL_C, short_getter, fallback, threads.threads_for, choose_panel,
-                       tuple(entry.panels or ()), storage_pointers, spec)
+        return fc.Plan(module.KERNEL_C, short_getter, fallback, threads.threads_for, choose,
+                       first, storage_pointers, spec)
     except Exception:  # noqa: BLE001  (a spec the C plan cannot take: the Python runner)
         return None

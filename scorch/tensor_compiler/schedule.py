@@ -28,7 +28,7 @@ from .levels import LevelPlan, level_plans
 from .cost_model import OrderProblem, concordant_dims, order_cost
 from .loop_order import CycleRemoval, Move, NoValidOrder, algorithm1
 
-__all__ = ["AccessPlan", "OutputPlan", "Schedule", "schedule", "NoValidOrder"]
+__all__ = ["AccessPlan", "CacheTile", "OutputPlan", "Schedule", "schedule", "NoValidOrder"]
 
 
 @dataclass
@@ -62,6 +62,24 @@ class OutputPlan:
     pattern: int = -1                         # access whose pattern the output reuses (-1: none)
 
 
+@dataclass(frozen=True)
+class CacheTile:
+    """Cache blocking (paper Algorithm 3 generalised): the innermost dense loop ``var`` is cut
+    into panels whose loop runs above everything, above the sparse loop ``above``, so the
+    panel of the block (``access``'s dims ``var`` x ``block``; -1: the output) that every
+    iteration of ``above`` re-reads stays in cache. The panel width is chosen per call
+    (``tiling.choose_cache_panel``: the panel of the block fits half the L2 cache)."""
+    var: str
+    above: str
+    block: Tuple[str, ...]
+    access: int
+
+    def __str__(self) -> str:
+        who = "the output" if self.access < 0 else f"access {self.access}"
+        return (f"{self.var} in panels above {self.above} ({who}'s "
+                f"{' x '.join(self.block + (self.var + ' panel',))} stays in cache)")
+
+
 @dataclass
 class Schedule:
     assignment: Assignment
@@ -81,6 +99,7 @@ class Schedule:
     mode_order_cycles: List[Tuple[str, ...]] = field(default_factory=list)
     cycle_removals: List[CycleRemoval] = field(default_factory=list)
     cost_terms: Dict[str, float] = field(default_factory=dict)
+    cache_tile: Optional[CacheTile] = None
 
 
 
@@ -174,10 +193,14 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
         kinds = infer_output_kinds(asg.rhs, asg.output, kind_of)
         out_dense = rank == 0 or all(k.full for k in kinds.values())
         out_kinds = kinds
-        out_mode_vars = None
+        out_mode_vars = None if out_dense else _operand_mode_vars(asg, ids, formats)
     lo, problem = _choose_order(asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail)
     order = lo.order
-    if out_format is None:
+    if out_format is None and len(sparse_ids) != 1:
+        # (A result over one sparse operand keeps the kinds inferred from its format:
+        # reading that operand in another mode order is this compiler's choice
+        # (``cost_model.restreamed_blocks``: the MoE gate read expert-major), not another
+        # result.)
         # Infer again on the formats the kernel reads: a transposed operand's levels apply
         # to its dimensions in the new order (CSR x CSC reads B as CSR, so the product is
         # CSR, not dense because CSC stores columns densely). Repeat while that changes
@@ -229,6 +252,11 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
         else:
             produced = Format([out_kinds[v] for v in level_vars], mode_order)
             final = None
+            if out_mode_vars is not None and tuple(out_mode_vars) != level_vars:
+                # the one sparse operand was read in another mode order
+                # (cost_model.restreamed_blocks): the result keeps the operand's
+                final = Format([out_kinds[v] for v in out_mode_vars],
+                               tuple(asg.output.index(v) for v in out_mode_vars))
         out.format, out.final_format, out.level_vars = produced, final, level_vars
         red = set(asg.reduction)
         first_red = next((n for n, v in enumerate(order) if v in red), None)
@@ -259,9 +287,24 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
                 f"a {asg.reduce} reduction over {', '.join(asg.reduction)} above output loops "
                 f"needs a workspace, which only sums (loop order {', '.join(order)}); read "
                 f"the operand in a format whose mode order puts the output dimensions first")
-    return Schedule(asg, order, plans, out, f, workspaces, _tiled(order, plans), cost,
+    tiled = _tiled(order, plans)
+    return Schedule(asg, order, plans, out, f, workspaces, tiled, cost,
                     list(lo.sparsity_order), list(lo.moves), list(lo.cycles),
-                    list(lo.cycle_removals), dict(lo.terms))
+                    list(lo.cycle_removals), dict(lo.terms), _cache_tile(order, plans, out, tiled))
+
+
+def _operand_mode_vars(asg: Assignment, ids, formats) -> Optional[Tuple[str, ...]]:
+    """The mode order (as variables) of the one sparse operand when it spans exactly the
+    output's variables: a sparse result inferred from it keeps that mode order even when
+    the loop order reads it transposed (the MoE gate gradient ``bn,bh,bd,ndh->bn``, read
+    expert-major, is still CSR like the gate). None otherwise."""
+    sparse = [acc for acc in ids if formats[acc.tensor] is not None]
+    if len(sparse) != 1:
+        return None
+    acc, fmt = sparse[0], formats[sparse[0].tensor]
+    if sorted(acc.indices) != sorted(asg.output):
+        return None
+    return tuple(acc.indices[d] for d in fmt.mode_order)
 
 
 def _check_denominators(e, formats) -> None:
@@ -287,3 +330,36 @@ def _tiled(order: Sequence[str], plans: List[AccessPlan]) -> List[str]:
     else gcc's vectorizer)."""
     sparse_vars = {lv.var for ap in plans if ap.sparse for lv in ap.levels if lv.kind.is_sparse}
     return [v for n, v in enumerate(order) if not any(u in sparse_vars for u in order[n:])]
+
+
+def _cache_tile(order: Sequence[str], plans: List[AccessPlan], out: OutputPlan,
+                tiled: Sequence[str]) -> Optional[CacheTile]:
+    """Where tiling the innermost loop above the sparse loops keeps a re-read block in cache
+    (:class:`CacheTile`), else None. Valid when that loop ``L`` is tiled (Algorithm 3: no
+    sparse loop at or below it, so no loop bound depends on it) and a variable of the dense
+    output (each panel writes its own columns: every reduction stays whole within a
+    panel). It pays where a block indexed by ``L`` is re-read by every iteration of a loop
+    ``v`` it does not depend on, and spans more than ``L`` below ``v``: ``v`` the innermost
+    sparse loop (the MoE forward read expert-major, ``n, b, d, h``: ``E[n]`` for every input
+    ``b`` of expert ``n``), or a dense loop above it that no sparse level depends on (the
+    expert gradient ``n, d, b, h``: the rows ``dy[b, :]`` of expert ``n``'s inputs for
+    every ``d``). SpMM ``i, j, k`` has none: ``B[j, :]`` depends on the sparse ``j``, whose
+    rows depend on ``i``."""
+    if not order or not out.dense or order[-1] not in tiled or order[-1] not in out.vars:
+        return None
+    L = order[-1]
+    sparse_vars = {lv.var for ap in plans if ap.sparse for lv in ap.levels if lv.kind.is_sparse}
+    level_vars = {v for ap in plans if ap.sparse for v in ap.level_vars}
+    inner = [n for n, v in enumerate(order) if v in sparse_vars]
+    if not inner:
+        return None
+    s = inner[-1]
+    loops = [s] + [n for n in range(s) if order[n] not in level_vars]
+    blocks = [(ap.id, ap.indices) for ap in plans if not ap.sparse] + [(-1, out.vars)]
+    for n in loops:
+        for acc, idx in blocks:
+            if L in idx and order[n] not in idx:
+                block = tuple(v for v in order[n + 1:-1] if v in idx)
+                if block:
+                    return CacheTile(L, order[n], block, acc)
+    return None

@@ -140,6 +140,8 @@ def _imports(f: KernelFacts) -> Tuple[str, ...]:
         lines.append(f"from libc.math cimport {', '.join(math)}")
     if out.mode == "ws" and out.ws_dense:
         lines.append("from libc.stdlib cimport calloc, free")
+    elif f.cache_panels:   # the panels' argument blocks
+        lines.append("from libc.stdlib cimport malloc, free")
     lines.append("from libcpp.vector cimport vector")
     if f.gathers:
         lines += ["cdef extern from *:", '    """',
@@ -182,10 +184,15 @@ def _chunking(f: KernelFacts) -> Chunking:
 def _panels(f: KernelFacts):
     """Tiling of the innermost dense loop into panels (paper Algorithm 3): the operands the
     loop streams and the output move with the panel."""
-    if not f.panels or not (f.s.output.dense or f.s.output.pattern >= 0):
+    if not (f.panels or f.cache_panels) or not (f.s.output.dense or f.s.output.pattern >= 0):
         return None
     L = f.s.loop_order[-1]
     shifted = tuple(f"t{i}_vals" for i in sorted(f.unit)) + (("out_vals",) if f.out_unit == L else ())
+    if f.cache_panels:
+        # panels of the register widths or any width (the generic chunk); they write
+        # disjoint columns, so
+        # they run in parallel when the loops below them are not split into chunks
+        return Panels(L, f.panels, shifted, cache=True, parallel=f.chunk_kind is None)
     return Panels(L, f.panels, shifted)
 
 
