@@ -47,9 +47,13 @@ def kernel_formats(ops) -> List[Optional[Format]]:
 
 
 def make_entry(asg: Assignment, operand_indices, ops, out_format: Optional[Format],
-               formats=None, fixed_tail=None) -> PlanEntry:
+               formats=None, fixed_tail=None, ordered: bool = True) -> PlanEntry:
     vt = value_dtype(ops)
     sched = schedule(asg, formats if formats is not None else kernel_formats(ops), out_format, fixed_tail)
+    out = sched.output
+    if not ordered and not out.dense and out.mode == "ws" and out.final_format is None:
+        # sorted=False: the workspace drains each fiber as it was touched (no sort)
+        out.unsorted = True
     entry = PlanEntry(asg, list(operand_indices), sched, vt, len(asg.output))
     # a dense operand streamed by the innermost loop is read with stride 1 (the kernel is
     # specialized for it): when its layout does not give that, the kernel reads a copy laid
@@ -79,12 +83,13 @@ def broadcast_key(equation: str, ops) -> tuple:
     return tuple(spec.broadcast[n] if isinstance(x, Storage) else () for n, x in enumerate(ops))
 
 
-def einsum_entry(equation: str, ops, out_format) -> PlanEntry:
-    """The cached plan of ``einsum(equation, *ops)``."""
+def einsum_entry(equation: str, ops, out_format, ordered: bool = True) -> PlanEntry:
+    """The cached plan of ``einsum(equation, *ops)`` (``ordered=False``: of
+    ``einsum(..., sorted=False)``)."""
     # size-1 dimensions of sparse operands that broadcast are part of the plan (they are
     # read through a variable of their own); dense operands broadcast through stride 0
     key = (COMPILER_VERSION, equation, tuple(fmt_key(x) for x in ops),
-           broadcast_key(equation, ops), out_format)
+           broadcast_key(equation, ops), out_format) + (() if ordered else ("unsorted",))
 
     def make():
         spec = parse_einsum(equation, [tuple(x.shape) for x in ops])
@@ -105,5 +110,5 @@ def einsum_entry(equation: str, ops, out_format) -> PlanEntry:
                 entry.orig_output = tuple(asg.output)
                 entry.orig_indices = [tuple(i) for i in op_idx]
                 return entry
-        return make_entry(asg, op_idx, ops, fmt)
+        return make_entry(asg, op_idx, ops, fmt, ordered=ordered)
     return cached_entry(key, make)

@@ -22,7 +22,7 @@ from .schedule import Schedule
 from .target import current as current_target, on_change as on_target_change
 
 __all__ = ["Plan", "PlanEntry", "COMPILER_VERSION", "cached_entry", "fmt_key", "storage_signature",
-           "storage_pointers"]
+           "storage_pointers", "UNORDERED_SIGNATURES"]
 
 COMPILER_VERSION = f"scorch-compiler-1.{codegen.CODEGEN_VERSION}"
 
@@ -125,6 +125,9 @@ def cached_entry(key, make):
 
 
 _SIGNATURES: Dict[tuple, int] = {}
+#: signatures of storages with unordered coordinates (einsum(..., sorted=False) results):
+#: a kernel reads their sorted form, so no plan is ever keyed by one of these
+UNORDERED_SIGNATURES: set = set()
 
 
 def storage_signature(st: Storage) -> int:
@@ -135,12 +138,15 @@ def storage_signature(st: Storage) -> int:
     sig = st._sig
     if sig is None:
         v = st.values
+        ordered = st.ordered
         t = (st.format, v.dtype, st.index_dtype,
-             1 in st.shape and tuple(n == 1 for n in st.shape), v.is_contiguous())
+             1 in st.shape and tuple(n == 1 for n in st.shape), v.is_contiguous(), ordered)
         sig = _SIGNATURES.get(t)
         if sig is None:
             with _lock:
                 sig = _SIGNATURES.setdefault(t, len(_SIGNATURES))
+                if not ordered:
+                    UNORDERED_SIGNATURES.add(sig)
         st._sig = sig
     return sig
 

@@ -60,6 +60,7 @@ class OutputPlan:
     ws_dense: bool = False                    # dense array + touched flags, else std::map
     acc_depth: int = -1                       # loop depth whose loop the accumulator wraps
     pattern: int = -1                         # access whose pattern the output reuses (-1: none)
+    unsorted: bool = False                    # einsum(sorted=False): a fiber may drain unsorted
 
 
 @dataclass
