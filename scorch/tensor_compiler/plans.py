@@ -18,6 +18,7 @@ from ..level_storage import Storage
 from . import codegen
 from .index_notation import Assignment
 from .loop_ir import Kernel, outline
+from .operand_stats import stats_class
 from .schedule import Schedule
 from .target import current as current_target, on_change as on_target_change
 
@@ -63,6 +64,12 @@ class Plan:
             lines.append(f"by sparsity:  {', '.join(s.sparsity_order)}")
             lines.extend(f"  {m}" for m in s.moves)
             lines.extend(f"  {c}" for c in s.cycle_removals)
+        if s is not None and s.estimates:
+            # the operands' statistics and the candidate orders priced with them
+            for n, st in sorted(s.statistics.operands.items()):
+                lines.append(f"statistics:   operand {n}: {st.summary()}")
+            lines.append(f"estimate:     {s.estimates[0]}")
+            lines.extend(f"  runner-up:  {c}" for c in s.estimates[1:])
         if self.loop_ir is not None:
             lines.append("loop IR:")
             lines.extend("  " + ln for ln in outline(self.loop_ir).splitlines())
@@ -132,7 +139,8 @@ UNORDERED_SIGNATURES: set = set()
 
 def storage_signature(st: Storage) -> int:
     """A small int naming what a plan and its warm path depend on (format, value and index
-    dtypes, size-1 dimensions, contiguous values), cached on the Storage (never reassigned):
+    dtypes, size-1 dimensions, contiguous values, ordered coordinates, the statistics class
+    ``operand_stats.stats_class``), cached on the Storage (never reassigned):
     a warm call's plan key is then a tuple of ints and dtypes, hashed without touching the
     Format. The table keeps every named Format alive, so numbers are never reused."""
     sig = st._sig
@@ -140,7 +148,8 @@ def storage_signature(st: Storage) -> int:
         v = st.values
         ordered = st.ordered
         t = (st.format, v.dtype, st.index_dtype,
-             1 in st.shape and tuple(n == 1 for n in st.shape), v.is_contiguous(), ordered)
+             1 in st.shape and tuple(n == 1 for n in st.shape), v.is_contiguous(), ordered,
+             stats_class(st))
         sig = _SIGNATURES.get(t)
         if sig is None:
             with _lock:
