@@ -286,4 +286,24 @@ def explain(equation: str, *operands, out_format=None) -> Plan:
         ofmt = out.final_format or out.format
     transposes = [(ap.tensor, ap.source_format, ap.format) for ap in s.accesses if ap.transposed]
     return Plan(list(s.loop_order), list(s.workspaces), list(s.tiled), ofmt, print_kernel(kernel),
-                transposes, s.assignment, s, kernel)
+                transposes, s.assignment, s, kernel, _relayouts(entry, ops))
+
+
+def _relayouts(entry, ops) -> list:
+    """What ``execute`` does to each dense operand the innermost loop streams: read in
+    place (stride 1 there) or re-laid out once per call (``relayout``), with the entries
+    copied against the entries the kernel reads from it (SDDMM with C as K x n: K * n
+    copied, about nnz * K read with stride 1 instead of stride n)."""
+    s, out = entry.schedule, []
+    est = s.estimates[0].estimate if s.estimates else None
+    for aid, (d, _perm, _inv) in sorted(entry.relayout.items()):
+        ap = s.accesses[aid]
+        x = ops[ap.tensor]
+        var = ap.indices[d]
+        if x.stride(d) == 1 or x.shape[d] <= 1:
+            out.append(f"operand {ap.tensor} ({var} has stride 1): read in place")
+            continue
+        reads = f"; the kernel reads ~{est.work:.4g} entries" if est is not None else ""
+        out.append(f"operand {ap.tensor} (stride {x.stride(d)} along {var}, the innermost loop): "
+                   f"copied to stride 1 once per call, {x.numel()} entries{reads}")
+    return out

@@ -48,6 +48,7 @@ class Plan:
     assignment: Assignment
     schedule: Schedule = field(repr=False, default=None)
     loop_ir: Kernel = field(repr=False, default=None)
+    relayouts: List[str] = field(default_factory=list)   # dense operands copied per call
 
     def __str__(self) -> str:
         lines = [f"expression:   {self.assignment}",
@@ -57,6 +58,7 @@ class Plan:
                  f"tiled:        {', '.join(self.tiled) or 'none'}"]
         for n, a, b in self.transposes:
             lines.append(f"transpose:    operand {n}: {a} -> {b}")
+        lines.extend(f"relayout:     {r}" for r in self.relayouts)
         s = self.schedule
         if s is not None and s.sparsity_order:
             # Algorithm 1, as it ran: the order by sparsity, each greedy move with its net
