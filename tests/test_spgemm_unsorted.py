@@ -114,6 +114,12 @@ def test_consumers_that_need_order_sort_first():
     keys = coo.levels[0].crd.long() * 3000 + coo.levels[1].crd.long()
     assert bool((keys.diff() > 0).all())
     torch.testing.assert_close(torch.from_numpy(C.to_scipy().toarray()), ref)
+    # storage-order accessors pair coordinates with values as stored (unsorted)
+    torch.testing.assert_close(torch.sparse_coo_tensor(C.indices(), C.values(), C.shape).to_dense(), ref)
+    torch.testing.assert_close(C[3].to_dense(), ref[3])
+    torch.testing.assert_close(C[2:10, 5:2000].to_dense(), ref[2:10, 5:2000])
+    torch.testing.assert_close((C + C).to_dense(), 2 * ref)
+    torch.testing.assert_close(C.t().to_dense(), ref.t())
     # chained: an unsorted result as the operand of another unsorted SpGEMM
     E = scorch.einsum("ij,jk->ik", C, P, sorted=False)
     torch.testing.assert_close(E.to_dense(), ref @ torch.from_numpy(perm.toarray()))

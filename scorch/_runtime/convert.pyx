@@ -1289,9 +1289,8 @@ def to_dense(st: Storage) -> torch.Tensor:
 
 
 def coords(st: Storage) -> torch.Tensor:
-    """int64 (ndim, nnz): the coordinate of every stored value, in storage order (of the
-    sorted form of an unordered storage)."""
-    st = st.with_sorted_coordinates()
+    """int64 (ndim, nnz): the coordinate of every stored value, in storage order (also of an
+    unordered storage: the coordinates pair with ``st.values`` position by position)."""
     nnz = st.nnz
     out = torch.empty((st.ndim, nnz), dtype=torch.int64)
     if st.ndim == 0:
