@@ -299,6 +299,8 @@ def _relayouts(entry, ops) -> list:
     for aid, (d, _perm, _inv) in sorted(entry.relayout.items()):
         ap = s.accesses[aid]
         x = ops[ap.tensor]
+        if entry.split is not None or len(ap.indices) != x.dim():
+            continue     # blocked operands split into grid and block variables: not shown
         var = ap.indices[d]
         if x.stride(d) == 1 or x.shape[d] <= 1:
             out.append(f"operand {ap.tensor} ({var} has stride 1): read in place")
