@@ -1,16 +1,16 @@
 """SpGEMM ``A @ A`` at 1 thread: ``scorch.einsum("ij,jk->ik")`` (sorted, deduplicated output
-columns) against scipy (``A @ A``, columns left unsorted) and torch CSR, interleaved in one
+columns; ``scorch_unsorted``: ``sorted=False``, unique columns in any order, scipy's contract)
+against scipy (``A @ A``, columns left unsorted) and torch CSR, interleaved in one
 process (the order rotates each repeat), median and best of repeats, as ratios to scipy.
 
 Run from a tree's root (compare trees by running it in each, one after the other)::
 
-    SCORCH_DATA_DIR=/work/shared/data PYTHONPATH=. python benchmarks/bench_spgemm_1thread.py [matrix ...]
+    SCORCH_DATA_DIR=/work/shared/data PYTHONPATH=. python benchmarks/bench_spgemm_1thread.py [--repeats N] [matrix ...]
 
 (default matrices: NotreDame_www 4elt copter2; non-square ones are truncated to square)."""
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 import warnings
 
@@ -40,7 +40,8 @@ def bench(name: str, repeats: int = 21) -> None:
                                      torch.from_numpy(A.indices.astype(np.int64)),
                                      torch.from_numpy(A.data), A.shape)
     impls = {"scipy": lambda: A @ A, "torch_csr": lambda: At @ At,
-             "scorch": lambda: scorch.einsum("ij,jk->ik", As, As)}
+             "scorch": lambda: scorch.einsum("ij,jk->ik", As, As),
+             "scorch_unsorted": lambda: scorch.einsum("ij,jk->ik", As, As, sorted=False)}
     for f in impls.values():
         f()   # warm: compile, caches
     times = {k: [] for k in impls}
@@ -59,6 +60,11 @@ def bench(name: str, repeats: int = 21) -> None:
 
 
 if __name__ == "__main__":
+    import argparse
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("matrices", nargs="*", default=["NotreDame_www", "4elt", "copter2"])
+    p.add_argument("--repeats", type=int, default=21)
+    args = p.parse_args()
     torch.set_num_threads(1)
-    for name in sys.argv[1:] or ["NotreDame_www", "4elt", "copter2"]:
-        bench(name)
+    for name in args.matrices:
+        bench(name, args.repeats)

@@ -210,7 +210,9 @@ def _compressed_storage(x: torch.Tensor, layout, pos: torch.Tensor, crd: torch.T
 
 
 def to_torch(st: Storage) -> torch.Tensor:
-    """The torch layout matching the format; other formats go through COO."""
+    """The torch layout matching the format; other formats go through COO. Coordinates are
+    sorted within rows (an ``einsum(..., sorted=False)`` result is sorted first)."""
+    st = st.with_sorted_coordinates()
     fmt = st.format
     if fmt.is_dense and fmt.block is None:
         return _convert().to_dense(st)

@@ -19,6 +19,11 @@ are the format's levels over the grid of blocks followed by one dense level per 
 
 All ``pos``/``crd`` arrays are contiguous 1-d torch tensors of one index dtype: int32 when
 every dimension and every level's position count fit, else int64.
+
+Coordinates within a segment are sorted unless the level says otherwise (``ordered=False``:
+only ``einsum(..., sorted=False)`` makes such a level, unique coordinates in any order, as
+scipy's SpGEMM leaves them). Consumers that need order (co-iteration merges, binary-search
+locate, conversion) read :meth:`Storage.with_sorted_coordinates` instead.
 """
 from __future__ import annotations
 
@@ -46,6 +51,7 @@ class Level:
     pos: Optional[torch.Tensor] = None
     crd: Optional[torch.Tensor] = None
     block_inner: bool = False  # a dense level inside a block
+    ordered: bool = True       # coordinates sorted within each segment (False: any order)
 
     @property
     def has_pos(self) -> bool:
@@ -85,7 +91,7 @@ class Storage:
     the compiler caches per Storage what a warm call needs (``_sig``: a small int naming
     format, dtypes, size-1 dimensions and contiguity; ``_ptrs``: the arrays' addresses)."""
 
-    __slots__ = ("format", "shape", "levels", "values", "index_dtype", "_sig", "_ptrs")
+    __slots__ = ("format", "shape", "levels", "values", "index_dtype", "_sig", "_ptrs", "_sorted")
 
     def __init__(self, format: Format, shape: Sequence[int], levels: Sequence[Level],
                  values: torch.Tensor, index_dtype: Optional[torch.dtype] = None) -> None:
@@ -99,6 +105,7 @@ class Storage:
         self.index_dtype = index_dtype
         self._sig = None
         self._ptrs = None
+        self._sorted = None
 
     # pickling and copies carry the arrays, never the caches (addresses are per process)
     def __getstate__(self):
@@ -108,6 +115,7 @@ class Storage:
         self.format, self.shape, self.levels, self.values, self.index_dtype = state
         self._sig = None
         self._ptrs = None
+        self._sorted = None
 
     @property
     def ndim(self) -> int:
@@ -116,6 +124,22 @@ class Storage:
     @property
     def dtype(self) -> torch.dtype:
         return self.values.dtype
+
+    @property
+    def ordered(self) -> bool:
+        """Whether every level's coordinates are sorted within each segment (the default;
+        False only for an ``einsum(..., sorted=False)`` result)."""
+        return all(lv.ordered for lv in self.levels)
+
+    def with_sorted_coordinates(self) -> "Storage":
+        """This storage with every segment's coordinates sorted (itself when already
+        ordered). One vectorized sort over the stored entries, kept on the storage, so a
+        consumer that needs order pays it once."""
+        if self.ordered:
+            return self
+        if self._sorted is None:
+            self._sorted = _sort_segments(self)
+        return self._sorted
 
     @property
     def nnz(self) -> int:
@@ -157,7 +181,7 @@ class Storage:
         inverse = [0] * self.ndim
         for new, old in enumerate(dims):
             inverse[old] = new
-        levels = [Level(lv.kind, inverse[lv.dim], lv.size, lv.pos, lv.crd, lv.block_inner)
+        levels = [Level(lv.kind, inverse[lv.dim], lv.size, lv.pos, lv.crd, lv.block_inner, lv.ordered)
                   for lv in self.levels]
         if self.format.block is not None:
             # inner block levels must stay in dimension order: a permuted block is no longer
@@ -169,3 +193,21 @@ class Storage:
     def __repr__(self) -> str:
         return (f"Storage(format={self.format}, shape={self.shape}, nnz={self.nnz}, "
                 f"dtype={self.dtype}, index_dtype={self.index_dtype})")
+
+
+def _sort_segments(st: Storage) -> Storage:
+    """``st`` with the coordinates of its unordered levels sorted within each segment. Only
+    a last level (a leaf: every position carries one value) is ever unordered, so its
+    entries and values move together: one stable sort of (segment, coordinate) keys."""
+    levels = list(st.levels)
+    k = len(levels) - 1
+    if any(not lv.ordered for lv in levels[:-1]) or levels[k].pos is None or levels[k].crd is None:
+        raise NotImplementedError(
+            f"sorting the coordinates of {st!r}: only a compressed last level may be unordered")
+    lv = levels[k]
+    pos, crd = lv.pos.long(), lv.crd.long()
+    seg = torch.repeat_interleave(torch.arange(pos.numel() - 1), pos.diff())
+    order = torch.argsort(seg * max(lv.size, 1) + crd, stable=True)
+    levels[k] = Level(lv.kind, lv.dim, lv.size, lv.pos, lv.crd[order].contiguous(),
+                      lv.block_inner, True)
+    return Storage(st.format, st.shape, levels, st.values[order].contiguous(), st.index_dtype)

@@ -1289,7 +1289,8 @@ def to_dense(st: Storage) -> torch.Tensor:
 
 
 def coords(st: Storage) -> torch.Tensor:
-    """int64 (ndim, nnz): the coordinate of every stored value, in storage order."""
+    """int64 (ndim, nnz): the coordinate of every stored value, in storage order (also of an
+    unordered storage: the coordinates pair with ``st.values`` position by position)."""
     nnz = st.nnz
     out = torch.empty((st.ndim, nnz), dtype=torch.int64)
     if st.ndim == 0:
@@ -1331,8 +1332,10 @@ def _is_transpose(st: Storage, fmt: Format) -> bool:
 
 def convert(st: Storage, fmt: Format) -> Storage:
     """The same tensor in another format, without a dense intermediate; stored values (also
-    stored zeros) are kept, and only positions that a dense target level creates are zero."""
+    stored zeros) are kept, and only positions that a dense target level creates are zero.
+    An unordered source (``einsum(..., sorted=False)``) is sorted first: the result is canonical."""
     _check_format(fmt, st.shape)
+    st = st.with_sorted_coordinates()
     if fmt == st.format:
         return st
     n = st.nnz

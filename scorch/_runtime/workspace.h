@@ -207,6 +207,22 @@ inline void dense_ws_drain(K* touched, int64_t k, int64_t lo, int64_t hi, V* val
   }
 }
 
+// The same read-out in insertion order (einsum(..., sorted=False): scipy's contract, the
+// coordinates of a fiber unique but in no particular order): no marks scan, no rank or radix
+// sort; the touched values and marks are cleared as they are read.
+template <typename K, typename I, typename V>
+inline void dense_ws_drain_unsorted(K* touched, int64_t k, int64_t lo, int64_t hi, V* values,
+                                    uint8_t* mark, I* crd, V* vals, K* tmp) {
+  (void)lo; (void)hi; (void)tmp;
+  for (int64_t i = 0; i < k; ++i) {
+    const int64_t c = touched[i];
+    crd[i] = static_cast<I>(c);
+    vals[i] = values[c];
+    values[c] = V(0);
+    mark[c] = 0;
+  }
+}
+
 // The dense workspace as an object (see dense_ws_drain), one allocation for every fiber.
 template <typename V>
 class DenseWorkspace {

@@ -54,12 +54,18 @@ def _compiler():
     return _compiler_module
 
 
-def einsum(*args: Any, out_format: Optional[FormatLike] = None) -> torch.Tensor:
+def einsum(*args: Any, out_format: Optional[FormatLike] = None, sorted: bool = True) -> torch.Tensor:
     """torch.einsum over any mix of dense and sparse operands, compiled into one kernel.
 
     With only dense operands (and no ``out_format``) this is ``torch.einsum``. In grad mode,
     with an operand that requires grad, the result is differentiable in every operand
-    (``scorch.gradients``); a sparse operand's gradient lives on its pattern."""
+    (``scorch.gradients``); a sparse operand's gradient lives on its pattern.
+
+    A sparse result's coordinates are sorted and unique within every row (fiber) by default.
+    ``sorted=False`` only promises unique: a result built through a workspace (SpGEMM
+    ``"ij,jk->ik"``) may keep each row's columns in the order they were produced, as scipy's
+    ``A @ B`` does, and skips the sort; every scorch operation that needs order sorts such
+    a tensor first (once)."""
     if args and type(args[0]) is str and not (len(args) == 2 and isinstance(args[1], (list, tuple))):
         equation, operands = args[0], args[1:]
     else:
@@ -70,7 +76,7 @@ def einsum(*args: Any, out_format: Optional[FormatLike] = None) -> torch.Tensor:
         from ..gradients.functions import einsum as differentiable_einsum
         return differentiable_einsum(equation, *operands, out_format=out_format)
     compiler = _compiler_module or _compiler()
-    if out_format is None:
+    if out_format is None and sorted:
         # a warm call, whole, in C (tensor_compiler.fastcall): NotImplemented where it declines
         dispatch = compiler._DISPATCH[0]
         if dispatch is not None:
@@ -79,7 +85,7 @@ def einsum(*args: Any, out_format: Optional[FormatLike] = None) -> torch.Tensor:
                 return result
     # the compiler reads torch's sparse layouts itself and hands dense-only calls to
     # torch.einsum, so a call goes straight there (each extra check cost ~1 us)
-    result = compiler.einsum_declined(equation, tuple(operands), out_format)
+    result = compiler.einsum_declined(equation, tuple(operands), out_format, sorted)
     return SparseTensor(result) if type(result) is Storage else result
 
 

@@ -20,7 +20,8 @@ from .frontend import bind_sizes, check_equation
 from .index_notation import Assignment, accesses
 from .operands import as_operand
 from .planner import broadcast_key, einsum_entry, make_entry, resolve_out_format
-from .plans import COMPILER_VERSION, Plan, _fast, _plans, _stats, cached_entry, fmt_key, storage_signature
+from .plans import (COMPILER_VERSION, UNORDERED_SIGNATURES, Plan, _fast, _plans, _stats, cached_entry,
+                    fmt_key, storage_signature)
 
 __all__ = ["einsum", "einsum_declined", "compute", "explain", "plan_cache_info",
            "plan_cache_clear", "set_sparse_tensor_type"]
@@ -77,31 +78,33 @@ def _not_recorded(entry: str, operands, any_operand: bool) -> None:
             f"under torch.no_grad()")
 
 
-def einsum(equation: str, *operands, out_format=None):
+def einsum(equation: str, *operands, out_format=None, sorted: bool = True):
     """``torch.einsum`` over dense tensors, Storages and SparseTensors (anything with a
     ``._storage``) in any format. Dense operands only and no ``out_format``: exactly
     ``torch.einsum``. Returns a dense tensor or a Storage (sparse result), whose coordinates
     are sorted and unique within every fiber (a CSR result is canonical), so it feeds any
-    further kernel or conversion as it is."""
+    further kernel or conversion as it is. ``sorted=False`` lets a workspace-built result
+    (SpGEMM) keep each fiber's coordinates unique but in any order, as scipy does: its last
+    level is marked unordered (``Level.ordered``) and sorted by whatever needs order."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     _not_recorded("einsum", operands, out_format is not None)
     check_equation(equation)
-    if out_format is None and _DISPATCH[0] is not None:
+    if out_format is None and sorted and _DISPATCH[0] is not None:
         # the warm call in C: plan lookup, checks, output and kernel in one step
         r = _DISPATCH[0](_fast, equation, operands)
         if r is not NotImplemented:
             return r
-    return einsum_declined(equation, operands, out_format)
+    return einsum_declined(equation, operands, out_format, sorted)
 
 
-def einsum_declined(equation: str, operands: tuple, out_format=None):
+def einsum_declined(equation: str, operands: tuple, out_format=None, sorted: bool = True):
     """``einsum`` after the C warm call declined (or was not tried): the Python path.
     ``scorch.einsum`` tries the C call itself and continues here."""
     # the warm path: one pass builds the operands and the plan key (ints for storages,
     # dtype and rank for dense tensors; the two kinds never compare equal)
     ops = []
-    key = [equation, out_format]
+    key = [equation, out_format] if sorted else [equation, out_format, "unsorted"]
     sparse = False
     elsewhere = None   # a dense operand on another device (fine for torch.einsum alone)
     stretched = False  # a dense operand with a size-1 dimension (that may broadcast)
@@ -120,9 +123,14 @@ def einsum_declined(equation: str, operands: tuple, out_format=None):
             st = as_operand(x, n)
         if type(st) is Storage:
             sparse = True
-            ops.append(st)
             sig = st._sig
-            key.append(sig if sig is not None else storage_signature(st))
+            if sig is None:
+                sig = storage_signature(st)
+            if sig in UNORDERED_SIGNATURES:   # kernels merge and search sorted coordinates
+                st = st.with_sorted_coordinates()
+                sig = storage_signature(st)
+            ops.append(st)
+            key.append(sig)
         else:
             ops.append(st)
             key.append(st.dtype)
@@ -133,7 +141,7 @@ def einsum_declined(equation: str, operands: tuple, out_format=None):
         return torch.einsum(check_equation(equation), *operands)   # the caller's tensors: autograd intact
     if stretched:
         equation, ops = squeeze_dense_broadcasts(equation, ops)
-        key = [equation, out_format]
+        key = [equation, out_format] if sorted else [equation, out_format, "unsorted"]
         for st in ops:
             if type(st) is Storage:
                 key.append(st._sig if st._sig is not None else storage_signature(st))
@@ -155,7 +163,7 @@ def einsum_declined(equation: str, operands: tuple, out_format=None):
     key = tuple(key)
     entry = _fast.get(key)
     if entry is None:
-        entry = einsum_entry(equation, ops, out_format)
+        entry = einsum_entry(equation, ops, out_format, sorted)
         if len(_fast) > 4096:
             _fast.clear()
         _fast[key] = entry
@@ -165,6 +173,12 @@ def einsum_declined(equation: str, operands: tuple, out_format=None):
 
 
 _EXPR_FAST: Dict[tuple, tuple] = {}   # front cache of compute's plans (see compute)
+
+
+def in_order(x):
+    """A Storage operand with sorted coordinates (its sorted form when it is an
+    ``einsum(..., sorted=False)`` result); anything else as it is."""
+    return x.with_sorted_coordinates() if type(x) is Storage else x
 
 
 def _operand_key(st) -> object:
@@ -208,7 +222,7 @@ def compute(assignment: Assignment, *operands, out_format=None):
     these operands through the same compiler path as einsum (no autograd: see
     ``scorch.gradients.compute``)."""
     _not_recorded("compute", operands, True)
-    ops = [as_operand(x) for x in operands]
+    ops = [in_order(as_operand(x)) for x in operands]
     # the warm path: the plan found by the assignment's identity and the operands'
     # signatures (ints), without walking or printing the expression (an op on a small
     # matrix takes a few us in its kernel)
@@ -257,7 +271,7 @@ def explain(equation: str, *operands, out_format=None) -> Plan:
     """The plan for ``einsum(equation, *operands)``; nothing is compiled or run."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    ops = [as_operand(x) for x in operands]
+    ops = [in_order(as_operand(x)) for x in operands]
     entry = einsum_entry(equation, ops, out_format)
     s = entry.schedule
     idx = {}
@@ -272,4 +286,26 @@ def explain(equation: str, *operands, out_format=None) -> Plan:
         ofmt = out.final_format or out.format
     transposes = [(ap.tensor, ap.source_format, ap.format) for ap in s.accesses if ap.transposed]
     return Plan(list(s.loop_order), list(s.workspaces), list(s.tiled), ofmt, print_kernel(kernel),
-                transposes, s.assignment, s, kernel)
+                transposes, s.assignment, s, kernel, _relayouts(entry, ops))
+
+
+def _relayouts(entry, ops) -> list:
+    """What ``execute`` does to each dense operand the innermost loop streams: read in
+    place (stride 1 there) or re-laid out once per call (``relayout``), with the entries
+    copied against the entries the kernel reads from it (SDDMM with C as K x n: K * n
+    copied, about nnz * K read with stride 1 instead of stride n)."""
+    s, out = entry.schedule, []
+    est = s.estimates[0].estimate if s.estimates else None
+    for aid, (d, _perm, _inv) in sorted(entry.relayout.items()):
+        ap = s.accesses[aid]
+        x = ops[ap.tensor]
+        if entry.split is not None or len(ap.indices) != x.dim():
+            continue     # blocked operands split into grid and block variables: not shown
+        var = ap.indices[d]
+        if x.stride(d) == 1 or x.shape[d] <= 1:
+            out.append(f"operand {ap.tensor} ({var} has stride 1): read in place")
+            continue
+        reads = f"; the kernel reads ~{est.work:.4g} entries" if est is not None else ""
+        out.append(f"operand {ap.tensor} (stride {x.stride(d)} along {var}, the innermost loop): "
+                   f"copied to stride 1 once per call, {x.numel()} entries{reads}")
+    return out

@@ -33,7 +33,9 @@ def _rows_levels(out, res, sizes):
     levels = [Level(kind, out.vars.index(v), sizes[v])
               for kind, v in zip(out.format.levels[:-1], out.level_vars)]
     last = out.level_vars[-1]
-    levels.append(Level(out.format.levels[-1], out.vars.index(last), sizes[last], pos, crd))
+    # sorted=False (OutputPlan.unsorted): the kernel drained each row unsorted
+    levels.append(Level(out.format.levels[-1], out.vars.index(last), sizes[last], pos, crd,
+                        ordered=not out.unsorted))
     return levels, vals, crd.dtype
 
 

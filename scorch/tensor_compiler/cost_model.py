@@ -80,6 +80,11 @@ class OrderProblem:
     fixed_tail: Mapping[int, int] = field(default_factory=dict)
     # relative cost of transposing each access (stored entries / their mean; default 1)
     transpose_weights: Mapping[Hashable, float] = field(default_factory=dict)
+    # the operands' statistics (sparse access id -> operand_stats.OperandStats) and the
+    # extent of every index variable, when the planner has them: work_estimate prices
+    # the candidate orders with them
+    stats: Mapping[int, object] = field(default_factory=dict)
+    extents: Mapping[str, int] = field(default_factory=dict)
     base: List[str] = field(init=False)          # outputs first, then reductions
 
     def __post_init__(self):

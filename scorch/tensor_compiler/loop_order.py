@@ -18,7 +18,12 @@ concordant mode order). Dense strided operands and dense outputs accept any orde
    order agrees with the rest are chosen by least cost (transposes weigh stored entries
    when known), each candidate priced on its updated, re-refined loop order
    (:class:`CycleRemoval`).
-4. Workspace insertion is done by ``schedule.schedule`` on the resulting order.
+4. :func:`choose_by_estimate`: with the operands' statistics (``OrderProblem.stats``), the
+   candidate orders of steps 2-3 that do the same asymptotic work are priced by
+   ``work_estimate.estimate`` (entry visits, transposes, the parallel outer loop's reach
+   given the heaviest row), and one clearly cheaper (by :data:`ESTIMATE_MARGIN`) than the
+   additive model's choice replaces it; every priced candidate is kept for ``explain``.
+5. Workspace insertion is done by ``schedule.schedule`` on the resulting order.
 
 ``cost_model.order_cost`` (the same measurement, lexicographic) with :func:`exhaustive_order`
 (every permutation) is the exact optimum the tests hold the greedy result against.
@@ -31,11 +36,17 @@ from typing import Dict, Hashable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from . import merge_lattice as ml
 from .cost_model import (INFEASIBLE, WEIGHTS, OrderProblem, concordant_dims, cost_terms,
-                         order_cost, total_cost)
+                         measure, order_cost, total_cost)
+from .work_estimate import Estimate, estimate
 
-__all__ = ["Move", "CycleRemoval", "LoopOrder", "NoValidOrder", "sparsity_levels",
+__all__ = ["Move", "CycleRemoval", "PricedOrder", "LoopOrder", "NoValidOrder", "sparsity_levels",
            "sort_by_sparsity", "greedy_moves", "mode_order_constraints", "find_cycles",
-           "remove_mode_order_cycles", "algorithm1", "exhaustive_order"]
+           "remove_mode_order_cycles", "choose_by_estimate", "algorithm1", "exhaustive_order",
+           "ESTIMATE_MARGIN"]
+
+#: an order the statistics price at most this fraction of the additive model's choice
+#: replaces it (estimates are rough: a near tie keeps the structural choice)
+ESTIMATE_MARGIN = 0.8
 
 class NoValidOrder(Exception):
     """No loop order is concordant with every access, even after transposes (only possible
@@ -49,8 +60,8 @@ class Move:
     var: str
     src: int
     dst: int
-    net: int
-    deltas: Tuple[Tuple[str, int], ...]
+    net: float                        # int without statistics (transposes weigh 1 each)
+    deltas: Tuple[Tuple[str, float], ...]
     applied: bool
     order: Tuple[str, ...]            # the candidate order
 
@@ -79,6 +90,20 @@ class CycleRemoval:
                 f"{' chosen' if self.chosen else ''}")
 
 
+@dataclass(frozen=True)
+class PricedOrder:
+    """A candidate order priced with the operands' statistics (:func:`choose_by_estimate`):
+    its additive cost and its estimate."""
+    order: Tuple[str, ...]
+    cost: float
+    estimate: Estimate
+    chosen: bool = False
+
+    def __str__(self) -> str:
+        return (f"[{','.join(self.order)}] additive {self.cost:g}, estimate {self.estimate}"
+                f"{' chosen' if self.chosen else ''}")
+
+
 @dataclass
 class LoopOrder:
     """Result of :func:`algorithm1`."""
@@ -90,6 +115,7 @@ class LoopOrder:
     cycle_removals: List[CycleRemoval]
     transposed: List[Hashable]        # access ids (and "out") read in a new mode order
     terms: Dict[str, float]           # unweighted cost terms of ``order``
+    estimates: List[PricedOrder] = None   # candidates priced by statistics (chosen first)
 
 
 # ------------------------------------------------------------------------ step 1
@@ -332,15 +358,47 @@ def remove_mode_order_cycles(p: OrderProblem, order: Sequence[str], sorted_vars:
     return final, cycles, cands
 
 
+# ------------------------------------------------------------------------ step 4
+def choose_by_estimate(p: OrderProblem, order: Sequence[str], candidates: Sequence[Sequence[str]],
+                       threads: int) -> Tuple[List[str], List[PricedOrder]]:
+    """Among ``order`` (the additive model's choice) and ``candidates``, the order the
+    statistics price lowest, if it does the same asymptotic work (no more dense loops)
+    and costs at most :data:`ESTIMATE_MARGIN` of ``order``'s estimate; else ``order``.
+    Returns the order and every priced candidate (the chosen one first). Without
+    statistics: ``order`` and nothing priced."""
+    base = estimate(order, p, threads)
+    if base is None:
+        return list(order), []
+    dense = sum(measure(order, p).dense_pattern)
+    priced: Dict[Tuple[str, ...], PricedOrder] = {}
+    for o in [order, *candidates]:
+        key = tuple(o)
+        if key in priced:
+            continue
+        m = measure(o, p)
+        if m is None or sum(m.dense_pattern) > dense:
+            continue
+        e = estimate(o, p, threads)
+        priced[key] = PricedOrder(key, total_cost(cost_terms(o, p)), e)
+    best = min(priced.values(), key=lambda c: c.estimate.total)
+    pick = best.order if best.estimate.total <= ESTIMATE_MARGIN * base.total else tuple(order)
+    out = [PricedOrder(pick, priced[pick].cost, priced[pick].estimate, True)]
+    out += sorted((c for k, c in priced.items() if k != pick), key=lambda c: c.estimate.total)
+    return list(pick), out
+
+
 # ------------------------------------------------------------------------ Algorithm 1
-def algorithm1(p: OrderProblem) -> LoopOrder:
+def algorithm1(p: OrderProblem, threads: int = 1) -> LoopOrder:
     """Loop order by Algorithm 1: sort by sparsity, greedy cost moves, removal of mode-order
     cycles by the cheapest transposes. Raises :class:`NoValidOrder` when no order fits the
     blocked operands."""
     sorted_vars, sp = sort_by_sparsity(p)
     init = _stable_topological(sorted_vars, _mandatory_edges(p))
     order, moves = greedy_moves(init, sorted_vars, p)
+    greedy = list(order)
     order, cycles, removals = remove_mode_order_cycles(p, order, sorted_vars)
+    order, priced = choose_by_estimate(p, order, [greedy, init] + [c.order for c in removals],
+                                       threads)
     terms = cost_terms(order, p)
     if terms is None:
         raise NoValidOrder("no loop order is concordant with the blocked operands")
@@ -353,7 +411,7 @@ def algorithm1(p: OrderProblem) -> LoopOrder:
         q = [rank[v] for v in p.out_mode_vars]
         if any(a > b for a, b in zip(q, q[1:])):
             transposed.append("out")
-    return LoopOrder(order, sorted_vars, sp, moves, cycles, removals, transposed, terms)
+    return LoopOrder(order, sorted_vars, sp, moves, cycles, removals, transposed, terms, priced)
 
 
 def exhaustive_order(p: OrderProblem) -> List[str]:

@@ -14,10 +14,12 @@ from . import codegen
 from .index_notation import Assignment, parse_einsum
 from .plans import COMPILER_VERSION, PlanEntry, cached_entry, fmt_key
 from .rewrite import block_split, rename_broadcast
+from .operand_stats import STATS_MIN_NNZ, operand_stats, stats_class
 from .schedule import NoValidOrder, schedule
+from .work_estimate import Statistics
 
 __all__ = ["value_dtype", "kernel_formats", "make_entry", "resolve_out_format", "einsum_entry",
-           "broadcast_key"]
+           "broadcast_key", "operand_statistics", "stats_key"]
 
 
 def value_dtype(ops) -> torch.dtype:
@@ -46,10 +48,37 @@ def kernel_formats(ops) -> List[Optional[Format]]:
     return out
 
 
+def operand_statistics(operand_indices, ops) -> Optional[Statistics]:
+    """The statistics the cost model prices loop orders with (``work_estimate``): each
+    sparse operand's (``operand_stats``, computed once per pattern), the extents, the
+    threads; None when every sparse operand is small (nothing worth estimating)."""
+    sparse = {n: x for n, x in enumerate(ops) if isinstance(x, Storage)}
+    if not sparse or all(x.nnz < STATS_MIN_NNZ for x in sparse.values()):
+        return None
+    extents = {}
+    for idx, x in zip(operand_indices, ops):
+        for v, size in zip(idx, x.shape):
+            extents.setdefault(v, int(size))
+    return Statistics({n: operand_stats(x) for n, x in sparse.items()}, extents,
+                      torch.get_num_threads())
+
+
+def stats_key(ops) -> tuple:
+    """The operands' statistics classes (``operand_stats.stats_class``): part of the plan
+    key, so a plan priced for a skewed operand is not reused for a uniform one."""
+    return tuple(stats_class(x) for x in ops if isinstance(x, Storage))
+
+
 def make_entry(asg: Assignment, operand_indices, ops, out_format: Optional[Format],
-               formats=None, fixed_tail=None) -> PlanEntry:
+               formats=None, fixed_tail=None, ordered: bool = True,
+               statistics: Optional[Statistics] = None) -> PlanEntry:
     vt = value_dtype(ops)
-    sched = schedule(asg, formats if formats is not None else kernel_formats(ops), out_format, fixed_tail)
+    sched = schedule(asg, formats if formats is not None else kernel_formats(ops), out_format,
+                     fixed_tail, statistics)
+    out = sched.output
+    if not ordered and not out.dense and out.mode == "ws" and out.final_format is None:
+        # sorted=False: the workspace drains each fiber as it was touched (no sort)
+        out.unsorted = True
     entry = PlanEntry(asg, list(operand_indices), sched, vt, len(asg.output))
     # a dense operand streamed by the innermost loop is read with stride 1 (the kernel is
     # specialized for it): when its layout does not give that, the kernel reads a copy laid
@@ -80,12 +109,13 @@ def broadcast_key(equation: str, ops) -> tuple:
     return tuple(spec.broadcast[n] if isinstance(x, Storage) else () for n, x in enumerate(ops))
 
 
-def einsum_entry(equation: str, ops, out_format) -> PlanEntry:
-    """The cached plan of ``einsum(equation, *ops)``."""
+def einsum_entry(equation: str, ops, out_format, ordered: bool = True) -> PlanEntry:
+    """The cached plan of ``einsum(equation, *ops)`` (``ordered=False``: of
+    ``einsum(..., sorted=False)``)."""
     # size-1 dimensions of sparse operands that broadcast are part of the plan (they are
     # read through a variable of their own); dense operands broadcast through stride 0
     key = (COMPILER_VERSION, equation, tuple(fmt_key(x) for x in ops),
-           broadcast_key(equation, ops), out_format)
+           broadcast_key(equation, ops), out_format, stats_key(ops)) + (() if ordered else ("unsorted",))
 
     def make():
         spec = parse_einsum(equation, [tuple(x.shape) for x in ops])
@@ -106,5 +136,6 @@ def einsum_entry(equation: str, ops, out_format) -> PlanEntry:
                 entry.orig_output = tuple(asg.output)
                 entry.orig_indices = [tuple(i) for i in op_idx]
                 return entry
-        return make_entry(asg, op_idx, ops, fmt)
+        return make_entry(asg, op_idx, ops, fmt, ordered=ordered,
+                          statistics=operand_statistics(op_idx, ops))
     return cached_entry(key, make)

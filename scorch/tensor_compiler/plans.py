@@ -18,11 +18,12 @@ from ..level_storage import Storage
 from . import codegen
 from .index_notation import Assignment
 from .loop_ir import Kernel, outline
+from .operand_stats import stats_class
 from .schedule import Schedule
 from .target import current as current_target, on_change as on_target_change
 
 __all__ = ["Plan", "PlanEntry", "COMPILER_VERSION", "cached_entry", "fmt_key", "storage_signature",
-           "storage_pointers"]
+           "storage_pointers", "UNORDERED_SIGNATURES"]
 
 COMPILER_VERSION = f"scorch-compiler-1.{codegen.CODEGEN_VERSION}"
 
@@ -47,6 +48,7 @@ class Plan:
     assignment: Assignment
     schedule: Schedule = field(repr=False, default=None)
     loop_ir: Kernel = field(repr=False, default=None)
+    relayouts: List[str] = field(default_factory=list)   # dense operands copied per call
 
     def __str__(self) -> str:
         lines = [f"expression:   {self.assignment}",
@@ -56,6 +58,7 @@ class Plan:
                  f"tiled:        {', '.join(self.tiled) or 'none'}"]
         for n, a, b in self.transposes:
             lines.append(f"transpose:    operand {n}: {a} -> {b}")
+        lines.extend(f"relayout:     {r}" for r in self.relayouts)
         s = self.schedule
         if s is not None and s.sparsity_order:
             # Algorithm 1, as it ran: the order by sparsity, each greedy move with its net
@@ -63,6 +66,12 @@ class Plan:
             lines.append(f"by sparsity:  {', '.join(s.sparsity_order)}")
             lines.extend(f"  {m}" for m in s.moves)
             lines.extend(f"  {c}" for c in s.cycle_removals)
+        if s is not None and s.estimates:
+            # the operands' statistics and the candidate orders priced with them
+            for n, st in sorted(s.statistics.operands.items()):
+                lines.append(f"statistics:   operand {n}: {st.summary()}")
+            lines.append(f"estimate:     {s.estimates[0]}")
+            lines.extend(f"  runner-up:  {c}" for c in s.estimates[1:])
         if self.loop_ir is not None:
             lines.append("loop IR:")
             lines.extend("  " + ln for ln in outline(self.loop_ir).splitlines())
@@ -126,22 +135,30 @@ def cached_entry(key, make):
 
 
 _SIGNATURES: Dict[tuple, int] = {}
+#: signatures of storages with unordered coordinates (einsum(..., sorted=False) results):
+#: a kernel reads their sorted form, so no plan is ever keyed by one of these
+UNORDERED_SIGNATURES: set = set()
 
 
 def storage_signature(st: Storage) -> int:
     """A small int naming what a plan and its warm path depend on (format, value and index
-    dtypes, size-1 dimensions, contiguous values), cached on the Storage (never reassigned):
+    dtypes, size-1 dimensions, contiguous values, ordered coordinates, the statistics class
+    ``operand_stats.stats_class``), cached on the Storage (never reassigned):
     a warm call's plan key is then a tuple of ints and dtypes, hashed without touching the
     Format. The table keeps every named Format alive, so numbers are never reused."""
     sig = st._sig
     if sig is None:
         v = st.values
+        ordered = st.ordered
         t = (st.format, v.dtype, st.index_dtype,
-             1 in st.shape and tuple(n == 1 for n in st.shape), v.is_contiguous())
+             1 in st.shape and tuple(n == 1 for n in st.shape), v.is_contiguous(), ordered,
+             stats_class(st))
         sig = _SIGNATURES.get(t)
         if sig is None:
             with _lock:
                 sig = _SIGNATURES.setdefault(t, len(_SIGNATURES))
+                if not ordered:
+                    UNORDERED_SIGNATURES.add(sig)
         st._sig = sig
     return sig
 

@@ -26,7 +26,7 @@ from .format_inference import infer_output_kinds
 from .index_notation import Access, Assignment, Div, accesses
 from .levels import LevelPlan, level_plans
 from .cost_model import OrderProblem, concordant_dims, order_cost
-from .loop_order import CycleRemoval, Move, NoValidOrder, algorithm1
+from .loop_order import CycleRemoval, Move, NoValidOrder, PricedOrder, algorithm1
 
 __all__ = ["AccessPlan", "CacheTile", "OutputPlan", "Schedule", "schedule", "NoValidOrder"]
 
@@ -60,6 +60,7 @@ class OutputPlan:
     ws_dense: bool = False                    # dense array + touched flags, else std::map
     acc_depth: int = -1                       # loop depth whose loop the accumulator wraps
     pattern: int = -1                         # access whose pattern the output reuses (-1: none)
+    unsorted: bool = False                    # einsum(sorted=False): a fiber may drain unsorted
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,10 @@ class Schedule:
     cycle_removals: List[CycleRemoval] = field(default_factory=list)
     cost_terms: Dict[str, float] = field(default_factory=dict)
     cache_tile: Optional[CacheTile] = None
+    # with the operands' statistics: the candidate orders priced by work_estimate (the
+    # chosen one first), and the statistics themselves
+    estimates: List[PricedOrder] = field(default_factory=list)
+    statistics: object = None
 
 
 
@@ -108,10 +113,13 @@ def _concordant_dims(indices: Sequence[str], fmt: Format, order: Sequence[str],
     return concordant_dims(indices, fmt, order, tail)
 
 
-def _choose_order(asg, ids, formats, f, out_sparse, out_mode_vars, fixed_tail=None):
-    """Algorithm 1 on this expression (see :mod:`.loop_order`): the order and its problem."""
-    p = OrderProblem(asg, ids, formats, f, out_sparse, out_mode_vars, fixed_tail or {})
-    return algorithm1(p), p
+def _choose_order(asg, ids, formats, f, out_sparse, out_mode_vars, fixed_tail=None,
+                  statistics=None):
+    """Algorithm 1 on this expression (see :mod:`.loop_order`): the order and its problem.
+    ``statistics`` (``work_estimate.Statistics``): the operands' statistics, when known."""
+    extra = statistics.problem_fields(ids) if statistics is not None else {}
+    p = OrderProblem(asg, ids, formats, f, out_sparse, out_mode_vars, fixed_tail or {}, **extra)
+    return algorithm1(p, statistics.threads if statistics is not None else 1), p
 
 
 def _pattern_access(asg: Assignment, plans: List[AccessPlan], out: OutputPlan,
@@ -156,14 +164,16 @@ def _is_output_pattern(asg: Assignment, plans: List[AccessPlan], P: AccessPlan,
 
 
 def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
-             out_format: Optional[Format] = None, fixed_tail=None) -> Schedule:
+             out_format: Optional[Format] = None, fixed_tail=None, statistics=None) -> Schedule:
     """Choose the loop order, transposes, output format and workspaces.
 
     ``formats[n]`` is operand ``n``'s format, or None for a dense strided tensor (dense
     torch tensors are read through strides, so they never need a transpose).
     ``out_format`` overrides the inferred output format (``Format('d'*r)`` for dense).
     ``fixed_tail[n]``: operand ``n``'s last levels that cannot be re-ordered (a blocked
-    operand read natively: its block-inner dense levels).
+    operand read natively: its block-inner dense levels). ``statistics``
+    (``work_estimate.Statistics``): the operands' statistics, which price the candidate
+    orders (``loop_order.choose_by_estimate``) and weigh transposes by stored entries.
     """
     fixed_tail = fixed_tail or {}
     ids = ml.access_ids(asg.rhs)
@@ -194,7 +204,8 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
         out_dense = rank == 0 or all(k.full for k in kinds.values())
         out_kinds = kinds
         out_mode_vars = None if out_dense else _operand_mode_vars(asg, ids, formats)
-    lo, problem = _choose_order(asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail)
+    lo, problem = _choose_order(asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail,
+                                statistics)
     order = lo.order
     if out_format is None and len(sparse_ids) != 1:
         # (A result over one sparse operand keeps the kinds inferred from its format:
@@ -217,7 +228,8 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
             if kinds == out_kinds and dense_now == out_dense:
                 break
             out_kinds, out_dense = kinds, dense_now
-            lo, problem = _choose_order(asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail)
+            lo, problem = _choose_order(asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail,
+                                    statistics)
             order = lo.order
     cost = order_cost(order, problem)
     loop_rank = {v: n for n, v in enumerate(order)}
@@ -281,7 +293,7 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
         if asg.reduce != "sum" and out.mode == "ws" and out_format is None:
             # workspaces only sum: a max/min whose reduction loop sits above an output loop
             # (CSC reduced over its columns) writes a dense output instead
-            return schedule(asg, formats, Format("d" * rank), fixed_tail)
+            return schedule(asg, formats, Format("d" * rank), fixed_tail, statistics)
         if asg.reduce != "sum" and out.mode == "ws":
             raise NotImplementedError(
                 f"a {asg.reduce} reduction over {', '.join(asg.reduction)} above output loops "
@@ -290,7 +302,8 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
     tiled = _tiled(order, plans)
     return Schedule(asg, order, plans, out, f, workspaces, tiled, cost,
                     list(lo.sparsity_order), list(lo.moves), list(lo.cycles),
-                    list(lo.cycle_removals), dict(lo.terms), _cache_tile(order, plans, out, tiled))
+                    list(lo.cycle_removals), dict(lo.terms), _cache_tile(order, plans, out, tiled),
+                    list(lo.estimates or ()), statistics)
 
 
 def _operand_mode_vars(asg: Assignment, ids, formats) -> Optional[Tuple[str, ...]]:

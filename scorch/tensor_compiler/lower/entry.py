@@ -150,6 +150,8 @@ def _imports(f: KernelFacts) -> Tuple[str, ...]:
     if out.mode == "ws" and f.rt_ws:
         lines.append("from scorch._runtime.workspace cimport (AppendBuffer, DenseScratch, SparseWorkspace,\n"
                      "                                        dense_scratch, dense_ws_drain)")
+        if out.unsorted:
+            lines.append("from scorch._runtime.workspace cimport dense_ws_drain_unsorted")
     elif f.rows and not f.row_room:
         lines.append("from scorch._runtime.workspace cimport AppendBuffer")
     elif out.mode == "ws" and not out.ws_dense:

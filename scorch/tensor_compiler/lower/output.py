@@ -245,6 +245,10 @@ def _drain_call(n: Nest, it: str, crd: str, vals: str) -> Call:
     (``workspace.h``: dense_ws_drain)."""
     if n.variant.ws_map:
         return Call(f"ws.drain({crd}, {vals}, 0)")
+    if n.facts.s.output.unsorted and n.facts.rows:
+        # einsum(..., sorted=False), rows assembly: the fiber in insertion order, no sort
+        return Call(f"dense_ws_drain_unsorted[int32_t, {it}, {n.facts.vt}](wl, wc, wlo, whi, wv, wm, "
+                    f"{crd}, {vals}, wsp.sort_tmp)")
     return Call(f"dense_ws_drain[int32_t, {it}, {n.facts.vt}](wl, wc, wlo, whi, wv, wm, {crd}, "
                 f"{vals}, wsp.sort_tmp)")
 

@@ -1,0 +1,163 @@
+"""What the cost model knows about a sparse operand beyond its format: stored entries,
+density per level, the spread of entries over segments (rows of CSR, nonempty rows of
+DCSR: max/mean and coefficient of variation) and over the last level's coordinates
+(distinct columns, the busiest column against the mean).
+
+Computed once per pattern from the level arrays with vectorized torch ops (``O(segments)``
+from ``pos``, plus one ``bincount`` over the last level's coordinates) and kept in a
+:class:`~scorch.tensor_cache.TensorKeyedCache` on the level arrays, so storages sharing a
+pattern (an SDDMM result, new values on the same pattern) share them.
+
+Plans are cached per format, not per tensor; :func:`stats_class` is the coarse class of an
+operand (stored entries to within a factor of 4, skewed or not) that the plan key carries,
+so a skewed and a uniform matrix of one format get plans of their own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from ..level_storage import Storage
+from ..tensor_cache import TensorKeyedCache
+
+__all__ = ["LevelStats", "OperandStats", "operand_stats", "stats_class", "SKEW_SPREAD",
+           "STATS_MIN_NNZ"]
+
+#: a segment this many times longer than the mean one marks the operand skewed (power-law
+#: graphs: NotreDame's longest row is ~700x its mean; finite-element meshes stay under 4)
+SKEW_SPREAD = 16.0
+#: below this many stored entries no statistics are computed: every plan is cheap to run
+#: and a warm call should not pay for them (class ``(0, False)``)
+STATS_MIN_NNZ = 4096
+
+_cache = TensorKeyedCache()
+
+
+@dataclass(frozen=True)
+class LevelStats:
+    """One stored level: ``count`` positions (stored coordinates), ``density`` = count /
+    (parent positions x size); for a level with ``pos``, its segments' entry counts:
+    ``seg_mean``, ``seg_max``, ``seg_cv`` (standard deviation / mean)."""
+    dim: int
+    kind: str
+    size: int
+    count: int
+    density: float
+    seg_mean: float = 0.0
+    seg_max: int = 0
+    seg_cv: float = 0.0
+
+    @property
+    def spread(self) -> float:
+        """Longest segment over the mean one (1: all alike)."""
+        return self.seg_max / self.seg_mean if self.seg_mean > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class OperandStats:
+    """Statistics of one sparse operand (see the module docstring)."""
+    shape: Tuple[int, ...]
+    nnz: int
+    levels: Tuple[LevelStats, ...]
+    distinct_last: int          # distinct coordinates of the last level (columns touched)
+    last_spread: float          # the busiest last-level coordinate's entries / the mean
+
+    @property
+    def segments(self) -> Optional[LevelStats]:
+        """The deepest level with segments (CSR's and DCSR's columns level: its segments
+        are the rows; a CSF's last level: its fibers), or None."""
+        return next((lv for lv in reversed(self.levels) if lv.seg_mean > 0), None)
+
+    @property
+    def row_spread(self) -> float:
+        seg = self.segments
+        return seg.spread if seg is not None else 1.0
+
+    @property
+    def skewed(self) -> bool:
+        return self.row_spread >= SKEW_SPREAD
+
+    def summary(self) -> str:
+        seg = self.segments
+        rows = (f", rows mean {seg.seg_mean:.1f} max {seg.seg_max} (max/mean {seg.spread:.1f}, "
+                f"cv {seg.seg_cv:.2f})" if seg is not None else "")
+        dens = "/".join(f"{lv.density:.3g}" for lv in self.levels)
+        return (f"nnz {self.nnz}{rows}, distinct last-level coords {self.distinct_last} "
+                f"(busiest/mean {self.last_spread:.1f}), density per level {dens}"
+                f"{', skewed' if self.skewed else ''}")
+
+
+def _anchor(st: Storage) -> torch.Tensor:
+    for lv in reversed(st.levels):
+        if lv.pos is not None:
+            return lv.pos
+    return st.values
+
+
+def operand_stats(st: Storage) -> OperandStats:
+    """The statistics of ``st`` (computed once per pattern, see the module docstring)."""
+    anchor = _anchor(st)
+    stamp = (st.shape, st.nnz, st.format, anchor._version)
+    hit = _cache.get(anchor, "stats", stamp)
+    if hit is not None:
+        return hit
+    return _cache.put(anchor, _compute(st), "stats", stamp)
+
+
+def _compute(st: Storage) -> OperandStats:
+    levels = []
+    parents = 1
+    for lv in st.levels:
+        if lv.pos is not None:
+            pos = lv.pos.to(torch.int64)
+            count = int(pos[-1]) if pos.numel() else 0
+            seg = pos.diff().to(torch.float64)
+            mean = count / max(seg.numel(), 1)
+            smax = int(seg.max()) if seg.numel() else 0
+            cv = float(seg.std(unbiased=False)) / mean if mean > 0 and seg.numel() > 1 else 0.0
+            stats = LevelStats(lv.dim, lv.kind.letter, lv.size, count,
+                               count / max(parents * lv.size, 1), mean, smax, cv)
+        elif lv.crd is not None:            # a level sharing its parent's positions
+            count = parents
+            stats = LevelStats(lv.dim, lv.kind.letter, lv.size, count, 1.0 / max(lv.size, 1))
+        else:                               # dense
+            count = parents * lv.size
+            stats = LevelStats(lv.dim, lv.kind.letter, lv.size, count, 1.0)
+        levels.append(stats)
+        parents = count
+    distinct, spread = 0, 1.0
+    last = st.levels[-1] if st.levels else None
+    if last is not None and last.crd is not None and last.crd.numel():
+        hist = torch.bincount(last.crd.to(torch.int64), minlength=last.size) \
+            if last.size <= 4 * last.crd.numel() + (1 << 16) else \
+            torch.unique(last.crd, return_counts=True)[1]
+        distinct = int((hist > 0).sum())
+        spread = float(hist.max()) * distinct / last.crd.numel()
+    elif last is not None and last.crd is None:
+        distinct = last.size
+    return OperandStats(tuple(st.shape), st.nnz, tuple(levels), distinct, spread)
+
+
+def stats_class(st: Storage) -> Tuple[int, bool]:
+    """The coarse class a plan is made for: (stored entries' base-4 magnitude, skewed). Small
+    operands (< :data:`STATS_MIN_NNZ`) are class ``(0, False)`` with nothing computed; the
+    skew needs only the segments (``O(rows)``, no pass over the coordinates)."""
+    n = st.nnz
+    if n < STATS_MIN_NNZ:
+        return (0, False)
+    anchor = _anchor(st)
+    stamp = (st.shape, n, st.format, anchor._version)
+    skewed = _cache.get(anchor, "skewed", stamp)
+    if skewed is None:
+        full = _cache.get(anchor, "stats", stamp)
+        if full is not None:
+            skewed = full.skewed
+        else:
+            # the segments of the deepest level with pos (the one operand_stats reads)
+            seg = anchor.diff() if anchor is not st.values and anchor.numel() > 1 else None
+            skewed = bool(seg is not None and int(anchor[-1]) > 0 and
+                          int(seg.max()) * seg.numel() >= SKEW_SPREAD * int(anchor[-1]))
+        _cache.put(anchor, skewed, "skewed", stamp)
+    return ((n.bit_length() + 1) // 2, skewed)

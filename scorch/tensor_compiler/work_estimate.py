@@ -1,0 +1,131 @@
+"""The work a loop order does on these operands, estimated from their statistics
+(``operand_stats``): the quantitative side of the cost model, which the additive model
+(``cost_model``: dense loops, transposes, depths, counted per order) cannot see.
+
+For each loop, outermost first, the number of times its body runs: a dense loop multiplies
+by its extent, a sparse one by the mean entries per parent of the levels it iterates
+(a co-iteration visits the entries of all of them and keeps the fewest). Transposes cost a
+few passes over the operand's stored entries. The outermost loop runs in parallel when its
+chunks write disjoint output; the chunks are balanced by stored entries, so what limits the
+threads is the heaviest single row: a row holding a fraction ``s`` of the entries caps the
+speedup at ``1 / s`` (a power-law graph's hub row, where a uniform matrix of the same size
+scales to every thread).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Sequence
+
+from .cost_model import OrderProblem, concordant_dims, measure
+
+__all__ = ["Statistics", "Estimate", "estimate", "TRANSPOSE_PASSES"]
+
+#: entry passes a transpose costs (count, prefix sum, scatter of coordinates and values)
+TRANSPOSE_PASSES = 3.0
+
+
+@dataclass(frozen=True)
+class Statistics:
+    """What the planner hands the scheduler to estimate with: each sparse operand's
+    ``OperandStats`` (by operand number), every index variable's extent, the threads."""
+    operands: Dict[int, object] = field(default_factory=dict)
+    extents: Dict[str, int] = field(default_factory=dict)
+    threads: int = 1
+
+    def problem_fields(self, ids) -> dict:
+        """``OrderProblem`` keyword arguments for these accesses: the statistics per access
+        id, the extents, and transposes weighted by stored entries (relative to the mean)."""
+        stats = {i: self.operands[a.tensor] for a, i in ids.items() if a.tensor in self.operands}
+        mean = sum(s.nnz for s in stats.values()) / max(len(stats), 1)
+        weights = {i: max(s.nnz / mean, 0.01) for i, s in stats.items()} if mean > 0 else {}
+        return {"stats": stats, "extents": dict(self.extents), "transpose_weights": weights}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """``work``: loop-body visits of the nest; ``transposes``: entries moved re-formatting
+    discordant operands (times :data:`TRANSPOSE_PASSES`); ``threads``: the speedup the
+    parallel outer loop can reach (1: one chunk); ``total`` = work / threads + transposes."""
+    work: float
+    transposes: float
+    threads: float
+    total: float
+
+    def __str__(self) -> str:
+        return (f"{self.total:.4g} (work {self.work:.4g} on {self.threads:.3g} threads, "
+                f"transposes {self.transposes:.4g})")
+
+
+def _fanout(p: OrderProblem, acc, i: int, fmt, var: str, order: Sequence[str]) -> Optional[float]:
+    """Mean entries per parent of ``acc``'s sparse level on ``var`` as ``order`` reads it
+    (None: no such level, or no statistics). A concordant access has measured level
+    counts; a transposed one is read with the same level kinds in another mode order,
+    whose counts are estimated: a dense level multiplies by its extent, a sparse one too,
+    capped by the stored entries."""
+    st = p.stats.get(i)
+    if st is None:
+        return None
+    dims, tr = concordant_dims(acc.indices, fmt, order, p.fixed_tail.get(acc.tensor, 0))
+    if dims is None:
+        return None
+    counts, n = [], 1.0
+    for k, d in enumerate(dims):
+        if not tr:
+            n = float(st.levels[k].count)
+        else:
+            n = n * st.shape[d] if not fmt.levels[k].is_sparse else min(n * st.shape[d], float(st.nnz))
+        counts.append(n)
+    for k, d in enumerate(dims):
+        if acc.indices[d] == var and fmt.levels[k].is_sparse:
+            return counts[k] / max(counts[k - 1] if k else 1.0, 1.0)
+    return None
+
+
+def _heaviest_row_share(p: OrderProblem, outer: str) -> float:
+    """The largest fraction of one operand's entries under one coordinate of ``outer``
+    (its rows when ``outer`` is its first level's variable)."""
+    share = 0.0
+    for acc, i, fmt in p.sparse_accesses:
+        st = p.stats.get(i)
+        seg = None if st is None else st.segments
+        if seg is None or st.nnz == 0 or acc.indices[fmt.mode_order[0]] != outer:
+            continue
+        if len(st.levels) < 2 or st.levels[1] is not seg:
+            continue
+        share = max(share, seg.seg_max / st.nnz)
+    return share
+
+
+def estimate(order: Sequence[str], p: OrderProblem, threads: int = 1) -> Optional[Estimate]:
+    """The estimate of ``order`` (None: infeasible, or no statistics to estimate with)."""
+    if not p.stats or not p.extents:
+        return None
+    m = measure(order, p)
+    if m is None:
+        return None
+    iters, work = 1.0, 0.0
+    for depth, v in enumerate(order):
+        if m.dense_pattern[depth]:
+            fans = [float(p.extents.get(v, 1))]
+        else:
+            fans = [f for acc, i, fmt in p.sparse_accesses
+                    for f in [_fanout(p, acc, i, fmt, v, order)] if f is not None]
+            if not fans:
+                fans = [float(p.extents.get(v, 1))]
+        work += iters * sum(fans)
+        iters *= min(fans)
+    moved = 0.0
+    for acc, i, fmt in p.sparse_accesses:
+        if concordant_dims(acc.indices, fmt, order, p.fixed_tail.get(acc.tensor, 0))[1]:
+            st = p.stats.get(i)
+            moved += TRANSPOSE_PASSES * (st.nnz if st is not None else iters)
+    if p.out_sparse and p.out_mode_vars is not None:
+        rank = {v: n for n, v in enumerate(order)}
+        q = [rank[v] for v in p.out_mode_vars]
+        if any(a > b for a, b in zip(q, q[1:])):
+            moved += TRANSPOSE_PASSES * iters
+    par = 1.0
+    if order and order[0] in p.asg.output and threads > 1:   # chunked outer loop
+        share = _heaviest_row_share(p, order[0])
+        par = float(threads) if share <= 0 else max(1.0, min(float(threads), 1.0 / share))
+    return Estimate(work, moved, par, work / par + moved)

@@ -1,0 +1,141 @@
+"""The cost model with the operands' statistics (``operand_stats``, ``work_estimate``,
+``loop_order.choose_by_estimate``): statistics computed once per pattern, a skewed and a
+uniform matrix of the same shape and stored entries priced differently (and planned
+differently where the heaviest row caps the parallel loop), transposes weighed by stored
+entries, and ``explain`` showing the estimate it chose by. Results stay those of dense
+torch whatever the plan."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import scorch
+from scorch.tensor_compiler.index_notation import parse_einsum
+from scorch.tensor_compiler.operand_stats import SKEW_SPREAD, operand_stats, stats_class
+from scorch.tensor_compiler.planner import stats_key
+from scorch.tensor_compiler.schedule import schedule
+from scorch.tensor_compiler.work_estimate import Statistics, estimate
+
+
+def matrix(m: int, n: int, nnz: int, hub: int, seed: int = 0, fmt: str = "csr",
+           dtype=torch.float64):
+    """An m x n matrix with exactly ``nnz`` entries, ``hub`` of them in row 0 and the rest
+    spread uniformly over the other rows (hub = 0: uniform)."""
+    g = torch.Generator().manual_seed(seed)
+    hub_cols = torch.randperm(n, generator=g)[:hub]
+    rest = torch.randperm((m - 1) * n, generator=g)[:nnz - hub]
+    rows = torch.cat([torch.zeros(hub, dtype=torch.long), 1 + rest // n])
+    cols = torch.cat([hub_cols, rest % n])
+    vals = torch.rand(nnz, generator=g, dtype=torch.float64).to(dtype) + 0.5
+    coo = torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, (m, n)).coalesce()
+    return scorch.sparse_tensor(coo, format=fmt)
+
+
+def test_statistics_of_skewed_and_uniform():
+    U = matrix(2000, 20000, 20000, 0)._storage
+    S = matrix(2000, 20000, 20000, 12000)._storage
+    su, ss = operand_stats(U), operand_stats(S)
+    assert su.nnz == ss.nnz == 20000 and su.shape == ss.shape
+    assert su.segments.seg_max < 40 and not su.skewed
+    assert ss.segments.seg_max == 12000 and ss.skewed and ss.row_spread >= SKEW_SPREAD
+    assert ss.segments.seg_cv > 10 * su.segments.seg_cv
+    assert 0 < su.distinct_last <= 20000 and su.levels[0].density == 1.0
+    assert su.levels[1].density == pytest.approx(20000 / (2000 * 20000))
+    # computed once per pattern: the same object from the cache, also for a storage on
+    # the same arrays with other values
+    assert operand_stats(U) is su
+    again = scorch.tensor_compiler.api.Storage(U.format, U.shape, U.levels, U.values * 2)
+    assert operand_stats(again) is su
+    # the plan-key class tells them apart; tiny operands compute nothing
+    assert stats_class(U) != stats_class(S)
+    assert stats_class(matrix(10, 10, 20, 0)._storage) == (0, False)
+
+
+def priced(A, B, threads: int):
+    spec = parse_einsum("ij,jk->ik", [A.shape, B.shape])
+    stats = Statistics({0: operand_stats(A), 1: operand_stats(B)},
+                       {"i": A.shape[0], "j": A.shape[1], "k": B.shape[1]}, threads)
+    return schedule(spec.assignment, [A.format, B.format], None, None, stats)
+
+
+def test_skew_changes_the_estimate_and_the_plan():
+    """A @ B with A CSR and B CSC: one of them must be transposed. Uniform A: transpose the
+    smaller B and run over A's rows. Skewed A (one row holds 60 % of its entries): a loop
+    over A's rows reaches only 1 / 0.6 of 16 threads, so transposing A and running over
+    B's columns is cheaper."""
+    B = matrix(20000, 2000, 18000, 0, seed=1, fmt="csc")._storage
+    U = matrix(2000, 20000, 20000, 0)._storage
+    S = matrix(2000, 20000, 20000, 12000)._storage
+    su, ss = priced(U, B, 16), priced(S, B, 16)
+    assert su.loop_order == ["i", "j", "k"]
+    assert ss.loop_order == ["k", "j", "i"]
+    chosen_u = {c.order: c.estimate for c in su.estimates}
+    chosen_s = {c.order: c.estimate for c in ss.estimates}
+    ijk = ("i", "j", "k")
+    assert chosen_u[ijk].threads == 16 and chosen_s[ijk].threads < 2
+    assert chosen_s[ijk].total > chosen_u[ijk].total
+    assert su.estimates[0].chosen and ss.estimates[0].chosen
+    # at one thread nothing is capped: the same plan for both
+    assert priced(S, B, 1).loop_order == priced(U, B, 1).loop_order == ["i", "j", "k"]
+
+
+def test_transposes_weigh_stored_entries():
+    """Which operand is transposed follows their stored entries."""
+    small = matrix(3000, 3000, 6000, 0)._storage
+    big = matrix(3000, 3000, 60000, 0, seed=2)._storage
+    small_c = matrix(3000, 3000, 6000, 0, seed=3, fmt="csc")._storage
+    big_c = matrix(3000, 3000, 60000, 0, seed=4, fmt="csc")._storage
+    s1 = priced(big, small_c, 2)
+    s2 = priced(small, big_c, 2)
+    assert [ap.tensor for ap in s1.accesses if ap.transposed] == [1]
+    assert [ap.tensor for ap in s2.accesses if ap.transposed] == [0]
+
+
+def test_explain_shows_the_estimate():
+    A = matrix(2000, 20000, 20000, 12000, fmt="csr")
+    B = matrix(20000, 2000, 18000, 0, seed=1, fmt="csc")
+    text = str(scorch.explain("ij,jk->ik", A, B))
+    assert "statistics:   operand 0: nnz 20000" in text and "skewed" in text
+    assert "estimate:" in text and "chosen" in text and "runner-up:" in text
+    # tiny operands: no statistics, no estimate lines
+    small = str(scorch.explain("ij,jk->ik", matrix(20, 20, 30, 0), matrix(20, 20, 30, 0, seed=1)))
+    assert "estimate:" not in small
+    # skewed and uniform operands of one format have plans of their own
+    U = matrix(2000, 20000, 20000, 0)
+    assert stats_key([A._storage, B._storage]) != stats_key([U._storage, B._storage])
+
+
+@settings(max_examples=8, deadline=None)
+@given(hub=st.sampled_from([0, 3000, 4500]), threads=st.sampled_from([1, 2]),
+       dtype=st.sampled_from([torch.float32, torch.float64]), fa=st.sampled_from(["csr", "csc", "coo"]),
+       fb=st.sampled_from(["csr", "csc", "dcsr"]), seed=st.integers(0, 100))
+def test_results_equal_dense_whatever_the_plan(hub, threads, dtype, fa, fb, seed):
+    A = matrix(300, 5000, 5000, hub, seed=seed, fmt=fa, dtype=dtype)
+    B = matrix(5000, 40, 4500, 0, seed=seed + 1, fmt=fb, dtype=dtype)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        C = scorch.einsum("ij,jk->ik", A, B)
+        y = scorch.einsum("ij,j->i", A, torch.ones(5000, dtype=dtype))
+    finally:
+        torch.set_num_threads(old)
+    tol = 1e-4 if dtype == torch.float32 else 1e-10
+    torch.testing.assert_close(C.to_dense(), A.to_dense() @ B.to_dense(), rtol=tol, atol=tol)
+    if isinstance(y, scorch.SparseTensor):     # CSC A: a scatter into a sparse vector
+        y = y.to_dense()
+    torch.testing.assert_close(y, A.to_dense().sum(1), rtol=tol, atol=tol)
+
+
+def test_estimate_needs_statistics():
+    A = matrix(50, 50, 100, 0)._storage
+    spec = parse_einsum("ij,j->i", [A.shape, (50,)])
+    s = schedule(spec.assignment, [A.format, None])
+    assert s.estimates == [] and s.statistics is None
+    from scorch.tensor_compiler.cost_model import OrderProblem
+    from scorch.tensor_compiler import merge_lattice as ml
+    ids = ml.access_ids(spec.assignment.rhs)
+    p = OrderProblem(spec.assignment, ids, [A.format, None], ml.formula(spec.assignment.rhs, ids),
+                     False, None)
+    assert estimate(["i", "j"], p, 2) is None
