@@ -1,6 +1,7 @@
 """The C warm-call path (scorch/_runtime/fastcall.cpp): the same results as the Python
 runner and dense torch, and a decline (to the Python path) for everything it does not cover
 exactly."""
+from pathlib import Path
 import os
 import subprocess
 import sys
@@ -212,3 +213,29 @@ def test_torch_sparse_operands_wrapped_once(layout):
     del T, st
     gc.collect()
     assert ref() is None and len(operands._TORCH_SPARSE) == kept - 1
+
+
+def test_warm_calls_hit_when_the_first_call_went_straight_to_the_compiler():
+    """A first call through ``tensor_compiler.einsum`` loads the C module before
+    ``scorch.einsum`` names the SparseTensor type; warm calls must still be served (they
+    declined every SparseTensor operand for the rest of the process). Fresh process: the
+    order of first calls is the point."""
+    import subprocess
+    import sys
+    code = (
+        "import torch, scorch\n"
+        "import scorch.tensor_compiler as C\n"
+        "A = scorch.sparse_tensor(torch.tensor([[1.0, 0, 2], [0, 0, 3]]), format='csr')\n"
+        "v = torch.tensor([1.0, 2.0, 3.0])\n"
+        "C.einsum('ij,j->i', A, v)\n"
+        "scorch.einsum('ij,j->i', A, v)\n"
+        "fc = C.api._DISPATCH[1]\n"
+        "h = fc.hits() if fc is not None else None\n"
+        "for _ in range(3):\n"
+        "    scorch.einsum('ij,j->i', A, v)\n"
+        "print('NOFASTCALL' if fc is None else fc.hits() - h)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, cwd=str(Path(__file__).resolve().parent.parent))
+    assert out.returncode == 0, out.stderr
+    last = out.stdout.strip().splitlines()[-1]
+    assert last in ("3", "NOFASTCALL"), out.stdout + out.stderr

@@ -33,8 +33,11 @@ _SPARSE_TENSOR: list = [None]   # the user-facing tensor type (set_sparse_tensor
 def set_sparse_tensor_type(cls) -> None:
     """The tensor type whose instances carry a ``_storage`` (``scorch.SparseTensor``): the warm
     path recognizes it by identity. Set by the layer above; the compiler imports no tensor
-    type."""
+    type. A warm-call module loaded before (a first call straight into the compiler) learns
+    it too: configured without it, it would decline every SparseTensor operand for good."""
     _SPARSE_TENSOR[0] = cls
+    if _DISPATCH[1] is not None:
+        _DISPATCH[1].configure(Storage, cls)
 
 
 def plan_cache_info() -> dict:
