@@ -1,0 +1,350 @@
+"""Eager fusion across operator calls: ``A * B + C`` on sparse tensors runs ONE kernel.
+
+``A * B + C`` is two calls, ``__mul__`` then ``__add__``. Deferring the product until it is
+consumed is wrong in general: ``A`` or ``B`` could be changed in place in between, and a copy
+to pin them costs what fusion saves. So a result is deferred only where nothing can run in
+between: the caller's bytecode, read from its current instruction, shows that the very next
+thing the interpreter does with the result is another arithmetic operator (only loads of
+locals, globals and constants come first, and the loaded values are plain tensors or numbers,
+whose operators change nothing). The result is then returned *pending*: a SparseTensor with
+shape and dtype but no storage, holding its operands and its expression. The next
+elementwise op, finding a pending operand, inlines its expression and runs one kernel (or
+defers again, for a chain such as ``A * B + C * D - E``). Anything else that touches a
+pending tensor reads its ``_storage``, and ``SparseTensor.__getattr__`` computes it there
+(``materialize``): repr, values(), to_dense, pickling, other ops, torch.compile's flattening.
+
+Never deferred: under autograd (an operand requires grad), under torch.compile, from inside
+torch or scorch, for a call that is not an operator (``torch.add(A, B)``), for bool values,
+and for operands of different shapes or dtypes (broadcasting and type promotion stay eager,
+so the fused kernel computes exactly what the two eager kernels compute).
+"""
+from __future__ import annotations
+
+import builtins
+import dis
+import sys
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from ..tensor_type import SparseTensor, make_pending
+from .einsum import _compiler
+
+__all__ = ["Pending", "pending_of", "fused", "register_dispatch_frames", "kernel_tree"]
+
+_LETTERS = "ijklmnopqrstuvwxyzabcdefgh"
+#: most distinct operands one fused kernel takes (up to three merge as lattice points)
+MAX_TERMS = 6
+
+# An expression tree: an int is an operand (its position in the term list); a tuple is
+# (op, child, ...) with op one of "add", "sub", "mul", "neg".
+Tree = object
+
+
+class Pending:
+    """A deferred elementwise result: its operands (concrete SparseTensors of one shape and
+    dtype) and its expression tree over them."""
+
+    __slots__ = ("terms", "tree")
+
+    def __init__(self, terms: Tuple[SparseTensor, ...], tree: Tree) -> None:
+        self.terms = terms
+        self.tree = tree
+
+    def materialize(self):
+        """The Storage of the result: the one kernel of the whole expression."""
+        return run_tree(self.tree, self.terms)._storage
+
+
+def pending_of(x) -> Optional[Pending]:
+    """The Pending of a deferred SparseTensor, else None."""
+    return x.__dict__.get("_pending") if type(x) is SparseTensor else None
+
+
+# --- the kernel of a tree ----------------------------------------------------------------
+
+_ASSIGNMENTS: Dict[tuple, object] = {}   # (rank, tree) -> Assignment (compute's warm key)
+
+
+def _expr(tree: Tree, accesses):
+    if isinstance(tree, int):
+        return accesses[tree]
+    op = tree[0]
+    if op == "neg":
+        return -_expr(tree[1], accesses)
+    a, b = _expr(tree[1], accesses), _expr(tree[2], accesses)
+    return a + b if op == "add" else a - b if op == "sub" else a * b
+
+
+def _assignment(rank: int, n_terms: int, tree: Tree):
+    asg = _ASSIGNMENTS.get((rank, tree))
+    if asg is None:
+        ir = _compiler().index_notation
+        v = _LETTERS[:rank]
+        accesses = [ir.Access(k, v) for k in range(n_terms)]
+        if len(_ASSIGNMENTS) > 1024:
+            _ASSIGNMENTS.clear()
+        asg = _ASSIGNMENTS[rank, tree] = ir.Assignment(v, _expr(tree, accesses))
+    return asg
+
+
+def run_tree(tree: Tree, terms) -> SparseTensor:
+    """ONE kernel computing ``tree`` over ``terms`` (SparseTensors of one shape and dtype)."""
+    asg = _assignment(len(terms[0].shape), len(terms), tree)
+    return SparseTensor(_compiler().compute(asg, *[t._storage for t in terms]))
+
+
+def kernel_tree(op: str, operands) -> Optional[Tuple[Tree, tuple]]:
+    """The tree and distinct terms of ``op(*operands)`` with pending operands inlined, or
+    None where it must not fuse (then every pending operand is materialized, so nothing
+    else ever sees one)."""
+    first = operands[0]
+    shape, dtype = first.shape, first.dtype
+    ok = dtype != torch.bool and not (torch.is_grad_enabled()
+                                      and torch._C._any_requires_grad(*operands))
+    for x in operands:
+        if type(x) is not SparseTensor or x.shape != shape or x.dtype != dtype:
+            ok = False
+    terms: List[SparseTensor] = []
+    trees = []
+    if ok:
+        for x in operands:
+            p = pending_of(x)
+            if p is None:
+                trees.append(_term(terms, x))
+            else:
+                mapping = [_term(terms, t) for t in p.terms]
+                trees.append(_renumber(p.tree, mapping))
+        ok = len(terms) <= MAX_TERMS
+    if not ok:
+        for x in operands:
+            if pending_of(x) is not None:
+                x._storage   # noqa: B018  (materializes it, before anything else reads it)
+        return None
+    return (op, *trees), tuple(terms)
+
+
+def _term(terms: list, x) -> int:
+    for k, t in enumerate(terms):
+        if t is x:
+            return k
+    terms.append(x)
+    return len(terms) - 1
+
+
+def _renumber(tree: Tree, mapping) -> Tree:
+    if isinstance(tree, int):
+        return mapping[tree]
+    return (tree[0], *[_renumber(c, mapping) for c in tree[1:]])
+
+
+def fused(op: str, *operands) -> Optional[SparseTensor]:
+    """``op(*operands)`` as one kernel, inlining pending operands, and itself pending when
+    the caller is about to hand it to the next operator; None where it does not fuse (the
+    caller runs the op as usual on the now materialized operands)."""
+    found = kernel_tree(op, operands)
+    if found is None:
+        return None
+    tree, terms = found
+    if consumer_follows():
+        return make_pending(terms[0].shape, terms[0].dtype, Pending(terms, tree))
+    return run_tree(tree, terms)
+
+
+# --- is the result handed straight to the next operator? ----------------------------------
+
+_BINARY_310 = {"BINARY_POWER", "BINARY_MULTIPLY", "BINARY_MATRIX_MULTIPLY",
+               "BINARY_FLOOR_DIVIDE", "BINARY_TRUE_DIVIDE", "BINARY_MODULO", "BINARY_ADD",
+               "BINARY_SUBTRACT", "BINARY_LSHIFT", "BINARY_RSHIFT", "BINARY_AND",
+               "BINARY_XOR", "BINARY_OR"}
+_LOADS = {"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_CONST", "LOAD_NAME", "LOAD_GLOBAL",
+          "LOAD_DEREF"}
+_SKIP = {"NOP", "CACHE"}
+_WINDOW = 24                       # instructions looked at after the current one
+#: the values whose operators change nothing and call no user code
+_PLAIN = {SparseTensor, torch.Tensor, torch.nn.Parameter, int, float, bool, complex}
+_GLOBAL_NULL = sys.version_info >= (3, 11)   # LOAD_GLOBAL's low bit pushes a NULL first
+
+_DISPATCH_CODES: set = set()       # scorch's frames between the operator and fused()
+_OPERATOR_CODES: set = set()       # SparseTensor's operator methods
+_OPERATOR_DUNDERS: set = set()     # torch.Tensor operators reaching __torch_function__
+_TORCH_FUNCTION: list = [None]     # SparseTensor.__torch_function__'s code
+_is_compiling = torch.compiler.is_compiling
+
+
+def register_dispatch_frames(functions, operators=(), dunders=()) -> None:
+    """Frames that only dispatch (skipped on the way up to the caller), the operator methods
+    the interpreter calls for ``*``/``+``/``-``, and the torch dunders that reach them."""
+    _DISPATCH_CODES.update(_code(f) for f in (*functions, *operators))
+    _OPERATOR_CODES.update(_code(f) for f in operators)
+    _OPERATOR_DUNDERS.update(dunders)
+
+
+def _code(f):
+    return getattr(f, "__func__", f).__code__
+
+
+_DISPATCH_CODES.update(_code(f) for f in (fused, SparseTensor.__torch_function__))
+_TORCH_FUNCTION[0] = _code(SparseTensor.__torch_function__)
+
+_PLANS: Dict[tuple, Optional[tuple]] = {}   # (code, offset) -> loads to check, or None
+
+
+def consumer_follows() -> bool:
+    """Whether the user's frame that called this operator will hand its result straight to
+    another arithmetic operator, with nothing else run in between."""
+    if _is_compiling():
+        return False
+    f = sys._getframe(1)
+    entry = None
+    while f is not None and f.f_code in _DISPATCH_CODES:
+        entry, f = f, f.f_back
+    if f is None or entry is None:
+        return False
+    if entry.f_code not in _OPERATOR_CODES and not (
+            entry.f_code is _TORCH_FUNCTION[0]
+            and entry.f_locals.get("func") in _OPERATOR_DUNDERS):
+        return False       # a call (torch.add(A, B)), not an operator
+    if f.f_globals.get("__name__", "").startswith(("scorch.", "torch.")):
+        return False       # arithmetic inside torch or scorch: not the user's expression
+    key = (f.f_code, f.f_lasti)
+    try:
+        loads = _PLANS[key]
+    except KeyError:
+        if len(_PLANS) > 4096:
+            _PLANS.clear()
+        loads = _PLANS[key] = _window(f.f_code, f.f_lasti)
+    if loads is None:
+        return False
+    return not loads or _all_plain(f, loads)
+
+
+_INSTRUCTIONS: Dict[object, tuple] = {}
+
+
+def _instructions(code) -> tuple:
+    found = _INSTRUCTIONS.get(code)
+    if found is None:
+        if len(_INSTRUCTIONS) > 1024:
+            _INSTRUCTIONS.clear()
+        listed = [i for i in dis.get_instructions(code) if i.opname not in _SKIP]
+        found = _INSTRUCTIONS[code] = (listed, {i.offset: k for k, i in enumerate(listed)})
+    return found
+
+
+def _binary(ins) -> Optional[bool]:
+    """None: not an arithmetic binary operator; else whether it is in place (``+=``)."""
+    if ins.opname == "BINARY_OP":
+        return ins.argrepr.endswith("=")
+    if ins.opname in _BINARY_310:
+        return False
+    if ins.opname.startswith("INPLACE_"):
+        return True
+    return None
+
+
+def _window(code, offset: int) -> Optional[tuple]:
+    """The loads between the operator at ``offset`` and the operator that consumes its
+    result, when only loads and operators on other loaded values come between; else None.
+    A stack count: the result is the bottom of ``stack``, an operator that pops it
+    consumes it."""
+    listed, at = _instructions(code)
+    k = at.get(offset)
+    if k is None or (_binary(listed[k]) is None and listed[k].opname != "UNARY_NEGATIVE"):
+        return None
+    stack = 1                    # ours, and what was pushed above it
+    loads = []
+    for ins in listed[k + 1:k + 1 + _WINDOW]:
+        op = ins.opname
+        if op in _LOADS:
+            if op == "LOAD_GLOBAL" and _GLOBAL_NULL and ins.arg & 1:
+                return None      # a call follows
+            if op == "LOAD_CONST" and type(ins.argval) not in _PLAIN:
+                return None
+            if op != "LOAD_CONST":
+                loads.append((op, ins.argval))
+            stack += 1
+        elif op == "LOAD_FAST_LOAD_FAST":
+            loads.extend(("LOAD_FAST", name) for name in ins.argval)
+            stack += 2
+        elif op == "UNARY_NEGATIVE":
+            if stack == 1:
+                return tuple(loads)
+        else:
+            inplace = _binary(ins)
+            if inplace is None:
+                return None
+            if stack == 2:
+                return tuple(loads)   # pops ours (left) and a value loaded above: the consumer
+            if stack == 1:            # pops ours (right) and the value below it
+                below = _below(listed, k)
+                return None if below is None else tuple(loads) + below
+            if inplace:
+                return None
+            stack -= 1
+    return None
+
+
+def _stack_effect(ins) -> Optional[Tuple[int, int]]:
+    """(popped, pushed) of a side-effect-free load or an operator, else None."""
+    op = ins.opname
+    if op in _LOADS:
+        if op == "LOAD_GLOBAL" and _GLOBAL_NULL and ins.arg & 1:
+            return None
+        return 0, 1
+    if op == "LOAD_FAST_LOAD_FAST":
+        return 0, 2
+    if op == "UNARY_NEGATIVE":
+        return 1, 1
+    inplace = _binary(ins)
+    return None if inplace is None or inplace else (2, 1)
+
+
+def _below(listed, k: int) -> Optional[tuple]:
+    """The loads that computed the value below the operator's operands at ``k`` (the left
+    operand of the operator consuming its result): only loads and operators on loaded
+    values, in straight-line code; else None (it could be anything)."""
+    need = _stack_effect(listed[k])[0] + 1   # our operands and the value below them
+    loads = []
+    i = k
+    while need > 0:
+        if getattr(listed[i], "is_jump_target", True):
+            return None                    # reached from elsewhere too
+        i -= 1
+        if i < 0:
+            return None
+        ins = listed[i]
+        effect = _stack_effect(ins)
+        if effect is None or effect[1] > need:
+            return None
+        need += effect[0] - effect[1]
+        if ins.opname == "LOAD_FAST_LOAD_FAST":
+            loads.extend(("LOAD_FAST", name) for name in ins.argval)
+        elif ins.opname == "LOAD_CONST":
+            if type(ins.argval) not in _PLAIN:
+                return None
+        elif effect == (0, 1):
+            loads.append((ins.opname, ins.argval))
+    return tuple(loads)
+
+
+_MISSING = object()
+
+
+def _all_plain(frame, loads) -> bool:
+    """Whether every loaded value is a plain tensor or number (its operators run no user
+    code that could change an operand of the pending result)."""
+    f_locals = frame.f_locals
+    f_globals = frame.f_globals
+    for op, name in loads:
+        if op == "LOAD_GLOBAL":
+            v = f_globals.get(name, _MISSING)
+        else:
+            v = f_locals.get(name, _MISSING)
+            if v is _MISSING and op == "LOAD_NAME":
+                v = f_globals.get(name, _MISSING)
+        if v is _MISSING:
+            v = getattr(builtins, name, _MISSING) if op in ("LOAD_GLOBAL", "LOAD_NAME") else v
+        if type(v) not in _PLAIN:
+            return False
+    return True

@@ -1,0 +1,228 @@
+"""Eager fusion across operators (scorch.sparse_ops.fusion): ``A * B + C`` on sparse tensors
+runs ONE kernel, equals dense torch, and is never deferred where something could change an
+operand in between; a pending result never reaches anything but the next operator."""
+import copy
+import pickle
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import scorch
+from ops_helpers import DENSITIES, assert_matches, dense_values, side, sparse
+from scorch.sparse_ops.fusion import Pending, pending_of
+from scorch.tensor_compiler import api
+from scorch.tensor_type import make_pending
+
+
+@pytest.fixture
+def kernels(monkeypatch):
+    """Counts the compiler's kernel runs (``api.run``: every ``compute`` goes through it)."""
+    count = [0]
+    run = api.run
+
+    def counting(entry, ops):
+        count[0] += 1
+        return run(entry, ops)
+    monkeypatch.setattr(api, "run", counting)
+    return count
+
+
+# each expression written as a user would (the operators in this frame), with its dense value
+EXPRESSIONS = {
+    "A*B+C": lambda A, B, C, D, E: A * B + C,
+    "C+A*B": lambda A, B, C, D, E: C + A * B,
+    "A*B-C": lambda A, B, C, D, E: A * B - C,
+    "chain": lambda A, B, C, D, E: A * B + C * D - E,
+    "-(A*B)+C": lambda A, B, C, D, E: -(A * B) + C,
+}
+
+
+def _eager(name, A, B, C, D, E):
+    """The same expression one operator per statement (a stored result is never deferred)."""
+    if name == "A*B+C":
+        x = A * B
+        y = x + C
+    elif name == "C+A*B":
+        x = A * B
+        y = C + x
+    elif name == "A*B-C":
+        x = A * B
+        y = x - C
+    elif name == "chain":
+        x = A * B
+        z = C * D
+        w = x + z
+        y = w - E
+    else:
+        x = A * B
+        z = -x
+        y = z + C
+    return y
+
+
+# (expression, formats of A..E, dtype): a small fixed set, each a kernel compiled once
+CASES = [
+    ("A*B+C", ("csr",) * 5, torch.float32),
+    ("A*B+C", ("coo",) * 5, torch.float64),
+    ("C+A*B", ("csc",) * 5, torch.float32),
+    ("A*B-C", ("dcsr",) * 5, torch.float64),
+    ("chain", ("csr",) * 5, torch.float64),
+    ("-(A*B)+C", ("csr",) * 5, torch.float32),
+    ("A*B+C", ("csr", "csc", "coo", "csr", "csr"), torch.float64),
+]
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.data(), st.sampled_from(range(len(CASES))), st.booleans())
+def test_fused_equals_dense_torch(data, case, same_pattern):
+    name, fmts, dtype = CASES[case]
+    m, n = data.draw(side()), data.draw(side())
+    dense = [data.draw(dense_values((m, n), dtype)) for _ in range(5)]
+    if same_pattern:   # B on A's pattern (other values): a product of one pattern
+        dense[1] = dense[0] * 3 - 1 * (dense[0] != 0)
+    ops = [sparse(x, f) for x, f in zip(dense, fmts)]
+    got = EXPRESSIONS[name](*ops)
+    assert pending_of(got) is None   # a result held in a name is never pending
+    assert_matches(got, EXPRESSIONS[name](*dense), sparse=True)
+    eager = _eager(name, *ops)
+    assert got.format == eager.format
+    assert_matches(got, eager.to_dense(), sparse=True)
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.data(), st.sampled_from(DENSITIES))
+def test_rank3_csf(data, density):
+    shape = (data.draw(side(0, 3)), data.draw(side(0, 3)), data.draw(side(0, 3)))
+    a, b, c = (data.draw(dense_values(shape, torch.float32, density)) for _ in range(3))
+    A, B, C = (sparse(x, "csf") for x in (a, b, c))
+    assert_matches(A * B + C, a * b + c, sparse=True)
+
+
+def _three(fmt="csr", dtype=torch.float64, n=30, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    dense = [torch.rand(n, n + 3, generator=g, dtype=dtype)
+             * (torch.rand(n, n + 3, generator=g) < 0.3) for _ in range(5)]
+    return dense, [sparse(x, fmt) for x in dense]
+
+
+def test_one_kernel_for_the_expression(kernels):
+    (a, b, c, d, e), (A, B, C, D, E) = _three()
+    for name in EXPRESSIONS:
+        kernels[0] = 0
+        got = EXPRESSIONS[name](A, B, C, D, E)
+        assert kernels[0] == 1, (name, kernels[0])
+        assert_matches(got, EXPRESSIONS[name](a, b, c, d, e), sparse=True)
+    kernels[0] = 0
+    _eager("A*B+C", A, B, C, D, E)
+    assert kernels[0] == 2   # one statement per operator: two kernels
+    kernels[0] = 0
+    torch.add(A * B, C)      # a call, not an operator: not deferred
+    assert kernels[0] == 2
+
+
+def test_in_place_change_between_statements(kernels):
+    (a, b, c, _, _), (A, B, C, _, _) = _three()
+    X = A * B              # stored: computed now
+    A.mul_(2)
+    assert_matches(X + C, a * b + c)
+    Y = A * B
+    A.values().mul_(2)
+    assert_matches(Y + C, 2 * a * b + c)
+    Z = A * B
+    B.values().zero_()
+    assert_matches(C + Z, 4 * a * b + c)
+
+
+def test_operand_with_its_own_operator_is_not_deferred():
+    (a, b, _, _, _), (A, B, _, _, _) = _three()
+
+    class Sneaky:
+        """Its + changes A first: the product must already be computed when it runs."""
+        def __add__(self, other):
+            A.values().mul_(10)
+            return other.to_dense()
+
+    torch.testing.assert_close(Sneaky() + A * B, a * b)           # made by a call
+    s = Sneaky()                                                    # (A is now 10 a)
+    torch.testing.assert_close(s + A * B, 10 * a * b)             # a local of another type
+    A.values().div_(100)
+    torch.testing.assert_close(s + (A * B - B), a * b - b)        # the chain too
+
+
+def test_in_place_consumer():
+    (a, b, c, _, _), (A, B, C, _, _) = _three()
+    C2 = c.clone()          # dense: a sparse += keeps its own pattern
+    C2 += A * B
+    assert_matches(C2, a * b + c)
+    A2 = A.clone()
+    A2 *= A * B             # the product of sparse tensors on A's pattern
+    assert_matches(A2, a * a * b)
+
+
+def test_autograd_through_the_expression():
+    (a, b, c, _, _), (A, B, C, _, _) = _three(seed=3)
+    for t in (A, B, C):
+        t.requires_grad_(True)
+    da, db, dc = (x.clone().requires_grad_(True) for x in (a, b, c))
+    out = A * B + C
+    out.values().pow(2).sum().backward()
+    ref = da * db + dc
+    ref.pow(2).sum().backward()
+    pattern = (a != 0).to(a.dtype)
+    torch.testing.assert_close(A.grad.to_dense(), da.grad * pattern)
+    torch.testing.assert_close(B.grad.to_dense(), db.grad * (b != 0))
+    torch.testing.assert_close(C.grad.to_dense(), dc.grad * (c != 0))
+
+
+def _pending(A, B, C):
+    """A pending ``A * B + C`` as the fusion module makes it (for the leak checks)."""
+    return make_pending(A.shape, A.dtype, Pending((A, B, C), ("add", ("mul", 0, 1), 2)))
+
+
+@pytest.mark.parametrize("reader", [
+    "repr", "str", "values", "to_dense", "indices", "pickle", "deepcopy", "nnz", "relu",
+    "sum", "matmul", "format", "requires_grad"])
+def test_pending_is_materialized_by_any_reader(reader):
+    (a, b, c, _, _), (A, B, C, _, _) = _three(seed=5)
+    P = _pending(A, B, C)
+    expected = a * b + c
+    if reader in ("repr", "str"):
+        text = repr(P) if reader == "repr" else str(P)
+        assert f"nnz={int((expected != 0).sum())}" in text
+    elif reader == "values":
+        assert P.values().numel() == int((expected != 0).sum())
+    elif reader == "to_dense":
+        assert_matches(P.to_dense(), expected)
+    elif reader == "indices":
+        assert P.indices().shape[1] == int((expected != 0).sum())
+    elif reader == "pickle":
+        assert_matches(pickle.loads(pickle.dumps(P)), expected)
+    elif reader == "deepcopy":
+        assert_matches(copy.deepcopy(P), expected)
+    elif reader == "nnz":
+        assert P.nnz == int((expected != 0).sum())
+    elif reader == "relu":
+        assert_matches(torch.relu(P), torch.relu(expected))
+    elif reader == "sum":
+        torch.testing.assert_close(P.sum(), expected.sum())
+    elif reader == "matmul":
+        x = torch.rand(expected.shape[1], 2, dtype=expected.dtype)
+        torch.testing.assert_close(P @ x, expected @ x)
+    elif reader == "format":
+        assert P.format == A.format and P.is_sparse
+    else:
+        P.requires_grad_(True)
+        P.values().sum().backward()
+        assert P.grad is not None
+    assert pending_of(P) is None
+    A.values().mul_(2)   # computed already: later changes do not reach it
+    assert_matches(P.to_dense(), expected)
+
+
+def test_results_held_in_names_are_never_pending():
+    (_, _, _, _, _), (A, B, C, _, _) = _three()
+    X = A * B + C
+    assert pending_of(X) is None
+    values = [A * B, A * B + C]
+    assert all(pending_of(v) is None for v in values)
