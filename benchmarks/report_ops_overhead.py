@@ -7,6 +7,7 @@ SuiteSparse matrices (CSR, float32, one thread).
     python benchmarks/report_ops_overhead.py --scipy               # + the scipy table
     python benchmarks/report_ops_overhead.py --scipy --matrix all  # every shared matrix
     python benchmarks/report_ops_overhead.py --scipy --matrix all --stat min  # best rounds
+    python benchmarks/report_ops_overhead.py --fusion --matrix 4elt mdual  # A * B + C fused
 
 (``SCORCH_DATA_DIR`` points at the matrices; default ``../shared/data``.)
 
@@ -16,6 +17,9 @@ all alike; a figure is the median over rounds. ``A @ X`` is reported as ``A @ X 
 (the spec asks for <= 1.10); the scipy table as ``scipy / scorch`` (>= 1: scorch at least as
 fast; the spec asks for >= 1). ``B`` has ``A``'s pattern (``A * 2``: the index arrays are
 shared), ``C`` another one (``A``'s rows in a random order), so ``A + C`` merges two patterns.
+``--fusion``: ``A * B + C`` as one expression (one fused kernel) against the same two
+operators in two statements (two kernels), with B and C on A's pattern in arrays of their
+own ("same") or on two other patterns (A's rows in random orders: "different").
 """
 from __future__ import annotations
 
@@ -100,21 +104,61 @@ def scipy_row(m, rounds: int, stat: str = "median") -> Dict[str, float]:
     return out
 
 
+def _clone_pattern(A, seed: int):
+    """A's pattern in arrays of its own, with other values (nothing shared with A)."""
+    values = torch.rand(A.nnz, generator=torch.Generator().manual_seed(seed))
+    return scorch.sparse_tensor((A.indices(), values), A.shape, format="csr")
+
+
+def _permuted_rows(m, seed: int):
+    rows = np.random.default_rng(seed).permutation(m.shape[0])
+    mc = m[rows].tocsr()
+    mc.sort_indices()
+    return scorch.from_scipy(mc)
+
+
+def fusion_row(m, rounds: int, stat: str = "median") -> Dict[str, float]:
+    """Two kernels' time / the fused kernel's time for ``A * B + C`` (>= 1: fusion pays)."""
+    from scorch.sparse_ops import fusion
+    fusion.set_eager_fusion(True)          # off by default
+    A = scorch.from_scipy(m)
+    out = {}
+    for kind, (B, C) in {"same": (_clone_pattern(A, 1), _clone_pattern(A, 2)),
+                         "different": (_permuted_rows(m, 1), _permuted_rows(m, 2))}.items():
+        def fused():
+            return A * B + C           # one expression: one kernel
+
+        def two_kernels():
+            x = A * B                  # a stored result is computed at once
+            return x + C
+        difference = fused().to_scipy() - two_kernels().to_scipy()   # no dense copy
+        assert difference.nnz == 0 or abs(difference).max() < 1e-4
+        t = interleaved({"fused": fused, "two": two_kernels}, rounds, stat=stat)
+        out[kind] = t["two"] / t["fused"]
+        out[kind + " ms"] = t["fused"] * 1e3
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--matrix", default="NotreDame_www", help="a shared matrix, or 'all'")
+    p.add_argument("--matrix", nargs="+", default=["NotreDame_www"],
+                   help="shared matrices, or 'all'")
     p.add_argument("--k", type=int, default=16)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--scipy", action="store_true")
+    p.add_argument("--fusion", action="store_true",
+                   help="A * B + C fused (one kernel) against two statements (two kernels)")
     p.add_argument("--stat", choices=sorted(STATS), default="median",
                    help="per-call time over the rounds (min: the best round, for loaded machines)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    names = sorted(MATRICES) if a.matrix == "all" else [a.matrix]
-    print(f"threads={a.threads}, float32, CSR; A @ X and A.mm(X) over einsum (<= 1.10 asked)")
+    names = sorted(MATRICES) if a.matrix == ["all"] else a.matrix
     table = {}
-    for name in names:
+    # --fusion alone prints only its own table
+    if a.scipy or not a.fusion:
+        print(f"threads={a.threads}, float32, CSR; A @ X and A.mm(X) over einsum (<= 1.10 asked)")
+    for name in names if a.scipy or not a.fusion else ():
         m = load_matrix(name)
         A = scorch.from_scipy(m)
         t, r_at, r_mm = matmul_ratio(A, a.k, a.rounds)
@@ -122,6 +166,16 @@ def main() -> None:
               f"{t * 1e3:8.3f} ms, A @ X {r_at:.3f}, A.mm(X) {r_mm:.3f}", flush=True)
         if a.scipy:
             table[name] = scipy_row(m, a.rounds, a.stat)
+    if a.fusion:
+        print(f"\nA * B + C: two kernels' time / the fused kernel's time ({a.stat} over "
+              f"{a.rounds} rounds; B, C on A's pattern in their own arrays, or other patterns)")
+        print("| matrix | nnz | same | fused ms | different | fused ms |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for name in names:
+            m = load_matrix(name)
+            r = fusion_row(m, a.rounds, a.stat)
+            print(f"| {name} | {m.nnz} | {r['same']:.2f} | {r['same ms']:.3f} | "
+                  f"{r['different']:.2f} | {r['different ms']:.3f} |", flush=True)
     if a.scipy:
         cases = list(next(iter(table.values())))
         print(f"\nscipy.sparse time / scorch time (>= 1: scorch at least as fast; one thread; "

@@ -10,9 +10,19 @@ from hypothesis import given, settings, strategies as st
 
 import scorch
 from ops_helpers import DENSITIES, assert_matches, dense_values, side, sparse
+from scorch.sparse_ops import fusion
 from scorch.sparse_ops.fusion import Pending, pending_of
 from scorch.tensor_compiler import api
 from scorch.tensor_type import make_pending
+
+
+@pytest.fixture(autouse=True)
+def eager_fusion():
+    """Fusion is off by default (not faster with today's merge kernels): on for these tests."""
+    was = fusion.eager_fusion_enabled()
+    fusion.set_eager_fusion(True)
+    yield
+    fusion.set_eager_fusion(was)
 
 
 @pytest.fixture
@@ -226,3 +236,11 @@ def test_results_held_in_names_are_never_pending():
     assert pending_of(X) is None
     values = [A * B, A * B + C]
     assert all(pending_of(v) is None for v in values)
+
+
+def test_off_by_default_runs_two_kernels(kernels):
+    fusion.set_eager_fusion(False)
+    (a, b, c, _, _), (A, B, C, _, _) = _three()
+    kernels[0] = 0
+    assert_matches(A * B + C, a * b + c)
+    assert kernels[0] == 2

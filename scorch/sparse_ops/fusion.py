@@ -13,6 +13,12 @@ defers again, for a chain such as ``A * B + C * D - E``). Anything else that tou
 pending tensor reads its ``_storage``, and ``SparseTensor.__getattr__`` computes it there
 (``materialize``): repr, values(), to_dense, pickling, other ops, torch.compile's flattening.
 
+Off by default (``set_eager_fusion(True)`` or ``SCORCH_EAGER_FUSION=1`` turns it on): the
+fused kernel of three sparse operands is a three-way merge, whose steps cost more than the
+two two-way merges of the eager form, so it measured no faster with operands of one
+pattern and 2-3x slower with different patterns (docs/ops.md, "Fusing across calls";
+``benchmarks/report_ops_overhead.py --fusion``). The mechanism stays for when it pays.
+
 Never deferred: under autograd (an operand requires grad), under torch.compile, from inside
 torch or scorch, for a call that is not an operator (``torch.add(A, B)``), for bool values,
 and for operands of different shapes or dtypes (broadcasting and type promotion stay eager,
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import builtins
 import dis
+import os
 import sys
 from typing import Dict, List, Optional, Tuple
 
@@ -30,7 +37,8 @@ import torch
 from ..tensor_type import SparseTensor, make_pending
 from .einsum import _compiler
 
-__all__ = ["Pending", "pending_of", "fused", "register_dispatch_frames", "kernel_tree"]
+__all__ = ["Pending", "pending_of", "fused", "register_dispatch_frames", "kernel_tree",
+           "set_eager_fusion", "eager_fusion_enabled"]
 
 _LETTERS = "ijklmnopqrstuvwxyzabcdefgh"
 #: most distinct operands one fused kernel takes (up to three merge as lattice points)
@@ -153,6 +161,18 @@ def fused(op: str, *operands) -> Optional[SparseTensor]:
 
 # --- is the result handed straight to the next operator? ----------------------------------
 
+_ENABLED = [os.environ.get("SCORCH_EAGER_FUSION", "") not in ("", "0")]
+
+
+def set_eager_fusion(enabled: bool) -> None:
+    """Turn deferral of operator results (one kernel for ``A * B + C``) on or off."""
+    _ENABLED[0] = bool(enabled)
+
+
+def eager_fusion_enabled() -> bool:
+    return _ENABLED[0]
+
+
 _BINARY_310 = {"BINARY_POWER", "BINARY_MULTIPLY", "BINARY_MATRIX_MULTIPLY",
                "BINARY_FLOOR_DIVIDE", "BINARY_TRUE_DIVIDE", "BINARY_MODULO", "BINARY_ADD",
                "BINARY_SUBTRACT", "BINARY_LSHIFT", "BINARY_RSHIFT", "BINARY_AND",
@@ -193,7 +213,7 @@ _PLANS: Dict[tuple, Optional[tuple]] = {}   # (code, offset) -> loads to check, 
 def consumer_follows() -> bool:
     """Whether the user's frame that called this operator will hand its result straight to
     another arithmetic operator, with nothing else run in between."""
-    if _is_compiling():
+    if not _ENABLED[0] or _is_compiling():
         return False
     f = sys._getframe(1)
     entry = None
