@@ -3,6 +3,7 @@ runs ONE kernel, equals dense torch, and is never deferred where something could
 operand in between; a pending result never reaches anything but the next operator."""
 import copy
 import pickle
+import sys
 
 import pytest
 import torch
@@ -19,10 +20,14 @@ from scorch.tensor_type import make_pending
 @pytest.fixture(autouse=True)
 def eager_fusion():
     """Fusion is off by default (not faster with today's merge kernels): on for these tests."""
-    was = fusion.eager_fusion_enabled()
+    was, tracer = fusion.eager_fusion_enabled(), sys.gettrace()
     fusion.set_eager_fusion(True)
-    yield
-    fusion.set_eager_fusion(was)
+    sys.settrace(None)     # a trace function (coverage, a debugger) turns deferral off
+    try:
+        yield
+    finally:
+        sys.settrace(tracer)
+        fusion.set_eager_fusion(was)
 
 
 @pytest.fixture
@@ -244,3 +249,15 @@ def test_off_by_default_runs_two_kernels(kernels):
     kernels[0] = 0
     assert_matches(A * B + C, a * b + c)
     assert kernels[0] == 2
+
+
+def test_not_deferred_under_a_trace_function(kernels):
+    (a, b, c, _, _), (A, B, C, _, _) = _three()
+    sys.settrace(lambda frame, event, arg: None)
+    try:
+        kernels[0] = 0
+        got = A * B + C
+    finally:
+        sys.settrace(None)
+    assert kernels[0] == 2
+    assert_matches(got, a * b + c)

@@ -173,17 +173,15 @@ def eager_fusion_enabled() -> bool:
     return _ENABLED[0]
 
 
-_BINARY_310 = {"BINARY_POWER", "BINARY_MULTIPLY", "BINARY_MATRIX_MULTIPLY",
-               "BINARY_FLOOR_DIVIDE", "BINARY_TRUE_DIVIDE", "BINARY_MODULO", "BINARY_ADD",
-               "BINARY_SUBTRACT", "BINARY_LSHIFT", "BINARY_RSHIFT", "BINARY_AND",
-               "BINARY_XOR", "BINARY_OR"}
+#: the bytecode read here: 3.11-3.13 (``BINARY_OP``, ``f_lasti`` in bytes); elsewhere nothing
+#: is deferred
+_SUPPORTED = (3, 11) <= sys.version_info[:2] <= (3, 13)
 _LOADS = {"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_CONST", "LOAD_NAME", "LOAD_GLOBAL",
           "LOAD_DEREF"}
 _SKIP = {"NOP", "CACHE"}
 _WINDOW = 24                       # instructions looked at after the current one
 #: the values whose operators change nothing and call no user code
 _PLAIN = {SparseTensor, torch.Tensor, torch.nn.Parameter, int, float, bool, complex}
-_GLOBAL_NULL = sys.version_info >= (3, 11)   # LOAD_GLOBAL's low bit pushes a NULL first
 
 _DISPATCH_CODES: set = set()       # scorch's frames between the operator and fused()
 _OPERATOR_CODES: set = set()       # SparseTensor's operator methods
@@ -213,8 +211,8 @@ _PLANS: Dict[tuple, Optional[tuple]] = {}   # (code, offset) -> loads to check, 
 def consumer_follows() -> bool:
     """Whether the user's frame that called this operator will hand its result straight to
     another arithmetic operator, with nothing else run in between."""
-    if not _ENABLED[0] or _is_compiling():
-        return False
+    if not _ENABLED[0] or not _SUPPORTED or _is_compiling() or sys.gettrace() is not None:
+        return False     # (a debugger could run code between two operators)
     f = sys._getframe(1)
     entry = None
     while f is not None and f.f_code in _DISPATCH_CODES:
@@ -254,13 +252,7 @@ def _instructions(code) -> tuple:
 
 def _binary(ins) -> Optional[bool]:
     """None: not an arithmetic binary operator; else whether it is in place (``+=``)."""
-    if ins.opname == "BINARY_OP":
-        return ins.argrepr.endswith("=")
-    if ins.opname in _BINARY_310:
-        return False
-    if ins.opname.startswith("INPLACE_"):
-        return True
-    return None
+    return ins.argrepr.endswith("=") if ins.opname == "BINARY_OP" else None
 
 
 def _window(code, offset: int) -> Optional[tuple]:
@@ -277,7 +269,7 @@ def _window(code, offset: int) -> Optional[tuple]:
     for ins in listed[k + 1:k + 1 + _WINDOW]:
         op = ins.opname
         if op in _LOADS:
-            if op == "LOAD_GLOBAL" and _GLOBAL_NULL and ins.arg & 1:
+            if op == "LOAD_GLOBAL" and ins.arg & 1:   # a NULL first: a call follows
                 return None      # a call follows
             if op == "LOAD_CONST" and type(ins.argval) not in _PLAIN:
                 return None
@@ -309,7 +301,7 @@ def _stack_effect(ins) -> Optional[Tuple[int, int]]:
     """(popped, pushed) of a side-effect-free load or an operator, else None."""
     op = ins.opname
     if op in _LOADS:
-        if op == "LOAD_GLOBAL" and _GLOBAL_NULL and ins.arg & 1:
+        if op == "LOAD_GLOBAL" and ins.arg & 1:
             return None
         return 0, 1
     if op == "LOAD_FAST_LOAD_FAST":
