@@ -9,7 +9,6 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-import scorch
 from ops_helpers import DENSITIES, assert_matches, dense_values, side, sparse
 from scorch.sparse_ops import fusion
 from scorch.sparse_ops.fusion import Pending, pending_of
@@ -261,3 +260,19 @@ def test_not_deferred_under_a_trace_function(kernels):
         sys.settrace(None)
     assert kernels[0] == 2
     assert_matches(got, a * b + c)
+
+
+def test_not_deferred_under_a_torch_function_mode(kernels):
+    from torch.overrides import TorchFunctionMode
+    (a, b, c, _, _), (A, B, C, _, _) = _three()
+
+    class Changes(TorchFunctionMode):
+        """Runs user code on every torch op: here it changes A before each add."""
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") in ("add", "__add__"):
+                A.values().mul_(2)
+            return func(*args, **(kwargs or {}))
+
+    with Changes():
+        got = c + A * B              # dense c: torch's + runs the mode first
+    assert_matches(got, a * b + c)   # the product was computed before the mode changed A

@@ -19,8 +19,8 @@ two two-way merges of the eager form, so it measured no faster with operands of 
 pattern and 2-3x slower with different patterns (docs/ops.md, "Fusing across calls";
 ``benchmarks/report_ops_overhead.py --fusion``). The mechanism stays for when it pays.
 
-Never deferred: under autograd (an operand requires grad), under torch.compile, from inside
-torch or scorch, for a call that is not an operator (``torch.add(A, B)``), for bool values,
+Never deferred: under autograd (an operand requires grad), under torch.compile, under a
+TorchFunctionMode or a trace function, from inside torch or scorch, for a call that is not an operator (``torch.add(A, B)``), for bool values,
 and for operands of different shapes or dtypes (broadcasting and type promotion stay eager,
 so the fused kernel computes exactly what the two eager kernels compute).
 """
@@ -188,6 +188,7 @@ _OPERATOR_CODES: set = set()       # SparseTensor's operator methods
 _OPERATOR_DUNDERS: set = set()     # torch.Tensor operators reaching __torch_function__
 _TORCH_FUNCTION: list = [None]     # SparseTensor.__torch_function__'s code
 _is_compiling = torch.compiler.is_compiling
+_function_modes = torch._C._len_torch_function_stack
 
 
 def register_dispatch_frames(functions, operators=(), dunders=()) -> None:
@@ -211,8 +212,9 @@ _PLANS: Dict[tuple, Optional[tuple]] = {}   # (code, offset) -> loads to check, 
 def consumer_follows() -> bool:
     """Whether the user's frame that called this operator will hand its result straight to
     another arithmetic operator, with nothing else run in between."""
-    if not _ENABLED[0] or not _SUPPORTED or _is_compiling() or sys.gettrace() is not None:
-        return False     # (a debugger could run code between two operators)
+    if (not _ENABLED[0] or not _SUPPORTED or _is_compiling() or sys.gettrace() is not None
+            or _function_modes()):
+        return False     # a debugger or a TorchFunctionMode could run code in between
     f = sys._getframe(1)
     entry = None
     while f is not None and f.f_code in _DISPATCH_CODES:
