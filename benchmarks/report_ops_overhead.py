@@ -19,7 +19,8 @@ fast; the spec asks for >= 1). ``B`` has ``A``'s pattern (``A * 2``: the index a
 shared), ``C`` another one (``A``'s rows in a random order), so ``A + C`` merges two patterns.
 ``--fusion``: ``A * B + C`` as one expression (one fused kernel) against the same two
 operators in two statements (two kernels), with B and C on A's pattern in arrays of their
-own ("same") or on two other patterns (A's rows in random orders: "different").
+own ("same") or on two other patterns (A's rows in random orders: "different"); and
+``A * B + A`` (a fused kernel over two operands) likewise.
 """
 from __future__ import annotations
 
@@ -131,11 +132,20 @@ def fusion_row(m, rounds: int, stat: str = "median") -> Dict[str, float]:
         def two_kernels():
             x = A * B                  # a stored result is computed at once
             return x + C
-        difference = fused().to_scipy() - two_kernels().to_scipy()   # no dense copy
-        assert difference.nnz == 0 or abs(difference).max() < 1e-4
-        t = interleaved({"fused": fused, "two": two_kernels}, rounds, stat=stat)
+        def fused_two_operands():
+            return A * B + A           # one kernel over two operands
+
+        def two_kernels_two_operands():
+            x = A * B
+            return x + A
+        for f, g in ((fused, two_kernels), (fused_two_operands, two_kernels_two_operands)):
+            difference = f().to_scipy() - g().to_scipy()   # no dense copy
+            assert difference.nnz == 0 or abs(difference).max() < 1e-4
+        t = interleaved({"fused": fused, "two": two_kernels, "fused2": fused_two_operands,
+                         "two2": two_kernels_two_operands}, rounds, stat=stat)
         out[kind] = t["two"] / t["fused"]
         out[kind + " ms"] = t["fused"] * 1e3
+        out[kind + " A"] = t["two2"] / t["fused2"]
     return out
 
 
@@ -169,13 +179,15 @@ def main() -> None:
     if a.fusion:
         print(f"\nA * B + C: two kernels' time / the fused kernel's time ({a.stat} over "
               f"{a.rounds} rounds; B, C on A's pattern in their own arrays, or other patterns)")
-        print("| matrix | nnz | same | fused ms | different | fused ms |")
-        print("|---|---:|---:|---:|---:|---:|")
+        print("| matrix | nnz | same | fused ms | different | fused ms | `A * B + A` same | "
+              "`A * B + A` different |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
         for name in names:
             m = load_matrix(name)
             r = fusion_row(m, a.rounds, a.stat)
             print(f"| {name} | {m.nnz} | {r['same']:.2f} | {r['same ms']:.3f} | "
-                  f"{r['different']:.2f} | {r['different ms']:.3f} |", flush=True)
+                  f"{r['different']:.2f} | {r['different ms']:.3f} | {r['same A']:.2f} | "
+                  f"{r['different A']:.2f} |", flush=True)
     if a.scipy:
         cases = list(next(iter(table.values())))
         print(f"\nscipy.sparse time / scorch time (>= 1: scorch at least as fast; one thread; "
