@@ -8,6 +8,7 @@ SuiteSparse matrices (CSR, float32, one thread).
     python benchmarks/report_ops_overhead.py --scipy --matrix all  # every shared matrix
     python benchmarks/report_ops_overhead.py --scipy --matrix all --stat min  # best rounds
     python benchmarks/report_ops_overhead.py --fusion --matrix 4elt mdual  # A * B + C fused
+    python benchmarks/report_ops_overhead.py --union-kernel --matrix arrow_spqr_46500 mdual
 
 (``SCORCH_DATA_DIR`` points at the matrices; default ``../shared/data``.)
 
@@ -149,6 +150,27 @@ def fusion_row(m, rounds: int, stat: str = "median") -> Dict[str, float]:
     return out
 
 
+def union_split(m, rounds: int, stat: str = "median") -> Dict[str, float]:
+    """``A + C`` (two patterns) split into its kernel and the rest: microseconds of the whole
+    call, of the warm kernel alone (the compiled module called on the operands' arrays) and
+    of scipy's ``m + mc``."""
+    from scorch.sparse_ops import elementwise
+    from scorch.tensor_compiler import api
+    from scorch.tensor_compiler.arguments import arg_table, arg_values
+    A, C = scorch.from_scipy(m), _permuted_rows(m, 0)
+    mc = C.to_scipy()
+    A + C
+    asg = elementwise._SAME_SHAPE["add", 2]
+    entry = next(v[3] for v in api._EXPR_FAST.values() if v[0] is asg)
+    (module, args, _), = entry.kernels.values()
+    sa, sc = A._storage, C._storage
+    vals = arg_values(arg_table(args, entry.schedule), {0: sa, 1: sc},
+                      {"i": sa.shape[0], "j": sa.shape[1]}, None)
+    t = interleaved({"A + C": lambda: A + C, "kernel": lambda: module.kernel(vals, 1),
+                     "scipy": lambda: m + mc}, rounds, budget=1.0, stat=stat)
+    return {k: v * 1e6 for k, v in t.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--matrix", nargs="+", default=["NotreDame_www"],
@@ -157,6 +179,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--scipy", action="store_true")
+    p.add_argument("--union-kernel", action="store_true",
+                   help="A + C split: the whole call, its kernel alone, scipy (microseconds)")
     p.add_argument("--fusion", action="store_true",
                    help="A * B + C fused (one kernel) against two statements (two kernels)")
     p.add_argument("--stat", choices=sorted(STATS), default="median",
@@ -165,10 +189,11 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     names = sorted(MATRICES) if a.matrix == ["all"] else a.matrix
     table = {}
-    # --fusion alone prints only its own table
-    if a.scipy or not a.fusion:
+    # --fusion or --union-kernel alone print only their own tables
+    matmul = a.scipy or not (a.fusion or a.union_kernel)
+    if matmul:
         print(f"threads={a.threads}, float32, CSR; A @ X and A.mm(X) over einsum (<= 1.10 asked)")
-    for name in names if a.scipy or not a.fusion else ():
+    for name in names if matmul else ():
         m = load_matrix(name)
         A = scorch.from_scipy(m)
         t, r_at, r_mm = matmul_ratio(A, a.k, a.rounds)
@@ -176,6 +201,14 @@ def main() -> None:
               f"{t * 1e3:8.3f} ms, A @ X {r_at:.3f}, A.mm(X) {r_mm:.3f}", flush=True)
         if a.scipy:
             table[name] = scipy_row(m, a.rounds, a.stat)
+    if a.union_kernel:
+        print(f"\nA + C (two patterns): microseconds ({a.stat} over {a.rounds} rounds)")
+        print("| matrix | `A + C` | its kernel | scipy | scipy / `A + C` | scipy / kernel |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for name in names:
+            u = union_split(load_matrix(name), a.rounds, a.stat)
+            print(f"| {name} | {u['A + C']:.1f} | {u['kernel']:.1f} | {u['scipy']:.1f} | "
+                  f"{u['scipy'] / u['A + C']:.3f} | {u['scipy'] / u['kernel']:.3f} |", flush=True)
     if a.fusion:
         print(f"\nA * B + C: two kernels' time / the fused kernel's time ({a.stat} over "
               f"{a.rounds} rounds; B, C on A's pattern in their own arrays, or other patterns)")
