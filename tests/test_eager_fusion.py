@@ -276,3 +276,25 @@ def test_not_deferred_under_a_torch_function_mode(kernels):
     with Changes():
         got = c + A * B              # dense c: torch's + runs the mode first
     assert_matches(got, a * b + c)   # the product was computed before the mode changed A
+
+
+GLOBAL_C = None
+
+
+def test_names_of_every_kind(kernels):
+    """Locals, closure cells, globals and module-level names (LOAD_FAST, LOAD_DEREF,
+    LOAD_GLOBAL, LOAD_NAME) are all read to check the operands' types."""
+    global GLOBAL_C
+    (a, b, c, _, _), (A, B, C, _, _) = _three()
+    GLOBAL_C = C
+
+    def closure():
+        return A * B + C
+
+    def with_global():
+        return A * B + GLOBAL_C
+    names = {"A": A, "B": B, "C": C}
+    for run in (closure, with_global, lambda: exec("R = A * B + C", names) or names["R"]):
+        kernels[0] = 0
+        assert_matches(run(), a * b + c)
+        assert kernels[0] == 1, run

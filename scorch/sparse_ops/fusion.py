@@ -20,9 +20,10 @@ pattern and 2-3x slower with different patterns (docs/ops.md, "Fusing across cal
 ``benchmarks/report_ops_overhead.py --fusion``). The mechanism stays for when it pays.
 
 Never deferred: under autograd (an operand requires grad), under torch.compile, under a
-TorchFunctionMode or a trace function, from inside torch or scorch, for a call that is not an operator (``torch.add(A, B)``), for bool values,
-and for operands of different shapes or dtypes (broadcasting and type promotion stay eager,
-so the fused kernel computes exactly what the two eager kernels compute).
+TorchFunctionMode or a trace function, from inside torch or scorch, for a call that is not
+an operator (``torch.add(A, B)``), for bool values, and for operands of different shapes or
+dtypes (broadcasting and type promotion stay eager, so the fused kernel computes exactly
+what the two eager kernels compute).
 """
 from __future__ import annotations
 
