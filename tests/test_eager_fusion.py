@@ -13,7 +13,7 @@ from ops_helpers import DENSITIES, assert_matches, dense_values, side, sparse
 from scorch.sparse_ops import fusion
 from scorch.sparse_ops.fusion import Pending, pending_of
 from scorch.tensor_compiler import api
-from scorch.tensor_type import make_pending
+from scorch.tensor_type import PENDING_LIVE, make_pending
 
 
 @pytest.fixture(autouse=True)
@@ -236,10 +236,11 @@ def test_pending_is_materialized_by_any_reader(reader):
 
 def test_results_held_in_names_are_never_pending():
     (_, _, _, _, _), (A, B, C, _, _) = _three()
-    X = A * B + C
+    X = A * B + C * B - C
     assert pending_of(X) is None
     values = [A * B, A * B + C]
     assert all(pending_of(v) is None for v in values)
+    assert PENDING_LIVE[0] == 0    # every pending made was consumed (computed once)
 
 
 def test_off_by_default_runs_two_kernels(kernels):

@@ -35,7 +35,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ..tensor_type import SparseTensor, make_pending
+from ..tensor_type import PENDING_LIVE, SparseTensor, make_pending
 from .einsum import _compiler
 
 __all__ = ["Pending", "pending_of", "fused", "register_dispatch_frames", "kernel_tree",
@@ -54,20 +54,31 @@ class Pending:
     """A deferred elementwise result: its operands (concrete SparseTensors of one shape and
     dtype) and its expression tree over them."""
 
-    __slots__ = ("terms", "tree")
+    __slots__ = ("terms", "tree", "live")
 
     def __init__(self, terms: Tuple[SparseTensor, ...], tree: Tree) -> None:
         self.terms = terms
         self.tree = tree
+        self.live = True
+        PENDING_LIVE[0] += 1
+
+    def release(self) -> None:
+        """Computed or inlined into another expression: no longer looked for."""
+        if self.live:
+            self.live = False
+            PENDING_LIVE[0] -= 1
 
     def materialize(self):
         """The Storage of the result: the one kernel of the whole expression."""
+        self.release()
         return run_tree(self.tree, self.terms)._storage
 
 
 def pending_of(x) -> Optional[Pending]:
-    """The Pending of a deferred SparseTensor, else None."""
-    return x.__dict__.get("_pending") if type(x) is SparseTensor else None
+    """The Pending of a deferred SparseTensor, else None (at once while none is live)."""
+    if not PENDING_LIVE[0] or type(x) is not SparseTensor:
+        return None
+    return x.__dict__.get("_pending")
 
 
 # --- the kernel of a tree ----------------------------------------------------------------
@@ -124,6 +135,7 @@ def kernel_tree(op: str, operands) -> Optional[Tuple[Tree, tuple]]:
             else:
                 mapping = [_term(terms, t) for t in p.terms]
                 trees.append(_renumber(p.tree, mapping))
+                p.release()
         ok = len(terms) <= MAX_TERMS
     if not ok:
         for x in operands:
