@@ -449,15 +449,15 @@ def with_values(t: SparseTensor, values: torch.Tensor) -> SparseTensor:
 
 
 #: pending results not yet computed or inlined (counted by ``scorch.sparse_ops.fusion``):
-#: while 0 (nearly always), nothing looks for one (reading
-#: a tensor's ``__dict__`` costs ~0.5 us). Only a shortcut: a pending tensor missed by a
-#: check is still computed on the first read of its ``_storage``.
+#: while 0 (nearly always), nothing looks for one (reading a tensor's ``__dict__`` costs
+#: ~0.5 us). Only a shortcut: a pending tensor a check misses is still computed on the
+#: first read of its ``_storage``.
 PENDING_LIVE = [0]
 
 
 def _deferred(t: SparseTensor) -> bool:
     """Whether ``t`` is a pending result (never under torch.compile: none is made there)."""
-    return PENDING_LIVE[0] > 0 and not _is_compiling() and "_pending" in t.__dict__
+    return not _is_compiling() and PENDING_LIVE[0] > 0 and "_pending" in t.__dict__
 
 
 def make_pending(shape, dtype: torch.dtype, pending) -> SparseTensor:
