@@ -361,8 +361,9 @@ _PY_SCALARS = (int, float, bool)
 def _scalar_op(fn, t: "SparseTensor", scalar):
     """``fn(t, scalar)`` on the stored values for a Python number (torch's type promotion,
     as the dense op), or None."""
-    if type(scalar) not in _PY_SCALARS or (_grad_enabled() and _any_requires_grad(t)):
-        return None
+    if type(scalar) not in _PY_SCALARS or (_grad_enabled() and _any_requires_grad(t)) \
+            or _deferred(t):
+        return None   # a deferred operand goes to the handler, which fuses it
     return with_values(t, fn(t._storage.values, scalar))
 
 

@@ -1,7 +1,9 @@
-"""Eager fusion across operators (scorch.sparse_ops.fusion): ``A * B + C`` on sparse tensors
-runs ONE kernel, equals dense torch, and is never deferred where something could change an
-operand in between; a pending result never reaches anything but the next operator."""
+"""Eager fusion across operators (scorch.sparse_ops.fusion): ``A * B + A`` and
+``A * B * 0.5 + A`` on sparse tensors run ONE kernel by default (``A * B + C`` too when new
+operands are allowed), equal dense torch, and are never deferred where something could
+change an operand in between; a pending result never reaches anything but the next operator."""
 import copy
+import os
 import pickle
 import sys
 
@@ -18,15 +20,23 @@ from scorch.tensor_type import PENDING_LIVE, make_pending
 
 @pytest.fixture(autouse=True)
 def eager_fusion():
-    """Fusion is off by default (not faster with today's merge kernels): on for these tests."""
+    """The default policy (on, no new operands) for every test, restored after; yields
+    whether fusion was on when the test started."""
     was, tracer = fusion.eager_fusion_enabled(), sys.gettrace()
+    new_operands = fusion._NEW_OPERANDS[0]
     fusion.set_eager_fusion(True)
     sys.settrace(None)     # a trace function (coverage, a debugger) turns deferral off
     try:
-        yield
+        yield was
     finally:
         sys.settrace(tracer)
-        fusion.set_eager_fusion(was)
+        fusion.set_eager_fusion(was, new_operands)
+
+
+def new_operands():
+    """Defer also where the consumer brings a new operand (``A * B + C``): the mechanism's
+    guards are tested there, where a new operand could be anything."""
+    fusion.set_eager_fusion(True, new_operands=True)
 
 
 @pytest.fixture
@@ -42,37 +52,35 @@ def kernels(monkeypatch):
     return count
 
 
-# each expression written as a user would (the operators in this frame), with its dense value
-EXPRESSIONS = {
+# each expression written as a user would (the operators in this frame), with its dense value;
+# these read only operands they already have and numbers: fused by default
+FUSED_BY_DEFAULT = {
+    "A*B+A": lambda A, B, C, D, E: A * B + A,
+    "A+A*B": lambda A, B, C, D, E: A + A * B,
+    "-(A*B)+A": lambda A, B, C, D, E: -(A * B) + A,
+    "A*B*0.5+A": lambda A, B, C, D, E: A * B * 0.5 + A,
+    "A-0.5*(A*B)": lambda A, B, C, D, E: A - 0.5 * (A * B),
+    "A*B*B-A": lambda A, B, C, D, E: A * B * B - A,
+    "A*B/2": lambda A, B, C, D, E: A * B / 2,
+}
+# these bring new operands: fused only with new_operands=True
+WITH_NEW_OPERANDS = {
     "A*B+C": lambda A, B, C, D, E: A * B + C,
     "C+A*B": lambda A, B, C, D, E: C + A * B,
     "A*B-C": lambda A, B, C, D, E: A * B - C,
     "chain": lambda A, B, C, D, E: A * B + C * D - E,
     "-(A*B)+C": lambda A, B, C, D, E: -(A * B) + C,
 }
+EXPRESSIONS = {**FUSED_BY_DEFAULT, **WITH_NEW_OPERANDS}
 
 
-def _eager(name, A, B, C, D, E):
-    """The same expression one operator per statement (a stored result is never deferred)."""
-    if name == "A*B+C":
-        x = A * B
-        y = x + C
-    elif name == "C+A*B":
-        x = A * B
-        y = C + x
-    elif name == "A*B-C":
-        x = A * B
-        y = x - C
-    elif name == "chain":
-        x = A * B
-        z = C * D
-        w = x + z
-        y = w - E
-    else:
-        x = A * B
-        z = -x
-        y = z + C
-    return y
+def _eager(name, *operands):
+    """The expression with fusion off: one kernel per operator."""
+    fusion.set_eager_fusion(False)
+    try:
+        return EXPRESSIONS[name](*operands)
+    finally:
+        fusion.set_eager_fusion(True, fusion._NEW_OPERANDS[0])
 
 
 # (expression, formats of A..E, dtype): a small fixed set, each a kernel compiled once
@@ -84,12 +92,21 @@ CASES = [
     ("chain", ("csr",) * 5, torch.float64),
     ("-(A*B)+C", ("csr",) * 5, torch.float32),
     ("A*B+C", ("csr", "csc", "coo", "csr", "csr"), torch.float64),
+    ("A*B+A", ("csr",) * 5, torch.float32),
+    ("A+A*B", ("coo", "csc") * 2 + ("csr",), torch.float64),
+    ("-(A*B)+A", ("dcsr",) * 5, torch.float64),
+    ("A*B*0.5+A", ("csc",) * 5, torch.float32),
+    ("A-0.5*(A*B)", ("csr",) * 5, torch.float64),
+    ("A*B*B-A", ("coo",) * 5, torch.float32),
+    ("A*B/2", ("csr",) * 5, torch.float32),
 ]
 
 
-@settings(max_examples=12, deadline=None)
-@given(st.data(), st.sampled_from(range(len(CASES))), st.booleans())
-def test_fused_equals_dense_torch(data, case, same_pattern):
+@settings(max_examples=20, deadline=None)
+@given(st.data(), st.sampled_from(range(len(CASES))), st.booleans(), st.booleans())
+def test_fused_equals_dense_torch(data, case, same_pattern, with_new_operands):
+    if with_new_operands:
+        new_operands()
     name, fmts, dtype = CASES[case]
     m, n = data.draw(side()), data.draw(side())
     dense = [data.draw(dense_values((m, n), dtype)) for _ in range(5)]
@@ -120,7 +137,28 @@ def _three(fmt="csr", dtype=torch.float64, n=30, seed=0):
     return dense, [sparse(x, fmt) for x in dense]
 
 
-def test_one_kernel_for_the_expression(kernels):
+def test_one_kernel_by_default(kernels):
+    """No new operand (``A * B + A``, a number): one kernel; ``A * B + C``: two (a three-way
+    merge is slower than two two-way ones)."""
+    (a, b, c, d, e), (A, B, C, D, E) = _three()
+    for name, expression in FUSED_BY_DEFAULT.items():
+        kernels[0] = 0
+        got = expression(A, B, C, D, E)
+        assert kernels[0] == 1, (name, kernels[0])
+        assert_matches(got, expression(a, b, c, d, e), sparse=True)
+    kernels[0] = 0
+    got = A * B + 2          # a number added: one kernel, dense as the eager form
+    assert kernels[0] == 1 and not isinstance(got, type(A))
+    torch.testing.assert_close(got, a * b + 2)
+    for name, expression in WITH_NEW_OPERANDS.items():
+        kernels[0] = 0
+        got = expression(A, B, C, D, E)
+        assert kernels[0] == (4 if name == "chain" else 2), (name, kernels[0])   # one per operator
+        assert_matches(got, expression(a, b, c, d, e), sparse=True)
+
+
+def test_one_kernel_with_new_operands(kernels):
+    new_operands()
     (a, b, c, d, e), (A, B, C, D, E) = _three()
     for name in EXPRESSIONS:
         kernels[0] = 0
@@ -128,14 +166,18 @@ def test_one_kernel_for_the_expression(kernels):
         assert kernels[0] == 1, (name, kernels[0])
         assert_matches(got, EXPRESSIONS[name](a, b, c, d, e), sparse=True)
     kernels[0] = 0
-    _eager("A*B+C", A, B, C, D, E)
-    assert kernels[0] == 2   # one statement per operator: two kernels
+    x = A * B
+    x + C                    # one statement per operator: two kernels
+    assert kernels[0] == 2
     kernels[0] = 0
     torch.add(A * B, C)      # a call, not an operator: not deferred
     assert kernels[0] == 2
 
 
-def test_in_place_change_between_statements(kernels):
+@pytest.mark.parametrize("with_new_operands", [False, True])
+def test_in_place_change_between_statements(kernels, with_new_operands):
+    if with_new_operands:
+        new_operands()
     (a, b, c, _, _), (A, B, C, _, _) = _three()
     X = A * B              # stored: computed now
     A.mul_(2)
@@ -146,9 +188,13 @@ def test_in_place_change_between_statements(kernels):
     Z = A * B
     B.values().zero_()
     assert_matches(C + Z, 4 * a * b + c)
+    W = A * B + A          # B is 0 now
+    A.values().mul_(2)
+    assert_matches(W + A, 4 * a + 8 * a)
 
 
 def test_operand_with_its_own_operator_is_not_deferred():
+    new_operands()
     (a, b, _, _, _), (A, B, _, _, _) = _three()
 
     class Sneaky:
@@ -243,11 +289,19 @@ def test_results_held_in_names_are_never_pending():
     assert PENDING_LIVE[0] == 0    # every pending made was consumed (computed once)
 
 
-def test_off_by_default_runs_two_kernels(kernels):
+def test_on_by_default(eager_fusion):
+    assert eager_fusion == (os.environ.get("SCORCH_EAGER_FUSION", "1") != "0")
+    assert not fusion._NEW_OPERANDS[0]
+
+
+def test_off_runs_two_kernels(kernels):
     fusion.set_eager_fusion(False)
     (a, b, c, _, _), (A, B, C, _, _) = _three()
     kernels[0] = 0
-    assert_matches(A * B + C, a * b + c)
+    assert_matches(A * B + A, a * b + a)
+    assert kernels[0] == 2
+    kernels[0] = 0
+    assert_matches(A * B * 0.5 + A, a * b * 0.5 + a)
     assert kernels[0] == 2
 
 
@@ -256,14 +310,15 @@ def test_not_deferred_under_a_trace_function(kernels):
     sys.settrace(lambda frame, event, arg: None)
     try:
         kernels[0] = 0
-        got = A * B + C
+        got = A * B + A
     finally:
         sys.settrace(None)
     assert kernels[0] == 2
-    assert_matches(got, a * b + c)
+    assert_matches(got, a * b + a)
 
 
 def test_not_deferred_under_a_torch_function_mode(kernels):
+    new_operands()
     from torch.overrides import TorchFunctionMode
     (a, b, c, _, _), (A, B, C, _, _) = _three()
 
@@ -285,6 +340,7 @@ GLOBAL_C = None
 def test_names_of_every_kind(kernels):
     """Locals, closure cells, globals and module-level names (LOAD_FAST, LOAD_DEREF,
     LOAD_GLOBAL, LOAD_NAME) are all read to check the operands' types."""
+    new_operands()
     global GLOBAL_C
     (a, b, c, _, _), (A, B, C, _, _) = _three()
     GLOBAL_C = C
@@ -295,7 +351,14 @@ def test_names_of_every_kind(kernels):
     def with_global():
         return A * B + GLOBAL_C
     names = {"A": A, "B": B, "C": C}
-    for run in (closure, with_global, lambda: exec("R = A * B + C", names) or names["R"]):
+    runs = (closure, with_global, lambda: exec("R = A * B + C", names) or names["R"])
+    for run in runs:
         kernels[0] = 0
         assert_matches(run(), a * b + c)
+        assert kernels[0] == 1, run
+    fusion.set_eager_fusion(True)    # the default: C now names A, an operand it has
+    C = GLOBAL_C = names["C"] = A
+    for run in runs:
+        kernels[0] = 0
+        assert_matches(run(), a * b + a)
         assert kernels[0] == 1, run

@@ -181,7 +181,7 @@ def _same_shape(a, b, op: str):
         asg = _SAME_SHAPE[op, rank] = ir.Assignment(v, _EXPRESSIONS[op](ir.Access(0, v), ir.Access(1, v)))
     if _grad_enabled() and _any_requires_grad(a, b):
         return _wrap(_compute()(asg, a, b))
-    if consumer_follows():   # ``A * B + C``: deferred, the next operator runs ONE kernel
+    if consumer_follows((a, b)):   # ``A * B + A``: deferred, the next operator runs ONE kernel
         return make_pending(a.shape, a.dtype, Pending((a,) if a is b else (a, b),
                                                       (op, 0, 0 if a is b else 1)))
     return _wrap(_compiler().compute(asg, sa, sb))
@@ -595,8 +595,8 @@ def _div_(self, other, *, rounding_mode=None):
 register_dispatch_frames(
     (_same_shape, add, sub, mul, neg, _add, _radd, _sub, _rsub, _mul, _rmul, _neg,
      _tensor_type._direct, _tensor_type._or_handler),
-    operators=(SparseTensor.__mul__, SparseTensor.__add__, SparseTensor.__sub__,
-               SparseTensor.__neg__),
+    operators=(SparseTensor.__mul__, SparseTensor.__rmul__, SparseTensor.__add__,
+               SparseTensor.__sub__, SparseTensor.__neg__),
     dunders=(torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.Tensor.__add__,
              torch.Tensor.__radd__, torch.Tensor.__sub__, torch.Tensor.__rsub__,
              torch.Tensor.__neg__))

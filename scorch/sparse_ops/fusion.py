@@ -13,17 +13,23 @@ defers again, for a chain such as ``A * B + C * D - E``). Anything else that tou
 pending tensor reads its ``_storage``, and ``SparseTensor.__getattr__`` computes it there
 (``materialize``): repr, values(), to_dense, pickling, other ops, torch.compile's flattening.
 
-Off by default (``set_eager_fusion(True)`` or ``SCORCH_EAGER_FUSION=1`` turns it on): the
-fused kernel of three sparse operands is a three-way merge, whose steps cost more than the
-two two-way merges of the eager form, so it measured no faster with operands of one
-pattern and 2-3x slower with different patterns (docs/ops.md, "Fusing across calls";
-``benchmarks/report_ops_overhead.py --fusion``). The mechanism stays for when it pays.
+Deferred only where it pays: every value the window loads before the consuming operator is
+already an operand of the pending expression (``A * B + A``) or a number (``A * B * 0.5``),
+so the fused kernel merges no more sparse iterators than the eager ones and saves a whole
+pass. A new tensor operand (``A * B + C``) is not deferred: the fused kernel would be a
+three-way merge, whose steps cost more than the two two-way merges of the eager form
+(measured no faster with one pattern, 2-3x slower with different ones: docs/ops.md,
+"Fusing across calls"; ``benchmarks/report_ops_overhead.py --fusion``).
+``set_eager_fusion(True, new_operands=True)`` defers there too (the mechanism's tests).
+
+On by default; ``set_eager_fusion(False)`` or ``SCORCH_EAGER_FUSION=0`` turns it off.
 
 Never deferred: under autograd (an operand requires grad), under torch.compile, under a
 TorchFunctionMode or a trace function, from inside torch or scorch, for a call that is not
 an operator (``torch.add(A, B)``), for bool values, and for operands of different shapes or
 dtypes (broadcasting and type promotion stay eager, so the fused kernel computes exactly
-what the two eager kernels compute).
+what the two eager kernels compute). A number operand (or a 0-d tensor of the dtype, as
+``/ 2`` passes its reciprocal) is a 0-d kernel argument, as in the eager kernel.
 """
 from __future__ import annotations
 
@@ -46,13 +52,14 @@ _LETTERS = "ijklmnopqrstuvwxyzabcdefgh"
 MAX_TERMS = 6
 
 # An expression tree: an int is an operand (its position in the term list); a tuple is
-# (op, child, ...) with op one of "add", "sub", "mul", "neg".
+# (op, child, ...) with op one of "add", "sub", "mul", "neg". A term is a SparseTensor of
+# the result's shape and dtype, or a 0-d dense tensor of its dtype (a number operand).
 Tree = object
 
 
 class Pending:
     """A deferred elementwise result: its operands (concrete SparseTensors of one shape and
-    dtype) and its expression tree over them."""
+    dtype, and 0-d tensors of that dtype) and its expression tree over them."""
 
     __slots__ = ("terms", "tree", "live")
 
@@ -96,41 +103,52 @@ def _expr(tree: Tree, accesses):
     return a + b if op == "add" else a - b if op == "sub" else a * b
 
 
-def _assignment(rank: int, n_terms: int, tree: Tree):
-    asg = _ASSIGNMENTS.get((rank, tree))
+def _assignment(rank: int, scalars: tuple, tree: Tree):
+    """``scalars``: per term, whether it is a 0-d operand (indexed by nothing)."""
+    key = (rank, scalars, tree)
+    asg = _ASSIGNMENTS.get(key)
     if asg is None:
         ir = _compiler().index_notation
         v = _LETTERS[:rank]
-        accesses = [ir.Access(k, v) for k in range(n_terms)]
+        accesses = [ir.Access(k, "" if s else v) for k, s in enumerate(scalars)]
         if len(_ASSIGNMENTS) > 1024:
             _ASSIGNMENTS.clear()
-        asg = _ASSIGNMENTS[rank, tree] = ir.Assignment(v, _expr(tree, accesses))
+        asg = _ASSIGNMENTS[key] = ir.Assignment(v, _expr(tree, accesses))
     return asg
 
 
-def run_tree(tree: Tree, terms) -> SparseTensor:
-    """ONE kernel computing ``tree`` over ``terms`` (SparseTensors of one shape and dtype)."""
-    asg = _assignment(len(terms[0].shape), len(terms), tree)
-    return SparseTensor(_compiler().compute(asg, *[t._storage for t in terms]))
+def run_tree(tree: Tree, terms) -> torch.Tensor:
+    """ONE kernel computing ``tree`` over ``terms`` (SparseTensors of one shape and dtype,
+    0-d tensors); sparse unless a number is added to the product (then dense, as eager)."""
+    scalars = tuple(type(t) is not SparseTensor for t in terms)
+    rank = len(next(t for t in terms if type(t) is SparseTensor).shape)
+    out = _compiler().compute(_assignment(rank, scalars, tree),
+                              *[t if s else t._storage for t, s in zip(terms, scalars)])
+    return out if isinstance(out, torch.Tensor) else SparseTensor(out)
 
 
 def kernel_tree(op: str, operands) -> Optional[Tuple[Tree, tuple]]:
     """The tree and distinct terms of ``op(*operands)`` with pending operands inlined, or
     None where it must not fuse (then every pending operand is materialized, so nothing
     else ever sees one)."""
-    first = operands[0]
+    first = next(x for x in operands if type(x) is SparseTensor)   # a pending one is
     shape, dtype = first.shape, first.dtype
     ok = dtype != torch.bool and not (torch.is_grad_enabled()
                                       and torch._C._any_requires_grad(*operands))
     for x in operands:
-        if type(x) is not SparseTensor or x.shape != shape or x.dtype != dtype:
-            ok = False
-    terms: List[SparseTensor] = []
+        if type(x) is SparseTensor:
+            ok = ok and x.shape == shape and x.dtype == dtype
+        else:
+            ok = ok and _scalar_keeps(x, dtype)
+    terms: List[object] = []
     trees = []
     if ok:
         for x in operands:
             p = pending_of(x)
-            if p is None:
+            if p is None and type(x) is not SparseTensor:   # a number: a 0-d argument
+                terms.append(x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=dtype))
+                trees.append(len(terms) - 1)
+            elif p is None:
                 trees.append(_term(terms, x))
             else:
                 mapping = [_term(terms, t) for t in p.terms]
@@ -143,6 +161,16 @@ def kernel_tree(op: str, operands) -> Optional[Tuple[Tree, tuple]]:
                 x._storage   # noqa: B018  (materializes it, before anything else reads it)
         return None
     return (op, *trees), tuple(terms)
+
+
+def _scalar_keeps(x, dtype: torch.dtype) -> bool:
+    """Whether ``x`` is a number (or a 0-d dense tensor of ``dtype``) that leaves a floating or
+    complex ``dtype`` as it is: the eager kernel takes it as a 0-d operand of that dtype."""
+    if type(x) is torch.Tensor:
+        return x.dim() == 0 and x.dtype == dtype
+    if type(x) in (int, float, bool):
+        return dtype.is_floating_point or dtype.is_complex
+    return type(x) is complex and dtype.is_complex
 
 
 def _term(terms: list, x) -> int:
@@ -167,19 +195,35 @@ def fused(op: str, *operands) -> Optional[SparseTensor]:
     if found is None:
         return None
     tree, terms = found
-    if consumer_follows():
-        return make_pending(terms[0].shape, terms[0].dtype, Pending(terms, tree))
+    if consumer_follows(terms) and not _adds_number(tree, terms):
+        first = next(t for t in terms if type(t) is SparseTensor)
+        return make_pending(first.shape, first.dtype, Pending(terms, tree))
     return run_tree(tree, terms)
+
+
+def _adds_number(tree: Tree, terms) -> bool:
+    """Whether the tree adds a number somewhere (``A * B + 2``): a dense result, which a
+    pending SparseTensor cannot stand for."""
+    if isinstance(tree, int):
+        return False
+    if tree[0] in ("add", "sub") and any(
+            isinstance(c, int) and type(terms[c]) is not SparseTensor for c in tree[1:]):
+        return True
+    return any(_adds_number(c, terms) for c in tree[1:])
 
 
 # --- is the result handed straight to the next operator? ----------------------------------
 
-_ENABLED = [os.environ.get("SCORCH_EAGER_FUSION", "") not in ("", "0")]
+_ENABLED = [os.environ.get("SCORCH_EAGER_FUSION", "1") != "0"]
+_NEW_OPERANDS = [False]    # defer also where the consumer brings a new tensor operand
 
 
-def set_eager_fusion(enabled: bool) -> None:
-    """Turn deferral of operator results (one kernel for ``A * B + C``) on or off."""
+def set_eager_fusion(enabled: bool, new_operands: bool = False) -> None:
+    """Turn deferral of operator results (one kernel for ``A * B + A``, ``A * B * 0.5``) on
+    or off; ``new_operands``: defer also for ``A * B + C`` (not faster today: a three-way
+    merge)."""
     _ENABLED[0] = bool(enabled)
+    _NEW_OPERANDS[0] = bool(new_operands)
 
 
 def eager_fusion_enabled() -> bool:
@@ -194,7 +238,8 @@ _LOADS = {"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_CONST", "LOAD_NAME", "LOAD_GLOBA
 _SKIP = {"NOP", "CACHE"}
 _WINDOW = 24                       # instructions looked at after the current one
 #: the values whose operators change nothing and call no user code
-_PLAIN = {SparseTensor, torch.Tensor, torch.nn.Parameter, int, float, bool, complex}
+_NUMBERS = {int, float, bool, complex}
+_PLAIN = {SparseTensor, torch.Tensor, torch.nn.Parameter, *_NUMBERS}
 
 _DISPATCH_CODES: set = set()       # scorch's frames between the operator and fused()
 _OPERATOR_CODES: set = set()       # SparseTensor's operator methods
@@ -222,9 +267,10 @@ _TORCH_FUNCTION[0] = _code(SparseTensor.__torch_function__)
 _PLANS: Dict[tuple, Optional[tuple]] = {}   # (code, offset) -> loads to check, or None
 
 
-def consumer_follows() -> bool:
-    """Whether the user's frame that called this operator will hand its result straight to
-    another arithmetic operator, with nothing else run in between."""
+def consumer_follows(terms) -> bool:
+    """Whether the user's frame that called this operator will hand its result (over
+    ``terms``) straight to another arithmetic operator, with nothing else run in between,
+    and only operands it already has or numbers loaded on the way (fusion pays)."""
     if (not _ENABLED[0] or not _SUPPORTED or _is_compiling() or sys.gettrace() is not None
             or _function_modes()):
         return False     # a debugger or a TorchFunctionMode could run code in between
@@ -249,7 +295,7 @@ def consumer_follows() -> bool:
         loads = _PLANS[key] = _window(f.f_code, f.f_lasti)
     if loads is None:
         return False
-    return not loads or _all_plain(f, loads)
+    return not loads or _all_known(f, loads, terms)
 
 
 _INSTRUCTIONS: Dict[object, tuple] = {}
@@ -358,9 +404,10 @@ def _below(listed, k: int) -> Optional[tuple]:
 _MISSING = object()
 
 
-def _all_plain(frame, loads) -> bool:
-    """Whether every loaded value is a plain tensor or number (its operators run no user
-    code that could change an operand of the pending result)."""
+def _all_known(frame, loads, terms) -> bool:
+    """Whether every loaded value is a number or one of ``terms`` (or, deferring for new
+    operands too, any plain tensor): its operators run no user code that could change an
+    operand of the pending result, and the fused kernel merges no new iterator."""
     f_locals = frame.f_locals
     f_globals = frame.f_globals
     for op, name in loads:
@@ -372,6 +419,7 @@ def _all_plain(frame, loads) -> bool:
                 v = f_globals.get(name, _MISSING)
         if v is _MISSING:
             v = getattr(builtins, name, _MISSING) if op in ("LOAD_GLOBAL", "LOAD_NAME") else v
-        if type(v) not in _PLAIN:
+        if type(v) not in _NUMBERS and not any(v is t for t in terms) and not (
+                _NEW_OPERANDS[0] and type(v) in _PLAIN):
             return False
     return True
