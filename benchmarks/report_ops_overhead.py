@@ -7,7 +7,7 @@ SuiteSparse matrices (CSR, float32, one thread).
     python benchmarks/report_ops_overhead.py --scipy               # + the scipy table
     python benchmarks/report_ops_overhead.py --scipy --matrix all  # every shared matrix
     python benchmarks/report_ops_overhead.py --scipy --matrix all --stat min  # best rounds
-    python benchmarks/report_ops_overhead.py --fusion --matrix 4elt mdual  # A * B + C fused
+    python benchmarks/report_ops_overhead.py --fusion --matrix 4elt mdual  # expressions fused
     python benchmarks/report_ops_overhead.py --union-kernel --matrix arrow_spqr_46500 mdual
 
 (``SCORCH_DATA_DIR`` points at the matrices; default ``../shared/data``.)
@@ -18,10 +18,11 @@ all alike; a figure is the median over rounds. ``A @ X`` is reported as ``A @ X 
 (the spec asks for <= 1.10); the scipy table as ``scipy / scorch`` (>= 1: scorch at least as
 fast; the spec asks for >= 1). ``B`` has ``A``'s pattern (``A * 2``: the index arrays are
 shared), ``C`` another one (``A``'s rows in a random order), so ``A + C`` merges two patterns.
-``--fusion``: ``A * B + C`` as one expression (one fused kernel) against the same two
-operators in two statements (two kernels), with B and C on A's pattern in arrays of their
-own ("same") or on two other patterns (A's rows in random orders: "different"); and
-``A * B + A`` (a fused kernel over two operands) likewise.
+``--fusion``: each expression of ``FUSION_CASES`` (``A * B + A``, ``A * B * 0.5 + A``,
+``A * B * 0.5``: fused by default; ``A * B + C`` with new operands allowed) as one expression
+(one fused kernel) against the same operators in statements (a kernel each), with B and C on
+A's pattern in arrays of their own ("same") or on two other patterns (A's rows in random
+orders: "different").
 """
 from __future__ import annotations
 
@@ -120,55 +121,73 @@ def _permuted_rows(m, seed: int):
 
 
 def fusion_row(m, rounds: int, stat: str = "median") -> Dict[str, float]:
-    """Two kernels' time / the fused kernel's time for ``A * B + C`` (>= 1: fusion pays)."""
+    """Two (or more) kernels' time / the fused kernel's time (>= 1: fusion pays) of each
+    expression in ``FUSION_CASES``, with B, C on A's pattern ("same") or other patterns
+    ("different"); ``A * B + C`` with new operands allowed (not fused by default)."""
     from scorch.sparse_ops import fusion
-    fusion.set_eager_fusion(True)          # off by default
     A = scorch.from_scipy(m)
     out = {}
     for kind, (B, C) in {"same": (_clone_pattern(A, 1), _clone_pattern(A, 2)),
                          "different": (_permuted_rows(m, 1), _permuted_rows(m, 2))}.items():
-        def fused():
-            return A * B + C           # one expression: one kernel
-
-        def two_kernels():
-            x = A * B                  # a stored result is computed at once
-            return x + C
-        def fused_two_operands():
-            return A * B + A           # one kernel over two operands
-
-        def two_kernels_two_operands():
-            x = A * B
-            return x + A
-        for f, g in ((fused, two_kernels), (fused_two_operands, two_kernels_two_operands)):
-            difference = f().to_scipy() - g().to_scipy()   # no dense copy
-            assert difference.nnz == 0 or abs(difference).max() < 1e-4
-        t = interleaved({"fused": fused, "two": two_kernels, "fused2": fused_two_operands,
-                         "two2": two_kernels_two_operands}, rounds, stat=stat)
-        out[kind] = t["two"] / t["fused"]
-        out[kind + " ms"] = t["fused"] * 1e3
-        out[kind + " A"] = t["two2"] / t["fused2"]
+        for case, (new_operands, fused, eager) in FUSION_CASES.items():
+            fusion.set_eager_fusion(True, new_operands=new_operands)
+            try:
+                got, want = fused(A, B, C), eager(A, B, C)
+                difference = got.to_scipy() - want.to_scipy()   # no dense copy
+                assert difference.nnz == 0 or abs(difference).max() < 1e-4, case
+                t = interleaved({"fused": lambda: fused(A, B, C),
+                                 "eager": lambda: eager(A, B, C)}, rounds, stat=stat)
+            finally:
+                fusion.set_eager_fusion(True)       # the default
+            out[f"{case} {kind}"] = t["eager"] / t["fused"]
+            out[f"{case} {kind} ms"] = t["fused"] * 1e3
     return out
 
 
-def union_split(m, rounds: int, stat: str = "median") -> Dict[str, float]:
-    """``A + C`` (two patterns) split into its kernel and the rest: microseconds of the whole
-    call, of the warm kernel alone (the compiled module called on the operands' arrays) and
-    of scipy's ``m + mc``."""
-    from scorch.sparse_ops import elementwise
-    from scorch.tensor_compiler import api
-    from scorch.tensor_compiler.arguments import arg_table, arg_values
-    A, C = scorch.from_scipy(m), _permuted_rows(m, 0)
-    mc = C.to_scipy()
-    A + C
-    asg = elementwise._SAME_SHAPE["add", 2]
-    entry = next(v[3] for v in api._EXPR_FAST.values() if v[0] is asg)
-    (module, args, _), = entry.kernels.values()
-    sa, sc = A._storage, C._storage
-    vals = arg_values(arg_table(args, entry.schedule), {0: sa, 1: sc},
-                      {"i": sa.shape[0], "j": sa.shape[1]}, None)
-    t = interleaved({"A + C": lambda: A + C, "kernel": lambda: module.kernel(vals, 1),
-                     "scipy": lambda: m + mc}, rounds, budget=1.0, stat=stat)
-    return {k: v * 1e6 for k, v in t.items()}
+def _ab_c(A, B, C):
+    return A * B + C               # one expression: one kernel (with new operands allowed)
+
+
+def _ab_c_eager(A, B, C):
+    x = A * B                      # a stored result is computed at once
+    return x + C
+
+
+def _ab_a(A, B, C):
+    return A * B + A               # one kernel over two operands (fused by default)
+
+
+def _ab_a_eager(A, B, C):
+    x = A * B
+    return x + A
+
+
+def _scaled_ab_a(A, B, C):
+    return A * B * 0.5 + A         # the number is a 0-d kernel argument: one kernel
+
+
+def _scaled_ab_a_eager(A, B, C):
+    x = A * B
+    y = x * 0.5                    # on the stored values (no kernel)
+    return y + A
+
+
+def _scaled_ab(A, B, C):
+    return A * B * 0.5
+
+
+def _scaled_ab_eager(A, B, C):
+    x = A * B
+    return x * 0.5
+
+
+#: case: (defer with new operands, the one expression, the same in statements)
+FUSION_CASES = {
+    "A * B + C": (True, _ab_c, _ab_c_eager),
+    "A * B + A": (False, _ab_a, _ab_a_eager),
+    "A * B * 0.5 + A": (False, _scaled_ab_a, _scaled_ab_a_eager),
+    "A * B * 0.5": (False, _scaled_ab, _scaled_ab_eager),
+}
 
 
 def main() -> None:
@@ -182,7 +201,7 @@ def main() -> None:
     p.add_argument("--union-kernel", action="store_true",
                    help="A + C split: the whole call, its kernel alone, scipy (microseconds)")
     p.add_argument("--fusion", action="store_true",
-                   help="A * B + C fused (one kernel) against two statements (two kernels)")
+                   help="A * B + A, A * B + C, ... fused (one kernel) against statements (a kernel each)")
     p.add_argument("--stat", choices=sorted(STATS), default="median",
                    help="per-call time over the rounds (min: the best round, for loaded machines)")
     a = p.parse_args()
@@ -210,17 +229,18 @@ def main() -> None:
             print(f"| {name} | {u['A + C']:.1f} | {u['kernel']:.1f} | {u['scipy']:.1f} | "
                   f"{u['scipy'] / u['A + C']:.3f} | {u['scipy'] / u['kernel']:.3f} |", flush=True)
     if a.fusion:
-        print(f"\nA * B + C: two kernels' time / the fused kernel's time ({a.stat} over "
-              f"{a.rounds} rounds; B, C on A's pattern in their own arrays, or other patterns)")
-        print("| matrix | nnz | same | fused ms | different | fused ms | `A * B + A` same | "
-              "`A * B + A` different |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        print(f"\nstatements' time / one expression's time ({a.stat} over {a.rounds} rounds; "
+              f"B, C on A's pattern in their own arrays (same), or other patterns (different); "
+              f"fused ms: the expression's time)")
+        heads = [f"`{c}` {k}" for c in FUSION_CASES for k in ("same", "different")]
+        print("| matrix | nnz | " + " | ".join(heads) + " | `A * B + A` fused ms same |")
+        print("|---|---:|" + "---:|" * (len(heads) + 1))
         for name in names:
             m = load_matrix(name)
             r = fusion_row(m, a.rounds, a.stat)
-            print(f"| {name} | {m.nnz} | {r['same']:.2f} | {r['same ms']:.3f} | "
-                  f"{r['different']:.2f} | {r['different ms']:.3f} | {r['same A']:.2f} | "
-                  f"{r['different A']:.2f} |", flush=True)
+            cells = [f"{r[c + ' ' + k]:.2f}" for c in FUSION_CASES for k in ("same", "different")]
+            print(f"| {name} | {m.nnz} | " + " | ".join(cells)
+                  + f" | {r['A * B + A same ms']:.3f} |", flush=True)
     if a.scipy:
         cases = list(next(iter(table.values())))
         print(f"\nscipy.sparse time / scorch time (>= 1: scorch at least as fast; one thread; "

@@ -62,6 +62,7 @@ FUSED_BY_DEFAULT = {
     "A-0.5*(A*B)": lambda A, B, C, D, E: A - 0.5 * (A * B),
     "A*B*B-A": lambda A, B, C, D, E: A * B * B - A,
     "A*B/2": lambda A, B, C, D, E: A * B / 2,
+    "A*B*0.5": lambda A, B, C, D, E: A * B * 0.5,   # the number on the product's values
 }
 # these bring new operands: fused only with new_operands=True
 WITH_NEW_OPERANDS = {
@@ -99,6 +100,7 @@ CASES = [
     ("A-0.5*(A*B)", ("csr",) * 5, torch.float64),
     ("A*B*B-A", ("coo",) * 5, torch.float32),
     ("A*B/2", ("csr",) * 5, torch.float32),
+    ("A*B*0.5", ("csc",) * 5, torch.float64),
 ]
 
 

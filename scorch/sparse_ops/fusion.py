@@ -41,7 +41,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ..tensor_type import PENDING_LIVE, SparseTensor, make_pending
+from ..tensor_type import PENDING_LIVE, SparseTensor, make_pending, with_values
 from .einsum import _compiler
 
 __all__ = ["Pending", "pending_of", "fused", "register_dispatch_frames", "kernel_tree",
@@ -53,13 +53,14 @@ MAX_TERMS = 6
 
 # An expression tree: an int is an operand (its position in the term list); a tuple is
 # (op, child, ...) with op one of "add", "sub", "mul", "neg". A term is a SparseTensor of
-# the result's shape and dtype, or a 0-d dense tensor of its dtype (a number operand).
+# the result's shape and dtype, or a number (a Python number, or a 0-d dense tensor of the
+# dtype), passed to the kernel as a 0-d operand.
 Tree = object
 
 
 class Pending:
     """A deferred elementwise result: its operands (concrete SparseTensors of one shape and
-    dtype, and 0-d tensors of that dtype) and its expression tree over them."""
+    dtype, and numbers) and its expression tree over them."""
 
     __slots__ = ("terms", "tree", "live")
 
@@ -121,9 +122,11 @@ def run_tree(tree: Tree, terms) -> torch.Tensor:
     """ONE kernel computing ``tree`` over ``terms`` (SparseTensors of one shape and dtype,
     0-d tensors); sparse unless a number is added to the product (then dense, as eager)."""
     scalars = tuple(type(t) is not SparseTensor for t in terms)
-    rank = len(next(t for t in terms if type(t) is SparseTensor).shape)
-    out = _compiler().compute(_assignment(rank, scalars, tree),
-                              *[t if s else t._storage for t, s in zip(terms, scalars)])
+    first = next(t for t in terms if type(t) is SparseTensor)
+    out = _compiler().compute(
+        _assignment(len(first.shape), scalars, tree),
+        *[t._storage if not s else t if type(t) is torch.Tensor
+          else torch.tensor(t, dtype=first.dtype) for t, s in zip(terms, scalars)])
     return out if isinstance(out, torch.Tensor) else SparseTensor(out)
 
 
@@ -146,7 +149,7 @@ def kernel_tree(op: str, operands) -> Optional[Tuple[Tree, tuple]]:
         for x in operands:
             p = pending_of(x)
             if p is None and type(x) is not SparseTensor:   # a number: a 0-d argument
-                terms.append(x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=dtype))
+                terms.append(x)
                 trees.append(len(terms) - 1)
             elif p is None:
                 trees.append(_term(terms, x))
@@ -191,6 +194,10 @@ def fused(op: str, *operands) -> Optional[SparseTensor]:
     """``op(*operands)`` as one kernel, inlining pending operands, and itself pending when
     the caller is about to hand it to the next operator; None where it does not fuse (the
     caller runs the op as usual on the now materialized operands)."""
+    if op == "mul" and type(operands[0]) is not type(operands[1]):
+        scaled = _scaled_at_the_end(*operands)
+        if scaled is not None:
+            return scaled
     found = kernel_tree(op, operands)
     if found is None:
         return None
@@ -199,6 +206,17 @@ def fused(op: str, *operands) -> Optional[SparseTensor]:
         first = next(t for t in terms if type(t) is SparseTensor)
         return make_pending(first.shape, first.dtype, Pending(terms, tree))
     return run_tree(tree, terms)
+
+
+def _scaled_at_the_end(a, b) -> Optional[SparseTensor]:
+    """``pending * number`` ending the expression: the pending kernel, then the number on its
+    stored values, as eager ``A * B * 0.5`` does (a kernel reading the number at every entry
+    measured slower than the two); None where the expression goes on (or it is no number)."""
+    t, number = (a, b) if type(a) is SparseTensor else (b, a)
+    p = pending_of(t)
+    if p is None or not _scalar_keeps(number, t.dtype) or consumer_follows(p.terms):
+        return None
+    return with_values(t, t._storage.values * number)
 
 
 def _adds_number(tree: Tree, terms) -> bool:
@@ -261,7 +279,8 @@ def _code(f):
     return getattr(f, "__func__", f).__code__
 
 
-_DISPATCH_CODES.update(_code(f) for f in (fused, SparseTensor.__torch_function__))
+_DISPATCH_CODES.update(_code(f) for f in (fused, _scaled_at_the_end,
+                                           SparseTensor.__torch_function__))
 _TORCH_FUNCTION[0] = _code(SparseTensor.__torch_function__)
 
 _PLANS: Dict[tuple, Optional[tuple]] = {}   # (code, offset) -> loads to check, or None
