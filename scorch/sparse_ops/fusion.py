@@ -283,7 +283,9 @@ _DISPATCH_CODES.update(_code(f) for f in (fused, _scaled_at_the_end,
                                            SparseTensor.__torch_function__))
 _TORCH_FUNCTION[0] = _code(SparseTensor.__torch_function__)
 
-_PLANS: Dict[tuple, Optional[tuple]] = {}   # (code, offset) -> loads to check, or None
+#: (code, offset) -> None (never deferred) or (the loads to check, whether the consumer is a
+#: ``*`` or ``/`` that ends the expression)
+_PLANS: Dict[tuple, Optional[tuple]] = {}
 
 
 def consumer_follows(terms) -> bool:
@@ -307,14 +309,26 @@ def consumer_follows(terms) -> bool:
         return False       # arithmetic inside torch or scorch: not the user's expression
     key = (f.f_code, f.f_lasti)
     try:
-        loads = _PLANS[key]
+        plan = _PLANS[key]
     except KeyError:
         if len(_PLANS) > 4096:
             _PLANS.clear()
-        loads = _PLANS[key] = _window(f.f_code, f.f_lasti)
-    if loads is None:
+        plan = _PLANS[key] = _plan(f.f_code, f.f_lasti)
+    if plan is None:
         return False
+    loads, scales_at_the_end = plan
+    if scales_at_the_end and _all_numbers(f, loads):
+        return False       # ``A * B * 0.5`` alone: the number on the product's stored values
     return not loads or _all_known(f, loads, terms)
+
+
+def _plan(code, offset: int) -> Optional[tuple]:
+    found = _window(code, offset)
+    if found is None:
+        return None
+    loads, consumer = found
+    return loads, (consumer.opname == "BINARY_OP" and consumer.argrepr in ("*", "/")
+                   and _window(code, consumer.offset) is None)
 
 
 _INSTRUCTIONS: Dict[object, tuple] = {}
@@ -337,7 +351,8 @@ def _binary(ins) -> Optional[bool]:
 
 def _window(code, offset: int) -> Optional[tuple]:
     """The loads between the operator at ``offset`` and the operator that consumes its
-    result, when only loads and operators on other loaded values come between; else None.
+    result, and that operator, when only loads and operators on other loaded values come
+    between; else None.
     A stack count: the result is the bottom of ``stack``, an operator that pops it
     consumes it."""
     listed, at = _instructions(code)
@@ -361,16 +376,16 @@ def _window(code, offset: int) -> Optional[tuple]:
             stack += 2
         elif op == "UNARY_NEGATIVE":
             if stack == 1:
-                return tuple(loads)
+                return tuple(loads), ins
         else:
             inplace = _binary(ins)
             if inplace is None:
                 return None
             if stack == 2:
-                return tuple(loads)   # pops ours (left) and a value loaded above: the consumer
+                return tuple(loads), ins   # pops ours (left) and a value loaded above
             if stack == 1:            # pops ours (right) and the value below it
                 below = _below(listed, k)
-                return None if below is None else tuple(loads) + below
+                return None if below is None else (tuple(loads) + below, ins)
             if inplace:
                 return None
             stack -= 1
@@ -423,10 +438,23 @@ def _below(listed, k: int) -> Optional[tuple]:
 _MISSING = object()
 
 
+def _all_numbers(frame, loads) -> bool:
+    return all(type(v) in _NUMBERS for v in _loaded(frame, loads))
+
+
 def _all_known(frame, loads, terms) -> bool:
     """Whether every loaded value is a number or one of ``terms`` (or, deferring for new
     operands too, any plain tensor): its operators run no user code that could change an
     operand of the pending result, and the fused kernel merges no new iterator."""
+    for v in _loaded(frame, loads):
+        if type(v) not in _NUMBERS and not any(v is t for t in terms) and not (
+                _NEW_OPERANDS[0] and type(v) in _PLAIN):
+            return False
+    return True
+
+
+def _loaded(frame, loads):
+    """The values the loads read in ``frame`` (``_MISSING`` for an unbound name)."""
     f_locals = frame.f_locals
     f_globals = frame.f_globals
     for op, name in loads:
@@ -438,7 +466,4 @@ def _all_known(frame, loads, terms) -> bool:
                 v = f_globals.get(name, _MISSING)
         if v is _MISSING:
             v = getattr(builtins, name, _MISSING) if op in ("LOAD_GLOBAL", "LOAD_NAME") else v
-        if type(v) not in _NUMBERS and not any(v is t for t in terms) and not (
-                _NEW_OPERANDS[0] and type(v) in _PLAIN):
-            return False
-    return True
+        yield v
