@@ -1,23 +1,25 @@
-"""Eager fusion across operator calls: ``A * B + C`` on sparse tensors runs ONE kernel.
+"""Eager fusion across operator calls: ``A * B + A`` on sparse tensors runs ONE kernel.
 
-``A * B + C`` is two calls, ``__mul__`` then ``__add__``. Deferring the product until it is
+``A * B + A`` is two calls, ``__mul__`` then ``__add__``. Deferring the product until it is
 consumed is wrong in general: ``A`` or ``B`` could be changed in place in between, and a copy
 to pin them costs what fusion saves. So a result is deferred only where nothing can run in
 between: the caller's bytecode, read from its current instruction, shows that the very next
 thing the interpreter does with the result is another arithmetic operator (only loads of
-locals, globals and constants come first, and the loaded values are plain tensors or numbers,
-whose operators change nothing). The result is then returned *pending*: a SparseTensor with
+locals, globals and constants come first, and the loaded values are numbers or operands the
+pending result already has, whose operators change nothing). The result is then returned *pending*: a SparseTensor with
 shape and dtype but no storage, holding its operands and its expression. The next
 elementwise op, finding a pending operand, inlines its expression and runs one kernel (or
-defers again, for a chain such as ``A * B + C * D - E``). Anything else that touches a
+defers again, for a chain such as ``A * B * 0.5 + A``; a number ``*`` of a pending operand
+skips SparseTensor's stored-values fast path to reach it). Anything else that touches a
 pending tensor reads its ``_storage``, and ``SparseTensor.__getattr__`` computes it there
 (``materialize``): repr, values(), to_dense, pickling, other ops, torch.compile's flattening.
 
 Deferred only where it pays: every value the window loads before the consuming operator is
-already an operand of the pending expression (``A * B + A``) or a number (``A * B * 0.5``),
-so the fused kernel merges no more sparse iterators than the eager ones and saves a whole
-pass. A new tensor operand (``A * B + C``) is not deferred: the fused kernel would be a
-three-way merge, whose steps cost more than the two two-way merges of the eager form
+already an operand of the pending expression (``A * B + A``) or a number
+(``A * B * 0.5 + A``), so the fused kernel merges no more sparse iterators than the eager
+ones and saves a whole pass (``A * B * 0.5`` alone is not deferred: the number runs on the
+product's stored values, as eager). A new tensor operand (``A * B + C``) is not deferred:
+the fused kernel would be a three-way merge, whose steps cost more than the two two-way merges of the eager form
 (measured no faster with one pattern, 2-3x slower with different ones: docs/ops.md,
 "Fusing across calls"; ``benchmarks/report_ops_overhead.py --fusion``).
 ``set_eager_fusion(True, new_operands=True)`` defers there too (the mechanism's tests).
