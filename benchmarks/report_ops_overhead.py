@@ -7,6 +7,8 @@ SuiteSparse matrices (CSR, float32, one thread).
     python benchmarks/report_ops_overhead.py --scipy               # + the scipy table
     python benchmarks/report_ops_overhead.py --scipy --matrix all  # every shared matrix
     python benchmarks/report_ops_overhead.py --scipy --matrix all --stat min  # best rounds
+    python benchmarks/report_ops_overhead.py --fusion --matrix 4elt mdual  # expressions fused
+    python benchmarks/report_ops_overhead.py --union-kernel --matrix arrow_spqr_46500 mdual
 
 (``SCORCH_DATA_DIR`` points at the matrices; default ``../shared/data``.)
 
@@ -16,6 +18,11 @@ all alike; a figure is the median over rounds. ``A @ X`` is reported as ``A @ X 
 (the spec asks for <= 1.10); the scipy table as ``scipy / scorch`` (>= 1: scorch at least as
 fast; the spec asks for >= 1). ``B`` has ``A``'s pattern (``A * 2``: the index arrays are
 shared), ``C`` another one (``A``'s rows in a random order), so ``A + C`` merges two patterns.
+``--fusion``: each expression of ``FUSION_CASES`` (``A * B + A``, ``A * B * 0.5 + A``,
+``A * B * 0.5``: fused by default; ``A * B + C`` with new operands allowed) as one expression
+(one fused kernel) against the same operators in statements (a kernel each), with B and C on
+A's pattern in arrays of their own ("same") or on two other patterns (A's rows in random
+orders: "different").
 """
 from __future__ import annotations
 
@@ -100,21 +107,112 @@ def scipy_row(m, rounds: int, stat: str = "median") -> Dict[str, float]:
     return out
 
 
+def _clone_pattern(A, seed: int):
+    """A's pattern in arrays of its own, with other values (nothing shared with A)."""
+    values = torch.rand(A.nnz, generator=torch.Generator().manual_seed(seed))
+    return scorch.sparse_tensor((A.indices(), values), A.shape, format="csr")
+
+
+def _permuted_rows(m, seed: int):
+    rows = np.random.default_rng(seed).permutation(m.shape[0])
+    mc = m[rows].tocsr()
+    mc.sort_indices()
+    return scorch.from_scipy(mc)
+
+
+def fusion_row(m, rounds: int, stat: str = "median") -> Dict[str, float]:
+    """Two (or more) kernels' time / the fused kernel's time (>= 1: fusion pays) of each
+    expression in ``FUSION_CASES``, with B, C on A's pattern ("same") or other patterns
+    ("different"); ``A * B + C`` with new operands allowed (not fused by default)."""
+    from scorch.sparse_ops import fusion
+    A = scorch.from_scipy(m)
+    out = {}
+    for kind, (B, C) in {"same": (_clone_pattern(A, 1), _clone_pattern(A, 2)),
+                         "different": (_permuted_rows(m, 1), _permuted_rows(m, 2))}.items():
+        for case, (new_operands, fused, eager) in FUSION_CASES.items():
+            fusion.set_eager_fusion(True, new_operands=new_operands)
+            try:
+                got, want = fused(A, B, C), eager(A, B, C)
+                difference = got.to_scipy() - want.to_scipy()   # no dense copy
+                assert difference.nnz == 0 or abs(difference).max() < 1e-4, case
+                t = interleaved({"fused": lambda: fused(A, B, C),
+                                 "eager": lambda: eager(A, B, C)}, rounds, stat=stat)
+            finally:
+                fusion.set_eager_fusion(True)       # the default
+            out[f"{case} {kind}"] = t["eager"] / t["fused"]
+            out[f"{case} {kind} ms"] = t["fused"] * 1e3
+    return out
+
+
+def _ab_c(A, B, C):
+    return A * B + C               # one expression: one kernel (with new operands allowed)
+
+
+def _ab_c_eager(A, B, C):
+    x = A * B                      # a stored result is computed at once
+    return x + C
+
+
+def _ab_a(A, B, C):
+    return A * B + A               # one kernel over two operands (fused by default)
+
+
+def _ab_a_eager(A, B, C):
+    x = A * B
+    return x + A
+
+
+def _scaled_ab_a(A, B, C):
+    return A * B * 0.5 + A         # the number is a 0-d kernel argument: one kernel
+
+
+def _scaled_ab_a_eager(A, B, C):
+    x = A * B
+    y = x * 0.5                    # on the stored values (no kernel)
+    return y + A
+
+
+def _scaled_ab(A, B, C):
+    return A * B * 0.5
+
+
+def _scaled_ab_eager(A, B, C):
+    x = A * B
+    return x * 0.5
+
+
+#: case: (defer with new operands, the one expression, the same in statements)
+FUSION_CASES = {
+    "A * B + C": (True, _ab_c, _ab_c_eager),
+    "A * B + A": (False, _ab_a, _ab_a_eager),
+    "A * B * 0.5 + A": (False, _scaled_ab_a, _scaled_ab_a_eager),
+    "A * B * 0.5": (False, _scaled_ab, _scaled_ab_eager),
+}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--matrix", default="NotreDame_www", help="a shared matrix, or 'all'")
+    p.add_argument("--matrix", nargs="+", default=["NotreDame_www"],
+                   help="shared matrices, or 'all'")
     p.add_argument("--k", type=int, default=16)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--scipy", action="store_true")
+    p.add_argument("--union-kernel", action="store_true",
+                   help="A + C split: the whole call, its kernel alone, scipy (microseconds)")
+    p.add_argument("--fusion", action="store_true",
+                   help="A * B + A, A * B + C, ... fused (one kernel) against statements (a kernel each)")
     p.add_argument("--stat", choices=sorted(STATS), default="median",
                    help="per-call time over the rounds (min: the best round, for loaded machines)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    names = sorted(MATRICES) if a.matrix == "all" else [a.matrix]
-    print(f"threads={a.threads}, float32, CSR; A @ X and A.mm(X) over einsum (<= 1.10 asked)")
+    names = sorted(MATRICES) if a.matrix == ["all"] else a.matrix
     table = {}
-    for name in names:
+    # --fusion or --union-kernel alone print only their own tables
+    matmul = a.scipy or not (a.fusion or a.union_kernel)
+    if matmul:
+        print(f"threads={a.threads}, float32, CSR; A @ X and A.mm(X) over einsum (<= 1.10 asked)")
+    for name in names if matmul else ():
         m = load_matrix(name)
         A = scorch.from_scipy(m)
         t, r_at, r_mm = matmul_ratio(A, a.k, a.rounds)
@@ -122,6 +220,27 @@ def main() -> None:
               f"{t * 1e3:8.3f} ms, A @ X {r_at:.3f}, A.mm(X) {r_mm:.3f}", flush=True)
         if a.scipy:
             table[name] = scipy_row(m, a.rounds, a.stat)
+    if a.union_kernel:
+        print(f"\nA + C (two patterns): microseconds ({a.stat} over {a.rounds} rounds)")
+        print("| matrix | `A + C` | its kernel | scipy | scipy / `A + C` | scipy / kernel |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for name in names:
+            u = union_split(load_matrix(name), a.rounds, a.stat)
+            print(f"| {name} | {u['A + C']:.1f} | {u['kernel']:.1f} | {u['scipy']:.1f} | "
+                  f"{u['scipy'] / u['A + C']:.3f} | {u['scipy'] / u['kernel']:.3f} |", flush=True)
+    if a.fusion:
+        print(f"\nstatements' time / one expression's time ({a.stat} over {a.rounds} rounds; "
+              f"B, C on A's pattern in their own arrays (same), or other patterns (different); "
+              f"fused ms: the expression's time)")
+        heads = [f"`{c}` {k}" for c in FUSION_CASES for k in ("same", "different")]
+        print("| matrix | nnz | " + " | ".join(heads) + " | `A * B + A` fused ms same |")
+        print("|---|---:|" + "---:|" * (len(heads) + 1))
+        for name in names:
+            m = load_matrix(name)
+            r = fusion_row(m, a.rounds, a.stat)
+            cells = [f"{r[c + ' ' + k]:.2f}" for c in FUSION_CASES for k in ("same", "different")]
+            print(f"| {name} | {m.nnz} | " + " | ".join(cells)
+                  + f" | {r['A * B + A same ms']:.3f} |", flush=True)
     if a.scipy:
         cases = list(next(iter(table.values())))
         print(f"\nscipy.sparse time / scorch time (>= 1: scorch at least as fast; one thread; "

@@ -187,8 +187,16 @@ class SparseTensor(torch.Tensor):
         return out
 
     def __getattr__(self, name: str):
+        if name == "_storage":
+            pending = self.__dict__.get("_pending")
+            if pending is not None:
+                # a deferred elementwise result (scorch.sparse_ops.fusion): computed on the
+                # first read of its storage, the one door every reader goes through
+                st = self._storage = pending.materialize()
+                del self._pending
+                return st
         if name.startswith("_level"):
-            st = self.__dict__.get("_storage")
+            st = self._storage if "_pending" in self.__dict__ else self.__dict__.get("_storage")
             if st is not None:
                 if name == "_level_values":
                     return st.values
@@ -261,7 +269,7 @@ class SparseTensor(torch.Tensor):
         return _or_handler(_pattern_op(torch.sub, self, other), torch.Tensor.__sub__, self, other)
 
     def __neg__(self):
-        if _grad_enabled() and _any_requires_grad(self):
+        if (_grad_enabled() and _any_requires_grad(self)) or _deferred(self):
             return _direct(torch.Tensor.__neg__, self)
         return with_values(self, torch.neg(self._storage.values))
 
@@ -353,16 +361,18 @@ _PY_SCALARS = (int, float, bool)
 def _scalar_op(fn, t: "SparseTensor", scalar):
     """``fn(t, scalar)`` on the stored values for a Python number (torch's type promotion,
     as the dense op), or None."""
-    if type(scalar) not in _PY_SCALARS or (_grad_enabled() and _any_requires_grad(t)):
-        return None
+    if type(scalar) not in _PY_SCALARS or (_grad_enabled() and _any_requires_grad(t)) \
+            or _deferred(t):
+        return None   # a deferred operand goes to the handler, which fuses it
     return with_values(t, fn(t._storage.values, scalar))
 
 
 def _pattern_op(fn, a: "SparseTensor", b):
     """``fn(a, b)`` on the stored values when ``b`` is a SparseTensor over the very same
     level arrays (same format and shape), or None."""
-    if type(b) is not SparseTensor or (_grad_enabled() and _any_requires_grad(a, b)):
-        return None
+    if type(b) is not SparseTensor or (_grad_enabled() and _any_requires_grad(a, b)) \
+            or _deferred(a) or _deferred(b):
+        return None   # a deferred operand goes to the handler, which fuses it
     sa, sb = a._storage, b._storage
     if not (_same_index_arrays(sa, sb) if _is_compiling() else sa.shares_pattern(sb)):
         return None
@@ -437,6 +447,28 @@ def with_values(t: SparseTensor, values: torch.Tensor) -> SparseTensor:
     """Same structure, new values (same length): the result of a zero-preserving map."""
     st = t._storage
     return SparseTensor(Storage(st.format, st.shape, st.levels, values, st.index_dtype))
+
+
+#: pending results not yet computed or inlined (counted by ``scorch.sparse_ops.fusion``):
+#: while 0 (nearly always), nothing looks for one (reading a tensor's ``__dict__`` costs
+#: ~0.5 us). Only a shortcut: a pending tensor a check misses is still computed on the
+#: first read of its ``_storage``.
+PENDING_LIVE = [0]
+
+
+def _deferred(t: SparseTensor) -> bool:
+    """Whether ``t`` is a pending result (never under torch.compile: none is made there)."""
+    return not _is_compiling() and PENDING_LIVE[0] > 0 and "_pending" in t.__dict__
+
+
+def make_pending(shape, dtype: torch.dtype, pending) -> SparseTensor:
+    """A SparseTensor whose storage is computed on first read by ``pending.materialize()``
+    (``SparseTensor.__getattr__``): a deferred elementwise result, see
+    ``scorch.sparse_ops.fusion``."""
+    r = torch.Tensor._make_wrapper_subclass(SparseTensor, shape, dtype=dtype,
+                                            device=torch.device("cpu"))
+    r._pending = pending
+    return r
 
 
 def is_sparse_operand(x) -> bool:

@@ -3,6 +3,7 @@ sparse operands against dense torch, with torch's broadcasting and format infere
 product with a sparse operand is sparse, a sum is sparse only when both terms are)."""
 import operator
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -275,3 +276,27 @@ def test_union_of_three_patterns_in_one_kernel():
     want = xs[0] + xs[1] - 2 * xs[2]
     assert torch.allclose(scorch.SparseTensor(got).to_dense(), want)
     assert got.nnz == int(((xs[0] != 0) | (xs[1] != 0) | (xs[2] != 0)).sum())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_union_rows_pos_against_scipy(threads):
+    """A union written row by row (the bound pass's room): ``pos`` prefix-summed into int32
+    over the row counts, one chunk or several, equals scipy's ``indptr`` (empty rows too)."""
+    import scipy.sparse as sp
+    g = torch.Generator().manual_seed(7)
+    a = (torch.rand(3000, 40, generator=g) < 0.05) * torch.rand(3000, 40, generator=g)
+    c = (torch.rand(3000, 40, generator=g) < 0.05) * torch.rand(3000, 40, generator=g)
+    a[100:300] = 0
+    c[200:400] = 0
+    A, C = sparse(a, "csr"), sparse(c, "csr")
+    was = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = (A + C).to_scipy()
+    finally:
+        torch.set_num_threads(was)
+    want = sp.csr_array(a.numpy()) + sp.csr_array(c.numpy())
+    assert got.indptr.dtype == np.int32
+    assert np.array_equal(got.indptr, want.indptr)
+    assert np.array_equal(got.indices, want.indices)
+    assert np.allclose(got.data, want.data)

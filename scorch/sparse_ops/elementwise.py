@@ -23,9 +23,11 @@ import torch
 
 from .._dispatch import check_dense_size, register
 from ..gradients.values import with_dtype
+from .. import tensor_type as _tensor_type
 from ..level_storage import Storage
-from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, with_values
+from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, make_pending, with_values
 from . import shape as _shape
+from .fusion import Pending, consumer_follows, fused, pending_of, register_dispatch_frames
 
 __all__ = ["add", "sub", "mul", "div", "divide_by_sparse", "neg", "addcmul", "addcdiv", "bool_as_uint8", "as_bool"]
 
@@ -179,6 +181,9 @@ def _same_shape(a, b, op: str):
         asg = _SAME_SHAPE[op, rank] = ir.Assignment(v, _EXPRESSIONS[op](ir.Access(0, v), ir.Access(1, v)))
     if _grad_enabled() and _any_requires_grad(a, b):
         return _wrap(_compute()(asg, a, b))
+    if consumer_follows((a, b)):   # ``A * B + A``: deferred, the next operator runs ONE kernel
+        return make_pending(a.shape, a.dtype, Pending((a,) if a is b else (a, b),
+                                                      (op, 0, 0 if a is b else 1)))
     return _wrap(_compiler().compute(asg, sa, sb))
 
 
@@ -226,6 +231,10 @@ def add(a, b, alpha=1) -> torch.Tensor:
     if not (is_sparse_operand(a) or is_sparse_operand(b)):
         return torch.add(a, b, alpha=alpha)
     if alpha == 1:
+        if pending_of(a) is not None or pending_of(b) is not None:
+            r = fused("add", a, b)
+            if r is not None:
+                return r
         fast = _same_shape(a, b, "add")
         if fast is not None:
             return fast
@@ -242,6 +251,10 @@ def sub(a, b, alpha=1) -> torch.Tensor:
     if not (is_sparse_operand(a) or is_sparse_operand(b)):
         return torch.sub(a, b, alpha=alpha)
     if alpha == 1:
+        if pending_of(a) is not None or pending_of(b) is not None:
+            r = fused("sub", a, b)
+            if r is not None:
+                return r
         fast = _same_shape(a, b, "sub")
         if fast is not None:
             return fast
@@ -255,6 +268,10 @@ def mul(a, b) -> torch.Tensor:
     """``a * b``: sparse when either is sparse (intersection of patterns)."""
     if not (is_sparse_operand(a) or is_sparse_operand(b)):
         return torch.mul(a, b)
+    if pending_of(a) is not None or pending_of(b) is not None:
+        r = fused("mul", a, b)
+        if r is not None:
+            return r
     fast = _same_shape(a, b, "mul")
     if fast is not None:
         return fast
@@ -305,6 +322,10 @@ def divide_by_sparse(a, divisor) -> torch.Tensor:
 
 
 def neg(a) -> torch.Tensor:
+    if pending_of(a) is not None:
+        r = fused("neg", a)
+        if r is not None:
+            return r
     a = as_scorch(a)
     return _build((a,), "neg")
 
@@ -567,3 +588,15 @@ def _div_(self, other, *, rounding_mode=None):
     if rounding_mode is not None or not isinstance(self, SparseTensor):
         return NotImplemented
     return div_(self, other)
+
+
+# the frames between an operator (``A * B``) and the deferral check, and the operators that
+# may defer: see scorch.sparse_ops.fusion
+register_dispatch_frames(
+    (_same_shape, add, sub, mul, neg, _add, _radd, _sub, _rsub, _mul, _rmul, _neg,
+     _tensor_type._direct, _tensor_type._or_handler),
+    operators=(SparseTensor.__mul__, SparseTensor.__rmul__, SparseTensor.__add__,
+               SparseTensor.__sub__, SparseTensor.__neg__),
+    dunders=(torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.Tensor.__add__,
+             torch.Tensor.__radd__, torch.Tensor.__sub__, torch.Tensor.__rsub__,
+             torch.Tensor.__neg__))
