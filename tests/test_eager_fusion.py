@@ -26,9 +26,11 @@ def eager_fusion():
     new_operands = fusion._NEW_OPERANDS[0]
     fusion.set_eager_fusion(True)
     sys.settrace(None)     # a trace function (coverage, a debugger) turns deferral off
+    smallest, fusion.MIN_ENTRIES[0] = fusion.MIN_ENTRIES[0], 0   # the tests' operands are small
     try:
         yield was
     finally:
+        fusion.MIN_ENTRIES[0] = smallest
         sys.settrace(tracer)
         fusion.set_eager_fusion(was, new_operands)
 
@@ -364,3 +366,17 @@ def test_names_of_every_kind(kernels):
         kernels[0] = 0
         assert_matches(run(), a * b + a)
         assert kernels[0] == 1, run
+
+
+def test_small_operands_are_not_deferred(kernels):
+    """Below ``MIN_ENTRIES`` stored entries the bytecode is not read: two kernels, as in
+    plain eager mode (the read would cost more than fusion saves)."""
+    import scorch
+    fusion.MIN_ENTRIES[0] = 16384
+    d = torch.rand(30, 30) * (torch.rand(30, 30) < 0.3)
+    A = scorch.sparse_tensor(d, format="csr")
+    B = scorch.sparse_tensor(d * 2, format="csr")
+    before = kernels[0]
+    R = A * B + A
+    assert kernels[0] - before == 2
+    torch.testing.assert_close(R.to_dense(), d * (d * 2) + d)
