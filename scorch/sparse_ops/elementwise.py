@@ -308,8 +308,7 @@ def divide_by_sparse(a, divisor) -> torch.Tensor:
     ``where(1, a / divisor, 1)`` with a 0-d operand ``1`` is an expression the compiler
     computes everywhere, reading an absent entry as 0. No backward yet."""
     a, divisor = as_scorch(a), as_scorch(divisor)
-    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
-                                       for x in (a, divisor)):
+    if _grad_enabled() and _any_requires_grad(a, divisor):
         raise RuntimeError("scorch: 'div' by a sparse tensor that requires grad (or of one) "
                            "has no backward yet; call it under torch.no_grad() or on .detach()")
     dt = result_dtype(a, divisor, true_division=True)
