@@ -226,7 +226,7 @@ class SparseTensor(torch.Tensor):
     def __matmul__(self, other):
         spmm = _SPMM[0]
         if spmm is not None and type(other) is torch.Tensor:   # the hot path, inline
-            result = spmm(self, other)
+            result = spmm(self, other, 1 if other.ndim == 1 else 2)   # SpMV or SpMM
             if result is not None:
                 return result
         if not isinstance(other, torch.Tensor):
@@ -322,8 +322,9 @@ for _k in range(8):
 SparseTensor._level_values = property(lambda self: self._storage.values)
 
 
-#: sparse matrix @ dense matrix, warm (``scorch.sparse_ops.matmul._spmm``, which installs
-#: itself: this module cannot import the op layer); None where it declines
+#: sparse matrix @ dense operand of rank 1 or 2, warm: ``(a, b, rank)``
+#: (``scorch.sparse_ops.matmul._sparse_dense``, which installs itself: this module cannot
+#: import the op layer); None where it declines
 _SPMM: list = [None]
 
 
@@ -349,7 +350,7 @@ def _matmul_direct(method, a, b):
     """``a @ b`` or ``a.mm(b)``: the warm SpMM when it takes the call, else the handler."""
     spmm = _SPMM[0]
     if spmm is not None:
-        result = spmm(a, b)
+        result = spmm(a, b, 2)
         if result is not None:
             return result
     return _direct(method, a, b)

@@ -273,15 +273,10 @@ def _spmm_out_format(a: SparseTensor, b: torch.Tensor, equation: str):
     return _SPMM_OUT[key]
 
 
-def _spmm(a, b):
-    """The hot path of ``A @ X`` / ``A.mm(X)`` (sparse matrix @ dense matrix); None where
-    another path must decide."""
-    return _sparse_dense(a, b, 2)
-
-
-def _sparse_dense(a, b, nd: int):
-    """Sparse matrix @ dense operand of rank ``nd`` (2: SpMM, 1: SpMV for ``A @ x``,
-    ``A.mv(x)``), written out flat (each helper call costs ~0.1 us and a warm small SpMM or
+def _sparse_dense(a, b, nd: int = 2):
+    """The hot path of sparse matrix @ dense operand of rank ``nd`` (2: SpMM for ``A @ X``,
+    ``A.mm(X)``; 1: SpMV for ``A @ x``, ``A.mv(x)``; ``SparseTensor.__matmul__`` calls it
+    straight), written out flat (each helper call costs ~0.1 us and a warm small SpMM or
     SpMV is a few us): the einsum with the output format that keeps its warm C call; None
     where another path must decide (and check)."""
     if type(a) is SparseTensor and type(b) is torch.Tensor:
@@ -310,7 +305,7 @@ def _sparse_dense(a, b, nd: int):
 _grad_enabled = torch.is_grad_enabled
 _any_requires_grad = torch._C._any_requires_grad
 _warm_dispatch: list = [None, None]   # the compiler's C warm call and its plan table, once loaded
-tensor_type._SPMM[0] = _spmm
+tensor_type._SPMM[0] = _sparse_dense
 
 
 @register(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
@@ -335,7 +330,7 @@ def _rmatmul(a, b):
 @register(torch.mm, torch.Tensor.mm)
 def _mm(a, b, **kwargs):
     if not kwargs:
-        result = _spmm(a, b)
+        result = _sparse_dense(a, b, 2)
         if result is not None:
             return result
     if not _any_sparse(a, b):
