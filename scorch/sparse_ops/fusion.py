@@ -332,20 +332,10 @@ def consumer_follows(terms, entries: Optional[int] = None) -> bool:
     return not loads or _all_known(f, loads, terms)
 
 
-def _stored_entries(terms) -> float:
-    """The stored entries of the operator's tensor operands (a pending one counts as many:
-    a chain that has begun goes on), read without computing anything. On every sparse
-    operator with fusion on: only the SparseTensor operands' ``__dict__`` is read."""
-    n = 0
-    for t in terms:
-        if isinstance(t, SparseTensor):
-            d = t.__dict__
-            st = d.get("_storage")
-            if st is not None:
-                n += st.values.numel()
-            elif "_pending" in d:
-                return float("inf")
-    return n
+def _stored_entries(terms) -> int:
+    """The stored entries of the operator's sparse operands: concrete ones (a pending
+    operand is inlined into its consumer's terms before this is asked)."""
+    return sum(t._storage.values.numel() for t in terms if isinstance(t, SparseTensor))
 
 
 def _plan(code, offset: int) -> Optional[tuple]:
