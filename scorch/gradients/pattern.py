@@ -219,21 +219,19 @@ def reformatted(st: Storage, fmt: Format) -> Storage:
                    conv.index_dtype)
 
 
-#: id of a permutation -> (weak refs to it and to the values, the values' version, the
-#: gathered values): a fixed operand (a GCN's adjacency) is gathered once, not every step
-_GATHERED: Dict[int, tuple] = {}
+#: a permutation -> (weak reference to the values, the gathered values), while the values'
+#: version stays (stamp): a fixed operand (a GCN's adjacency) is gathered once, not every step
+_GATHERED = TensorKeyedCache()
 
 
 def _gathered(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """``values[perm]``, reused while ``values`` is the same tensor, unchanged (its
     version counter moves with every in-place update, e.g. an optimizer step)."""
-    key = id(perm)
-    hit = _GATHERED.get(key)
-    if hit is not None and hit[0]() is perm and hit[1]() is values and hit[2] == values._version:
-        return hit[3]
+    hit = _GATHERED.get(perm, stamp=values._version)
+    if hit is not None and hit[0]() is values:
+        return hit[1]
     out = values.index_select(0, perm)   # (advanced indexing ``values[perm]``: 6x slower)
-    _GATHERED[key] = (weakref.ref(perm, lambda _, key=key, table=_GATHERED: table.pop(key, None)),
-                      weakref.ref(values), values._version, out)
+    _GATHERED.put(perm, (weakref.ref(values), out), stamp=values._version)
     return out
 
 
