@@ -40,7 +40,12 @@ def same_pattern(a: Storage, b: Storage) -> bool:
         return True
     if a.format != b.format or a.shape != b.shape or a.nnz != b.nnz:
         return False
-    for x, y in zip(_arrays(a), _arrays(b)):
+    return _equal_arrays(_arrays(a), _arrays(b))
+
+
+def _equal_arrays(xs: tuple, ys: tuple) -> bool:
+    """Level arrays pairwise the same objects, views of one memory, or equal in contents."""
+    for x, y in zip(xs, ys):
         if x is y:
             continue
         if x is None or y is None:
@@ -172,7 +177,7 @@ def _reformat_entry(st: Storage, fmt: Format, build: bool = True) -> Optional[Tu
         if conv.nnz != st.nnz:   # a target with dense levels fills in positions: no permutation
             return None
         got = per_format[key] = (conv, conv.values)
-        _RECENT[key] = (_arrays(st), got)
+        _RECENT[key] = (_arrays(st), st.index_dtype, got)
         while len(_RECENT) > _RECENT_MAX:
             _RECENT.pop(next(iter(_RECENT)))
     else:
@@ -180,8 +185,8 @@ def _reformat_entry(st: Storage, fmt: Format, build: bool = True) -> Optional[Tu
     return got
 
 
-#: (target format, format, shape, level dims) -> (the level arrays, the converted pattern and
-#: permutation) of the latest conversions: a pattern rebuilt every step on new arrays with
+#: (target format, format, shape, level dims) -> (the level arrays, their dtype, the converted
+#: pattern and permutation) of the latest conversions: a pattern rebuilt every step on new arrays with
 #: the same contents (BigBird's attention scores, made by the SDDMM each step) converts once
 _RECENT: Dict[tuple, tuple] = {}
 _RECENT_MAX = 4
@@ -193,15 +198,9 @@ def _recent_equal(st: Storage, key: tuple) -> Optional[Tuple[Storage, torch.Tens
     hit = _RECENT.get(key)
     if hit is None:
         return None
-    arrays, got = hit
-    if got[0].nnz != st.nnz:
+    arrays, index_dtype, got = hit
+    if got[0].nnz != st.nnz or index_dtype != st.index_dtype or not _equal_arrays(arrays, _arrays(st)):
         return None
-    for x, y in zip(arrays, _arrays(st)):
-        if (x is None) != (y is None):
-            return None
-        if x is not None and x is not y and (x.shape != y.shape or x.dtype != y.dtype
-                                             or not torch.equal(x, y)):
-            return None
     return got
 
 
