@@ -210,7 +210,11 @@ def reformatted(st: Storage, fmt: Format) -> Storage:
     arrays live: a later call with new values only gathers them."""
     if fmt == st.format:
         return st
-    got = _reformat_entry(st, fmt)
+    return _through_entry(st, fmt, _reformat_entry(st, fmt))
+
+
+def _through_entry(st: Storage, fmt: Format, got: Optional[Tuple[Storage, torch.Tensor]]) -> Storage:
+    """``st`` in ``fmt`` through its kept conversion ``got`` (None: converted directly)."""
     if got is None:
         return _convert().convert(st, fmt)
     conv, perm = got
@@ -271,11 +275,14 @@ def converted_partner(st: Storage, fmt: Format) -> Storage:
     anchor = _key_array(st)
     if anchor is None or fmt == st.format:
         return reformatted(st, fmt)
-    ids = tuple(id(a) for a in _arrays(st))
-    if _reformat_entry(st, fmt, build=False) is None and _PARTNERS.get(anchor, fmt, ids) is None:
-        _PARTNERS.put(anchor, True, fmt, ids)
-        return _convert().convert(st, fmt)
-    return reformatted(st, fmt)
+    got = _reformat_entry(st, fmt, build=False)
+    if got is None:
+        ids = tuple(id(a) for a in _arrays(st))
+        if _PARTNERS.get(anchor, fmt, ids) is None:
+            _PARTNERS.put(anchor, True, fmt, ids)
+            return _convert().convert(st, fmt)
+        got = _reformat_entry(st, fmt)
+    return _through_entry(st, fmt, got)
 
 
 def reformat_permutation(st: Storage, fmt: Format) -> Optional[Tuple[Storage, torch.Tensor]]:
