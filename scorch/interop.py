@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from .formats import Format, LevelKind, as_format
-from .level_storage import Level, Storage
+from .level_storage import Level, Storage, sorted_segment_keys
 from .tensor_cache import TensorKeyedCache
 
 __all__ = ["from_torch", "to_torch", "from_scipy", "to_scipy"]
@@ -143,11 +143,7 @@ def _canonical_segments(pos: torch.Tensor, crd: torch.Tensor, values: torch.Tens
                         outer: int, inner: int):
     """Every segment sorted with repeated coordinates summed (a copy; vectorised torch ops).
     ``values`` may have trailing block dimensions."""
-    pos64 = pos.to(torch.int64)
-    counts = pos64[1:] - pos64[:-1]
-    owner = torch.repeat_interleave(torch.arange(outer, dtype=torch.int64), counts)
-    key = owner * max(inner, 1) + crd.to(torch.int64)
-    key, order = torch.sort(key, stable=True)
+    key, order = sorted_segment_keys(pos, crd, inner)
     uniq, slot = torch.unique_consecutive(key, return_inverse=True)
     vals = values.index_select(0, order)
     summed = torch.zeros((uniq.numel(),) + tuple(values.shape[1:]), dtype=values.dtype)

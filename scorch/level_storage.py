@@ -34,7 +34,7 @@ import torch
 
 from .formats import Format, LevelKind, dense
 
-__all__ = ["Level", "Storage", "index_dtype_for", "INT32_MAX"]
+__all__ = ["Level", "Storage", "index_dtype_for", "sorted_segment_keys", "INT32_MAX"]
 
 INT32_MAX = 2**31 - 1
 
@@ -205,9 +205,16 @@ def _sort_segments(st: Storage) -> Storage:
         raise NotImplementedError(
             f"sorting the coordinates of {st!r}: only a compressed last level may be unordered")
     lv = levels[k]
-    pos, crd = lv.pos.long(), lv.crd.long()
-    seg = torch.repeat_interleave(torch.arange(pos.numel() - 1), pos.diff())
-    order = torch.argsort(seg * max(lv.size, 1) + crd, stable=True)
+    _, order = sorted_segment_keys(lv.pos, lv.crd, lv.size)
     levels[k] = Level(lv.kind, lv.dim, lv.size, lv.pos, lv.crd[order].contiguous(),
                       lv.block_inner, True)
     return Storage(st.format, st.shape, levels, st.values[order].contiguous(), st.index_dtype)
+
+
+def sorted_segment_keys(pos: torch.Tensor, crd: torch.Tensor,
+                        size: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The int64 keys ``segment * size + coordinate`` of a compressed level's entries, sorted
+    (stable), and the order that sorts them: every segment's coordinates in order."""
+    pos64 = pos.to(torch.int64)
+    owner = torch.repeat_interleave(torch.arange(pos64.numel() - 1, dtype=torch.int64), pos64.diff())
+    return torch.sort(owner * max(size, 1) + crd.to(torch.int64), stable=True)

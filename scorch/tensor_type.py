@@ -430,7 +430,7 @@ def clone_sparse(t: SparseTensor) -> SparseTensor:
     st = t._storage
     levels = [Level(lv.kind, lv.dim, lv.size,
                     None if lv.pos is None else lv.pos.clone(),
-                    None if lv.crd is None else lv.crd.clone(), lv.block_inner)
+                    None if lv.crd is None else lv.crd.clone(), lv.block_inner, lv.ordered)
               for lv in st.levels]
     out = SparseTensor(Storage(st.format, st.shape, levels, st.values.clone(), st.index_dtype),
                        t.requires_grad)

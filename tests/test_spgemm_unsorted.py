@@ -123,3 +123,19 @@ def test_consumers_that_need_order_sort_first():
     # chained: an unsorted result as the operand of another unsorted SpGEMM
     E = scorch.einsum("ij,jk->ik", C, P, sorted=False)
     torch.testing.assert_close(E.to_dense(), ref @ torch.from_numpy(perm.toarray()))
+
+
+def test_views_and_copies_keep_the_unsorted_mark():
+    """clone, unsqueeze and squeeze rebuild the levels over the same (unsorted) arrays: the
+    mark must travel with them, or a later merge reads the rows as sorted (wrong sums)."""
+    a, perm = spread_product()
+    C = scorch.einsum("ij,jk->ik", scorch.from_scipy(a), scorch.from_scipy(perm), sorted=False)
+    ref = torch.from_numpy((a @ perm).toarray())
+    D = scorch.einsum("ij,jk->ik", scorch.from_scipy(a), scorch.from_scipy(perm))
+    for name, view, want in [("clone", C.clone(), ref),
+                             ("unsqueeze", C.unsqueeze(0), ref[None]),
+                             ("squeeze", C.unsqueeze(0).squeeze(0), ref)]:
+        assert not view._storage.ordered, name
+        other = D.unsqueeze(0) if name == "unsqueeze" else D
+        torch.testing.assert_close((view + other).to_dense(), 2 * want, msg=name)
+        torch.testing.assert_close((view * other).to_dense(), want * want, msg=name)

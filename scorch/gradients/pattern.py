@@ -40,7 +40,12 @@ def same_pattern(a: Storage, b: Storage) -> bool:
         return True
     if a.format != b.format or a.shape != b.shape or a.nnz != b.nnz:
         return False
-    for x, y in zip(_arrays(a), _arrays(b)):
+    return _equal_arrays(_arrays(a), _arrays(b))
+
+
+def _equal_arrays(xs: tuple, ys: tuple) -> bool:
+    """Level arrays pairwise the same objects, views of one memory, or equal in contents."""
+    for x, y in zip(xs, ys):
         if x is y:
             continue
         if x is None or y is None:
@@ -172,7 +177,7 @@ def _reformat_entry(st: Storage, fmt: Format, build: bool = True) -> Optional[Tu
         if conv.nnz != st.nnz:   # a target with dense levels fills in positions: no permutation
             return None
         got = per_format[key] = (conv, conv.values)
-        _RECENT[key] = (_arrays(st), got)
+        _RECENT[key] = (_arrays(st), st.index_dtype, got)
         while len(_RECENT) > _RECENT_MAX:
             _RECENT.pop(next(iter(_RECENT)))
     else:
@@ -180,8 +185,8 @@ def _reformat_entry(st: Storage, fmt: Format, build: bool = True) -> Optional[Tu
     return got
 
 
-#: (target format, format, shape, level dims) -> (the level arrays, the converted pattern and
-#: permutation) of the latest conversions: a pattern rebuilt every step on new arrays with
+#: (target format, format, shape, level dims) -> (the level arrays, their dtype, the converted
+#: pattern and permutation) of the latest conversions: a pattern rebuilt every step on new arrays with
 #: the same contents (BigBird's attention scores, made by the SDDMM each step) converts once
 _RECENT: Dict[tuple, tuple] = {}
 _RECENT_MAX = 4
@@ -193,15 +198,9 @@ def _recent_equal(st: Storage, key: tuple) -> Optional[Tuple[Storage, torch.Tens
     hit = _RECENT.get(key)
     if hit is None:
         return None
-    arrays, got = hit
-    if got[0].nnz != st.nnz:
+    arrays, index_dtype, got = hit
+    if got[0].nnz != st.nnz or index_dtype != st.index_dtype or not _equal_arrays(arrays, _arrays(st)):
         return None
-    for x, y in zip(arrays, _arrays(st)):
-        if (x is None) != (y is None):
-            return None
-        if x is not None and x is not y and (x.shape != y.shape or x.dtype != y.dtype
-                                             or not torch.equal(x, y)):
-            return None
     return got
 
 
@@ -211,7 +210,11 @@ def reformatted(st: Storage, fmt: Format) -> Storage:
     arrays live: a later call with new values only gathers them."""
     if fmt == st.format:
         return st
-    got = _reformat_entry(st, fmt)
+    return _through_entry(st, fmt, _reformat_entry(st, fmt))
+
+
+def _through_entry(st: Storage, fmt: Format, got: Optional[Tuple[Storage, torch.Tensor]]) -> Storage:
+    """``st`` in ``fmt`` through its kept conversion ``got`` (None: converted directly)."""
     if got is None:
         return _convert().convert(st, fmt)
     conv, perm = got
@@ -219,21 +222,19 @@ def reformatted(st: Storage, fmt: Format) -> Storage:
                    conv.index_dtype)
 
 
-#: id of a permutation -> (weak refs to it and to the values, the values' version, the
-#: gathered values): a fixed operand (a GCN's adjacency) is gathered once, not every step
-_GATHERED: Dict[int, tuple] = {}
+#: a permutation -> (weak reference to the values, the gathered values), while the values'
+#: version stays (stamp): a fixed operand (a GCN's adjacency) is gathered once, not every step
+_GATHERED = TensorKeyedCache()
 
 
 def _gathered(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """``values[perm]``, reused while ``values`` is the same tensor, unchanged (its
     version counter moves with every in-place update, e.g. an optimizer step)."""
-    key = id(perm)
-    hit = _GATHERED.get(key)
-    if hit is not None and hit[0]() is perm and hit[1]() is values and hit[2] == values._version:
-        return hit[3]
+    hit = _GATHERED.get(perm, stamp=values._version)
+    if hit is not None and hit[0]() is values:
+        return hit[1]
     out = values.index_select(0, perm)   # (advanced indexing ``values[perm]``: 6x slower)
-    _GATHERED[key] = (weakref.ref(perm, lambda _, key=key, table=_GATHERED: table.pop(key, None)),
-                      weakref.ref(values), values._version, out)
+    _GATHERED.put(perm, (weakref.ref(values), out), stamp=values._version)
     return out
 
 
@@ -274,11 +275,14 @@ def converted_partner(st: Storage, fmt: Format) -> Storage:
     anchor = _key_array(st)
     if anchor is None or fmt == st.format:
         return reformatted(st, fmt)
-    ids = tuple(id(a) for a in _arrays(st))
-    if _reformat_entry(st, fmt, build=False) is None and _PARTNERS.get(anchor, fmt, ids) is None:
-        _PARTNERS.put(anchor, True, fmt, ids)
-        return _convert().convert(st, fmt)
-    return reformatted(st, fmt)
+    got = _reformat_entry(st, fmt, build=False)
+    if got is None:
+        ids = tuple(id(a) for a in _arrays(st))
+        if _PARTNERS.get(anchor, fmt, ids) is None:
+            _PARTNERS.put(anchor, True, fmt, ids)
+            return _convert().convert(st, fmt)
+        got = _reformat_entry(st, fmt)
+    return _through_entry(st, fmt, got)
 
 
 def reformat_permutation(st: Storage, fmt: Format) -> Optional[Tuple[Storage, torch.Tensor]]:

@@ -167,7 +167,8 @@ def unsqueeze(t: SparseTensor, dim: int) -> SparseTensor:
     st = t._storage
     shift = [d + 1 if d >= dim else d for d in range(r)]
     levels = [Level(LevelKind.DENSE, dim, 1)] + [
-        Level(lv.kind, shift[lv.dim], lv.size, lv.pos, lv.crd, lv.block_inner) for lv in st.levels]
+        Level(lv.kind, shift[lv.dim], lv.size, lv.pos, lv.crd, lv.block_inner, lv.ordered)
+        for lv in st.levels]
     fmt = Format((LevelKind.DENSE,) + st.format.levels,
                  (dim,) + tuple(shift[m] for m in st.format.mode_order))
     shape = st.shape[:dim] + (1,) + st.shape[dim:]
@@ -210,7 +211,7 @@ def squeeze_dims(t: SparseTensor, dims: Sequence[int]) -> torch.Tensor:
         and kinds[k + 1] is LevelKind.COORDINATE) for k in drop)
     if in_place:
         remap = {d: d - sum(1 for x in dims if x < d) for d in range(st.ndim) if d not in dims}
-        levels = [Level(lv.kind, remap[lv.dim], lv.size, lv.pos, lv.crd, lv.block_inner)
+        levels = [Level(lv.kind, remap[lv.dim], lv.size, lv.pos, lv.crd, lv.block_inner, lv.ordered)
                   for k, lv in enumerate(st.levels) if k not in drop]
         return from_values(Storage(fmt, shape, levels, st.values, st.index_dtype), values)
     c = _convert().coords(st)

@@ -75,6 +75,7 @@ def pattern_storage(entry: PlanEntry, P: Storage, values: torch.Tensor, sizes) -
     s = entry.schedule
     out = s.output
     ap = s.accesses[out.pattern]
-    levels = [Level(lv.kind, out.vars.index(ap.indices[lv.dim]), lv.size, lv.pos, lv.crd)
+    levels = [Level(lv.kind, out.vars.index(ap.indices[lv.dim]), lv.size, lv.pos, lv.crd,
+                    ordered=lv.ordered)
               for lv in P.levels]
     return Storage(out.format, tuple(sizes[v] for v in out.vars), levels, values, P.index_dtype)
