@@ -126,12 +126,7 @@ def einsum_declined(equation: str, operands: tuple, out_format=None, sorted: boo
             st = as_operand(x, n)
         if type(st) is Storage:
             sparse = True
-            sig = st._sig
-            if sig is None:
-                sig = storage_signature(st)
-            if sig in UNORDERED_SIGNATURES:   # kernels merge and search sorted coordinates
-                st = st.with_sorted_coordinates()
-                sig = storage_signature(st)
+            st, sig = _sorted_operand(st)
             ops.append(st)
             key.append(sig)
         else:
@@ -178,19 +173,32 @@ def einsum_declined(equation: str, operands: tuple, out_format=None, sorted: boo
 _EXPR_FAST: Dict[tuple, tuple] = {}   # front cache of compute's plans (see compute)
 
 
-def in_order(x):
-    """A Storage operand with sorted coordinates (its sorted form when it is an
-    ``einsum(..., sorted=False)`` result); anything else as it is."""
-    return x.with_sorted_coordinates() if type(x) is Storage else x
+def _sorted_operand(st: Storage) -> Tuple[Storage, int]:
+    """A Storage operand as a kernel reads it, with its signature: its sorted form when it
+    is an ``einsum(..., sorted=False)`` result (kernels merge and search sorted
+    coordinates), told by the signature (an int), not by walking its levels."""
+    sig = st._sig
+    if sig is None:
+        sig = storage_signature(st)
+    if sig in UNORDERED_SIGNATURES:
+        st = st.with_sorted_coordinates()
+        sig = storage_signature(st)
+    return st, sig
 
 
-def _operand_key(st) -> object:
-    """What a plan depends on of one operand, cheaply: a Storage's signature (an int), a
-    dense tensor's dtype and rank."""
-    if type(st) is Storage:
-        sig = st._sig
-        return sig if sig is not None else storage_signature(st)
-    return (st.dtype, st.dim())
+def _keyed_operands(operands) -> Tuple[list, list]:
+    """The operands as kernels read them (``_sorted_operand``) and what a plan depends on
+    of each, cheaply: a Storage's signature, a dense tensor's dtype and rank."""
+    ops, keys = [], []
+    for x in operands:
+        st = as_operand(x)
+        if type(st) is Storage:
+            st, k = _sorted_operand(st)
+        else:
+            k = (st.dtype, st.dim())
+        ops.append(st)
+        keys.append(k)
+    return ops, keys
 
 
 def squeeze_dense_broadcasts(equation: str, ops: list) -> Tuple[str, list]:
@@ -225,11 +233,11 @@ def compute(assignment: Assignment, *operands, out_format=None):
     these operands through the same compiler path as einsum (no autograd: see
     ``scorch.gradients.compute``)."""
     _not_recorded("compute", operands, True)
-    ops = [in_order(as_operand(x)) for x in operands]
+    ops, keys = _keyed_operands(operands)
     # the warm path: the plan found by the assignment's identity and the operands'
     # signatures (ints), without walking or printing the expression (an op on a small
     # matrix takes a few us in its kernel)
-    fkey = (id(assignment), out_format, *[_operand_key(st) for st in ops])
+    fkey = (id(assignment), out_format, *keys)
     hit = _EXPR_FAST.get(fkey)
     if hit is not None and hit[0] is assignment:
         _, indices, tensors, entry = hit
@@ -274,7 +282,7 @@ def explain(equation: str, *operands, out_format=None) -> Plan:
     """The plan for ``einsum(equation, *operands)``; nothing is compiled or run."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    ops = [in_order(as_operand(x)) for x in operands]
+    ops = _keyed_operands(operands)[0]
     entry = einsum_entry(equation, ops, out_format)
     s = entry.schedule
     idx = {}
