@@ -27,6 +27,7 @@ __all__ = ["einsum", "einsum_declined", "compute", "explain", "plan_cache_info",
            "plan_cache_clear", "set_sparse_tensor_type"]
 
 _STRIDED = torch.strided
+_ANY_REQUIRES_GRAD = torch._C._any_requires_grad
 _SPARSE_TENSOR: list = [None]   # the user-facing tensor type (set_sparse_tensor_type)
 
 
@@ -71,9 +72,10 @@ def _load_dispatch() -> None:
 def _not_recorded(entry: str, operands, any_operand: bool) -> None:
     """No silent detach: the compiler's entry points record no autograd graph, so an
     operand that requires grad (in grad mode) is an error pointing at the differentiable
-    entries. ``any_operand=False``: only with a sparse operand (dense-only einsum is
-    torch.einsum, graph intact)."""
-    if torch.is_grad_enabled() and torch._C._any_requires_grad(*operands) and (
+    entries. Called only when one does (the warm call tests that alone, in one C call).
+    ``any_operand=False``: only with a sparse operand (dense-only einsum is torch.einsum,
+    graph intact)."""
+    if torch.is_grad_enabled() and (
             any_operand or not all(type(x) is torch.Tensor and x.layout is _STRIDED for x in operands)):
         raise RuntimeError(
             f"scorch.tensor_compiler.{entry}() records no autograd graph and an operand requires "
@@ -91,7 +93,8 @@ def einsum(equation: str, *operands, out_format=None, sorted: bool = True):
     level is marked unordered (``Level.ordered``) and sorted by whatever needs order."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    _not_recorded("einsum", operands, out_format is not None)
+    if _ANY_REQUIRES_GRAD(*operands):
+        _not_recorded("einsum", operands, out_format is not None)
     check_equation(equation)
     if out_format is None and sorted and _DISPATCH[0] is not None:
         # the warm call in C: plan lookup, checks, output and kernel in one step
@@ -232,7 +235,8 @@ def compute(assignment: Assignment, *operands, out_format=None):
     """Evaluate an index-notation assignment (e.g. ``Assignment("ij", A - 0.5 * B)``) over
     these operands through the same compiler path as einsum (no autograd: see
     ``scorch.gradients.compute``)."""
-    _not_recorded("compute", operands, True)
+    if _ANY_REQUIRES_GRAD(*operands):
+        _not_recorded("compute", operands, True)
     ops, keys = _keyed_operands(operands)
     # the warm path: the plan found by the assignment's identity and the operands'
     # signatures (ints), without walking or printing the expression (an op on a small
