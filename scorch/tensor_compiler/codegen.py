@@ -334,11 +334,7 @@ def _rows_epilogue(k: Kernel, w, fn: str) -> None:
     buffers, in chunk order, into the output arrays in parallel. Returns ``(pos, crd,
     vals)`` in the output's index type (int32 unless a count or extent needs int64)."""
     o: RowsOutput = k.output
-    P = " * ".join(f"a.N_{v}" for v in o.dense_vars)
-    _index_overflow_check(o, w)
-    w(f"    cdef int64_t P = {P}")
-    w("    pos_arr = np.zeros(P + 1, dtype=np.int64)")
-    w("    a.out_pos = <int64_t*><size_t>pos_arr.ctypes.data")
+    _rows_counts(o, w)
     w(f"    cdef vector[{k.buffers[0]}] crds")
     w(f"    cdef vector[{k.buffers[1]}] vals")
     w("    crds.resize(nchunks)")
@@ -400,11 +396,7 @@ def _rows_bound_epilogue(k: Kernel, w, fn: str) -> None:
     o: RowsOutput = k.output
     it, vt = o.index_type, k.value_type
     np_it = "np.int32" if it == "int32_t" else "np.int64"
-    P = " * ".join(f"a.N_{v}" for v in o.dense_vars)
-    _index_overflow_check(o, w)
-    w(f"    cdef int64_t P = {P}")
-    w("    pos_arr = np.zeros(P + 1, dtype=np.int64)")
-    w("    a.out_pos = <int64_t*><size_t>pos_arr.ctypes.data")
+    _rows_counts(o, w)
     w("    cdef vector[int64_t] room, counts")
     w("    room.resize(nchunks + 1)")
     w("    counts.resize(nchunks)")
@@ -452,12 +444,18 @@ def _rows_bound_epilogue(k: Kernel, w, fn: str) -> None:
     w("    return pos_arr, crd_arr, val_arr")
 
 
-def _index_overflow_check(o: RowsOutput, w) -> None:
-    """int32 coordinates cannot hold the last dimension's extent: raise."""
+def _rows_counts(o: RowsOutput, w) -> None:
+    """The rows epilogues' start: int32 coordinates that cannot hold the last dimension's
+    extent raise; ``P`` rows and their counts array ``pos_arr`` (int64, zeroed), which the
+    chunks fill through ``a.out_pos``."""
     if o.index_type == "int32_t":
         w(f"    if a.N_{o.last} > 2147483647:")
         w(f"        raise OverflowError('output dimension {o.last} ({{}}) does not fit the int32 "
           f"coordinates of this kernel'.format(a.N_{o.last}))")
+    P = " * ".join(f"a.N_{v}" for v in o.dense_vars)
+    w(f"    cdef int64_t P = {P}")
+    w("    pos_arr = np.zeros(P + 1, dtype=np.int64)")
+    w("    a.out_pos = <int64_t*><size_t>pos_arr.ctypes.data")
 
 
 def _c_entry(k: Kernel, w) -> None:
