@@ -27,6 +27,7 @@ __all__ = ["einsum", "einsum_declined", "compute", "explain", "plan_cache_info",
            "plan_cache_clear", "set_sparse_tensor_type"]
 
 _STRIDED = torch.strided
+_ANY_REQUIRES_GRAD = torch._C._any_requires_grad
 _SPARSE_TENSOR: list = [None]   # the user-facing tensor type (set_sparse_tensor_type)
 
 
@@ -71,9 +72,10 @@ def _load_dispatch() -> None:
 def _not_recorded(entry: str, operands, any_operand: bool) -> None:
     """No silent detach: the compiler's entry points record no autograd graph, so an
     operand that requires grad (in grad mode) is an error pointing at the differentiable
-    entries. ``any_operand=False``: only with a sparse operand (dense-only einsum is
-    torch.einsum, graph intact)."""
-    if torch.is_grad_enabled() and torch._C._any_requires_grad(*operands) and (
+    entries. Called only when one does (the warm call tests that alone, in one C call).
+    ``any_operand=False``: only with a sparse operand (dense-only einsum is torch.einsum,
+    graph intact)."""
+    if torch.is_grad_enabled() and (
             any_operand or not all(type(x) is torch.Tensor and x.layout is _STRIDED for x in operands)):
         raise RuntimeError(
             f"scorch.tensor_compiler.{entry}() records no autograd graph and an operand requires "
@@ -91,7 +93,8 @@ def einsum(equation: str, *operands, out_format=None, sorted: bool = True):
     level is marked unordered (``Level.ordered``) and sorted by whatever needs order."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    _not_recorded("einsum", operands, out_format is not None)
+    if _ANY_REQUIRES_GRAD(*operands):
+        _not_recorded("einsum", operands, out_format is not None)
     check_equation(equation)
     if out_format is None and sorted and _DISPATCH[0] is not None:
         # the warm call in C: plan lookup, checks, output and kernel in one step
@@ -126,12 +129,7 @@ def einsum_declined(equation: str, operands: tuple, out_format=None, sorted: boo
             st = as_operand(x, n)
         if type(st) is Storage:
             sparse = True
-            sig = st._sig
-            if sig is None:
-                sig = storage_signature(st)
-            if sig in UNORDERED_SIGNATURES:   # kernels merge and search sorted coordinates
-                st = st.with_sorted_coordinates()
-                sig = storage_signature(st)
+            st, sig = _sorted_operand(st)
             ops.append(st)
             key.append(sig)
         else:
@@ -178,19 +176,32 @@ def einsum_declined(equation: str, operands: tuple, out_format=None, sorted: boo
 _EXPR_FAST: Dict[tuple, tuple] = {}   # front cache of compute's plans (see compute)
 
 
-def in_order(x):
-    """A Storage operand with sorted coordinates (its sorted form when it is an
-    ``einsum(..., sorted=False)`` result); anything else as it is."""
-    return x.with_sorted_coordinates() if type(x) is Storage else x
+def _sorted_operand(st: Storage) -> Tuple[Storage, int]:
+    """A Storage operand as a kernel reads it, with its signature: its sorted form when it
+    is an ``einsum(..., sorted=False)`` result (kernels merge and search sorted
+    coordinates), told by the signature (an int), not by walking its levels."""
+    sig = st._sig
+    if sig is None:
+        sig = storage_signature(st)
+    if sig in UNORDERED_SIGNATURES:
+        st = st.with_sorted_coordinates()
+        sig = storage_signature(st)
+    return st, sig
 
 
-def _operand_key(st) -> object:
-    """What a plan depends on of one operand, cheaply: a Storage's signature (an int), a
-    dense tensor's dtype and rank."""
-    if type(st) is Storage:
-        sig = st._sig
-        return sig if sig is not None else storage_signature(st)
-    return (st.dtype, st.dim())
+def _keyed_operands(operands) -> Tuple[list, list]:
+    """The operands as kernels read them (``_sorted_operand``) and what a plan depends on
+    of each, cheaply: a Storage's signature, a dense tensor's dtype and rank."""
+    ops, keys = [], []
+    for x in operands:
+        st = as_operand(x)
+        if type(st) is Storage:
+            st, k = _sorted_operand(st)
+        else:
+            k = (st.dtype, st.dim())
+        ops.append(st)
+        keys.append(k)
+    return ops, keys
 
 
 def squeeze_dense_broadcasts(equation: str, ops: list) -> Tuple[str, list]:
@@ -224,12 +235,13 @@ def compute(assignment: Assignment, *operands, out_format=None):
     """Evaluate an index-notation assignment (e.g. ``Assignment("ij", A - 0.5 * B)``) over
     these operands through the same compiler path as einsum (no autograd: see
     ``scorch.gradients.compute``)."""
-    _not_recorded("compute", operands, True)
-    ops = [in_order(as_operand(x)) for x in operands]
+    if _ANY_REQUIRES_GRAD(*operands):
+        _not_recorded("compute", operands, True)
+    ops, keys = _keyed_operands(operands)
     # the warm path: the plan found by the assignment's identity and the operands'
     # signatures (ints), without walking or printing the expression (an op on a small
     # matrix takes a few us in its kernel)
-    fkey = (id(assignment), out_format, *[_operand_key(st) for st in ops])
+    fkey = (id(assignment), out_format, *keys)
     hit = _EXPR_FAST.get(fkey)
     if hit is not None and hit[0] is assignment:
         _, indices, tensors, entry = hit
@@ -274,7 +286,7 @@ def explain(equation: str, *operands, out_format=None) -> Plan:
     """The plan for ``einsum(equation, *operands)``; nothing is compiled or run."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    ops = [in_order(as_operand(x)) for x in operands]
+    ops = _keyed_operands(operands)[0]
     entry = einsum_entry(equation, ops, out_format)
     s = entry.schedule
     idx = {}

@@ -334,12 +334,7 @@ def _rows_epilogue(k: Kernel, w, fn: str) -> None:
     buffers, in chunk order, into the output arrays in parallel. Returns ``(pos, crd,
     vals)`` in the output's index type (int32 unless a count or extent needs int64)."""
     o: RowsOutput = k.output
-    it, vt = o.index_type, k.value_type
-    P = " * ".join(f"a.N_{v}" for v in o.dense_vars)
-    _index_overflow_check(o, w)
-    w(f"    cdef int64_t P = {P}")
-    w("    pos_arr = np.zeros(P + 1, dtype=np.int64)")
-    w("    a.out_pos = <int64_t*><size_t>pos_arr.ctypes.data")
+    _rows_counts(o, w)
     w(f"    cdef vector[{k.buffers[0]}] crds")
     w(f"    cdef vector[{k.buffers[1]}] vals")
     w("    crds.resize(nchunks)")
@@ -358,27 +353,36 @@ def _rows_epilogue(k: Kernel, w, fn: str) -> None:
     w("    if offs[nchunks] != total:")
     w("        raise RuntimeError('scorch kernel: row counts and appended entries disagree')")
     w(f"    cdef bint wide = max(total, P, {', '.join(f'a.N_{v}' for v in o.level_vars)}) > 2147483647")
+    _gather_chunks(k, w, "vals[t].size()", "crds[t].data()", "vals[t].data()")
+    w("    return (pos_arr if wide else pos_arr.astype(np.int32)), crd_arr, val_arr")
+
+
+def _gather_chunks(k: Kernel, w, count: str, crd_src: str, val_src: str) -> None:
+    """Copy every chunk's ``count`` entries (``crd_src`` / ``val_src``: its coordinates and
+    values, expressions in ``t``), in chunk order and in parallel, into output arrays of
+    the exact size (``total`` entries at offsets ``offs``), the coordinates in the output's
+    index type (``wide``: int64; a plain memcpy where the chunk's type is that one)."""
+    it, vt = k.output.index_type, k.value_type
     w("    crd_arr = np.empty(total, dtype=np.int64 if wide else np.int32)")
     w(f"    val_arr = np.empty(total, dtype=np.{k.np_value_type})")
     w("    cdef size_t cp = crd_arr.ctypes.data, vp = val_arr.ctypes.data")
     w("    cdef int64_t e")
     w("    for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):")
-    w("        n = vals[t].size()")
+    w(f"        n = {count}")
     w("        if n:")
-    w(f"            memcpy(<void*>(vp + offs[t] * sizeof({vt})), vals[t].data(), n * sizeof({vt}))")
+    w(f"            memcpy(<void*>(vp + offs[t] * sizeof({vt})), {val_src}, n * sizeof({vt}))")
     if it == "int32_t":
         w("            if wide:")
         w("                for e in range(n):")
-        w("                    (<int64_t*>cp)[offs[t] + e] = crds[t].data()[e]")
+        w(f"                    (<int64_t*>cp)[offs[t] + e] = {crd_src}[e]")
         w("            else:")
-        w("                memcpy(<void*>(cp + offs[t] * sizeof(int32_t)), crds[t].data(), n * sizeof(int32_t))")
+        w(f"                memcpy(<void*>(cp + offs[t] * sizeof(int32_t)), {crd_src}, n * sizeof(int32_t))")
     else:
         w("            if wide:")
-        w("                memcpy(<void*>(cp + offs[t] * sizeof(int64_t)), crds[t].data(), n * sizeof(int64_t))")
+        w(f"                memcpy(<void*>(cp + offs[t] * sizeof(int64_t)), {crd_src}, n * sizeof(int64_t))")
         w("            else:")
         w("                for e in range(n):")
-        w("                    (<int32_t*>cp)[offs[t] + e] = <int32_t>crds[t].data()[e]")
-    w("    return (pos_arr if wide else pos_arr.astype(np.int32)), crd_arr, val_arr")
+        w(f"                    (<int32_t*>cp)[offs[t] + e] = <int32_t>{crd_src}[e]")
 
 
 def _rows_bound_epilogue(k: Kernel, w, fn: str) -> None:
@@ -392,11 +396,7 @@ def _rows_bound_epilogue(k: Kernel, w, fn: str) -> None:
     o: RowsOutput = k.output
     it, vt = o.index_type, k.value_type
     np_it = "np.int32" if it == "int32_t" else "np.int64"
-    P = " * ".join(f"a.N_{v}" for v in o.dense_vars)
-    _index_overflow_check(o, w)
-    w(f"    cdef int64_t P = {P}")
-    w("    pos_arr = np.zeros(P + 1, dtype=np.int64)")
-    w("    a.out_pos = <int64_t*><size_t>pos_arr.ctypes.data")
+    _rows_counts(o, w)
     w("    cdef vector[int64_t] room, counts")
     w("    room.resize(nchunks + 1)")
     w("    counts.resize(nchunks)")
@@ -440,29 +440,22 @@ def _rows_bound_epilogue(k: Kernel, w, fn: str) -> None:
     w("        if 2 * total < room[1]:")
     w("            buf_crd, buf_val = buf_crd[:total].copy(), buf_val[:total].copy()")
     w("        return pos_arr, buf_crd[:total], buf_val[:total]")
-    w("    crd_arr = np.empty(total, dtype=np.int64 if wide else np.int32)")
-    w(f"    val_arr = np.empty(total, dtype=np.{k.np_value_type})")
-    w("    cdef size_t cp = crd_arr.ctypes.data, vp = val_arr.ctypes.data")
-    w("    cdef int64_t e")
-    w("    for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):")
-    w("        n = counts[t]")
-    w("        if n:")
-    w(f"            memcpy(<void*>(vp + offs[t] * sizeof({vt})), bv + room[t], n * sizeof({vt}))")
-    w("            if wide:")
-    w("                for e in range(n):")
-    w("                    (<int64_t*>cp)[offs[t] + e] = bc[room[t] + e]")
-    w("            else:")
-    w("                for e in range(n):")
-    w("                    (<int32_t*>cp)[offs[t] + e] = <int32_t>bc[room[t] + e]")
+    _gather_chunks(k, w, "counts[t]", "(bc + room[t])", "bv + room[t]")
     w("    return pos_arr, crd_arr, val_arr")
 
 
-def _index_overflow_check(o: RowsOutput, w) -> None:
-    """int32 coordinates cannot hold the last dimension's extent: raise."""
+def _rows_counts(o: RowsOutput, w) -> None:
+    """The rows epilogues' start: int32 coordinates that cannot hold the last dimension's
+    extent raise; ``P`` rows and their counts array ``pos_arr`` (int64, zeroed), which the
+    chunks fill through ``a.out_pos``."""
     if o.index_type == "int32_t":
         w(f"    if a.N_{o.last} > 2147483647:")
         w(f"        raise OverflowError('output dimension {o.last} ({{}}) does not fit the int32 "
           f"coordinates of this kernel'.format(a.N_{o.last}))")
+    P = " * ".join(f"a.N_{v}" for v in o.dense_vars)
+    w(f"    cdef int64_t P = {P}")
+    w("    pos_arr = np.zeros(P + 1, dtype=np.int64)")
+    w("    a.out_pos = <int64_t*><size_t>pos_arr.ctypes.data")
 
 
 def _c_entry(k: Kernel, w) -> None:

@@ -103,11 +103,15 @@ class OrderProblem:
 class OrderMeasure:
     """What :func:`measure` counts for one loop order."""
     dense_pattern: Tuple[int, ...]   # per loop depth: 1 when the loop iterates densely
-    transposes: int                  # discordant sparse operands, plus an output conversion
+    transposed: Tuple[Hashable, ...]  # discordant sparse access ids, then "out" (a conversion)
     weighted_transposes: float       # the same, each weighted by its stored entries
     late_filter: int                 # sum over filtering sparse levels of their loop depth
     workspace: int                   # dimensions of the sparse output's workspace
     strided: int                     # dense accesses (and a dense output) not stride-1 innermost
+
+    @property
+    def transposes(self) -> int:
+        return len(self.transposed)
 
 
 def measure(order: Sequence[str], p: OrderProblem) -> Optional[OrderMeasure]:
@@ -118,14 +122,14 @@ def measure(order: Sequence[str], p: OrderProblem) -> Optional[OrderMeasure]:
     rank = {v: n for n, v in enumerate(order)}
     sparse_at: Dict[str, List[int]] = {v: [] for v in order}
     stored_at: Dict[str, List[int]] = {v: [] for v in order}
-    transposes, weighted = 0, 0
+    transposed, weighted = [], 0
     for acc, i, fmt in p.sparse_accesses:
         lvars, tr = concordant_vars(acc.indices, fmt, order, p.fixed_tail.get(acc.tensor, 0))
         if lvars is None:
             p._memo[key] = None
             return None
         if tr:
-            transposes += 1
+            transposed.append(i)
             weighted += p.transpose_weights.get(i, 1)
         below_sparse = False
         for kind, v in zip(fmt.levels, lvars):
@@ -153,14 +157,14 @@ def measure(order: Sequence[str], p: OrderProblem) -> Optional[OrderMeasure]:
         if p.out_mode_vars is not None:
             q = [rank[v] for v in p.out_mode_vars]
             if any(a > b for a, b in zip(q, q[1:])):
-                transposes += 1
+                transposed.append("out")
                 weighted += p.transpose_weights.get("out", 1)
     strided = sum(1 for acc in p.dense_accesses
                   if max(rank[v] for v in acc.indices) != rank[acc.indices[-1]])
     if not p.out_sparse and p.asg.output:
         if max(rank[v] for v in p.asg.output) != rank[p.asg.output[-1]]:
             strided += 1
-    m = OrderMeasure(tuple(pattern), transposes, weighted, late, ws, strided)
+    m = OrderMeasure(tuple(pattern), tuple(transposed), weighted, late, ws, strided)
     p._memo[key] = m
     return m
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Dict, Hashable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from . import merge_lattice as ml
-from .cost_model import (INFEASIBLE, WEIGHTS, OrderProblem, concordant_dims, cost_terms,
+from .cost_model import (INFEASIBLE, WEIGHTS, OrderProblem, cost_terms,
                          measure, order_cost, total_cost)
 from .work_estimate import Estimate, estimate
 
@@ -402,15 +402,7 @@ def algorithm1(p: OrderProblem, threads: int = 1) -> LoopOrder:
     terms = cost_terms(order, p)
     if terms is None:
         raise NoValidOrder("no loop order is concordant with the blocked operands")
-    transposed: List[Hashable] = []
-    for acc, i, fmt in p.sparse_accesses:
-        if concordant_dims(acc.indices, fmt, order, p.fixed_tail.get(acc.tensor, 0))[1]:
-            transposed.append(i)
-    if p.out_sparse and p.out_mode_vars is not None:
-        rank = {v: n for n, v in enumerate(order)}
-        q = [rank[v] for v in p.out_mode_vars]
-        if any(a > b for a, b in zip(q, q[1:])):
-            transposed.append("out")
+    transposed: List[Hashable] = list(measure(order, p).transposed)
     return LoopOrder(order, sorted_vars, sp, moves, cycles, removals, transposed, terms, priced)
 
 

@@ -89,6 +89,11 @@ class OperandStats:
                 f"{', skewed' if self.skewed else ''}")
 
 
+def _stamp(st: Storage, anchor: torch.Tensor) -> tuple:
+    """What the cached statistics of ``st`` are valid for (its pattern, unmodified)."""
+    return (st.shape, st.nnz, st.format, anchor._version)
+
+
 def _anchor(st: Storage) -> torch.Tensor:
     for lv in reversed(st.levels):
         if lv.pos is not None:
@@ -99,7 +104,7 @@ def _anchor(st: Storage) -> torch.Tensor:
 def operand_stats(st: Storage) -> OperandStats:
     """The statistics of ``st`` (computed once per pattern, see the module docstring)."""
     anchor = _anchor(st)
-    stamp = (st.shape, st.nnz, st.format, anchor._version)
+    stamp = _stamp(st, anchor)
     hit = _cache.get(anchor, "stats", stamp)
     if hit is not None:
         return hit
@@ -148,7 +153,7 @@ def stats_class(st: Storage) -> Tuple[int, bool]:
     if n < STATS_MIN_NNZ:
         return (0, False)
     anchor = _anchor(st)
-    stamp = (st.shape, n, st.format, anchor._version)
+    stamp = _stamp(st, anchor)
     skewed = _cache.get(anchor, "skewed", stamp)
     if skewed is None:
         full = _cache.get(anchor, "stats", stamp)

@@ -115,15 +115,9 @@ def estimate(order: Sequence[str], p: OrderProblem, threads: int = 1) -> Optiona
         work += iters * sum(fans)
         iters *= min(fans)
     moved = 0.0
-    for acc, i, fmt in p.sparse_accesses:
-        if concordant_dims(acc.indices, fmt, order, p.fixed_tail.get(acc.tensor, 0))[1]:
-            st = p.stats.get(i)
-            moved += TRANSPOSE_PASSES * (st.nnz if st is not None else iters)
-    if p.out_sparse and p.out_mode_vars is not None:
-        rank = {v: n for n, v in enumerate(order)}
-        q = [rank[v] for v in p.out_mode_vars]
-        if any(a > b for a, b in zip(q, q[1:])):
-            moved += TRANSPOSE_PASSES * iters
+    for i in m.transposed:   # an operand's stored entries; the output's: the nest's leaves
+        st = p.stats.get(i)
+        moved += TRANSPOSE_PASSES * (st.nnz if st is not None else iters)
     par = 1.0
     if order and order[0] in p.asg.output and threads > 1:   # chunked outer loop
         share = _heaviest_row_share(p, order[0])

@@ -433,7 +433,7 @@ def kernel_facts(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, 
                        idx=idx, unit=unit, out_unit=out_unit, rt_ws=rt_ws, row_depth=row_depth,
                        dot=dot, rows=rows, row_room=row_room, oit=oit, crd_buf=crd_buf, val_buf=val_buf,
                        lanes=tg.lanes(vt if vt in ("float", "double") else "double"),
-                       vtype="scorch_vf" if vt == "float" else "scorch_vd", target=tg, widths=widths,
+                       vtype=vector_type_name(vt, tg.vector_bytes, tg.vector_bytes), target=tg, widths=widths,
                        panels=panels, loops=loops, store_all=store_all, chunk_kind=chunk_kind,
                        chunk_level=chunk_level, balance=_balance_pos(s, chunk_kind),
                        gathers=gathered(s), cache_panels=cache_panels)
