@@ -1,7 +1,9 @@
 """SpMV's kernel variants against dense torch: the short-rows module (no loop vectorization,
 loops aligned to 32 bytes) and the default one, chosen per input by the average row length,
 over float32/float64 values and int32/int64 indices, for the native build and (where this CPU
-runs it) the AVX2 target."""
+runs it) the AVX2 target; the short-rows module's stream variants (``lower/stream_rows.py``)
+forced on small inputs and chosen by size on a large one; the vectorized module's vector
+width (``facts.GATHER_DOT_LANES``)."""
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -11,16 +13,21 @@ from hypothesis import given, settings, strategies as st
 import scorch
 from scorch.tensor_compiler import build, codegen, target
 from scorch.tensor_compiler.lower import short_rows_limit
+from scorch.tensor_compiler.lower.facts import STREAM_BLOCK, STREAM_MIN_BYTES
 
 FAST = settings(max_examples=20, deadline=None)
 AVX2 = target.runnable(target.target_named("avx2"))
 
 
-def _spmv_source(dtype=torch.float32, scalar_inner=True) -> str:
+def _spmv_source(dtype=torch.float32, scalar_inner=True, index=torch.int32) -> str:
     A = scorch.sparse_tensor(torch.eye(3, dtype=dtype), format="csr")
     s = scorch.explain("ij,j->i", A, torch.ones(3, dtype=dtype)).schedule
-    idx = {ap.id: torch.int32 for ap in s.accesses if ap.sparse}
-    return codegen.generate(s, dtype, idx, scalar_inner=scalar_inner)[0]
+    idx = {ap.id: index for ap in s.accesses if ap.sparse}
+    src, args = codegen.generate(s, dtype, idx, scalar_inner=scalar_inner)
+    # the argument order _run_forced passes
+    assert [a[0] for a in args] == ["N_i", "N_j", "t0_pos1", "t0_crd1", "t0_vals", "t1_st_j",
+                                    "t1_vals", "out_vals", "out_st_i"]
+    return src
 
 
 def test_short_rows_variant_is_built_scalar_with_aligned_loops():
@@ -75,3 +82,125 @@ def test_avx2_spmv_variants_match_dense(case):
         assert not target.runnable(target.target_named("avx2"))
         return
     _check(case, "avx2")
+
+
+def _forced(src: str, variant: str) -> str:
+    """``src`` with the chunk function ``variant`` chosen whatever the input's size."""
+    lines = src.split("\n")
+    at = lines.index(f"        fn = {variant}")
+    assert lines[at - 1].startswith("    if ")
+    lines[at - 1] = "    if True:"
+    for n, ln in enumerate(lines):     # later selects would override it
+        if n > at and ln.startswith("        fn = run_chunk_"):
+            lines[n - 1] = "    if False:"
+    return "\n".join(lines)
+
+
+def test_short_rows_module_has_stream_variants_chosen_by_size():
+    short, default = _spmv_source(), _spmv_source(scalar_inner=False)
+    assert "cdef void run_chunk_streams" in short and f">= {STREAM_MIN_BYTES}" in short
+    assert "scorch_prefetch_stream(a.t0_crd1 + qb + " in short
+    # the gather prefetch runs in the stream form too, and comes last (it wins when both hold)
+    assert short.index("fn = run_chunk_streams") < short.index("fn = run_chunk_prefetch")
+    pf = short[short.index("cdef void run_chunk_prefetch"):short.index("cdef void kernel_c")]
+    assert f"while qb + {STREAM_BLOCK} <= h" in pf and "scorch_prefetch(a.t1_vals" in pf
+    assert "run_chunk_streams" not in default and "scorch_prefetch_stream" not in default
+
+
+def test_vectorized_gather_dot_uses_eight_lanes():
+    """float32 on a 512-bit target asks for 256-bit vectors; float64 (8 lanes in 512 bits)
+    and the AVX2 target (already 8 float32 lanes) ask for nothing; the flag is allowed."""
+    flag = "-mprefer-vector-width=256"
+    with target.use_target("avx512"):
+        f32 = _spmv_source(scalar_inner=False)
+        f64 = _spmv_source(torch.float64, scalar_inner=False)
+        short = _spmv_source(scalar_inner=True)
+    assert f"# scorch-cflags: {flag}" in f32
+    assert flag not in f64 and flag not in short
+    assert flag in build.source_cflags(f32)
+    if AVX2:
+        with target.use_target("avx2"):
+            assert flag not in _spmv_source(scalar_inner=False)
+
+
+def _csr_case(draw, dtypes=(torch.float32, torch.float64), indices=(torch.int32, torch.int64)):
+    """A CSR matrix with empty rows, short rows and (sometimes) rows of several stream
+    blocks, as (indptr, indices, values) arrays of the drawn types."""
+    rows = draw(st.integers(0, 50))
+    cols = draw(st.integers(1, 80))
+    dtype, index = draw(st.sampled_from(dtypes)), draw(st.sampled_from(indices))
+    kind = draw(st.sampled_from(["empty", "short", "mixed", "one long", "dense"]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    if kind == "empty":
+        lens = np.zeros(rows, np.int64)
+    elif kind == "short":
+        lens = rng.integers(0, min(cols, 6) + 1, rows)
+    elif kind == "mixed":
+        lens = rng.integers(0, cols + 1, rows)
+    elif kind == "one long":
+        lens = rng.integers(0, min(cols, 3) + 1, rows)
+        if rows:
+            lens[rng.integers(rows)] = cols
+    else:
+        lens = np.full(rows, cols)
+    crd = [np.sort(rng.choice(cols, int(n), replace=False)) for n in lens]
+    M = sp.csr_matrix((rng.standard_normal(int(lens.sum())),
+                       np.concatenate(crd + [np.zeros(0, np.int64)]).astype(np.int64),
+                       np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)), shape=(rows, cols))
+    return M, dtype, index
+
+
+def _run_forced(M, dtype, index, variant):
+    np_index = {torch.int32: np.int32, torch.int64: np.int64}[index]
+    np_dtype = {torch.float32: np.float32, torch.float64: np.float64}[dtype]
+    ptr, crd = M.indptr.astype(np_index), M.indices.astype(np_index)
+    vals = M.data.astype(np_dtype)
+    x = np.random.default_rng(1).standard_normal(M.shape[1]).astype(np_dtype)
+    out = np.full(M.shape[0], np.nan, np_dtype)
+    mod = build.load_kernel(_forced(_spmv_source(dtype, True, index), variant), name_hint="spmv_forced")
+    mod.kernel([M.shape[0], M.shape[1], ptr.ctypes.data, crd.ctypes.data, vals.ctypes.data, 1,
+                x.ctypes.data, out.ctypes.data, 1], 1)
+    ref = torch.from_numpy(M.toarray()).to(dtype) @ torch.from_numpy(x)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(torch.from_numpy(out), ref, rtol=tol, atol=tol)
+
+
+@FAST
+@given(data=st.data(), variant=st.sampled_from(["run_chunk_streams", "run_chunk_prefetch"]))
+def test_stream_variants_match_dense(data, variant):
+    M, dtype, index = data.draw(st.composite(_csr_case)())
+    _run_forced(M, dtype, index, variant)
+
+
+@settings(max_examples=6, deadline=None)
+@given(data=st.data())
+def test_avx2_stream_variant_matches_dense(data):
+    if not AVX2:
+        assert not target.runnable(target.target_named("avx2"))
+        return
+    M, dtype, index = data.draw(st.composite(_csr_case)(dtypes=(torch.float32,), indices=(torch.int32,)))
+    with target.use_target("avx2"):
+        _run_forced(M, dtype, index, "run_chunk_streams")
+
+
+@pytest.mark.parametrize("name", ["native", "avx2"])
+def test_large_short_rows_input_takes_stream_variant(name):
+    """Streams past STREAM_MIN_BYTES (float32/int32: 2^18 + entries), rows of 0 to 20
+    entries, one of 300: einsum chooses the stream variant by size, and it equals scipy."""
+    if name == "avx2" and not AVX2:
+        return
+    rng = np.random.default_rng(3)
+    rows = STREAM_MIN_BYTES // 8 // 9 + 1000
+    lens = rng.integers(0, 21, rows)
+    lens[rows // 2] = 300
+    cols = 1 << 16
+    ptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    assert ptr[-1] * 8 >= STREAM_MIN_BYTES and ptr[-1] <= short_rows_limit(torch.float32) * rows
+    M = sp.csr_matrix((rng.standard_normal(ptr[-1]).astype(np.float32),
+                       rng.integers(0, cols, ptr[-1]).astype(np.int32), ptr), shape=(rows, cols))
+    M.sort_indices()
+    x = torch.from_numpy(rng.standard_normal(cols).astype(np.float32))
+    with target.use_target(name):
+        got = scorch.einsum("ij,j->i", scorch.from_scipy(M), x)
+    ref = torch.from_numpy((M.astype(np.float64) @ x.double().numpy()))
+    torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-4)

@@ -564,8 +564,9 @@ def generate(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, torc
              scalar_inner: bool = False):
     """Cython source of the kernel and its argument list (field, C type, meaning).
     ``scalar_inner``: the short-rows variant (see :func:`short_rows`), built without loop
-    vectorization and with aligned loops (``SHORT_ROWS_CFLAGS``)."""
-    k = lower_kernel(s, value_dtype, index_dtypes)
+    vectorization and with aligned loops (``SHORT_ROWS_CFLAGS``), with a stream variant for
+    streams larger than the cache (``lower/stream_rows.py``)."""
+    k = lower_kernel(s, value_dtype, index_dtypes, short_module=scalar_inner)
     src = print_kernel(k)
     if scalar_inner:
         lines = src.split("\n")

@@ -15,10 +15,12 @@ import torch
 from ..loop_ir import (ArgSpec, Assign, Call, ChunkFunction, Chunking, DenseOutput, Kernel, Panels,
                        RowsOutput, Stmt, TuplesOutput)
 from ..schedule import Schedule
-from .facts import (DENSE_WS_LIMIT, PREFETCH_DISTANCE, PREFETCH_MIN_BYTES, UNPREDICTABLE_DECL, KernelFacts,
-                    kernel_facts, math_functions, reduce_identity, short_rows, ws_size)
+from .facts import (DENSE_WS_LIMIT, GATHER_DOT_LANES, PREFETCH_DISTANCE, PREFETCH_MIN_BYTES, STREAM_MIN_BYTES,
+                    UNPREDICTABLE_DECL, KernelFacts, kernel_facts, math_functions, reduce_identity, short_rows,
+                    ws_size)
 from .loops import loop_nest
 from .nest import Cursor, Decls, Nest, Variant
+from .stream_rows import STREAM_PREFETCH, STREAM_PREFETCH_DECL, stream_blocks
 
 __all__ = ["lower_kernel", "kernel_args"]
 
@@ -97,21 +99,37 @@ def chunk_function(f: KernelFacts, variant: Variant) -> ChunkFunction:
     if f.row_room:
         # the chunk's entries (or, in the bound pass, their bound) counted from its room's start
         pre.append(Assign(n.decls.need("ok"), "0"))
-    body = tuple(pre) + loop_nest(n, 0, start) + tuple(post)
+    nest = loop_nest(n, 0, start)
+    if variant.streams:
+        nest = stream_blocks(f, nest, n.decls.need("qb"))
+    body = tuple(pre) + nest + tuple(post)
     return ChunkFunction(variant.name, variant.select, n.decls.items(), body,
                          "ok" if f.row_room else None)
 
 
-def variants(f: KernelFacts) -> Tuple[Variant, ...]:
-    """The chunk-function variants this kernel has (``run_chunk`` first)."""
+def _streams_bytes(f: KernelFacts) -> str:
+    """The C expression of the bytes a short-rows kernel's index and value streams span."""
+    acc, rows = short_rows(f.s)
+    lv = f.loops[-1].iters[0]
+    extent = " * ".join(f"a.N_{v}" for v in rows) or "1"
+    return f"({lv.pos}[{extent}] - {lv.pos}[0]) * (sizeof({lv.crd}[0]) + sizeof({f.vt}))"
+
+
+def variants(f: KernelFacts, short_module: bool = False) -> Tuple[Variant, ...]:
+    """The chunk-function variants this kernel has (``run_chunk`` first; the last whose
+    condition holds runs). ``short_module``: the short-rows module (``codegen.generate``'s
+    ``scalar_inner``), which adds the stream variant (``stream_rows``) where the streams
+    outgrow the cache and runs its gather prefetch in the stream form too."""
     s = f.s
     out = [Variant()]
     L = s.loop_order[-1] if s.loop_order else None
     out += [Variant(f"run_chunk_w{W}", f"a.N_{L} == {W}", width=W) for W in f.widths]
+    if f.gathers and short_module:
+        out.append(Variant("run_chunk_streams", f"{_streams_bytes(f)} >= {STREAM_MIN_BYTES}", streams=True))
     if f.gathers:
         big = " or ".join(f"a.N_{L} * a.t{i}_st_{L} * sizeof({f.vt}) >= {PREFETCH_MIN_BYTES}"
                           for i in f.gathers)
-        out.append(Variant("run_chunk_prefetch", big, prefetch=True))
+        out.append(Variant("run_chunk_prefetch", big, prefetch=True, streams=short_module))
     if f.rt_ws:
         out.append(Variant("run_chunk_map", f"{ws_size(s.output.ws_vars)} > {DENSE_WS_LIMIT}",
                            ws_map=True))
@@ -129,7 +147,7 @@ def _header(s: Schedule) -> Tuple[str, ...]:
     return tuple(lines)
 
 
-def _imports(f: KernelFacts) -> Tuple[str, ...]:
+def _imports(f: KernelFacts, short_module: bool) -> Tuple[str, ...]:
     out = f.s.output
     lines = ["from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t",
              "from libc.string cimport memcpy, memset"]
@@ -145,8 +163,12 @@ def _imports(f: KernelFacts) -> Tuple[str, ...]:
     lines.append("from libcpp.vector cimport vector")
     if f.gathers:
         lines += ["cdef extern from *:", '    """',
-                  "    #define scorch_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)",
-                  '    """', "    void scorch_prefetch(const void*) noexcept nogil"]
+                  "    #define scorch_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)"]
+        if short_module:
+            lines += list(STREAM_PREFETCH_DECL)
+        lines += ['    """', "    void scorch_prefetch(const void*) noexcept nogil"]
+        if short_module:
+            lines.append(f"    void {STREAM_PREFETCH}(const void*) noexcept nogil")
     if out.mode == "ws" and f.rt_ws:
         lines.append("from scorch._runtime.workspace cimport (AppendBuffer, DenseScratch, SparseWorkspace,\n"
                      "                                        dense_scratch, dense_ws_drain)")
@@ -198,9 +220,19 @@ def _panels(f: KernelFacts):
     return Panels(L, f.panels, shifted)
 
 
+def _gather_dot_cflags(f: KernelFacts) -> str:
+    """The vectorized gathered dot's vector width (``facts.GATHER_DOT_LANES`` values) where
+    it is narrower than the target's registers (float32 on AVX-512: 256-bit), else ""."""
+    size = {"float": 4, "double": 8}.get(f.vt)
+    if not f.gathers or size is None or GATHER_DOT_LANES * size >= f.target.vector_bytes:
+        return ""
+    return f"-mprefer-vector-width={GATHER_DOT_LANES * size * 8}"
+
+
 def lower_kernel(s: Schedule, value_dtype: torch.dtype,
-                 index_dtypes: Dict[int, torch.dtype]) -> Kernel:
-    """The loop IR of the kernel for ``s``."""
+                 index_dtypes: Dict[int, torch.dtype], short_module: bool = False) -> Kernel:
+    """The loop IR of the kernel for ``s``; ``short_module``: the short-rows module of a
+    gathered dot (``codegen.generate``'s ``scalar_inner``: its stream variant)."""
     f = kernel_facts(s, value_dtype, index_dtypes)
     out = s.output
     # kernels that only write a preallocated output (dense, or values in an operand's
@@ -210,10 +242,10 @@ def lower_kernel(s: Schedule, value_dtype: torch.dtype,
     if out.dense and not f.store_all:
         # the output arrives uninitialized (torch.empty: cheaper than torch.zeros' dispatch)
         memset = " * ".join(f"a.N_{v}" for v in out.vars) or "1"
-    return Kernel(header=_header(s), imports=_imports(f), args=kernel_args(f), value_type=f.vt,
+    return Kernel(header=_header(s), imports=_imports(f, short_module), args=kernel_args(f), value_type=f.vt,
                   np_value_type=f.npvt, vector_type=f.vtype if f.widths else None,
                   buffers=(f.crd_buf, f.val_buf),
-                  chunk_functions=tuple(chunk_function(f, v) for v in variants(f)),
+                  chunk_functions=tuple(chunk_function(f, v) for v in variants(f, short_module)),
                   c_entry=c_entry, ws_vars=tuple(out.ws_vars) if out.mode == "ws" else (),
                   chunking=_chunking(f), memset=memset, panels=_panels(f), output=_output(f),
                   fill=None if s.assignment.reduce == "sum" else reduce_identity(s.assignment.reduce, f.vt),
@@ -222,4 +254,4 @@ def lower_kernel(s: Schedule, value_dtype: torch.dtype,
                   # rows written straight run short loops (a union's rest of a row: a few
                   # entries), where gcc's vectorized copies cost more in set-up than they
                   # save (arrow, 3 a row: 1.09 -> 0.65 ms; 4elt, 6: 0.65 -> 0.44 ms)
-                  cflags="-fno-tree-vectorize" if f.row_room else "")
+                  cflags="-fno-tree-vectorize" if f.row_room else ("" if short_module else _gather_dot_cflags(f)))

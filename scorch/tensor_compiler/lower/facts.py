@@ -22,7 +22,8 @@ from ..schedule import Schedule
 from ..target import Target, current as current_target, vector_type_name
 
 __all__ = ["UNPREDICTABLE", "UNPREDICTABLE_DECL", "CTYPES", "NPTYPES", "ITYPES", "DENSE_WS_LIMIT", "SHORT_ROWS",
-           "SHORT_ROWS_BY_DTYPE", "PREFETCH_DISTANCE", "PREFETCH_MIN_BYTES", "gathered", "short_rows_limit",
+           "SHORT_ROWS_BY_DTYPE", "PREFETCH_DISTANCE", "PREFETCH_MIN_BYTES", "STREAM_BLOCK", "STREAM_DISTANCE",
+           "STREAM_MIN_BYTES", "GATHER_DOT_LANES", "gathered", "short_rows_limit",
            "short_rows", "unit_stride_accesses", "relayouts", "LoopLevels",
            "KernelFacts", "kernel_facts", "cvar", "ws_size"]
 
@@ -57,6 +58,28 @@ SHORT_ROWS_BY_DTYPE = {torch.float32: 16}
 #: choice (``run_chunk_prefetch``).
 PREFETCH_DISTANCE = 64
 PREFETCH_MIN_BYTES = 2 << 20
+
+#: the short-rows module's stream variant (``lower/stream_rows.py``): a row loop whose row
+#: exits mispredict (rows of a few entries, random lengths) stalls the hardware stream
+#: prefetcher on the index and value arrays, so each row asks for the stream lines
+#: STREAM_DISTANCE entries ahead, and rows longer than STREAM_BLOCK entries run in blocks of
+#: STREAM_BLOCK with one such request a block. Chosen at run time when the two streams
+#: span at least STREAM_MIN_BYTES (twice this Zen 4's 1 MiB L2; below it, in cache, the
+#: requests cost 5-10 %: bcspwr10, 4elt). 1 thread, float32/int32, CPU time, loaded machine
+#: (benchmarks/results/issue15/spmv4/NOTES.md): uniform18 1.31-1.36x, rmat18 1.12-1.14x,
+#: uniform16 1.07x, rmat16 1.01-1.05x; with the gather prefetch (x >= PREFETCH_MIN_BYTES)
+#: rmat19 1.52x, against 1.27x for the gather prefetch alone.
+STREAM_BLOCK = 16
+STREAM_DISTANCE = 512
+STREAM_MIN_BYTES = 2 << 20
+
+#: values per vector in the vectorized (long-rows) module of a gathered dot (SpMV): its
+#: gathers are emulated lane by lane, and on AVX-512 16 float32 lanes take more inserts and
+#: a longer horizontal sum per row than two 8-lane vectors; float32 is built for 256-bit
+#: vectors (1 thread, rows of 17 to 512 entries: 1.09-1.24x with x in L1, 0.99-1.06x with
+#: x of 1 MiB; Groebner_id2003_aug 66 -> 58 us). float64 keeps 8 lanes in one zmm (4
+#: lanes were 14 % slower on uniform16, session 7).
+GATHER_DOT_LANES = 8
 
 
 def short_rows_limit(value_dtype: torch.dtype) -> int:
