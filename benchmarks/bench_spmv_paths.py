@@ -1,7 +1,8 @@
 """SpMV A/B measurements in one process, interleaved (issue 15, point 1-2): the call path
 (``scorch.einsum``, ``A @ x``, ``torch.mv(A, x)``, the bare kernel) against scipy and torch
 CSR, and the kernel variants the compiler chooses between (short-rows module with and
-without 32-byte loop alignment, the gather prefetch forced on and off).
+without 32-byte loop alignment, its stream form with and without the gather prefetch, the
+vectorized module at 8 lanes and at the register width), each forced on.
 
     SCORCH_DATA_DIR=... python benchmarks/bench_spmv_paths.py               # 1 thread
     SCORCH_DATA_DIR=... python benchmarks/bench_spmv_paths.py --matrices bcspwr10 rmat19
@@ -40,31 +41,44 @@ def cpu_time_per_call(fn, budget: float = 0.03) -> float:
             return dt / n
 
 
-def _variants(A, x):
-    """The bare kernel modules: name -> module (all take the same argument list)."""
-    src = scorch.explain("ij,j->i", scorch.from_scipy(A), torch.from_numpy(x)).source
+def _forced(src: str, variant: str) -> str:
+    """``src`` with chunk function ``variant`` chosen whatever the input (``run_chunk``: none
+    of the others)."""
     lines = src.split("\n")
-    select = next(ln for ln in lines if "sizeof(" in ln and ">=" in ln and ln.lstrip().startswith("if"))
-    indent = select[:len(select) - len(select.lstrip())]
-
-    def flags(text: str, f: str) -> str:
-        ls = text.split("\n")
-        ls.insert(2, f"# scorch-cflags: {f}")
-        return "\n".join(ls)
-    plain = src.replace(select, f"{indent}if False:")
-    prefetch = src.replace(select, f"{indent}if True:")
-    return {"short (aligned)": build.load_kernel(flags(plain, codegen.SHORT_ROWS_CFLAGS)),
-            "short (unaligned)": build.load_kernel(flags(plain, "-fno-tree-vectorize")),
-            "short + prefetch": build.load_kernel(flags(prefetch, codegen.SHORT_ROWS_CFLAGS)),
-            "vectorized": build.load_kernel(plain)}
+    for n, ln in enumerate(lines):
+        if ln.startswith("        fn = run_chunk"):
+            lines[n - 1] = "    if True:" if ln.strip() == f"fn = {variant}" else "    if False:"
+    return "\n".join(lines)
 
 
-def measure(name: str, rounds: int) -> None:
-    A = K.load_matrix(name)
-    x = np.random.default_rng(0).standard_normal(A.shape[1]).astype(np.float32)
+def _variants(A, x):
+    """The bare kernel modules: name -> module (all take the same argument list): the
+    short-rows module's variants (plain, with 16-byte loop alignment, stream form, gather
+    prefetch in the stream form) and the vectorized module at 8 lanes and at the target's
+    register width."""
+    Ax = scorch.from_scipy(A)
+    s = scorch.explain("ij,j->i", Ax, torch.from_numpy(x)).schedule
+    idx = {ap.id: torch.from_numpy(A.indices).dtype for ap in s.accesses if ap.sparse}
+    vt = torch.from_numpy(A.data).dtype
+    short = codegen.generate(s, vt, idx, scalar_inner=True)[0]
+    vec = codegen.generate(s, vt, idx)[0]
+    register = "\n".join(ln for ln in vec.split("\n") if not ln.startswith("# scorch-cflags:"))
+    return {"short (aligned)": build.load_kernel(_forced(short, "run_chunk")),
+            "short (unaligned)": build.load_kernel(_forced(short, "run_chunk").replace(
+                codegen.SHORT_ROWS_CFLAGS, "-fno-tree-vectorize")),
+            "short + streams": build.load_kernel(_forced(short, "run_chunk_streams")),
+            "short + streams + prefetch": build.load_kernel(_forced(short, "run_chunk_prefetch")),
+            "vectorized (8 lanes)": build.load_kernel(_forced(vec, "run_chunk")),
+            "vectorized (register width)": build.load_kernel(_forced(register, "run_chunk"))}
+
+
+def measure(name: str, rounds: int, dtype: str = "float32", index: str = "int32") -> None:
+    A = K.load_matrix(name).astype(dtype)
+    A.indptr, A.indices = A.indptr.astype(index), A.indices.astype(index)
+    x = np.random.default_rng(0).standard_normal(A.shape[1]).astype(dtype)
     xt = torch.from_numpy(x)
     As, At = scorch.from_scipy(A), K._torch_csr(A)
-    out = np.empty(A.shape[0], np.float32)
+    out = np.empty(A.shape[0], dtype)
     args = [A.shape[0], A.shape[1], A.indptr.ctypes.data, A.indices.ctypes.data,
             A.data.ctypes.data, 1, x.ctypes.data, out.ctypes.data, 1]
     calls = {"scipy": lambda: A @ x, "torch CSR": lambda: torch.mv(At, xt),
@@ -95,10 +109,12 @@ def main(argv=None) -> int:
     p.add_argument("--matrices", nargs="+",
                    default=["bcspwr10", "4elt", "Groebner_id2003_aug", "rmat16", "uniform16"])
     p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--index", default="int32", choices=["int32", "int64"])
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     for m in args.matrices:
-        measure(m, args.rounds)
+        measure(m, args.rounds, args.dtype, args.index)
     return 0
 
 

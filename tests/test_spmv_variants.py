@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 import scorch
 from scorch.tensor_compiler import build, codegen, target
 from scorch.tensor_compiler.lower import short_rows_limit
-from scorch.tensor_compiler.lower.facts import STREAM_BLOCK, STREAM_MIN_BYTES
+from scorch.tensor_compiler.lower.facts import STREAM_BLOCK, STREAM_MIN_BYTES, STREAM_MIN_GATHER_BYTES
 
 FAST = settings(max_examples=20, deadline=None)
 AVX2 = target.runnable(target.target_named("avx2"))
@@ -98,7 +98,9 @@ def _forced(src: str, variant: str) -> str:
 
 def test_short_rows_module_has_stream_variants_chosen_by_size():
     short, default = _spmv_source(), _spmv_source(scalar_inner=False)
-    assert "cdef void run_chunk_streams" in short and f">= {STREAM_MIN_BYTES}" in short
+    assert "cdef void run_chunk_streams" in short
+    select = short.split("\n")[short.split("\n").index("        fn = run_chunk_streams") - 1]
+    assert f">= {STREAM_MIN_BYTES}" in select and f">= {STREAM_MIN_GATHER_BYTES}" in select
     assert "scorch_prefetch_stream(a.t0_crd1 + qb + " in short
     # the gather prefetch runs in the stream form too, and comes last (it wins when both hold)
     assert short.index("fn = run_chunk_streams") < short.index("fn = run_chunk_prefetch")
@@ -185,15 +187,16 @@ def test_avx2_stream_variant_matches_dense(data):
 
 @pytest.mark.parametrize("name", ["native", "avx2"])
 def test_large_short_rows_input_takes_stream_variant(name):
-    """Streams past STREAM_MIN_BYTES (float32/int32: 2^18 + entries), rows of 0 to 20
-    entries, one of 300: einsum chooses the stream variant by size, and it equals scipy."""
+    """Streams past STREAM_MIN_BYTES (float32/int32: 2^18 + entries) and x of
+    STREAM_MIN_GATHER_BYTES, rows of 0 to 20 entries, one of 300: einsum chooses the stream
+    variant by size, and it equals scipy."""
     if name == "avx2" and not AVX2:
         return
     rng = np.random.default_rng(3)
     rows = STREAM_MIN_BYTES // 8 // 9 + 1000
     lens = rng.integers(0, 21, rows)
     lens[rows // 2] = 300
-    cols = 1 << 16
+    cols = STREAM_MIN_GATHER_BYTES // 4
     ptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
     assert ptr[-1] * 8 >= STREAM_MIN_BYTES and ptr[-1] <= short_rows_limit(torch.float32) * rows
     M = sp.csr_matrix((rng.standard_normal(ptr[-1]).astype(np.float32),

@@ -23,7 +23,7 @@ from ..target import Target, current as current_target, vector_type_name
 
 __all__ = ["UNPREDICTABLE", "UNPREDICTABLE_DECL", "CTYPES", "NPTYPES", "ITYPES", "DENSE_WS_LIMIT", "SHORT_ROWS",
            "SHORT_ROWS_BY_DTYPE", "PREFETCH_DISTANCE", "PREFETCH_MIN_BYTES", "STREAM_BLOCK", "STREAM_DISTANCE",
-           "STREAM_MIN_BYTES", "GATHER_DOT_LANES", "gathered", "short_rows_limit",
+           "STREAM_MIN_BYTES", "STREAM_MIN_GATHER_BYTES", "GATHER_DOT_LANES", "gathered", "short_rows_limit",
            "short_rows", "unit_stride_accesses", "relayouts", "LoopLevels",
            "KernelFacts", "kernel_facts", "cvar", "ws_size"]
 
@@ -63,15 +63,19 @@ PREFETCH_MIN_BYTES = 2 << 20
 #: exits mispredict (rows of a few entries, random lengths) stalls the hardware stream
 #: prefetcher on the index and value arrays, so each row asks for the stream lines
 #: STREAM_DISTANCE entries ahead, and rows longer than STREAM_BLOCK entries run in blocks of
-#: STREAM_BLOCK with one such request a block. Chosen at run time when the two streams
+#: STREAM_BLOCK with one such request a block; the requests are non-temporal, so the
+#: streams pass by the L2 that holds the gathered x. Chosen at run time when the two streams
 #: span at least STREAM_MIN_BYTES (twice this Zen 4's 1 MiB L2; below it, in cache, the
-#: requests cost 5-10 %: bcspwr10, 4elt). 1 thread, float32/int32, CPU time, loaded machine
-#: (benchmarks/results/issue15/spmv4/NOTES.md): uniform18 1.31-1.36x, rmat18 1.12-1.14x,
-#: uniform16 1.07x, rmat16 1.01-1.05x; with the gather prefetch (x >= PREFETCH_MIN_BYTES)
-#: rmat19 1.52x, against 1.27x for the gather prefetch alone.
+#: requests cost 5-10 %: bcspwr10, 4elt) and x at least STREAM_MIN_GATHER_BYTES (the L2:
+#: with x of 256 KiB the generated variant was 5-10 % slower on uniform16 and 0-10 % faster
+#: on rmat16). 1 thread, float32/int32, CPU time, loaded machine
+#: (benchmarks/results/issue15/spmv4/NOTES.md): uniform18 1.13-1.26x, rmat18 1.11-1.20x;
+#: with the gather prefetch (x >= PREFETCH_MIN_BYTES) rmat19 1.52x against 1.27x for the
+#: gather prefetch alone (C prototypes).
 STREAM_BLOCK = 16
 STREAM_DISTANCE = 512
 STREAM_MIN_BYTES = 2 << 20
+STREAM_MIN_GATHER_BYTES = 1 << 20
 
 #: values per vector in the vectorized (long-rows) module of a gathered dot (SpMV): its
 #: gathers are emulated lane by lane, and on AVX-512 16 float32 lanes take more inserts and
