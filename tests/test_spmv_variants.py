@@ -125,10 +125,11 @@ def test_vectorized_gather_dot_uses_eight_lanes():
             assert flag not in _spmv_source(scalar_inner=False)
 
 
-def _csr_case(draw, dtypes=(torch.float32, torch.float64), indices=(torch.int32, torch.int64)):
-    """A CSR matrix with empty rows, short rows and (sometimes) rows of several stream
-    blocks, as (indptr, indices, values) arrays of the drawn types."""
-    rows = draw(st.integers(0, 50))
+@st.composite
+def csr_case(draw, dtypes=(torch.float32, torch.float64), indices=(torch.int32, torch.int64)):
+    """A scipy CSR matrix with empty rows, short rows, a single long row, or rows of several
+    stream blocks, and the value and index types to run it with."""
+    rows = draw(st.sampled_from([0, 1, 2, 17, 50, 150]))
     cols = draw(st.integers(1, 80))
     dtype, index = draw(st.sampled_from(dtypes)), draw(st.sampled_from(indices))
     kind = draw(st.sampled_from(["empty", "short", "mixed", "one long", "dense"]))
@@ -152,7 +153,7 @@ def _csr_case(draw, dtypes=(torch.float32, torch.float64), indices=(torch.int32,
     return M, dtype, index
 
 
-def _run_forced(M, dtype, index, variant):
+def _run_forced(M, dtype, index, variant, threads=1):
     np_index = {torch.int32: np.int32, torch.int64: np.int64}[index]
     np_dtype = {torch.float32: np.float32, torch.float64: np.float64}[dtype]
     ptr, crd = M.indptr.astype(np_index), M.indices.astype(np_index)
@@ -161,17 +162,19 @@ def _run_forced(M, dtype, index, variant):
     out = np.full(M.shape[0], np.nan, np_dtype)
     mod = build.load_kernel(_forced(_spmv_source(dtype, True, index), variant), name_hint="spmv_forced")
     mod.kernel([M.shape[0], M.shape[1], ptr.ctypes.data, crd.ctypes.data, vals.ctypes.data, 1,
-                x.ctypes.data, out.ctypes.data, 1], 1)
+                x.ctypes.data, out.ctypes.data, 1], threads)
     ref = torch.from_numpy(M.toarray()).to(dtype) @ torch.from_numpy(x)
     tol = 1e-5 if dtype == torch.float32 else 1e-12
     torch.testing.assert_close(torch.from_numpy(out), ref, rtol=tol, atol=tol)
 
 
 @FAST
-@given(data=st.data(), variant=st.sampled_from(["run_chunk_streams", "run_chunk_prefetch"]))
-def test_stream_variants_match_dense(data, variant):
-    M, dtype, index = data.draw(st.composite(_csr_case)())
-    _run_forced(M, dtype, index, variant)
+@given(data=st.data(), variant=st.sampled_from(["run_chunk_streams", "run_chunk_prefetch"]),
+       threads=st.sampled_from([1, 2]))
+def test_stream_variants_match_dense(data, variant, threads):
+    """Forced on small inputs (2 threads: chunks of rows from 64 rows up)."""
+    M, dtype, index = data.draw(csr_case())
+    _run_forced(M, dtype, index, variant, threads)
 
 
 @settings(max_examples=6, deadline=None)
@@ -180,7 +183,7 @@ def test_avx2_stream_variant_matches_dense(data):
     if not AVX2:
         assert not target.runnable(target.target_named("avx2"))
         return
-    M, dtype, index = data.draw(st.composite(_csr_case)(dtypes=(torch.float32,), indices=(torch.int32,)))
+    M, dtype, index = data.draw(csr_case(dtypes=(torch.float32,), indices=(torch.int32,)))
     with target.use_target("avx2"):
         _run_forced(M, dtype, index, "run_chunk_streams")
 
