@@ -16,9 +16,8 @@ from ..loop_ir import (ArgSpec, Assign, Call, ChunkFunction, Chunking, DenseOutp
                        RowsOutput, Stmt, TuplesOutput)
 from ..schedule import Schedule
 from .facts import (DENSE_WS_LIMIT, GATHER_DOT_LANES, PREFETCH_DISTANCE, PREFETCH_MIN_BYTES, STREAM_MIN_BYTES,
-                    STREAM_MIN_GATHER_BYTES,
-                    UNPREDICTABLE_DECL, KernelFacts, kernel_facts, math_functions, reduce_identity, short_rows,
-                    ws_size)
+                    STREAM_MIN_GATHER_BYTES, UNPREDICTABLE_DECL, KernelFacts, kernel_facts, math_functions,
+                    reduce_identity, short_rows, ws_size)
 from .loops import loop_nest
 from .nest import Cursor, Decls, Nest, Variant
 from .stream_rows import STREAM_PREFETCH, STREAM_PREFETCH_DECL, stream_blocks
@@ -116,6 +115,12 @@ def _streams_bytes(f: KernelFacts) -> str:
     return f"({lv.pos}[{extent}] - {lv.pos}[0]) * (sizeof({lv.crd}[0]) + sizeof({f.vt}))"
 
 
+def _gathers_span(f: KernelFacts, least: int) -> str:
+    """The C condition that some gathered operand spans at least ``least`` bytes."""
+    L = f.s.loop_order[-1]
+    return " or ".join(f"a.N_{L} * a.t{i}_st_{L} * sizeof({f.vt}) >= {least}" for i in f.gathers)
+
+
 def variants(f: KernelFacts, short_module: bool = False) -> Tuple[Variant, ...]:
     """The chunk-function variants this kernel has (``run_chunk`` first; the last whose
     condition holds runs). ``short_module``: the short-rows module (``codegen.generate``'s
@@ -125,13 +130,11 @@ def variants(f: KernelFacts, short_module: bool = False) -> Tuple[Variant, ...]:
     out = [Variant()]
     L = s.loop_order[-1] if s.loop_order else None
     out += [Variant(f"run_chunk_w{W}", f"a.N_{L} == {W}", width=W) for W in f.widths]
-    def gathers_span(least: int) -> str:
-        return " or ".join(f"a.N_{L} * a.t{i}_st_{L} * sizeof({f.vt}) >= {least}" for i in f.gathers)
     if f.gathers and short_module:
         out.append(Variant("run_chunk_streams", f"{_streams_bytes(f)} >= {STREAM_MIN_BYTES} and "
-                                                f"({gathers_span(STREAM_MIN_GATHER_BYTES)})", streams=True))
+                                                f"({_gathers_span(f, STREAM_MIN_GATHER_BYTES)})", streams=True))
     if f.gathers:
-        out.append(Variant("run_chunk_prefetch", gathers_span(PREFETCH_MIN_BYTES), prefetch=True,
+        out.append(Variant("run_chunk_prefetch", _gathers_span(f, PREFETCH_MIN_BYTES), prefetch=True,
                            streams=short_module))
     if f.rt_ws:
         out.append(Variant("run_chunk_map", f"{ws_size(s.output.ws_vars)} > {DENSE_WS_LIMIT}",

@@ -80,7 +80,7 @@ STREAM_MIN_GATHER_BYTES = 1 << 20
 #: values per vector in the vectorized (long-rows) module of a gathered dot (SpMV): its
 #: gathers are emulated lane by lane, and on AVX-512 16 float32 lanes take more inserts and
 #: a longer horizontal sum per row than two 8-lane vectors; float32 is built for 256-bit
-#: vectors (1 thread, rows of 17 to 512 entries: 1.09-1.24x with x in L1, 0.99-1.06x with
+#: vectors (1 thread, rows of 17 to 512 entries: 1.09-1.24x with x in L1, 0.99-1.14x with
 #: x of 1 MiB; Groebner_id2003_aug 66 -> 58 us). float64 keeps 8 lanes in one zmm (4
 #: lanes were 14 % slower on uniform16, session 7).
 GATHER_DOT_LANES = 8

@@ -16,7 +16,8 @@ class Variant:
     (None: the run-time ``N``), ``ws_map``: the workspace is the runtime's std::map, else
     local dense arrays. ``prefetch``: the row loop prefetches its gathers ahead (see
     ``facts.PREFETCH_MIN_BYTES``). ``streams``: the short-rows row loop in its stream form
-    (``stream_rows``: index and value lines requested ahead, long rows in blocks). ``select``: the condition that picks it (None: ``run_chunk``).
+    (``stream_rows``: index and value lines requested ahead, long rows in blocks).
+    ``select``: the condition that picks it (None: ``run_chunk``).
     ``bound_only``: the bound pass of a rows output (the loops down to the last output
     level, adding up that loop's trip-count bounds)."""
     name: str = "run_chunk"
