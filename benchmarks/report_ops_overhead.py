@@ -144,6 +144,27 @@ def fusion_row(m, rounds: int, stat: str = "median") -> Dict[str, float]:
     return out
 
 
+def union_split(m, rounds: int, stat: str = "median") -> Dict[str, float]:
+    """``A + C`` (two patterns) split into its kernel and the rest: microseconds of the whole
+    call, of the warm kernel alone (the compiled module called on the operands' arrays) and
+    of scipy's ``m + mc``."""
+    from scorch.sparse_ops import elementwise
+    from scorch.tensor_compiler import api
+    from scorch.tensor_compiler.arguments import arg_table, arg_values
+    A, C = scorch.from_scipy(m), _permuted_rows(m, 0)
+    mc = C.to_scipy()
+    A + C
+    asg = elementwise._SAME_SHAPE["add", 2]
+    entry = next(v[3] for v in api._EXPR_FAST.values() if v[0] is asg)
+    (module, args, _), = entry.kernels.values()
+    sa, sc = A._storage, C._storage
+    vals = arg_values(arg_table(args, entry.schedule), {0: sa, 1: sc},
+                      {"i": sa.shape[0], "j": sa.shape[1]}, None)
+    t = interleaved({"A + C": lambda: A + C, "kernel": lambda: module.kernel(vals, 1),
+                     "scipy": lambda: m + mc}, rounds, budget=1.0, stat=stat)
+    return {k: v * 1e6 for k, v in t.items()}
+
+
 def _ab_c(A, B, C):
     return A * B + C               # one expression: one kernel (with new operands allowed)
 
