@@ -19,7 +19,7 @@ already an operand of the pending expression (``A * B + A``) or a number
 (``A * B * 0.5 + A``), so the fused kernel merges no more sparse iterators than the eager
 ones and saves a whole pass (``A * B * 0.5`` alone is not deferred: the number runs on the
 product's stored values, as eager); or the pending expression is a product (``is_product``)
-and the new operand is a tensor (``A * B + C``, ``A * B - C``, ``A * B + C * D``): the
+and the new operand is a SparseTensor (``A * B + C``, ``A * B - C``, ``A * B + C * D``): the
 kernel runs the product as one stream of matches (the intersection of A and B) merged with
 C's entries (``merge_lattice.conjunct_groups``, ``lower/loops._stream_merge``): the eager
 order inside one kernel, measured at least as fast as the two kernels
@@ -471,14 +471,13 @@ def _all_numbers(frame, loads) -> bool:
 
 
 def _all_known(frame, loads, terms, product: bool = False) -> bool:
-    """Whether every loaded value is a number or one of ``terms`` (or, after a product or
-    deferring for new operands too, any plain tensor): its operators run no user code that
+    """Whether every loaded value is a number or one of ``terms`` (or, after a product, a
+    SparseTensor; deferring for new operands too, any plain tensor): its operators run no user code that
     could change an operand of the pending result, and the fused kernel merges no more
     streams than the eager ones (a product is one stream)."""
-    new_ok = product or _NEW_OPERANDS[0]
     for v in _loaded(frame, loads):
         if type(v) not in _NUMBERS and not any(v is t for t in terms) and not (
-                new_ok and type(v) in _PLAIN):
+                _NEW_OPERANDS[0] and type(v) in _PLAIN) and not (product and type(v) is SparseTensor):
             return False
     return True
 
