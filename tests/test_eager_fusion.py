@@ -142,9 +142,10 @@ def _three(fmt="csr", dtype=torch.float64, n=30, seed=0):
 
 
 def test_one_kernel_by_default(kernels):
-    """No new operand (``A * B + A``, a number), or a product meeting one (``A * B + C``):
-    one kernel; a sum meeting a new operand (``A + B + C``): two (a three-way union is
-    slower than two two-way ones)."""
+    """No new operand (``A * B + A``, a number), or a product meeting one in a sum
+    (``A * B + C``): one kernel; a sum meeting a new operand (``A + B + C``) or a product
+    multiplied by one (``A * B * C``): two (a three-way union or intersection is slower than
+    two two-way merges)."""
     (a, b, c, d, e), (A, B, C, D, E) = _three()
     for name, expression in FUSED_BY_DEFAULT.items():
         kernels[0] = 0
@@ -166,6 +167,10 @@ def test_one_kernel_by_default(kernels):
     got = A + B + C          # a sum meets a new operand: not deferred (a three-way union)
     assert kernels[0] == 2
     assert_matches(got, a + b + c, sparse=True)
+    kernels[0] = 0
+    got = A * B * C          # a product multiplied by a new operand: not deferred either
+    assert kernels[0] == 2
+    assert_matches(got, a * b * c, sparse=True)
 
 
 def test_one_kernel_with_new_operands(kernels):

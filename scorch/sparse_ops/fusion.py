@@ -18,14 +18,16 @@ Deferred only where it pays: every value the window loads before the consuming o
 already an operand of the pending expression (``A * B + A``) or a number
 (``A * B * 0.5 + A``), so the fused kernel merges no more sparse iterators than the eager
 ones and saves a whole pass (``A * B * 0.5`` alone is not deferred: the number runs on the
-product's stored values, as eager); or the pending expression is a product (``is_product``)
-and the new operand is a SparseTensor (``A * B + C``, ``A * B - C``, ``A * B + C * D``): the
+product's stored values, as eager); or the pending expression is a product (``is_product``),
+its consumer a ``+`` or ``-`` and the new operand a SparseTensor (``A * B + C``, ``A * B - C``,
+``A * B + C * D``): the
 kernel runs the product as one stream of matches (the intersection of A and B) merged with
 C's entries (``merge_lattice.conjunct_groups``, ``lower/loops._stream_merge``): the eager
 order inside one kernel, measured at least as fast as the two kernels
 (``benchmarks/report_ops_overhead.py --fusion``, docs/ops.md "Fusing across calls"). A new
 operand after a sum (``A + B + C``) is not deferred: the fused kernel would be a three-way
-union, whose steps cost more than the two two-way merges of the eager form.
+union, whose steps cost more than the two two-way merges of the eager form; nor one
+multiplied in (``A * B * C``: a three-way intersection measured 0.5-0.9x of the eager two).
 ``set_eager_fusion(True, new_operands=True)`` defers there too (the mechanism's tests).
 
 On by default; ``set_eager_fusion(False)`` or ``SCORCH_EAGER_FUSION=0`` turns it off.
@@ -302,7 +304,7 @@ _DISPATCH_CODES.update(_code(f) for f in (fused, _scaled_at_the_end,
 _TORCH_FUNCTION[0] = _code(SparseTensor.__torch_function__)
 
 #: (code, offset) -> None (never deferred) or (the loads to check, whether the consumer is a
-#: ``*`` or ``/`` that ends the expression)
+#: ``*`` or ``/`` that ends the expression, whether it is a ``+`` or ``-``)
 _PLANS: Dict[tuple, Optional[tuple]] = {}
 
 
@@ -312,7 +314,8 @@ def consumer_follows(terms, entries: Optional[int] = None, product: bool = False
     and only operands it already has or numbers loaded on the way (fusion pays).
     ``entries``: the operands' stored entries where the caller has them at hand (it runs on
     every sparse elementwise operator: reading them again costs ~0.5 us). ``product``: the
-    result is a product (``is_product``), so a new tensor operand may follow too."""
+    result is a product (``is_product``), so a new SparseTensor operand may follow where the
+    consumer is a ``+`` or ``-`` (a sum of products: one stream per product)."""
     if (not _ENABLED[0] or not _SUPPORTED or _is_compiling() or sys.gettrace() is not None
             or (_stored_entries(terms) if entries is None else entries) < MIN_ENTRIES[0]
             or _function_modes()):
@@ -338,10 +341,10 @@ def consumer_follows(terms, entries: Optional[int] = None, product: bool = False
         plan = _PLANS[key] = _plan(f.f_code, f.f_lasti)
     if plan is None:
         return False
-    loads, scales_at_the_end = plan
+    loads, scales_at_the_end, sums = plan
     if scales_at_the_end and _all_numbers(f, loads):
         return False       # ``A * B * 0.5`` alone: the number on the product's stored values
-    return not loads or _all_known(f, loads, terms, product)
+    return not loads or _all_known(f, loads, terms, product and sums)
 
 
 def _stored_entries(terms) -> int:
@@ -356,7 +359,8 @@ def _plan(code, offset: int) -> Optional[tuple]:
         return None
     loads, consumer = found
     return loads, (consumer.opname == "BINARY_OP" and consumer.argrepr in ("*", "/")
-                   and _window(code, consumer.offset) is None)
+                   and _window(code, consumer.offset) is None), (
+        consumer.opname == "BINARY_OP" and consumer.argrepr in ("+", "-"))
 
 
 _INSTRUCTIONS: Dict[object, tuple] = {}
