@@ -180,7 +180,7 @@ def _loop(n: Nest, lp: LoopLevels, st: Cursor) -> List[Stmt]:
         return stmts + room + [For(cv, lo, hi, tuple(body), "dense")]
     # iterators known absent here (a merge point above left them behind) drop out
     live = [lv for lv in lp.iters if st.pres[lv.access] != "0"]
-    room = row_room(n, depth, " + ".join(f"({lv.hi} - {lv.q})" for lv in live) or "0")
+    room = row_room(n, depth, _room(n, lp, st, live))
     stmts += room
     if not live or (n.variant.bound_only and room):
         return stmts
@@ -188,6 +188,31 @@ def _loop(n: Nest, lp: LoopLevels, st: Cursor) -> List[Stmt]:
         lo, hi = ("clo", "chi") if chunked and lp.kind == "segment" else (live[0].q, live[0].hi)
         return stmts + _single(n, lp, live[0], st, new, lo, hi)
     return stmts + _merge(n, lp, st, live)
+
+
+def _streams(n: Nest, lp: LoopLevels, st: Cursor, live: List[LevelPlan]):
+    """The merge's iterators grouped as a sum of products (``_stream_merge``), or None where
+    the loop runs the lattice points of single iterators."""
+    if lp.kind != "merge" or any(lv.grouped for lv in live):
+        return None
+    groups = ml.conjunct_groups(n.facts.s.formula, [lv.access for lv in live],
+                                lambda i: st.pres[i] != "0")
+    if groups is None or len(groups) > ml.MAX_POINT_ITERATORS:
+        return None
+    by_id = {lv.access: lv for lv in live}
+    return [[by_id[i] for i in g] for g in groups]
+
+
+def _room(n: Nest, lp: LoopLevels, st: Cursor, live: List[LevelPlan]) -> str:
+    """A bound of the loop's trip count: the iterators' segment lengths added up; a sum of
+    products adds each product's shortest segment (it has no more matches), so ``A * B + C``
+    over three patterns asks for about C's entries, not all three operands' (a room less
+    than half used is copied)."""
+    streams = _streams(n, lp, st, live)
+    if streams is None:
+        return " + ".join(f"({lv.hi} - {lv.q})" for lv in live) or "0"
+    return " + ".join(f"({s[0].hi} - {s[0].q})" if len(s) == 1 else
+                      "min(" + ", ".join(f"{lv.hi} - {lv.q}" for lv in s) + ")" for s in streams)
 
 
 def _telescoped_room(n: Nest, lp: LoopLevels, st: Cursor):
@@ -206,6 +231,8 @@ def _telescoped_room(n: Nest, lp: LoopLevels, st: Cursor):
     for lv in nl.iters:
         if not lv.has_pos or lv.from_range or lv.access not in row or st.pres[lv.access] != "1":
             return None
+    if _streams(n, nl, st, nl.iters) is not None:
+        return None      # a product's bound is a per-row minimum (``_room``)
     ok = n.decls.need("ok")
     return [AddTo(ok, " + ".join(f"(<int64_t>{lv.pos}[chi] - {lv.pos}[clo])" for lv in nl.iters))]
 
@@ -268,10 +295,9 @@ def _merge(n: Nest, lp: LoopLevels, st: Cursor, live: List[LevelPlan]) -> List[S
     ``MAX_POINT_ITERATORS`` iterators: one k-pointer loop."""
     f = n.facts
     ids = [lv.access for lv in live]
-    groups = ml.conjunct_groups(f.s.formula, ids, lambda i: st.pres[i] != "0")
-    if (groups is not None and len(groups) <= ml.MAX_POINT_ITERATORS
-            and not any(lv.grouped for lv in live)):
-        return _stream_merge(n, lp, st, live, groups)
+    streams = _streams(n, lp, st, live)
+    if streams is not None:
+        return _stream_merge(n, lp, st, live, streams)
     if len(live) > ml.MAX_POINT_ITERATORS:
         return [_kpointer(n, lp, st, st.child())]
     points = ml.lattice_points(f.s.formula, ids, lambda i: st.pres[i] != "0")
@@ -336,15 +362,13 @@ def _point(n: Nest, lp: LoopLevels, st: Cursor, new: Cursor, sub: List[LevelPlan
 
 
 def _stream_merge(n: Nest, lp: LoopLevels, st: Cursor, live: List[LevelPlan],
-                  groups: Sequence[Tuple[int, ...]]) -> List[Stmt]:
+                  streams: List[List[LevelPlan]]) -> List[Stmt]:
     """A sum of products (``A * B + C``: ``merge_lattice.conjunct_groups``) as the eager
     form runs it, in one loop nest: each product's iterators are one *stream*, their
     intersection (moved from match to match by ``_seek``), and the streams are merged as a
     union, one lattice point per subset of streams (largest first). Cheaper than the
     lattice points over the single iterators: a product's operands never enter the union's
     comparisons apart, and the points are fewer (3 instead of 5 for ``A * B + C``)."""
-    by_id = {lv.access: lv for lv in live}
-    streams = [[by_id[i] for i in g] for g in groups]
     out: List[Stmt] = [_seek(n, s) for s in streams if len(s) > 1]
     for size in range(len(streams), 0, -1):
         for T in combinations(streams, size):
