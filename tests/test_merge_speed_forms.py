@@ -89,3 +89,6 @@ def test_stream_merge_in_the_generated_kernel():
     body = src[src.index("cdef int64_t run_chunk"):src.index("cdef int64_t run_bound")]
     assert body.count("!= a.t1_crd1[q1_1]") == 3      # the seek: first, after C's merge, alone
     assert "q0_1 < h0_1 and q1_1 < h1_1 and q2_1 < h2_1" not in body   # no 3-way point
+    # the bound pass: C's row and the product's shorter segment, not all three rows
+    bound = src[src.index("cdef int64_t run_bound"):src.index("def kernel")]
+    assert "(h2_1 - q2_1) + min(h0_1 - q0_1, h1_1 - q1_1)" in bound
