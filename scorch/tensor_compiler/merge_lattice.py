@@ -15,7 +15,9 @@ index variable ``v`` the sparse levels that index ``v`` are the lattice's iterat
   has this coordinate" holds: intersection for products, union for sums (the lattice
   points of TACO's merge lattice, evaluated at run time instead of being unrolled);
 * an iterator is ``necessary`` when the formula cannot hold without it: inside the body it
-  is known present, so its checks vanish from the generated code.
+  is known present, so its checks vanish from the generated code;
+* a formula that is a sum of disjoint products over the iterators (``A * B + C``:
+  ``conjunct_groups``) is merged product by product: each product one stream of matches.
 
 ``Formula`` values are small tuples: ``True``, ``("var", id)``, ``("and", a, b)``,
 ``("or", a, b)``.

@@ -10,7 +10,9 @@ it advances and the merge lattice (``facts.LoopLevels``):
   branches) and entering the body where the formula holds (intersection for products,
   union for sums), each iterator advanced by its found flag; a point of one iterator
   (``rest``) copies the rest of its segment after the others are exhausted. More than
-  ``merge_lattice.MAX_POINT_ITERATORS`` iterators: one k-pointer ``while``.
+  ``merge_lattice.MAX_POINT_ITERATORS`` iterators: one k-pointer ``while``. A sum of
+  products (``A * B + C``) merges each product as one stream of matches instead
+  (``_stream_merge``).
 
 Levels over variables already bound (a diagonal, ``ii->i``) are *chased* in the loop body:
 located by arithmetic, or searched for in their segment.
