@@ -9,7 +9,7 @@ SuiteSparse matrices (CSR, float32, one thread).
     python benchmarks/report_ops_overhead.py --scipy --matrix all --stat min  # best rounds
     python benchmarks/report_ops_overhead.py --fusion --matrix 4elt mdual  # expressions fused
     python benchmarks/report_ops_overhead.py --union-kernel --matrix arrow_spqr_46500 mdual
-    python benchmarks/report_ops_overhead.py --fusion --matrix all --stat min --clock cpu  # loaded machine
+    python benchmarks/report_ops_overhead.py --fusion --matrix all --stat min --clock cpu  # loaded
 
 (``SCORCH_DATA_DIR`` points at the matrices; default ``../shared/data``.)
 
@@ -229,7 +229,8 @@ def main() -> None:
     p.add_argument("--union-kernel", action="store_true",
                    help="A + C split: the whole call, its kernel alone, scipy (microseconds)")
     p.add_argument("--fusion", action="store_true",
-                   help="A * B + A, A * B + C, ... fused (one kernel) against statements (a kernel each)")
+                   help="A * B + A, A * B + C, ... fused (one kernel) against statements "
+                        "(a kernel each)")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                    help="wall time, or this thread's CPU time (cpu: steadier under load)")
     p.add_argument("--stat", choices=sorted(STATS), default="median",

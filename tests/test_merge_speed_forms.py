@@ -42,7 +42,7 @@ CASES = [
     (A * B + Cc * D, lambda a, b, c, d: a * b + c * d, ("csr",) * 4, torch.float64, None),
     (A * B * D + Cc, lambda a, b, c, d: a * b * d + c, ("csr",) * 4, torch.float32, None),
     (-(A * B) + Cc, lambda a, b, c, d: -(a * b) + c, ("coo",) * 4, torch.float64, None),
-    (A * B + Cc, lambda a, b, c, d: a * b + c, ("csr", "csr", "csr", "csr"), torch.float64, torch.int64),
+    (A * B + Cc, lambda a, b, c, d: a * b + c, ("csr",) * 4, torch.float64, torch.int64),
     (A * (B + Cc), lambda a, b, c, d: a * (b + c), ("csr",) * 4, torch.float64, None),
     (A + B + Cc, lambda a, b, c, d: a + b + c, ("csr",) * 4, torch.float32, None),
 ]
@@ -57,7 +57,8 @@ def test_sum_of_products_equals_dense_torch(data, case, shared_pattern):
     for _ in range(4):
         density = data.draw(st.sampled_from([0.0, 0.3, 0.7, 1.0]))
         g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1)))
-        xs.append((torch.rand(m, n, generator=g, dtype=dtype) * 2 - 1) * (torch.rand(m, n, generator=g) < density))
+        values = torch.rand(m, n, generator=g, dtype=dtype) * 2 - 1
+        xs.append(values * (torch.rand(m, n, generator=g) < density))
     if shared_pattern:   # B on A's pattern: every entry of A a match
         xs[1] = (xs[0] * 3 - 1) * (xs[0] != 0)
     ops = [sparse(x, f, index_dtype=index_dtype) for x, f in zip(xs, fmts)]
@@ -71,8 +72,8 @@ def test_sum_of_products_equals_dense_torch(data, case, shared_pattern):
 def test_rank3_sum_of_products(fmt):
     """The streams at every level of a rank-3 nest (a product inside a sum at each loop)."""
     g = torch.Generator().manual_seed(3)
-    xs = [torch.rand(4, 5, 6, generator=g, dtype=torch.float64) * (torch.rand(4, 5, 6, generator=g) < d)
-          for d in (0.5, 0.6, 0.3)]
+    xs = [torch.rand(4, 5, 6, generator=g, dtype=torch.float64)
+          * (torch.rand(4, 5, 6, generator=g) < d) for d in (0.5, 0.6, 0.3)]
     a, b, c = (Access(k, ("i", "j", "k")) for k in range(3))
     got = C.compute(Assignment("ijk", a * b + c), *(sparse(x, fmt) for x in xs))
     torch.testing.assert_close(dense(got), xs[0] * xs[1] + xs[2])
@@ -85,7 +86,8 @@ def test_stream_merge_in_the_generated_kernel():
     ops = [sparse(torch.eye(5, dtype=torch.float64), "csr") for _ in range(3)]
     C.compute(asg, *ops)
     entry = next(v[3] for v in api._EXPR_FAST.values() if v[0] is asg)
-    src = print_kernel(lower_kernel(entry.schedule, entry.value_dtype, {k: torch.int32 for k in range(3)}))
+    index_dtypes = {k: torch.int32 for k in range(3)}
+    src = print_kernel(lower_kernel(entry.schedule, entry.value_dtype, index_dtypes))
     body = src[src.index("cdef int64_t run_chunk"):src.index("cdef int64_t run_bound")]
     assert body.count("!= a.t1_crd1[q1_1]") == 3      # the seek: first, after C's merge, alone
     assert "q0_1 < h0_1 and q1_1 < h1_1 and q2_1 < h2_1" not in body   # no 3-way point

@@ -52,8 +52,8 @@ import torch
 from ..tensor_type import PENDING_LIVE, SparseTensor, make_pending, with_values
 from .einsum import _compiler
 
-__all__ = ["Pending", "pending_of", "fused", "register_dispatch_frames", "kernel_tree", "is_product",
-           "set_eager_fusion", "eager_fusion_enabled"]
+__all__ = ["Pending", "pending_of", "fused", "register_dispatch_frames", "kernel_tree",
+           "is_product", "set_eager_fusion", "eager_fusion_enabled"]
 
 _LETTERS = "ijklmnopqrstuvwxyzabcdefgh"
 #: most distinct operands one fused kernel takes (up to three merge as lattice points)
@@ -222,7 +222,8 @@ def _scaled_at_the_end(a, b) -> Optional[SparseTensor]:
     measured slower than the two); None where the expression goes on (or it is no number)."""
     t, number = (a, b) if type(a) is SparseTensor else (b, a)
     p = pending_of(t)
-    if p is None or not _scalar_keeps(number, t.dtype) or consumer_follows(p.terms, product=is_product(p.tree)):
+    if (p is None or not _scalar_keeps(number, t.dtype)
+            or consumer_follows(p.terms, product=is_product(p.tree))):
         return None
     return with_values(t, t._storage.values * number)
 
@@ -231,7 +232,8 @@ def is_product(tree: Tree) -> bool:
     """Whether the tree is a product (of operands, numbers and negations): stored only
     where all its tensor operands are, so a new operand added to it merges as one stream
     (``merge_lattice.conjunct_groups``)."""
-    return isinstance(tree, int) or (tree[0] in ("mul", "neg") and all(is_product(c) for c in tree[1:]))
+    return isinstance(tree, int) or (tree[0] in ("mul", "neg")
+                                     and all(is_product(c) for c in tree[1:]))
 
 
 def _adds_number(tree: Tree, terms) -> bool:
@@ -476,12 +478,13 @@ def _all_numbers(frame, loads) -> bool:
 
 def _all_known(frame, loads, terms, product: bool = False) -> bool:
     """Whether every loaded value is a number or one of ``terms`` (or, after a product, a
-    SparseTensor; deferring for new operands too, any plain tensor): its operators run no user code that
-    could change an operand of the pending result, and the fused kernel merges no more
+    SparseTensor; deferring for new operands too, any plain tensor): its operators run no
+    user code that could change an operand of the pending result, and the fused kernel merges no more
     streams than the eager ones (a product is one stream)."""
     for v in _loaded(frame, loads):
         if type(v) not in _NUMBERS and not any(v is t for t in terms) and not (
-                _NEW_OPERANDS[0] and type(v) in _PLAIN) and not (product and type(v) is SparseTensor):
+                _NEW_OPERANDS[0] and type(v) in _PLAIN) and not (
+                product and type(v) is SparseTensor):
             return False
     return True
 

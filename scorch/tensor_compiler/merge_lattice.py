@@ -30,9 +30,9 @@ from typing import Callable, Dict, Iterable, List, Sequence, Tuple
 from .functions import function
 from .index_notation import Access, Add, Apply, Compare, Div, Expr, Mul, Neg, Scalar, Sub, Where
 
-__all__ = ["access_ids", "zero_analysis", "UNKNOWN", "formula", "evaluate", "to_code", "dense_needed", "necessary",
-           "loop_condition", "lattice_points", "MAX_POINT_ITERATORS", "implied_by_any",
-           "conjunct_groups"]
+__all__ = ["access_ids", "zero_analysis", "UNKNOWN", "formula", "evaluate", "to_code",
+           "dense_needed", "necessary", "loop_condition", "lattice_points", "MAX_POINT_ITERATORS",
+           "implied_by_any", "conjunct_groups"]
 
 
 def access_ids(rhs: Expr) -> Dict[Access, int]:

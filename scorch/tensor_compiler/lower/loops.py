@@ -399,10 +399,12 @@ def _seek(n: Nest, s: List[LevelPlan]) -> While:
     j = [f"{lv.crd}[{lv.q}]" for lv in s]
     differ = " or ".join(f"{j[0]} != {x}" for x in j[1:])
     if len(s) == 2:
-        body: Tuple[Stmt, ...] = (If(f"{j[0]} < {j[1]}", (AddTo(s[0].q, "1"),), (AddTo(s[1].q, "1"),)),)
+        body: Tuple[Stmt, ...] = (If(f"{j[0]} < {j[1]}", (AddTo(s[0].q, "1"),),
+                                     (AddTo(s[1].q, "1"),)),)
     else:
         mx = n.decls.need("m" + s[0].q[1:])
-        body = ((Assign(mx, j[0]),) + tuple(Assign(mx, f"{x} if {x} > {mx} else {mx}") for x in j[1:])
+        body = ((Assign(mx, j[0]),)
+                + tuple(Assign(mx, f"{x} if {x} > {mx} else {mx}") for x in j[1:])
                 + tuple(AddTo(lv.q, f"{x} < {mx}") for lv, x in zip(s, j)))
     return While(f"{_alive(s)} and ({differ})", body, "search")
 
@@ -424,7 +426,8 @@ def _matches(n: Nest, lp: LoopLevels, st: Cursor, new: Cursor, s: List[LevelPlan
     return While(_alive(s), tuple(body), "merge")
 
 
-def _stream_point(n: Nest, lp: LoopLevels, st: Cursor, new: Cursor, T: List[List[LevelPlan]]) -> While:
+def _stream_point(n: Nest, lp: LoopLevels, st: Cursor, new: Cursor,
+                  T: List[List[LevelPlan]]) -> While:
     """A merge point of several streams (each at a match, or a single iterator's entry):
     the smallest coordinate as in ``_point``, one found flag per stream (its iterators'
     presence), the body where the formula holds, each found stream stepped on."""
