@@ -1,6 +1,6 @@
 """Eager fusion across operators (scorch.sparse_ops.fusion): ``A * B + A`` and
-``A * B * 0.5 + A`` on sparse tensors run ONE kernel by default (``A * B + C`` too when new
-operands are allowed), equal dense torch, and are never deferred where something could
+``A * B * 0.5 + A``, ``A * B + C`` on sparse tensors run ONE kernel by default (``A + B + C``
+too when new operands are allowed), equal dense torch, and are never deferred where something could
 change an operand in between; a pending result never reaches anything but the next operator."""
 import copy
 import os
@@ -20,7 +20,7 @@ from scorch.tensor_type import PENDING_LIVE, make_pending
 
 @pytest.fixture(autouse=True)
 def eager_fusion():
-    """The default policy (on, no new operands) for every test, restored after; yields
+    """The default policy (on, new operands only after a product) for every test, restored after; yields
     whether fusion was on when the test started."""
     was, tracer = fusion.eager_fusion_enabled(), sys.gettrace()
     new_operands = fusion._NEW_OPERANDS[0]
@@ -66,7 +66,7 @@ FUSED_BY_DEFAULT = {
     "A*B/2": lambda A, B, C, D, E: A * B / 2,
     "A*B*0.5": lambda A, B, C, D, E: A * B * 0.5,   # the number on the product's values
 }
-# these bring new operands: fused only with new_operands=True
+# these bring new operands: fused by default after a product, all with new_operands=True
 WITH_NEW_OPERANDS = {
     "A*B+C": lambda A, B, C, D, E: A * B + C,
     "C+A*B": lambda A, B, C, D, E: C + A * B,
@@ -142,8 +142,10 @@ def _three(fmt="csr", dtype=torch.float64, n=30, seed=0):
 
 
 def test_one_kernel_by_default(kernels):
-    """No new operand (``A * B + A``, a number): one kernel; ``A * B + C``: two (a three-way
-    merge is slower than two two-way ones)."""
+    """No new operand (``A * B + A``, a number), or a product meeting one in a sum
+    (``A * B + C``): one kernel; a sum meeting a new operand (``A + B + C``) or a product
+    multiplied by one (``A * B * C``): two (a three-way union or intersection is slower than
+    two two-way merges)."""
     (a, b, c, d, e), (A, B, C, D, E) = _three()
     for name, expression in FUSED_BY_DEFAULT.items():
         kernels[0] = 0
@@ -157,8 +159,18 @@ def test_one_kernel_by_default(kernels):
     for name, expression in WITH_NEW_OPERANDS.items():
         kernels[0] = 0
         got = expression(A, B, C, D, E)
-        assert kernels[0] == (4 if name == "chain" else 2), (name, kernels[0])   # one per operator
+        # a product meets a new operand: one kernel (its matches merged with the operand);
+        # the chain's sum ``A * B + C * D`` then meets E: two
+        assert kernels[0] == (2 if name == "chain" else 1), (name, kernels[0])
         assert_matches(got, expression(a, b, c, d, e), sparse=True)
+    kernels[0] = 0
+    got = A + B + C          # a sum meets a new operand: not deferred (a three-way union)
+    assert kernels[0] == 2
+    assert_matches(got, a + b + c, sparse=True)
+    kernels[0] = 0
+    got = A * B * C          # a product multiplied by a new operand: not deferred either
+    assert kernels[0] == 2
+    assert_matches(got, a * b * c, sparse=True)
 
 
 def test_one_kernel_with_new_operands(kernels):

@@ -179,11 +179,16 @@ def test_three_way_union_has_every_lattice_point():
     conds = [lp[0] for lp in _loops(k) if lp[1] in ("merge", "rest")]
     assert conds == ["q0_1 < h0_1 and q1_1 < h1_1 and q2_1 < h2_1", "q0_1 < h0_1 and q1_1 < h1_1",
                      "q0_1 < h0_1 and q2_1 < h2_1", "q1_1 < h1_1 and q2_1 < h2_1", "q0_1", "q1_1", "q2_1"]
-    # A * B + C: the product needs both, so no point has A or B alone
+    # A * B + C: the product is one stream of matches (its seek loops aside), merged with C:
+    # the stream with C, C alone, the product alone
     s, k = _lower(Assignment("ij", A * B + C3), [CSR, CSR, CSR])
     conds = [lp[0] for lp in _loops(k) if lp[1] in ("merge", "rest")]
+    assert conds == ["q2_1 < h2_1 and q0_1 < h0_1 and q1_1 < h1_1", "q2_1", "q0_1 < h0_1 and q1_1 < h1_1"]
+    # A * (B + C) is no sum of products: every lattice point with A
+    s, k = _lower(Assignment("ij", A * (B + C3)), [CSR, CSR, CSR])
+    conds = [lp[0] for lp in _loops(k) if lp[1] in ("merge", "rest")]
     assert conds == ["q0_1 < h0_1 and q1_1 < h1_1 and q2_1 < h2_1", "q0_1 < h0_1 and q1_1 < h1_1",
-                     "q0_1 < h0_1 and q2_1 < h2_1", "q1_1 < h1_1 and q2_1 < h2_1", "q2_1"]
+                     "q0_1 < h0_1 and q2_1 < h2_1"]
 
 
 def test_a_dense_term_merges_iterators_into_a_dense_loop():

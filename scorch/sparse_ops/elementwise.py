@@ -181,7 +181,7 @@ def _same_shape(a, b, op: str):
         asg = _SAME_SHAPE[op, rank] = ir.Assignment(v, _EXPRESSIONS[op](ir.Access(0, v), ir.Access(1, v)))
     if _grad_enabled() and _any_requires_grad(a, b):
         return _wrap(_compute()(asg, a, b))
-    if consumer_follows((a, b), sa.values.numel() + sb.values.numel()):
+    if consumer_follows((a, b), sa.values.numel() + sb.values.numel(), product=op == "mul"):
         # ``A * B + A``: deferred, the next operator runs ONE kernel
         return make_pending(a.shape, a.dtype, Pending((a,) if a is b else (a, b),
                                                       (op, 0, 0 if a is b else 1)))

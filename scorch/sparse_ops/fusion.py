@@ -18,10 +18,16 @@ Deferred only where it pays: every value the window loads before the consuming o
 already an operand of the pending expression (``A * B + A``) or a number
 (``A * B * 0.5 + A``), so the fused kernel merges no more sparse iterators than the eager
 ones and saves a whole pass (``A * B * 0.5`` alone is not deferred: the number runs on the
-product's stored values, as eager). A new tensor operand (``A * B + C``) is not deferred:
-the fused kernel would be a three-way merge, whose steps cost more than the two two-way merges of the eager form
-(measured no faster with one pattern, 2-3x slower with different ones: docs/ops.md,
-"Fusing across calls"; ``benchmarks/report_ops_overhead.py --fusion``).
+product's stored values, as eager); or the pending expression is a product (``is_product``),
+its consumer a ``+`` or ``-`` and the new operand a SparseTensor (``A * B + C``, ``A * B - C``,
+``A * B + C * D``): the
+kernel runs the product as one stream of matches (the intersection of A and B) merged with
+C's entries (``merge_lattice.conjunct_groups``, ``lower/loops._stream_merge``): the eager
+order inside one kernel, measured at least as fast as the two kernels
+(``benchmarks/report_ops_overhead.py --fusion``, docs/ops.md "Fusing across calls"). A new
+operand after a sum (``A + B + C``) is not deferred: the fused kernel would be a three-way
+union, whose steps cost more than the two two-way merges of the eager form; nor one
+multiplied in (``A * B * C``: a three-way intersection measured 0.5-0.9x of the eager two).
 ``set_eager_fusion(True, new_operands=True)`` defers there too (the mechanism's tests).
 
 On by default; ``set_eager_fusion(False)`` or ``SCORCH_EAGER_FUSION=0`` turns it off.
@@ -47,7 +53,7 @@ from ..tensor_type import PENDING_LIVE, SparseTensor, make_pending, with_values
 from .einsum import _compiler
 
 __all__ = ["Pending", "pending_of", "fused", "register_dispatch_frames", "kernel_tree",
-           "set_eager_fusion", "eager_fusion_enabled"]
+           "is_product", "set_eager_fusion", "eager_fusion_enabled"]
 
 _LETTERS = "ijklmnopqrstuvwxyzabcdefgh"
 #: most distinct operands one fused kernel takes (up to three merge as lattice points)
@@ -204,7 +210,7 @@ def fused(op: str, *operands) -> Optional[SparseTensor]:
     if found is None:
         return None
     tree, terms = found
-    if consumer_follows(terms) and not _adds_number(tree, terms):
+    if consumer_follows(terms, product=is_product(tree)) and not _adds_number(tree, terms):
         first = next(t for t in terms if type(t) is SparseTensor)
         return make_pending(first.shape, first.dtype, Pending(terms, tree))
     return run_tree(tree, terms)
@@ -216,9 +222,18 @@ def _scaled_at_the_end(a, b) -> Optional[SparseTensor]:
     measured slower than the two); None where the expression goes on (or it is no number)."""
     t, number = (a, b) if type(a) is SparseTensor else (b, a)
     p = pending_of(t)
-    if p is None or not _scalar_keeps(number, t.dtype) or consumer_follows(p.terms):
+    if (p is None or not _scalar_keeps(number, t.dtype)
+            or consumer_follows(p.terms, product=is_product(p.tree))):
         return None
     return with_values(t, t._storage.values * number)
+
+
+def is_product(tree: Tree) -> bool:
+    """Whether the tree is a product (of operands, numbers and negations): stored only
+    where all its tensor operands are, so a new operand added to it merges as one stream
+    (``merge_lattice.conjunct_groups``)."""
+    return isinstance(tree, int) or (tree[0] in ("mul", "neg")
+                                     and all(is_product(c) for c in tree[1:]))
 
 
 def _adds_number(tree: Tree, terms) -> bool:
@@ -235,7 +250,7 @@ def _adds_number(tree: Tree, terms) -> bool:
 # --- is the result handed straight to the next operator? ----------------------------------
 
 _ENABLED = [os.environ.get("SCORCH_EAGER_FUSION", "1") != "0"]
-_NEW_OPERANDS = [False]    # defer also where the consumer brings a new tensor operand
+_NEW_OPERANDS = [False]    # defer also where a non-product meets a new tensor operand
 #: operands with fewer stored entries (both together) are never deferred: reading the
 #: caller's bytecode costs ~2 us, more than fusion saves on a few thousand entries (a
 #: 200 x 200 matrix, 2,000 entries: ``A * B + A`` 66 us as two kernels, 70 us deferred;
@@ -244,9 +259,9 @@ MIN_ENTRIES = [16384]
 
 
 def set_eager_fusion(enabled: bool, new_operands: bool = False) -> None:
-    """Turn deferral of operator results (one kernel for ``A * B + A``, ``A * B * 0.5``) on
-    or off; ``new_operands``: defer also for ``A * B + C`` (not faster today: a three-way
-    merge)."""
+    """Turn deferral of operator results (one kernel for ``A * B + A``, ``A * B * 0.5``,
+    ``A * B + C``) on or off; ``new_operands``: defer also where a result that is not a
+    product meets a new tensor operand (``A + B + C``: a three-way union, not faster)."""
     _ENABLED[0] = bool(enabled)
     _NEW_OPERANDS[0] = bool(new_operands)
 
@@ -291,16 +306,18 @@ _DISPATCH_CODES.update(_code(f) for f in (fused, _scaled_at_the_end,
 _TORCH_FUNCTION[0] = _code(SparseTensor.__torch_function__)
 
 #: (code, offset) -> None (never deferred) or (the loads to check, whether the consumer is a
-#: ``*`` or ``/`` that ends the expression)
+#: ``*`` or ``/`` that ends the expression, whether it is a ``+`` or ``-``)
 _PLANS: Dict[tuple, Optional[tuple]] = {}
 
 
-def consumer_follows(terms, entries: Optional[int] = None) -> bool:
+def consumer_follows(terms, entries: Optional[int] = None, product: bool = False) -> bool:
     """Whether the user's frame that called this operator will hand its result (over
     ``terms``) straight to another arithmetic operator, with nothing else run in between,
     and only operands it already has or numbers loaded on the way (fusion pays).
     ``entries``: the operands' stored entries where the caller has them at hand (it runs on
-    every sparse elementwise operator: reading them again costs ~0.5 us)."""
+    every sparse elementwise operator: reading them again costs ~0.5 us). ``product``: the
+    result is a product (``is_product``), so a new SparseTensor operand may follow where the
+    consumer is a ``+`` or ``-`` (a sum of products: one stream per product)."""
     if (not _ENABLED[0] or not _SUPPORTED or _is_compiling() or sys.gettrace() is not None
             or (_stored_entries(terms) if entries is None else entries) < MIN_ENTRIES[0]
             or _function_modes()):
@@ -326,10 +343,10 @@ def consumer_follows(terms, entries: Optional[int] = None) -> bool:
         plan = _PLANS[key] = _plan(f.f_code, f.f_lasti)
     if plan is None:
         return False
-    loads, scales_at_the_end = plan
+    loads, scales_at_the_end, sums = plan
     if scales_at_the_end and _all_numbers(f, loads):
         return False       # ``A * B * 0.5`` alone: the number on the product's stored values
-    return not loads or _all_known(f, loads, terms)
+    return not loads or _all_known(f, loads, terms, product and sums)
 
 
 def _stored_entries(terms) -> int:
@@ -344,7 +361,8 @@ def _plan(code, offset: int) -> Optional[tuple]:
         return None
     loads, consumer = found
     return loads, (consumer.opname == "BINARY_OP" and consumer.argrepr in ("*", "/")
-                   and _window(code, consumer.offset) is None)
+                   and _window(code, consumer.offset) is None), (
+        consumer.opname == "BINARY_OP" and consumer.argrepr in ("+", "-"))
 
 
 _INSTRUCTIONS: Dict[object, tuple] = {}
@@ -458,13 +476,15 @@ def _all_numbers(frame, loads) -> bool:
     return all(type(v) in _NUMBERS for v in _loaded(frame, loads))
 
 
-def _all_known(frame, loads, terms) -> bool:
-    """Whether every loaded value is a number or one of ``terms`` (or, deferring for new
-    operands too, any plain tensor): its operators run no user code that could change an
-    operand of the pending result, and the fused kernel merges no new iterator."""
+def _all_known(frame, loads, terms, product: bool = False) -> bool:
+    """Whether every loaded value is a number or one of ``terms`` (or, after a product, a
+    SparseTensor; deferring for new operands too, any plain tensor): its operators run no
+    user code that could change an operand of the pending result, and the fused kernel merges no more
+    streams than the eager ones (a product is one stream)."""
     for v in _loaded(frame, loads):
         if type(v) not in _NUMBERS and not any(v is t for t in terms) and not (
-                _NEW_OPERANDS[0] and type(v) in _PLAIN):
+                _NEW_OPERANDS[0] and type(v) in _PLAIN) and not (
+                product and type(v) is SparseTensor):
             return False
     return True
 

@@ -15,7 +15,9 @@ index variable ``v`` the sparse levels that index ``v`` are the lattice's iterat
   has this coordinate" holds: intersection for products, union for sums (the lattice
   points of TACO's merge lattice, evaluated at run time instead of being unrolled);
 * an iterator is ``necessary`` when the formula cannot hold without it: inside the body it
-  is known present, so its checks vanish from the generated code.
+  is known present, so its checks vanish from the generated code;
+* a formula that is a sum of disjoint products over the iterators (``A * B + C``:
+  ``conjunct_groups``) is merged product by product: each product one stream of matches.
 
 ``Formula`` values are small tuples: ``True``, ``("var", id)``, ``("and", a, b)``,
 ``("or", a, b)``.
@@ -28,8 +30,9 @@ from typing import Callable, Dict, Iterable, List, Sequence, Tuple
 from .functions import function
 from .index_notation import Access, Add, Apply, Compare, Div, Expr, Mul, Neg, Scalar, Sub, Where
 
-__all__ = ["access_ids", "zero_analysis", "UNKNOWN", "formula", "evaluate", "to_code", "dense_needed", "necessary",
-           "loop_condition", "lattice_points", "MAX_POINT_ITERATORS", "implied_by_any"]
+__all__ = ["access_ids", "zero_analysis", "UNKNOWN", "formula", "evaluate", "to_code",
+           "dense_needed", "necessary", "loop_condition", "lattice_points", "MAX_POINT_ITERATORS",
+           "implied_by_any", "conjunct_groups"]
 
 
 def access_ids(rhs: Expr) -> Dict[Access, int]:
@@ -224,3 +227,29 @@ def implied_by_any(f, flags: Dict[int, str], group: Sequence[str]) -> bool:
     ``flags``: each access's presence code; a code outside ``group`` counts as absent
     unless it is ``"1"``. For the union ``A + B`` with ``group = (f0, f1)``: yes."""
     return all(evaluate(f, lambda i, g=g: flags[i] == "1" or flags[i] == g) for g in group)
+
+
+def conjunct_groups(f, iterators: Sequence[int], present: Callable[[int], bool]):
+    """The iterators as a sum of products, where the formula has that form: disjoint groups,
+    the formula holding exactly where every iterator of some group is present (``A * B + C``:
+    ``[(A, B), (C,)]``). A group of two or more is an intersection the loop can run as one
+    stream of matches merged with the other groups (the eager order, in one kernel). None
+    where the formula is not such a sum (``A * (B + C)``: its products share ``A``), where
+    an iterator is in no product, or where no group has two iterators or only one group
+    exists (a plain union or intersection). The groups are the formula's minimal true
+    sets (a monotone formula is the union of them)."""
+    its = list(iterators)
+
+    def holds(S) -> bool:
+        return evaluate(f, lambda i: i in S if i in its else present(i))
+
+    minimal: List[Tuple[int, ...]] = []
+    for size in range(1, len(its) + 1):
+        for S in combinations(its, size):
+            if holds(S) and not any(set(m) <= set(S) for m in minimal):
+                minimal.append(S)
+    covered = [i for m in minimal for i in m]
+    if (len(minimal) < 2 or max(len(m) for m in minimal) < 2
+            or len(covered) != len(set(covered)) or sorted(covered) != sorted(its)):
+        return None
+    return minimal
