@@ -16,7 +16,7 @@ from ..loop_ir import (ArgSpec, Assign, Call, ChunkFunction, Chunking, DenseOutp
                        RowsOutput, Stmt, TuplesOutput)
 from ..schedule import Schedule
 from .facts import (DENSE_WS_LIMIT, PREFETCH_DISTANCE, PREFETCH_MIN_BYTES, UNPREDICTABLE_DECL, KernelFacts,
-                    kernel_facts, math_functions, reduce_identity, short_rows, ws_size)
+                    dot_entries_type, dot_gathers, kernel_facts, math_functions, reduce_identity, short_rows, ws_size)
 from .loops import loop_nest
 from .nest import Cursor, Decls, Nest, Variant
 
@@ -143,7 +143,7 @@ def _imports(f: KernelFacts) -> Tuple[str, ...]:
     elif f.cache_panels:   # the panels' argument blocks
         lines.append("from libc.stdlib cimport malloc, free")
     lines.append("from libcpp.vector cimport vector")
-    if f.gathers:
+    if f.gathers or (f.dot and f.widths and dot_gathers(f.s)):
         lines += ["cdef extern from *:", '    """',
                   "    #define scorch_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)",
                   '    """', "    void scorch_prefetch(const void*) noexcept nogil"]
@@ -198,6 +198,19 @@ def _panels(f: KernelFacts):
     return Panels(L, f.panels, shifted)
 
 
+def _sums4(f: KernelFacts) -> Tuple[str, ...]:
+    """The vector types whose dots run ``DOT_ENTRIES`` entries per step (they need the
+    transposing horizontal sum ``<type>_hsum4``)."""
+    if not f.dot:
+        return ()
+    out = []
+    for W in f.widths:
+        lanes, vtype = f.vector(W)
+        if dot_entries_type(f.s, f.vt, lanes, f.target) and vtype not in out:
+            out.append(vtype)
+    return tuple(out)
+
+
 def lower_kernel(s: Schedule, value_dtype: torch.dtype,
                  index_dtypes: Dict[int, torch.dtype]) -> Kernel:
     """The loop IR of the kernel for ``s``."""
@@ -217,7 +230,7 @@ def lower_kernel(s: Schedule, value_dtype: torch.dtype,
                   c_entry=c_entry, ws_vars=tuple(out.ws_vars) if out.mode == "ws" else (),
                   chunking=_chunking(f), memset=memset, panels=_panels(f), output=_output(f),
                   fill=None if s.assignment.reduce == "sum" else reduce_identity(s.assignment.reduce, f.vt),
-                  vector_bytes=f.target.vector_bytes, target=f.target.tag,
+                  vector_bytes=f.target.vector_bytes, target=f.target.tag, sums4=_sums4(f),
                   bound_function=chunk_function(f, Variant("run_bound", bound_only=True)) if f.row_room else None,
                   # rows written straight run short loops (a union's rest of a row: a few
                   # entries), where gcc's vectorized copies cost more in set-up than they
