@@ -17,7 +17,15 @@ import torch
 
 from .allocate import empty_output
 
-__all__ = ["relayout"]
+__all__ = ["relayout", "relayout_pays", "COPY_PER_READ"]
+
+#: a kernel that can read the operand with its own strides (``lower.facts.reads_strided``:
+#: SDDMM's C as K x n, a cache line per value read) re-lays it out only when the copy moves
+#: at most COPY_PER_READ entries per entry the kernel reads. SDDMM, C 32 x 200k and 128 x
+#: 200k, 2000 rows, 1 thread, under load (copy / strided ms): 100 copied per read: K = 32
+#: 4.8 / 0.37, K = 128 17.2 / 3.1; 20: 5.5 / 3.4, 15.7 / 13.5; 8: 6.5 / 7.5, 16.5 / 33.3;
+#: 1: 9.3 / 49, 28 / 268 (``python benchmarks/results/issue15/sddmm4/relayout_crossing.py``)
+COPY_PER_READ = 12
 
 #: a tile is TILE_R source rows x TILE_C source columns (measured on the dev box, 128 x 325k
 #: float32 at 1 thread: 64 x 64 52 ms, 128 x 128 34 ms, 128 x 256 33 ms; torch 137 ms)
@@ -163,6 +171,12 @@ def _kernel(dtype: torch.dtype):
         k = load_kernel(src, f"relayout_{_CTYPES[dtype]}").transpose
         _kernels[dtype] = k
     return k
+
+
+def relayout_pays(entries: int, reads: int) -> bool:
+    """Whether copying an operand of ``entries`` entries to stride 1 costs less than the
+    kernel's ``reads`` reads of it with its own (large) stride."""
+    return entries <= COPY_PER_READ * reads
 
 
 def relayout(x: torch.Tensor, perm: Sequence[int], inv: Sequence[int],

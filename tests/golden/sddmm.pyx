@@ -459,6 +459,35 @@ cdef void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* oc
             acc = acc + scorch_vf_hsum(((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 0))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 0))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 16))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 16))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 32))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 32))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 48))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 48))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 64))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 64))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 80))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 80))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 96))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 96))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 112))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 112))[0]))
             a.out_vals[q0_1] = acc
 
+cdef void run_chunk_strided(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, vector[float]* oval) noexcept nogil:
+    cdef Args a = pa[0]
+    cdef int64_t c_i
+    cdef int64_t p0_0
+    cdef int64_t o1_0
+    cdef int64_t c_j
+    cdef int64_t q0_1
+    cdef int64_t h0_1
+    cdef int64_t e0_1
+    cdef int64_t o2_1
+    cdef float acc
+    cdef int64_t c_k
+    cdef int64_t o1_2
+    cdef int64_t o2_2
+    for c_i in range(clo, chi):
+        p0_0 = c_i
+        o1_0 = c_i * a.t1_st_i
+        q0_1 = a.t0_pos1[p0_0]
+        h0_1 = a.t0_pos1[p0_0 + 1]
+        for q0_1 in range(q0_1, h0_1):
+            c_j = a.t0_crd1[q0_1]
+            o2_1 = c_j * a.t2_st_j
+            acc = 0
+            for c_k in range(0, a.N_k):
+                o1_2 = o1_0 + c_k * a.t1_st_k
+                o2_2 = o2_1 + c_k * a.t2_st_k
+                acc += ((a.t0_vals[q0_1] * a.t1_vals[o1_2]) * a.t2_vals[o2_2])
+            a.out_vals[q0_1] = acc
+
 cdef void kernel_c(const int64_t* args, int nthreads, int panel) noexcept nogil:
     cdef Args a
     a.N_i = args[0]
@@ -491,6 +520,8 @@ cdef void kernel_c(const int64_t* args, int nthreads, int panel) noexcept nogil:
         fn = run_chunk_w64
     if a.N_k == 128:
         fn = run_chunk_w128
+    if a.t1_st_k != 1 or a.t2_st_k != 1:
+        fn = run_chunk_strided
     cdef int64_t bounds[1025]   # chunk boundaries (at most 1024 chunks)
     if nchunks > 1:
         for t in range(nchunks + 1):

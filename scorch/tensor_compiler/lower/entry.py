@@ -16,7 +16,8 @@ from ..loop_ir import (ArgSpec, Assign, Call, ChunkFunction, Chunking, DenseOutp
                        RowsOutput, Stmt, TuplesOutput)
 from ..schedule import Schedule
 from .facts import (DENSE_WS_LIMIT, PREFETCH_DISTANCE, PREFETCH_MIN_BYTES, UNPREDICTABLE_DECL, KernelFacts,
-                    dot_entries_type, dot_gathers, kernel_facts, math_functions, reduce_identity, short_rows, ws_size)
+                    dot_entries_type, dot_gathers, kernel_facts, math_functions, reads_strided,
+                    reduce_identity, short_rows, ws_size)
 from .loops import loop_nest
 from .nest import Cursor, Decls, Nest, Variant
 
@@ -112,6 +113,9 @@ def variants(f: KernelFacts) -> Tuple[Variant, ...]:
         big = " or ".join(f"a.N_{L} * a.t{i}_st_{L} * sizeof({f.vt}) >= {PREFETCH_MIN_BYTES}"
                           for i in f.gathers)
         out.append(Variant("run_chunk_prefetch", big, prefetch=True))
+    if reads_strided(s):     # last: chosen over the widths whenever a streamed stride is not 1
+        out.append(Variant("run_chunk_strided", " or ".join(f"a.t{i}_st_{L} != 1" for i in sorted(f.unit)),
+                           strided=True))
     if f.rt_ws:
         out.append(Variant("run_chunk_map", f"{ws_size(s.output.ws_vars)} > {DENSE_WS_LIMIT}",
                            ws_map=True))

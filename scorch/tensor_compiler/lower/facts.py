@@ -23,7 +23,7 @@ from ..target import Target, current as current_target, vector_type_name
 
 __all__ = ["UNPREDICTABLE", "UNPREDICTABLE_DECL", "CTYPES", "NPTYPES", "ITYPES", "DENSE_WS_LIMIT", "SHORT_ROWS",
            "SHORT_ROWS_BY_DTYPE", "PREFETCH_DISTANCE", "PREFETCH_MIN_BYTES", "gathered", "short_rows_limit",
-           "DOT_PREFETCH_BYTES", "dot_gathers", "dot_prefetch_distance", "DOT_ENTRIES", "dot_entries_type",
+           "DOT_PREFETCH_BYTES", "dot_gathers", "dot_prefetch_distance", "DOT_ENTRIES", "dot_entries_type", "reads_strided",
            "short_rows", "unit_stride_accesses", "relayouts", "LoopLevels",
            "KernelFacts", "kernel_facts", "cvar", "ws_size"]
 
@@ -103,6 +103,14 @@ def relayouts(s: Schedule) -> Dict[int, Tuple[int, Tuple[int, ...], Tuple[int, .
             inv[d] = n
         out[ap.id] = (ap.indices.index(s.loop_order[-1]), tuple(perm), tuple(inv))
     return out
+
+
+def reads_strided(s: Schedule) -> bool:
+    """Whether the kernel has a ``run_chunk_strided`` variant reading the accesses the
+    innermost loop streams with their run-time strides: vector dots (SDDMM reads each
+    stored entry's K values of C; when C arrives K x n and the pattern holds few entries
+    per column, reading them with stride n costs less than copying C to n x K first)."""
+    return s.assignment.reduce == "sum" and _vector_dot(s, unit_stride_accesses(s))
 
 
 def short_rows(s: Schedule) -> Optional[Tuple[int, Tuple[str, ...]]]:

@@ -113,7 +113,7 @@ def _bind_children(n: Nest, lp: LoopLevels, st: Cursor, new: Cursor) -> List[Stm
             continue
         o = d.need(f"o{ap.id}_{depth}")
         prev = st.off[ap.id]
-        unit = ap.id in f.unit and v == f.s.loop_order[-1]
+        unit = ap.id in f.unit and v == f.s.loop_order[-1] and not n.variant.strided
         step = cv if unit else f"{cv} * a.t{ap.id}_st_{v}"
         body.append(Assign(o, step if prev == "0" else f"{prev} + {step}"))
         new.off[ap.id] = o
