@@ -154,6 +154,12 @@ def _entries(n: Nest, lv: LevelPlan) -> str:
     return total
 
 
+def _above_dot(n: Nest, lp: LoopLevels) -> bool:
+    """The loop ``lp`` wraps a fixed-width vector dot (the variant's innermost loop)."""
+    f = n.facts
+    return n.variant.width is not None and f.dot and lp.depth == len(f.s.loop_order) - 2
+
+
 def _dot_gather_rows(n: Nest, lp: LoopLevels, st: Cursor, entry: str) -> List[Stmt]:
     """Prefetches of every cache line of the rows the vector dot will gather for the stored
     entry at position ``entry`` (SDDMM's ``C[crd[entry], :]``)."""
@@ -177,7 +183,7 @@ def _dot_prefetch(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor) -> Tuple[L
     body); nothing outside the fixed-width dot variants."""
     f = n.facts
     W = n.variant.width
-    if W is None or not f.dot or lp.depth != len(f.s.loop_order) - 2 or lv.grouped:
+    if not _above_dot(n, lp) or lv.grouped:
         return [], []
     D = dot_prefetch_distance(W, f.vt)
     if not dot_gathers(f.s) or not D:
@@ -195,8 +201,8 @@ def _dot_entries(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor, hi: str) ->
     Empty where that does not apply."""
     f, d = n.facts, n.decls
     W = n.variant.width
-    if (W is None or not f.dot or lp.depth != len(f.s.loop_order) - 2 or lp.locs or lp.chased
-            or len(lp.iters) != 1 or lv.access != f.s.output.pattern):
+    if (not _above_dot(n, lp) or lp.locs or lp.chased or len(lp.iters) != 1
+            or lv.access != f.s.output.pattern):
         return []
     lanes, vtype = f.vector(W)
     quad = dot_entries_type(f.s, f.vt, lanes, f.target)
