@@ -6,7 +6,10 @@ specialized for a unit stride there, so a row-major ``C`` is transposed once per
 than a streaming copy on the dev box: 77-197 ms for a 128 x 325k float32 matrix, more
 than the SDDMM itself), so 2-D transposes of float32/float64 go through a small compiled
 kernel instead: 128 x 256 tiles (long runs along each source row for the prefetcher, the
-destination lines stay in L2), columns of tiles split across threads. Other cases (rank > 2, other dtypes) use torch.
+destination lines stay in L2), columns of tiles split across threads; inside a tile two
+register-transposed blocks one above the other write each destination cache line whole
+(1 thread, under load: 128 x 5300 float32 0.109 -> 0.078 ms, 32 x 15606 0.067 -> 0.059 ms;
+equal where the copy is bound by memory, 32 x 65536). Other cases (rank > 2, other dtypes) use torch.
 """
 from __future__ import annotations
 
@@ -94,6 +97,18 @@ cdef void tile(const {ct}* s, {ct}* d, int64_t r0, int64_t r1, int64_t c0, int64
                int64_t sr, int64_t sc, int64_t R) noexcept nogil:
     cdef int64_t r, c, rb = r0, cb
     if sc == 1:
+        # two B x B blocks one above the other, so that each destination line (2 B values:
+        # 64 bytes) is written whole at once, not half now and half 256 columns later
+        while rb + 2 * B <= r1:
+            cb = c0
+            while cb + B <= c1:
+                scorch_tr_{ct}(s + rb * sr + cb, sr, d + cb * R + rb, R)
+                scorch_tr_{ct}(s + (rb + B) * sr + cb, sr, d + cb * R + rb + B, R)
+                cb = cb + B
+            for c in range(cb, c1):
+                for r in range(rb, rb + 2 * B):
+                    d[c * R + r] = s[r * sr + c]
+            rb = rb + 2 * B
         # B x B blocks transposed in registers, then the ragged right and bottom edges
         while rb + B <= r1:
             cb = c0
