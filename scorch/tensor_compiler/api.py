@@ -13,12 +13,13 @@ import torch
 
 from ..formats import Format
 from ..level_storage import Storage
-from .codegen import print_kernel
+from .codegen import print_kernel, reads_strided
 from .lower import lower_kernel
 from .execute import run
 from .frontend import bind_sizes, check_equation
 from .index_notation import Assignment, accesses
 from .operands import as_operand
+from .relayout import relayout_pays
 from .planner import broadcast_key, einsum_entry, make_entry, resolve_out_format
 from .plans import (COMPILER_VERSION, UNORDERED_SIGNATURES, Plan, _fast, _plans, _stats, cached_entry,
                     fmt_key, storage_signature)
@@ -319,6 +320,17 @@ def _relayouts(entry, ops) -> list:
         var = ap.indices[d]
         if x.stride(d) == 1 or x.shape[d] <= 1:
             out.append(f"operand {ap.tensor} ({var} has stride 1): read in place")
+            continue
+        if reads_strided(s):    # the copy against the entries the kernel reads
+            nnz = sum(ops[t].values.numel() for t in {a.tensor for a in s.accesses if a.sparse})
+            reads = nnz * x.shape[d]
+            if not relayout_pays(x.numel(), reads):
+                out.append(f"operand {ap.tensor} (stride {x.stride(d)} along {var}, the innermost loop): "
+                           f"read with its stride ({reads} entries; a copy to stride 1 would move "
+                           f"{x.numel()})")
+                continue
+            out.append(f"operand {ap.tensor} (stride {x.stride(d)} along {var}, the innermost loop): "
+                       f"copied to stride 1 once per call, {x.numel()} entries; the kernel reads {reads}")
             continue
         reads = f"; the kernel reads ~{est.work:.4g} entries" if est is not None else ""
         out.append(f"operand {ap.tensor} (stride {x.stride(d)} along {var}, the innermost loop): "

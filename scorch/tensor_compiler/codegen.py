@@ -50,14 +50,14 @@ import torch
 from .loop_ir import (AddTo, ArgSpec, AppendEntry, Assign, Call, ChunkFunction, DenseOutput, For, If,
                       Kernel, LevelCode, RowEnd, RowsOutput, Stmt, While)
 from .lower import (CTYPES, DENSE_WS_LIMIT, ITYPES, NPTYPES, SHORT_ROWS, SHORT_ROWS_BY_DTYPE,
-                    kernel_facts, lower_kernel, relayouts, short_rows, short_rows_limit,
+                    kernel_facts, lower_kernel, reads_strided, relayouts, short_rows, short_rows_limit,
                     unit_stride_accesses)
 from .schedule import Schedule
 from .target import MIN_VECTOR_BYTES, SOURCE_TAG, vector_type_name
 
 # the type tables and schedule analyses live with the lowering; the compiler reads them here
-__all__ = ["generate", "print_kernel", "print_stmts", "panel_widths", "cache_panels", "relayouts", "short_rows",
-           "short_rows_limit", "unit_stride_accesses", "CTYPES", "NPTYPES", "ITYPES", "ArgSpec",
+__all__ = ["generate", "print_kernel", "print_stmts", "panel_widths", "cache_panels", "reads_strided", "relayouts",
+           "short_rows", "short_rows_limit", "unit_stride_accesses", "CTYPES", "NPTYPES", "ITYPES", "ArgSpec",
            "SHORT_ROWS", "SHORT_ROWS_BY_DTYPE", "SHORT_ROWS_CFLAGS", "DENSE_WS_LIMIT", "CODEGEN_VERSION",
            "KERNEL_C_CAPSULE"]
 
@@ -136,13 +136,52 @@ def _vector_types(k: Kernel, w) -> None:
         w(f"    typedef {ct} {v} __attribute__((vector_size({b}), aligned({size}), may_alias));")
         w(f"    static inline {v} {v}_zero(void) {{ {v} z = {{0}}; return z; }}")
         w(f"    static inline {ct} {v}_hsum({v} v) {{ {ct} s = 0; for (int i = 0; i < {b // size}; i++) s += v[i]; return s; }}")
+        if v in k.sums4:
+            for line in _hsum4(v, b // size, vector_type_name(ct, 4 * size, nb)):
+                w(f"    {line}")
     w('    """')
     for b in sizes:
         v = vector_type_name(ct, b, nb)
         w(f"    ctypedef {ct} {v}")
         w(f"    {v} {v}_zero() noexcept nogil")
         w(f"    {ct} {v}_hsum({v}) noexcept nogil")
+        if v in k.sums4:
+            w(f"    {vector_type_name(ct, 4 * size, nb)} {v}_hsum4({v}, {v}, {v}, {v}) noexcept nogil")
     w("")
+
+
+def _shuffle(a: str, b: str, idx) -> str:
+    return f"__builtin_shufflevector({a}, {b}, {', '.join(map(str, idx))})"
+
+
+def _hsum4(v: str, lanes: int, quad: str) -> List[str]:
+    """C of ``<v>_hsum4(a, b, c, d)``: the four vectors' lane sums as one 4-lane ``quad``
+    (``{sum a, sum b, sum c, sum d}``). Each vector is halved (low + high half) down to 8
+    lanes, then pairs are folded together: 8 lanes of a and b -> 4 of a | 4 of b, then
+    two such -> 2 per vector, then 1 (a transposing add: ~2 shuffles and adds per vector
+    where four separate sums take 4 each)."""
+    out = [f"static inline {quad} {v}_hsum4({v} a, {v} b, {v} c, {v} d) {{"]
+    cur = {x: x for x in "abcd"}
+    n = lanes
+    while n > 8:
+        h = n // 2
+        for x in "abcd":
+            out.append(f"    auto {x}{h} = {_shuffle(cur[x], cur[x], range(h))} + "
+                       f"{_shuffle(cur[x], cur[x], range(h, n))};")
+            cur[x] = f"{x}{h}"
+        n = h
+    a, b, c, d = (cur[x] for x in "abcd")
+    if n == 8:   # 4 | 4 -> 2 2 2 2 -> 1 1 1 1
+        out.append(f"    auto x = {_shuffle(a, b, [0, 1, 2, 3, 8, 9, 10, 11])} + {_shuffle(a, b, [4, 5, 6, 7, 12, 13, 14, 15])};")
+        out.append(f"    auto y = {_shuffle(c, d, [0, 1, 2, 3, 8, 9, 10, 11])} + {_shuffle(c, d, [4, 5, 6, 7, 12, 13, 14, 15])};")
+        out.append(f"    auto z = {_shuffle('x', 'y', [0, 1, 8, 9, 4, 5, 12, 13])} + {_shuffle('x', 'y', [2, 3, 10, 11, 6, 7, 14, 15])};")
+        out.append(f"    return {_shuffle('z', 'z', [0, 4, 2, 6])} + {_shuffle('z', 'z', [1, 5, 3, 7])};")
+    else:        # 4 lanes: 2 | 2 -> 1 1 1 1
+        out.append(f"    auto x = {_shuffle(a, b, [0, 1, 4, 5])} + {_shuffle(a, b, [2, 3, 6, 7])};")
+        out.append(f"    auto y = {_shuffle(c, d, [0, 1, 4, 5])} + {_shuffle(c, d, [2, 3, 6, 7])};")
+        out.append(f"    return {_shuffle('x', 'y', [0, 2, 4, 6])} + {_shuffle('x', 'y', [1, 3, 5, 7])};")
+    out.append("}")
+    return out
 
 
 def _chunk_return_type(k: Kernel) -> str:

@@ -13,7 +13,7 @@ from .assemble import assemble, pattern_ready, pattern_storage
 from .frontend import bind_sizes
 from .operands import cast_storage, convert_storage, unblocked
 from .plans import PlanEntry
-from .relayout import relayout
+from .relayout import relayout, relayout_pays
 from .rewrite import inner_var, outer_var, split_operand
 from .runner import make_runner
 from .shared_pattern import run_values, values_plan
@@ -58,10 +58,20 @@ def prepare_operands(entry: PlanEntry, ops, sizes, orig=None):
                     # (other size-1 dimensions are read with stride 0; expanding them all
                     # would copy a column against a 2M x 2M matrix at full size)
                     x = x.expand(tuple(full[k] if k == d else s for k, s in enumerate(x.shape)))
-                if x.stride(d) != 1 and full[d] > 1:
+                if x.stride(d) != 1 and full[d] > 1 and _relayout_pays(entry, ops, x, full[d]):
                     x = relayout(x, rl[1], rl[2], threads.threads_for, ap.id)  # scratch: this call only
             data[ap.id] = x
     return data
+
+
+def _relayout_pays(entry: PlanEntry, ops, x, extent: int) -> bool:
+    """Whether a streamed dense operand that arrived strided is copied to stride 1: always,
+    unless the kernel can read it strided (``codegen.reads_strided``) and the copy moves
+    more than the kernel would read (``relayout_pays``: stored entries x the streamed extent)."""
+    if not codegen.reads_strided(entry.schedule):
+        return True
+    nnz = sum(ops[t].values.numel() for t in {ap.tensor for ap in entry.schedule.accesses if ap.sparse})
+    return relayout_pays(x.numel(), nnz * extent)
 
 
 def index_key(entry: PlanEntry, data) -> tuple:

@@ -205,6 +205,7 @@ class Kernel:
     target: str = ""                         # a chosen (not native) build target, or ""
     bound_function: Optional[ChunkFunction] = None   # rows output's bound pass (RowsOutput.bound)
     cflags: str = ""                         # extra compiler flags the kernel asks for, or ""
+    sums4: Tuple[str, ...] = ()              # vector types with a 4-way transposing sum (_hsum4)
 
 
 def walk(stmts) -> Iterator[Stmt]:

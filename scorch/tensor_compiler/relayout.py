@@ -6,7 +6,10 @@ specialized for a unit stride there, so a row-major ``C`` is transposed once per
 than a streaming copy on the dev box: 77-197 ms for a 128 x 325k float32 matrix, more
 than the SDDMM itself), so 2-D transposes of float32/float64 go through a small compiled
 kernel instead: 128 x 256 tiles (long runs along each source row for the prefetcher, the
-destination lines stay in L2), columns of tiles split across threads. Other cases (rank > 2, other dtypes) use torch.
+destination lines stay in L2), columns of tiles split across threads; inside a tile two
+register-transposed blocks one above the other write each destination cache line whole
+(1 thread, under load: 128 x 5300 float32 0.109 -> 0.078 ms, 32 x 15606 0.067 -> 0.059 ms;
+equal where the copy is bound by memory, 32 x 65536). Other cases (rank > 2, other dtypes) use torch.
 """
 from __future__ import annotations
 
@@ -17,7 +20,15 @@ import torch
 
 from .allocate import empty_output
 
-__all__ = ["relayout"]
+__all__ = ["relayout", "relayout_pays", "COPY_PER_READ"]
+
+#: a kernel that can read the operand with its own strides (``lower.facts.reads_strided``:
+#: SDDMM's C as K x n, a cache line per value read) re-lays it out only when the copy moves
+#: at most COPY_PER_READ entries per entry the kernel reads. SDDMM, C 32 x 200k and 128 x
+#: 200k, 2000 rows, 1 thread, under load (copy / strided ms): 100 copied per read: K = 32
+#: 4.8 / 0.37, K = 128 17.2 / 3.1; 20: 5.5 / 3.4, 15.7 / 13.5; 8: 6.5 / 7.5, 16.5 / 33.3;
+#: 1: 9.3 / 49, 28 / 268 (``python benchmarks/results/issue15/sddmm4/relayout_crossing.py``)
+COPY_PER_READ = 12
 
 #: a tile is TILE_R source rows x TILE_C source columns (measured on the dev box, 128 x 325k
 #: float32 at 1 thread: 64 x 64 52 ms, 128 x 128 34 ms, 128 x 256 33 ms; torch 137 ms)
@@ -86,6 +97,18 @@ cdef void tile(const {ct}* s, {ct}* d, int64_t r0, int64_t r1, int64_t c0, int64
                int64_t sr, int64_t sc, int64_t R) noexcept nogil:
     cdef int64_t r, c, rb = r0, cb
     if sc == 1:
+        # two B x B blocks one above the other, so that each destination line (2 B values:
+        # 64 bytes) is written whole at once, not half now and half 256 columns later
+        while rb + 2 * B <= r1:
+            cb = c0
+            while cb + B <= c1:
+                scorch_tr_{ct}(s + rb * sr + cb, sr, d + cb * R + rb, R)
+                scorch_tr_{ct}(s + (rb + B) * sr + cb, sr, d + cb * R + rb + B, R)
+                cb = cb + B
+            for c in range(cb, c1):
+                for r in range(rb, rb + 2 * B):
+                    d[c * R + r] = s[r * sr + c]
+            rb = rb + 2 * B
         # B x B blocks transposed in registers, then the ragged right and bottom edges
         while rb + B <= r1:
             cb = c0
@@ -163,6 +186,12 @@ def _kernel(dtype: torch.dtype):
         k = load_kernel(src, f"relayout_{_CTYPES[dtype]}").transpose
         _kernels[dtype] = k
     return k
+
+
+def relayout_pays(entries: int, reads: int) -> bool:
+    """Whether copying an operand of ``entries`` entries to stride 1 costs less than the
+    kernel's ``reads`` reads of it with its own (large) stride."""
+    return entries <= COPY_PER_READ * reads
 
 
 def relayout(x: torch.Tensor, perm: Sequence[int], inv: Sequence[int],

@@ -23,9 +23,9 @@ import torch
 from .arguments import DATA, OUT, OUT_STRIDE, SIZE, STORAGE, STRIDE, arg_table, by_operand
 from .allocate import EMPTY_NUMPY_MIN, empty_output
 from .assemble import assemble, pattern_storage
-from .codegen import short_rows_limit
+from .codegen import reads_strided, short_rows_limit
 from .plans import storage_pointers, storage_signature
-from .relayout import relayout
+from .relayout import relayout, relayout_pays
 from . import threads
 from .tiling import choose_panel, panel_chooser
 
@@ -50,7 +50,8 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
     vt = entry.value_dtype
     env = {"torch": torch, "VT": vt, "KERNEL": module.kernel, "THREADS": threads.threads_for,
            "ASSEMBLE": assemble, "ENTRY": entry, "PATTERN": pattern_storage, "PTRS": storage_pointers,
-           "TEMPTY": torch.empty, "RELAYOUT": relayout, "EMPTY": empty_output}
+           "TEMPTY": torch.empty, "RELAYOUT": relayout, "EMPTY": empty_output,
+           "PAYS": relayout_pays}
     sparse = set()
     for n, aps in by_tensor.items():
         if aps[0].sparse:
@@ -86,12 +87,18 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
                 w(f"    {seen[v]} = s{n}[{d}]")
             else:
                 w(f"    if s{n}[{d}] != {seen[v]}: return None")
+    strided = reads_strided(s)
     for i, (d, perm, inv) in entry.relayout.items():
         # a dense operand the innermost loop streams is read with stride 1: re-laid out
-        # here when it is not (SDDMM's C), as the general path does
+        # here when it is not (SDDMM's C), as the general path does; a kernel that can read
+        # it strided does so where the copy would cost more (``relayout_pays``)
         ap = s.accesses[i]
         x = f"x{ap.tensor}"
-        w(f"    if {x}.stride({d}) != 1 and {x}.shape[{d}] > 1:")
+        pays = ""
+        if strided:
+            nnz = " + ".join(f"p{n}[-1]" for n in sorted(sparse)) or "0"
+            pays = f" and PAYS({x}.numel(), ({nnz}) * {x}.shape[{d}])"
+        w(f"    if {x}.stride({d}) != 1 and {x}.shape[{d}] > 1{pays}:")
         w(f"        {x} = RELAYOUT({x}, {tuple(perm)!r}, {tuple(inv)!r}, THREADS, {ap.id})")
     work = " + ".join((f"p{n}[-1]" if n in sparse else f"x{n}.numel()")
                       for n in sorted(by_tensor)) or "0"

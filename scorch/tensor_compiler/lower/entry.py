@@ -16,7 +16,8 @@ from ..loop_ir import (ArgSpec, Assign, Call, ChunkFunction, Chunking, DenseOutp
                        RowsOutput, Stmt, TuplesOutput)
 from ..schedule import Schedule
 from .facts import (DENSE_WS_LIMIT, GATHER_DOT_LANES, PREFETCH_DISTANCE, PREFETCH_MIN_BYTES, STREAM_MIN_BYTES,
-                    STREAM_MIN_GATHER_BYTES, UNPREDICTABLE_DECL, KernelFacts, kernel_facts, math_functions,
+                    STREAM_MIN_GATHER_BYTES, UNPREDICTABLE_DECL, KernelFacts, dot_entries_type, dot_gathers,
+                    kernel_facts, math_functions, reads_strided,
                     reduce_identity, short_rows, ws_size)
 from .loops import loop_nest
 from .nest import Cursor, Decls, Nest, Variant
@@ -136,6 +137,9 @@ def variants(f: KernelFacts, short_module: bool = False) -> Tuple[Variant, ...]:
     if f.gathers:
         out.append(Variant("run_chunk_prefetch", _gathers_span(f, PREFETCH_MIN_BYTES), prefetch=True,
                            streams=short_module))
+    if reads_strided(s):     # last: chosen over the widths whenever a streamed stride is not 1
+        out.append(Variant("run_chunk_strided", " or ".join(f"a.t{i}_st_{L} != 1" for i in sorted(f.unit)),
+                           strided=True))
     if f.rt_ws:
         out.append(Variant("run_chunk_map", f"{ws_size(s.output.ws_vars)} > {DENSE_WS_LIMIT}",
                            ws_map=True))
@@ -167,7 +171,7 @@ def _imports(f: KernelFacts, short_module: bool) -> Tuple[str, ...]:
     elif f.cache_panels:   # the panels' argument blocks
         lines.append("from libc.stdlib cimport malloc, free")
     lines.append("from libcpp.vector cimport vector")
-    if f.gathers:
+    if f.gathers or (f.dot and f.widths and dot_gathers(f.s)):
         lines += ["cdef extern from *:", '    """',
                   "    #define scorch_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)"]
         if short_module:
@@ -235,6 +239,19 @@ def _gather_dot_cflags(f: KernelFacts) -> str:
     return f"-mprefer-vector-width={GATHER_DOT_LANES * size * 8}"
 
 
+def _sums4(f: KernelFacts) -> Tuple[str, ...]:
+    """The vector types whose dots run ``DOT_ENTRIES`` entries per step (they need the
+    transposing horizontal sum ``<type>_hsum4``)."""
+    if not f.dot:
+        return ()
+    out = []
+    for W in f.widths:
+        lanes, vtype = f.vector(W)
+        if dot_entries_type(f.s, f.vt, lanes, f.target) and vtype not in out:
+            out.append(vtype)
+    return tuple(out)
+
+
 def lower_kernel(s: Schedule, value_dtype: torch.dtype,
                  index_dtypes: Dict[int, torch.dtype], short_module: bool = False) -> Kernel:
     """The loop IR of the kernel for ``s``; ``short_module``: the short-rows module of a
@@ -255,7 +272,7 @@ def lower_kernel(s: Schedule, value_dtype: torch.dtype,
                   c_entry=c_entry, ws_vars=tuple(out.ws_vars) if out.mode == "ws" else (),
                   chunking=_chunking(f), memset=memset, panels=_panels(f), output=_output(f),
                   fill=None if s.assignment.reduce == "sum" else reduce_identity(s.assignment.reduce, f.vt),
-                  vector_bytes=f.target.vector_bytes, target=f.target.tag,
+                  vector_bytes=f.target.vector_bytes, target=f.target.tag, sums4=_sums4(f),
                   bound_function=chunk_function(f, Variant("run_bound", bound_only=True)) if f.row_room else None,
                   # rows written straight run short loops (a union's rest of a row: a few
                   # entries), where gcc's vectorized copies cost more in set-up than they

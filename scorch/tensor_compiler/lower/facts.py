@@ -24,6 +24,8 @@ from ..target import Target, current as current_target, vector_type_name
 __all__ = ["UNPREDICTABLE", "UNPREDICTABLE_DECL", "CTYPES", "NPTYPES", "ITYPES", "DENSE_WS_LIMIT", "SHORT_ROWS",
            "SHORT_ROWS_BY_DTYPE", "PREFETCH_DISTANCE", "PREFETCH_MIN_BYTES", "STREAM_BLOCK", "STREAM_DISTANCE",
            "STREAM_MIN_BYTES", "STREAM_MIN_GATHER_BYTES", "GATHER_DOT_LANES", "gathered", "short_rows_limit",
+           "DOT_PREFETCH_BYTES", "dot_gathers", "dot_prefetch_distance", "DOT_ENTRIES", "dot_entries_type",
+           "reads_strided",
            "short_rows", "unit_stride_accesses", "relayouts", "LoopLevels",
            "KernelFacts", "kernel_facts", "cvar", "ws_size"]
 
@@ -131,6 +133,14 @@ def relayouts(s: Schedule) -> Dict[int, Tuple[int, Tuple[int, ...], Tuple[int, .
     return out
 
 
+def reads_strided(s: Schedule) -> bool:
+    """Whether the kernel has a ``run_chunk_strided`` variant reading the accesses the
+    innermost loop streams with their run-time strides: vector dots (SDDMM reads each
+    stored entry's K values of C; when C arrives K x n and the pattern holds few entries
+    per column, reading them with stride n costs less than copying C to n x K first)."""
+    return s.assignment.reduce == "sum" and _vector_dot(s, unit_stride_accesses(s))
+
+
 def short_rows(s: Schedule) -> Optional[Tuple[int, Tuple[str, ...]]]:
     """Whether the kernel has a short-rows variant, decided per input: the innermost loop
     is a reduction into a scalar over one sparse level (SpMV's ``acc += A[q] * x[crd[q]]``)
@@ -166,6 +176,74 @@ def gathered(s: Schedule) -> Tuple[int, ...]:
         return ()
     L = s.loop_order[-1]
     return tuple(ap.id for ap in s.accesses if not ap.sparse and L in ap.indices)
+
+
+#: a vector-dot kernel (SDDMM: one K-long dot of ``B[i, :]`` and ``C[j, :]`` per stored
+#: ``(i, j)``) prefetches the gathered row about this many bytes of rows ahead: K = 128
+#: float32 8 entries, K = 32 32 entries (measured kernel-only, 1 thread, C as n x K, under
+#: load: 4elt K = 128 3.30 -> 2.35 ms, rmat16 K = 32 9.4 -> 4.0 ms, K = 128 25.4 -> 17.9 ms,
+#: Groebner K = 128 1.61 -> 1.39 ms; rows that stay in L2 lose nothing: bcspwr10 K = 32
+#: 0.060 -> 0.051 ms). Rows narrower than a cache line are not prefetched (SpMV-like work).
+DOT_PREFETCH_BYTES = 4096
+#: the fewest and most entries ahead a vector dot prefetches
+DOT_PREFETCH_MIN, DOT_PREFETCH_MAX = 8, 64
+CACHE_LINE = 64
+
+
+def dot_gathers(s: Schedule) -> Tuple[int, ...]:
+    """The dense accesses a vector-dot kernel (see ``_vector_dot``) reads at the stored
+    coordinates of the sparse loop right above the dot: SDDMM's ``C[j, :]`` for each stored
+    ``(i, j)`` (``B[i, :]`` is the same row for the whole segment). Empty when that loop
+    is not one sparse level's segment."""
+    order = s.loop_order
+    if len(order) < 2:
+        return ()
+    v, L = order[-2], order[-1]
+    if sum(1 for ap in s.accesses if ap.sparse and v in ap.level_vars) != 1:
+        return ()
+    return tuple(ap.id for ap in s.accesses if not ap.sparse and v in ap.indices and L in ap.indices)
+
+
+def dot_prefetch_distance(width: int, vt: str) -> int:
+    """How many stored entries ahead a vector dot of ``width`` values prefetches its
+    gathered rows (0: not at all, rows narrower than a cache line)."""
+    row = width * (4 if vt == "float" else 8)
+    if row < CACHE_LINE:
+        return 0
+    return max(DOT_PREFETCH_MIN, min(DOT_PREFETCH_MAX, DOT_PREFETCH_BYTES // row))
+
+
+#: a vector dot whose results are the sparse operand's stored values (SDDMM) runs this many
+#: consecutive stored entries per step: each entry's products summed lane-wise into one
+#: vector, then one transposing horizontal sum turns the four vectors into one vector of
+#: their four sums, stored at once (4 shuffles and adds per entry -> about 2; kernel only,
+#: 1 thread, C as n x K, under load: Groebner K = 32 0.363 -> 0.288 ms, K = 128 1.13 ->
+#: 0.96 ms, 4elt K = 128 0.975 -> 0.849 ms)
+DOT_ENTRIES = 4
+
+
+def _entries_step_ok(s: Schedule) -> bool:
+    """The only sparse access is the output's pattern (an ``acc`` output whose values sit at
+    the pattern's positions), iterated by the loop right above the dot at its last level:
+    consecutive stored entries are consecutive output values, all present."""
+    out, order = s.output, s.loop_order
+    sparse = [ap for ap in s.accesses if ap.sparse]
+    if out.mode != "acc" or out.pattern < 0 or len(sparse) != 1 or sparse[0].id != out.pattern:
+        return False
+    lv = sparse[0].levels[-1]
+    return len(order) >= 2 and lv.var == order[-2] and not lv.grouped and not lv.locates
+
+
+def dot_entries_type(s: Schedule, vt: str, lanes: int, target: Target) -> Optional[str]:
+    """The vector type (``DOT_ENTRIES`` values) a vector dot with ``lanes``-lane vectors
+    stores ``DOT_ENTRIES`` results in at once, or None where it runs entry by entry
+    (see ``_entries_step_ok``; vectors of fewer lanes, or 4 values wider than a register)."""
+    nb = DOT_ENTRIES * (4 if vt == "float" else 8)
+    if vt not in ("float", "double") or lanes < DOT_ENTRIES or nb > target.vector_bytes:
+        return None
+    if not _entries_step_ok(s):
+        return None
+    return vector_type_name(vt, nb, target.vector_bytes)
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,10 @@ from typing import List, Sequence, Tuple
 from .. import merge_lattice as ml
 from ..levels import LevelPlan, group_end, segment_setup
 from ..loop_ir import AddTo, Assign, Call, For, If, LevelCode, Stmt, While
-from .facts import PREFETCH_DISTANCE, UNPREDICTABLE, LoopLevels, cvar
+from .facts import (CACHE_LINE, DOT_ENTRIES, PREFETCH_DISTANCE, UNPREDICTABLE, LoopLevels, cvar,
+                    dot_entries_type, dot_gathers, dot_prefetch_distance)
 from .nest import Cursor, Nest
-from .output import after_loop, before_loop, leaf, presence, row_room, vector_leaf
+from .output import after_loop, before_loop, leaf, presence, row_room, value, vector_leaf
 
 __all__ = ["loop_nest"]
 
@@ -115,7 +116,7 @@ def _bind_children(n: Nest, lp: LoopLevels, st: Cursor, new: Cursor) -> List[Stm
             continue
         o = d.need(f"o{ap.id}_{depth}")
         prev = st.off[ap.id]
-        unit = ap.id in f.unit and v == f.s.loop_order[-1]
+        unit = ap.id in f.unit and v == f.s.loop_order[-1] and not n.variant.strided
         step = cv if unit else f"{cv} * a.t{ap.id}_st_{v}"
         body.append(Assign(o, step if prev == "0" else f"{prev} + {step}"))
         new.off[ap.id] = o
@@ -141,6 +142,100 @@ def _prefetch(n: Nest, lp: LoopLevels, st: Cursor) -> List[Stmt]:
         step = ahead if i in f.unit else f"{ahead} * a.t{i}_st_{v}"
         calls.append(Call(f"scorch_prefetch(a.t{i}_vals + {step if prev == '0' else f'{prev} + {step}'})"))
     return [If(f"{lv.q} < pfe", tuple(calls))]
+
+
+def _entries(n: Nest, lv: LevelPlan) -> str:
+    """How many entries level ``lv``'s coordinate array holds (a C expression): a level with
+    ``pos`` has ``pos[P]`` for its parent's ``P`` positions, a dense level ``P * N``, a
+    level without ``pos`` shares its parent's positions (``P``)."""
+    total = "1"
+    for up in n.facts.s.accesses[lv.access].levels[:lv.k + 1]:
+        if up.locates:
+            total = f"a.N_{up.var}" if total == "1" else f"{total} * a.N_{up.var}"
+        elif up.has_pos:
+            total = f"<int64_t>{up.pos}[{total}]"
+    return total
+
+
+def _above_dot(n: Nest, lp: LoopLevels) -> bool:
+    """The loop ``lp`` wraps a fixed-width vector dot (the variant's innermost loop)."""
+    f = n.facts
+    return n.variant.width is not None and f.dot and lp.depth == len(f.s.loop_order) - 2
+
+
+def _dot_gather_rows(n: Nest, lp: LoopLevels, st: Cursor, entry: str) -> List[Stmt]:
+    """Prefetches of every cache line of the rows the vector dot will gather for the stored
+    entry at position ``entry`` (SDDMM's ``C[crd[entry], :]``)."""
+    f, W = n.facts, n.variant.width
+    step = CACHE_LINE // (4 if f.vt == "float" else 8)
+    calls: List[Stmt] = []
+    for i in dot_gathers(f.s):
+        prev = st.off[i]
+        row = f"{lp.iters[0].crd}[{entry}] * a.t{i}_st_{lp.var}"
+        base = row if prev == "0" else f"{prev} + {row}"
+        calls += [Call(f"scorch_prefetch(a.t{i}_vals + {base}{f' + {c}' if c else ''})")
+                  for c in range(0, W, step)]
+    return calls
+
+
+def _dot_prefetch(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor) -> Tuple[List[Stmt], List[Stmt]]:
+    """The segment loop above a vector dot (SDDMM's loop over a row's stored ``j``) asks for
+    the gathered rows (``C[j, :]``, every cache line of the dot's width) of the entry
+    ``dot_prefetch_distance`` positions ahead, up to the level's last entry (``pfe``: a
+    row's prefetches run into the next rows' entries). Returns (before the loop, in its
+    body); nothing outside the fixed-width dot variants."""
+    f = n.facts
+    W = n.variant.width
+    if not _above_dot(n, lp) or lv.grouped:
+        return [], []
+    D = dot_prefetch_distance(W, f.vt)
+    if not dot_gathers(f.s) or not D:
+        return [], []
+    pfe = n.decls.need("pfe")
+    return ([Assign(pfe, f"{_entries(n, lv)} - {D}")],
+            [If(f"{lv.q} < pfe", tuple(_dot_gather_rows(n, lp, st, f"{lv.q} + {D}")))])
+
+
+def _dot_entries(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor, hi: str) -> List[Stmt]:
+    """``DOT_ENTRIES`` stored entries per step of the segment loop above a vector dot whose
+    results are the segment's stored values (SDDMM, see ``facts.dot_entries_type``): each
+    entry's vector products summed lane-wise (``dv0``..), one transposing horizontal sum
+    of the four, one vector store; the loop after it finishes the segment entry by entry.
+    Empty where that does not apply."""
+    f, d = n.facts, n.decls
+    W = n.variant.width
+    if (not _above_dot(n, lp) or lp.locs or lp.chased or len(lp.iters) != 1
+            or lv.access != f.s.output.pattern):
+        return []
+    lanes, vtype = f.vector(W)
+    quad = dot_entries_type(f.s, f.vt, lanes, f.target)
+    if quad is None:
+        return []
+    U, q, D = DOT_ENTRIES, lv.q, dot_prefetch_distance(W, f.vt)
+    body: List[Stmt] = []
+    if D and dot_gathers(f.s):
+        body.append(If(f"{q} < pfe - {U - 1}", tuple(
+            c for u in range(U) for c in _dot_gather_rows(n, lp, st, f"{q} + {D + u}"))))
+    sums = []
+    for u in range(U):
+        at = f"{q} + {u}" if u else q
+        cu = st.child()
+        cu.pos[lv.access] = at
+        for ap in f.s.accesses:
+            if ap.sparse or lp.var not in ap.indices:
+                continue
+            o = d.need(f"o{ap.id}_{lp.depth}_{u}")
+            row = f"{lv.crd}[{at}] * a.t{ap.id}_st_{lp.var}"
+            prev = st.off[ap.id]
+            body.append(Assign(o, row if prev == "0" else f"{prev} + {row}"))
+            cu.off[ap.id] = o
+        dv = d.need(f"dv{u}", vtype)
+        body.append(Assign(dv, " + ".join(value(n, f.s.assignment.rhs, cu, c * lanes)
+                                          for c in range(W // lanes))))
+        sums.append(dv)
+    body += [Assign(f"(<{quad}*>(a.out_vals + {q}))[0]", f"{vtype}_hsum4({', '.join(sums)})"),
+             AddTo(q, str(U))]
+    return [While(f"{q} + {U - 1} < {hi}", tuple(body), "dot entries")]
 
 
 def _loop(n: Nest, lp: LoopLevels, st: Cursor) -> List[Stmt]:
@@ -277,11 +372,18 @@ def _single(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor, new: Cursor, lo:
     new.pres[lv.access] = "1"
     body: List[Stmt] = [Assign(cv, f"{lv.crd}[{lv.q}]")]
     if not lv.grouped:
+        setup: List[Stmt] = []
         if not role:
             body += _prefetch(n, lp, st)
+            setup, ahead = _dot_prefetch(n, lp, lv, st)
+            body += ahead
+            steps = _dot_entries(n, lp, lv, st, hi)
+            if steps:     # the steps of DOT_ENTRIES, then the rest from where they stopped
+                setup += ([] if lo == lv.q else [Assign(lv.q, lo)]) + steps
+                lo = lv.q
         body += _bind_children(n, lp, st, new)
         body += loop_nest(n, lp.depth + 1, new)
-        return [For(lv.q, lo, hi, tuple(body), role or "segment")]
+        return setup + [For(lv.q, lo, hi, tuple(body), role or "segment")]
     body.append(LevelCode(tuple(group_end(lv, cv))))
     body += _bind_children(n, lp, st, new)
     body += loop_nest(n, lp.depth + 1, new)

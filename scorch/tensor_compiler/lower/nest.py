@@ -19,7 +19,9 @@ class Variant:
     (``stream_rows``: index and value lines requested ahead, long rows in blocks).
     ``select``: the condition that picks it (None: ``run_chunk``).
     ``bound_only``: the bound pass of a rows output (the loops down to the last output
-    level, adding up that loop's trip-count bounds)."""
+    level, adding up that loop's trip-count bounds). ``strided``: the accesses the innermost
+    loop streams are read with their run-time strides (a vector dot's operand that arrived
+    strided, where re-laying it out would cost more than reading it: ``relayout.relayout_pays``)."""
     name: str = "run_chunk"
     select: Optional[str] = None
     width: Optional[int] = None
@@ -27,6 +29,7 @@ class Variant:
     prefetch: bool = False
     streams: bool = False
     bound_only: bool = False
+    strided: bool = False
 
 
 class Decls:
