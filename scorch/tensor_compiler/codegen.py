@@ -354,7 +354,7 @@ def _tuples_epilogue(k: Kernel, w, fn: str) -> None:
     w("        total += vals[t].size()")
     w(f"    crd_arr = np.empty({R} * total, dtype=np.int64)  # level-major: row l = level l")
     w(f"    val_arr = np.empty(total, dtype=np.{k.np_value_type})")
-    w("    cdef size_t cp = crd_arr.ctypes.data, vp = val_arr.ctypes.data")
+    w("    cdef size_t cp = _addr(crd_arr), vp = _addr(val_arr)")
     w("    cdef int64_t l")
     w("    off = 0")
     w("    for t in range(nchunks):")
@@ -404,7 +404,7 @@ def _gather_chunks(k: Kernel, w, count: str, crd_src: str, val_src: str) -> None
     it, vt = k.output.index_type, k.value_type
     w("    crd_arr = np.empty(total, dtype=np.int64 if wide else np.int32)")
     w(f"    val_arr = np.empty(total, dtype=np.{k.np_value_type})")
-    w("    cdef size_t cp = crd_arr.ctypes.data, vp = val_arr.ctypes.data")
+    w("    cdef size_t cp = _addr(crd_arr), vp = _addr(val_arr)")
     w("    cdef int64_t e")
     w("    for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):")
     w(f"        n = {count}")
@@ -445,8 +445,8 @@ def _rows_bound_epilogue(k: Kernel, w, fn: str) -> None:
     w("        room[t + 1] += room[t]")
     w(f"    buf_crd = np.empty(room[nchunks], dtype={np_it})")
     w(f"    buf_val = np.empty(room[nchunks], dtype=np.{k.np_value_type})")
-    w(f"    cdef {it}* bc = <{it}*><size_t>buf_crd.ctypes.data")
-    w(f"    cdef {vt}* bv = <{vt}*><size_t>buf_val.ctypes.data")
+    w(f"    cdef {it}* bc = <{it}*><size_t>_addr(buf_crd)")
+    w(f"    cdef {vt}* bv = <{vt}*><size_t>_addr(buf_val)")
     _run_chunks(w, fn, "bc, bv", "bc + room[t], bv + room[t]", into=("counts[0]", "counts[t]"))
     w("    cdef vector[int64_t] offs")
     w("    offs.resize(nchunks + 1)")
@@ -466,7 +466,7 @@ def _rows_bound_epilogue(k: Kernel, w, fn: str) -> None:
     w("        run = pp[P]")
     w("    else:")
     w("        pos32 = np.empty(P + 1, dtype=np.int32)")
-    w("        p32 = <int32_t*><size_t>pos32.ctypes.data")
+    w("        p32 = <int32_t*><size_t>_addr(pos32)")
     w("        with nogil:")
     w("            p32[0] = 0")
     w("            for t in range(P):")
@@ -494,7 +494,7 @@ def _rows_counts(o: RowsOutput, w) -> None:
     P = " * ".join(f"a.N_{v}" for v in o.dense_vars)
     w(f"    cdef int64_t P = {P}")
     w("    pos_arr = np.zeros(P + 1, dtype=np.int64)")
-    w("    a.out_pos = <int64_t*><size_t>pos_arr.ctypes.data")
+    w("    a.out_pos = <int64_t*><size_t>_addr(pos_arr)")
 
 
 def _c_entry(k: Kernel, w) -> None:

@@ -26,6 +26,21 @@ def bind_sizes(operand_indices: Sequence[Tuple[str, ...]], shapes: Sequence[Sequ
     """The size of every index variable. A size-1 dimension broadcasts; a variable repeated
     inside one operand (a diagonal, ``ii->i``) needs equal sizes there, as torch requires.
     ``labels[n]`` names operand ``n`` in messages (default ``operand n``)."""
+    # the common case first (every occurrence of a variable has one size: no broadcast, no
+    # message to prepare); it runs on every warm call (~0.4 us against ~1.8)
+    sizes: Dict[str, int] = {}
+    for idx, shape in zip(operand_indices, shapes):
+        for v, s in zip(idx, shape):
+            old = sizes.get(v)
+            if old is None:
+                sizes[v] = int(s)
+            elif old != s:
+                return _bind_broadcast(operand_indices, shapes, labels, caller)
+    return sizes
+
+
+def _bind_broadcast(operand_indices, shapes, labels, caller) -> Dict[str, int]:
+    """``bind_sizes`` where some variable has two sizes: broadcasts, or the error."""
     sizes: Dict[str, int] = {}
     seen: Dict[str, str] = {}
     for n, (idx, shape) in enumerate(zip(operand_indices, shapes)):

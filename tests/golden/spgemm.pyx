@@ -14,6 +14,13 @@ from scorch._runtime.workspace cimport (AppendBuffer, DenseScratch, SparseWorksp
 from cython.operator cimport dereference as deref, preincrement as inc
 from cython.parallel cimport prange
 import numpy as np
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+cdef size_t _addr(object arr) except? 0:
+    cdef Py_buffer view
+    PyObject_GetBuffer(arr, &view, PyBUF_SIMPLE)
+    cdef size_t p = <size_t>view.buf
+    PyBuffer_Release(&view)
+    return p
 
 cdef struct Args:
     int64_t N_i
@@ -171,7 +178,7 @@ def kernel(list args, int nthreads, int panel=0):
         raise OverflowError('output dimension k ({}) does not fit the int32 coordinates of this kernel'.format(a.N_k))
     cdef int64_t P = a.N_i
     pos_arr = np.zeros(P + 1, dtype=np.int64)
-    a.out_pos = <int64_t*><size_t>pos_arr.ctypes.data
+    a.out_pos = <int64_t*><size_t>_addr(pos_arr)
     cdef vector[AppendBuffer[int32_t]] crds
     cdef vector[AppendBuffer[float]] vals
     crds.resize(nchunks)
@@ -197,7 +204,7 @@ def kernel(list args, int nthreads, int panel=0):
     cdef bint wide = max(total, P, a.N_i, a.N_k) > 2147483647
     crd_arr = np.empty(total, dtype=np.int64 if wide else np.int32)
     val_arr = np.empty(total, dtype=np.float32)
-    cdef size_t cp = crd_arr.ctypes.data, vp = val_arr.ctypes.data
+    cdef size_t cp = _addr(crd_arr), vp = _addr(val_arr)
     cdef int64_t e
     for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):
         n = vals[t].size()
