@@ -217,9 +217,22 @@ def _through_entry(st: Storage, fmt: Format, got: Optional[Tuple[Storage, torch.
     """``st`` in ``fmt`` through its kept conversion ``got`` (None: converted directly)."""
     if got is None:
         return _convert().convert(st, fmt)
-    conv, perm = got
+    return through_permutation(st, got)
+
+
+def through_permutation(st: Storage, kept: Tuple[Storage, torch.Tensor]) -> Storage:
+    """``st``'s current values in the converted pattern of ``kept`` (``reformat_permutation``):
+    one gather, reused while the values are unchanged."""
+    conv, perm = kept
     return Storage(conv.format, conv.shape, conv.levels, _gathered(st.values, perm),
                    conv.index_dtype)
+
+
+def inverse_permuted(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """``out`` with ``out[perm] = values``: values on a converted pattern (``perm`` from
+    ``reformat_permutation``) back at the source's positions, by a gather through the kept
+    inverse (no scatter)."""
+    return values.index_select(0, _inverse(perm))
 
 
 #: a permutation -> (weak reference to the values, the gathered values), while the values'
@@ -320,7 +333,7 @@ class _Permuted(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
-        return g.index_select(0, _inverse(ctx.perm)), None
+        return inverse_permuted(g, ctx.perm), None
 
 
 def permuted(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch
 from .._dispatch import register
 from .. import tensor_type
 from ..gradients import pattern as _pattern
-from ..gradients.values import from_values, values_of
+from ..gradients.values import from_values, mark_gradient, values_of
 from ..tensor_type import SparseTensor, is_sparse_operand
 from . import elementwise
 from . import einsum as _einsum_entry
@@ -196,6 +196,91 @@ def _input_major(weight: SparseTensor) -> SparseTensor:
     return SparseTensor(_pattern.reformatted(st, conv.format))
 
 
+def _dense_product_linear(equation: str, input: SparseTensor, weight: SparseTensor) -> torch.Tensor:
+    """``input @ weight^T`` (both sparse) as a dense result, through the differentiable
+    pieces: the input-major weight (a gather node) and the einsum (its Function)."""
+    return _einsum_entry.einsum(equation, input, _input_major(weight), out_format="dense")
+
+
+def _sparse_batch_linear(equation: str, input, weight, bias) -> Optional[torch.Tensor]:
+    """``F.linear`` of a sparse batch through a sparse weight with a dense result, as ONE
+    autograd node (``_SparseBatchLinear``) where the weight is a SparseTensor with a kept
+    input-major permutation and the bias is absent or a dense vector; None otherwise (the
+    caller composes the differentiable pieces)."""
+    if type(input) is not SparseTensor or type(weight) is not SparseTensor:
+        return None
+    st = weight._storage
+    if st.format.block is not None or st.format.mode_order[0] == 1:
+        return None
+    if bias is not None and not (isinstance(bias, torch.Tensor) and not is_sparse_operand(bias)
+                                 and bias.dim() <= 1 and bias.dtype == st.values.dtype):
+        return None
+    memo = weight.__dict__.get("_input_major")   # (storage, kept): a lookup, not a key build
+    if memo is not None and memo[0] is st:
+        kept = memo[1]
+    else:
+        kept = _pattern.reformat_permutation(st, st.format.transposed_copy((1, 0)))
+        weight.__dict__["_input_major"] = (st, kept)
+    if kept is None:
+        return None
+    return _SparseBatchLinear.apply(equation, kept, input, weight, bias)
+
+
+class _SparseBatchLinear(torch.autograd.Function):
+    """``input @ weight^T + bias`` for a sparse batch and a sparse weight (the sparse
+    autoencoder's encoder) in one graph node: the forward gathers the weight's values into
+    its kept input-major pattern, runs the one kernel and adds the bias in place; the
+    backward runs the gradient einsums (``einsum_grad``, as ``scorch.einsum``'s own
+    backward does) on that pattern and gathers the weight's gradient back to its own
+    positions. The same work as the composed graph (gather node, einsum Function, bias
+    add) without three nodes' Python per step. Double backward re-runs the composed
+    graph."""
+
+    @staticmethod
+    def forward(ctx, equation: str, kept, input: SparseTensor, weight: SparseTensor, bias):
+        ctx.equation, ctx.kept = equation, kept
+        ctx.input_major = _pattern.through_permutation(weight._storage, kept)
+        out = _einsum_entry._compiler().einsum(equation, input._storage, ctx.input_major,
+                                               out_format="dense")
+        if bias is not None:
+            out.add_(bias)
+        ctx.save_for_backward(input, weight, bias)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        input, weight, bias = ctx.saved_tensors
+        needs = ctx.needs_input_grad[2:]
+        if torch.is_grad_enabled():   # create_graph: the composed, differentiable graph
+            return (None, None) + _composed_gradients(ctx.equation, (input, weight, bias), needs, grad)
+        from ..gradients import einsum_grad, functions
+        operands = (input, SparseTensor(ctx.input_major))
+        shapes = (_shape(input), ctx.input_major.shape)
+        grads = [None, None]
+        for n in (0, 1):
+            if needs[n]:
+                plan = einsum_grad.gradient_plan(ctx.equation, shapes, n, True)
+                grads[n] = einsum_grad.operand_gradient(plan, functions.einsum, grad, operands)
+        if grads[1] is not None:   # from the input-major pattern back to the weight's
+            vals = _pattern.inverse_permuted(grads[1]._storage.values, ctx.kept[1])
+            grads[1] = SparseTensor(_pattern.with_pattern_values(weight._storage, vals))
+        bias_grad = grad.sum_to_size(bias.shape) if needs[2] else None
+        return None, None, mark_gradient(grads[0]), mark_gradient(grads[1]), bias_grad
+
+
+def _composed_gradients(equation: str, inputs: tuple, needs: tuple, grad: torch.Tensor) -> tuple:
+    """The gradients of ``_SparseBatchLinear``'s inputs through the composed graph, built
+    again with ``create_graph`` (double backward)."""
+    x, w, b = inputs
+    with torch.enable_grad():
+        out = _dense_product_linear(equation, x, w)
+        if b is not None:
+            out = out + b
+    wanted = [t for t, need in zip(inputs, needs) if need]
+    got = iter(torch.autograd.grad(out, wanted, grad, create_graph=True, allow_unused=True))
+    return tuple(next(got) if need else None for need in needs)
+
+
 def linear(input: torch.Tensor, weight: torch.Tensor,
            bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``F.linear``: ``input @ weight.T + bias`` with the transpose folded into the einsum
@@ -224,9 +309,11 @@ def linear(input: torch.Tensor, weight: torch.Tensor,
         # sparse @ sparse whose product stores (nearly) every entry (a sparse autoencoder's
         # CSR batch through a CSR weight): a dense result, so the layer stays a dense
         # activation and the weight's gradient an SDDMM on its pattern, not a three-way
-        # intersection; the weight input-major (see _input_major)
-        out = _einsum_entry.einsum(f"{lead}j,oj->{lead}o", input, _input_major(weight),
-                                   out_format="dense")
+        # intersection; the weight input-major (see _input_major), in one graph node
+        fused = _sparse_batch_linear(f"{lead}j,oj->{lead}o", input, weight, bias)
+        if fused is not None:
+            return fused
+        out = _dense_product_linear(f"{lead}j,oj->{lead}o", input, weight)
     elif len(sw) == 2:
         out = _contract(f"{lead}j,oj->{lead}o", input, weight)
     else:
