@@ -254,16 +254,19 @@ class _SparseBatchLinear(torch.autograd.Function):
         if torch.is_grad_enabled():   # create_graph: the composed, differentiable graph
             return (None, None) + _composed_gradients(ctx.equation, (input, weight, bias), needs, grad)
         from ..gradients import einsum_grad, functions
-        operands = (input, SparseTensor(ctx.input_major))
-        shapes = (_shape(input), ctx.input_major.shape)
+        P, shapes = ctx.input_major, (_shape(input), ctx.input_major.shape)
         grads = [None, None]
-        for n in (0, 1):
-            if needs[n]:
-                plan = einsum_grad.gradient_plan(ctx.equation, shapes, n, True)
-                grads[n] = einsum_grad.operand_gradient(plan, functions.einsum, grad, operands)
-        if grads[1] is not None:   # from the input-major pattern back to the weight's
-            vals = _pattern.inverse_permuted(grads[1]._storage.values, ctx.kept[1])
+        if needs[1]:   # the weight's: on its input-major pattern, then gathered back
+            plan = einsum_grad.gradient_plan(ctx.equation, shapes, 1, True)
+            vals = einsum_grad.pattern_gradient_values(plan, P, grad, input._storage, _einsum_entry._compiler())
+            if vals is None:
+                vals = einsum_grad.operand_gradient(plan, functions.einsum, grad,
+                                                    (input, SparseTensor(P)))._storage.values
+            vals = _pattern.inverse_permuted(vals, ctx.kept[1])
             grads[1] = SparseTensor(_pattern.with_pattern_values(weight._storage, vals))
+        if needs[0]:
+            plan = einsum_grad.gradient_plan(ctx.equation, shapes, 0, True)
+            grads[0] = einsum_grad.operand_gradient(plan, functions.einsum, grad, (input, SparseTensor(P)))
         bias_grad = grad.sum_to_size(bias.shape) if needs[2] else None
         return None, None, mark_gradient(grads[0]), mark_gradient(grads[1]), bias_grad
 
