@@ -297,6 +297,9 @@ def linear(input: torch.Tensor, weight: torch.Tensor,
         raise RuntimeError(f"linear: input shape {si} and weight shape {sw} cannot be "
                            f"multiplied ({si[-1]} != {sw[-1]})")
     _check_dtypes("linear", input, weight)
+    if bias is not None and _dtype(bias) != _dtype(weight):
+        raise RuntimeError(f"linear: bias must have the dtype of input and weight ({_dtype(weight)}), "
+                           f"got {_dtype(bias)}")
     lead = _BATCH_LETTERS[:len(si) - 1]
     if len(lead) != len(si) - 1:
         raise RuntimeError("linear: too many leading dimensions")
