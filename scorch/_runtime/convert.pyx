@@ -92,6 +92,7 @@ ctypedef fused mv_t:
     b16
 
 _DENSE, _COMPRESSED, _COORDINATE = LevelKind.DENSE, LevelKind.COMPRESSED, LevelKind.COORDINATE
+_DENSE_COMPRESSED = (_DENSE, _COMPRESSED)
 
 # how values are reduced: dtypes without a native sum are summed in a wider type and cast back
 _WIDEN = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.int8: torch.int64,
@@ -1386,6 +1387,12 @@ def convert(st: Storage, fmt: Format) -> Storage:
         parents = lv0.size if lv0.kind is _DENSE else lv0.crd.numel()
         offsets, rows, vals = _k_transpose(lv1.pos.to(wdt), lv1.crd.to(wdt), rowmap, parents,
                                            lv1.size, st.values)
+        if fmt.levels == _DENSE_COMPRESSED:   # CSR <-> CSC: the bucket starts are the pointers
+            idt = index_dtype_for(st.shape, n)
+            return Storage(fmt, st.shape, [Level(_DENSE, fmt.mode_order[0], lv1.size),
+                                           Level(_COMPRESSED, fmt.mode_order[1], lv0.size,
+                                                 _as_index(offsets, idt), _as_index(rows, idt))],
+                           vals, idt)
         return _build(st.shape, fmt, [None, rows], vals, n, True, offsets0=offsets)
     lc = _decode(st, wdt, keep=True)
     keys, origin = _keys_from_levels(lc, st, fmt, st.shape, wdt)
