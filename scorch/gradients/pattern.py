@@ -11,6 +11,7 @@ only the permutation of positions is kept and the current values are gathered th
 from __future__ import annotations
 
 import weakref
+from functools import lru_cache
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -355,22 +356,30 @@ def located_format(fmt: Format, shape: Tuple[int, ...], nnz: int, term: str,
     not possible without densifying (every dimension shared, or the dense levels would hold
     more slots than both operands' stored entries; one shared dimension is always fine, a
     CSC's column pointers)."""
-    shared = sorted((d for d, v in enumerate(term) if v in pattern_vars),
-                    key=lambda d: pattern_vars.index(term[d]))
-    if not shared or len(shared) == len(term) or fmt.block is not None:
-        return None
-    if len(shared) > 1:
+    located, shared = _located(fmt, term, pattern_vars)
+    if located is not None and len(shared) > 1:
         slots = 1
         for d in shared:
             slots *= max(int(shape[d]), 1)
         if slots > nnz + pattern_nnz:
             return None
-    order = tuple(shared) + tuple(d for d in fmt.mode_order if d not in shared)
+    return located
+
+
+@lru_cache(maxsize=1024)
+def _located(fmt: Format, term: str, pattern_vars: str) -> Tuple[Optional[Format], Tuple[int, ...]]:
+    """``located_format``'s format and the shared dimensions, before the size check (kept
+    per format and subscripts: a training step asks again for every new batch)."""
+    shared = tuple(sorted((d for d, v in enumerate(term) if v in pattern_vars),
+                          key=lambda d: pattern_vars.index(term[d])))
+    if not shared or len(shared) == len(term) or fmt.block is not None:
+        return None, shared
+    order = shared + tuple(d for d in fmt.mode_order if d not in shared)
     if order[:len(shared)] == fmt.mode_order[:len(shared)] and \
             all(k.full for k in fmt.levels[:len(shared)]):
-        return None   # already located (a CSC batch for a CSR weight's gradient)
+        return None, shared   # already located (a CSC batch for a CSR weight's gradient)
     kinds = (LevelKind.DENSE,) * len(shared) + (LevelKind.COMPRESSED,) * (len(term) - len(shared))
-    return Format(kinds, order)
+    return Format(kinds, order), shared
 
 
 def reformat_cache_info() -> Dict[str, int]:
