@@ -260,7 +260,8 @@ def pattern_gradient_values(plan: GradientPlan, P: Storage, grad: torch.Tensor, 
     partner located, the kernel writing ``P``'s pattern), without its tensor wrappers and
     general checks (a training step's backward calls it once per sparse layer). None where
     the general path is needed."""
-    if plan.repeated or len(plan.other_terms) != 1 or grad.layout is not torch.strided:
+    if plan.repeated or len(plan.other_terms) != 1 or type(grad) is not torch.Tensor \
+            or grad.layout is not torch.strided:
         return None
     level_vars = "".join(plan.pattern_term[d] for d in P.format.mode_order)
     fmt = _pattern.located_format(partner.format, partner.shape, partner.nnz, plan.other_terms[0],
