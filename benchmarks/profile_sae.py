@@ -9,7 +9,8 @@ time per call, so machine load from other processes weighs less than in wall tim
 Phases of a step: the batch to CSR (scorch only; the paper counts it), the encoder's forward
 (``F.linear``), the decoder's forward with the loss, the backward. Kernels: the encoder's
 forward ``x @ W^T`` and its weight gradient (an SDDMM on W's pattern) as F.linear runs them,
-the batch's conversion to column-major that the gradient reads, and torch's counterparts.
+the batch's conversion to column-major that the gradient reads, the dense batch's
+conversion to CSR (against torch's ``to_sparse_csr``), and torch's counterparts.
 """
 from __future__ import annotations
 
@@ -91,6 +92,8 @@ def kernels(xs, model, calls: int) -> dict:
         "scorch: weight gradient oj,ao,aj->oj on W's pattern (X CSC)":
             lambda i: scorch.einsum("oj,ao,aj->oj", ones, g, Xc[i]),
         "scorch: the batch CSR -> CSC": lambda i: scorch._runtime.convert.convert(X[i]._storage, csc),
+        "scorch: the dense batch -> CSR (scorch.sparse_tensor)": lambda i: scorch.sparse_tensor(xs[i], format="csr"),
+        "torch: the dense batch -> CSR (x.to_sparse_csr())": lambda i: xs[i].to_sparse_csr(),
         "torch.sparse: W @ x^T (torch.sparse.mm)": lambda i: torch.sparse.mm(wt, xs[i].t()),
         "torch: g^T @ x (the dense product torch's W gradient masks)": lambda i: g.t() @ xs[i],
     }

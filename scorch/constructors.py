@@ -74,6 +74,21 @@ def _number_tensor(x: Any, name: str) -> torch.Tensor:
                         f"got {type(x).__name__}: {exc}") from None
 
 
+#: (format name or None, rank) -> its Format, resolved once (a training loop converts a
+#: new batch every step)
+_NAMED_FORMATS: dict = {}
+
+
+def _named_format(format: FormatLike, rank: int):
+    """``as_format`` for a dense input's ``format`` argument (default COO), kept per name."""
+    if format is not None and not isinstance(format, str):
+        return as_format(format, rank)
+    fmt = _NAMED_FORMATS.get((format, rank))
+    if fmt is None:
+        fmt = _NAMED_FORMATS[(format, rank)] = as_format("coo" if format is None else format, rank)
+    return fmt
+
+
 def sparse_tensor(data: Any, size: Optional[Sequence[int]] = None, format: FormatLike = None,
                   dtype: Optional[torch.dtype] = None, requires_grad: bool = False
                   ) -> SparseTensor:
@@ -112,7 +127,7 @@ def sparse_tensor(data: Any, size: Optional[Sequence[int]] = None, format: Forma
         if dtype is not None:
             data = data.to(dtype)
         _check_dtype(data.dtype, "data")
-        fmt = as_format("coo" if format is None else format, data.dim())
+        fmt = _named_format(format, data.dim())
         st = _convert().from_dense(data.detach(), fmt)
         source = data
     else:

@@ -11,6 +11,7 @@ only the permutation of positions is kept and the current values are gathered th
 from __future__ import annotations
 
 import weakref
+from functools import lru_cache
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -217,9 +218,22 @@ def _through_entry(st: Storage, fmt: Format, got: Optional[Tuple[Storage, torch.
     """``st`` in ``fmt`` through its kept conversion ``got`` (None: converted directly)."""
     if got is None:
         return _convert().convert(st, fmt)
-    conv, perm = got
+    return through_permutation(st, got)
+
+
+def through_permutation(st: Storage, kept: Tuple[Storage, torch.Tensor]) -> Storage:
+    """``st``'s current values in the converted pattern of ``kept`` (``reformat_permutation``):
+    one gather, reused while the values are unchanged."""
+    conv, perm = kept
     return Storage(conv.format, conv.shape, conv.levels, _gathered(st.values, perm),
                    conv.index_dtype)
+
+
+def inverse_permuted(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """``out`` with ``out[perm] = values``: values on a converted pattern (``perm`` from
+    ``reformat_permutation``) back at the source's positions, by a gather through the kept
+    inverse (no scatter)."""
+    return values.index_select(0, _inverse(perm))
 
 
 #: a permutation -> (weak reference to the values, the gathered values), while the values'
@@ -320,7 +334,7 @@ class _Permuted(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
-        return g.index_select(0, _inverse(ctx.perm)), None
+        return inverse_permuted(g, ctx.perm), None
 
 
 def permuted(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
@@ -342,22 +356,30 @@ def located_format(fmt: Format, shape: Tuple[int, ...], nnz: int, term: str,
     not possible without densifying (every dimension shared, or the dense levels would hold
     more slots than both operands' stored entries; one shared dimension is always fine, a
     CSC's column pointers)."""
-    shared = sorted((d for d, v in enumerate(term) if v in pattern_vars),
-                    key=lambda d: pattern_vars.index(term[d]))
-    if not shared or len(shared) == len(term) or fmt.block is not None:
-        return None
-    if len(shared) > 1:
+    located, shared = _located(fmt, term, pattern_vars)
+    if located is not None and len(shared) > 1:
         slots = 1
         for d in shared:
             slots *= max(int(shape[d]), 1)
         if slots > nnz + pattern_nnz:
             return None
-    order = tuple(shared) + tuple(d for d in fmt.mode_order if d not in shared)
+    return located
+
+
+@lru_cache(maxsize=1024)
+def _located(fmt: Format, term: str, pattern_vars: str) -> Tuple[Optional[Format], Tuple[int, ...]]:
+    """``located_format``'s format and the shared dimensions, before the size check (kept
+    per format and subscripts: a training step asks again for every new batch)."""
+    shared = tuple(sorted((d for d, v in enumerate(term) if v in pattern_vars),
+                          key=lambda d: pattern_vars.index(term[d])))
+    if not shared or len(shared) == len(term) or fmt.block is not None:
+        return None, shared
+    order = shared + tuple(d for d in fmt.mode_order if d not in shared)
     if order[:len(shared)] == fmt.mode_order[:len(shared)] and \
             all(k.full for k in fmt.levels[:len(shared)]):
-        return None   # already located (a CSC batch for a CSR weight's gradient)
+        return None, shared   # already located (a CSC batch for a CSR weight's gradient)
     kinds = (LevelKind.DENSE,) * len(shared) + (LevelKind.COMPRESSED,) * (len(term) - len(shared))
-    return Format(kinds, order)
+    return Format(kinds, order), shared
 
 
 def reformat_cache_info() -> Dict[str, int]:

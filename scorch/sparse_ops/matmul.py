@@ -15,7 +15,7 @@ import torch
 from .._dispatch import register
 from .. import tensor_type
 from ..gradients import pattern as _pattern
-from ..gradients.values import from_values, values_of
+from ..gradients.values import from_values, mark_gradient, values_of
 from ..tensor_type import SparseTensor, is_sparse_operand
 from . import elementwise
 from . import einsum as _einsum_entry
@@ -196,6 +196,94 @@ def _input_major(weight: SparseTensor) -> SparseTensor:
     return SparseTensor(_pattern.reformatted(st, conv.format))
 
 
+def _dense_product_linear(equation: str, input: SparseTensor, weight: SparseTensor) -> torch.Tensor:
+    """``input @ weight^T`` (both sparse) as a dense result, through the differentiable
+    pieces: the input-major weight (a gather node) and the einsum (its Function)."""
+    return _einsum_entry.einsum(equation, input, _input_major(weight), out_format="dense")
+
+
+def _sparse_batch_linear(equation: str, input, weight, bias) -> Optional[torch.Tensor]:
+    """``F.linear`` of a sparse batch through a sparse weight with a dense result, as ONE
+    autograd node (``_SparseBatchLinear``) where the weight is a SparseTensor with a kept
+    input-major permutation and the bias is absent or a dense vector; None otherwise (the
+    caller composes the differentiable pieces)."""
+    if type(input) is not SparseTensor or type(weight) is not SparseTensor:
+        return None
+    st = weight._storage
+    if st.format.block is not None or st.format.mode_order[0] == 1:
+        return None
+    if bias is not None and not (isinstance(bias, torch.Tensor) and not is_sparse_operand(bias)
+                                 and bias.dim() <= 1 and bias.dtype == st.values.dtype):
+        return None
+    memo = weight.__dict__.get("_input_major")   # (storage, kept): a lookup, not a key build
+    if memo is not None and memo[0] is st:
+        kept = memo[1]
+    else:
+        kept = _pattern.reformat_permutation(st, st.format.transposed_copy((1, 0)))
+        weight.__dict__["_input_major"] = (st, kept)
+    if kept is None:
+        return None
+    return _SparseBatchLinear.apply(equation, kept, input, weight, bias)
+
+
+class _SparseBatchLinear(torch.autograd.Function):
+    """``input @ weight^T + bias`` for a sparse batch and a sparse weight (the sparse
+    autoencoder's encoder) in one graph node: the forward gathers the weight's values into
+    its kept input-major pattern, runs the one kernel and adds the bias in place; the
+    backward runs the gradient einsums (``einsum_grad``, as ``scorch.einsum``'s own
+    backward does) on that pattern and gathers the weight's gradient back to its own
+    positions. The same work as the composed graph (gather node, einsum Function, bias
+    add) without three nodes' Python per step. Double backward re-runs the composed
+    graph."""
+
+    @staticmethod
+    def forward(ctx, equation: str, kept, input: SparseTensor, weight: SparseTensor, bias):
+        ctx.equation, ctx.kept = equation, kept
+        ctx.input_major = _pattern.through_permutation(weight._storage, kept)
+        out = _einsum_entry._compiler().einsum(equation, input._storage, ctx.input_major,
+                                               out_format="dense")
+        if bias is not None:
+            out.add_(bias)
+        ctx.save_for_backward(input, weight, bias)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        input, weight, bias = ctx.saved_tensors
+        needs = ctx.needs_input_grad[2:]
+        if torch.is_grad_enabled():   # create_graph: the composed, differentiable graph
+            return (None, None) + _composed_gradients(ctx.equation, (input, weight, bias), needs, grad)
+        from ..gradients import einsum_grad, functions
+        P, shapes = ctx.input_major, (_shape(input), ctx.input_major.shape)
+        grads = [None, None]
+        if needs[1]:   # the weight's: on its input-major pattern, then gathered back
+            plan = einsum_grad.gradient_plan(ctx.equation, shapes, 1, True)
+            vals = einsum_grad.pattern_gradient_values(plan, P, grad, input._storage, _einsum_entry._compiler())
+            if vals is None:
+                vals = einsum_grad.operand_gradient(plan, functions.einsum, grad,
+                                                    (input, SparseTensor(P)))._storage.values
+            vals = _pattern.inverse_permuted(vals, ctx.kept[1])
+            grads[1] = SparseTensor(_pattern.with_pattern_values(weight._storage, vals))
+        if needs[0]:
+            plan = einsum_grad.gradient_plan(ctx.equation, shapes, 0, True)
+            grads[0] = einsum_grad.operand_gradient(plan, functions.einsum, grad, (input, SparseTensor(P)))
+        bias_grad = grad.sum_to_size(bias.shape) if needs[2] else None
+        return None, None, mark_gradient(grads[0]), mark_gradient(grads[1]), bias_grad
+
+
+def _composed_gradients(equation: str, inputs: tuple, needs: tuple, grad: torch.Tensor) -> tuple:
+    """The gradients of ``_SparseBatchLinear``'s inputs through the composed graph, built
+    again with ``create_graph`` (double backward)."""
+    x, w, b = inputs
+    with torch.enable_grad():
+        out = _dense_product_linear(equation, x, w)
+        if b is not None:
+            out = out + b
+    wanted = [t for t, need in zip(inputs, needs) if need]
+    got = iter(torch.autograd.grad(out, wanted, grad, create_graph=True, allow_unused=True))
+    return tuple(next(got) if need else None for need in needs)
+
+
 def linear(input: torch.Tensor, weight: torch.Tensor,
            bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``F.linear``: ``input @ weight.T + bias`` with the transpose folded into the einsum
@@ -209,6 +297,9 @@ def linear(input: torch.Tensor, weight: torch.Tensor,
         raise RuntimeError(f"linear: input shape {si} and weight shape {sw} cannot be "
                            f"multiplied ({si[-1]} != {sw[-1]})")
     _check_dtypes("linear", input, weight)
+    if bias is not None and _dtype(bias) != _dtype(weight):
+        raise RuntimeError(f"linear: bias must have the dtype of input and weight ({_dtype(weight)}), "
+                           f"got {_dtype(bias)}")
     lead = _BATCH_LETTERS[:len(si) - 1]
     if len(lead) != len(si) - 1:
         raise RuntimeError("linear: too many leading dimensions")
@@ -224,9 +315,11 @@ def linear(input: torch.Tensor, weight: torch.Tensor,
         # sparse @ sparse whose product stores (nearly) every entry (a sparse autoencoder's
         # CSR batch through a CSR weight): a dense result, so the layer stays a dense
         # activation and the weight's gradient an SDDMM on its pattern, not a three-way
-        # intersection; the weight input-major (see _input_major)
-        out = _einsum_entry.einsum(f"{lead}j,oj->{lead}o", input, _input_major(weight),
-                                   out_format="dense")
+        # intersection; the weight input-major (see _input_major), in one graph node
+        fused = _sparse_batch_linear(f"{lead}j,oj->{lead}o", input, weight, bias)
+        if fused is not None:
+            return fused
+        out = _dense_product_linear(f"{lead}j,oj->{lead}o", input, weight)
     elif len(sw) == 2:
         out = _contract(f"{lead}j,oj->{lead}o", input, weight)
     else:
