@@ -252,7 +252,7 @@ def tile_factor(accumulators: int, shared_loads: int, registers: int) -> int:
 
 
 def _jam(t: _Tile, R: int, types: Dict[str, str], need) -> List[Stmt]:
-    maps = [{}] + [{v: f"{v}_u{r}" for v in t.variant} for r in range(1, R)]
+    maps = [{}] + [{v: f"{v}_u{r}" for v in sorted(t.variant)} for r in range(1, R)]
     for m in maps[1:]:
         for v, nv in m.items():
             need(nv, types.get(v, "int64_t"))
