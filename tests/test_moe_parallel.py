@@ -45,11 +45,11 @@ def two_threads(monkeypatch):
 
 # ---------------------------------------------------------------- 1. short loops in parallel
 def test_expert_and_gate_gradients_split_the_expert_loop():
-    dy, x = torch.rand(64, 40), torch.rand(64, 8)
+    dy, x = torch.rand(64, 128), torch.rand(64, 64)
     csr = scorch.sparse_tensor(_gate(64, 8, 2), format="csr")
     csc = scorch.sparse_tensor(_gate(64, 8, 2), format="csc")
     for plan in (scorch.explain(EXPERT_GRAD, dy, x, csc, out_format="ddd"),
-                 scorch.explain(GATE_GRAD, csr, dy, x, torch.rand(8, 8, 40))):
+                 scorch.explain(GATE_GRAD, csr, dy, x, torch.rand(8, 64, 128))):
         assert plan.loop_order[0] == "n"
         assert "chunks over n (dense, balanced by stored entries" in str(plan)
         # 2 iterations with enough entries below them are enough (not 64 iterations)
@@ -94,7 +94,7 @@ def _jammed(plan, name):
 
 
 def test_moe_plans_show_register_tiles():
-    x, E, dy = torch.rand(16, 8), torch.rand(4, 8, 128), torch.rand(16, 128)
+    x, E, dy = torch.rand(16, 64), torch.rand(4, 64, 128), torch.rand(16, 128)   # E[n]: 32 KB
     csr = scorch.sparse_tensor(_gate(16, 4, 2), format="csr")
     csc = scorch.sparse_tensor(_gate(16, 4, 2), format="csc")
     fwd = scorch.explain(MOE, x, E, csr)
@@ -114,7 +114,7 @@ def test_register_tiles_compile_and_equal_dense_per_target(target, h):
     """AVX2 (16 registers, 32-byte vectors; the native AVX-512 build is checked above): a
     128-float row has no room for a second copy on AVX2 (it stays untiled), narrower rows
     are tiled."""
-    b, d, n = 37, 9, 3
+    b, d, n = 37, 40, 3          # E[n] at h = 128: 20 KB, more than half an L1: read expert-major
     g = torch.Generator().manual_seed(h)
     x, E, dy = torch.rand(b, d, generator=g), torch.rand(n, d, h, generator=g), torch.rand(b, h, generator=g)
     dense = _gate(b, n, 2, seed=h)
