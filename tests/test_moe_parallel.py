@@ -53,7 +53,7 @@ def test_expert_and_gate_gradients_split_the_expert_loop():
         assert plan.loop_order[0] == "n"
         assert "chunks over n (dense, balanced by stored entries" in str(plan)
         # 2 iterations with enough entries below them are enough (not 64 iterations)
-        assert f"hi0 - lo0 >= 2 and a.t" in plan.source
+        assert "hi0 - lo0 >= 2 and a.t" in plan.source
         assert f">= {SHORT_LOOP_MIN_ENTRIES}:" in plan.source
 
 
@@ -193,7 +193,6 @@ def test_register_tile_refuses_illegal_loops():
 def test_tiled_source_is_the_same_in_every_process():
     """The kernel cache is keyed by the source: the tile's new locals are declared in a
     fixed order, whatever the process's string hash seed."""
-    import hashlib
     import os
     import subprocess
     import sys
