@@ -73,7 +73,7 @@ def test_restreamed_blocks_counts_matrices_per_stored_entry():
 
 # ---------------------------------------------------------------- plans (explain)
 def test_moe_forward_reads_the_gate_expert_major_in_cache_panels():
-    x, E = torch.rand(16, 8), torch.rand(4, 8, 300)
+    x, E = torch.rand(16, 64), torch.rand(4, 64, 300)      # a 77 KB expert: more than L1
     G = scorch.sparse_tensor(_gate(16, 4, 2), format="csr")
     plan = scorch.explain(MOE, x, E, G)
     assert plan.loop_order == ["n", "b", "d", "h"]
@@ -101,7 +101,7 @@ def test_gate_gradient_reads_expert_major_and_keeps_the_gate_format():
     restreamed blocks too: the gate gradient runs expert-major and is converted back to the
     gate's format (a result in CSR for a CSR gate, never a CSC one)."""
     G = scorch.sparse_tensor(_gate(16, 4, 2), format="csr")
-    dy, x, E = torch.rand(16, 300), torch.rand(16, 8), torch.rand(4, 8, 300)
+    dy, x, E = torch.rand(16, 300), torch.rand(16, 64), torch.rand(4, 64, 300)
     plan = scorch.explain(GATE_GRAD, G, dy, x, E)
     assert plan.loop_order == ["n", "b", "d", "h"] and [t[0] for t in plan.transposes] == [0]
     assert plan.output_format == as_format("csr")
@@ -109,6 +109,9 @@ def test_gate_gradient_reads_expert_major_and_keeps_the_gate_format():
     assert isinstance(got, scorch.SparseTensor) and got.format == as_format("csr")
     # the forward over a COO gate has a sparse result over (b, h): left as it was
     coo = scorch.explain(MOE, x, E, scorch.sparse_tensor(_gate(16, 4, 2), format="coo"))
+    # an expert that fits in L1 is re-read per input from there: the gate read as stored
+    small = scorch.explain(MOE, x[:, :8], E[:, :8, :8], G)
+    assert small.loop_order == ["b", "n", "d", "h"] and not small.transposes
     assert coo.loop_order == ["b", "n", "d", "h"] and not coo.transposes
 
 
@@ -212,3 +215,41 @@ def test_parallel_panels_equal_dense(threads):
             _close(scorch.einsum(MOE, x, E, G), torch.einsum(MOE, x, E, dense))
     finally:
         torch.set_num_threads(old)
+
+
+# ---------------------------------------------------------------- the re-read block's size class
+def _spmm3(n: int, K: int, L: int):
+    dense = _gate(n, n, 5)                         # 5 stored a row: no statistics (< 4096)
+    return scorch.sparse_tensor(dense, format="csr"), dense, torch.rand(n, K, L)
+
+
+def test_block_key_classes_the_block_no_sparse_operand_indexes():
+    from scorch.tensor_compiler.planner import block_key, small_blocks
+    A, _d, B = _spmm3(50, 8, 64)
+    with l2_bytes(1 << 20):
+        assert block_key("ij,jkl->ikl", [A._storage, B]) == (-1, 0)            # 8 x 64 x 4 B = 2 KB
+        assert block_key("ij,jkl->ikl", [A._storage, torch.rand(50, 64, 128)]) == (-1, 1)  # 32 KB
+        gate = scorch.sparse_tensor(_gate(4, 8, 2), format="csr")._storage
+        # the MoE expert: d x h = 784 x 512 float32 (1.6 MB), whatever the batch
+        assert block_key(MOE, [torch.rand(4, 784), torch.rand(8, 784, 512), gate]) == (-1, 2, -1)
+        assert block_key("ij,jk->ik", [A._storage, torch.rand(50, 8)]) == ()   # no 3-d operand
+    assert small_blocks((-1, 0, 1)) == frozenset({1})
+
+
+def test_small_re_read_blocks_keep_the_plan_big_ones_are_hoisted():
+    """``ij,jkl->ikl`` over CSR: a 2 KB block B[j] re-read per stored entry stays in L1, so
+    A is read as stored (i, k, j, l); a 32 KB one makes the planner read A column-major so
+    each block serves a whole column (j, i, k, l, A transposed). The warm path keys the
+    two apart (the first plan is not reused for the second size)."""
+    from scorch.tensor_compiler import api
+    A, dense, small = _spmm3(300, 8, 64)
+    big = torch.rand(300, 64, 128)
+    with l2_bytes(1 << 20):
+        p_small, p_big = scorch.explain("ij,jkl->ikl", A, small), scorch.explain("ij,jkl->ikl", A, big)
+        assert p_small.loop_order == ["i", "k", "j", "l"] and not p_small.transposes
+        assert p_big.loop_order == ["j", "i", "k", "l"] and [t[0] for t in p_big.transposes] == [0]
+        for B in (small, big, small):
+            _close(scorch.einsum("ij,jkl->ikl", A, B), torch.einsum("ij,jkl->ikl", dense, B))
+    keys = [k for k in api._fast if k[0] == "ij,jkl->ikl" and k[-1] in ((-1, 0), (-1, 1))]
+    assert {k[-1] for k in keys} == {(-1, 0), (-1, 1)}
+    assert {api._fast[k].schedule.loop_order[0] for k in keys} == {"i", "j"}

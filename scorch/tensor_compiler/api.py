@@ -20,7 +20,7 @@ from .frontend import bind_sizes, check_equation
 from .index_notation import Assignment, accesses
 from .operands import as_operand
 from .relayout import relayout_pays
-from .planner import broadcast_key, einsum_entry, make_entry, resolve_out_format
+from .planner import block_key, broadcast_key, einsum_entry, make_entry, resolve_out_format
 from .plans import (COMPILER_VERSION, UNORDERED_SIGNATURES, Plan, _fast, _plans, _stats, cached_entry,
                     fmt_key, storage_signature)
 
@@ -161,6 +161,12 @@ def einsum_declined(equation: str, operands: tuple, out_format=None, sorted: boo
         if type(st) is Storage and 1 in st.shape:
             # whether a size-1 dimension broadcasts is part of the plan
             key.append(broadcast_key(equation, ops))
+            break
+    for st in ops:
+        if type(st) is not Storage and st.dim() >= 3:
+            # the re-read blocks' size classes are part of the plan (planner.block_key);
+            # the C warm key has no such item, so these calls take this path
+            key.append(block_key(equation, ops))
             break
     key = tuple(key)
     entry = _fast.get(key)

@@ -69,6 +69,11 @@ KERNEL_C_CAPSULE = "scorch.kernel_c"
 
 _IND = "    "
 
+#: a dense outermost loop weighed by stored entries (``Chunking.balance``) is split into
+#: chunks when it has 2 iterations and this many entries below them, however few the
+#: iterations (MoE's 8 experts of 256 inputs); an unweighed loop needs 64 iterations
+SHORT_LOOP_MIN_ENTRIES = 1024
+
 
 # ---- statements -----------------------------------------------------------------------
 def print_stmts(stmts: Sequence[Stmt], ind: int, w: Callable[[str], None]) -> None:
@@ -225,7 +230,12 @@ def _chunking(k: Kernel, w) -> None:
     elif c.kind == "sparse":
         w(f"    lo0 = {c.level_pos}[0]")
         w(f"    hi0 = {c.level_pos}[1]")
-    if c.kind is not None:
+    if c.kind is not None and c.balance is not None:
+        # a short outer loop over many stored entries (8 experts of 256 inputs each) is
+        # split too: the balance array says the iterations carry the work, not their count
+        w(f"    if nthreads > 1 and hi0 - lo0 >= 2 and {c.balance}[hi0] - {c.balance}[lo0] >= {SHORT_LOOP_MIN_ENTRIES}:")
+        w("        nchunks = min(hi0 - lo0, 8 * nthreads, 1024)")
+    elif c.kind is not None:
         w("    if nthreads > 1 and hi0 - lo0 >= 64:")
         w("        nchunks = min(hi0 - lo0, 8 * nthreads, 1024)")
     if k.memset is not None and k.fill is None:

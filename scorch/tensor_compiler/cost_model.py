@@ -14,7 +14,7 @@ output's workspace, and the dense accesses not read with stride 1 innermost.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 from ..formats import Format
 from . import merge_lattice as ml
@@ -85,6 +85,10 @@ class OrderProblem:
     # the candidate orders with them
     stats: Mapping[int, object] = field(default_factory=dict)
     extents: Mapping[str, int] = field(default_factory=dict)
+    # dense operands (by operand number) whose re-read block fits in L1 (the planner's
+    # block_key): re-read per stored entry, it stays in cache, so it is not restreamed
+    # (the dense result's block keeps its tenth: ij,jkl->ikl then runs i, k, j, l)
+    small_blocks: FrozenSet[int] = frozenset()
     base: List[str] = field(init=False)          # outputs first, then reductions
 
     def __post_init__(self):
@@ -200,7 +204,7 @@ def restreamed_blocks(order: Sequence[str], p: OrderProblem) -> float:
     count = 0
     for acc in p.dense_accesses:
         idx = acc.indices
-        if len(dense_vars.intersection(idx)) < 2:
+        if len(dense_vars.intersection(idx)) < 2 or acc.tensor in p.small_blocks:
             continue
         if any(order[s] in idx and any(v not in idx for v in order[:s]) for s in sparse):
             count += 1

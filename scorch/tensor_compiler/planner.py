@@ -4,6 +4,7 @@ dense operands must be re-laid out, panel widths, the short-rows variant), kept 
 ``PlanEntry`` of the plan cache."""
 from __future__ import annotations
 
+import math
 from typing import List, Optional
 
 import torch
@@ -16,10 +17,11 @@ from .plans import COMPILER_VERSION, PlanEntry, cached_entry, fmt_key
 from .rewrite import block_split, rename_broadcast
 from .operand_stats import STATS_MIN_NNZ, operand_stats, stats_class
 from .schedule import NoValidOrder, schedule
+from .tiling import block_class
 from .work_estimate import Statistics
 
 __all__ = ["value_dtype", "kernel_formats", "make_entry", "resolve_out_format", "einsum_entry",
-           "broadcast_key", "operand_statistics", "stats_key"]
+           "broadcast_key", "operand_statistics", "stats_key", "block_key", "small_blocks"]
 
 
 def value_dtype(ops) -> torch.dtype:
@@ -69,12 +71,37 @@ def stats_key(ops) -> tuple:
     return tuple(stats_class(x) for x in ops if isinstance(x, Storage))
 
 
+def block_key(equation: str, ops) -> tuple:
+    """The size class (``tiling.block_class``) of each dense operand's block of three or
+    more dimensions that a sparse loop re-reads: its dimensions no sparse operand indexes
+    (``E(n,d,h)`` under a gate ``G(b,n)``: ``d x h``). Part of the plan key (and of the
+    warm key, so the C warm call, whose key has no such item, leaves these calls to the
+    Python path) where a dense operand has three or more dimensions; () otherwise."""
+    if not any(not isinstance(x, Storage) and x.dim() >= 3 for x in ops):
+        return ()
+    lhs = equation.replace(" ", "").split("->")[0].split(",")
+    if "." in equation or len(lhs) != len(ops):
+        return ("?",)
+    indexed = {v for idx, x in zip(lhs, ops) if isinstance(x, Storage) for v in idx}
+    sizes = {v: int(n) for idx, x in zip(lhs, ops) for v, n in zip(idx, x.shape)}
+    item = max(x.element_size() if not isinstance(x, Storage) else x.values.element_size() for x in ops)
+
+    def cls(idx):
+        return block_class(item * math.prod(sizes.get(v, 1) for v in idx if v not in indexed))
+    return tuple(-1 if isinstance(x, Storage) or x.dim() < 3 else cls(idx) for idx, x in zip(lhs, ops))
+
+
+def small_blocks(key: tuple) -> frozenset:
+    """The operands ``block_key`` puts in class 0 (their block fits in L1), by number."""
+    return frozenset(n for n, c in enumerate(key) if c == 0)
+
+
 def make_entry(asg: Assignment, operand_indices, ops, out_format: Optional[Format],
                formats=None, fixed_tail=None, ordered: bool = True,
-               statistics: Optional[Statistics] = None) -> PlanEntry:
+               statistics: Optional[Statistics] = None, small=frozenset()) -> PlanEntry:
     vt = value_dtype(ops)
     sched = schedule(asg, formats if formats is not None else kernel_formats(ops), out_format,
-                     fixed_tail, statistics)
+                     fixed_tail, statistics, small)
     out = sched.output
     if not ordered and not out.dense and out.mode == "ws" and out.final_format is None:
         # sorted=False: the workspace drains each fiber as it was touched (no sort)
@@ -114,8 +141,9 @@ def einsum_entry(equation: str, ops, out_format, ordered: bool = True) -> PlanEn
     ``einsum(..., sorted=False)``)."""
     # size-1 dimensions of sparse operands that broadcast are part of the plan (they are
     # read through a variable of their own); dense operands broadcast through stride 0
+    blocks = block_key(equation, ops)
     key = (COMPILER_VERSION, equation, tuple(fmt_key(x) for x in ops),
-           broadcast_key(equation, ops), out_format, stats_key(ops)) + (() if ordered else ("unsorted",))
+           broadcast_key(equation, ops), out_format, stats_key(ops), blocks) + (() if ordered else ("unsorted",))
 
     def make():
         spec = parse_einsum(equation, [tuple(x.shape) for x in ops])
@@ -137,5 +165,5 @@ def einsum_entry(equation: str, ops, out_format, ordered: bool = True) -> PlanEn
                 entry.orig_indices = [tuple(i) for i in op_idx]
                 return entry
         return make_entry(asg, op_idx, ops, fmt, ordered=ordered,
-                          statistics=operand_statistics(op_idx, ops))
+                          statistics=operand_statistics(op_idx, ops), small=small_blocks(blocks))
     return cached_entry(key, make)

@@ -114,11 +114,13 @@ def _concordant_dims(indices: Sequence[str], fmt: Format, order: Sequence[str],
 
 
 def _choose_order(asg, ids, formats, f, out_sparse, out_mode_vars, fixed_tail=None,
-                  statistics=None):
+                  statistics=None, small_blocks=frozenset()):
     """Algorithm 1 on this expression (see :mod:`.loop_order`): the order and its problem.
-    ``statistics`` (``work_estimate.Statistics``): the operands' statistics, when known."""
+    ``statistics`` (``work_estimate.Statistics``): the operands' statistics, when known;
+    ``small_blocks``: dense operands whose re-read block fits in L1 (``planner.block_key``)."""
     extra = statistics.problem_fields(ids) if statistics is not None else {}
-    p = OrderProblem(asg, ids, formats, f, out_sparse, out_mode_vars, fixed_tail or {}, **extra)
+    p = OrderProblem(asg, ids, formats, f, out_sparse, out_mode_vars, fixed_tail or {},
+                     small_blocks=frozenset(small_blocks), **extra)
     return algorithm1(p, statistics.threads if statistics is not None else 1), p
 
 
@@ -164,7 +166,8 @@ def _is_output_pattern(asg: Assignment, plans: List[AccessPlan], P: AccessPlan,
 
 
 def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
-             out_format: Optional[Format] = None, fixed_tail=None, statistics=None) -> Schedule:
+             out_format: Optional[Format] = None, fixed_tail=None, statistics=None,
+             small_blocks=frozenset()) -> Schedule:
     """Choose the loop order, transposes, output format and workspaces.
 
     ``formats[n]`` is operand ``n``'s format, or None for a dense strided tensor (dense
@@ -205,7 +208,7 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
         out_kinds = kinds
         out_mode_vars = None if out_dense else _operand_mode_vars(asg, ids, formats)
     lo, problem = _choose_order(asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail,
-                                statistics)
+                                statistics, small_blocks)
     order = lo.order
     if out_format is None and len(sparse_ids) != 1:
         # (A result over one sparse operand keeps the kinds inferred from its format:
@@ -229,7 +232,7 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
                 break
             out_kinds, out_dense = kinds, dense_now
             lo, problem = _choose_order(asg, ids, formats, f, not out_dense, out_mode_vars, fixed_tail,
-                                    statistics)
+                                        statistics, small_blocks)
             order = lo.order
     cost = order_cost(order, problem)
     loop_rank = {v: n for n, v in enumerate(order)}
@@ -293,7 +296,7 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
         if asg.reduce != "sum" and out.mode == "ws" and out_format is None:
             # workspaces only sum: a max/min whose reduction loop sits above an output loop
             # (CSC reduced over its columns) writes a dense output instead
-            return schedule(asg, formats, Format("d" * rank), fixed_tail, statistics)
+            return schedule(asg, formats, Format("d" * rank), fixed_tail, statistics, small_blocks)
         if asg.reduce != "sum" and out.mode == "ws":
             raise NotImplementedError(
                 f"a {asg.reduce} reduction over {', '.join(asg.reduction)} above output loops "

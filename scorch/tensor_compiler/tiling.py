@@ -8,8 +8,8 @@ from typing import Callable, Optional, Sequence, Tuple
 
 from .plans import PlanEntry
 
-__all__ = ["PANEL_MIN_ROW", "choose_panel", "panel_for", "l2_cache_bytes", "choose_cache_panel",
-           "panel_chooser"]
+__all__ = ["PANEL_MIN_ROW", "choose_panel", "panel_for", "l1_cache_bytes", "l2_cache_bytes",
+           "choose_cache_panel", "panel_chooser", "block_class"]
 
 
 PANEL_MIN_ROW = 3.5
@@ -34,16 +34,36 @@ def choose_panel(widths: Sequence[int], extent: int, nnz: int, rows: int) -> int
     return w if extent > w and nnz >= PANEL_MIN_ROW * rows else 0
 
 
-@functools.lru_cache(maxsize=1)
-def l2_cache_bytes() -> int:
-    """One core's L2 cache (sysfs; 1 MiB when unknown: Zen 4's, the smallest we target)."""
+def _sysfs_cache_bytes(index: int, default: int) -> int:
     try:
-        with open("/sys/devices/system/cpu/cpu0/cache/index2/size") as fh:
+        with open(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size") as fh:
             text = fh.read().strip().upper()
         scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
         return int(text.rstrip("KM")) * scale
     except (OSError, ValueError):
-        return 1 << 20
+        return default
+
+
+@functools.lru_cache(maxsize=1)
+def l2_cache_bytes() -> int:
+    """One core's L2 cache (sysfs; 1 MiB when unknown: Zen 4's, the smallest we target)."""
+    return _sysfs_cache_bytes(2, 1 << 20)
+
+
+@functools.lru_cache(maxsize=1)
+def l1_cache_bytes() -> int:
+    """One core's L1 data cache (sysfs index0; 32 KiB when unknown)."""
+    return _sysfs_cache_bytes(0, 32 << 10)
+
+
+def block_class(nbytes: int) -> int:
+    """The coarse size class of a block a loop nest re-reads: 0 fits half of L1, 1 half
+    of L2, 2 neither. Plans are made per class (``planner.block_key``): re-reading a
+    class-0 block per stored entry costs nothing a transpose would save
+    (``ij,jkl->ikl``, K x L = 8 x 64: 2 KB), a class-1 one does (64 x 128: 32 KB)."""
+    if nbytes <= l1_cache_bytes() // 2:
+        return 0
+    return 1 if nbytes <= l2_cache_bytes() // 2 else 2
 
 
 def choose_cache_panel(first: Sequence[int], extent: int, nnz: int, block: int) -> int:

@@ -151,7 +151,7 @@ def kernel(list args, int nthreads, int panel=0):
         raise OverflowError('workspace over k is too large to index with int64')
     cdef int64_t lo0 = 0, hi0 = 0, nchunks = 1, t, n, total, off
     hi0 = a.N_i
-    if nthreads > 1 and hi0 - lo0 >= 64:
+    if nthreads > 1 and hi0 - lo0 >= 2 and a.t0_pos1[hi0] - a.t0_pos1[lo0] >= 1024:
         nchunks = min(hi0 - lo0, 8 * nthreads, 1024)
     cdef chunk_fn fn = run_chunk
     if a.N_k > 4194304:

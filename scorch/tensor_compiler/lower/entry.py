@@ -267,6 +267,17 @@ def _sums4(f: KernelFacts) -> Tuple[str, ...]:
     return tuple(out)
 
 
+#: a scalar accumulator over a run-time-width innermost reduction (the vector dot's
+#: generic variant: the MoE gate gradient's h = 512) is vectorized by gcc only when it may
+#: reassociate the sum (lane-wise partial sums, like the fixed-width dots)
+REDUCTION_CFLAGS = "-fassociative-math -fno-signed-zeros -fno-trapping-math"
+
+
+def _block_dot(f: KernelFacts) -> bool:
+    """A vector dot whose accumulator wraps more loops than the innermost (a block)."""
+    return f.dot and f.s.output.acc_depth < len(f.s.loop_order) - 1
+
+
 def lower_kernel(s: Schedule, value_dtype: torch.dtype,
                  index_dtypes: Dict[int, torch.dtype], short_module: bool = False) -> Kernel:
     """The loop IR of the kernel for ``s``; ``short_module``: the short-rows module of a
@@ -292,4 +303,6 @@ def lower_kernel(s: Schedule, value_dtype: torch.dtype,
                   # rows written straight run short loops (a union's rest of a row: a few
                   # entries), where gcc's vectorized copies cost more in set-up than they
                   # save (arrow, 3 a row: 1.09 -> 0.65 ms; 4elt, 6: 0.65 -> 0.44 ms)
-                  cflags="-fno-tree-vectorize" if f.row_room else ("" if short_module else _gather_dot_cflags(f)))
+                  cflags="-fno-tree-vectorize" if f.row_room else " ".join(
+                      x for x in (REDUCTION_CFLAGS if _block_dot(f) else "",
+                                  "" if short_module else _gather_dot_cflags(f)) if x))

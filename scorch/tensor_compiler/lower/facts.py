@@ -325,10 +325,12 @@ def _vector_dot(s: Schedule, unit) -> bool:
     ``k``), dense in every operand: at a compile-time width it becomes vector products
     summed lane-wise, then one horizontal sum (no loop, no remainder)."""
     out, order = s.output, s.loop_order
-    if not order or out.acc_depth != len(order) - 1 or out.mode not in ("acc", "dense"):
+    if not order or not 0 <= out.acc_depth < len(order) or out.mode not in ("acc", "dense"):
         return False
     L = order[-1]
-    if L not in s.assignment.reduction:
+    # the accumulator may wrap more reduction loops than the innermost (the MoE gate
+    # gradient's d, h): each of their iterations adds one vector dot
+    if not all(v in s.assignment.reduction for v in order[out.acc_depth:]):
         return False
     if any(ap.sparse and L in ap.level_vars for ap in s.accesses):
         return False

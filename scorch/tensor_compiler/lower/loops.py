@@ -34,6 +34,7 @@ from ..loop_ir import AddTo, Assign, Call, For, If, LevelCode, Stmt, While
 from .facts import (CACHE_LINE, DOT_ENTRIES, PREFETCH_DISTANCE, UNPREDICTABLE, LoopLevels, cvar,
                     dot_entries_type, dot_gathers, dot_prefetch_distance)
 from .nest import Cursor, Nest
+from .register_tile import register_tile
 from .output import after_loop, before_loop, leaf, presence, row_room, value, vector_leaf
 
 __all__ = ["loop_nest"]
@@ -46,8 +47,19 @@ def loop_nest(n: Nest, depth: int, st: Cursor) -> Tuple[Stmt, ...]:
     the last loop)."""
     if depth == len(n.facts.s.loop_order):
         return leaf(n, st)
-    return tuple(before_loop(n, depth, st) + _loop(n, n.facts.loops[depth], st)
+    nest = tuple(before_loop(n, depth, st) + _loop(n, n.facts.loops[depth], st)
                  + after_loop(n, depth, st))
+    f = n.facts
+    if depth == 0 and n.variant.width is not None:
+        # unroll-and-jam: the vectors the innermost loop loads feed several register rows
+        nest = register_tile(nest, dict(n.decls.items()), n.decls.need, f.target.vector_registers,
+                             frozenset({f.vector(n.variant.width)[1]}))
+    elif depth == 0 and f.dot and not n.variant.bound_only:
+        # the run-time-width dot (gcc vectorizes it) when its entries share a matrix
+        # block (the MoE gate gradient's E[n] over d, h): several entries per pass
+        nest = register_tile(nest, dict(n.decls.items()), n.decls.need, f.target.vector_registers,
+                             frozenset({f.vt}), min_depth=2)
+    return nest
 
 
 def _found(n: Nest, lv: LevelPlan, coord: str) -> List[Stmt]:

@@ -180,6 +180,7 @@ def vector_leaf(n: Nest, st: Cursor) -> Tuple[Stmt, ...]:
     f = n.facts
     lanes, vtype = f.vector(n.variant.width)
     rhs, regs = f.s.assignment.rhs, range(n.variant.width // lanes)
+    rhs = _scalars_first(n, rhs)
     if f.row_depth < 0:   # vector dot product
         terms = " + ".join(value(n, rhs, st, c * lanes) for c in regs)
         body: List[Stmt] = [Assign("acc", f"acc + {vtype}_hsum({terms})")]
@@ -188,6 +189,36 @@ def vector_leaf(n: Nest, st: Cursor) -> Tuple[Stmt, ...]:
         return _guarded(n, st, body)
     return _guarded(n, st, [Assign(f"wv{c}", f"wv{c} + {value(n, rhs, st, c * lanes)}")
                             for c in regs])
+
+
+def _scalars_first(n: Nest, e: Expr) -> Expr:
+    """A product of two or more scalar factors (not streamed by the innermost loop) and
+    vectors, regrouped as (scalars) * (vectors): the scalars multiply once per iteration
+    and each vector gets one FMA (the MoE forward's ``x[b,d] * G[b,n]`` times
+    ``E[n,d,:]``: one FMA a vector instead of two multiplies and an add)."""
+    factors: List[Expr] = []
+
+    def flat(x: Expr) -> bool:
+        if isinstance(x, Mul):
+            return flat(x.a) and flat(x.b)
+        if isinstance(x, (Access, Scalar)):
+            factors.append(x)
+            return True
+        return False
+    L = n.facts.s.loop_order[-1]
+    if not flat(e):
+        return e
+    vec = [x for x in factors if isinstance(x, Access) and L in x.indices]
+    sca = [x for x in factors if not (isinstance(x, Access) and L in x.indices)]
+    if len(sca) < 2 or not vec:
+        return e
+
+    def product(xs: List[Expr]) -> Expr:
+        out = xs[0]
+        for x in xs[1:]:
+            out = Mul(out, x)
+        return out
+    return Mul(product(sca), product(vec))
 
 
 def _row_start(n: Nest, st: Cursor) -> List[Stmt]:
