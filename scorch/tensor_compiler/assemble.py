@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..level_storage import Level, Storage, index_dtype_for
+from ..level_storage import Level, Storage, index_dtype_for, make_level
 from ..level_kinds.assembly import build_levels
 from .operands import convert_storage
 from .plans import PlanEntry
@@ -29,13 +29,14 @@ def assemble(entry: PlanEntry, res, sizes) -> Storage:
 
 def _rows_levels(out, res, sizes):
     """Rows assembly: the kernel built the last level's ``pos``/``crd`` itself."""
-    pos, crd, vals = (torch.from_numpy(x) for x in res)
-    levels = [Level(kind, out.vars.index(v), sizes[v])
+    pos, crd, vals = res
+    pos, crd, vals = torch.from_numpy(pos), torch.from_numpy(crd), torch.from_numpy(vals)
+    levels = [make_level(kind, out.vars.index(v), sizes[v])
               for kind, v in zip(out.format.levels[:-1], out.level_vars)]
     last = out.level_vars[-1]
     # sorted=False (OutputPlan.unsorted): the kernel drained each row unsorted
-    levels.append(Level(out.format.levels[-1], out.vars.index(last), sizes[last], pos, crd,
-                        ordered=not out.unsorted))
+    levels.append(make_level(out.format.levels[-1], out.vars.index(last), sizes[last], pos, crd,
+                             ordered=not out.unsorted))
     return levels, vals, crd.dtype
 
 
