@@ -13,9 +13,9 @@ import torch
 
 from ..formats import Format
 from ..level_storage import Storage
-from .codegen import print_kernel, reads_strided
+from .codegen import print_kernel
 from .lower import lower_kernel
-from .execute import run
+from .execute import run, strided_reads
 from .frontend import bind_sizes, check_equation
 from .index_notation import Assignment, accesses
 from .operands import as_operand
@@ -327,9 +327,8 @@ def _relayouts(entry, ops) -> list:
         if x.stride(d) == 1 or x.shape[d] <= 1:
             out.append(f"operand {ap.tensor} ({var} has stride 1): read in place")
             continue
-        if reads_strided(s):    # the copy against the entries the kernel reads
-            nnz = sum(ops[t].values.numel() for t in {a.tensor for a in s.accesses if a.sparse})
-            reads = nnz * x.shape[d]
+        reads = strided_reads(entry, ops, x.shape[d])   # the copy against the kernel's reads
+        if reads is not None:
             if not relayout_pays(x.numel(), reads):
                 out.append(f"operand {ap.tensor} (stride {x.stride(d)} along {var}, the innermost loop): "
                            f"read with its stride ({reads} entries; a copy to stride 1 would move "

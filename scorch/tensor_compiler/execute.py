@@ -64,14 +64,20 @@ def prepare_operands(entry: PlanEntry, ops, sizes, orig=None):
     return data
 
 
+def strided_reads(entry: PlanEntry, ops, extent: int):
+    """The entries the kernel reads of a streamed dense operand of that ``extent`` if it
+    can read it with its stride (``codegen.reads_strided``: stored entries x the extent),
+    else None (it is always copied to stride 1). One rule for the run and ``explain``."""
+    if not codegen.reads_strided(entry.schedule):
+        return None
+    return extent * sum(ops[t].values.numel() for t in {ap.tensor for ap in entry.schedule.accesses if ap.sparse})
+
+
 def _relayout_pays(entry: PlanEntry, ops, x, extent: int) -> bool:
     """Whether a streamed dense operand that arrived strided is copied to stride 1: always,
-    unless the kernel can read it strided (``codegen.reads_strided``) and the copy moves
-    more than the kernel would read (``relayout_pays``: stored entries x the streamed extent)."""
-    if not codegen.reads_strided(entry.schedule):
-        return True
-    nnz = sum(ops[t].values.numel() for t in {ap.tensor for ap in entry.schedule.accesses if ap.sparse})
-    return relayout_pays(x.numel(), nnz * extent)
+    unless the kernel can read it strided and the copy moves more than it would read."""
+    reads = strided_reads(entry, ops, extent)
+    return reads is None or relayout_pays(x.numel(), reads)
 
 
 def index_key(entry: PlanEntry, data) -> tuple:
