@@ -53,7 +53,7 @@ from .lower import (CTYPES, DENSE_WS_LIMIT, ITYPES, NPTYPES, SHORT_ROWS, SHORT_R
                     kernel_facts, lower_kernel, reads_strided, relayouts, short_rows, short_rows_limit,
                     unit_stride_accesses)
 from .schedule import Schedule
-from .target import MIN_VECTOR_BYTES, SOURCE_TAG, vector_type_name
+from .target import MIN_VECTOR_BYTES, SOURCE_TAG, value_bytes, vector_type_name
 
 # the type tables and schedule analyses live with the lowering; the compiler reads them here
 __all__ = ["generate", "print_kernel", "print_stmts", "panel_widths", "cache_panels", "reads_strided", "relayouts",
@@ -133,7 +133,7 @@ def _vector_types(k: Kernel, w) -> None:
     registers is not split into registers: gcc keeps it on the stack."""
     nb = k.vector_bytes
     sizes = [b for b in (16, 32, 64) if MIN_VECTOR_BYTES <= b < nb] + [nb]
-    ct, size = k.value_type, (4 if k.value_type == "float" else 8)
+    ct, size = k.value_type, value_bytes(k.value_type)
     w("cdef extern from *:")
     w('    """')
     for b in sizes:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, Tuple
 
-__all__ = ["Target", "TARGETS", "TARGET_ENV", "ROW_BYTES", "MIN_VECTOR_BYTES", "vector_type_name", "current", "set_target", "use_target", "target_named",
+__all__ = ["Target", "TARGETS", "TARGET_ENV", "ROW_BYTES", "MIN_VECTOR_BYTES", "value_bytes", "vector_type_name", "current", "set_target", "use_target", "target_named",
            "native_target", "cpu_flags", "runnable", "on_change", "SOURCE_TAG",
            "openmp_library", "openmp_link_flags"]
 
@@ -46,6 +46,11 @@ ROW_BYTES = 512
 MIN_VECTOR_BYTES = 16
 #: the value types' sizes (bytes), for lanes per vector
 _SIZES = {"float": 4, "double": 8}
+
+
+def value_bytes(ctype: str) -> int:
+    """The size of a floating value type of the kernels (``float``: 4, ``double``: 8)."""
+    return _SIZES[ctype]
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import torch
 from ..loop_ir import (ArgSpec, Assign, Call, ChunkFunction, Chunking, DenseOutput, Kernel, Panels,
                        RowsOutput, Stmt, TuplesOutput)
 from ..schedule import Schedule
+from ..target import value_bytes
 from .facts import (DENSE_WS_LIMIT, GATHER_DOT_LANES, PREFETCH_DISTANCE, PREFETCH_MIN_BYTES, STREAM_MIN_BYTES,
                     STREAM_MIN_GATHER_BYTES, UNPREDICTABLE_DECL, KernelFacts, dot_entries_type, dot_gathers,
                     kernel_facts, math_functions, reads_strided,
@@ -248,8 +249,10 @@ def _panels(f: KernelFacts):
 def _gather_dot_cflags(f: KernelFacts) -> str:
     """The vectorized gathered dot's vector width (``facts.GATHER_DOT_LANES`` values) where
     it is narrower than the target's registers (float32 on AVX-512: 256-bit), else ""."""
-    size = {"float": 4, "double": 8}.get(f.vt)
-    if not f.gathers or size is None or GATHER_DOT_LANES * size >= f.target.vector_bytes:
+    if not f.gathers or f.vt not in ("float", "double"):
+        return ""
+    size = value_bytes(f.vt)
+    if GATHER_DOT_LANES * size >= f.target.vector_bytes:
         return ""
     return f"-mprefer-vector-width={GATHER_DOT_LANES * size * 8}"
 

@@ -19,7 +19,7 @@ from ..functions import function
 from ..index_notation import Apply, Compare, Where
 from ..levels import LevelPlan
 from ..schedule import Schedule
-from ..target import Target, current as current_target, vector_type_name
+from ..target import Target, current as current_target, value_bytes, vector_type_name
 
 __all__ = ["UNPREDICTABLE", "UNPREDICTABLE_DECL", "CTYPES", "NPTYPES", "ITYPES", "DENSE_WS_LIMIT", "SHORT_ROWS",
            "SHORT_ROWS_BY_DTYPE", "PREFETCH_DISTANCE", "PREFETCH_MIN_BYTES", "STREAM_BLOCK", "STREAM_DISTANCE",
@@ -207,7 +207,7 @@ def dot_gathers(s: Schedule) -> Tuple[int, ...]:
 def dot_prefetch_distance(width: int, vt: str) -> int:
     """How many stored entries ahead a vector dot of ``width`` values prefetches its
     gathered rows (0: not at all, rows narrower than a cache line)."""
-    row = width * (4 if vt == "float" else 8)
+    row = width * value_bytes(vt)
     if row < CACHE_LINE:
         return 0
     return max(DOT_PREFETCH_MIN, min(DOT_PREFETCH_MAX, DOT_PREFETCH_BYTES // row))
@@ -238,8 +238,10 @@ def dot_entries_type(s: Schedule, vt: str, lanes: int, target: Target) -> Option
     """The vector type (``DOT_ENTRIES`` values) a vector dot with ``lanes``-lane vectors
     stores ``DOT_ENTRIES`` results in at once, or None where it runs entry by entry
     (see ``_entries_step_ok``; vectors of fewer lanes, or 4 values wider than a register)."""
-    nb = DOT_ENTRIES * (4 if vt == "float" else 8)
-    if vt not in ("float", "double") or lanes < DOT_ENTRIES or nb > target.vector_bytes:
+    if vt not in ("float", "double"):
+        return None
+    nb = DOT_ENTRIES * value_bytes(vt)
+    if lanes < DOT_ENTRIES or nb > target.vector_bytes:
         return None
     if not _entries_step_ok(s):
         return None

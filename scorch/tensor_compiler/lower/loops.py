@@ -31,6 +31,7 @@ from typing import List, Sequence, Tuple
 from .. import merge_lattice as ml
 from ..levels import LevelPlan, group_end, segment_setup
 from ..loop_ir import AddTo, Assign, Call, For, If, LevelCode, Stmt, While
+from ..target import value_bytes
 from .facts import (CACHE_LINE, DOT_ENTRIES, PREFETCH_DISTANCE, UNPREDICTABLE, LoopLevels, cvar,
                     dot_entries_type, dot_gathers, dot_prefetch_distance)
 from .nest import Cursor, Nest
@@ -179,7 +180,7 @@ def _dot_gather_rows(n: Nest, lp: LoopLevels, st: Cursor, entry: str) -> List[St
     """Prefetches of every cache line of the rows the vector dot will gather for the stored
     entry at position ``entry`` (SDDMM's ``C[crd[entry], :]``)."""
     f, W = n.facts, n.variant.width
-    step = CACHE_LINE // (4 if f.vt == "float" else 8)
+    step = CACHE_LINE // value_bytes(f.vt)
     calls: List[Stmt] = []
     for i in dot_gathers(f.s):
         prev = st.off[i]
@@ -444,14 +445,9 @@ def _point(n: Nest, lp: LoopLevels, st: Cursor, new: Cursor, sub: List[LevelPlan
     for lv in sub:
         j = d.need("j" + lv.q[1:])
         body.append(Assign(j, f"{lv.crd}[{lv.q}]"))
-        if not lv.grouped and lv.k == len(f.s.accesses[lv.access].levels) - 1:
-            x = d.need("x" + lv.q[1:], f.vt)
-            body.append(Assign(x, f"a.t{lv.access}_vals[{lv.q}]"))
-            new.vals[lv.access] = x
-    body.append(Assign(cv, "j" + sub[0].q[1:]))
-    for lv in sub[1:]:
-        j = "j" + lv.q[1:]
-        body.append(Assign(cv, f"{j} if {UNPREDICTABLE}({j} < {cv}, 1, 0.5) else {cv}"))
+        if not lv.grouped:
+            body += _head_value(n, lv, new)
+    body += _smallest(cv, ["j" + lv.q[1:] for lv in sub])
     # the iterators the formula needs at this point (the others outside it are absent)
     absent = {lv.access: False for lv in lp.iters if new.pres[lv.access] == "0"}
     nec = set(ml.necessary(ml.substitute(f.s.formula, absent), [lv.access for lv in sub]))
@@ -475,6 +471,24 @@ def _point(n: Nest, lp: LoopLevels, st: Cursor, new: Cursor, sub: List[LevelPlan
     for lv in sub:
         body.append(If(lv.found, (Assign(lv.q, lv.qe),)) if lv.grouped else AddTo(lv.q, lv.found))
     return While(" and ".join(f"{lv.q} < {lv.hi}" for lv in sub), tuple(body), "merge")
+
+
+def _head_value(n: Nest, lv: LevelPlan, new: Cursor) -> List[Stmt]:
+    """At an access's last level, its value at the iterator's position in a local (always
+    readable in a merge point), which the body reads (``new.vals``)."""
+    f = n.facts
+    if lv.k != len(f.s.accesses[lv.access].levels) - 1:
+        return []
+    x = n.decls.need("x" + lv.q[1:], f.vt)
+    new.vals[lv.access] = x
+    return [Assign(x, f"a.t{lv.access}_vals[{lv.q}]")]
+
+
+def _smallest(cv: str, heads: Sequence[str]) -> List[Stmt]:
+    """The smallest of a merge point's head coordinates into ``cv``, by conditional moves
+    (a branch on it mispredicts wherever the operands interleave)."""
+    return [Assign(cv, heads[0])] + [Assign(cv, f"{j} if {UNPREDICTABLE}({j} < {cv}, 1, 0.5) else {cv}")
+                                     for j in heads[1:]]
 
 
 def _stream_merge(n: Nest, lp: LoopLevels, st: Cursor, live: List[LevelPlan],
@@ -554,13 +568,8 @@ def _stream_point(n: Nest, lp: LoopLevels, st: Cursor, new: Cursor,
         heads.append(j)
         body.append(Assign(j, f"{s[0].crd}[{s[0].q}]"))
         for lv in s:
-            if lv.k == len(f.s.accesses[lv.access].levels) - 1:
-                x = d.need("x" + lv.q[1:], f.vt)
-                body.append(Assign(x, f"a.t{lv.access}_vals[{lv.q}]"))
-                new.vals[lv.access] = x
-    body.append(Assign(cv, heads[0]))
-    for j in heads[1:]:
-        body.append(Assign(cv, f"{j} if {UNPREDICTABLE}({j} < {cv}, 1, 0.5) else {cv}"))
+            body += _head_value(n, lv, new)
+    body += _smallest(cv, heads)
     for s, j in zip(T, heads):
         fl = d.need(s[0].found, "int")
         body.append(Assign(fl, f"{j} == {cv}"))
