@@ -184,16 +184,30 @@ def _input_major(weight: SparseTensor) -> SparseTensor:
     differentiably: the weight's gradient is computed on this pattern (an SDDMM that walks
     each input feature's weights, reading the batch by columns) and flows back through the
     gather to the weight's own positions."""
-    st = weight._storage
-    if st.ndim != 2 or st.format.block is not None or st.format.mode_order[0] == 1:
-        return weight
-    got = _pattern.reformat_permutation(st, st.format.transposed_copy((1, 0)))
+    got = _input_major_kept(weight)
     if got is None:
         return weight
+    st = weight._storage
     conv, perm = got
     if torch.is_grad_enabled() and weight.requires_grad:
         return from_values(conv, _pattern.permuted(values_of(weight), perm))
     return SparseTensor(_pattern.reformatted(st, conv.format))
+
+
+def _input_major_kept(weight: SparseTensor):
+    """The weight's input-major pattern and permutation (``pattern.reformat_permutation``),
+    or None where it is already input-major, blocked or not a matrix. Memoized on the
+    weight for its current storage: a training step asks once per forward, and a lookup
+    here costs less than the kept conversion's key."""
+    st = weight._storage
+    if st.ndim != 2 or st.format.block is not None or st.format.mode_order[0] == 1:
+        return None
+    memo = weight.__dict__.get("_input_major")
+    if memo is not None and memo[0] is st:
+        return memo[1]
+    kept = _pattern.reformat_permutation(st, st.format.transposed_copy((1, 0)))
+    weight.__dict__["_input_major"] = (st, kept)
+    return kept
 
 
 def _dense_product_linear(equation: str, input: SparseTensor, weight: SparseTensor) -> torch.Tensor:
@@ -209,18 +223,10 @@ def _sparse_batch_linear(equation: str, input, weight, bias) -> Optional[torch.T
     caller composes the differentiable pieces)."""
     if type(input) is not SparseTensor or type(weight) is not SparseTensor:
         return None
-    st = weight._storage
-    if st.format.block is not None or st.format.mode_order[0] == 1:
-        return None
     if bias is not None and not (isinstance(bias, torch.Tensor) and not is_sparse_operand(bias)
-                                 and bias.dim() <= 1 and bias.dtype == st.values.dtype):
+                                 and bias.dim() <= 1 and bias.dtype == weight._storage.values.dtype):
         return None
-    memo = weight.__dict__.get("_input_major")   # (storage, kept): a lookup, not a key build
-    if memo is not None and memo[0] is st:
-        kept = memo[1]
-    else:
-        kept = _pattern.reformat_permutation(st, st.format.transposed_copy((1, 0)))
-        weight.__dict__["_input_major"] = (st, kept)
+    kept = _input_major_kept(weight)
     if kept is None:
         return None
     return _SparseBatchLinear.apply(equation, kept, input, weight, bias)
