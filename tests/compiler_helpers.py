@@ -58,3 +58,14 @@ def check_storage(st: Storage):
     c = reference_coords(st)
     if c.shape[1]:
         assert np.unique(c, axis=1).shape[1] == c.shape[1]
+
+
+def topk_gate(b: int, n: int, k: int, dtype=torch.float32, seed: int = 0) -> torch.Tensor:
+    """A dense (b, n) mixture-of-experts gate with k positive entries per row (top-k of
+    random logits)."""
+    g = torch.Generator().manual_seed(seed)
+    dense = torch.zeros(b, n, dtype=dtype)
+    if b and n and k:
+        chosen = torch.rand(b, n, generator=g).topk(k, dim=1).indices
+        dense.scatter_(1, chosen, torch.rand(b, k, generator=g, dtype=dtype) + 0.1)
+    return dense

@@ -8,6 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import scorch
+from compiler_helpers import topk_gate
 from scorch.tensor_compiler import threads
 from scorch.tensor_compiler.codegen import SHORT_LOOP_MIN_ENTRIES
 from scorch.tensor_compiler.loop_ir import AddTo, Assign, For, While
@@ -15,15 +16,6 @@ from scorch.tensor_compiler.lower.register_tile import MAX_TILE, register_tile, 
 from scorch.tensor_compiler.target import use_target
 
 MOE, EXPERT_GRAD, GATE_GRAD = "bd,ndh,bn->bh", "bh,bd,bn->ndh", "bn,bh,bd,ndh->bn"
-
-
-def _gate(b, n, k, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    dense = torch.zeros(b, n, dtype=dtype)
-    if b and n and k:
-        chosen = torch.rand(b, n, generator=g).topk(k, dim=1).indices
-        dense.scatter_(1, chosen, torch.rand(b, k, generator=g, dtype=dtype) + 0.1)
-    return dense
 
 
 def _close(got, want):
@@ -46,8 +38,8 @@ def two_threads(monkeypatch):
 # ---------------------------------------------------------------- 1. short loops in parallel
 def test_expert_and_gate_gradients_split_the_expert_loop():
     dy, x = torch.rand(64, 128), torch.rand(64, 64)
-    csr = scorch.sparse_tensor(_gate(64, 8, 2), format="csr")
-    csc = scorch.sparse_tensor(_gate(64, 8, 2), format="csc")
+    csr = scorch.sparse_tensor(topk_gate(64, 8, 2), format="csr")
+    csc = scorch.sparse_tensor(topk_gate(64, 8, 2), format="csc")
     for plan in (scorch.explain(EXPERT_GRAD, dy, x, csc, out_format="ddd"),
                  scorch.explain(GATE_GRAD, csr, dy, x, torch.rand(8, 64, 128))):
         assert plan.loop_order[0] == "n"
@@ -64,7 +56,7 @@ def test_moe_kernels_at_two_threads_equal_dense(two_threads, dtype, h):
     b, d, n = 1024, 12, 8
     g = torch.Generator().manual_seed(h)
     x, E = torch.rand(b, d, generator=g, dtype=dtype), torch.rand(n, d, h, generator=g, dtype=dtype)
-    dy, dense = torch.rand(b, h, generator=g, dtype=dtype), _gate(b, n, 2, dtype, seed=h)
+    dy, dense = torch.rand(b, h, generator=g, dtype=dtype), topk_gate(b, n, 2, dtype, seed=h)
     csr, csc = scorch.sparse_tensor(dense, format="csr"), scorch.sparse_tensor(dense, format="csc")
     _close(scorch.einsum(MOE, x, E, csr), torch.einsum(MOE, x, E, dense))
     _close(scorch.einsum(EXPERT_GRAD, dy, x, csc, out_format="ddd"), torch.einsum(EXPERT_GRAD, dy, x, dense))
@@ -95,8 +87,8 @@ def _jammed(plan, name):
 
 def test_moe_plans_show_register_tiles():
     x, E, dy = torch.rand(16, 64), torch.rand(4, 64, 128), torch.rand(16, 128)   # E[n]: 32 KB
-    csr = scorch.sparse_tensor(_gate(16, 4, 2), format="csr")
-    csc = scorch.sparse_tensor(_gate(16, 4, 2), format="csc")
+    csr = scorch.sparse_tensor(topk_gate(16, 4, 2), format="csr")
+    csc = scorch.sparse_tensor(topk_gate(16, 4, 2), format="csc")
     fwd = scorch.explain(MOE, x, E, csr)
     grad = scorch.explain(EXPERT_GRAD, dy, x, csc, out_format="ddd")
     gate = scorch.explain(GATE_GRAD, csr, dy, x, E)
@@ -117,7 +109,7 @@ def test_register_tiles_compile_and_equal_dense_per_target(target, h):
     b, d, n = 37, 40, 3          # E[n] at h = 128: 20 KB, more than half an L1: read expert-major
     g = torch.Generator().manual_seed(h)
     x, E, dy = torch.rand(b, d, generator=g), torch.rand(n, d, h, generator=g), torch.rand(b, h, generator=g)
-    dense = _gate(b, n, 2, seed=h)
+    dense = topk_gate(b, n, 2, seed=h)
     csr, csc = scorch.sparse_tensor(dense, format="csr"), scorch.sparse_tensor(dense, format="csc")
     with use_target(target):
         _close(scorch.einsum(MOE, x, E, csr), torch.einsum(MOE, x, E, dense))

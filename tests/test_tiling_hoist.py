@@ -11,6 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import scorch
+from compiler_helpers import topk_gate
 from scorch.formats import as_format
 from scorch.tensor_compiler import merge_lattice as ml
 from scorch.tensor_compiler import tiling
@@ -31,16 +32,6 @@ def l2_bytes(n: int):
         yield
     finally:
         tiling.l2_cache_bytes = real
-
-
-def _gate(b: int, n: int, k: int, dtype=torch.float32, seed: int = 0) -> torch.Tensor:
-    """A dense (b, n) gate with k positive entries per row (top-k of random logits)."""
-    g = torch.Generator().manual_seed(seed)
-    dense = torch.zeros(b, n, dtype=dtype)
-    if b and n and k:
-        chosen = torch.rand(b, n, generator=g).topk(k, dim=1).indices
-        dense.scatter_(1, chosen, torch.rand(b, k, generator=g, dtype=dtype) + 0.1)
-    return dense
 
 
 def _problem(eq: str, fmts, out_sparse: bool = False) -> OrderProblem:
@@ -74,7 +65,7 @@ def test_restreamed_blocks_counts_matrices_per_stored_entry():
 # ---------------------------------------------------------------- plans (explain)
 def test_moe_forward_reads_the_gate_expert_major_in_cache_panels():
     x, E = torch.rand(16, 64), torch.rand(4, 64, 300)      # a 77 KB expert: more than L1
-    G = scorch.sparse_tensor(_gate(16, 4, 2), format="csr")
+    G = scorch.sparse_tensor(topk_gate(16, 4, 2), format="csr")
     plan = scorch.explain(MOE, x, E, G)
     assert plan.loop_order == ["n", "b", "d", "h"]
     assert [t[0] for t in plan.transposes] == [2]                     # the gate, csr -> csc
@@ -88,7 +79,7 @@ def test_moe_forward_reads_the_gate_expert_major_in_cache_panels():
 
 def test_expert_gradient_accumulates_register_rows_over_the_inputs():
     dy, x = torch.rand(16, 300), torch.rand(16, 8)
-    G = scorch.sparse_tensor(_gate(16, 4, 2), format="csc")
+    G = scorch.sparse_tensor(topk_gate(16, 4, 2), format="csc")
     plan = scorch.explain(EXPERT_GRAD, dy, x, G, out_format="ddd")
     assert plan.loop_order == ["n", "d", "b", "h"] and not plan.transposes
     tile = plan.schedule.cache_tile
@@ -100,7 +91,7 @@ def test_gate_gradient_reads_expert_major_and_keeps_the_gate_format():
     """A sparse result over exactly the one sparse operand's variables counts its operands'
     restreamed blocks too: the gate gradient runs expert-major and is converted back to the
     gate's format (a result in CSR for a CSR gate, never a CSC one)."""
-    G = scorch.sparse_tensor(_gate(16, 4, 2), format="csr")
+    G = scorch.sparse_tensor(topk_gate(16, 4, 2), format="csr")
     dy, x, E = torch.rand(16, 300), torch.rand(16, 64), torch.rand(4, 64, 300)
     plan = scorch.explain(GATE_GRAD, G, dy, x, E)
     assert plan.loop_order == ["n", "b", "d", "h"] and [t[0] for t in plan.transposes] == [0]
@@ -108,7 +99,7 @@ def test_gate_gradient_reads_expert_major_and_keeps_the_gate_format():
     got = scorch.einsum(GATE_GRAD, G, dy, x, E)
     assert isinstance(got, scorch.SparseTensor) and got.format == as_format("csr")
     # the forward over a COO gate has a sparse result over (b, h): left as it was
-    coo = scorch.explain(MOE, x, E, scorch.sparse_tensor(_gate(16, 4, 2), format="coo"))
+    coo = scorch.explain(MOE, x, E, scorch.sparse_tensor(topk_gate(16, 4, 2), format="coo"))
     # an expert that fits in L1 is re-read per input from there: the gate read as stored
     small = scorch.explain(MOE, x[:, :8], E[:, :8, :8], G)
     assert small.loop_order == ["b", "n", "d", "h"] and not small.transposes
@@ -116,7 +107,7 @@ def test_gate_gradient_reads_expert_major_and_keeps_the_gate_format():
 
 
 def test_spmm_and_sddmm_keep_their_plans():
-    A = scorch.sparse_tensor(_gate(20, 20, 5), format="csr")
+    A = scorch.sparse_tensor(topk_gate(20, 20, 5), format="csr")
     spmm = scorch.explain("ij,jk->ik", A, torch.rand(20, 300))
     assert spmm.loop_order == ["i", "j", "k"] and spmm.schedule.cache_tile is None
     assert "tile loop" not in str(spmm)
@@ -168,7 +159,7 @@ def test_moe_einsum_and_its_gradient_kernels_equal_dense(case):
     x = torch.rand(b, d, generator=g, dtype=dtype)
     E = torch.rand(n, d, h, generator=g, dtype=dtype)
     dy = torch.rand(b, h, generator=g, dtype=dtype)
-    dense = _gate(b, n, k, dtype, seed)
+    dense = topk_gate(b, n, k, dtype, seed)
     G = scorch.sparse_tensor(dense, format=fmt)
     with l2_bytes(l2):
         _close(scorch.einsum(MOE, x, E, G), torch.einsum(MOE, x, E, dense))
@@ -187,7 +178,7 @@ def test_moe_layer_gradients_equal_dense(case):
     x = torch.rand(b, d, generator=g, dtype=dtype, requires_grad=True)
     E = torch.rand(n, d, h, generator=g, dtype=dtype, requires_grad=True)
     w = torch.rand(b, h, generator=g, dtype=dtype)
-    dense = _gate(b, n, k, dtype, seed)
+    dense = topk_gate(b, n, k, dtype, seed)
     idx = dense.nonzero().t()
     vals = dense[idx[0], idx[1]].clone().requires_grad_(True)
     with l2_bytes(l2):
@@ -206,7 +197,7 @@ def test_parallel_panels_equal_dense(threads):
     """Panels run under prange when nothing below is split into chunks (the forward's
     outermost loop, n, is a reduction): big enough for the kernel to use 2 threads."""
     x, E = torch.rand(300, 64), torch.rand(4, 64, 520)
-    dense = _gate(300, 4, 2)
+    dense = topk_gate(300, 4, 2)
     G = scorch.sparse_tensor(dense, format="csr")
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -219,7 +210,7 @@ def test_parallel_panels_equal_dense(threads):
 
 # ---------------------------------------------------------------- the re-read block's size class
 def _spmm3(n: int, K: int, L: int):
-    dense = _gate(n, n, 5)                         # 5 stored a row: no statistics (< 4096)
+    dense = topk_gate(n, n, 5)                         # 5 stored a row: no statistics (< 4096)
     return scorch.sparse_tensor(dense, format="csr"), dense, torch.rand(n, K, L)
 
 
@@ -229,7 +220,7 @@ def test_block_key_classes_the_block_no_sparse_operand_indexes():
     with l2_bytes(1 << 20):
         assert block_key("ij,jkl->ikl", [A._storage, B]) == (-1, 0)            # 8 x 64 x 4 B = 2 KB
         assert block_key("ij,jkl->ikl", [A._storage, torch.rand(50, 64, 128)]) == (-1, 1)  # 32 KB
-        gate = scorch.sparse_tensor(_gate(4, 8, 2), format="csr")._storage
+        gate = scorch.sparse_tensor(topk_gate(4, 8, 2), format="csr")._storage
         # the MoE expert: d x h = 784 x 512 float32 (1.6 MB), whatever the batch
         assert block_key(MOE, [torch.rand(4, 784), torch.rand(8, 784, 512), gate]) == (-1, 2, -1)
         assert block_key("ij,jk->ik", [A._storage, torch.rand(50, 8)]) == ()   # no 3-d operand
