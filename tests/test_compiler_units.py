@@ -418,6 +418,28 @@ def test_plan_cache_warm_call_reuses_plan():
     assert C.plan_cache_info()["plan_hits"] == hits + 1
 
 
+
+def test_compute_warm_runner_serves_every_statistics_class(monkeypatch):
+    """``compute``'s plans are keyed by the operands' signatures: its warm runner takes only
+    the signatures of its first call, so a matrix of another statistics class (at least
+    ``STATS_MIN_NNZ`` entries) sharing the plan of a small one went down the general path on
+    every call."""
+    from scorch.tensor_compiler import execute
+    from scorch.tensor_compiler.operand_stats import STATS_MIN_NNZ
+    general = []
+    run_general = execute.run_general
+    monkeypatch.setattr(execute, "run_general", lambda e, ops: general.append(1) or run_general(e, ops))
+    asg = Assignment("ij", Access(0, ("i", "j")) - Access(1, ("i", "j")))
+    for n in (8, 2 * STATS_MIN_NNZ, 8):   # small, then a stats class of its own, then small again
+        a, b = rand((n, 3), 0.9, seed=n), rand((n, 3), 0.9, seed=n + 1)
+        sa, sb = sparse(a, "csr"), sparse(b, "csr")
+        general.clear()
+        for _ in range(3):
+            r = C.compute(asg, sa, sb)
+            check_storage(r)
+            torch.testing.assert_close(dense(r), a - b)
+        assert len(general) <= 1, n   # the first call of a new plan only
+
 def test_explain_prints_algorithm1_trace():
     a = sparse(rand((6, 5)), "csr")
     text = str(C.explain("ij,jk->ik", a, sparse(rand((5, 4)), "csr")))
