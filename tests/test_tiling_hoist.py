@@ -207,7 +207,10 @@ def _close(got, want):
 @settings(**SETTINGS)
 @given(moe_cases())
 def test_moe_einsum_and_its_gradient_kernels_equal_dense(case):
-    b, d, h, n, k, dtype, fmt, l2, seed = case
+    _moe_kernels_equal_dense(*case)
+
+
+def _moe_kernels_equal_dense(b, d, h, n, k, dtype, fmt, l2, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.rand(b, d, generator=g, dtype=dtype)
     E = torch.rand(n, d, h, generator=g, dtype=dtype)
@@ -265,21 +268,12 @@ def panel_rule_cases(draw):
 @given(panel_rule_cases())
 def test_panel_rules_equal_dense(case):
     from scorch.tensor_compiler import threads as th
-    b, d, h, n, k, dtype, fmt, l2, nthreads, seed = case
-    g = torch.Generator().manual_seed(seed)
-    x = torch.rand(b, d, generator=g, dtype=dtype)
-    E = torch.rand(n, d, h, generator=g, dtype=dtype)
-    dy = torch.rand(b, h, generator=g, dtype=dtype)
-    dense = topk_gate(b, n, k, dtype, seed)
-    G = scorch.sparse_tensor(dense, format=fmt)
+    *kernel_case, nthreads, seed = case
     old, known, free = torch.get_num_threads(), th._load_known, th._free_cores
     torch.set_num_threads(nthreads)
     th._load_known, th._free_cores = True, (lambda T: T)     # no load estimate: all threads
     try:
-        with l2_bytes(l2):
-            _close(scorch.einsum(MOE, x, E, G), torch.einsum(MOE, x, E, dense))
-            _close(scorch.einsum(EXPERT_GRAD, dy, x, G, out_format="ddd"), torch.einsum(EXPERT_GRAD, dy, x, dense))
-            _close(scorch.einsum(GATE_GRAD, G, dy, x, E), torch.einsum(GATE_GRAD, dense, dy, x, E))
+        _moe_kernels_equal_dense(*kernel_case, seed)
     finally:
         torch.set_num_threads(old)
         th._load_known, th._free_cores = known, free
