@@ -116,15 +116,68 @@ def test_spmm_and_sddmm_keep_their_plans():
 
 
 def test_choose_cache_panel_fits_half_the_l2():
-    widths = (4, 4, 8, 16, 32, 64, 128)          # float32 (4 bytes), then the register widths
+    widths = (4, 8, 16, 32, 64, 128)             # the register widths (float32: 4 bytes)
+    every = (4, widths, widths, False)           # every width register-tiled (AVX-512)
     with l2_bytes(1 << 20):
-        assert tiling.choose_cache_panel(widths, 512, 0, 784) == 128    # 392 KB of 512
-        assert tiling.choose_cache_panel(widths, 512, 0, 4096) == 32    # 512 KB of 512
-        assert tiling.choose_cache_panel(widths, 512, 0, 1 << 20) == 4  # none fits: narrowest
-        assert tiling.choose_cache_panel(widths, 128, 0, 784) == 0      # one register row
-        assert tiling.choose_cache_panel((4,), 512, 0, 784) == 0        # no register kernel
+        assert tiling.choose_cache_panel(every, 512, 0, 784) == 128    # 392 KB of 512
+        assert tiling.choose_cache_panel(every, 512, 0, 4096) == 32    # 512 KB of 512
+        assert tiling.choose_cache_panel(every, 512, 0, 1 << 20) == 4  # none fits: narrowest
+        assert tiling.choose_cache_panel(every, 128, 0, 784) == 0      # one register row
+        assert tiling.choose_cache_panel((4, (), (), False), 512, 0, 784) == 0   # no register kernel
     with l2_bytes(1 << 30):
-        assert tiling.choose_cache_panel(widths, 512, 0, 784) == 128    # rows wider than 128
+        assert tiling.choose_cache_panel(every, 512, 0, 784) == 128    # rows wider than 128
+
+
+def test_choose_cache_panel_prefers_register_tiled_widths():
+    """AVX2 (16 registers): a 64-float row's 8 accumulators leave no room for a second
+    row, 32 floats take two (``tile_factor``): the narrower tiled panel wins, but only
+    among the widths that fit; untiled kernels keep the widest fitting width."""
+    widths, avx2 = (4, 8, 16, 32, 64, 128), (4, 8, 16, 32)
+    with l2_bytes(1 << 19):                      # Zen 3: 256 KB for the panel
+        assert tiling.choose_cache_panel((4, widths, avx2, False), 512, 0, 784) == 32
+        assert tiling.choose_cache_panel((4, widths, (), False), 512, 0, 784) == 64    # no tile at all
+        assert tiling.choose_cache_panel((4, widths, (128,), False), 512, 0, 784) == 64  # tiled, too big
+        assert tiling.choose_cache_panel((4, widths, avx2, False), 512, 0, 1 << 20) == 4  # none fits
+        assert tiling.choose_cache_panel((4, widths, avx2, False), 48, 0, 784) == 32
+        assert tiling.choose_cache_panel((4, widths, avx2, False), 32, 0, 784) == 0    # one register row
+        assert tiling.choose_cache_panel((8, widths, (16,), False), 512, 0, 784) == 16  # float64
+
+
+def test_choose_cache_panel_takes_the_fewest_passes_when_a_pass_gathers():
+    widths = (4, 8, 16, 32, 64, 128)
+    with l2_bytes(1 << 12):                      # nothing fits: still the widest
+        assert tiling.choose_cache_panel((4, widths, (4, 8), True), 512, 0, 1024) == 128
+        assert tiling.choose_cache_panel((4, widths, (4, 8), True), 128, 0, 1024) == 0   # one row
+
+
+def test_cache_tile_says_whether_its_passes_gather():
+    """The expert gradient ``n, d, b, h`` reads ``x[b, d]`` per stored entry with ``d``
+    above the sparse ``b``: every panel's pass gathers it again; the forward ``n, b, d, h``
+    reads ``x[b, :]`` as rows."""
+    dy, x = torch.rand(16, 300), torch.rand(16, 64)
+    G = topk_gate(16, 4, 2)
+    grad = scorch.explain(EXPERT_GRAD, dy, x, scorch.sparse_tensor(G, format="csc"), out_format="ddd")
+    fwd = scorch.explain(MOE, x, torch.rand(4, 64, 300), scorch.sparse_tensor(G, format="csr"))
+    assert grad.schedule.cache_tile.gathers and "each pass gathers" in str(grad.schedule.cache_tile)
+    assert not fwd.schedule.cache_tile.gathers
+
+
+@pytest.mark.parametrize("name", ["avx2", "avx512"])
+def test_plans_know_their_register_tiled_widths(name):
+    """``PlanEntry.tiled_panels`` are the widths whose chunk function the lowering jammed
+    (read off the kernel, per target): on AVX2 up to 32 floats, on AVX-512 up to 128."""
+    from scorch.tensor_compiler import plans
+    from scorch.tensor_compiler.target import use_target
+    x, E = torch.rand(16, 64), torch.rand(4, 64, 300)
+    G = scorch.sparse_tensor(topk_gate(16, 4, 2), format="csr")
+    with use_target(name):
+        plan = scorch.explain(MOE, x, E, G)
+        entry = next(e for e in plans._plans.values() if e.schedule is plan.schedule)
+    assert entry.tiled_panels == ((4, 8, 16, 32) if name == "avx2" else (4, 8, 16, 32, 64, 128))
+    text = str(plan)
+    for W in (32, 64, 128):     # explain's outline marks the jammed loop "# tile"
+        body = text.split(f"run_chunk_w{W}  (when")[1].split("run_chunk")[0]
+        assert ("# tile" in body) == (W in entry.tiled_panels)
 
 
 # ---------------------------------------------------------------- results = dense torch
@@ -154,7 +207,10 @@ def _close(got, want):
 @settings(**SETTINGS)
 @given(moe_cases())
 def test_moe_einsum_and_its_gradient_kernels_equal_dense(case):
-    b, d, h, n, k, dtype, fmt, l2, seed = case
+    _moe_kernels_equal_dense(*case)
+
+
+def _moe_kernels_equal_dense(b, d, h, n, k, dtype, fmt, l2, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.rand(b, d, generator=g, dtype=dtype)
     E = torch.rand(n, d, h, generator=g, dtype=dtype)
@@ -190,6 +246,37 @@ def test_moe_layer_gradients_equal_dense(case):
     _close(E.grad, Ed.grad)
     _close(x.grad, xd.grad)
     _close(vals.grad, Gd.grad[idx[0], idx[1]])
+
+
+@st.composite
+def panel_rule_cases(draw):
+    """Shapes where the panel rules pick narrow tiled panels (the forward, an L2 that
+    holds a 64-wide panel of a 33-row block but not 128) or the widest (the expert
+    gradient's gathering passes); 0- and 1-sized dims, empty and full gates."""
+    b = draw(st.sampled_from([0, 1, 9, 300]))
+    d = draw(st.sampled_from([0, 1, 33]))
+    h = draw(st.sampled_from([1, 40, 130, 200]))
+    n = draw(st.sampled_from([1, 4]))
+    k = draw(st.integers(0, n))
+    dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+    fmt = draw(st.sampled_from(["csr", "coo", "dcsc"]))
+    l2 = draw(st.sampled_from([1 << 15, 1 << 17]))
+    return b, d, h, n, k, dtype, fmt, l2, draw(st.sampled_from([1, 2])), draw(st.integers(0, 3))
+
+
+@settings(**SETTINGS)
+@given(panel_rule_cases())
+def test_panel_rules_equal_dense(case):
+    from scorch.tensor_compiler import threads as th
+    *kernel_case, nthreads, seed = case
+    old, known, free = torch.get_num_threads(), th._load_known, th._free_cores
+    torch.set_num_threads(nthreads)
+    th._load_known, th._free_cores = True, (lambda T: T)     # no load estimate: all threads
+    try:
+        _moe_kernels_equal_dense(*kernel_case, seed)
+    finally:
+        torch.set_num_threads(old)
+        th._load_known, th._free_cores = known, free
 
 
 @pytest.mark.parametrize("threads", [1, 2])

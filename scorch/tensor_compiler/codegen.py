@@ -43,6 +43,7 @@ Entries are kept where the expression's operands are stored, even if the compute
 """
 from __future__ import annotations
 
+import re
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
@@ -52,11 +53,12 @@ from .loop_ir import (AddTo, ArgSpec, AppendEntry, Assign, Call, ChunkFunction, 
 from .lower import (CTYPES, DENSE_WS_LIMIT, ITYPES, NPTYPES, SHORT_ROWS, SHORT_ROWS_BY_DTYPE,
                     kernel_facts, lower_kernel, reads_strided, relayouts, short_rows, short_rows_limit,
                     unit_stride_accesses)
+from .lower.register_tile import has_tile
 from .schedule import Schedule
 from .target import MIN_VECTOR_BYTES, SOURCE_TAG, value_bytes, vector_type_name
 
 # the type tables and schedule analyses live with the lowering; the compiler reads them here
-__all__ = ["generate", "print_kernel", "print_stmts", "panel_widths", "cache_panels", "reads_strided", "relayouts",
+__all__ = ["generate", "print_kernel", "print_stmts", "panel_widths", "cache_panels", "tiled_widths", "reads_strided", "relayouts",
            "short_rows", "short_rows_limit", "unit_stride_accesses", "CTYPES", "NPTYPES", "ITYPES", "ArgSpec",
            "SHORT_ROWS", "SHORT_ROWS_BY_DTYPE", "SHORT_ROWS_CFLAGS", "DENSE_WS_LIMIT", "CODEGEN_VERSION",
            "KERNEL_C_CAPSULE"]
@@ -607,6 +609,15 @@ SHORT_ROWS_CFLAGS = "-fno-tree-vectorize -falign-loops=32"
 def cache_panels(s: Schedule, value_dtype: torch.dtype) -> bool:
     """Whether a kernel for ``s`` runs its cache tile (``schedule.CacheTile``) in panels."""
     return kernel_facts(s, value_dtype, {}).cache_panels
+
+
+def tiled_widths(s: Schedule, value_dtype: torch.dtype) -> Tuple[int, ...]:
+    """The register widths whose chunk function of the kernel for ``s`` runs a register tile
+    (``lower/register_tile``): a panel of such a width feeds several rows from each load
+    (``tiling.choose_cache_panel`` prefers them)."""
+    k = lower_kernel(s, value_dtype, {ap.id: torch.int64 for ap in s.accesses if ap.sparse})
+    return tuple(sorted(int(fn.name.rsplit("_w", 1)[1]) for fn in k.chunk_functions
+                        if re.fullmatch(r"run_chunk_w\d+", fn.name) and has_tile(fn.body)))
 
 
 def generate(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, torch.dtype],

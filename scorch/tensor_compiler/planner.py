@@ -113,6 +113,7 @@ def make_entry(asg: Assignment, operand_indices, ops, out_format: Optional[Forma
     entry.relayout.update(codegen.relayouts(sched))
     entry.panels = codegen.panel_widths(sched, vt)
     entry.cache_panels = codegen.cache_panels(sched, vt)
+    entry.tiled_panels = codegen.tiled_widths(sched, vt) if entry.cache_panels else ()
     entry.short_rows = codegen.short_rows(sched)
     return entry
 

@@ -90,6 +90,7 @@ class PlanEntry:
     short: Dict[tuple, Any] = field(default_factory=dict)      # index dtypes -> short-rows module
     panels: Tuple[int, ...] = ()                               # panel widths (choose_panel)
     cache_panels: bool = False                                 # cache tile (choose_cache_panel)
+    tiled_panels: Tuple[int, ...] = ()                         # its register-tiled widths
     short_rows: Any = None                                     # codegen.short_rows of the schedule
     relayout: Dict[int, tuple] = field(default_factory=dict)   # dense access -> (dim, perm, inverse)
     split: Optional[Dict[str, int]] = None   # blocked operands read natively: var -> block size

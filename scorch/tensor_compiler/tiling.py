@@ -66,20 +66,28 @@ def block_class(nbytes: int) -> int:
     return 1 if nbytes <= l2_cache_bytes() // 2 else 2
 
 
-def choose_cache_panel(first: Sequence[int], extent: int, nnz: int, block: int) -> int:
+def choose_cache_panel(first: Sequence, extent: int, nnz: int, block: int) -> int:
     """Width of the register panels of a cache tile (``schedule.CacheTile``); ``first`` is
-    the value size in bytes, then the kernel's register widths: the widest whose panel of
-    the re-read block (``block`` rows x width values) fits half of one core's L2, else the
+    ``(value size in bytes, register widths, the widths whose kernel is register-tiled,
+    whether each pass gathers)``. Each panel is one more pass over the sparse rows, so:
+    where a pass gathers (``CacheTile.gathers``), the widest register width (fewest
+    passes); else the widest whose panel of the re-read block (``block`` rows x width
+    values) fits half of one core's L2, preferring among those the register-tiled widths
+    (one load feeds several rows: the MoE forward on AVX2, where a 64-float row leaves no
+    registers for a tile, runs 32-float panels, 103 -> 60 ms on a Zen 3 core), else the
     narrowest, for rows wider than it (0: whole rows). The panel loop sits above the sparse
-    loop, so unlike :func:`choose_panel` it adds no passes over the sparse rows: the MoE
-    expert 784 x 512 float32 runs in 128-wide panels (392 KB). Same call shape as
+    loop, so unlike :func:`choose_panel` it adds no passes over the block: the MoE expert
+    784 x 512 float32 runs in 128-wide panels (392 KB) on AVX-512. Same call shape as
     :func:`choose_panel` (``nnz`` unused), so the warm paths call either."""
-    size, widths = first[0], tuple(first[1:])
+    size, widths, tiled, gathers = first
     if block <= 0 or not widths:
         return 0
-    budget = l2_cache_bytes() // 2
-    fit = [W for W in widths if W * block * size <= budget]
-    width = max(fit) if fit else min(widths)
+    if gathers:
+        width = max(widths)
+    else:
+        budget = l2_cache_bytes() // 2
+        fit = [W for W in widths if W * block * size <= budget]
+        width = max([W for W in fit if W in tiled] or fit) if fit else min(widths)
     return width if width < extent else 0
 
 
@@ -92,7 +100,8 @@ def panel_chooser(entry: PlanEntry) -> Optional[Tuple[Callable, tuple, int, Tupl
     L = s.loop_order[-1] if s.loop_order else None
     if entry.cache_panels:
         widths = tuple(entry.panels)
-        return choose_cache_panel, (entry.value_dtype.itemsize,) + widths, min(widths), s.cache_tile.block
+        first = (entry.value_dtype.itemsize, widths, tuple(entry.tiled_panels), s.cache_tile.gathers)
+        return choose_cache_panel, first, min(widths), s.cache_tile.block
     if entry.panels:
         return choose_panel, tuple(entry.panels), max(entry.panels), tuple(v for v in s.output.vars if v != L)
     return None

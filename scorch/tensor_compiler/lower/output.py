@@ -121,6 +121,12 @@ def leaf(n: Nest, st: Cursor) -> Tuple[Stmt, ...]:
     """The innermost statement: the right-hand side's value added, stored or appended."""
     f, d = n.facts, n.decls
     out = f.s.output
+    inner = inner_sum(n)
+    if inner is not None:
+        body: List[Stmt] = [AddTo("pacc", value(n, inner[1], st))]
+        if out.mode == "acc" and out.pattern < 0:
+            body.append(Assign("hit", "1"))
+        return _guarded(n, st, body)
     val = value(n, f.s.assignment.rhs, st)
     mode = out.mode
     reduce = f.s.assignment.reduce
@@ -196,6 +202,15 @@ def _scalars_first(n: Nest, e: Expr) -> Expr:
     vectors, regrouped as (scalars) * (vectors): the scalars multiply once per iteration
     and each vector gets one FMA (the MoE forward's ``x[b,d] * G[b,n]`` times
     ``E[n,d,:]``: one FMA a vector instead of two multiplies and an add)."""
+    split = _product_split(n, e)
+    if split is None or len(split[0]) < 2:
+        return e
+    return Mul(_product(split[0]), _product(split[1]))
+
+
+def _product_split(n: Nest, e: Expr) -> Optional[Tuple[List[Expr], List[Expr]]]:
+    """A product's factors as (scalars, vectors): those the innermost loop does not index
+    and those it does (None: not a product of accesses and constants, or no vector)."""
     factors: List[Expr] = []
 
     def flat(x: Expr) -> bool:
@@ -207,18 +222,36 @@ def _scalars_first(n: Nest, e: Expr) -> Expr:
         return False
     L = n.facts.s.loop_order[-1]
     if not flat(e):
-        return e
+        return None
     vec = [x for x in factors if isinstance(x, Access) and L in x.indices]
     sca = [x for x in factors if not (isinstance(x, Access) and L in x.indices)]
-    if len(sca) < 2 or not vec:
-        return e
+    return (sca, vec) if vec else None
 
-    def product(xs: List[Expr]) -> Expr:
-        out = xs[0]
-        for x in xs[1:]:
-            out = Mul(out, x)
-        return out
-    return Mul(product(sca), product(vec))
+
+def _product(xs: List[Expr]) -> Expr:
+    out = xs[0]
+    for x in xs[1:]:
+        out = Mul(out, x)
+    return out
+
+
+def inner_sum(n: Nest) -> Optional[Tuple[Expr, Expr]]:
+    """``(scalars, vectors)`` when the run-time-width kernel sums the innermost loop into
+    a partial sum of its own: the scalar accumulator wraps that loop and one above it, and
+    the product has factors the innermost loop does not index. ``sum_h s * v(h)`` is then
+    ``s * sum_h v(h)``: one FMA a vector instead of a multiply and an FMA (the MoE gate
+    gradient's ``G[b,n] * x[b,d]`` over ``dy[b,h] * E[n,d,h]``, summed over ``d, h``;
+    gcc hoists the scalars but cannot take them out of the sum)."""
+    f = n.facts
+    s, out = f.s, f.s.output
+    last = len(s.loop_order) - 1
+    if (n.variant.width is not None or s.assignment.reduce != "sum" or out.mode not in ("acc", "dense")
+            or not 0 <= out.acc_depth < last or f.vt not in ("float", "double")):
+        return None
+    split = _product_split(n, s.assignment.rhs)
+    if split is None or not split[0]:
+        return None
+    return _product(split[0]), _product(split[1])
 
 
 def _row_start(n: Nest, st: Cursor) -> List[Stmt]:
@@ -268,6 +301,8 @@ def before_loop(n: Nest, depth: int, st: Cursor) -> List[Stmt]:
             stmts.append(Assign("hit", "0"))
     if depth == f.row_depth:
         stmts += _row_start(n, st)
+    if depth == len(f.s.loop_order) - 1 and inner_sum(n) is not None:
+        stmts.append(Assign(d.need("pacc", f.vt), "0"))
     return stmts
 
 
@@ -324,6 +359,9 @@ def after_loop(n: Nest, depth: int, st: Cursor) -> List[Stmt]:
     f, d = n.facts, n.decls
     out = f.s.output
     stmts: List[Stmt] = _row_end(n, st) if depth == f.row_depth else []
+    inner = inner_sum(n) if depth == len(f.s.loop_order) - 1 else None
+    if inner is not None:
+        stmts.append(AddTo("acc", f"{value(n, inner[0], st)} * pacc"))
     if f.row_room and depth == f.rows and not n.variant.bound_only:
         stmts.append(RowEnd(_row_position(n)))
     if out.mode == "ws" and depth == out.ws_depth and out.ws_dense:

@@ -23,7 +23,7 @@ from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from ..loop_ir import AddTo, AppendEntry, Assign, Call, For, If, LevelCode, Stmt, While
 
-__all__ = ["register_tile", "tile_factor", "MAX_TILE"]
+__all__ = ["register_tile", "tile_factor", "has_tile", "MAX_TILE"]
 
 #: at most this many iterations per tile (4: the GEMM micro-kernels' row count)
 MAX_TILE = 4
@@ -330,3 +330,15 @@ def _text_outside(stmts: Sequence[Stmt], skip: Stmt) -> str:
         else:
             parts.append(_text(st))
     return " ".join(parts)
+
+
+def has_tile(stmts: Sequence[Stmt]) -> bool:
+    """Whether :func:`register_tile` jammed a loop among ``stmts`` (a ``While`` of role tile)."""
+    for st in stmts:
+        if isinstance(st, While) and (st.role == "tile" or has_tile(st.body)):
+            return True
+        if isinstance(st, For) and has_tile(st.body):
+            return True
+        if isinstance(st, If) and (has_tile(st.then) or has_tile(st.orelse)):
+            return True
+    return False
