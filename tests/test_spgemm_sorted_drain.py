@@ -108,3 +108,17 @@ def test_spgemm_index_types(m, inner, n, density_a, density_b, dtype, index, see
     tol = 1e-4 if dtype == torch.float32 else 1e-10
     torch.testing.assert_close(C.to_dense(), a @ b, rtol=tol, atol=tol)
     assert_rows_sorted_unique(C)
+
+
+def test_output_buffers_reused_across_calls():
+    """A kernel's output buffers start from the largest block the last calls gave back
+    (``workspace.h``: BlockPool::take_largest): products of very different sizes and value
+    types, one after another, each equal to scipy's, whatever room was reused."""
+    rng = np.random.default_rng(5)
+    for n, density, dtype in [(3000, 0.003, np.float32), (40, 0.1, np.float64), (7, 0.0, np.float32),
+                              (2000, 0.01, np.float64), (3, 1.0, np.float32), (3000, 0.003, np.float64)]:
+        a = sp.random_array((n, n), density=density, format="csr", dtype=dtype, rng=rng)
+        b = sp.random_array((n, n), density=density, format="csr", dtype=dtype, rng=rng)
+        C = scorch.einsum("ij,jk->ik", scorch.from_scipy(a), scorch.from_scipy(b))
+        torch.testing.assert_close(C.to_dense(), torch.from_numpy((a @ b).toarray()))
+        assert_rows_sorted_unique(C)

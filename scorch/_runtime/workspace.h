@@ -260,19 +260,26 @@ template <typename K, typename I, typename V>
 inline void dense_ws_drain(K* touched, int64_t k, int64_t lo, int64_t hi, V* values,
                            uint8_t* mark, I* crd, V* vals, K* tmp) {
   if (k == 0) return;
+  const int64_t c0 = lo & ~int64_t(7);
+  bool scan;
 #if defined(SCORCH_NET_SORT)
-  if constexpr (std::is_same<K, int32_t>::value) {
-    if (k <= kNetSortMax) {
+  if (std::is_same<K, int32_t>::value && k <= kNetSortMax) {
+    // the network costs about what two marks words do per entry (a banded row, nine
+    // entries in two words: the scan is 1.2x faster; 4elt's 18 in ~33 words: the network)
+    if (2 * ((hi - c0) / 8 + 1) > k) {
       net_drain(reinterpret_cast<const int32_t*>(touched), k, values, mark, crd, vals);
       return;
     }
-  }
+    scan = true;
+  } else
 #endif
-  const int64_t c0 = lo & ~int64_t(7);
-  // eight marks cost about what one sorted element does; sorting k costs ~k log2 k
-  int64_t log2k = 1;
-  while ((int64_t(1) << log2k) < k) ++log2k;
-  if ((hi - c0) / 8 + 1 <= 2 * k * log2k) {
+  {
+    // eight marks cost about what one sorted element does; sorting k costs ~k log2 k
+    int64_t log2k = 1;
+    while ((int64_t(1) << log2k) < k) ++log2k;
+    scan = (hi - c0) / 8 + 1 <= 2 * k * log2k;
+  }
+  if (scan) {
     int64_t out = 0;
     for (int64_t base = c0; base <= hi; base += 8) {
       uint64_t word;
@@ -449,6 +456,24 @@ class BlockPool {
     *got = size;
     return p;
   }
+  // The largest kept block if it holds ``need`` bytes, else take(need): an output buffer's
+  // first block. A kernel called again gets back the room its last call grew to, so its
+  // buffers do not double their way up again (4elt A @ A^T: 4 MB of copies a call).
+  void* take_largest(size_t need, size_t* got) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (int cls = 63; cls >= 0 && (size_t(1) << cls) >= need; --cls) {
+        std::vector<void*>& list = free_[cls];
+        if (list.empty()) continue;
+        void* p = list.back();
+        list.pop_back();
+        held_ -= size_t(1) << cls;
+        *got = size_t(1) << cls;
+        return p;
+      }
+    }
+    return take(need, got);
+  }
   // Give back a block that take() returned (``size`` as it reported).
   void give(void* p, size_t size) {
     if (p == nullptr) return;
@@ -514,7 +539,8 @@ class alignas(64) AppendBuffer {
     int64_t c = cap ? cap * 2 : 4096;
     while (c < need) c *= 2;
     size_t got = 0;
-    T* p = static_cast<T*>(block_pool().take(static_cast<size_t>(c) * sizeof(T), &got));
+    const size_t bytes = static_cast<size_t>(c) * sizeof(T);
+    T* p = static_cast<T*>(cap ? block_pool().take(bytes, &got) : block_pool().take_largest(bytes, &got));
     if (n) std::memcpy(p, ptr, static_cast<size_t>(n) * sizeof(T));
     block_pool().give(ptr, static_cast<size_t>(cap) * sizeof(T));
     ptr = p;
