@@ -147,6 +147,19 @@ inline void rank_block<int32_t>(const int32_t* touched, int64_t k, int64_t ib, i
 }
 #endif
 
+// The fiber's coordinates keys[0:k] in the order given, with their values, into crd/vals;
+// the values and marks read are cleared for the next fiber.
+template <typename K, typename I, typename V>
+inline void drain_in_order(const K* keys, int64_t k, V* values, uint8_t* mark, I* crd, V* vals) {
+  for (int64_t i = 0; i < k; ++i) {
+    const int64_t c = keys[i];
+    crd[i] = static_cast<I>(c);
+    vals[i] = values[c];
+    values[c] = V(0);
+    mark[c] = 0;
+  }
+}
+
 #if defined(__AVX2__) && !defined(__AVX512F__)
 // AVX2 (without AVX-512, whose rank sort above stays): short fibers' touched coordinates
 // sorted by a bitonic network in ymm registers, eight int32 keys each, padded with INT32_MAX
@@ -245,13 +258,7 @@ inline void net_drain(const int32_t* touched, int64_t k, V* values, uint8_t* mar
   else if (k <= 16) net_sort<2>(touched, k, s);
   else if (k <= 32) net_sort<4>(touched, k, s);
   else net_sort<8>(touched, k, s);
-  for (int64_t i = 0; i < k; ++i) {
-    const int32_t c = s[i];
-    crd[i] = static_cast<I>(c);
-    vals[i] = values[c];
-    values[c] = V(0);
-    mark[c] = 0;
-  }
+  drain_in_order(s, k, values, mark, crd, vals);
 }
 #define SCORCH_NET_SORT 1
 #endif
@@ -323,13 +330,7 @@ inline void dense_ws_drain(K* touched, int64_t k, int64_t lo, int64_t hi, V* val
   } else {
     std::sort(touched, touched + k);
   }
-  for (int64_t i = 0; i < k; ++i) {
-    const int64_t c = touched[i];
-    crd[i] = static_cast<I>(c);
-    vals[i] = values[c];
-    values[c] = V(0);
-    mark[c] = 0;
-  }
+  drain_in_order(touched, k, values, mark, crd, vals);
 }
 
 // The same read-out in insertion order (einsum(..., sorted=False): scipy's contract, the
@@ -339,13 +340,7 @@ template <typename K, typename I, typename V>
 inline void dense_ws_drain_unsorted(K* touched, int64_t k, int64_t lo, int64_t hi, V* values,
                                     uint8_t* mark, I* crd, V* vals, K* tmp) {
   (void)lo; (void)hi; (void)tmp;
-  for (int64_t i = 0; i < k; ++i) {
-    const int64_t c = touched[i];
-    crd[i] = static_cast<I>(c);
-    vals[i] = values[c];
-    values[c] = V(0);
-    mark[c] = 0;
-  }
+  drain_in_order(touched, k, values, mark, crd, vals);
 }
 
 // The dense workspace as an object (see dense_ws_drain), one allocation for every fiber.
