@@ -1,7 +1,8 @@
 """SpGEMM output rows come out sorted and deduplicated whichever way the dense workspace is
-read out (``workspace.h``: dense_ws_drain): the marker scan (rows dense in their span), the
-rank sort (short spread-out rows, up to kRankSortMax = 128 entries) and the radix sort
-(longer spread-out rows). Oracle: dense torch; the sorted promise is checked on the stored
+read out (``workspace.h``: dense_ws_drain): on AVX2 without AVX-512 the sorting network
+(rows of up to kNetSortMax = 64 entries: one, two, four or eight registers of keys), the
+marker scan (rows dense in their span), the rank sort (short spread-out rows, up to
+kRankSortMax = 128 entries) and the radix sort (longer spread-out rows). Oracle: dense torch; the sorted promise is checked on the stored
 coordinates, and the result feeds another kernel and the conversions."""
 from __future__ import annotations
 
@@ -60,12 +61,14 @@ def test_spgemm_matches_dense_and_rows_are_sorted(m, inner, n, density_a, densit
                   random_matrix(rng, inner, n, density_b, dtype), fmt_a, fmt_b)
 
 
-@pytest.mark.parametrize("row_nnz", [1, 2, 15, 16, 17, 33, 100, 127, 128, 129, 200, 700])
+@pytest.mark.parametrize("row_nnz", [1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100,
+                                     127, 128, 129, 200, 700])
 @pytest.mark.parametrize("spread", [True, False])
 def test_every_drain_path(row_nnz, spread):
-    """Rows of exactly ``row_nnz`` entries, spread over a wide extent (rank sort up to 128,
-    radix sort above; 700 spread entries are dense enough for the marker scan) or packed
-    into a narrow span (marker scan). ``[A, A] @ [P; P]`` = 2 A P with P a random
+    """Rows of exactly ``row_nnz`` entries (each side of the network's register counts, 8,
+    16, 32 and 64, and of the rank sort's 128), spread over a wide extent (rank sort up to
+    128, radix sort above; 700 spread entries are dense enough for the marker scan) or
+    packed into a narrow span (marker scan). ``[A, A] @ [P; P]`` = 2 A P with P a random
     permutation: the workspace is touched in shuffled order and every output entry gets two
     contributions that it must merge into one."""
     rng = np.random.default_rng(row_nnz)
@@ -81,3 +84,41 @@ def test_every_drain_path(row_nnz, spread):
     assert C.nnz == a.nnz
     torch.testing.assert_close(C.to_dense(), torch.from_numpy(2 * (a @ perm).toarray()))
     assert_rows_sorted_unique(C)
+
+
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(0, 5), inner=st.integers(0, 30), n=st.sampled_from([0, 1, 9, 70, 3000]),
+       density_a=st.sampled_from([0.0, 0.2, 1.0]), density_b=st.sampled_from([0.0, 0.02, 0.3, 1.0]),
+       dtype=st.sampled_from([torch.float32, torch.float64]),
+       index=st.sampled_from([np.int32, np.int64]), seed=st.integers(0, 2**16))
+def test_spgemm_index_types(m, inner, n, density_a, density_b, dtype, index, seed):
+    """CSR operands with int32 or int64 index arrays (shared from scipy as they are): the
+    same sorted, deduplicated rows as dense torch's product."""
+    rng = np.random.default_rng(seed)
+    a = random_matrix(rng, m, inner, density_a, dtype)
+    b = random_matrix(rng, inner, n, density_b, dtype)
+
+    def csr(t):
+        x = sp.csr_array(t.numpy())
+        x.indptr, x.indices = x.indptr.astype(index), x.indices.astype(index)
+        return scorch.from_scipy(x)
+    A, B = csr(a), csr(b)
+    assert A.index_dtype == (torch.int32 if index is np.int32 else torch.int64) or A.nnz == 0
+    C = scorch.einsum("ij,jk->ik", A, B)
+    tol = 1e-4 if dtype == torch.float32 else 1e-10
+    torch.testing.assert_close(C.to_dense(), a @ b, rtol=tol, atol=tol)
+    assert_rows_sorted_unique(C)
+
+
+def test_output_buffers_reused_across_calls():
+    """A kernel's output buffers start from the largest block the last calls gave back
+    (``workspace.h``: BlockPool::take_largest): products of very different sizes and value
+    types, one after another, each equal to scipy's, whatever room was reused."""
+    rng = np.random.default_rng(5)
+    for n, density, dtype in [(3000, 0.003, np.float32), (40, 0.1, np.float64), (7, 0.0, np.float32),
+                              (2000, 0.01, np.float64), (3, 1.0, np.float32), (3000, 0.003, np.float64)]:
+        a = sp.random_array((n, n), density=density, format="csr", dtype=dtype, rng=rng)
+        b = sp.random_array((n, n), density=density, format="csr", dtype=dtype, rng=rng)
+        C = scorch.einsum("ij,jk->ik", scorch.from_scipy(a), scorch.from_scipy(b))
+        torch.testing.assert_close(C.to_dense(), torch.from_numpy((a @ b).toarray()))
+        assert_rows_sorted_unique(C)
