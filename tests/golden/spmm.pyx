@@ -9,6 +9,11 @@
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t
 from libc.string cimport memcpy, memset
 from libcpp.vector cimport vector
+cdef extern from *:
+    """
+    #define scorch_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)
+    """
+    void scorch_prefetch(const void*) noexcept nogil
 from cython.operator cimport dereference as deref, preincrement as inc
 from cython.parallel cimport prange
 
@@ -137,6 +142,7 @@ cdef void run_chunk_w16(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
     cdef int64_t q0_1
     cdef int64_t h0_1
     cdef int64_t e0_1
+    cdef int64_t pfe
     cdef int64_t o1_1
     for c_i in range(clo, chi):
         p0_0 = c_i
@@ -144,8 +150,11 @@ cdef void run_chunk_w16(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
         wv0 = scorch_vf_zero()
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
+        pfe = <int64_t>a.t0_pos1[a.N_i] - 64
         for q0_1 in range(q0_1, h0_1):
             c_j = a.t0_crd1[q0_1]
+            if q0_1 < pfe:
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 64] * a.t1_st_j)
             o1_1 = c_j * a.t1_st_j
             wv0 = wv0 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 0))[0])
         (<scorch_vf*>(a.out_vals + oo_0 + 0))[0] = wv0
@@ -162,6 +171,7 @@ cdef void run_chunk_w32(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
     cdef int64_t q0_1
     cdef int64_t h0_1
     cdef int64_t e0_1
+    cdef int64_t pfe
     cdef int64_t o1_1
     for c_i in range(clo, chi):
         p0_0 = c_i
@@ -170,8 +180,12 @@ cdef void run_chunk_w32(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
         wv1 = scorch_vf_zero()
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
+        pfe = <int64_t>a.t0_pos1[a.N_i] - 32
         for q0_1 in range(q0_1, h0_1):
             c_j = a.t0_crd1[q0_1]
+            if q0_1 < pfe:
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 32] * a.t1_st_j)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 32] * a.t1_st_j + 16)
             o1_1 = c_j * a.t1_st_j
             wv0 = wv0 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 0))[0])
             wv1 = wv1 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 16))[0])
@@ -192,6 +206,7 @@ cdef void run_chunk_w64(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
     cdef int64_t q0_1
     cdef int64_t h0_1
     cdef int64_t e0_1
+    cdef int64_t pfe
     cdef int64_t o1_1
     for c_i in range(clo, chi):
         p0_0 = c_i
@@ -202,8 +217,14 @@ cdef void run_chunk_w64(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
         wv3 = scorch_vf_zero()
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
+        pfe = <int64_t>a.t0_pos1[a.N_i] - 16
         for q0_1 in range(q0_1, h0_1):
             c_j = a.t0_crd1[q0_1]
+            if q0_1 < pfe:
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 16] * a.t1_st_j)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 16] * a.t1_st_j + 16)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 16] * a.t1_st_j + 32)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 16] * a.t1_st_j + 48)
             o1_1 = c_j * a.t1_st_j
             wv0 = wv0 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 0))[0])
             wv1 = wv1 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 16))[0])
@@ -232,6 +253,7 @@ cdef void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* oc
     cdef int64_t q0_1
     cdef int64_t h0_1
     cdef int64_t e0_1
+    cdef int64_t pfe
     cdef int64_t o1_1
     for c_i in range(clo, chi):
         p0_0 = c_i
@@ -246,8 +268,18 @@ cdef void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* oc
         wv7 = scorch_vf_zero()
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
+        pfe = <int64_t>a.t0_pos1[a.N_i] - 8
         for q0_1 in range(q0_1, h0_1):
             c_j = a.t0_crd1[q0_1]
+            if q0_1 < pfe:
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 8] * a.t1_st_j)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 8] * a.t1_st_j + 16)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 8] * a.t1_st_j + 32)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 8] * a.t1_st_j + 48)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 8] * a.t1_st_j + 64)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 8] * a.t1_st_j + 80)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 8] * a.t1_st_j + 96)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 8] * a.t1_st_j + 112)
             o1_1 = c_j * a.t1_st_j
             wv0 = wv0 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 0))[0])
             wv1 = wv1 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 16))[0])

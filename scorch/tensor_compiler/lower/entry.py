@@ -17,7 +17,7 @@ from ..loop_ir import (ArgSpec, Assign, Call, ChunkFunction, Chunking, DenseOutp
 from ..schedule import Schedule
 from ..target import value_bytes
 from .facts import (DENSE_WS_LIMIT, GATHER_DOT_LANES, PREFETCH_DISTANCE, PREFETCH_MIN_BYTES, STREAM_MIN_BYTES,
-                    STREAM_MIN_GATHER_BYTES, UNPREDICTABLE_DECL, KernelFacts, dot_entries_type, dot_gathers,
+                    STREAM_MIN_GATHER_BYTES, UNPREDICTABLE_DECL, KernelFacts, dot_entries_type,
                     kernel_facts, math_functions, reads_strided,
                     reduce_identity, short_rows, ws_size)
 from .loops import loop_nest
@@ -172,7 +172,7 @@ def _imports(f: KernelFacts, short_module: bool) -> Tuple[str, ...]:
     elif f.cache_panels:   # the panels' argument blocks
         lines.append("from libc.stdlib cimport malloc, free")
     lines.append("from libcpp.vector cimport vector")
-    if f.gathers or (f.dot and f.widths and dot_gathers(f.s)):
+    if f.gathers or f.row_gathers:
         lines += ["cdef extern from *:", '    """',
                   "    #define scorch_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)"]
         if short_module:

@@ -184,6 +184,11 @@ def gathered(s: Schedule) -> Tuple[int, ...]:
 #: load: 4elt K = 128 3.30 -> 2.35 ms, rmat16 K = 32 9.4 -> 4.0 ms, K = 128 25.4 -> 17.9 ms,
 #: Groebner K = 128 1.61 -> 1.39 ms; rows that stay in L2 lose nothing: bcspwr10 K = 32
 #: 0.060 -> 0.051 ms). Rows narrower than a cache line are not prefetched (SpMV-like work).
+#: SpMM's register rows gather ``B[j, :]`` the same way and prefetch by the same rule
+#: (``KernelFacts.row_gathers``): on an AVX2-only Zen 3 the K = 128 row loop is bound by
+#: those gathers, not by its 16 FMAs or the 2 accumulators gcc spills (1 thread, old / new
+#: tree interleaved, under load: 4elt 1.16x, rmat16 1.33x, Groebner 1.11-1.41x; K = 32
+#: rmat16 1.43x, bcspwr10 1.29x, 4elt and Groebner (B in L2) 0.93-1.01x).
 DOT_PREFETCH_BYTES = 4096
 #: the fewest and most entries ahead a vector dot prefetches
 DOT_PREFETCH_MIN, DOT_PREFETCH_MAX = 8, 64
@@ -428,6 +433,15 @@ class KernelFacts:
     balance: Optional[str]                 # pos array weighing chunks by entries
     gathers: Tuple[int, ...] = ()          # dense accesses gathered at stored coordinates
     cache_panels: bool = False             # s.cache_tile: register panels above every loop
+
+    @property
+    def row_gathers(self) -> Tuple[int, ...]:
+        """The dense rows the fixed-width variants gather per stored entry of the loop right
+        above their vector loop (``dot_gathers``: SDDMM's ``C[j, :]``, SpMM's ``B[j, :]``),
+        prefetched ahead (``dot_prefetch_distance``); empty outside those variants."""
+        if not self.widths or not (self.dot or self.row_depth >= 0):
+            return ()
+        return dot_gathers(self.s)
 
     def vector(self, width: int) -> Tuple[int, str]:
         """Lanes and GCC vector type of a register row (or vector dot) ``width`` values

@@ -33,7 +33,7 @@ from ..levels import LevelPlan, group_end, segment_setup
 from ..loop_ir import AddTo, Assign, Call, For, If, LevelCode, Stmt, While
 from ..target import value_bytes
 from .facts import (CACHE_LINE, DOT_ENTRIES, PREFETCH_DISTANCE, UNPREDICTABLE, LoopLevels, cvar,
-                    dot_entries_type, dot_gathers, dot_prefetch_distance)
+                    dot_entries_type, dot_prefetch_distance)
 from .nest import Cursor, Nest
 from .register_tile import register_tile
 from .output import after_loop, before_loop, leaf, presence, row_room, value, vector_leaf
@@ -176,13 +176,19 @@ def _above_dot(n: Nest, lp: LoopLevels) -> bool:
     return n.variant.width is not None and f.dot and lp.depth == len(f.s.loop_order) - 2
 
 
+def _above_vector(n: Nest, lp: LoopLevels) -> bool:
+    """The loop ``lp`` wraps a fixed-width variant's vector loop (a dot or a register row)."""
+    return (n.variant.width is not None and lp.depth == len(n.facts.s.loop_order) - 2
+            and bool(n.facts.row_gathers))
+
+
 def _dot_gather_rows(n: Nest, lp: LoopLevels, st: Cursor, entry: str) -> List[Stmt]:
-    """Prefetches of every cache line of the rows the vector dot will gather for the stored
-    entry at position ``entry`` (SDDMM's ``C[crd[entry], :]``)."""
+    """Prefetches of every cache line of the rows the vector loop will gather for the
+    stored entry at position ``entry`` (SDDMM's ``C[crd[entry], :]``, SpMM's ``B[...]``)."""
     f, W = n.facts, n.variant.width
     step = CACHE_LINE // value_bytes(f.vt)
     calls: List[Stmt] = []
-    for i in dot_gathers(f.s):
+    for i in f.row_gathers:
         prev = st.off[i]
         row = f"{lp.iters[0].crd}[{entry}] * a.t{i}_st_{lp.var}"
         base = row if prev == "0" else f"{prev} + {row}"
@@ -199,10 +205,10 @@ def _dot_prefetch(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor) -> Tuple[L
     body); nothing outside the fixed-width dot variants."""
     f = n.facts
     W = n.variant.width
-    if not _above_dot(n, lp) or lv.grouped:
+    if not _above_vector(n, lp) or lv.grouped:
         return [], []
     D = dot_prefetch_distance(W, f.vt)
-    if not dot_gathers(f.s) or not D:
+    if not D:
         return [], []
     pfe = n.decls.need("pfe")
     return ([Assign(pfe, f"{_entries(n, lv)} - {D}")],
@@ -226,7 +232,7 @@ def _dot_entries(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor, hi: str) ->
         return []
     U, q, D = DOT_ENTRIES, lv.q, dot_prefetch_distance(W, f.vt)
     body: List[Stmt] = []
-    if D and dot_gathers(f.s):
+    if D and f.row_gathers:
         body.append(If(f"{q} < pfe - {U - 1}", tuple(
             c for u in range(U) for c in _dot_gather_rows(n, lp, st, f"{q} + {D + u}"))))
     sums = []
