@@ -43,7 +43,6 @@ Entries are kept where the expression's operands are stored, even if the compute
 """
 from __future__ import annotations
 
-import re
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
@@ -616,8 +615,8 @@ def tiled_widths(s: Schedule, value_dtype: torch.dtype) -> Tuple[int, ...]:
     (``lower/register_tile``): a panel of such a width feeds several rows from each load
     (``tiling.choose_cache_panel`` prefers them)."""
     k = lower_kernel(s, value_dtype, {ap.id: torch.int64 for ap in s.accesses if ap.sparse})
-    return tuple(sorted(int(fn.name.rsplit("_w", 1)[1]) for fn in k.chunk_functions
-                        if re.fullmatch(r"run_chunk_w\d+", fn.name) and has_tile(fn.body)))
+    return tuple(sorted(fn.width for fn in k.chunk_functions
+                        if fn.width is not None and has_tile(fn.body)))
 
 
 def generate(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, torch.dtype],

@@ -123,12 +123,14 @@ class ChunkFunction:
     outermost loop. ``select``: the run-time condition under which ``kernel`` calls this
     variant instead of ``run_chunk`` (None for ``run_chunk`` itself). ``returns``: a local
     the function returns (the chunk's entry count when rows are written through local
-    pointers), or None (``void``)."""
+    pointers), or None (``void``). ``width``: the compile-time row width of a register-row or
+    vector-dot variant (``run_chunk_w<W>``), None for the others."""
     name: str
     select: Optional[str]
     locals: Tuple[Tuple[str, str], ...]      # (name, C type), in order of first use
     body: Tuple[Stmt, ...]
     returns: Optional[str] = None
+    width: Optional[int] = None
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,7 @@ def chunk_function(f: KernelFacts, variant: Variant) -> ChunkFunction:
         nest = stream_blocks(f, nest, n.decls.need("qb"))
     body = tuple(pre) + nest + tuple(post)
     return ChunkFunction(variant.name, variant.select, n.decls.items(), body,
-                         "ok" if f.row_room else None)
+                         "ok" if f.row_room else None, variant.width)
 
 
 def _streams_bytes(f: KernelFacts) -> str:
