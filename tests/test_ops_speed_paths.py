@@ -164,6 +164,27 @@ def test_matmul_dunders_refuse_like_torch():
         A @ torch.ones(3, 2, dtype=torch.float64)
 
 
+def test_matmul_hot_path_after_a_warm_call_still_checks():
+    """After a call that leaves the format on the hot path (straight to the warm C call),
+    other shapes, dtypes, layouts and grad still get their own checks and answers."""
+    x = torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 3.0], [0.0, 0.0, 4.0]])
+    A = scorch.sparse_tensor(x, format="csr")
+    for _ in range(2):
+        torch.testing.assert_close(A @ torch.ones(3, 2), x @ torch.ones(3, 2))
+    for bad in (torch.ones(4, 2), torch.ones(3, 2, dtype=torch.float64)):
+        with pytest.raises(RuntimeError):
+            A @ bad
+    Xt = torch.rand(5, 3).t()                       # strided: stride 1 along rows
+    torch.testing.assert_close(A @ Xt, x @ Xt)
+    torch.testing.assert_close(A @ torch.ones(3), x @ torch.ones(3))   # SpMV after SpMM
+    X = torch.rand(3, 2, requires_grad=True)
+    (A @ X).sum().backward()
+    torch.testing.assert_close(X.grad, x.t() @ torch.ones(3, 2))
+    B = scorch.sparse_tensor(torch.ones(2, 2), format="csr")
+    with pytest.raises(RuntimeError):
+        B @ torch.ones(3, 2)                        # same format, other shape
+
+
 def test_matmul_dunder_keeps_gradients():
     x = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
     A = scorch.sparse_tensor(x, format="csr").requires_grad_(True)

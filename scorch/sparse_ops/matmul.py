@@ -380,6 +380,16 @@ def _sparse_dense(a, b, nd: int = 2):
     where another path must decide (and check)."""
     if type(a) is SparseTensor and type(b) is torch.Tensor:
         st = a._storage
+        if st.format is _last_spmm[0] and nd == _last_spmm[1] and _last_spmm[2] is None \
+                and not (_grad_enabled() and _any_requires_grad(a, b)):
+            # the same format as the last call, whose product is dense: straight to the
+            # warm C call, which checks the shapes, dtypes and strides itself (and declines
+            # where they differ from its plan's; the checks below then run)
+            dispatch = _warm_dispatch[0]
+            if dispatch is not None:
+                result = dispatch(_warm_dispatch[1], _SPARSE_DENSE[nd], (a, b))
+                if result is not NotImplemented:
+                    return result
         shape = st.shape
         if len(shape) == 2 and b.ndim == nd and shape[1] == b.shape[0] \
                 and st.values.dtype == b.dtype:
