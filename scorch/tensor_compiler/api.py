@@ -15,11 +15,12 @@ from ..formats import Format
 from ..level_storage import Storage
 from .codegen import print_kernel
 from .lower import lower_kernel
-from .execute import run, strided_reads
+from .execute import gathered_relayout, run, stored_entries, strided_reads
 from .frontend import bind_sizes, check_equation
 from .index_notation import Assignment, accesses
 from .operands import as_operand
 from .relayout import relayout_pays
+from .tiling import relaid_panel_narrower
 from .planner import block_key, broadcast_key, einsum_entry, make_entry, resolve_out_format
 from .plans import (COMPILER_VERSION, UNORDERED_SIGNATURES, Plan, _fast, _plans, _stats, cached_entry,
                     storage_signature)
@@ -343,4 +344,25 @@ def _relayouts(entry, ops) -> list:
         reads = f"; the kernel reads ~{est.work:.4g} entries" if est is not None else ""
         out.append(f"operand {ap.tensor} (stride {x.stride(d)} along {var}, the innermost loop): "
                    f"copied to stride 1 once per call, {x.numel()} entries{reads}")
+    order = s.loop_order
+    sizes = bind_sizes(entry.operand_indices, [x.shape for x in ops])
+    for aid, (d, _perm, _inv) in sorted(entry.gather_relayout.items()):
+        ap = s.accesses[aid]
+        x = ops[ap.tensor]
+        if entry.split is not None or len(ap.indices) != x.dim():
+            continue
+        var = ap.indices[d]
+        above = order[order.index(var) - 1] if order.index(var) else var
+        head = f"operand {ap.tensor} ({var} gathered by the sparse loop below {above}"
+        if x.stride(d) == 1 or x.shape[d] <= 1:
+            out.append(f"{head}, stride 1): read in place")
+            continue
+        reads = stored_entries(entry, ops) * (x.numel() // x.shape[d])
+        if gathered_relayout(entry, ops, ap, x, sizes):
+            out.append(f"{head}, stride {x.stride(d)}): copied to loop order once per call, "
+                       f"{x.numel()} entries; the kernel gathers {reads}")
+        else:
+            why = ("the panels would not narrow" if not relaid_panel_narrower(entry, sizes)
+                   else f"a copy would move {x.numel()}")
+            out.append(f"{head}, stride {x.stride(d)}): read with its strides ({reads} gathered; {why})")
     return out

@@ -13,13 +13,13 @@ from .assemble import assemble, pattern_ready, pattern_storage
 from .frontend import bind_sizes
 from .operands import cast_storage, convert_storage, unblocked
 from .plans import PlanEntry
-from .relayout import relayout, relayout_pays
+from .relayout import gather_pays, relayout, relayout_pays
 from .rewrite import inner_var, outer_var, split_operand
 from .runner import make_runner
 from .shared_pattern import run_values, values_plan
 from . import threads
 from .threads import work_of
-from .tiling import panel_for
+from .tiling import panel_for, relaid_panel_narrower
 
 __all__ = ["run", "run_general", "prepare_operands", "kernel_for", "short_kernel", "index_key"]
 
@@ -60,6 +60,9 @@ def prepare_operands(entry: PlanEntry, ops, sizes, orig=None):
                     x = x.expand(tuple(full[k] if k == d else s for k, s in enumerate(x.shape)))
                 if x.stride(d) != 1 and full[d] > 1 and _relayout_pays(entry, ops, x, full[d]):
                     x = relayout(x, rl[1], rl[2], threads.threads_for, ap.id)  # scratch: this call only
+            elif gathered_relayout(entry, ops, ap, x, sizes):
+                rl = entry.gather_relayout[ap.id]
+                x = relayout(x, rl[1], rl[2], threads.threads_for, ap.id)  # scratch: this call only
             data[ap.id] = x
     return data
 
@@ -70,7 +73,25 @@ def strided_reads(entry: PlanEntry, ops, extent: int):
     else None (it is always copied to stride 1). One rule for the run and ``explain``."""
     if not codegen.reads_strided(entry.schedule):
         return None
-    return extent * sum(ops[t].values.numel() for t in {ap.tensor for ap in entry.schedule.accesses if ap.sparse})
+    return extent * stored_entries(entry, ops)
+
+
+def stored_entries(entry: PlanEntry, ops) -> int:
+    return sum(ops[t].values.numel() for t in {ap.tensor for ap in entry.schedule.accesses if ap.sparse})
+
+
+def gathered_relayout(entry: PlanEntry, ops, ap, x, sizes) -> bool:
+    """Whether the dense operand ``x`` of access ``ap``, gathered by a sparse loop
+    (``codegen.gather_relayouts``), is copied to loop order for this call: it arrives with
+    another stride along the gathered dimension, the copy pays (``gather_pays``) and, in a
+    cache tile, lets the panels narrow (``relaid_panel_narrower``). One rule for the run
+    and ``explain``."""
+    rl = entry.gather_relayout.get(ap.id)
+    if rl is None or entry.split is not None or x.dim() != len(ap.indices):
+        return False
+    d = rl[0]
+    return (x.stride(d) != 1 and x.shape[d] > 1 and relaid_panel_narrower(entry, sizes)
+            and gather_pays(x.numel(), stored_entries(entry, ops), x.shape[d]))
 
 
 def _relayout_pays(entry: PlanEntry, ops, x, extent: int) -> bool:

@@ -111,6 +111,9 @@ def make_entry(asg: Assignment, operand_indices, ops, out_format: Optional[Forma
     # specialized for it): when its layout does not give that, the kernel reads a copy laid
     # out in loop order (e.g. SDDMM's C, read along k)
     entry.relayout.update(codegen.relayouts(sched))
+    # a dense operand a sparse loop gathers below a loop over its other indices is read
+    # with its strides; copied to loop order per call where that pays (relayout.gather_pays)
+    entry.gather_relayout.update(codegen.gather_relayouts(sched))
     entry.panels = codegen.panel_widths(sched, vt)
     entry.cache_panels = codegen.cache_panels(sched, vt)
     entry.tiled_panels = codegen.tiled_widths(sched, vt) if entry.cache_panels else ()

@@ -93,6 +93,7 @@ class PlanEntry:
     tiled_panels: Tuple[int, ...] = ()                         # its register-tiled widths
     short_rows: Any = None                                     # codegen.short_rows of the schedule
     relayout: Dict[int, tuple] = field(default_factory=dict)   # dense access -> (dim, perm, inverse)
+    gather_relayout: Dict[int, tuple] = field(default_factory=dict)  # the same, gathered operands
     split: Optional[Dict[str, int]] = None   # blocked operands read natively: var -> block size
     runner: Any = None            # warm-call fast path (runner.py), once a kernel is loaded
     shared: Any = None            # shared_pattern.values_plan, decided on the first run (False: none)

@@ -20,7 +20,7 @@ import torch
 
 from .allocate import empty_output
 
-__all__ = ["relayout", "relayout_pays", "COPY_PER_READ"]
+__all__ = ["relayout", "relayout_pays", "gather_pays", "COPY_PER_READ"]
 
 #: a kernel that can read the operand with its own strides (``lower.facts.reads_strided``:
 #: SDDMM's C as K x n, a cache line per value read) re-lays it out only when the copy moves
@@ -192,6 +192,16 @@ def relayout_pays(entries: int, reads: int) -> bool:
     """Whether copying an operand of ``entries`` entries to stride 1 costs less than the
     kernel's ``reads`` reads of it with its own (large) stride."""
     return entries <= COPY_PER_READ * reads
+
+
+def gather_pays(entries: int, stored: int, extent: int) -> bool:
+    """Whether an operand of ``entries`` entries that a sparse loop gathers along a
+    dimension of ``extent`` (``lower.facts.gather_relayouts``) is copied to loop order: each
+    of the ``stored`` entries reads ``entries / extent`` values of it, each a cache line of
+    its own in the given layout; the copy pays under :func:`relayout_pays`'s rule, i.e. when
+    the sparse operand stores at least ``extent / COPY_PER_READ`` entries. The MoE expert
+    gradient (1024 x 784 ``x``, 2048 stored gates) copies; a gate of a few entries does not."""
+    return extent > 0 and relayout_pays(entries, stored * (entries // extent))
 
 
 def relayout(x: torch.Tensor, perm: Sequence[int], inv: Sequence[int],

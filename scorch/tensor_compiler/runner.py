@@ -25,9 +25,9 @@ from .allocate import EMPTY_NUMPY_MIN, empty_output
 from .assemble import assemble, pattern_storage
 from .codegen import reads_strided, short_rows_limit
 from .plans import storage_pointers, storage_signature
-from .relayout import relayout, relayout_pays
+from .relayout import gather_pays, relayout, relayout_pays
 from . import threads
-from .tiling import choose_panel, panel_chooser
+from .tiling import choose_panel, gathers_cleared, panel_chooser, relaid_panel_narrower
 
 __all__ = ["make_runner"]
 
@@ -45,13 +45,14 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
     by_tensor: Dict[int, List] = {}
     for ap in s.accesses:
         by_tensor.setdefault(ap.tensor, []).append(ap)
-    if any(len(aps) > 1 and any(ap.id in entry.relayout for ap in aps) for aps in by_tensor.values()):
+    relaid = set(entry.relayout) | set(entry.gather_relayout)
+    if any(len(aps) > 1 and any(ap.id in relaid for ap in aps) for aps in by_tensor.values()):
         return None   # one dense tensor read twice (T(i,j) * T(j,i)), re-laid out for one read only
     vt = entry.value_dtype
     env = {"torch": torch, "VT": vt, "KERNEL": module.kernel, "THREADS": threads.threads_for,
            "ASSEMBLE": assemble, "ENTRY": entry, "PATTERN": pattern_storage, "PTRS": storage_pointers,
            "TEMPTY": torch.empty, "RELAYOUT": relayout, "EMPTY": empty_output,
-           "PAYS": relayout_pays}
+           "PAYS": relayout_pays, "GPAYS": gather_pays, "NARROWER": relaid_panel_narrower}
     sparse = set()
     for n, aps in by_tensor.items():
         if aps[0].sparse:
@@ -100,6 +101,17 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
             pays = f" and PAYS({x}.numel(), ({nnz}) * {x}.shape[{d}])"
         w(f"    if {x}.stride({d}) != 1 and {x}.shape[{d}] > 1{pays}:")
         w(f"        {x} = RELAYOUT({x}, {tuple(perm)!r}, {tuple(inv)!r}, THREADS, {ap.id})")
+    for i, (d, perm, inv) in entry.gather_relayout.items():
+        # a dense operand gathered by a sparse loop: copied to loop order where that pays
+        ap = s.accesses[i]
+        x = f"x{ap.tensor}"
+        nnz = " + ".join(f"p{n}[-1]" for n in sorted(sparse)) or "0"
+        narrower = ""
+        if gathers_cleared(entry) is not None:
+            sz = ", ".join(f"{v!r}: {seen[v]}" for v in s.loop_order)
+            narrower = f" and NARROWER(ENTRY, {{{sz}}})"
+        w(f"    if {x}.stride({d}) != 1 and {x}.shape[{d}] > 1{narrower} and GPAYS({x}.numel(), {nnz}, {x}.shape[{d}]):")
+        w(f"        {x} = RELAYOUT({x}, {tuple(perm)!r}, {tuple(inv)!r}, THREADS, {ap.id})")
     work = " + ".join((f"p{n}[-1]" if n in sparse else f"x{n}.numel()")
                       for n in sorted(by_tensor)) or "0"
     w(f"    work = {work}")
@@ -143,7 +155,15 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
         L_ = s.loop_order[-1]
         rows = " * ".join(seen[v] for v in rows_vars) or "1"
         nnz = " + ".join(f"p{n}[-1]" for n in sorted(by_tensor) if n in sparse) or "0"
-        w(f"    panel = 0 if {seen[L_]} <= {threshold} else CHOOSE(WIDTHS, {seen[L_]}, {nnz}, {rows})")
+        widths = "WIDTHS"
+        cleared = gathers_cleared(entry)
+        if cleared is not None:
+            # the gathered operands at stride 1 (re-laid out above): register tiles first
+            env["WIDTHS_RELAID"] = first[:3] + (False,)
+            unit = " and ".join(f"(x{s.accesses[a].tensor}.stride({d}) == 1 or x{s.accesses[a].tensor}.shape[{d}] <= 1)"
+                                for a, d in cleared)
+            widths = f"(WIDTHS_RELAID if {unit} else WIDTHS)"
+        w(f"    panel = 0 if {seen[L_]} <= {threshold} else CHOOSE({widths}, {seen[L_]}, {nnz}, {rows})")
         panel = "panel"
     sr = entry.short_rows
     if sr is not None:
@@ -202,7 +222,8 @@ def _c_plan(entry, module, args, fallback, env, seen, sparse, by_tensor):
         else:
             operands.append((0, 0, None, 0))
     dims = [(n, d, var[v]) for n, idx in enumerate(entry.operand_indices) for d, v in enumerate(idx)]
-    unit = [(s.accesses[i].tensor, d) for i, (d, _, _) in entry.relayout.items()]
+    # the C plan runs operands at stride 1 there only (else the Python runner re-lays out)
+    unit = [(s.accesses[i].tensor, d) for i, (d, _, _) in list(entry.relayout.items()) + list(entry.gather_relayout.items())]
     c_args = []
     for kind, a, b in by_operand(arg_table(args, s), s):
         if kind == SIZE:
@@ -231,6 +252,8 @@ def _c_plan(entry, module, args, fallback, env, seen, sparse, by_tensor):
     choose, first = choose_panel, tuple(entry.panels or ())
     if rule is not None:
         choose, first, threshold, rows_vars = rule
+        if gathers_cleared(entry) is not None:
+            first = first[:3] + (False,)   # the gathered operands arrive at stride 1 here
         spec["panel"] = (var[s.loop_order[-1]], threshold, [var[v] for v in rows_vars])
     try:
         return fc.Plan(module.KERNEL_C, short_getter, fallback, threads.threads_for, choose,

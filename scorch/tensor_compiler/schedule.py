@@ -71,12 +71,13 @@ class CacheTile:
     iteration of ``above`` re-reads stays in cache. The panel width is chosen per call
     (``tiling.choose_cache_panel``: the panel of the block fits half the L2 cache).
     ``gathers``: every panel's pass gathers a dense operand one value per stored entry from
-    a different row (:func:`_gathers`), so the fewest passes win over an L2-sized panel."""
+    a different row (:func:`gathered_accesses`), so the fewest passes win over an L2-sized panel."""
     var: str
     above: str
     block: Tuple[str, ...]
     access: int
     gathers: bool = False
+    gathered: Tuple[int, ...] = ()     # the dense accesses so read (:func:`gathered_accesses`)
 
     def __str__(self) -> str:
         who = "the output" if self.access < 0 else f"access {self.access}"
@@ -381,17 +382,20 @@ def _cache_tile(order: Sequence[str], plans: List[AccessPlan], out: OutputPlan,
             if L in idx and order[n] not in idx:
                 block = tuple(v for v in order[n + 1:-1] if v in idx)
                 if block:
-                    return CacheTile(L, order[n], block, acc, _gathers(order, plans, s))
+                    g = gathered_accesses(order, plans, s)
+                    return CacheTile(L, order[n], block, acc, bool(g), g)
     return None
 
 
-def _gathers(order: Sequence[str], plans: List[AccessPlan], s: int) -> bool:
-    """Whether a pass of the loop nest reads a dense operand at the sparse loop ``order[s]``'s
+def gathered_accesses(order: Sequence[str], plans: List[AccessPlan], s: int) -> Tuple[int, ...]:
+    """The dense accesses a pass of the loop nest reads at the sparse loop ``order[s]``'s
     coordinate with an index of a loop above it and not the innermost loop: one value per
-    stored entry, each from another row (a cache line apiece), and again in every panel's
-    pass. The MoE expert gradient ``n, d, b, h`` reads ``x[b, d]`` so (one pass over the
-    gate costs ~9 ms at 1 thread on a Zen 3 core, 1024 x 784 inputs: 16 panels of 32
-    columns 177 ms, 4 of 128 89 ms); the forward ``n, b, d, h`` reads ``x[b, :]`` as rows."""
+    stored entry, each from another row (a cache line apiece, unless the operand arrives, or
+    is re-laid out, with stride 1 along that loop: ``lower.facts.gather_relayouts``), and
+    again in every panel's pass. The MoE expert gradient ``n, d, b, h`` reads ``x[b, d]`` so
+    (one pass over the gate costs ~9 ms at 1 thread on a Zen 3 core, 1024 x 784 inputs: 16
+    panels of 32 columns 177 ms, 4 of 128 89 ms); the forward ``n, b, d, h`` reads
+    ``x[b, :]`` as rows."""
     v, above, L = order[s], set(order[:s]), order[-1]
-    return any(not ap.sparse and v in ap.indices and L not in ap.indices and above & set(ap.indices)
-               for ap in plans)
+    return tuple(ap.id for ap in plans
+                 if not ap.sparse and v in ap.indices and L not in ap.indices and above & set(ap.indices))

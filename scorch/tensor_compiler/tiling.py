@@ -9,7 +9,7 @@ from typing import Callable, Optional, Sequence, Tuple
 from .plans import PlanEntry
 
 __all__ = ["PANEL_MIN_ROW", "choose_panel", "panel_for", "l1_cache_bytes", "l2_cache_bytes",
-           "choose_cache_panel", "panel_chooser", "block_class"]
+           "choose_cache_panel", "panel_chooser", "gathers_cleared", "relaid_panel_narrower", "block_class"]
 
 
 PANEL_MIN_ROW = 3.5
@@ -70,7 +70,8 @@ def choose_cache_panel(first: Sequence, extent: int, nnz: int, block: int) -> in
     """Width of the register panels of a cache tile (``schedule.CacheTile``); ``first`` is
     ``(value size in bytes, register widths, the widths whose kernel is register-tiled,
     whether each pass gathers)``. Each panel is one more pass over the sparse rows, so:
-    where a pass gathers (``CacheTile.gathers``), the widest register width (fewest
+    where a pass gathers (``CacheTile.gathers``, unless the call re-laid the gathered
+    operands out to stride 1: :func:`gathers_cleared`), the widest register width (fewest
     passes); else the widest whose panel of the re-read block (``block`` rows x width
     values) fits half of one core's L2, preferring among those the register-tiled widths
     (one load feeds several rows: the MoE forward on AVX2, where a 64-float row leaves no
@@ -79,6 +80,10 @@ def choose_cache_panel(first: Sequence, extent: int, nnz: int, block: int) -> in
     loop, so unlike :func:`choose_panel` it adds no passes over the block: the MoE expert
     784 x 512 float32 runs in 128-wide panels (392 KB) on AVX-512. Same call shape as
     :func:`choose_panel` (``nnz`` unused), so the warm paths call either."""
+    return _cache_width(first, extent, block)
+
+
+def _cache_width(first: Sequence, extent: int, block: int) -> int:
     size, widths, tiled, gathers = first
     if block <= 0 or not widths:
         return 0
@@ -107,11 +112,49 @@ def panel_chooser(entry: PlanEntry) -> Optional[Tuple[Callable, tuple, int, Tupl
     return None
 
 
+def gathers_cleared(entry: PlanEntry) -> Optional[Tuple[Tuple[int, int], ...]]:
+    """Where a cache tile's passes gather (``CacheTile.gathers``) only from operands that
+    may be re-laid out for it (``PlanEntry.gather_relayout``): the (access, dimension) pairs
+    that, all at stride 1, make each pass read neighbouring values of a few lines instead
+    of a line per stored entry. Then the gathers no longer decide the panel width: the
+    register-tiled widths come first, as elsewhere (the MoE expert gradient on a Zen 3
+    core, ``x`` b-fastest: 32-wide panels, 2 rows a pass, 74 ms against 94 ms for 128-wide
+    panels over row-major ``x``, 1 thread, under load). None: no such tile."""
+    tile = entry.schedule.cache_tile
+    if not entry.cache_panels or tile is None or not tile.gathers:
+        return None
+    if not set(tile.gathered) <= set(entry.gather_relayout):
+        return None
+    return tuple((a, entry.gather_relayout[a][0]) for a in tile.gathered)
+
+
+def relaid_panel_narrower(entry: PlanEntry, sizes) -> bool:
+    """Whether re-laying out a cache tile's gathered operands (:func:`gathers_cleared`)
+    changes this call's panel width: only the narrower register-tiled panels gain from the
+    copy. At the same width the relaid operand lost (expert gradient on a Zen 3 core, 1
+    thread, under load, rows not jammed at these widths: 128-wide 94 -> 135 ms, 64-wide
+    120 -> 172-271 ms), so AVX-512, whose gathering and tiled widths are both 128 there,
+    keeps row-major ``x``. True where the kernel has no such tile."""
+    cleared = gathers_cleared(entry)
+    if cleared is None:
+        return True
+    _choose, first, threshold, block_vars = panel_chooser(entry)
+    L = entry.schedule.loop_order[-1]
+    if sizes[L] <= threshold:
+        return True
+    block = math.prod(sizes[v] for v in block_vars)
+    wide = _cache_width(first, sizes[L], block) or sizes[L]
+    return (_cache_width(first[:3] + (False,), sizes[L], block) or sizes[L]) < wide
+
+
 def panel_for(entry: PlanEntry, data, sizes) -> int:
     rule = panel_chooser(entry)
     if rule is None:
         return 0
     choose, first, threshold, rows_vars = rule
+    cleared = gathers_cleared(entry)
+    if cleared is not None and all(data[a].stride(d) == 1 or data[a].shape[d] <= 1 for a, d in cleared):
+        first = first[:3] + (False,)
     s = entry.schedule
     L = s.loop_order[-1]
     if sizes[L] <= threshold:

@@ -26,7 +26,7 @@ __all__ = ["UNPREDICTABLE", "UNPREDICTABLE_DECL", "CTYPES", "NPTYPES", "ITYPES",
            "STREAM_MIN_BYTES", "STREAM_MIN_GATHER_BYTES", "GATHER_DOT_LANES", "gathered", "short_rows_limit",
            "DOT_PREFETCH_BYTES", "dot_gathers", "dot_prefetch_distance", "DOT_ENTRIES", "dot_entries_type",
            "reads_strided",
-           "short_rows", "unit_stride_accesses", "relayouts", "LoopLevels",
+           "short_rows", "unit_stride_accesses", "relayouts", "gather_relayouts", "LoopLevels",
            "KernelFacts", "kernel_facts", "cvar", "ws_size"]
 
 #: a sparse workspace whose extent is at most this many entries runs as a dense array with
@@ -130,6 +130,31 @@ def relayouts(s: Schedule) -> Dict[int, Tuple[int, Tuple[int, ...], Tuple[int, .
         for n, d in enumerate(perm):
             inv[d] = n
         out[ap.id] = (ap.indices.index(s.loop_order[-1]), tuple(perm), tuple(inv))
+    return out
+
+
+def gather_relayouts(s: Schedule) -> Dict[int, Tuple[int, Tuple[int, ...], Tuple[int, ...]]]:
+    """Dense accesses whose innermost index in loop order is a sparse loop (a gather: one
+    value per stored entry) below a loop over another of their indices (the MoE expert
+    gradient ``n, d, b, h`` reads ``x[b, d]``), each as in :func:`relayouts` with the
+    gathered dimension. Row-major ``x`` puts each stored ``b`` on its own cache line, again
+    for every ``d``; laid out in loop order (``d`` then ``b``), one ``d`` reads the stored
+    ``b`` of a row from a few neighbouring lines. The kernel reads such an operand with its
+    run-time strides, so the copy is the caller's choice per call (``relayout.gather_pays``)."""
+    rank = {v: n for n, v in enumerate(s.loop_order)}
+    sparse_vars = {lv.var for ap in s.accesses if ap.sparse for lv in ap.levels if lv.kind.is_sparse}
+    streamed = unit_stride_accesses(s)
+    out = {}
+    for ap in s.accesses:
+        if ap.sparse or ap.id in streamed or len(set(ap.indices)) != len(ap.indices) or len(ap.indices) < 2:
+            continue
+        perm = sorted(range(len(ap.indices)), key=lambda d: rank[ap.indices[d]])
+        if ap.indices[perm[-1]] not in sparse_vars:
+            continue
+        inv = [0] * len(perm)
+        for n, d in enumerate(perm):
+            inv[d] = n
+        out[ap.id] = (perm[-1], tuple(perm), tuple(inv))
     return out
 
 

@@ -151,11 +151,22 @@ def _region(loop: For, flows: List[Tuple[str, str]], bounds: List[str]) -> bool:
             if not _region(st, flows, bounds):
                 return False
             continue
+        if _hint(st):
+            flows.append(("", _text(st)))   # read, nothing assigned
+            continue
         a = _assignments(st)
         if a is None or isinstance(st, LevelCode):
             return False
         flows += a
     return True
+
+
+def _hint(st: Stmt) -> bool:
+    """A guarded prefetch (``if q < pfe: scorch_prefetch(...)``, ``loops._dot_gather_rows``):
+    it writes nothing, so a tile may keep it inside its nest (once where its address is
+    shared by the copies, once a copy where it is not)."""
+    return (isinstance(st, If) and bool(st.then)
+            and all(isinstance(x, Call) for x in st.then + st.orelse))
 
 
 def _depth(loop: For) -> int:
@@ -265,7 +276,7 @@ def _jam(t: _Tile, R: int, types: Dict[str, str], need) -> List[Stmt]:
                 out.append(For(st.var, st.lo, st.hi, tuple(copies(st.body)), st.role))
                 continue
             targets = {x for x, _e in (_assignments(st) or [])} - {""}
-            if targets & t.variant:
+            if targets & t.variant or (_hint(st) and _names(_text(st)) & t.variant):
                 out += [_renamed(st, m) if m else st for m in maps]
             else:
                 out.append(st)
