@@ -466,8 +466,14 @@ class BlockPool {
         *got = size_t(1) << cls;
         return p;
       }
+      // none kept (the last calls' outputs still hold theirs, see AppendBuffer::release):
+      // the size the last first block had, so the buffer does not double its way up again
+      need = std::max(need, last_first_);
     }
-    return take(need, got);
+    void* p = take(need, got);
+    std::lock_guard<std::mutex> lock(mutex_);
+    last_first_ = *got;
+    return p;
   }
   // Give back a block that take() returned (``size`` as it reported).
   void give(void* p, size_t size) {
@@ -489,12 +495,18 @@ class BlockPool {
   std::mutex mutex_;
   std::vector<void*> free_[64];
   size_t held_ = 0;
+  size_t last_first_ = 0;   // the size of the last block take_largest had to allocate
 };
 
 inline BlockPool& block_pool() {
   static BlockPool pool;
   return pool;
 }
+
+// Give back a block to this module's pool (each kernel module has its own: an output array
+// that took over a block gives it back through the module that made it, see
+// AppendBuffer::release).
+inline void pool_give(void* p, size_t bytes) { block_pool().give(p, bytes); }
 
 // A growable array of plain values that, unlike std::vector::resize, does not initialize
 // the room it adds: kernels append output entries (one buffer per chunk of rows) and drain
@@ -526,6 +538,16 @@ class alignas(64) AppendBuffer {
   }
   inline T* data() { return ptr; }
   inline int64_t size() const { return n; }
+  // Hand the block over (its size in bytes to ``*bytes``; pool_give takes it back): the
+  // output array of a call whose entries all sit in this one buffer is this memory, with
+  // no copy into fresh pages. The buffer is empty afterwards.
+  inline T* release(size_t* bytes) {
+    T* p = ptr;
+    *bytes = static_cast<size_t>(cap) * sizeof(T);
+    ptr = nullptr;
+    n = cap = 0;
+    return p;
+  }
 
  private:
   T* ptr = nullptr;

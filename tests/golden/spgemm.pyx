@@ -21,6 +21,19 @@ cdef size_t _addr(object arr) except? 0:
     cdef size_t p = <size_t>view.buf
     PyBuffer_Release(&view)
     return p
+from cpython.pycapsule cimport PyCapsule_New, PyCapsule_GetPointer, PyCapsule_GetContext, PyCapsule_SetContext
+from scorch._runtime.workspace cimport pool_give
+from scorch.tensor_compiler.allocate import pooled_array as _pooled_array
+cdef void _give_block(object cap) noexcept:
+    pool_give(PyCapsule_GetPointer(cap, NULL), <size_t>PyCapsule_GetContext(cap))
+cdef object _pooled(void* p, size_t nbytes, int64_t n, int64_t itemsize, str typestr):
+    cap = PyCapsule_New(p, NULL, _give_block)
+    PyCapsule_SetContext(cap, <void*>nbytes)
+    if 2 * n * itemsize >= <int64_t>nbytes:
+        return _pooled_array(cap, <size_t>p, n, typestr)
+    arr = np.empty(n * itemsize, dtype=np.uint8)
+    memcpy(<void*>_addr(arr), p, n * itemsize)
+    return arr.view(typestr)
 
 cdef struct Args:
     int64_t N_i
@@ -202,6 +215,14 @@ def kernel(list args, int nthreads, int panel=0):
     if offs[nchunks] != total:
         raise RuntimeError('scorch kernel: row counts and appended entries disagree')
     cdef bint wide = max(total, P, a.N_i, a.N_k) > 2147483647
+    cdef size_t nbytes
+    cdef void* block
+    if nchunks == 1 and total > 0 and wide == False:
+        block = crds[0].release(&nbytes)   # (C leaves argument order open)
+        crd_arr = _pooled(block, nbytes, total, sizeof(int32_t), '<i4')
+        block = vals[0].release(&nbytes)
+        val_arr = _pooled(block, nbytes, total, sizeof(float), '<f4')
+        return pos_arr.astype(np.int32), crd_arr, val_arr
     crd_arr = np.empty(total, dtype=np.int64 if wide else np.int32)
     val_arr = np.empty(total, dtype=np.float32)
     cdef size_t cp = _addr(crd_arr), vp = _addr(val_arr)
