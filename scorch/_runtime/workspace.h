@@ -333,6 +333,28 @@ inline void dense_ws_drain(K* touched, int64_t k, int64_t lo, int64_t hi, V* val
   drain_in_order(touched, k, values, mark, crd, vals);
 }
 
+// The range [lo, hi] of a touched list: the sorted read-out's choice of path needs it.
+// Generated kernels find it here, once a fiber (k / 8 vector steps), not with a compare
+// and two conditional moves in every add (Groebner A @ A^T: the adds ran ~1.2x faster).
+inline void touched_range(const int32_t* touched, int64_t k, int64_t* lo, int64_t* hi) {
+  int32_t mn = INT32_MAX, mx = INT32_MIN;
+  for (int64_t i = 0; i < k; ++i) {
+    mn = touched[i] < mn ? touched[i] : mn;
+    mx = touched[i] > mx ? touched[i] : mx;
+  }
+  *lo = mn;
+  *hi = mx;
+}
+
+// dense_ws_drain of a touched list whose range is not known yet (see touched_range).
+template <typename I, typename V>
+inline void dense_ws_drain_list(int32_t* touched, int64_t k, V* values, uint8_t* mark, I* crd,
+                                V* vals, int32_t* tmp) {
+  int64_t lo, hi;
+  touched_range(touched, k, &lo, &hi);
+  dense_ws_drain<int32_t>(touched, k, lo, hi, values, mark, crd, vals, tmp);
+}
+
 // The same read-out in insertion order (einsum(..., sorted=False): scipy's contract, the
 // coordinates of a fiber unique but in no particular order): no marks scan, no rank or radix
 // sort; the touched values and marks are cleared as they are read.

@@ -10,7 +10,7 @@ from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t
 from libc.string cimport memcpy, memset
 from libcpp.vector cimport vector
 from scorch._runtime.workspace cimport (AppendBuffer, DenseScratch, SparseWorkspace,
-                                        dense_scratch, dense_ws_drain)
+                                        dense_scratch, dense_ws_drain_list)
 from cython.operator cimport dereference as deref, preincrement as inc
 from cython.parallel cimport prange
 import numpy as np
@@ -55,8 +55,6 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* o
     cdef uint8_t* wm
     cdef int32_t* wl
     cdef int64_t wc
-    cdef int64_t wlo
-    cdef int64_t whi
     cdef int64_t wsize
     cdef DenseScratch[float]* wsp
     cdef int64_t c_i
@@ -83,8 +81,6 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* o
     for c_i in range(clo, chi):
         p0_0 = c_i
         wc = 0
-        wlo = wsize
-        whi = -1
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
         for q0_1 in range(q0_1, h0_1):
@@ -100,14 +96,12 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* o
                 wv[wkey] = wv[wkey] + (a.t0_vals[q0_1] * a.t1_vals[q1_1])
                 wl[wc] = <int32_t>wkey
                 wc = wc + wnew
-                wlo = wkey if wkey < wlo else wlo
-                whi = wkey if wkey > whi else whi
         wn = wc
         if wn:
             wb = deref(oval).size()
             deref(oval).grow(wn)
             deref(ocrd).grow(wn)
-            dense_ws_drain[int32_t, int32_t, float](wl, wc, wlo, whi, wv, wm, deref(ocrd).data() + wb, deref(oval).data() + wb, wsp.sort_tmp)
+            dense_ws_drain_list[int32_t, float](wl, wc, wv, wm, deref(ocrd).data() + wb, deref(oval).data() + wb, wsp.sort_tmp)
             a.out_pos[c_i + 1] += wn
 
 cdef void run_chunk_map(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* ocrd, AppendBuffer[float]* oval) noexcept nogil:

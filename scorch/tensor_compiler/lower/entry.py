@@ -73,7 +73,7 @@ def _workspace_setup(n: Nest) -> Tuple[List[Stmt], List[Stmt]]:
         # to allocate per thread: the thread's own arrays, kept across calls (no
         # allocation, no zeroing)
         for name, ct in (("wv", f.vt + "*"), ("wm", "uint8_t*"), ("wl", "int32_t*"),
-                         ("wc", "int64_t"), ("wlo", "int64_t"), ("whi", "int64_t"),
+                         ("wc", "int64_t"),
                          ("wsize", "int64_t"), ("wsp", f"DenseScratch[{f.vt}]*")):
             d.need(name, ct)
         return ([Assign("wsize", size), Assign("wsp", f"dense_scratch[{f.vt}](wsize + 1)"),
@@ -182,7 +182,7 @@ def _imports(f: KernelFacts, short_module: bool) -> Tuple[str, ...]:
             lines.append(f"    void {STREAM_PREFETCH}(const void*) noexcept nogil")
     if out.mode == "ws" and f.rt_ws:
         lines.append("from scorch._runtime.workspace cimport (AppendBuffer, DenseScratch, SparseWorkspace,\n"
-                     "                                        dense_scratch, dense_ws_drain)")
+                     "                                        dense_scratch, dense_ws_drain_list)")
         if out.unsorted:
             lines.append("from scorch._runtime.workspace cimport dense_ws_drain_unsorted")
     elif f.rows and not f.row_room:
