@@ -43,10 +43,9 @@ Entries are kept where the expression's operands are stored, even if the compute
 """
 from __future__ import annotations
 
-import numpy as np
-
 from typing import Callable, Dict, List, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from .loop_ir import (AddTo, ArgSpec, AppendEntry, Assign, Call, ChunkFunction, DenseOutput, For, If,
