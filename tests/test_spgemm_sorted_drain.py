@@ -122,3 +122,52 @@ def test_output_buffers_reused_across_calls():
         C = scorch.einsum("ij,jk->ik", scorch.from_scipy(a), scorch.from_scipy(b))
         torch.testing.assert_close(C.to_dense(), torch.from_numpy((a @ b).toarray()))
         assert_rows_sorted_unique(C)
+
+
+def _one_thread(fn):
+    """Run ``fn`` at one thread: one chunk, whose buffers become the output (no copy)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(before)
+
+
+@settings(max_examples=15, deadline=None)
+@given(sizes=st.lists(st.tuples(st.sampled_from([0, 1, 40, 700, 3000]), st.sampled_from([0.0, 0.002, 0.05, 1.0])),
+                      min_size=2, max_size=5),
+       dtype=st.sampled_from([np.float32, np.float64]), index=st.sampled_from([np.int32, np.int64]),
+       seed=st.integers(0, 2**16))
+def test_outputs_that_took_the_buffers_outlive_later_calls(sizes, dtype, index, seed):
+    """A one-chunk product's output arrays are the kernel's own buffer blocks
+    (``AppendBuffer::release``): they stay intact while later products (other sizes, the
+    same kernel) run and take blocks from the pool, and each equals scipy's product."""
+    rng = np.random.default_rng(seed)
+    held = []
+
+    def run():
+        for n, density in sizes:
+            n = min(n, 700) if density == 1.0 else n
+            a = sp.random_array((n, n), density=density, format="csr", dtype=dtype, rng=rng)
+            a.indptr, a.indices = a.indptr.astype(index), a.indices.astype(index)
+            held.append((scorch.einsum("ij,jk->ik", scorch.from_scipy(a), scorch.from_scipy(a)), a @ a))
+    _one_thread(run)
+    for C, expect in held:
+        torch.testing.assert_close(C.to_dense(), torch.from_numpy(expect.toarray()))
+        assert_rows_sorted_unique(C)
+
+
+def test_released_buffers_return_to_the_pool():
+    """When an output that took a kernel's buffer blocks dies, the blocks go back to that
+    kernel module's pool: the next call writes into the same memory (no fresh pages)."""
+    rng = np.random.default_rng(3)
+    a = sp.random_array((3000, 3000), density=0.003, format="csr", dtype=np.float32, rng=rng)
+    A = scorch.from_scipy(a)
+
+    def crd_address():
+        C = scorch.einsum("ij,jk->ik", A, A)
+        return C._storage.levels[-1].crd.data_ptr(), C._storage.values.data_ptr()
+    _one_thread(crd_address)   # compiled, the pool holds the blocks
+    first = _one_thread(crd_address)
+    assert _one_thread(crd_address) == first

@@ -24,7 +24,8 @@ workspace empty for the next fiber::
         del ws
 
 ``AppendBuffer[T]`` is a growable array whose ``grow(k)`` adds k uninitialized slots (a
-workspace drains into them): kernels collect each chunk's output entries in one.
+workspace drains into them): kernels collect each chunk's output entries in one;
+``release`` hands its block to an output array, which gives it back with ``pool_give``.
 
 ``size()`` gives the number of distinct coordinates (for a counting pass that sizes the
 output before a fill pass); ``drain_unsorted`` (dense only) skips the sort; ``scatter(out)``
@@ -67,6 +68,8 @@ cdef extern from "workspace.h" namespace "scorch" nogil:
 
     void dense_ws_drain[K, I, V](K* touched, int64_t k, int64_t lo, int64_t hi, V* values,
                                  uint8_t* mark, I* crd, V* vals, K* tmp)
+    void dense_ws_drain_list[I, V](int32_t* touched, int64_t k, V* values, uint8_t* mark, I* crd,
+                                   V* vals, int32_t* tmp)
     void dense_ws_drain_unsorted[K, I, V](K* touched, int64_t k, int64_t lo, int64_t hi,
                                           V* values, uint8_t* mark, I* crd, V* vals, K* tmp)
 
@@ -85,3 +88,6 @@ cdef extern from "workspace.h" namespace "scorch" nogil:
         T* grow(int64_t k)
         T* data()
         int64_t size()
+        T* release(size_t* nbytes)
+
+    void pool_give(void* p, size_t nbytes)

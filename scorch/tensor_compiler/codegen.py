@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from .loop_ir import (AddTo, ArgSpec, AppendEntry, Assign, Call, ChunkFunction, DenseOutput, For, If,
@@ -403,6 +404,16 @@ def _rows_epilogue(k: Kernel, w, fn: str) -> None:
     w("    if offs[nchunks] != total:")
     w("        raise RuntimeError('scorch kernel: row counts and appended entries disagree')")
     w(f"    cdef bint wide = max(total, P, {', '.join(f'a.N_{v}' for v in o.level_vars)}) > 2147483647")
+    it, vt = o.index_type, k.value_type
+    # one chunk in the output's index type: its buffers are the output (POOLED_DECL)
+    w("    cdef size_t nbytes")
+    w("    cdef void* block")
+    w(f"    if nchunks == 1 and total > 0 and wide == {it == 'int64_t'}:")
+    w("        block = crds[0].release(&nbytes)   # (C leaves argument order open)")
+    w(f"        crd_arr = _pooled(block, nbytes, total, sizeof({it}), '{'<i8' if it == 'int64_t' else '<i4'}')")
+    w("        block = vals[0].release(&nbytes)")
+    w(f"        val_arr = _pooled(block, nbytes, total, sizeof({vt}), '{np.dtype(k.np_value_type).str}')")
+    w(f"        return pos_arr{'' if it == 'int64_t' else '.astype(np.int32)'}, crd_arr, val_arr")
     _gather_chunks(k, w, "vals[t].size()", "crds[t].data()", "vals[t].data()")
     w("    return (pos_arr if wide else pos_arr.astype(np.int32)), crd_arr, val_arr")
 

@@ -10,7 +10,7 @@ from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t
 from libc.string cimport memcpy, memset
 from libcpp.vector cimport vector
 from scorch._runtime.workspace cimport (AppendBuffer, DenseScratch, SparseWorkspace,
-                                        dense_scratch, dense_ws_drain)
+                                        dense_scratch, dense_ws_drain_list)
 from cython.operator cimport dereference as deref, preincrement as inc
 from cython.parallel cimport prange
 import numpy as np
@@ -21,6 +21,19 @@ cdef size_t _addr(object arr) except? 0:
     cdef size_t p = <size_t>view.buf
     PyBuffer_Release(&view)
     return p
+from cpython.pycapsule cimport PyCapsule_New, PyCapsule_GetPointer, PyCapsule_GetContext, PyCapsule_SetContext
+from scorch._runtime.workspace cimport pool_give
+from scorch.tensor_compiler.allocate import pooled_array as _pooled_array
+cdef void _give_block(object cap) noexcept:
+    pool_give(PyCapsule_GetPointer(cap, NULL), <size_t>PyCapsule_GetContext(cap))
+cdef object _pooled(void* p, size_t nbytes, int64_t n, int64_t itemsize, str typestr):
+    cap = PyCapsule_New(p, NULL, _give_block)
+    PyCapsule_SetContext(cap, <void*>nbytes)
+    if 2 * n * itemsize >= <int64_t>nbytes:
+        return _pooled_array(cap, <size_t>p, n, typestr)
+    arr = np.empty(n * itemsize, dtype=np.uint8)
+    memcpy(<void*>_addr(arr), p, n * itemsize)
+    return arr.view(typestr)
 
 cdef struct Args:
     int64_t N_i
@@ -42,8 +55,6 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* o
     cdef uint8_t* wm
     cdef int32_t* wl
     cdef int64_t wc
-    cdef int64_t wlo
-    cdef int64_t whi
     cdef int64_t wsize
     cdef DenseScratch[float]* wsp
     cdef int64_t c_i
@@ -70,8 +81,6 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* o
     for c_i in range(clo, chi):
         p0_0 = c_i
         wc = 0
-        wlo = wsize
-        whi = -1
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
         for q0_1 in range(q0_1, h0_1):
@@ -87,14 +96,12 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* o
                 wv[wkey] = wv[wkey] + (a.t0_vals[q0_1] * a.t1_vals[q1_1])
                 wl[wc] = <int32_t>wkey
                 wc = wc + wnew
-                wlo = wkey if wkey < wlo else wlo
-                whi = wkey if wkey > whi else whi
         wn = wc
         if wn:
             wb = deref(oval).size()
             deref(oval).grow(wn)
             deref(ocrd).grow(wn)
-            dense_ws_drain[int32_t, int32_t, float](wl, wc, wlo, whi, wv, wm, deref(ocrd).data() + wb, deref(oval).data() + wb, wsp.sort_tmp)
+            dense_ws_drain_list[int32_t, float](wl, wc, wv, wm, deref(ocrd).data() + wb, deref(oval).data() + wb, wsp.sort_tmp)
             a.out_pos[c_i + 1] += wn
 
 cdef void run_chunk_map(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* ocrd, AppendBuffer[float]* oval) noexcept nogil:
@@ -202,6 +209,14 @@ def kernel(list args, int nthreads, int panel=0):
     if offs[nchunks] != total:
         raise RuntimeError('scorch kernel: row counts and appended entries disagree')
     cdef bint wide = max(total, P, a.N_i, a.N_k) > 2147483647
+    cdef size_t nbytes
+    cdef void* block
+    if nchunks == 1 and total > 0 and wide == False:
+        block = crds[0].release(&nbytes)   # (C leaves argument order open)
+        crd_arr = _pooled(block, nbytes, total, sizeof(int32_t), '<i4')
+        block = vals[0].release(&nbytes)
+        val_arr = _pooled(block, nbytes, total, sizeof(float), '<f4')
+        return pos_arr.astype(np.int32), crd_arr, val_arr
     crd_arr = np.empty(total, dtype=np.int64 if wide else np.int32)
     val_arr = np.empty(total, dtype=np.float32)
     cdef size_t cp = _addr(crd_arr), vp = _addr(val_arr)

@@ -73,7 +73,7 @@ def _workspace_setup(n: Nest) -> Tuple[List[Stmt], List[Stmt]]:
         # to allocate per thread: the thread's own arrays, kept across calls (no
         # allocation, no zeroing)
         for name, ct in (("wv", f.vt + "*"), ("wm", "uint8_t*"), ("wl", "int32_t*"),
-                         ("wc", "int64_t"), ("wlo", "int64_t"), ("whi", "int64_t"),
+                         ("wc", "int64_t"),
                          ("wsize", "int64_t"), ("wsp", f"DenseScratch[{f.vt}]*")):
             d.need(name, ct)
         return ([Assign("wsize", size), Assign("wsp", f"dense_scratch[{f.vt}](wsize + 1)"),
@@ -182,7 +182,7 @@ def _imports(f: KernelFacts, short_module: bool) -> Tuple[str, ...]:
             lines.append(f"    void {STREAM_PREFETCH}(const void*) noexcept nogil")
     if out.mode == "ws" and f.rt_ws:
         lines.append("from scorch._runtime.workspace cimport (AppendBuffer, DenseScratch, SparseWorkspace,\n"
-                     "                                        dense_scratch, dense_ws_drain)")
+                     "                                        dense_scratch, dense_ws_drain_list)")
         if out.unsorted:
             lines.append("from scorch._runtime.workspace cimport dense_ws_drain_unsorted")
     elif f.rows and not f.row_room:
@@ -196,6 +196,8 @@ def _imports(f: KernelFacts, short_module: bool) -> Tuple[str, ...]:
     if not out.dense and out.pattern < 0:
         lines.append("import numpy as np")
         lines += list(ADDRESS_OF_DECL)
+        if f.rows and not f.row_room:
+            lines += list(POOLED_DECL)
     return tuple(lines)
 
 
@@ -210,6 +212,28 @@ ADDRESS_OF_DECL = (
     "    cdef size_t p = <size_t>view.buf",
     "    PyBuffer_Release(&view)",
     "    return p",
+)
+
+
+#: an output array over a block an AppendBuffer released (its entries, no copy into fresh
+#: pages: for 4elt A @ A^T the copy and its page faults were ~8 % of the call); the array's
+#: base, a capsule, gives the block back to this module's pool (each kernel module has its
+#: own) when the array dies. A block less than half used is copied out instead (the
+#: result would hold up to twice its memory).
+POOLED_DECL = (
+    "from cpython.pycapsule cimport PyCapsule_New, PyCapsule_GetPointer, PyCapsule_GetContext, PyCapsule_SetContext",
+    "from scorch._runtime.workspace cimport pool_give",
+    "from scorch.tensor_compiler.allocate import pooled_array as _pooled_array",
+    "cdef void _give_block(object cap) noexcept:",
+    "    pool_give(PyCapsule_GetPointer(cap, NULL), <size_t>PyCapsule_GetContext(cap))",
+    "cdef object _pooled(void* p, size_t nbytes, int64_t n, int64_t itemsize, str typestr):",
+    "    cap = PyCapsule_New(p, NULL, _give_block)",
+    "    PyCapsule_SetContext(cap, <void*>nbytes)",
+    "    if 2 * n * itemsize >= <int64_t>nbytes:",
+    "        return _pooled_array(cap, <size_t>p, n, typestr)",
+    "    arr = np.empty(n * itemsize, dtype=np.uint8)",
+    "    memcpy(<void*>_addr(arr), p, n * itemsize)",
+    "    return arr.view(typestr)",
 )
 
 

@@ -168,8 +168,7 @@ def leaf(n: Nest, st: Cursor) -> Tuple[Stmt, ...]:
             d.need("wnew", "int")
             body += [Assign("wnew", "1 - wm[wkey]"), Assign("wm[wkey]", "1"),
                      Assign("wv[wkey]", f"wv[wkey] + {val}"), Assign("wl[wc]", "<int32_t>wkey"),
-                     Assign("wc", "wc + wnew"), Assign("wlo", "wkey if wkey < wlo else wlo"),
-                     Assign("whi", "wkey if wkey > whi else whi")]
+                     Assign("wc", "wc + wnew")]   # the range: at the drain (touched_range)
     else:
         d.need("wkey")
         d.need("wref", f.vt + "*")
@@ -292,7 +291,7 @@ def before_loop(n: Nest, depth: int, st: Cursor) -> List[Stmt]:
         stmts.append(Call("ws.clear()"))
     if out.mode == "ws" and depth == out.ws_depth and f.rt_ws and not n.variant.ws_map:
         # a new fiber: values and marks are already clear (the drain cleared them)
-        stmts += [Assign("wc", "0"), Assign("wlo", "wsize"), Assign("whi", "-1")]
+        stmts.append(Assign("wc", "0"))
     if out.mode in ("acc", "dense") and depth == out.acc_depth:
         d.need("acc", f.vt)
         stmts.append(Assign("acc", reduce_identity(f.s.assignment.reduce, f.vt)))
@@ -313,10 +312,9 @@ def _drain_call(n: Nest, it: str, crd: str, vals: str) -> Call:
         return Call(f"ws.drain({crd}, {vals}, 0)")
     if n.facts.s.output.unsorted and n.facts.rows:
         # einsum(..., sorted=False), rows assembly: the fiber in insertion order, no sort
-        return Call(f"dense_ws_drain_unsorted[int32_t, {it}, {n.facts.vt}](wl, wc, wlo, whi, wv, wm, "
+        return Call(f"dense_ws_drain_unsorted[int32_t, {it}, {n.facts.vt}](wl, wc, 0, -1, wv, wm, "
                     f"{crd}, {vals}, wsp.sort_tmp)")
-    return Call(f"dense_ws_drain[int32_t, {it}, {n.facts.vt}](wl, wc, wlo, whi, wv, wm, {crd}, "
-                f"{vals}, wsp.sort_tmp)")
+    return Call(f"dense_ws_drain_list[{it}, {n.facts.vt}](wl, wc, wv, wm, {crd}, {vals}, wsp.sort_tmp)")
 
 
 def _drain_runtime(n: Nest) -> List[Stmt]:
