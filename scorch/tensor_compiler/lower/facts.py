@@ -25,6 +25,7 @@ __all__ = ["UNPREDICTABLE", "UNPREDICTABLE_DECL", "CTYPES", "NPTYPES", "ITYPES",
            "SHORT_ROWS_BY_DTYPE", "PREFETCH_DISTANCE", "PREFETCH_MIN_BYTES", "STREAM_BLOCK", "STREAM_DISTANCE",
            "STREAM_MIN_BYTES", "STREAM_MIN_GATHER_BYTES", "GATHER_DOT_LANES", "gathered", "short_rows_limit",
            "DOT_PREFETCH_BYTES", "dot_gathers", "dot_prefetch_distance", "DOT_ENTRIES", "dot_entries_type",
+           "dot_row_shared",
            "reads_strided",
            "short_rows", "unit_stride_accesses", "relayouts", "gather_relayouts", "LoopLevels",
            "KernelFacts", "kernel_facts", "cvar", "ws_size"]
@@ -250,6 +251,19 @@ def dot_prefetch_distance(width: int, vt: str) -> int:
 #: 1 thread, C as n x K, under load: Groebner K = 32 0.363 -> 0.288 ms, K = 128 1.13 ->
 #: 0.96 ms, 4elt K = 128 0.975 -> 0.849 ms)
 DOT_ENTRIES = 4
+
+
+def dot_row_shared(nvec: int, entries: int, registers: int) -> bool:
+    """Whether ``entries`` vector dots run together read the row they share (SDDMM's
+    ``B[i, :]``, ``nvec`` vectors) vector by vector for all of them at once: when the row
+    and one sum per entry do not fit in half the vector registers (the other half for the
+    gathered vectors and gcc's partial sums), each dot on its own reloads most of the
+    row. AVX2 K = 128: 16 ymm a row, 66 loads of 256 bits per 4 entries instead of 125
+    (kernel only, 1 thread, C as n x K, in-process A/B under load: bcspwr10 1.04-1.33x,
+    4elt 1.01-1.08x, Groebner 0.93-1.13x, uniform16 1.11x; C in L1 8.9 -> 7.1 ns an
+    entry). AVX2 K = 32 (4 ymm) and every AVX-512 width up to K = 128 (8 zmm) keep the
+    row in registers: unchanged."""
+    return nvec + entries > registers // 2
 
 
 def _entries_step_ok(s: Schedule) -> bool:

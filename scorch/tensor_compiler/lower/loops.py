@@ -33,10 +33,11 @@ from ..levels import LevelPlan, group_end, segment_setup
 from ..loop_ir import AddTo, Assign, Call, For, If, LevelCode, Stmt, While
 from ..target import value_bytes
 from .facts import (CACHE_LINE, DOT_ENTRIES, PREFETCH_DISTANCE, UNPREDICTABLE, LoopLevels, cvar,
-                    dot_entries_type, dot_prefetch_distance)
+                    dot_entries_type, dot_prefetch_distance, dot_row_shared)
 from .nest import Cursor, Nest
 from .register_tile import register_tile
-from .output import after_loop, before_loop, leaf, presence, row_room, value, vector_leaf
+from .output import (_product, _product_split, after_loop, before_loop, leaf, presence, row_room,
+                     value, vector_leaf)
 
 __all__ = ["loop_nest"]
 
@@ -235,26 +236,56 @@ def _dot_entries(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor, hi: str) ->
     if D and f.row_gathers:
         body.append(If(f"{q} < pfe - {U - 1}", tuple(
             c for u in range(U) for c in _dot_gather_rows(n, lp, st, f"{q} + {D + u}"))))
-    sums = []
+    sums, cursors, offsets = [], [], []
     for u in range(U):
         at = f"{q} + {u}" if u else q
         cu = st.child()
         cu.pos[lv.access] = at
+        offsets.append([])
         for ap in f.s.accesses:
             if ap.sparse or lp.var not in ap.indices:
                 continue
             o = d.need(f"o{ap.id}_{lp.depth}_{u}")
             row = f"{lv.crd}[{at}] * a.t{ap.id}_st_{lp.var}"
             prev = st.off[ap.id]
-            body.append(Assign(o, row if prev == "0" else f"{prev} + {row}"))
+            offsets[u].append(Assign(o, row if prev == "0" else f"{prev} + {row}"))
             cu.off[ap.id] = o
-        dv = d.need(f"dv{u}", vtype)
-        body.append(Assign(dv, " + ".join(value(n, f.s.assignment.rhs, cu, c * lanes)
-                                          for c in range(W // lanes))))
-        sums.append(dv)
+        cursors.append(cu)
+        sums.append(d.need(f"dv{u}", vtype))
+    body += _entry_dots(n, cursors, sums, offsets, W // lanes)
     body += [Assign(f"(<{quad}*>(a.out_vals + {q}))[0]", f"{vtype}_hsum4({', '.join(sums)})"),
              AddTo(q, str(U))]
     return [While(f"{q} + {U - 1} < {hi}", tuple(body), "dot entries")]
+
+
+def _entry_dots(n: Nest, cursors: List[Cursor], sums: List[str], offsets: List[List[Stmt]],
+                nvec: int) -> List[Stmt]:
+    """The vector dots of ``DOT_ENTRIES`` stored entries (one cursor, sum and list of
+    row-offset statements each).
+    Where the row they share does not stay in registers (``dot_row_shared``) they run
+    vector by vector of the row, each shared vector loaded once for all entries, and the
+    factors the dot does not stream (``S[i, j]``, ``_product_split``) multiply each sum
+    once; otherwise (or when the right-hand side is not such a product) one expression an
+    entry."""
+    f = n.facts
+    lanes, vtype = f.vector(n.variant.width)
+    rhs = f.s.assignment.rhs
+    split = _product_split(n, rhs)
+    body: List[Stmt] = []
+    if split is None or not dot_row_shared(nvec, len(sums), f.target.vector_registers):
+        for dv, cu, offs in zip(sums, cursors, offsets):
+            body += offs
+            body.append(Assign(dv, " + ".join(value(n, rhs, cu, c * lanes) for c in range(nvec))))
+        return body
+    sca, vec = split
+    body = [a for offs in offsets for a in offs]
+    for c in range(nvec):
+        for dv, cu in zip(sums, cursors):
+            term = value(n, _product(vec), cu, c * lanes)
+            body.append(Assign(dv, term if c == 0 else f"{dv} + {term}"))
+    if sca:
+        body += [Assign(dv, f"{dv} * {value(n, _product(sca), cu)}") for dv, cu in zip(sums, cursors)]
+    return body
 
 
 def _loop(n: Nest, lp: LoopLevels, st: Cursor) -> List[Stmt]:
