@@ -359,9 +359,7 @@ inline void dense_ws_drain_list(int32_t* touched, int64_t k, V* values, uint8_t*
 // coordinates of a fiber unique but in no particular order): no marks scan, no rank or radix
 // sort; the touched values and marks are cleared as they are read.
 template <typename K, typename I, typename V>
-inline void dense_ws_drain_unsorted(K* touched, int64_t k, int64_t lo, int64_t hi, V* values,
-                                    uint8_t* mark, I* crd, V* vals, K* tmp) {
-  (void)lo; (void)hi; (void)tmp;
+inline void dense_ws_drain_unsorted(K* touched, int64_t k, V* values, uint8_t* mark, I* crd, V* vals) {
   drain_in_order(touched, k, values, mark, crd, vals);
 }
 

@@ -70,8 +70,8 @@ cdef extern from "workspace.h" namespace "scorch" nogil:
                                  uint8_t* mark, I* crd, V* vals, K* tmp)
     void dense_ws_drain_list[I, V](int32_t* touched, int64_t k, V* values, uint8_t* mark, I* crd,
                                    V* vals, int32_t* tmp)
-    void dense_ws_drain_unsorted[K, I, V](K* touched, int64_t k, int64_t lo, int64_t hi,
-                                          V* values, uint8_t* mark, I* crd, V* vals, K* tmp)
+    void dense_ws_drain_unsorted[K, I, V](K* touched, int64_t k, V* values, uint8_t* mark, I* crd,
+                                          V* vals)
 
     cdef cppclass DenseScratch[V]:
         V* values

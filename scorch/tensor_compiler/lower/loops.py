@@ -36,7 +36,7 @@ from .facts import (CACHE_LINE, DOT_ENTRIES, PREFETCH_DISTANCE, UNPREDICTABLE, L
                     dot_entries_type, dot_prefetch_distance, dot_row_shared)
 from .nest import Cursor, Nest
 from .register_tile import register_tile
-from .output import (_product, _product_split, after_loop, before_loop, leaf, presence, row_room,
+from .output import (after_loop, before_loop, leaf, presence, product_of, product_split, row_room,
                      value, vector_leaf)
 
 __all__ = ["loop_nest"]
@@ -264,13 +264,13 @@ def _entry_dots(n: Nest, cursors: List[Cursor], sums: List[str], offsets: List[L
     row-offset statements each).
     Where the row they share does not stay in registers (``dot_row_shared``) they run
     vector by vector of the row, each shared vector loaded once for all entries, and the
-    factors the dot does not stream (``S[i, j]``, ``_product_split``) multiply each sum
+    factors the dot does not stream (``S[i, j]``, ``product_split``) multiply each sum
     once; otherwise (or when the right-hand side is not such a product) one expression an
     entry."""
     f = n.facts
     lanes, vtype = f.vector(n.variant.width)
     rhs = f.s.assignment.rhs
-    split = _product_split(n, rhs)
+    split = product_split(n, rhs)
     body: List[Stmt] = []
     if split is None or not dot_row_shared(nvec, len(sums), f.target.vector_registers):
         for dv, cu, offs in zip(sums, cursors, offsets):
@@ -281,10 +281,10 @@ def _entry_dots(n: Nest, cursors: List[Cursor], sums: List[str], offsets: List[L
     body = [a for offs in offsets for a in offs]
     for c in range(nvec):
         for dv, cu in zip(sums, cursors):
-            term = value(n, _product(vec), cu, c * lanes)
+            term = value(n, product_of(vec), cu, c * lanes)
             body.append(Assign(dv, term if c == 0 else f"{dv} + {term}"))
     if sca:
-        body += [Assign(dv, f"{dv} * {value(n, _product(sca), cu)}") for dv, cu in zip(sums, cursors)]
+        body += [Assign(dv, f"{dv} * {value(n, product_of(sca), cu)}") for dv, cu in zip(sums, cursors)]
     return body
 
 

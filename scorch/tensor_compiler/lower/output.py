@@ -18,7 +18,8 @@ from ..loop_ir import AddTo, AppendEntry, Assign, Call, For, If, RowEnd, Stmt, W
 from .facts import UNPREDICTABLE, cvar, reduce_identity, reduce_into
 from .nest import Cursor, Nest
 
-__all__ = ["value", "presence", "leaf", "vector_leaf", "before_loop", "after_loop", "row_room"]
+__all__ = ["value", "presence", "leaf", "vector_leaf", "before_loop", "after_loop", "row_room",
+           "product_split", "product_of"]
 
 
 def value(n: Nest, e: Expr, st: Cursor, vec_at: Optional[int] = None) -> str:
@@ -201,13 +202,13 @@ def _scalars_first(n: Nest, e: Expr) -> Expr:
     vectors, regrouped as (scalars) * (vectors): the scalars multiply once per iteration
     and each vector gets one FMA (the MoE forward's ``x[b,d] * G[b,n]`` times
     ``E[n,d,:]``: one FMA a vector instead of two multiplies and an add)."""
-    split = _product_split(n, e)
+    split = product_split(n, e)
     if split is None or len(split[0]) < 2:
         return e
-    return Mul(_product(split[0]), _product(split[1]))
+    return Mul(product_of(split[0]), product_of(split[1]))
 
 
-def _product_split(n: Nest, e: Expr) -> Optional[Tuple[List[Expr], List[Expr]]]:
+def product_split(n: Nest, e: Expr) -> Optional[Tuple[List[Expr], List[Expr]]]:
     """A product's factors as (scalars, vectors): those the innermost loop does not index
     and those it does (None: not a product of accesses and constants, or no vector)."""
     factors: List[Expr] = []
@@ -227,7 +228,8 @@ def _product_split(n: Nest, e: Expr) -> Optional[Tuple[List[Expr], List[Expr]]]:
     return (sca, vec) if vec else None
 
 
-def _product(xs: List[Expr]) -> Expr:
+def product_of(xs: List[Expr]) -> Expr:
+    """The factors multiplied back into one expression, in order."""
     out = xs[0]
     for x in xs[1:]:
         out = Mul(out, x)
@@ -247,10 +249,10 @@ def inner_sum(n: Nest) -> Optional[Tuple[Expr, Expr]]:
     if (n.variant.width is not None or s.assignment.reduce != "sum" or out.mode not in ("acc", "dense")
             or not 0 <= out.acc_depth < last or f.vt not in ("float", "double")):
         return None
-    split = _product_split(n, s.assignment.rhs)
+    split = product_split(n, s.assignment.rhs)
     if split is None or not split[0]:
         return None
-    return _product(split[0]), _product(split[1])
+    return product_of(split[0]), product_of(split[1])
 
 
 def _row_start(n: Nest, st: Cursor) -> List[Stmt]:
@@ -312,8 +314,7 @@ def _drain_call(n: Nest, it: str, crd: str, vals: str) -> Call:
         return Call(f"ws.drain({crd}, {vals}, 0)")
     if n.facts.s.output.unsorted and n.facts.rows:
         # einsum(..., sorted=False), rows assembly: the fiber in insertion order, no sort
-        return Call(f"dense_ws_drain_unsorted[int32_t, {it}, {n.facts.vt}](wl, wc, 0, -1, wv, wm, "
-                    f"{crd}, {vals}, wsp.sort_tmp)")
+        return Call(f"dense_ws_drain_unsorted[int32_t, {it}, {n.facts.vt}](wl, wc, wv, wm, {crd}, {vals})")
     return Call(f"dense_ws_drain_list[{it}, {n.facts.vt}](wl, wc, wv, wm, {crd}, {vals}, wsp.sort_tmp)")
 
 
