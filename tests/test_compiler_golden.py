@@ -1,4 +1,5 @@
-"""Golden tests of the generated Cython for SpMM, SDDMM and SpGEMM.
+"""Golden tests of the generated Cython for SpMM, SDDMM and SpGEMM, and of the C++ that
+SpMM's and SDDMM's (dense or in-place outputs: a C entry) are built from.
 
 Regenerate after an intended codegen change with
 ``SCORCH_REGEN_GOLDEN=1 python -m pytest tests/test_compiler_golden.py`` and review the diff."""
@@ -10,6 +11,7 @@ import torch
 
 from compiler_helpers import rand, sparse
 import scorch.tensor_compiler as C
+from scorch.tensor_compiler import cxx_module
 from scorch.tensor_compiler.target import SOURCE_TAG, use_target
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -38,6 +40,14 @@ def test_golden_source(name):
         path.write_text(src)
     assert path.exists(), f"missing {path}; run with SCORCH_REGEN_GOLDEN=1"
     assert src == path.read_text(), f"generated source for {name} changed; see {path}"
+    if name == "spgemm":         # a sparse output: Cython builds it
+        with pytest.raises(cxx_module.Unsupported):
+            cxx_module.to_cpp(src)
+        return
+    cxx, cxx_path = cxx_module.to_cpp(src), GOLDEN / f"{name}.cpp"
+    if os.environ.get("SCORCH_REGEN_GOLDEN"):
+        cxx_path.write_text(cxx)
+    assert cxx == cxx_path.read_text(), f"the C++ form of {name} changed; see {cxx_path}"
 
 
 def test_golden_sources_compile_and_run():
