@@ -9,6 +9,11 @@
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t
 from libc.string cimport memcpy, memset
 from libcpp.vector cimport vector
+cdef extern from *:
+    """
+    #define scorch_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)
+    """
+    void scorch_prefetch(const void*) noexcept nogil
 from scorch._runtime.workspace cimport (AppendBuffer, DenseScratch, SparseWorkspace,
                                         dense_scratch, dense_ws_drain_list)
 from cython.operator cimport dereference as deref, preincrement as inc
@@ -63,6 +68,8 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* o
     cdef int64_t q0_1
     cdef int64_t h0_1
     cdef int64_t e0_1
+    cdef int64_t pse
+    cdef int64_t psr
     cdef int64_t p1_0
     cdef int64_t c_k
     cdef int64_t q1_1
@@ -83,8 +90,14 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* o
         wc = 0
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
+        pse = <int64_t>a.t0_pos1[a.N_i] - 16
         for q0_1 in range(q0_1, h0_1):
             c_j = a.t0_crd1[q0_1]
+            if q0_1 < pse:
+                scorch_prefetch(a.t1_pos1 + a.t0_crd1[q0_1 + 16])
+                psr = a.t1_pos1[a.t0_crd1[q0_1 + 8]]
+                scorch_prefetch(a.t1_crd1 + psr)
+                scorch_prefetch(a.t1_vals + psr)
             p1_0 = c_j
             q1_1 = a.t1_pos1[p1_0]
             h1_1 = a.t1_pos1[p1_0 + 1]
@@ -113,6 +126,8 @@ cdef void run_chunk_map(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t
     cdef int64_t q0_1
     cdef int64_t h0_1
     cdef int64_t e0_1
+    cdef int64_t pse
+    cdef int64_t psr
     cdef int64_t p1_0
     cdef int64_t c_k
     cdef int64_t q1_1
@@ -126,8 +141,14 @@ cdef void run_chunk_map(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t
         p0_0 = c_i
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
+        pse = <int64_t>a.t0_pos1[a.N_i] - 16
         for q0_1 in range(q0_1, h0_1):
             c_j = a.t0_crd1[q0_1]
+            if q0_1 < pse:
+                scorch_prefetch(a.t1_pos1 + a.t0_crd1[q0_1 + 16])
+                psr = a.t1_pos1[a.t0_crd1[q0_1 + 8]]
+                scorch_prefetch(a.t1_crd1 + psr)
+                scorch_prefetch(a.t1_vals + psr)
             p1_0 = c_j
             q1_1 = a.t1_pos1[p1_0]
             h1_1 = a.t1_pos1[p1_0 + 1]

@@ -172,7 +172,7 @@ def _imports(f: KernelFacts, short_module: bool) -> Tuple[str, ...]:
     elif f.cache_panels:   # the panels' argument blocks
         lines.append("from libc.stdlib cimport malloc, free")
     lines.append("from libcpp.vector cimport vector")
-    if f.gathers or f.row_gathers:
+    if f.gathers or f.row_gathers or f.chases:
         lines += ["cdef extern from *:", '    """',
                   "    #define scorch_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)"]
         if short_module:
