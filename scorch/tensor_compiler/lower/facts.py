@@ -25,7 +25,7 @@ __all__ = ["UNPREDICTABLE", "UNPREDICTABLE_DECL", "CTYPES", "NPTYPES", "ITYPES",
            "SHORT_ROWS_BY_DTYPE", "PREFETCH_DISTANCE", "PREFETCH_MIN_BYTES", "STREAM_BLOCK", "STREAM_DISTANCE",
            "STREAM_MIN_BYTES", "STREAM_MIN_GATHER_BYTES", "GATHER_DOT_LANES", "gathered", "short_rows_limit",
            "DOT_PREFETCH_BYTES", "dot_gathers", "dot_prefetch_distance", "DOT_ENTRIES", "dot_entries_type",
-           "dot_row_shared", "SEGMENT_PREFETCH_DISTANCE", "chased_segments",
+           "dot_row_shared", "SEGMENT_PREFETCH_DISTANCE", "chased_segments", "level_entries", "fiber_products",
            "reads_strided",
            "short_rows", "unit_stride_accesses", "relayouts", "gather_relayouts", "LoopLevels",
            "KernelFacts", "kernel_facts", "cvar", "ws_size"]
@@ -465,6 +465,38 @@ def chased_segments(loops: Sequence["LoopLevels"], depth: int) -> Tuple[LevelPla
     roots = {loc.access for loc in lp.locs if loc.k == 0}
     return tuple(lv for lv in nl.iters
                  if lv.access in roots and lv.k == 1 and lv.has_pos and not lv.grouped)
+
+
+def level_entries(f: "KernelFacts", lv: LevelPlan) -> str:
+    """How many entries level ``lv``'s coordinate array holds (a C expression): a level with
+    ``pos`` has ``pos[P]`` for its parent's ``P`` positions, a dense level ``P * N``, a
+    level without ``pos`` shares its parent's positions (``P``)."""
+    total = "1"
+    for up in f.s.accesses[lv.access].levels[:lv.k + 1]:
+        if up.locates:
+            total = f"a.N_{up.var}" if total == "1" else f"{total} * a.N_{up.var}"
+        elif up.has_pos:
+            total = f"<int64_t>{up.pos}[{total}]"
+    return total
+
+
+def fiber_products(f: "KernelFacts") -> Optional[str]:
+    """The mean number of leaf visits per workspace fiber (a C double expression): the
+    product, over the loops the workspace wraps, of their extents (dense loops) or their
+    level's mean segment (entries over parent positions; SpGEMM: ``nnz(A) / N_i *
+    nnz(B) / N_j``). None where a loop is neither."""
+    terms = []
+    for lp in f.loops[max(f.s.output.ws_depth, 0):]:
+        if lp.kind == "dense" and not lp.iters:
+            terms.append(f"<double>a.N_{lp.var}")
+        elif lp.kind == "segment" and len(lp.iters) == 1 and lp.iters[0].has_pos and not lp.iters[0].grouped:
+            lv = lp.iters[0]
+            up = f.s.accesses[lv.access].levels[lv.k - 1] if lv.k else None
+            parent = level_entries(f, up) if up is not None else "1"
+            terms.append(f"<double>{level_entries(f, lv)} / max(<double>{parent}, 1.0)")
+        else:
+            return None
+    return " * ".join(terms) if terms else None
 
 
 @dataclass(frozen=True)

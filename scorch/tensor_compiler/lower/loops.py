@@ -33,7 +33,7 @@ from ..levels import LevelPlan, group_end, segment_setup
 from ..loop_ir import AddTo, Assign, Call, For, If, LevelCode, Stmt, While
 from ..target import value_bytes
 from .facts import (CACHE_LINE, DOT_ENTRIES, PREFETCH_DISTANCE, SEGMENT_PREFETCH_DISTANCE, UNPREDICTABLE,
-                    LoopLevels, chased_segments, cvar, dot_entries_type, dot_prefetch_distance,
+                    LoopLevels, chased_segments, cvar, level_entries, dot_entries_type, dot_prefetch_distance,
                     dot_row_shared)
 from .nest import Cursor, Nest
 from .register_tile import register_tile
@@ -159,19 +159,6 @@ def _prefetch(n: Nest, lp: LoopLevels, st: Cursor) -> List[Stmt]:
     return [If(f"{lv.q} < pfe", tuple(calls))]
 
 
-def _entries(n: Nest, lv: LevelPlan) -> str:
-    """How many entries level ``lv``'s coordinate array holds (a C expression): a level with
-    ``pos`` has ``pos[P]`` for its parent's ``P`` positions, a dense level ``P * N``, a
-    level without ``pos`` shares its parent's positions (``P``)."""
-    total = "1"
-    for up in n.facts.s.accesses[lv.access].levels[:lv.k + 1]:
-        if up.locates:
-            total = f"a.N_{up.var}" if total == "1" else f"{total} * a.N_{up.var}"
-        elif up.has_pos:
-            total = f"<int64_t>{up.pos}[{total}]"
-    return total
-
-
 def _above_dot(n: Nest, lp: LoopLevels) -> bool:
     """The loop ``lp`` wraps a fixed-width vector dot (the variant's innermost loop)."""
     f = n.facts
@@ -213,7 +200,7 @@ def _dot_prefetch(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor) -> Tuple[L
     if not D:
         return [], []
     pfe = n.decls.need("pfe")
-    return ([Assign(pfe, f"{_entries(n, lv)} - {D}")],
+    return ([Assign(pfe, f"{level_entries(n.facts, lv)} - {D}")],
             [If(f"{lv.q} < pfe", tuple(_dot_gather_rows(n, lp, st, f"{lv.q} + {D}")))])
 
 
@@ -234,7 +221,7 @@ def _segment_prefetch(n: Nest, lp: LoopLevels, lv: LevelPlan) -> Tuple[List[Stmt
                   Assign(sr, f"{b.pos}[{lv.crd}[{lv.q} + {D}]]"), Call(f"scorch_prefetch({b.crd} + {sr})")]
         if b.k == len(n.facts.s.accesses[b.access].levels) - 1:
             calls.append(Call(f"scorch_prefetch(a.t{b.access}_vals + {sr})"))
-    return [Assign(pse, f"{_entries(n, lv)} - {2 * D}")], [If(f"{lv.q} < {pse}", tuple(calls))]
+    return [Assign(pse, f"{level_entries(n.facts, lv)} - {2 * D}")], [If(f"{lv.q} < {pse}", tuple(calls))]
 
 
 def _dot_entries(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor, hi: str) -> List[Stmt]:
