@@ -266,6 +266,32 @@ inline void net_drain(const int32_t* touched, int64_t k, V* values, uint8_t* mar
 #define SCORCH_NET_SORT 1
 #endif
 
+// The marks of coordinates [lo, end) scanned eight at a time (lo a multiple of 8; marks
+// padded by 8 bytes past the extent), each marked coordinate and its value to crd/vals in
+// order, values and marks cleared; returns the number of entries. The sorted read-out of
+// a fiber dense in its range (dense_ws_drain), and of one kept without a touched list (its
+// adds only mark: kernels' run_chunk_scan, over the whole extent, for fibers that mark at
+// least one coordinate in eight on average, where the list's bookkeeping costs more).
+template <typename I, typename V>
+inline int64_t dense_ws_drain_scan(V* values, uint8_t* mark, int64_t lo, int64_t end, I* crd, V* vals) {
+  int64_t out = 0;
+  for (int64_t base = lo; base < end; base += 8) {
+    uint64_t word;
+    std::memcpy(&word, mark + base, 8);
+    if (!word) continue;
+    std::memset(mark + base, 0, 8);
+    while (word) {
+      const int64_t c = base + (__builtin_ctzll(word) >> 3);
+      crd[out] = static_cast<I>(c);
+      vals[out] = values[c];
+      values[c] = V(0);
+      ++out;
+      word &= word - 1;
+    }
+  }
+  return out;
+}
+
 template <typename K, typename I, typename V>
 inline void dense_ws_drain(K* touched, int64_t k, int64_t lo, int64_t hi, V* values,
                            uint8_t* mark, I* crd, V* vals, K* tmp) {
@@ -290,21 +316,7 @@ inline void dense_ws_drain(K* touched, int64_t k, int64_t lo, int64_t hi, V* val
     scan = (hi - c0) / 8 + 1 <= 2 * k * log2k;
   }
   if (scan) {
-    int64_t out = 0;
-    for (int64_t base = c0; base <= hi; base += 8) {
-      uint64_t word;
-      std::memcpy(&word, mark + base, 8);
-      if (!word) continue;
-      std::memset(mark + base, 0, 8);
-      while (word) {
-        const int64_t c = base + (__builtin_ctzll(word) >> 3);
-        crd[out] = static_cast<I>(c);
-        vals[out] = values[c];
-        values[c] = V(0);
-        ++out;
-        word &= word - 1;
-      }
-    }
+    dense_ws_drain_scan(values, mark, c0, hi + 1, crd, vals);
     return;
   }
   if (k <= kRankSortMax) {
@@ -356,30 +368,6 @@ inline void dense_ws_drain_list(int32_t* touched, int64_t k, V* values, uint8_t*
   int64_t lo, hi;
   touched_range(touched, k, &lo, &hi);
   dense_ws_drain<int32_t>(touched, k, lo, hi, values, mark, crd, vals, tmp);
-}
-
-// The sorted read-out of a fiber kept without a touched list (its adds only mark): the
-// marks of its whole extent [0, n) scanned eight at a time into crd/vals, values and marks
-// cleared; returns the number of entries. For fibers that mark a good part of the extent
-// (at least one in eight on average), whose list bookkeeping costs more than the scan.
-template <typename I, typename V>
-inline int64_t dense_ws_drain_scan(V* values, uint8_t* mark, int64_t n, I* crd, V* vals) {
-  int64_t out = 0;
-  for (int64_t base = 0; base < n; base += 8) {
-    uint64_t word;
-    std::memcpy(&word, mark + base, 8);
-    if (!word) continue;
-    std::memset(mark + base, 0, 8);
-    while (word) {
-      const int64_t c = base + (__builtin_ctzll(word) >> 3);
-      crd[out] = static_cast<I>(c);
-      vals[out] = values[c];
-      values[c] = V(0);
-      ++out;
-      word &= word - 1;
-    }
-  }
-  return out;
 }
 
 // The same read-out in insertion order (einsum(..., sorted=False): scipy's contract, the

@@ -72,7 +72,8 @@ cdef extern from "workspace.h" namespace "scorch" nogil:
                                    V* vals, int32_t* tmp)
     void dense_ws_drain_unsorted[K, I, V](K* touched, int64_t k, V* values, uint8_t* mark, I* crd,
                                           V* vals)
-    int64_t dense_ws_drain_scan[I, V](V* values, uint8_t* mark, int64_t n, I* crd, V* vals)
+    int64_t dense_ws_drain_scan[I, V](V* values, uint8_t* mark, int64_t lo, int64_t end, I* crd,
+                                      V* vals)
 
     cdef cppclass DenseScratch[V]:
         V* values

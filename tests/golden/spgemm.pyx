@@ -175,7 +175,7 @@ cdef void run_chunk_scan(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_
             wb = deref(oval).size()
             deref(oval).grow(wsize)
             deref(ocrd).grow(wsize)
-            wn = dense_ws_drain_scan[int32_t, float](wv, wm, wsize, deref(ocrd).data() + wb, deref(oval).data() + wb)
+            wn = dense_ws_drain_scan[int32_t, float](wv, wm, 0, wsize, deref(ocrd).data() + wb, deref(oval).data() + wb)
             deref(oval).trim(wsize - wn)
             deref(ocrd).trim(wsize - wn)
             a.out_pos[c_i + 1] += wn

@@ -336,7 +336,7 @@ def _drain_runtime(n: Nest) -> List[Stmt]:
         d.need("wb")
         body = [Assign("wb", "deref(oval).size()"), Call("deref(oval).grow(wsize)"),
                 Call("deref(ocrd).grow(wsize)"),
-                Assign("wn", f"dense_ws_drain_scan[{f.oit}, {f.vt}](wv, wm, wsize, "
+                Assign("wn", f"dense_ws_drain_scan[{f.oit}, {f.vt}](wv, wm, 0, wsize, "
                              "deref(ocrd).data() + wb, deref(oval).data() + wb)"),
                 Call("deref(oval).trim(wsize - wn)"), Call("deref(ocrd).trim(wsize - wn)"),
                 AddTo(f"a.out_pos[{_row_position(n)} + 1]", "wn")]
