@@ -115,8 +115,18 @@ def test_sddmm_writes_into_the_pattern_and_has_a_vector_dot():
 def test_spgemm_runtime_workspace_and_rows_assembly():
     s, k = _lower(Assignment("ik", A * Access(1, "jk")), [CSR, CSR])
     assert s.output.mode == "ws"
-    assert [f.name for f in k.chunk_functions] == ["run_chunk", "run_chunk_map"]
+    assert [f.name for f in k.chunk_functions] == ["run_chunk", "run_chunk_scan", "run_chunk_map"]
     assert _fn(k, "run_chunk_map").select == "a.N_k > 4194304"
+    # fibers marking >= 1/8 of the extent on average: adds only mark, the marks scanned
+    assert _fn(k, "run_chunk_scan").select == (
+        "8 * <double><int64_t>a.t0_pos1[a.N_i] / max(<double>a.N_i, 1.0) * "
+        "<double><int64_t>a.t1_pos1[a.N_j] / max(<double>a.N_j, 1.0) >= a.N_k")
+    scan_adds = [n.target for n in _nodes(k, Assign, "run_chunk_scan")]
+    assert "wm[wkey]" in scan_adds and "wl[wc]" not in scan_adds and "wl[wc]" in [
+        n.target for n in _nodes(k, Assign)]
+    # the rows of B located by A's coordinates, prefetched 8 entries ahead (pos 16 ahead)
+    assert Call("scorch_prefetch(a.t1_pos1 + a.t0_crd1[q0_1 + 16])") in _nodes(k, Call)
+    assert Assign("psr", "a.t1_pos1[a.t0_crd1[q0_1 + 8]]") in _nodes(k, Assign)
     assert isinstance(k.output, RowsOutput) and k.output.dense_vars == ("i",)
     assert _loops(k) == [("c_i", "dense"), ("q0_1", "segment"), ("q1_1", "segment")]
     assert Call("ws.add(wkey, (a.t0_vals[q0_1] * a.t1_vals[q1_1]))") in _nodes(k, Call, "run_chunk_map")

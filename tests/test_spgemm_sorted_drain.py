@@ -1,6 +1,8 @@
 """SpGEMM output rows come out sorted and deduplicated whichever way the dense workspace is
 read out (``workspace.h``: dense_ws_drain): on AVX2 without AVX-512 the sorting network
-(rows of up to kNetSortMax = 64 entries: one, two, four or eight registers of keys), the
+(rows of up to kNetSortMax = 128 entries: one, two, four, eight or sixteen registers of
+keys), the marks scan of the whole extent without a touched list (``run_chunk_scan``:
+fibers dense in the extent on average), the
 marker scan (rows dense in their span), the rank sort (short spread-out rows, up to
 kRankSortMax = 128 entries) and the radix sort (longer spread-out rows). Oracle: dense torch; the sorted promise is checked on the stored
 coordinates, and the result feeds another kernel and the conversions."""
@@ -171,3 +173,56 @@ def test_released_buffers_return_to_the_pool():
     _one_thread(crd_address)   # compiled, the pool holds the blocks
     first = _one_thread(crd_address)
     assert _one_thread(crd_address) == first
+
+
+@pytest.mark.parametrize("b_row", [1, 2, 5, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_marks_scan_either_side_of_its_threshold(b_row, dtype):
+    """A kernel whose fibers mark one column in eight of the extent or more on average
+    (``nnz(A) / N_i * nnz(B) / N_j * 8 >= N_k``) adds without a touched list and reads each
+    row out by scanning the marks (``run_chunk_scan``); below that, the list. Here N_k = 64
+    and A's rows hold 0 to 10 entries (mean 16/6): ``b_row`` = 1 or 2 entries per row of B
+    stays below (21 and 43 < 64), 5 and 64 (every column: full output rows) are above.
+    Rows that share columns of B merge their contributions; empty rows stay empty; the
+    scan's rows are sorted for ``sorted=False`` too. A has more than 16 entries: the rows
+    of B are also prefetched ahead."""
+    rng = np.random.default_rng(b_row)
+    inner, n = 10, 64
+    a = torch.zeros(6, inner, dtype=dtype)
+    for i, k in enumerate([0, 1, 3, 10, 0, 2]):
+        a[i, rng.choice(inner, k, replace=False)] = torch.from_numpy(rng.standard_normal(k)).to(dtype)
+    b = torch.zeros(inner, n, dtype=dtype)
+    for j in range(inner):
+        b[j, rng.choice(n, b_row, replace=False)] = torch.from_numpy(rng.standard_normal(b_row)).to(dtype)
+    check_product(a, b, "csr", "csr")
+    if dtype == torch.float32:
+        C = scorch.einsum("ij,jk->ik", scorch.sparse_tensor(a, format="csr"),
+                          scorch.sparse_tensor(b, format="csr"), sorted=False)
+        torch.testing.assert_close(C.to_dense(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=20, deadline=None)
+@given(m=st.integers(0, 40), inner=st.integers(0, 60), n=st.sampled_from([0, 1, 8, 64, 2000]),
+       density_a=st.sampled_from([0.0, 0.05, 0.3, 1.0]), density_b=st.sampled_from([0.0, 0.01, 0.2, 1.0]),
+       empty_rows=st.booleans(), dtype=st.sampled_from([torch.float32, torch.float64]),
+       index=st.sampled_from([np.int32, np.int64]), seed=st.integers(0, 2**16))
+def test_row_prefetch_and_scan_over_many_rows(m, inner, n, density_a, density_b, empty_rows, dtype,
+                                               index, seed):
+    """Enough stored entries in A that the rows of B are prefetched ahead (16 entries and
+    more), up to the last entry, with the touched list or the marks scan (dense B), int32
+    or int64 index arrays, every other row of A emptied or not: dense torch's product, rows
+    sorted and unique."""
+    rng = np.random.default_rng(seed)
+    a = random_matrix(rng, m, inner, density_a, dtype)
+    if empty_rows:
+        a[::2] = 0
+    b = random_matrix(rng, inner, n, density_b, dtype)
+
+    def csr(t):
+        x = sp.csr_array(t.numpy())
+        x.indptr, x.indices = x.indptr.astype(index), x.indices.astype(index)
+        return scorch.from_scipy(x)
+    C = scorch.einsum("ij,jk->ik", csr(a), csr(b))
+    tol = 1e-4 if dtype == torch.float32 else 1e-10
+    torch.testing.assert_close(C.to_dense(), a @ b, rtol=tol, atol=tol)
+    assert_rows_sorted_unique(C)

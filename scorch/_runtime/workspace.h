@@ -166,7 +166,9 @@ inline void drain_in_order(const K* keys, int64_t k, V* values, uint8_t* mark, I
 // (no key is that large: extents stay below 2^31 here). On Zen 3 the rank sort's 16 keys
 // take two ymm registers and a horizontal step per key, and the marks scan branches on
 // every 8-mark word: 4elt A @ A^T drains (18 entries a row) cost 1.5x what this does.
-constexpr int64_t kNetSortMax = 64;
+// Sixteen registers (65-128 keys) spill a few, and still beat the rank sort's k^2 / 8
+// steps: uniform 2^16 A @ A^T (~110 spread entries a row) 1.10x in a C prototype.
+constexpr int64_t kNetSortMax = 128;
 
 // One compare-exchange step inside a register: lanes against the lanes ``P`` puts there;
 // the lanes in ``M`` keep the larger key.
@@ -195,7 +197,7 @@ inline __m256i net_sort8(__m256i v) {
   v = net_step_lane<_MM_SHUFFLE(1, 0, 3, 2), 0xCC>(v);
   return net_step_lane<_MM_SHUFFLE(2, 3, 0, 1), 0xAA>(v);
 }
-// R registers (1, 2, 4 or 8) sorted ascending across r[0..R): each sorted, then merged in
+// R registers (1, 2, 4, 8 or 16) sorted ascending across r[0..R): each sorted, then merged in
 // pairs, fours, eights (the mirrored compare first, so every merge sorts ascending).
 template <int R>
 inline void net_sort_regs(__m256i* r) {
@@ -257,11 +259,38 @@ inline void net_drain(const int32_t* touched, int64_t k, V* values, uint8_t* mar
   if (k <= 8) net_sort<1>(touched, k, s);
   else if (k <= 16) net_sort<2>(touched, k, s);
   else if (k <= 32) net_sort<4>(touched, k, s);
-  else net_sort<8>(touched, k, s);
+  else if (k <= 64) net_sort<8>(touched, k, s);
+  else net_sort<16>(touched, k, s);
   drain_in_order(s, k, values, mark, crd, vals);
 }
 #define SCORCH_NET_SORT 1
 #endif
+
+// The marks of coordinates [lo, end) scanned eight at a time (lo a multiple of 8; marks
+// padded by 8 bytes past the extent), each marked coordinate and its value to crd/vals in
+// order, values and marks cleared; returns the number of entries. The sorted read-out of
+// a fiber dense in its range (dense_ws_drain), and of one kept without a touched list (its
+// adds only mark: kernels' run_chunk_scan, over the whole extent, for fibers that mark at
+// least one coordinate in eight on average, where the list's bookkeeping costs more).
+template <typename I, typename V>
+inline int64_t dense_ws_drain_scan(V* values, uint8_t* mark, int64_t lo, int64_t end, I* crd, V* vals) {
+  int64_t out = 0;
+  for (int64_t base = lo; base < end; base += 8) {
+    uint64_t word;
+    std::memcpy(&word, mark + base, 8);
+    if (!word) continue;
+    std::memset(mark + base, 0, 8);
+    while (word) {
+      const int64_t c = base + (__builtin_ctzll(word) >> 3);
+      crd[out] = static_cast<I>(c);
+      vals[out] = values[c];
+      values[c] = V(0);
+      ++out;
+      word &= word - 1;
+    }
+  }
+  return out;
+}
 
 template <typename K, typename I, typename V>
 inline void dense_ws_drain(K* touched, int64_t k, int64_t lo, int64_t hi, V* values,
@@ -287,21 +316,7 @@ inline void dense_ws_drain(K* touched, int64_t k, int64_t lo, int64_t hi, V* val
     scan = (hi - c0) / 8 + 1 <= 2 * k * log2k;
   }
   if (scan) {
-    int64_t out = 0;
-    for (int64_t base = c0; base <= hi; base += 8) {
-      uint64_t word;
-      std::memcpy(&word, mark + base, 8);
-      if (!word) continue;
-      std::memset(mark + base, 0, 8);
-      while (word) {
-        const int64_t c = base + (__builtin_ctzll(word) >> 3);
-        crd[out] = static_cast<I>(c);
-        vals[out] = values[c];
-        values[c] = V(0);
-        ++out;
-        word &= word - 1;
-      }
-    }
+    dense_ws_drain_scan(values, mark, c0, hi + 1, crd, vals);
     return;
   }
   if (k <= kRankSortMax) {
@@ -558,6 +573,8 @@ class alignas(64) AppendBuffer {
   }
   inline T* data() { return ptr; }
   inline int64_t size() const { return n; }
+  // Give back the last k values grow() added (room a read-out did not fill).
+  inline void trim(int64_t k) { n -= k; }
   // Hand the block over (its size in bytes to ``*bytes``; pool_give takes it back): the
   // output array of a call whose entries all sit in this one buffer is this memory, with
   // no copy into fresh pages. The buffer is empty afterwards.

@@ -72,6 +72,8 @@ cdef extern from "workspace.h" namespace "scorch" nogil:
                                    V* vals, int32_t* tmp)
     void dense_ws_drain_unsorted[K, I, V](K* touched, int64_t k, V* values, uint8_t* mark, I* crd,
                                           V* vals)
+    int64_t dense_ws_drain_scan[I, V](V* values, uint8_t* mark, int64_t lo, int64_t end, I* crd,
+                                      V* vals)
 
     cdef cppclass DenseScratch[V]:
         V* values
@@ -88,6 +90,7 @@ cdef extern from "workspace.h" namespace "scorch" nogil:
         T* grow(int64_t k)
         T* data()
         int64_t size()
+        void trim(int64_t k)
         T* release(size_t* nbytes)
 
     void pool_give(void* p, size_t nbytes)

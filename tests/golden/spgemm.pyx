@@ -9,8 +9,14 @@
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t
 from libc.string cimport memcpy, memset
 from libcpp.vector cimport vector
+cdef extern from *:
+    """
+    #define scorch_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)
+    """
+    void scorch_prefetch(const void*) noexcept nogil
 from scorch._runtime.workspace cimport (AppendBuffer, DenseScratch, SparseWorkspace,
                                         dense_scratch, dense_ws_drain_list)
+from scorch._runtime.workspace cimport dense_ws_drain_scan
 from cython.operator cimport dereference as deref, preincrement as inc
 from cython.parallel cimport prange
 import numpy as np
@@ -63,6 +69,8 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* o
     cdef int64_t q0_1
     cdef int64_t h0_1
     cdef int64_t e0_1
+    cdef int64_t pse
+    cdef int64_t psr
     cdef int64_t p1_0
     cdef int64_t c_k
     cdef int64_t q1_1
@@ -83,8 +91,14 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* o
         wc = 0
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
+        pse = <int64_t>a.t0_pos1[a.N_i] - 16
         for q0_1 in range(q0_1, h0_1):
             c_j = a.t0_crd1[q0_1]
+            if q0_1 < pse:
+                scorch_prefetch(a.t1_pos1 + a.t0_crd1[q0_1 + 16])
+                psr = a.t1_pos1[a.t0_crd1[q0_1 + 8]]
+                scorch_prefetch(a.t1_crd1 + psr)
+                scorch_prefetch(a.t1_vals + psr)
             p1_0 = c_j
             q1_1 = a.t1_pos1[p1_0]
             h1_1 = a.t1_pos1[p1_0 + 1]
@@ -104,6 +118,68 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* o
             dense_ws_drain_list[int32_t, float](wl, wc, wv, wm, deref(ocrd).data() + wb, deref(oval).data() + wb, wsp.sort_tmp)
             a.out_pos[c_i + 1] += wn
 
+cdef void run_chunk_scan(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* ocrd, AppendBuffer[float]* oval) noexcept nogil:
+    cdef Args a = pa[0]
+    cdef float* wv
+    cdef uint8_t* wm
+    cdef int32_t* wl
+    cdef int64_t wc
+    cdef int64_t wsize
+    cdef DenseScratch[float]* wsp
+    cdef int64_t c_i
+    cdef int64_t p0_0
+    cdef int64_t c_j
+    cdef int64_t q0_1
+    cdef int64_t h0_1
+    cdef int64_t e0_1
+    cdef int64_t pse
+    cdef int64_t psr
+    cdef int64_t p1_0
+    cdef int64_t c_k
+    cdef int64_t q1_1
+    cdef int64_t h1_1
+    cdef int64_t e1_1
+    cdef int64_t wkey
+    cdef int64_t wn
+    cdef int64_t wi
+    cdef int64_t wb
+    wsize = a.N_k
+    wsp = dense_scratch[float](wsize + 1)
+    wv = wsp.values
+    wm = wsp.mark
+    wl = wsp.touched
+    for c_i in range(clo, chi):
+        p0_0 = c_i
+        wc = 0
+        q0_1 = a.t0_pos1[p0_0]
+        h0_1 = a.t0_pos1[p0_0 + 1]
+        pse = <int64_t>a.t0_pos1[a.N_i] - 16
+        for q0_1 in range(q0_1, h0_1):
+            c_j = a.t0_crd1[q0_1]
+            if q0_1 < pse:
+                scorch_prefetch(a.t1_pos1 + a.t0_crd1[q0_1 + 16])
+                psr = a.t1_pos1[a.t0_crd1[q0_1 + 8]]
+                scorch_prefetch(a.t1_crd1 + psr)
+                scorch_prefetch(a.t1_vals + psr)
+            p1_0 = c_j
+            q1_1 = a.t1_pos1[p1_0]
+            h1_1 = a.t1_pos1[p1_0 + 1]
+            for q1_1 in range(q1_1, h1_1):
+                c_k = a.t1_crd1[q1_1]
+                wkey = c_k
+                wm[wkey] = 1
+                wv[wkey] = wv[wkey] + (a.t0_vals[q0_1] * a.t1_vals[q1_1])
+                wc = 1
+        wn = wc
+        if wn:
+            wb = deref(oval).size()
+            deref(oval).grow(wsize)
+            deref(ocrd).grow(wsize)
+            wn = dense_ws_drain_scan[int32_t, float](wv, wm, 0, wsize, deref(ocrd).data() + wb, deref(oval).data() + wb)
+            deref(oval).trim(wsize - wn)
+            deref(ocrd).trim(wsize - wn)
+            a.out_pos[c_i + 1] += wn
+
 cdef void run_chunk_map(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* ocrd, AppendBuffer[float]* oval) noexcept nogil:
     cdef Args a = pa[0]
     cdef SparseWorkspace[float] ws
@@ -113,6 +189,8 @@ cdef void run_chunk_map(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t
     cdef int64_t q0_1
     cdef int64_t h0_1
     cdef int64_t e0_1
+    cdef int64_t pse
+    cdef int64_t psr
     cdef int64_t p1_0
     cdef int64_t c_k
     cdef int64_t q1_1
@@ -126,8 +204,14 @@ cdef void run_chunk_map(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t
         p0_0 = c_i
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
+        pse = <int64_t>a.t0_pos1[a.N_i] - 16
         for q0_1 in range(q0_1, h0_1):
             c_j = a.t0_crd1[q0_1]
+            if q0_1 < pse:
+                scorch_prefetch(a.t1_pos1 + a.t0_crd1[q0_1 + 16])
+                psr = a.t1_pos1[a.t0_crd1[q0_1 + 8]]
+                scorch_prefetch(a.t1_crd1 + psr)
+                scorch_prefetch(a.t1_vals + psr)
             p1_0 = c_j
             q1_1 = a.t1_pos1[p1_0]
             h1_1 = a.t1_pos1[p1_0 + 1]
@@ -161,6 +245,8 @@ def kernel(list args, int nthreads, int panel=0):
     if nthreads > 1 and hi0 - lo0 >= 2 and a.t0_pos1[hi0] - a.t0_pos1[lo0] >= 1024:
         nchunks = min(hi0 - lo0, 8 * nthreads, 1024)
     cdef chunk_fn fn = run_chunk
+    if 8 * <double><int64_t>a.t0_pos1[a.N_i] / max(<double>a.N_i, 1.0) * <double><int64_t>a.t1_pos1[a.N_j] / max(<double>a.N_j, 1.0) >= a.N_k:
+        fn = run_chunk_scan
     if a.N_k > 4194304:
         fn = run_chunk_map
     cdef int64_t bounds[1025]   # chunk boundaries (at most 1024 chunks)

@@ -25,7 +25,7 @@ __all__ = ["UNPREDICTABLE", "UNPREDICTABLE_DECL", "CTYPES", "NPTYPES", "ITYPES",
            "SHORT_ROWS_BY_DTYPE", "PREFETCH_DISTANCE", "PREFETCH_MIN_BYTES", "STREAM_BLOCK", "STREAM_DISTANCE",
            "STREAM_MIN_BYTES", "STREAM_MIN_GATHER_BYTES", "GATHER_DOT_LANES", "gathered", "short_rows_limit",
            "DOT_PREFETCH_BYTES", "dot_gathers", "dot_prefetch_distance", "DOT_ENTRIES", "dot_entries_type",
-           "dot_row_shared",
+           "dot_row_shared", "SEGMENT_PREFETCH_DISTANCE", "chased_segments", "level_entries", "fiber_products",
            "reads_strided",
            "short_rows", "unit_stride_accesses", "relayouts", "gather_relayouts", "LoopLevels",
            "KernelFacts", "kernel_facts", "cvar", "ws_size"]
@@ -442,6 +442,63 @@ def _balance_pos(s: Schedule, chunk_kind: Optional[str]) -> Optional[str]:
     return None
 
 
+#: a segment loop whose coordinate locates another operand's compressed row (SpGEMM's
+#: ``for j in A[i, :]: for k in B[j, :]``) asks, this many of its entries ahead, for that
+#: row's first lines of ``crd`` and values, and twice as far ahead for its ``pos`` entry
+#: (whose value those addresses need). The rows of B are scattered: without it each one
+#: is two dependent misses that a ~10-entry row loop cannot hide (C prototype, 1 thread,
+#: AVX2 Zen 3 under load, kernel CPU time: uniform 2^18 A @ A^T 1.7-2.05x, uniform 2^16
+#: 1.3-1.8x, 4elt 1.00-1.06x, Groebner 0.99-1.01x; distances 4 and 16 gained less).
+SEGMENT_PREFETCH_DISTANCE = 8
+
+
+def chased_segments(loops: Sequence["LoopLevels"], depth: int) -> Tuple[LevelPlan, ...]:
+    """The compressed levels the loop below ``depth`` iterates whose segment the loop at
+    ``depth`` (one sparse level's segment) locates with its coordinate alone: the second
+    level of an operand whose first, dense, level that loop's variable locates (SpGEMM's
+    ``B`` under ``j``). Their rows are prefetched ahead (``SEGMENT_PREFETCH_DISTANCE``)."""
+    if depth + 1 >= len(loops):
+        return ()
+    lp, nl = loops[depth], loops[depth + 1]
+    if lp.kind != "segment" or len(lp.iters) != 1 or lp.iters[0].grouped or nl.kind != "segment":
+        return ()
+    roots = {loc.access for loc in lp.locs if loc.k == 0}
+    return tuple(lv for lv in nl.iters
+                 if lv.access in roots and lv.k == 1 and lv.has_pos and not lv.grouped)
+
+
+def level_entries(f: "KernelFacts", lv: LevelPlan) -> str:
+    """How many entries level ``lv``'s coordinate array holds (a C expression): a level with
+    ``pos`` has ``pos[P]`` for its parent's ``P`` positions, a dense level ``P * N``, a
+    level without ``pos`` shares its parent's positions (``P``)."""
+    total = "1"
+    for up in f.s.accesses[lv.access].levels[:lv.k + 1]:
+        if up.locates:
+            total = f"a.N_{up.var}" if total == "1" else f"{total} * a.N_{up.var}"
+        elif up.has_pos:
+            total = f"<int64_t>{up.pos}[{total}]"
+    return total
+
+
+def fiber_products(f: "KernelFacts") -> Optional[str]:
+    """The mean number of leaf visits per workspace fiber (a C double expression): the
+    product, over the loops the workspace wraps, of their extents (dense loops) or their
+    level's mean segment (entries over parent positions; SpGEMM: ``nnz(A) / N_i *
+    nnz(B) / N_j``). None where a loop is neither."""
+    terms = []
+    for lp in f.loops[max(f.s.output.ws_depth, 0):]:
+        if lp.kind == "dense" and not lp.iters:
+            terms.append(f"<double>a.N_{lp.var}")
+        elif lp.kind == "segment" and len(lp.iters) == 1 and lp.iters[0].has_pos and not lp.iters[0].grouped:
+            lv = lp.iters[0]
+            up = f.s.accesses[lv.access].levels[lv.k - 1] if lv.k else None
+            parent = level_entries(f, up) if up is not None else "1"
+            terms.append(f"<double>{level_entries(f, lv)} / max(<double>{parent}, 1.0)")
+        else:
+            return None
+    return " * ".join(terms) if terms else None
+
+
 @dataclass(frozen=True)
 class KernelFacts:
     """The kernel-wide decisions, computed once from the schedule (see :func:`kernel_facts`)."""
@@ -481,6 +538,11 @@ class KernelFacts:
         if not self.widths or not (self.dot or self.row_depth >= 0):
             return ()
         return dot_gathers(self.s)
+
+    @property
+    def chases(self) -> bool:
+        """Some segment loop prefetches the rows it locates (``chased_segments``)."""
+        return any(chased_segments(self.loops, d) for d in range(len(self.loops)))
 
     def vector(self, width: int) -> Tuple[int, str]:
         """Lanes and GCC vector type of a register row (or vector dot) ``width`` values

@@ -32,8 +32,9 @@ from .. import merge_lattice as ml
 from ..levels import LevelPlan, group_end, segment_setup
 from ..loop_ir import AddTo, Assign, Call, For, If, LevelCode, Stmt, While
 from ..target import value_bytes
-from .facts import (CACHE_LINE, DOT_ENTRIES, PREFETCH_DISTANCE, UNPREDICTABLE, LoopLevels, cvar,
-                    dot_entries_type, dot_prefetch_distance, dot_row_shared)
+from .facts import (CACHE_LINE, DOT_ENTRIES, PREFETCH_DISTANCE, SEGMENT_PREFETCH_DISTANCE, UNPREDICTABLE,
+                    LoopLevels, chased_segments, cvar, level_entries, dot_entries_type, dot_prefetch_distance,
+                    dot_row_shared)
 from .nest import Cursor, Nest
 from .register_tile import register_tile
 from .output import (after_loop, before_loop, leaf, presence, product_of, product_split, row_room,
@@ -158,19 +159,6 @@ def _prefetch(n: Nest, lp: LoopLevels, st: Cursor) -> List[Stmt]:
     return [If(f"{lv.q} < pfe", tuple(calls))]
 
 
-def _entries(n: Nest, lv: LevelPlan) -> str:
-    """How many entries level ``lv``'s coordinate array holds (a C expression): a level with
-    ``pos`` has ``pos[P]`` for its parent's ``P`` positions, a dense level ``P * N``, a
-    level without ``pos`` shares its parent's positions (``P``)."""
-    total = "1"
-    for up in n.facts.s.accesses[lv.access].levels[:lv.k + 1]:
-        if up.locates:
-            total = f"a.N_{up.var}" if total == "1" else f"{total} * a.N_{up.var}"
-        elif up.has_pos:
-            total = f"<int64_t>{up.pos}[{total}]"
-    return total
-
-
 def _above_dot(n: Nest, lp: LoopLevels) -> bool:
     """The loop ``lp`` wraps a fixed-width vector dot (the variant's innermost loop)."""
     f = n.facts
@@ -212,8 +200,28 @@ def _dot_prefetch(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor) -> Tuple[L
     if not D:
         return [], []
     pfe = n.decls.need("pfe")
-    return ([Assign(pfe, f"{_entries(n, lv)} - {D}")],
+    return ([Assign(pfe, f"{level_entries(n.facts, lv)} - {D}")],
             [If(f"{lv.q} < pfe", tuple(_dot_gather_rows(n, lp, st, f"{lv.q} + {D}")))])
+
+
+def _segment_prefetch(n: Nest, lp: LoopLevels, lv: LevelPlan) -> Tuple[List[Stmt], List[Stmt]]:
+    """The segment loop whose coordinate locates the rows the loop below iterates (SpGEMM's
+    ``B[j, :]``, ``facts.chased_segments``) asks for the row of the entry
+    ``SEGMENT_PREFETCH_DISTANCE`` positions ahead (its first line of coordinates and, on
+    the last level, of values) and for the ``pos`` entry of the one twice as far, up to
+    the level's last entry (``pse``). Returns (before the loop, in its body)."""
+    rows = chased_segments(n.facts.loops, lp.depth)
+    if not rows or n.variant.bound_only:
+        return [], []
+    D = SEGMENT_PREFETCH_DISTANCE
+    pse, sr = n.decls.need("pse"), n.decls.need("psr")
+    calls: List[Stmt] = []
+    for b in rows:
+        calls += [Call(f"scorch_prefetch({b.pos} + {lv.crd}[{lv.q} + {2 * D}])"),
+                  Assign(sr, f"{b.pos}[{lv.crd}[{lv.q} + {D}]]"), Call(f"scorch_prefetch({b.crd} + {sr})")]
+        if b.k == len(n.facts.s.accesses[b.access].levels) - 1:
+            calls.append(Call(f"scorch_prefetch(a.t{b.access}_vals + {sr})"))
+    return [Assign(pse, f"{level_entries(n.facts, lv)} - {2 * D}")], [If(f"{lv.q} < {pse}", tuple(calls))]
 
 
 def _dot_entries(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor, hi: str) -> List[Stmt]:
@@ -427,6 +435,8 @@ def _single(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor, new: Cursor, lo:
             body += _prefetch(n, lp, st)
             setup, ahead = _dot_prefetch(n, lp, lv, st)
             body += ahead
+            first, ahead = _segment_prefetch(n, lp, lv)
+            setup, body = first + setup, body + ahead
             steps = _dot_entries(n, lp, lv, st, hi)
             if steps:     # the steps of DOT_ENTRIES, then the rest from where they stopped
                 setup += ([] if lo == lv.q else [Assign(lv.q, lo)]) + steps

@@ -14,7 +14,8 @@ __all__ = ["Variant", "Decls", "Nest", "Cursor"]
 class Variant:
     """One chunk-function variant: ``width`` is the innermost loop's compile-time extent
     (None: the run-time ``N``), ``ws_map``: the workspace is the runtime's std::map, else
-    local dense arrays. ``prefetch``: the row loop prefetches its gathers ahead (see
+    local dense arrays; ``ws_scan``: the dense arrays without a touched list, each fiber read
+    out by a scan of its whole extent's marks (fibers that fill much of it). ``prefetch``: the row loop prefetches its gathers ahead (see
     ``facts.PREFETCH_MIN_BYTES``). ``streams``: the short-rows row loop in its stream form
     (``stream_rows``: index and value lines requested ahead, long rows in blocks).
     ``select``: the condition that picks it (None: ``run_chunk``).
@@ -26,6 +27,7 @@ class Variant:
     select: Optional[str] = None
     width: Optional[int] = None
     ws_map: bool = False
+    ws_scan: bool = False
     prefetch: bool = False
     streams: bool = False
     bound_only: bool = False

@@ -165,6 +165,10 @@ def leaf(n: Nest, st: Cursor) -> Tuple[Stmt, ...]:
         # and its end advances only for a new coordinate
         if n.variant.ws_map:
             body.append(Call(f"ws.add(wkey, {val})"))
+        elif n.variant.ws_scan:
+            # no list: the add only marks (no chain from one add's mark test to the next
+            # add's list store), and ``wc`` says the fiber is not empty
+            body += [Assign("wm[wkey]", "1"), Assign("wv[wkey]", f"wv[wkey] + {val}"), Assign("wc", "1")]
         else:
             d.need("wnew", "int")
             body += [Assign("wnew", "1 - wm[wkey]"), Assign("wm[wkey]", "1"),
@@ -327,7 +331,16 @@ def _drain_runtime(n: Nest) -> List[Stmt]:
     if len(out.ws_vars) > 1:
         d.need("wkeys", "vector[int64_t]")
         d.need("wvals", f"vector[{f.vt}]")
-    if f.rows:
+    if f.rows and n.variant.ws_scan:
+        # room for the whole extent, the marks scanned into it, the rest given back
+        d.need("wb")
+        body = [Assign("wb", "deref(oval).size()"), Call("deref(oval).grow(wsize)"),
+                Call("deref(ocrd).grow(wsize)"),
+                Assign("wn", f"dense_ws_drain_scan[{f.oit}, {f.vt}](wv, wm, 0, wsize, "
+                             "deref(ocrd).data() + wb, deref(oval).data() + wb)"),
+                Call("deref(oval).trim(wsize - wn)"), Call("deref(ocrd).trim(wsize - wn)"),
+                AddTo(f"a.out_pos[{_row_position(n)} + 1]", "wn")]
+    elif f.rows:
         # straight into room made in the chunk's buffers; the row's count into pos
         d.need("wb")
         body: List[Stmt] = [Assign("wb", "deref(oval).size()"), Call("deref(oval).grow(wn)"),
