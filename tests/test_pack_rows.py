@@ -1,0 +1,93 @@
+"""Rows a fixed-width kernel re-reads at a stride are copied into one contiguous buffer
+(``lower.pack_rows``): the gathered rows of a segment re-run per iteration of a loop above
+it (the MoE expert gradient's ``dy[b, panel]``, loop order ``n, d, b, h``) and the panel of
+a block re-read per stored entry (the MoE forward's ``E[n, :, panel]``, ``n, b, d, h``;
+copied only where its rows are not contiguous already). Oracle: dense torch over 0/1-sized
+dims, empty and full gates, float32/64, csr/coo, 1 and 2 threads, panels and whole rows;
+``explain`` shows the copy loops (``# pack``), and kernels without such a re-read have none."""
+from __future__ import annotations
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import scorch
+from compiler_helpers import topk_gate
+from scorch.tensor_compiler.target import use_target
+
+FORWARD, EXPERT_GRAD = "bd,ndh,bn->bh", "bh,bd,bn->ndh"
+SETTINGS = dict(max_examples=25, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def _variant(plan, name: str) -> str:
+    return str(plan).split(f"{name}  (when")[1].split("run_chunk")[0]
+
+
+@st.composite
+def cases(draw):
+    b = draw(st.sampled_from([0, 1, 9, 40]))
+    d = draw(st.sampled_from([0, 1, 7]))
+    h = draw(st.sampled_from([1, 32, 40]))      # 32: whole rows of one width; 40: panels
+    n = draw(st.sampled_from([1, 3]))
+    k = draw(st.integers(0, n))                 # 0: an empty gate, n: a full one
+    return (b, d, h, n, k, draw(st.sampled_from([torch.float32, torch.float64])),
+            draw(st.sampled_from(["csr", "coo"])), draw(st.sampled_from([FORWARD, EXPERT_GRAD])),
+            draw(st.sampled_from([1, 2])), draw(st.integers(0, 3)))
+
+
+@settings(**SETTINGS)
+@given(cases())
+def test_packed_rows_equal_dense(case):
+    from scorch.tensor_compiler import threads as th
+    b, d, h, n, k, dtype, fmt, eq, nthreads, seed = case
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(b, d, generator=g, dtype=dtype)
+    dense = topk_gate(b, n, k, dtype, seed)
+    G = scorch.sparse_tensor(dense, format=fmt)
+    if eq == FORWARD:
+        ops = (x, torch.rand(n, d, h, generator=g, dtype=dtype), G)
+        dense_ops = ops[:2] + (dense,)
+    else:
+        ops = (torch.rand(b, h, generator=g, dtype=dtype), x, G)
+        dense_ops = ops[:2] + (dense,)
+    old, known, free = torch.get_num_threads(), th._load_known, th._free_cores
+    torch.set_num_threads(nthreads)
+    th._load_known, th._free_cores = True, (lambda T: T)     # no load estimate: all threads
+    try:
+        want = torch.einsum(eq, *dense_ops)
+        kw = {"out_format": "dd" if eq == FORWARD else "ddd"}
+        for _ in range(2):                       # general path, then the warm runner
+            got = scorch.einsum(eq, *ops, **kw)
+            tol = 1e-4 if dtype == torch.float32 else 1e-10
+            torch.testing.assert_close(torch.as_tensor(got), want, rtol=tol, atol=tol * max(b, d, 1))
+    finally:
+        torch.set_num_threads(old)
+        th._load_known, th._free_cores = known, free
+
+
+def test_moe_kernels_pack_what_they_re_read():
+    """The expert gradient copies the segment's gathered dy rows once per expert (before
+    the jammed d loop and its rest, shared); the forward copies E[n]'s panel where the
+    panel is narrower than the row, else reads the block in place."""
+    x, dy = torch.rand(64, 40), torch.rand(64, 300)
+    E = torch.rand(4, 40, 300)
+    with use_target("avx2"):
+        grad = scorch.explain(EXPERT_GRAD, dy, x, scorch.sparse_tensor(topk_gate(64, 4, 2), format="csc"),
+                              out_format="ddd")
+        fwd = scorch.explain(FORWARD, x, E, scorch.sparse_tensor(topk_gate(64, 4, 2), format="csr"))
+    body = _variant(grad, "run_chunk_w32")
+    assert body.count("# pack") == 1 and body.index("# pack") < body.index("# tile")
+    assert "pk0 + o0_2" in body and "a.t0_vals + o0_2" not in body and "scorch_prefetch" not in body
+    body = _variant(fwd, "run_chunk_w32")
+    assert body.count("# pack") == 1 and "if a.t1_st_d != 32" in body and "pk0 + o1_2" in body
+
+
+def test_no_pack_without_a_re_read():
+    """SpMM's segment differs per row and SDDMM has no dense loop below its sparse one:
+    nothing is copied (their golden sources are unchanged)."""
+    A = scorch.sparse_tensor(torch.rand(30, 30) * (torch.rand(30, 30) < 0.2), format="csr")
+    with use_target("avx2"):
+        spmm = str(scorch.explain("ij,jk->ik", A, torch.rand(30, 300)))
+        sddmm = str(scorch.explain("ij,ik,jk->ij", A, torch.rand(30, 64), torch.rand(30, 64)))
+    assert "# pack" not in spmm and "# pack" not in sddmm
