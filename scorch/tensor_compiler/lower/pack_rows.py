@@ -1,22 +1,27 @@
-"""Gathered rows packed once per segment: where a loop re-runs the same sparse segment for
-each of its iterations and the segment's loop reads a dense operand's row per stored
-entry (a gather), the rows of that segment are copied into one contiguous buffer before
-the loop, and every pass reads the buffer (a GEMM's packed panel).
+"""Rows a fixed-width kernel re-reads at a stride, copied once into one contiguous buffer
+(a GEMM's packed panel). Rows 2 KB apart (hidden 512 floats) map a narrow panel of each
+onto the same few L1 sets, so every pass reloads them from L2; packed, a pass reads one
+buffer in order. Two forms:
 
-The MoE expert gradient ``dE(n,d,h) = sum_b dy(b,h) x(b,d) G(b,n)`` runs ``n, d, b, h``:
-for each of the 784 rows ``d`` the segment of expert ``n`` (~256 inputs) reads
-``dy[b, panel]``. The gathered rows lie 2 KB apart (hidden 512), so a 32-float panel of
-each maps to the same few L1 sets, and every pass reloads them from L2; packed, the
-segment's panel is 32 KB read in order. Hand-written harness on a Zen 3 core (1 thread,
-under load): 61-66 -> 35-38 ms for the 2-row jam (blocking the segment alone, without the
-copy, gained nothing). Copying costs one read of the rows per loop, against one read per
-iteration of it.
+* *A segment's gathered rows*: a loop re-runs the same sparse segment for each of its
+  iterations and the segment reads a dense row per stored entry. The MoE expert gradient
+  ``dE(n,d,h) = sum_b dy(b,h) x(b,d) G(b,n)`` runs ``n, d, b, h``: for each of the 784
+  rows ``d`` the segment of expert ``n`` (~256 inputs) reads ``dy[b, panel]``; the
+  segment's panel is copied before the ``d`` loop. Hand-written harness, Zen 3, 1 thread,
+  under load: 61-66 -> 35-38 ms (blocking the segment so its rows stay in L1, without the
+  copy, gained nothing).
+* *A block's panel*: a sparse loop runs a dense loop per entry that reads one row of a
+  block at ``base + c * stride`` (``base`` set outside the sparse loop). The MoE forward
+  ``n, b, d, h`` reads ``E[n, d, panel]`` for every input of expert ``n``; the panel is
+  copied before the sparse loop where the rows are not contiguous already (a run-time
+  test of the stride): harness 53-55 -> 39-42 ms.
 
-On the IR, in a fixed-width chunk function (the segment's body loads whole vectors): a
-``For``/``While`` whose body sets up a segment (``q = pos[p]``, ``h = pos[p + 1]``, from
-names set outside it) and runs it, where the segment's body has no loops, computes a row
-offset ``o = c * a.tK_st_v`` of the coordinate ``c = crd[q]`` and reads ``a.tK_vals``
-only at ``o``. Consecutive such loops over one segment share one copy.
+A copy costs one read of the rows, against one read per iteration of the loop that re-reads
+them. On the IR: the segment is set up by ``q = pos[p]``, ``h = pos[p + 1]`` from names set
+outside the loop, its body has no loops, and the packed access ``a.tK_vals`` is read only
+at the row offset (``o = c * a.tK_st_v`` of the coordinate ``c = crd[q]``, or
+``o = base + c_d * a.tK_st_v``). Consecutive loops over one segment or block (a register
+tile and its rest) share one copy.
 """
 from __future__ import annotations
 
@@ -24,17 +29,13 @@ import re
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..loop_ir import AddTo, Assign, Call, For, If, LevelCode, Stmt, While
+from .register_tile import assigned_names, has_loop, names, stmt_text
 
 __all__ = ["pack_rows"]
 
-_NAME = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\b")
 _LINE = re.compile(r"^([A-Za-z_]\w*) = (.+)$")
 _OFFSET = re.compile(r"^([A-Za-z_]\w*) \* (a\.t(\d+)_st_\w+)$")
 _CRD = re.compile(r"^(a\.t\d+_crd\d+)\[([A-Za-z_]\w*)\]$")
-
-
-def _names(code: str) -> set:
-    return set(_NAME.findall(code))
 
 
 class _Pack:
@@ -46,36 +47,6 @@ class _Pack:
 
     def key(self):
         return (self.setup, self.crd, self.vals, self.stride)
-
-
-def _text(st: Stmt) -> str:
-    if isinstance(st, (Assign, AddTo)):
-        return f"{st.target} {st.expr}"
-    if isinstance(st, Call):
-        return st.code
-    if isinstance(st, LevelCode):
-        return " ".join(st.lines)
-    if isinstance(st, If):
-        return " ".join([st.cond] + [_text(x) for x in st.then + st.orelse])
-    if isinstance(st, For):
-        return " ".join([st.var, st.lo or "", st.hi] + [_text(x) for x in st.body])
-    if isinstance(st, While):
-        return " ".join([st.cond] + [_text(x) for x in st.body])
-    return ""
-
-
-def _assigned(stmts: Sequence[Stmt]) -> set:
-    out = set()
-    for st in stmts:
-        if isinstance(st, (Assign, AddTo)) and re.fullmatch(r"[A-Za-z_]\w*", st.target):
-            out.add(st.target)
-        elif isinstance(st, LevelCode):
-            out |= {m.group(1) for m in map(_LINE.match, st.lines) if m}
-        elif isinstance(st, If):
-            out |= _assigned(st.then) | _assigned(st.orelse)
-        elif isinstance(st, (For, While)):
-            out |= _assigned(st.body) | ({st.var} if isinstance(st, For) else set())
-    return out
 
 
 def _prefetch_of(st: Stmt, vals: str) -> bool:
@@ -101,10 +72,10 @@ def _find(loop) -> Optional[_Pack]:
     if len(lines) != 2 or not all(ms) or [m.group(1) for m in ms] != [seg.var, seg.hi] or seg.lo != seg.var:
         return None
     # the segment's bounds come from outside the loop: the same segment every iteration
-    inside = _assigned(body) | ({loop.var} if isinstance(loop, For) else set())
-    if _names(" ".join(m.group(2) for m in ms)) & inside:
+    inside = assigned_names(body) | ({loop.var} if isinstance(loop, For) else set())
+    if names(" ".join(m.group(2) for m in ms)) & inside:
         return None
-    if _has_loop(seg.body):
+    if has_loop(seg.body):
         return None
     coord = crd = None
     found: List[Tuple[str, str, str]] = []
@@ -117,11 +88,10 @@ def _find(loop) -> Optional[_Pack]:
             m = _OFFSET.match(st.expr)
             if m and coord is not None and m.group(1) == coord:
                 found.append((st.target, f"a.t{m.group(3)}_vals", m.group(2)))
-    text = " ".join(_text(st) for st in seg.body if not _prefetch_of(st, "a.t"))
+    text = " ".join(stmt_text(st) for st in seg.body if not _prefetch_of(st, "a.t"))
     for off, vals, stride in found:
         uses = len(re.findall(re.escape(vals) + r"\b", text))
         if uses and uses == len(re.findall(re.escape(vals) + r" \+ " + off + r"\b", text)) \
-                and _assigned(seg.body).isdisjoint(_names(off + " " + coord) - {off, coord}) \
                 and sum(1 for st in seg.body if isinstance(st, Assign) and st.target == off) == 1:
             return _Pack(tuple(lines), seg.var, crd, vals, stride, off)
     return None
@@ -150,12 +120,12 @@ def _find_block(loop) -> Optional[_Block]:
     if len(dense) != 1 or dense[0].role != "dense" or any(isinstance(st, While) for st in loop.body):
         return None
     d = dense[0]
-    if _has_loop(d.body) or (d.lo or "0") != "0":
+    if has_loop(d.body) or (d.lo or "0") != "0":
         return None
-    inside = _assigned(loop.body) | ({loop.var} if isinstance(loop, For) else set())
-    if _names(d.hi) & inside:
+    inside = assigned_names(loop.body) | ({loop.var} if isinstance(loop, For) else set())
+    if names(d.hi) & inside:
         return None
-    text = " ".join(_text(st) for st in d.body)
+    text = " ".join(stmt_text(st) for st in d.body)
     for st in d.body:
         if not isinstance(st, Assign):
             continue
@@ -166,7 +136,7 @@ def _find_block(loop) -> Optional[_Block]:
         uses = len(re.findall(re.escape(vals) + r"\b", text))
         if uses and uses == len(re.findall(re.escape(vals) + r" \+ " + off + r"\b", text)) \
                 and sum(1 for x in d.body if isinstance(x, Assign) and x.target == off) == 1 \
-                and vals not in " ".join(_text(x) for x in loop.body if x is not d):
+                and vals not in " ".join(stmt_text(x) for x in loop.body if x is not d):
             return _Block(d, vals, m.group(1), m.group(3), off)
     return None
 
@@ -196,11 +166,6 @@ def _copy_block(b: _Block, buf: str, step: str, store: str, pq: str, width: int,
                 For(pq, None, b.dense.hi, (Call(f"memcpy({buf} + {pq} * {width}, {b.vals} + {b.base} + {pq} * "
                                                 f"{b.stride}, {width} * sizeof({vt}))"),), "pack")),
                (Assign(buf, f"{b.vals} + {b.base}"), Assign(step, b.stride)))]
-
-
-def _has_loop(stmts: Sequence[Stmt]) -> bool:
-    return any(isinstance(st, (For, While)) or (isinstance(st, If) and _has_loop(st.then + st.orelse))
-               for st in stmts)
 
 
 def _rewrite(loop, p: _Pack, buf: str, lo: str, width: int):
@@ -253,14 +218,14 @@ def pack_rows(body: Tuple[Stmt, ...], need: Callable, width: int, vt: str) -> Tu
                     st = While(st.cond, visit(st.body), st.role)
                 elif isinstance(st, If):
                     st = If(st.cond, visit(st.then), visit(st.orelse))
-                written |= _assigned([st])
+                written |= assigned_names([st])
                 out.append(st)
                 current = None
                 continue
             if p is not None:
-                key, reads = p.key(), _names(" ".join(ln.split(" = ", 1)[1] for ln in p.setup))
+                key, reads = p.key(), names(" ".join(ln.split(" = ", 1)[1] for ln in p.setup))
             else:
-                key, reads = blk.key(), _names(f"{blk.base} {blk.dense.hi}")
+                key, reads = blk.key(), names(f"{blk.base} {blk.dense.hi}")
             if current is None or current[0] != key or written & reads:
                 k = count[0]
                 count[0] += 1
@@ -277,6 +242,6 @@ def pack_rows(body: Tuple[Stmt, ...], need: Callable, width: int, vt: str) -> Tu
                 out.append(_rewrite(st, p, current[1], current[2], width))
             else:
                 out.append(_rewrite_block(st, blk, current[1], current[2]))
-            written |= _assigned([st])
+            written |= assigned_names([st])
         return tuple(out)
     return visit(body)
