@@ -78,9 +78,10 @@ def test_moe_kernels_pack_what_they_re_read():
         fwd = scorch.explain(FORWARD, x, E, scorch.sparse_tensor(topk_gate(64, 4, 2), format="csr"))
     body = _variant(grad, "run_chunk_w32")
     assert body.count("# pack") == 1 and body.index("# pack") < body.index("# tile")
-    assert "pk0 + o0_2" in body and "a.t0_vals + o0_2" not in body and "scorch_prefetch" not in body
+    assert "pk0 + o0_2" in body and "a.t0_vals + o0_2" not in body
+    assert "if not pk0_on and q2_1 < pfe:" in grad.source      # rows past PACK_MAX_BYTES: in place
     body = _variant(fwd, "run_chunk_w32")
-    assert body.count("# pack") == 1 and "if a.t1_st_d != 32" in body and "pk0 + o1_2" in body
+    assert body.count("# pack") == 1 and "if a.t1_st_d != 32 and" in body and "pk0 + o1_2" in body
 
 
 def test_no_pack_without_a_re_read():
@@ -91,3 +92,24 @@ def test_no_pack_without_a_re_read():
         spmm = str(scorch.explain("ij,jk->ik", A, torch.rand(30, 300)))
         sddmm = str(scorch.explain("ij,ik,jk->ij", A, torch.rand(30, 64), torch.rand(30, 64)))
     assert "# pack" not in spmm and "# pack" not in sddmm
+
+
+def test_rows_past_the_cap_are_read_in_place(monkeypatch):
+    """Past ``PACK_MAX_BYTES`` a copy (one buffer per thread) is skipped at run time and
+    the kernel reads the rows where they are (prefetching the gathered ones, as before)."""
+    from scorch.tensor_compiler.api import plan_cache_clear
+    from scorch.tensor_compiler.lower import pack_rows
+    monkeypatch.setattr(pack_rows, "PACK_MAX_BYTES", 0)
+    plan_cache_clear()
+    try:
+        x, dy, E = torch.rand(64, 40), torch.rand(64, 300), torch.rand(4, 40, 300)
+        dense = topk_gate(64, 4, 2)
+        with use_target("avx2"):
+            grad = scorch.einsum(EXPERT_GRAD, dy, x, scorch.sparse_tensor(dense, format="csc"), out_format="ddd")
+            fwd = scorch.einsum(FORWARD, x, E, scorch.sparse_tensor(dense, format="csr"))
+            src = scorch.explain(FORWARD, x, E, scorch.sparse_tensor(dense, format="csr")).source
+        assert "<= 0" in src
+        torch.testing.assert_close(torch.as_tensor(grad), torch.einsum(EXPERT_GRAD, dy, x, dense), rtol=1e-4, atol=1e-3)
+        torch.testing.assert_close(torch.as_tensor(fwd), torch.einsum(FORWARD, x, E, dense), rtol=1e-4, atol=1e-3)
+    finally:
+        plan_cache_clear()

@@ -29,9 +29,14 @@ import re
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..loop_ir import AddTo, Assign, Call, For, If, LevelCode, Stmt, While
+from ..target import value_bytes
 from .register_tile import assigned_names, has_loop, names, stmt_text
 
-__all__ = ["pack_rows"]
+__all__ = ["pack_rows", "PACK_MAX_BYTES"]
+
+#: rows are copied only up to this many bytes a copy (one buffer per thread): past it the
+#: kernel reads them where they are, as before (memory stays bounded on huge segments)
+PACK_MAX_BYTES = 4 << 20
 
 _LINE = re.compile(r"^([A-Za-z_]\w*) = (.+)$")
 _OFFSET = re.compile(r"^([A-Za-z_]\w*) \* (a\.t(\d+)_st_\w+)$")
@@ -158,23 +163,23 @@ def _rewrite_block(loop, b: _Block, buf: str, step: str):
 
 
 def _copy_block(b: _Block, buf: str, step: str, store: str, pq: str, width: int, vt: str) -> List[Stmt]:
-    """The block's rows copied to ``buf`` where they are not contiguous already (then
-    ``buf`` points at the block itself)."""
-    return [If(f"{b.stride} != {width}",
+    """The block's rows copied to ``buf`` where they are not contiguous already and fit
+    :data:`PACK_MAX_BYTES` (else ``buf`` points at the block itself)."""
+    return [If(f"{b.stride} != {width} and {b.dense.hi} * {width * value_bytes(vt)} <= {PACK_MAX_BYTES}",
                (Call(f"{store}.resize({b.dense.hi} * {width} + 1)"),
                 Assign(buf, f"{store}.data()"), Assign(step, str(width)),
                 For(pq, None, b.dense.hi, (Call(f"memcpy({buf} + {pq} * {width}, {b.vals} + {b.base} + {pq} * "
-                                                f"{b.stride}, {width} * sizeof({vt}))"),), "pack")),
+                                                f"{b.stride}, {width * value_bytes(vt)})"),), "pack")),
                (Assign(buf, f"{b.vals} + {b.base}"), Assign(step, b.stride)))]
 
 
-def _rewrite(loop, p: _Pack, buf: str, lo: str, width: int):
-    """``loop`` reading the packed rows: row ``q - lo`` of ``buf`` for entry ``q``."""
+def _rewrite(loop, p: _Pack, buf: str, lo: str, on: str, width: int):
+    """``loop`` reading the packed rows (where ``on``): row ``q - lo`` of ``buf`` for entry ``q``."""
     def seg_stmt(st: Stmt) -> List[Stmt]:
         if _prefetch_of(st, p.vals):
-            return []
+            return [If(f"not {on} and {st.cond}", st.then)]     # rows read in place
         if isinstance(st, Assign) and st.target == p.off:
-            return [Assign(p.off, f"({p.q} - {lo}) * {width}")]
+            return [Assign(p.off, f"({p.q} - {lo}) * {width} if {on} else {st.expr}")]
         if isinstance(st, (Assign, AddTo)):
             return [type(st)(st.target, st.expr.replace(p.vals + " + " + p.off, buf + " + " + p.off))]
         return [st]
@@ -189,14 +194,18 @@ def _rewrite(loop, p: _Pack, buf: str, lo: str, width: int):
     return While(loop.cond, tuple(body), loop.role)
 
 
-def _copy(p: _Pack, buf: str, store: str, lo: str, hi: str, pq: str, width: int, vt: str) -> List[Stmt]:
-    """The segment's rows copied to ``buf`` (``width`` values each, in segment order)."""
+def _copy(p: _Pack, buf: str, store: str, lo: str, hi: str, on: str, pq: str, width: int,
+          vt: str) -> List[Stmt]:
+    """The segment's rows copied to ``buf`` (``width`` values each, in segment order) when
+    they fit :data:`PACK_MAX_BYTES` (``on``); else ``buf`` is the operand itself."""
     first, end = (ln.split(" = ", 1)[1] for ln in p.setup)
     return [Assign(lo, first), Assign(hi, end),
-            Call(f"{store}.resize(({hi} - {lo}) * {width} + 1)"),
-            Assign(buf, f"{store}.data()"),
-            For(pq, lo, hi, (Call(f"memcpy({buf} + ({pq} - {lo}) * {width}, {p.vals} + {p.crd}[{pq}] * "
-                                  f"{p.stride}, {width} * sizeof({vt}))"),), "pack")]
+            Assign(on, f"({hi} - {lo}) * {width * value_bytes(vt)} <= {PACK_MAX_BYTES}"),
+            If(on, (Call(f"{store}.resize(({hi} - {lo}) * {width} + 1)"),
+                    Assign(buf, f"{store}.data()"),
+                    For(pq, lo, hi, (Call(f"memcpy({buf} + ({pq} - {lo}) * {width}, {p.vals} + {p.crd}[{pq}] * "
+                                          f"{p.stride}, {width * value_bytes(vt)})"),), "pack")),
+               (Assign(buf, p.vals),))]
 
 
 def pack_rows(body: Tuple[Stmt, ...], need: Callable, width: int, vt: str) -> Tuple[Stmt, ...]:
@@ -231,15 +240,16 @@ def pack_rows(body: Tuple[Stmt, ...], need: Callable, width: int, vt: str) -> Tu
                 count[0] += 1
                 store, buf = need(f"pk{k}_store", f"vector[{vt}]"), need(f"pk{k}", f"{vt}*")
                 pq = need(f"pk{k}_q")
+                on = None
                 if p is not None:
-                    lo, hi = need(f"pk{k}_lo"), need(f"pk{k}_hi")
-                    out += _copy(p, buf, store, lo, hi, pq, width, vt)
+                    lo, hi, on = need(f"pk{k}_lo"), need(f"pk{k}_hi"), need(f"pk{k}_on", "bint")
+                    out += _copy(p, buf, store, lo, hi, on, pq, width, vt)
                 else:
                     lo = need(f"pk{k}_step")
                     out += _copy_block(blk, buf, lo, store, pq, width, vt)
-                current, written = (key, buf, lo), set()
+                current, written = (key, buf, lo, on), set()
             if p is not None:
-                out.append(_rewrite(st, p, current[1], current[2], width))
+                out.append(_rewrite(st, p, current[1], current[2], current[3], width))
             else:
                 out.append(_rewrite_block(st, blk, current[1], current[2]))
             written |= assigned_names([st])
