@@ -78,6 +78,7 @@ def test_moe_kernels_pack_what_they_re_read():
         fwd = scorch.explain(FORWARD, x, E, scorch.sparse_tensor(topk_gate(64, 4, 2), format="csr"))
     body = _variant(grad, "run_chunk_w32")
     assert body.count("# pack") == 1 and body.index("# pack") < body.index("# tile")
+    assert "wv3_u2" in body and "wv0_u3" not in body          # 3 rows of 4 vectors (tile_factor)
     assert "pk0 + o0_2" in body and "a.t0_vals + o0_2" not in body
     assert "if not pk0_on and q2_1 < pfe:" in grad.source      # rows past PACK_MAX_BYTES: in place
     body = _variant(fwd, "run_chunk_w32")

@@ -252,12 +252,17 @@ def _flat_assignments(loop: For) -> List[Tuple[str, str]]:
 
 
 def tile_factor(accumulators: int, shared_loads: int, registers: int) -> int:
-    """Iterations per tile: the most (up to :data:`MAX_TILE`) whose accumulators, the
-    shared loads and one broadcast per iteration fit the vector registers (1: no tile).
-    AVX-512 (32 registers) and a 128-float row of 8 accumulators: 2; 64 floats: 4. AVX2
-    (16) and 128 floats (16 accumulators): 1."""
+    """Iterations per tile: the most (up to :data:`MAX_TILE`) whose accumulators, one
+    broadcast per iteration and the shared load in flight fit the vector registers (1: no
+    tile). A shared vector is loaded and consumed by the iterations' FMAs before the next
+    one (or read as their memory operand), so one register holds them all: counting each
+    as a register (sessions 8-10) gave AVX2's 32-float rows 2 iterations where 3 fit, and
+    with the rows packed (``pack_rows``) the third paid on a Zen 3 core (expert gradient
+    53-72 -> 36-52 ms, forward 47-55 -> 38-51, interleaved, load 5). AVX-512 (32
+    registers): 128-float rows of 8 accumulators 3, 64 floats 4; AVX2 (16): 32 floats 3,
+    64 floats (8 accumulators) and 128 floats 1."""
     for r in range(MAX_TILE, 1, -1):
-        if r * accumulators + shared_loads + r <= registers:
+        if r * accumulators + min(shared_loads, 1) + r <= registers:
             return r
     return 1
 
