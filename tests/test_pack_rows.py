@@ -3,7 +3,8 @@
 it (the MoE expert gradient's ``dy[b, panel]``, loop order ``n, d, b, h``) and the panel of
 a block re-read per stored entry (the MoE forward's ``E[n, :, panel]``, ``n, b, d, h``;
 copied only where its rows are not contiguous already). Oracle: dense torch over 0/1-sized
-dims, empty and full gates, float32/64, csr/coo, 1 and 2 threads, panels and whole rows;
+dims, empty and full gates, float32/64, csr/coo (csc/coo for the gradient), 1 and 2 threads,
+panels and whole rows;
 ``explain`` shows the copy loops (``# pack``), and kernels without such a re-read have none."""
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 import scorch
 from compiler_helpers import topk_gate
+from scorch.tensor_compiler import tiling
 from scorch.tensor_compiler.target import use_target
 
 FORWARD, EXPERT_GRAD = "bd,ndh,bn->bh", "bh,bd,bn->ndh"
@@ -31,8 +33,9 @@ def cases(draw):
     h = draw(st.sampled_from([1, 32, 40]))      # 32: whole rows of one width; 40: panels
     n = draw(st.sampled_from([1, 3]))
     k = draw(st.integers(0, n))                 # 0: an empty gate, n: a full one
-    return (b, d, h, n, k, draw(st.sampled_from([torch.float32, torch.float64])),
-            draw(st.sampled_from(["csr", "coo"])), draw(st.sampled_from([FORWARD, EXPERT_GRAD])),
+    eq = draw(st.sampled_from([FORWARD, EXPERT_GRAD]))
+    fmt = draw(st.sampled_from(["csr", "coo"] if eq == FORWARD else ["csc", "coo"]))
+    return (b, d, h, n, k, draw(st.sampled_from([torch.float32, torch.float64])), fmt, eq,
             draw(st.sampled_from([1, 2])), draw(st.integers(0, 3)))
 
 
@@ -51,19 +54,23 @@ def test_packed_rows_equal_dense(case):
     else:
         ops = (torch.rand(b, h, generator=g, dtype=dtype), x, G)
         dense_ops = ops[:2] + (dense,)
-    old, known, free = torch.get_num_threads(), th._load_known, th._free_cores
+    old, known, free, l1 = torch.get_num_threads(), th._load_known, th._free_cores, tiling.l1_cache_bytes
     torch.set_num_threads(nthreads)
     th._load_known, th._free_cores = True, (lambda T: T)     # no load estimate: all threads
+    # these small blocks planned as the MoE's (re-read per entry: the expert-major plans)
+    tiling.l1_cache_bytes = lambda: 256
     try:
         want = torch.einsum(eq, *dense_ops)
         kw = {"out_format": "dd" if eq == FORWARD else "ddd"}
+        if b > 1 and d * h * x.element_size() > 128 and (eq == FORWARD or fmt == "csc"):
+            assert "# pack" in str(scorch.explain(eq, *ops, **kw))
         for _ in range(2):                       # general path, then the warm runner
             got = scorch.einsum(eq, *ops, **kw)
             tol = 1e-4 if dtype == torch.float32 else 1e-10
             torch.testing.assert_close(torch.as_tensor(got), want, rtol=tol, atol=tol * max(b, d, 1))
     finally:
         torch.set_num_threads(old)
-        th._load_known, th._free_cores = known, free
+        th._load_known, th._free_cores, tiling.l1_cache_bytes = known, free, l1
 
 
 def test_moe_kernels_pack_what_they_re_read():
