@@ -18,7 +18,7 @@ from scorch.tensor_compiler import tiling
 from scorch.tensor_compiler.target import use_target
 
 FORWARD, EXPERT_GRAD = "bd,ndh,bn->bh", "bh,bd,bn->ndh"
-SETTINGS = dict(max_examples=25, deadline=None, derandomize=True,
+SETTINGS = dict(max_examples=15, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
