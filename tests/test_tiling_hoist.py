@@ -130,7 +130,7 @@ def test_choose_cache_panel_fits_half_the_l2():
 
 def test_choose_cache_panel_prefers_register_tiled_widths():
     """AVX2 (16 registers): a 64-float row's 8 accumulators leave no room for a second
-    row, 32 floats take two (``tile_factor``): the narrower tiled panel wins, but only
+    row, 32 floats take three (``tile_factor``): the narrower tiled panel wins, but only
     among the widths that fit; untiled kernels keep the widest fitting width."""
     widths, avx2 = (4, 8, 16, 32, 64, 128), (4, 8, 16, 32)
     with l2_bytes(1 << 19):                      # Zen 3: 256 KB for the panel

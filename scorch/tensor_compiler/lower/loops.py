@@ -36,6 +36,7 @@ from .facts import (CACHE_LINE, DOT_ENTRIES, PREFETCH_DISTANCE, SEGMENT_PREFETCH
                     LoopLevels, chased_segments, cvar, level_entries, dot_entries_type, dot_prefetch_distance,
                     dot_row_shared)
 from .nest import Cursor, Nest
+from .pack_rows import pack_rows
 from .register_tile import register_tile
 from .output import (after_loop, before_loop, leaf, presence, product_of, product_split, row_room,
                      value, vector_leaf)
@@ -57,6 +58,8 @@ def loop_nest(n: Nest, depth: int, st: Cursor) -> Tuple[Stmt, ...]:
         # unroll-and-jam: the vectors the innermost loop loads feed several register rows
         nest = register_tile(nest, dict(n.decls.items()), n.decls.need, f.target.vector_registers,
                              frozenset({f.vector(n.variant.width)[1]}))
+        # a segment re-run per iteration of a loop above it reads its gathered rows packed
+        nest = pack_rows(nest, n.decls.need, n.variant.width, f.vt)
     elif depth == 0 and f.dot and not n.variant.bound_only:
         # the run-time-width dot (gcc vectorizes it) when its entries share a matrix
         # block (the MoE gate gradient's E[n] over d, h): several entries per pass

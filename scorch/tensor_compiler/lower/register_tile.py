@@ -23,7 +23,7 @@ from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from ..loop_ir import AddTo, AppendEntry, Assign, Call, For, If, LevelCode, Stmt, While
 
-__all__ = ["register_tile", "tile_factor", "has_tile", "MAX_TILE"]
+__all__ = ["register_tile", "tile_factor", "has_tile", "MAX_TILE", "stmt_text", "names", "has_loop", "assigned_names"]
 
 #: at most this many iterations per tile (4: the GEMM micro-kernels' row count)
 MAX_TILE = 4
@@ -33,7 +33,7 @@ _LINE_ASSIGN = re.compile(r"^\s*([A-Za-z_]\w*)\s*\+?=\s*(.*)$")
 _VECTOR_LOAD = re.compile(r"\(<\w+\*>\(([^()]*)\)\)\[0\]")
 
 
-def _names(code: str) -> Set[str]:
+def names(code: str) -> Set[str]:
     return set(_NAME.findall(code))
 
 
@@ -41,11 +41,11 @@ def _rename(code: str, mapping: Dict[str, str]) -> str:
     return _NAME.sub(lambda m: mapping.get(m.group(1), m.group(1)), code)
 
 
-def _has_loop(stmts: Sequence[Stmt]) -> bool:
+def has_loop(stmts: Sequence[Stmt]) -> bool:
     for st in stmts:
         if isinstance(st, (For, While)):
             return True
-        if isinstance(st, If) and (_has_loop(st.then) or _has_loop(st.orelse)):
+        if isinstance(st, If) and (has_loop(st.then) or has_loop(st.orelse)):
             return True
     return False
 
@@ -73,7 +73,7 @@ def _assignments(st: Stmt) -> Optional[List[Tuple[str, str]]]:
     return None
 
 
-def _text(st: Stmt) -> str:
+def stmt_text(st: Stmt) -> str:
     """Every expression of a statement (for the names it reads)."""
     if isinstance(st, (Assign, AddTo)):
         return f"{st.target} {st.expr}"
@@ -84,11 +84,11 @@ def _text(st: Stmt) -> str:
     if isinstance(st, AppendEntry):
         return " ".join(st.coords) + f" {st.value} {st.row or ''}"
     if isinstance(st, If):
-        return " ".join([st.cond] + [_text(x) for x in st.then + st.orelse])
+        return " ".join([st.cond] + [stmt_text(x) for x in st.then + st.orelse])
     if isinstance(st, For):
-        return " ".join([st.var, st.lo or "", st.hi] + [_text(x) for x in st.body])
+        return " ".join([st.var, st.lo or "", st.hi] + [stmt_text(x) for x in st.body])
     if isinstance(st, While):
-        return " ".join([st.cond] + [_text(x) for x in st.body])
+        return " ".join([st.cond] + [stmt_text(x) for x in st.body])
     return "ok ob"       # RowEnd and anything else: the row counters
 
 
@@ -125,20 +125,20 @@ def _post_ok(stmts: Sequence[Stmt]) -> bool:
     return True
 
 
-def _assigned_anywhere(stmts: Sequence[Stmt]) -> Set[str]:
+def assigned_names(stmts: Sequence[Stmt]) -> Set[str]:
     out: Set[str] = set()
     for st in stmts:
         if isinstance(st, (Assign, AddTo)):
-            out |= _names(st.target.split("[")[0]) if "[" not in st.target else set()
+            out |= names(st.target.split("[")[0]) if "[" not in st.target else set()
         elif isinstance(st, LevelCode):
             for ln in st.lines:
                 m = _LINE_ASSIGN.match(ln)
                 if m:
                     out.add(m.group(1))
         elif isinstance(st, If):
-            out |= _assigned_anywhere(st.then) | _assigned_anywhere(st.orelse)
+            out |= assigned_names(st.then) | assigned_names(st.orelse)
         elif isinstance(st, (For, While)):
-            out |= _assigned_anywhere(st.body) | ({st.var} if isinstance(st, For) else set())
+            out |= assigned_names(st.body) | ({st.var} if isinstance(st, For) else set())
     return out
 
 
@@ -152,7 +152,7 @@ def _region(loop: For, flows: List[Tuple[str, str]], bounds: List[str]) -> bool:
                 return False
             continue
         if _hint(st):
-            flows.append(("", _text(st)))   # read, nothing assigned
+            flows.append(("", stmt_text(st)))   # read, nothing assigned
             continue
         a = _assignments(st)
         if a is None or isinstance(st, LevelCode):
@@ -187,7 +187,7 @@ def _analyse(outer: For, elsewhere: str) -> Optional[_Tile]:
         return None
     k = loops[0]
     pre, inner, post = body[:k], body[k], body[k + 1:]
-    if _has_loop(pre) or _has_loop(post) or not _post_ok(post):
+    if has_loop(pre) or has_loop(post) or not _post_ok(post):
         return None
     flows: List[Tuple[str, str]] = []
     for st in pre:
@@ -201,7 +201,7 @@ def _analyse(outer: For, elsewhere: str) -> Optional[_Tile]:
     for st in post:
         if isinstance(st, (Assign, AddTo)) and "[" not in st.target:
             flows.append((st.target, st.expr + " " + st.target))
-    reads = " ".join(_text(st) for st in pre + [inner])
+    reads = " ".join(stmt_text(st) for st in pre + [inner])
     if "out_vals" in reads or "out_pos" in reads:
         return None
     variant = {outer.var}
@@ -209,15 +209,15 @@ def _analyse(outer: For, elsewhere: str) -> Optional[_Tile]:
     while changed:
         changed = False
         for target, expr in flows:
-            if target and target not in variant and _names(expr) & variant:
+            if target and target not in variant and names(expr) & variant:
                 variant.add(target)
                 changed = True
-    if _names(" ".join(bounds)) & variant:
+    if names(" ".join(bounds)) & variant:
         return None      # the inner loops must run the same iterations in every copy
     # what the copies after the first write after the inner loop must not be read before it
-    if _assigned_anywhere(post) & (_names(reads) - {""}):
+    if assigned_names(post) & (names(reads) - {""}):
         return None
-    if _names(elsewhere) & (variant - {outer.var}):
+    if names(elsewhere) & (variant - {outer.var}):
         return None      # a local of the loop is read after it: the tile would hide its value
     return _Tile(outer, pre, inner, post, variant)
 
@@ -234,12 +234,12 @@ def _shared_loads(t: _Tile) -> int:
     """Loads in the innermost loop whose address does not depend on the outer loop: vector
     loads, or (a run-time-width loop gcc vectorizes) loads indexed by that loop."""
     body = _innermost(t.inner)
-    text = " ".join(_text(st) for st in body.body if not isinstance(st, For))
-    loads = {a.replace(" ", "") for a in _VECTOR_LOAD.findall(text) if not _names(a) & t.variant}
+    text = " ".join(stmt_text(st) for st in body.body if not isinstance(st, For))
+    loads = {a.replace(" ", "") for a in _VECTOR_LOAD.findall(text) if not names(a) & t.variant}
     if not loads:
-        streamed = {x for x, e in (_flat_assignments(body)) if body.var in _names(e)} | {body.var}
+        streamed = {x for x, e in (_flat_assignments(body)) if body.var in names(e)} | {body.var}
         loads = {a.replace(" ", "") for a in _SCALAR_LOAD.findall(text)
-                 if not _names(a) & t.variant and _names(a) & streamed}
+                 if not names(a) & t.variant and names(a) & streamed}
     return len(loads)
 
 
@@ -252,12 +252,17 @@ def _flat_assignments(loop: For) -> List[Tuple[str, str]]:
 
 
 def tile_factor(accumulators: int, shared_loads: int, registers: int) -> int:
-    """Iterations per tile: the most (up to :data:`MAX_TILE`) whose accumulators, the
-    shared loads and one broadcast per iteration fit the vector registers (1: no tile).
-    AVX-512 (32 registers) and a 128-float row of 8 accumulators: 2; 64 floats: 4. AVX2
-    (16) and 128 floats (16 accumulators): 1."""
+    """Iterations per tile: the most (up to :data:`MAX_TILE`) whose accumulators, one
+    broadcast per iteration and the shared load in flight fit the vector registers (1: no
+    tile). A shared vector is loaded and consumed by the iterations' FMAs before the next
+    one (or read as their memory operand), so one register holds them all: counting each
+    as a register (sessions 8-10) gave AVX2's 32-float rows 2 iterations where 3 fit, and
+    with the rows packed (``pack_rows``) the third paid on a Zen 3 core (expert gradient
+    53-72 -> 36-52 ms, forward 47-55 -> 38-51, interleaved, load 5). AVX-512 (32
+    registers): 128-float rows of 8 accumulators 3, 64 floats 4; AVX2 (16): 32 floats 3,
+    64 floats (8 accumulators) and 128 floats 1."""
     for r in range(MAX_TILE, 1, -1):
-        if r * accumulators + shared_loads + r <= registers:
+        if r * accumulators + min(shared_loads, 1) + r <= registers:
             return r
     return 1
 
@@ -276,7 +281,7 @@ def _jam(t: _Tile, R: int, types: Dict[str, str], need) -> List[Stmt]:
                 out.append(For(st.var, st.lo, st.hi, tuple(copies(st.body)), st.role))
                 continue
             targets = {x for x, _e in (_assignments(st) or [])} - {""}
-            if targets & t.variant or (_hint(st) and _names(_text(st)) & t.variant):
+            if targets & t.variant or (_hint(st) and names(stmt_text(st)) & t.variant):
                 out += [_renamed(st, m) if m else st for m in maps]
             else:
                 out.append(st)
@@ -305,7 +310,7 @@ def register_tile(body: Tuple[Stmt, ...], types: Dict[str, str], need, registers
     def visit(stmts: Tuple[Stmt, ...]) -> Tuple[Stmt, ...]:
         out: List[Stmt] = []
         for st in stmts:
-            if isinstance(st, For) and _has_loop(st.body):
+            if isinstance(st, For) and has_loop(st.body):
                 inside = [x for x in st.body if isinstance(x, (For, While))]
                 if len(inside) == 1 and isinstance(inside[0], For) and _depth(inside[0]) >= min_depth:
                     elsewhere = _text_outside(whole, st)
@@ -339,7 +344,7 @@ def _text_outside(stmts: Sequence[Stmt], skip: Stmt) -> str:
         elif isinstance(st, If):
             parts.append(st.cond + " " + _text_outside(st.then, skip) + " " + _text_outside(st.orelse, skip))
         else:
-            parts.append(_text(st))
+            parts.append(stmt_text(st))
     return " ".join(parts)
 
 
