@@ -15,8 +15,8 @@ from scorch.tensor_compiler import build, cxx_module
 from scorch.tensor_compiler.cxx_module import Unsupported, _Expr
 
 
-def expr(text, ptrs=(), int_values=False, want_bool=False):
-    return _Expr(text, frozenset(ptrs), int_values).parse(want_bool)
+def expr(text, ptrs=(), int_values=False, want_bool=False, vectors=()):
+    return _Expr(text, frozenset(ptrs), int_values, vectors=frozenset(vectors)).parse(want_bool)
 
 
 def test_expressions_keep_cython_meaning():
@@ -33,6 +33,8 @@ def test_expressions_keep_cython_meaning():
     assert expr("sizeof(a.t0_crd1[0])") == "sizeof(a.t0_crd1[0])"
     assert expr("p.x + q.x", ptrs={"p"}) == "(p->x + q.x)"
     assert expr("True") == "1"
+    assert expr("pk0_store.data() + pk0_store.size()", vectors={"pk0_store"}) == \
+        "(pk0_store.data() + pk0_store.size())"          # a local vector's own methods
     # comparisons and logic joined by and/or are 0 or 1, as Cython's bint: fine as values
     assert expr("(a < b) and (c < d)") == "(((a < b)) && ((c < d)))"
 
@@ -43,6 +45,8 @@ def test_expressions_keep_cython_meaning():
     ("x / y", {"int_values": True}),      # true division on integers
     ("a ** 2", {}),
     ("s.method()", {}),
+    ("v.data()", {}),                     # not a local vector
+    ("v.erase(0)", {"vectors": {"v"}}),   # not a method kernels use
     ("len(x)", {}),
     ("'text'", {}),
     ("<object>x", {}),

@@ -12,7 +12,7 @@ C++ (``static`` functions, ``#pragma omp`` for ``prange``) plus a 40-line Python
 It reads the printed ``.pyx`` rather than the loop IR so that the source users read, the
 golden tests and the cache key stay one text. It accepts only the subset ``codegen`` prints
 and says :class:`Unsupported` at the first thing outside it (Python objects, ``raise``,
-method calls, ``and`` / ``or`` used as values, chained comparisons, ``/`` in a kernel on
+method calls other than a local ``vector``'s, ``and`` / ``or`` used as values, chained comparisons, ``/`` in a kernel on
 integers, ``for ... else``): the kernel then goes through Cython as before. The C++ keeps
 Cython's meaning: locals hoisted to the function top, a range loop's bound read once and its
 variable left at the last value, ``prange`` bodies with a private loop variable.
@@ -39,6 +39,8 @@ _INCLUDES = {
     "libc.stdlib": "<stdlib.h>", "libcpp.vector": "<vector>",
     "cython.parallel": None, "cython.operator": None,
 }
+#: Methods of a local ``vector`` (a value, not a pointer) that kernels call.
+_VECTOR_METHODS = {"resize", "data", "size", "clear", "reserve", "push_back"}
 _INT_VALUE_TYPES = {"int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "bint", "int"}
 
 
@@ -180,10 +182,11 @@ class _Expr:
     _COMPARE = ("<", ">", "<=", ">=", "==", "!=")
 
     def __init__(self, text: str, ptrs: frozenset, int_values: bool,
-                 fields_ptrs: frozenset = frozenset()):
+                 fields_ptrs: frozenset = frozenset(), vectors: frozenset = frozenset()):
         self.toks = _tokens(text)
         self.i = 0
         self.ptrs = ptrs
+        self.vectors = vectors
         self.fields_ptrs = fields_ptrs
         self.int_values = int_values
 
@@ -372,7 +375,11 @@ class _Expr:
                 if member[0] != "name":
                     raise Unsupported(f"member {member[1]!r}")
                 if self.peek() == ("op", "("):
-                    raise Unsupported("a method call")
+                    if base_name not in self.vectors or member[1] not in _VECTOR_METHODS:
+                        raise Unsupported("a method call")
+                    a = f"{a}.{member[1]}"     # the call itself: the next round
+                    base_name = None
+                    continue
                 if base_name is None and after_pointer_field:
                     raise Unsupported("a member of a pointer field")
                 a = f"{a}{'->' if base_name in self.ptrs else '.'}{member[1]}"
@@ -440,6 +447,8 @@ class _Function:
         self._collect(body)
         ptrs = {n for n, t in self.types.items() if t.endswith("*")}
         self.ptrs = frozenset(ptrs)
+        self.vectors = frozenset(n for n, t in self.types.items()
+                                 if t.startswith("std::vector<") and not t.endswith("*"))
         self.out: List[str] = []
         self.loops = 0
         self.block(body, 1)
@@ -468,7 +477,7 @@ class _Function:
         return m.group(1), m.group(2)
 
     def expr(self, text: str, want_bool: bool = False) -> str:
-        return _Expr(text, self.ptrs, self.int_values, self.arg_ptrs).parse(want_bool)
+        return _Expr(text, self.ptrs, self.int_values, self.arg_ptrs, self.vectors).parse(want_bool)
 
     def emit(self, depth: int, text: str) -> None:
         self.out.append("    " * depth + text)
