@@ -474,9 +474,7 @@ def test_cache_clear_removes_temporary_build_dirs_not_in_use(cache_dir):
 def test_damaged_precompiled_header_is_not_used(cache_dir, monkeypatch):
     monkeypatch.setattr(build, "PREBUILT_DIR", cache_dir / "no-install")
     cdir = build.cache_dir()
-    tag = build.hashlib.sha256(build._environment_fingerprint().encode()).hexdigest()[:16]
-    header = cdir / "pch" / f"scorch_c_{tag}.h"
-    gch = header.with_name(header.name + ".gch")
+    header, gch = build._pch_paths(cdir, False)
     header.parent.mkdir(parents=True, exist_ok=True)
     # a lock held elsewhere: no second build starts, and the damaged file is not used
     import fcntl
