@@ -12,8 +12,9 @@ C++ (``static`` functions, ``#pragma omp`` for ``prange``) plus a 40-line Python
 It reads the printed ``.pyx`` rather than the loop IR so that the source users read, the
 golden tests and the cache key stay one text. It accepts only the subset ``codegen`` prints
 and says :class:`Unsupported` at the first thing outside it (Python objects, ``raise``,
-method calls other than a local ``vector``'s, ``and`` / ``or`` used as values, chained comparisons, ``/`` in a kernel on
-integers, ``for ... else``): the kernel then goes through Cython as before. The C++ keeps
+method calls other than a local ``vector``'s, ``and`` / ``or`` used as values, chained
+comparisons, ``/`` in a kernel on integers, ``for ... else``): the kernel then goes through
+Cython as before. The C++ keeps
 Cython's meaning: locals hoisted to the function top, a range loop's bound read once and its
 variable left at the last value, ``prange`` bodies with a private loop variable.
 """
