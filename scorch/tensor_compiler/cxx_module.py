@@ -648,6 +648,8 @@ def _split_assign(t: str) -> Optional[Tuple[str, str]]:
 def to_cpp(source: str) -> str:
     """The C++ extension module for a ``.pyx`` kernel with a ``kernel_c`` entry; raises
     :class:`Unsupported` for anything else."""
+    # the capsule line codegen._c_entry prints (its name, codegen.KERNEL_C_CAPSULE, is what
+    # the C fast path checks; codegen is not imported here: it pulls in torch)
     if "\nKERNEL_C = PyCapsule_New(<void*>kernel_c, b\"scorch.kernel_c\", NULL)" not in source:
         raise Unsupported("no C entry")
     value_type = re.search(r"^cdef void run_chunk\w*\(Args\* pa, .*vector\[(\w+)\]\* oval\)",
