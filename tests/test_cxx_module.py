@@ -8,7 +8,6 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-import scorch
 from compiler_helpers import dense, rand, sparse
 import scorch.tensor_compiler as C
 from scorch.tensor_compiler import build, cxx_module

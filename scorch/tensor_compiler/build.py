@@ -794,12 +794,14 @@ def _build(source: str, name: str, cdir: Path) -> None:
 
 def _cc_with_pch(source: str, c_file: Path, so: Path, pyx: Path, cpp: bool, cdir: Path,
                  pch: Path | None, extra: tuple[str, ...] = ()) -> None:
+    """:func:`_cc` with the precompiled header, again without it if that fails (a damaged
+    PCH must not stop kernels; it is not offered again in this process)."""
     try:
         _cc(source, c_file, so, pyx, cpp, cdir, pch, extra)
     except CompileError:
         if pch is None:
             raise
-        _pch_failed.add(str(pch) + ".gch")     # a damaged PCH must not stop kernels
+        _pch_failed.add(str(pch) + ".gch")
         _cc(source, c_file, so, pyx, cpp, cdir, None, extra)
 
 
@@ -807,8 +809,9 @@ def _built_as_cxx(source: str, name: str, pyx: Path, so: Path, cdir: Path, work:
     """Build a kernel whose entry is ``kernel_c`` from the C++ that ``cxx_module`` lowers
     it to, skipping Cython's module code (~3x faster to compile); False when the source
     is outside that subset (or ``SCORCH_CXX_KERNELS=0``), and Cython builds it. A C++
-    form that g++ rejects is a bug in the lowering: it is kept under ``failed/``, said
-    once in the log, and the kernel is built with Cython."""
+    form that g++ rejects is a bug in the lowering: it is kept under ``failed/``, logged
+    as a warning and counted (``cache_info()["cxx_fallbacks"]``), and the kernel is built
+    with Cython."""
     if os.environ.get(CXX_ENV, "1") == "0":
         return False
     try:
