@@ -2,21 +2,25 @@
 
 Why: Cython wraps even a 100-line kernel in ~6,500 lines of module code (argument parsing,
 error handling, module state), and g++ -O3 spends ~0.7 s of an average ~1.4 s kernel compile
-on that code, after ~0.2 s of Cython itself. A kernel whose whole body is ``kernel_c`` (raw
-pointers in, dense output written in place, no Python object anywhere: the C fast path's
-entry) needs none of it. For those kernels this module prints the same functions as plain
-C++ (``static`` functions, ``#pragma omp`` for ``prange``) plus a 40-line Python module
-(``kernel(list, nthreads, panel=0)`` and the ``KERNEL_C`` capsule), and the compile takes
-~0.1 s plus the kernel's own code.
+on that code, after ~0.2 s of Cython itself. A kernel's body holds no Python object: its entry
+is ``kernel_c`` (raw pointers in, dense output written in place: the C fast path's entry) or
+``kernel_result_c`` (a sparse output's arrays handed over as raw blocks in a
+``KernelResult``, ``scorch/_runtime/kernel_result.h``). For those kernels this module prints
+the same functions as plain C++ (``static`` functions, ``#pragma omp`` for ``prange``) plus a
+40-line Python module (``kernel(list, nthreads, panel=0)``, and the ``KERNEL_C`` capsule or a
+call of ``scorch._runtime.result``'s ``RESULT_TO_PYTHON``), and the compile takes ~0.1 s plus
+the kernel's own code.
 
 It reads the printed ``.pyx`` rather than the loop IR so that the source users read, the
 golden tests and the cache key stay one text. It accepts only the subset ``codegen`` prints
 and says :class:`Unsupported` at the first thing outside it (Python objects, ``raise``,
-method calls other than a local ``vector``'s, ``and`` / ``or`` used as values, chained
-comparisons, ``/`` in a kernel on integers, ``for ... else``): the kernel then goes through
-Cython as before. The C++ keeps
-Cython's meaning: locals hoisted to the function top, a range loop's bound read once and its
-variable left at the last value, ``prange`` bodies with a private loop variable.
+method calls outside ``nogil`` functions other than a local ``vector``'s, ``and`` / ``or``
+used as values, chained comparisons, ``/`` in a kernel on integers, ``for ... else``, Python
+strings): the kernel then goes through Cython as before. The C++ keeps Cython's meaning:
+locals hoisted to the function top, a range loop's bound read once and its variable left at
+the last value, ``prange`` bodies with a private loop variable. In a ``nogil`` function no
+Python object can be, so every method call there is C++'s; ``name[T](...)`` with C types in
+the brackets is a template call; ``b"..."`` is a C string.
 """
 from __future__ import annotations
 
