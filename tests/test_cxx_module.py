@@ -3,6 +3,7 @@ refuses, and that a kernel built from it computes what its Cython build computes
 import logging
 import textwrap
 import uuid
+from unittest import mock
 
 import pytest
 import torch
@@ -10,12 +11,13 @@ from hypothesis import given, settings, strategies as st
 
 from compiler_helpers import dense, rand, sparse
 import scorch.tensor_compiler as C
-from scorch.tensor_compiler import build, cxx_module
+from scorch.tensor_compiler import build, cxx_module, threads as _threads
 from scorch.tensor_compiler.cxx_module import Unsupported, _Expr
 
 
-def expr(text, ptrs=(), int_values=False, want_bool=False, vectors=()):
-    return _Expr(text, frozenset(ptrs), int_values, vectors=frozenset(vectors)).parse(want_bool)
+def expr(text, ptrs=(), int_values=False, want_bool=False, vectors=(), nogil=False):
+    return _Expr(text, frozenset(ptrs), int_values, vectors=frozenset(vectors),
+                 nogil=nogil).parse(want_bool)
 
 
 def test_expressions_keep_cython_meaning():
@@ -36,6 +38,14 @@ def test_expressions_keep_cython_meaning():
         "(pk0_store.data() + pk0_store.size())"          # a local vector's own methods
     # comparisons and logic joined by and/or are 0 or 1, as Cython's bint: fine as values
     assert expr("(a < b) and (c < d)") == "(((a < b)) && ((c < d)))"
+    # in a nogil function no Python object can be: any method call is C++'s
+    assert expr("crds[t].release(&nbytes)", nogil=True) == "crds[t].release((&nbytes))"
+    assert expr("deref(oval).grow(wn)", nogil=True) == "(*(oval)).grow(wn)"
+    # template functions, and bytes literals as C strings
+    assert expr("dense_scratch[float](n + 1)") == "dense_scratch<float>((n + 1))"
+    assert expr("f[int32_t, double](x)") == "f<int32_t, double>(x)"
+    assert expr("pfns[pi](x)") == "pfns[pi](x)"                    # an element, not a type
+    assert expr('e(r, b"k (%lld) too big", n)') == 'e(r, "k (%lld) too big", n)'
 
 
 @pytest.mark.parametrize("text, kw", [
@@ -47,7 +57,8 @@ def test_expressions_keep_cython_meaning():
     ("v.data()", {}),                     # not a local vector
     ("v.erase(0)", {"vectors": {"v"}}),   # not a method kernels use
     ("len(x)", {}),
-    ("'text'", {}),
+    ("'text'", {}),                       # a Python string (bytes are C strings)
+    ("b'a\\n'", {}),                       # escapes are left to Cython
     ("<object>x", {}),
     ("x is None", {}),
 ])
@@ -153,9 +164,8 @@ def test_cxx_build_computes_what_the_cython_build_computes(monkeypatch):
 
 
 def test_sources_outside_the_subset_go_through_cython():
-    eq, a, b = "ij,jk->ik", sparse(rand((6, 5), 0.5), "csr"), sparse(rand((5, 4), 0.5), "csr")
     with pytest.raises(Unsupported, match="no C entry"):
-        cxx_module.to_cpp(C.explain(eq, a, b).source)          # SpGEMM: a sparse output
+        cxx_module.to_cpp(PROBE.replace("{tag}", "x").replace("KERNEL_C = ", "OTHER = "))
     with pytest.raises(Unsupported):
         cxx_module.to_cpp(PROBE.replace("{tag}", "x").replace("k += 1", "raise ValueError()"))
     with pytest.raises(Unsupported):
@@ -192,3 +202,56 @@ def test_dense_output_kernels_build_as_cxx_and_match_torch(fmt, dtype, form, den
     got = C.einsum(form, sparse(A, fmt), *ops)
     assert build.cache_info()["cxx_fallbacks"] == before
     torch.testing.assert_close(dense(got), torch.einsum(form, A, *ops), rtol=1e-5, atol=1e-5)
+
+
+SPARSE_FORMS = {   # sparse-output kernels: workspace (SpGEMM), rows, bound room, tuples
+    "spgemm": ("ij,jk->ik", lambda a, b: (a, b.t().contiguous())),
+    "intersection": ("ij,ij->ij", lambda a, b: (a, b)),
+    "scaled": ("ij,j->ij", lambda a, b: (a, b[0])),
+    "transpose": ("ij->ji", lambda a, b: (a,)),
+}
+
+
+@settings(max_examples=12, deadline=None)
+@given(fmt=st.sampled_from(FORMATS), dtype=st.sampled_from([torch.float32, torch.float64, torch.int64]),
+       form=st.sampled_from(sorted(SPARSE_FORMS)), density=st.sampled_from([0.0, 0.3, 1.0]),
+       threads=st.sampled_from([1, 2]))
+def test_sparse_output_kernels_build_as_cxx_and_match_torch(fmt, dtype, form, density, threads):
+    """Kernels that hand their output over (``kernel_result_c``) compile from their C++ form
+    (never falling back) and agree with dense torch at 1 and 2 threads."""
+    eq, operands = SPARSE_FORMS[form]
+    a = rand((96, 20), density, dtype=torch.float64).to(dtype)   # 96 rows: 2 threads split them
+    b = rand((96, 20), 0.3, dtype=torch.float64).to(dtype)
+    ops = [sparse(x, fmt) if x.dim() == 2 else x for x in operands(a, b)]
+    before = build.cache_info()["cxx_fallbacks"]
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:     # every thread torch has, however small the problem (the gather runs in chunks)
+        with mock.patch.object(_threads, "PARALLEL_MIN_WORK", 0), \
+                mock.patch.object(_threads, "_load_known", True), \
+                mock.patch.object(_threads, "_free_cores", lambda T: T):
+            got = C.einsum(eq, *ops)
+    finally:
+        torch.set_num_threads(old)
+    assert build.cache_info()["cxx_fallbacks"] == before
+    want = torch.einsum(eq, *[x.double() for x in operands(a, b)])
+    torch.testing.assert_close(dense(got).double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_sparse_output_kernel_reports_errors_from_cxx():
+    """Errors a kernel finds without the GIL reach Python as the exception they name."""
+    a, b = sparse(rand((6, 5), 0.5), "csr"), sparse(rand((5, 4), 0.5), "csr")
+    src = C.explain("ij,jk->ik", a, b).source
+    assert "kernel_result_c" in cxx_module.to_cpp(src)
+    before = build.cache_info()["cxx_builds"]
+    mod = build.load_kernel(src + f"\n# {uuid.uuid4().hex}\n", "probe_result")
+    assert build.cache_info()["cxx_builds"] == before + 1
+    zeros = torch.zeros(8, dtype=torch.int32)
+    vals = torch.zeros(8)
+    p = zeros.data_ptr()
+    ptrs = [p, p, vals.data_ptr(), p, p, vals.data_ptr()]
+    with pytest.raises(OverflowError, match=r"output dimension k \(2147483653\) does not fit"):
+        mod.kernel([0, 0, 2 ** 31 + 5] + ptrs, 1)
+    pos, crd, v = mod.kernel([3, 0, 4] + ptrs, 1)           # no entries: 3 empty rows
+    assert pos.tolist() == [0, 0, 0, 0] and pos.dtype.name == "int32"
+    assert crd.size == 0 and v.size == 0

@@ -118,9 +118,10 @@ def test_spgemm_runtime_workspace_and_rows_assembly():
     assert [f.name for f in k.chunk_functions] == ["run_chunk", "run_chunk_scan", "run_chunk_map"]
     assert _fn(k, "run_chunk_map").select == "a.N_k > 4194304"
     # fibers marking >= 1/8 of the extent on average: adds only mark, the marks scanned
+    # (multiplied out: the kernel divides nothing)
     assert _fn(k, "run_chunk_scan").select == (
-        "8 * <double><int64_t>a.t0_pos1[a.N_i] / max(<double>a.N_i, 1.0) * "
-        "<double><int64_t>a.t1_pos1[a.N_j] / max(<double>a.N_j, 1.0) >= a.N_k")
+        "8 * <double><int64_t>a.t0_pos1[a.N_i] * <double><int64_t>a.t1_pos1[a.N_j] >= "
+        "a.N_k * max(<double>a.N_i, 1.0) * max(<double>a.N_j, 1.0)")
     scan_adds = [n.target for n in _nodes(k, Assign, "run_chunk_scan")]
     assert "wm[wkey]" in scan_adds and "wl[wc]" not in scan_adds and "wl[wc]" in [
         n.target for n in _nodes(k, Assign)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["EMPTY_NUMPY_MIN", "empty_output", "pooled_array"]
+__all__ = ["EMPTY_NUMPY_MIN", "empty_output"]
 
 
 #: outputs of at least this many elements are allocated through numpy (see empty_output)
@@ -27,20 +27,3 @@ def empty_output(shape, dtype: torch.dtype) -> torch.Tensor:
     if npt is None or n < EMPTY_NUMPY_MIN:
         return torch.empty(shape, dtype=dtype)
     return torch.from_numpy(np.empty(shape, dtype=npt))
-
-
-class _Block:
-    """What numpy reads an array over a kernel's memory block from (``__array_interface__``);
-    ``block`` keeps the block alive (a capsule that gives it back to the kernel module's
-    pool when the array dies)."""
-    __slots__ = ("__array_interface__", "block")
-
-
-def pooled_array(block, addr: int, n: int, typestr: str) -> np.ndarray:
-    """The first ``n`` elements at ``addr`` (a block a kernel handed over, see
-    ``lower/entry.py: POOLED_DECL``) as a 1-D array whose base owns ``block``: a sparse
-    output's entries without a copy into fresh pages."""
-    h = _Block()
-    h.block = block
-    h.__array_interface__ = {"data": (addr, False), "shape": (n,), "typestr": typestr, "version": 3}
-    return np.asarray(h)

@@ -193,12 +193,12 @@ _last_cc_cmd: list[str] = []                      # for tests and debugging
 
 #: Headers parsed into the precompiled headers (after Python.h). Cython's C++ output
 #: always includes the first five (exception translation); the rest are what ``libcpp``
-#: code and ``scorch/_runtime/workspace.h`` use.
+#: code and ``scorch/_runtime/workspace.h`` and ``kernel_result.h`` use.
 PCH_C_HEADERS: tuple[str, ...] = ("stdint.h", "stddef.h", "math.h", "omp.h")
 PCH_CXX_HEADERS: tuple[str, ...] = (
     "ios", "new", "stdexcept", "typeinfo", "utility", "mutex", "map", "unordered_map",
     "vector", "algorithm", "cstdint", "climits", "cstdlib", "cstring", "type_traits",
-    "stdlib.h", "string.h", "math.h", "omp.h",
+    "stdlib.h", "string.h", "math.h", "omp.h", "stdio.h", "sys/mman.h",   # + kernel_result.h's
     # workspace.h's intrinsics: ~1 s of parsing in each sparse-output kernel otherwise
     "immintrin.h" if platform.machine().lower() in ("x86_64", "amd64") else "cstddef",
 )

@@ -20,9 +20,12 @@ reads as zero and its child levels see an empty segment.
 
 Generated code layout: ``cdef struct Args`` with typed raw pointers and sizes; ``cdef
 void run_chunk(...) noexcept nogil`` with the loop nest for one range of the outermost
-loop; ``def kernel(list args, int nthreads)`` that casts the Python ints (``data_ptr()``
-values and sizes) to the struct and runs chunks under ``prange`` when the outermost
-variable is an output variable (so chunks write disjoint parts of the output).
+loop; an entry without the GIL or any Python object that fills the struct from an ``int64``
+argument array and runs chunks under ``prange`` when the outermost variable is an output
+variable (so chunks write disjoint parts of the output): ``kernel_c`` for a dense or
+in-place output, ``kernel_result_c`` for a sparse one (it hands the output's arrays over in
+a ``KernelResult``, ``scorch/_runtime/kernel_result.h``); and ``def kernel(list args, int
+nthreads, panel=0)`` over it (``cxx_module`` prints the same entries as plain C++).
 
 Sparse output assembly. Each chunk appends, in loop order, every output entry to its own
 growable buffers (``std::vector``: one coordinate vector per output level and one value
@@ -45,7 +48,6 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Sequence, Tuple
 
-import numpy as np
 import torch
 
 from .loop_ir import (AddTo, ArgSpec, AppendEntry, Assign, Call, ChunkFunction, DenseOutput, For, If,
@@ -275,7 +277,7 @@ def _chunking(k: Kernel, w) -> None:
         w("            bounds[t] = blo")
 
 
-def _panel_loop(k: Kernel, w) -> None:
+def _panel_loop(k: Kernel, w, ret: str) -> None:
     """Tiling of the innermost dense loop into panels (paper Algorithm 3; the width is
     chosen per input by ``tensor_compiler.choose_panel``): the loop nest runs once per
     panel of ``panel`` columns on shifted base pointers of the operands the loop
@@ -284,7 +286,7 @@ def _panel_loop(k: Kernel, w) -> None:
     p = k.panels
     L = p.var
     if p.cache:
-        _cache_panel_loop(k, w)
+        _cache_panel_loop(k, w, ret)
         return
     w("    cdef Args b")
     w("    cdef int64_t pp, pw")
@@ -307,7 +309,7 @@ def _panel_loop(k: Kernel, w) -> None:
     w("        return")
 
 
-def _cache_panel_loop(k: Kernel, w) -> None:
+def _cache_panel_loop(k: Kernel, w, ret: str) -> None:
     """Cache blocking (``schedule.CacheTile``): the loop nest runs once per panel of
     ``panel`` columns on shifted base pointers (the register kernel of that width; a last,
     narrower panel the generic chunk function), so the block the sparse loop re-reads stays in cache; the
@@ -343,17 +345,37 @@ def _cache_panel_loop(k: Kernel, w) -> None:
         _run_chunks(w, "pfns[pi]", "NULL, NULL", "NULL, NULL", " " * 12, "&pargs[pi]")
     w("        free(pfns)")
     w("        free(pargs)")
-    w("        return")
+    w(f"        return{ret}")
 
 
-def _tuples_epilogue(k: Kernel, w, fn: str) -> None:
+#: the C result kinds (``kernel_result.h``) of the value types
+_RESULT_KINDS = {"float": "RESULT_FLOAT", "double": "RESULT_FLOAT", "uint8_t": "RESULT_UINT"}
+
+
+def _result_kind(ct: str) -> str:
+    return _RESULT_KINDS.get(ct, "RESULT_INT")
+
+
+def _set_array(w, ind: str, i: int, data: str, n: str, ct: str, nbytes: str = "",
+               give: str = "result_free") -> None:
+    """Array ``i`` of the result: ``n`` values of C type ``ct`` at ``data``."""
+    w(f"{ind}result_array(res, {i}, {data}, {n}, {_result_kind(ct)}, sizeof({ct}), "
+      f"{nbytes or f'({n}) * sizeof({ct})'}, {give})")
+
+
+def _no_memory(w, ind: str, test: str, what: str, count: str) -> None:
+    w(f"{ind}if {test}:")
+    w(f'{ind}    return result_error(res, RESULT_NOMEM, b"out of memory for the %lld {what} of the output", {count})')
+
+
+def _tuples_epilogue(k: Kernel, w, fn: str, ret: str) -> None:
     """Run the chunks, then concatenate their coordinate tuples (level-major) and values."""
     if isinstance(k.output, DenseOutput):
         # nothing is appended: no buffers (their allocation showed in small kernels)
         if k.panels is not None:
-            _panel_loop(k, w)
+            _panel_loop(k, w, ret)
         _run_chunks(w, fn, "NULL, NULL", "NULL, NULL")
-        w("    return")
+        w(f"    return{ret}")
         return
     R, vt = k.output.levels, k.value_type
     w("    cdef vector[vector[int64_t]] crds")
@@ -364,26 +386,30 @@ def _tuples_epilogue(k: Kernel, w, fn: str) -> None:
     w("    total = 0")
     w("    for t in range(nchunks):")
     w("        total += vals[t].size()")
-    w(f"    crd_arr = np.empty({R} * total, dtype=np.int64)  # level-major: row l = level l")
-    w(f"    val_arr = np.empty(total, dtype=np.{k.np_value_type})")
-    w("    cdef size_t cp = _addr(crd_arr), vp = _addr(val_arr)")
+    # level-major coordinates: row l = level l
+    w(f"    cdef int64_t* cp = <int64_t*>result_alloc({R} * total * sizeof(int64_t))")
+    _set_array(w, "    ", 0, "cp", f"{R} * total", "int64_t")
+    w(f"    cdef {vt}* vp = <{vt}*>result_alloc(total * sizeof({vt}))")
+    _set_array(w, "    ", 1, "vp", "total", vt)
+    _no_memory(w, "    ", "cp == NULL or vp == NULL", "entries", "total")
     w("    cdef int64_t l")
     w("    off = 0")
     w("    for t in range(nchunks):")
     w("        n = vals[t].size()")
     w("        if n:")
     w(f"            for l in range({R}):")
-    w(f"                memcpy(<void*>(cp + (l * total + off) * sizeof(int64_t)), crds[t * {R} + l].data(), n * sizeof(int64_t))")
-    w(f"            memcpy(<void*>(vp + off * sizeof({vt})), vals[t].data(), n * sizeof({vt}))")
+    w(f"                memcpy(cp + l * total + off, crds[t * {R} + l].data(), n * sizeof(int64_t))")
+    w(f"            memcpy(vp + off, vals[t].data(), n * sizeof({vt}))")
     w("        off += n")
-    w("    return crd_arr, val_arr")
+    w("    return RESULT_OK")
 
 
 def _rows_epilogue(k: Kernel, w, fn: str) -> None:
     """Run the chunks (each counts its rows' entries into ``out_pos[row + 1]`` and appends
     the entries to its own buffers), prefix-sum the counts into ``pos``, and copy the
-    buffers, in chunk order, into the output arrays in parallel. Returns ``(pos, crd,
-    vals)`` in the output's index type (int32 unless a count or extent needs int64)."""
+    buffers, in chunk order, into the output arrays in parallel. The result is ``(pos,
+    crd, vals)`` in the output's index type (int32 unless a count or extent needs int64);
+    one chunk in that type hands its buffers over as the output (no copy)."""
     o: RowsOutput = k.output
     _rows_counts(o, w)
     w(f"    cdef vector[{k.buffers[0]}] crds")
@@ -391,10 +417,8 @@ def _rows_epilogue(k: Kernel, w, fn: str) -> None:
     w("    crds.resize(nchunks)")
     w("    vals.resize(nchunks)")
     _run_chunks(w, fn, "&crds[0], &vals[0]", "&crds[t], &vals[t]")
-    w("    cdef int64_t* pp = a.out_pos")
-    w("    with nogil:")
-    w("        for t in range(P):")
-    w("            pp[t + 1] += pp[t]")
+    w("    for t in range(P):")
+    w("        pp[t + 1] += pp[t]")
     w("    total = pp[P]")
     w("    cdef vector[int64_t] offs")
     w("    offs.resize(nchunks + 1)")
@@ -402,20 +426,28 @@ def _rows_epilogue(k: Kernel, w, fn: str) -> None:
     w("    for t in range(nchunks):")
     w("        offs[t + 1] = offs[t] + vals[t].size()")
     w("    if offs[nchunks] != total:")
-    w("        raise RuntimeError('scorch kernel: row counts and appended entries disagree')")
-    w(f"    cdef bint wide = max(total, P, {', '.join(f'a.N_{v}' for v in o.level_vars)}) > 2147483647")
+    w('        return result_error(res, RESULT_RUNTIME, b"scorch kernel: row counts and appended entries disagree", 0)')
+    _wide(o, w)
     it, vt = o.index_type, k.value_type
-    # one chunk in the output's index type: its buffers are the output (POOLED_DECL)
     w("    cdef size_t nbytes")
     w("    cdef void* block")
     w(f"    if nchunks == 1 and total > 0 and wide == {it == 'int64_t'}:")
     w("        block = crds[0].release(&nbytes)   # (C leaves argument order open)")
-    w(f"        crd_arr = _pooled(block, nbytes, total, sizeof({it}), '{'<i8' if it == 'int64_t' else '<i4'}')")
+    w(f"        result_hand_over(res, 1, block, nbytes, total, RESULT_INT, sizeof({it}), pool_give)")
     w("        block = vals[0].release(&nbytes)")
-    w(f"        val_arr = _pooled(block, nbytes, total, sizeof({vt}), '{np.dtype(k.np_value_type).str}')")
-    w(f"        return pos_arr{'' if it == 'int64_t' else '.astype(np.int32)'}, crd_arr, val_arr")
+    w(f"        result_hand_over(res, 2, block, nbytes, total, {_result_kind(vt)}, sizeof({vt}), pool_give)")
+    w("        return RESULT_OK")
     _gather_chunks(k, w, "vals[t].size()", "crds[t].data()", "vals[t].data()")
-    w("    return (pos_arr if wide else pos_arr.astype(np.int32)), crd_arr, val_arr")
+    _set_gathered(k, w)
+    w("    return RESULT_OK")
+
+
+def _wide(o: RowsOutput, w) -> None:
+    """``wide``: the output needs int64 coordinates (a count or an extent over int32)."""
+    w(f"    cdef bint wide = max(total, P, {', '.join(f'a.N_{v}' for v in o.level_vars)}) > 2147483647")
+    w("    if not wide:   # pos in int32, in place")
+    w("        result_array(res, 0, result_narrow_i64(pp, P + 1), P + 1, RESULT_INT, sizeof(int32_t), "
+      "(P + 1) * sizeof(int64_t), result_free)")
 
 
 def _gather_chunks(k: Kernel, w, count: str, crd_src: str, val_src: str) -> None:
@@ -423,27 +455,22 @@ def _gather_chunks(k: Kernel, w, count: str, crd_src: str, val_src: str) -> None
     values, expressions in ``t``), in chunk order and in parallel, into output arrays of
     the exact size (``total`` entries at offsets ``offs``), the coordinates in the output's
     index type (``wide``: int64; a plain memcpy where the chunk's type is that one)."""
-    it, vt = k.output.index_type, k.value_type
-    w("    crd_arr = np.empty(total, dtype=np.int64 if wide else np.int32)")
-    w(f"    val_arr = np.empty(total, dtype=np.{k.np_value_type})")
-    w("    cdef size_t cp = _addr(crd_arr), vp = _addr(val_arr)")
-    w("    cdef int64_t e")
+    vt = k.value_type
+    w("    cdef int64_t isz = 8 if wide else 4")
+    w("    cdef void* cp = result_alloc(total * isz)")
+    w(f"    cdef {vt}* vp = <{vt}*>result_alloc(total * sizeof({vt}))")
+    w("    if cp == NULL or vp == NULL:")
+    w("        result_free(cp, 0)")
+    w("        result_free(vp, 0)")
+    w('        return result_error(res, RESULT_NOMEM, b"out of memory for the %lld entries of the output", total)')
     w("    for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):")
-    w(f"        n = {count}")
-    w("        if n:")
-    w(f"            memcpy(<void*>(vp + offs[t] * sizeof({vt})), {val_src}, n * sizeof({vt}))")
-    if it == "int32_t":
-        w("            if wide:")
-        w("                for e in range(n):")
-        w(f"                    (<int64_t*>cp)[offs[t] + e] = {crd_src}[e]")
-        w("            else:")
-        w(f"                memcpy(<void*>(cp + offs[t] * sizeof(int32_t)), {crd_src}, n * sizeof(int32_t))")
-    else:
-        w("            if wide:")
-        w(f"                memcpy(<void*>(cp + offs[t] * sizeof(int64_t)), {crd_src}, n * sizeof(int64_t))")
-        w("            else:")
-        w("                for e in range(n):")
-        w(f"                    (<int32_t*>cp)[offs[t] + e] = <int32_t>{crd_src}[e]")
+    w(f"        result_gather({count}, offs[t], {crd_src}, {val_src}, cp, vp, wide)")
+
+
+def _set_gathered(k: Kernel, w) -> None:
+    """The gathered arrays become the result's coordinates and values."""
+    w("    result_array(res, 1, cp, total, RESULT_INT, isz, total * isz, result_free)")
+    _set_array(w, "    ", 2, "vp", "total", k.value_type)
 
 
 def _rows_bound_epilogue(k: Kernel, w, fn: str) -> None:
@@ -451,12 +478,11 @@ def _rows_bound_epilogue(k: Kernel, w, fn: str) -> None:
     entries (the trip counts of the loop over the last level: for a union, the operands'
     row lengths), the chunks write their rows straight into that room (no growable
     buffers) and return their counts; ``pos`` is prefix-summed. One chunk in the output's
-    index type: the room is the output (a view of its first ``total`` entries, copied when
-    it is less than half used); else the chunks' entries are copied, in parallel, into
-    arrays of the exact size."""
+    index type: the room is the output (its first ``total`` entries, copied when it is less
+    than half used); else the chunks' entries are copied, in parallel, into arrays of the
+    exact size."""
     o: RowsOutput = k.output
     it, vt = o.index_type, k.value_type
-    np_it = "np.int32" if it == "int32_t" else "np.int64"
     _rows_counts(o, w)
     w("    cdef vector[int64_t] room, counts")
     w("    room.resize(nchunks + 1)")
@@ -465,10 +491,12 @@ def _rows_bound_epilogue(k: Kernel, w, fn: str) -> None:
     w("    room[0] = 0")
     w("    for t in range(nchunks):")
     w("        room[t + 1] += room[t]")
-    w(f"    buf_crd = np.empty(room[nchunks], dtype={np_it})")
-    w(f"    buf_val = np.empty(room[nchunks], dtype=np.{k.np_value_type})")
-    w(f"    cdef {it}* bc = <{it}*><size_t>_addr(buf_crd)")
-    w(f"    cdef {vt}* bv = <{vt}*><size_t>_addr(buf_val)")
+    # the room belongs to the result until the output replaces it (an error gives it back)
+    w(f"    cdef {it}* bc = <{it}*>result_alloc(room[nchunks] * sizeof({it}))")
+    _set_array(w, "    ", 1, "bc", "room[nchunks]", it)
+    w(f"    cdef {vt}* bv = <{vt}*>result_alloc(room[nchunks] * sizeof({vt}))")
+    _set_array(w, "    ", 2, "bv", "room[nchunks]", vt)
+    _no_memory(w, "    ", "bc == NULL or bv == NULL", "entries", "room[nchunks]")
     _run_chunks(w, fn, "bc, bv", "bc + room[t], bv + room[t]", into=("counts[0]", "counts[t]"))
     w("    cdef vector[int64_t] offs")
     w("    offs.resize(nchunks + 1)")
@@ -476,47 +504,37 @@ def _rows_bound_epilogue(k: Kernel, w, fn: str) -> None:
     w("    for t in range(nchunks):")
     w("        offs[t + 1] = offs[t] + counts[t]")
     w("    total = offs[nchunks]")
-    w(f"    cdef bint wide = max(total, P, {', '.join(f'a.N_{v}' for v in o.level_vars)}) > 2147483647")
-    # the rows' counts prefix-summed straight into pos in its index type (one pass)
-    w("    cdef int64_t* pp = a.out_pos")
-    w("    cdef int32_t* p32")
-    w("    cdef int64_t run = 0")
-    w("    if wide:")
-    w("        with nogil:")
-    w("            for t in range(P):")
-    w("                pp[t + 1] += pp[t]")
-    w("        run = pp[P]")
-    w("    else:")
-    w("        pos32 = np.empty(P + 1, dtype=np.int32)")
-    w("        p32 = <int32_t*><size_t>_addr(pos32)")
-    w("        with nogil:")
-    w("            p32[0] = 0")
-    w("            for t in range(P):")
-    w("                run += pp[t + 1]")
-    w("                p32[t + 1] = <int32_t>run")
-    w("        pos_arr = pos32")
-    w("    if run != total:")
-    w("        raise RuntimeError('scorch kernel: row counts and written entries disagree')")
+    # the rows' counts prefix-summed (the int32 form: in place, by _wide)
+    w("    for t in range(P):")
+    w("        pp[t + 1] += pp[t]")
+    w("    if pp[P] != total:")
+    w('        return result_error(res, RESULT_RUNTIME, b"scorch kernel: row counts and written entries disagree", 0)')
+    _wide(o, w)
     w(f"    if nchunks == 1 and wide == {it == 'int64_t'}:")
-    w("        if 2 * total < room[1]:")
-    w("            buf_crd, buf_val = buf_crd[:total].copy(), buf_val[:total].copy()")
-    w("        return pos_arr, buf_crd[:total], buf_val[:total]")
-    _gather_chunks(k, w, "counts[t]", "(bc + room[t])", "bv + room[t]")
-    w("    return pos_arr, crd_arr, val_arr")
+    w(f"        result_hand_over(res, 1, bc, room[1] * sizeof({it}), total, RESULT_INT, sizeof({it}), result_free)")
+    w(f"        result_hand_over(res, 2, bv, room[1] * sizeof({vt}), total, {_result_kind(vt)}, sizeof({vt}), result_free)")
+    w("        return RESULT_OK")
+    _gather_chunks(k, w, "counts[t]", "bc + room[t]", "bv + room[t]")
+    w("    result_free(bc, 0)")
+    w("    result_free(bv, 0)")
+    _set_gathered(k, w)
+    w("    return RESULT_OK")
 
 
 def _rows_counts(o: RowsOutput, w) -> None:
     """The rows epilogues' start: int32 coordinates that cannot hold the last dimension's
-    extent raise; ``P`` rows and their counts array ``pos_arr`` (int64, zeroed), which the
-    chunks fill through ``a.out_pos``."""
+    extent raise; ``P`` rows and their counts ``pp`` (int64, zeroed: the result's first
+    array, pos), which the chunks fill through ``a.out_pos``."""
     if o.index_type == "int32_t":
         w(f"    if a.N_{o.last} > 2147483647:")
-        w(f"        raise OverflowError('output dimension {o.last} ({{}}) does not fit the int32 "
-          f"coordinates of this kernel'.format(a.N_{o.last}))")
+        w(f'        return result_error(res, RESULT_OVERFLOW, b"output dimension {o.last} (%lld) does not fit the '
+          f'int32 coordinates of this kernel", a.N_{o.last})')
     P = " * ".join(f"a.N_{v}" for v in o.dense_vars)
     w(f"    cdef int64_t P = {P}")
-    w("    pos_arr = np.zeros(P + 1, dtype=np.int64)")
-    w("    a.out_pos = <int64_t*><size_t>_addr(pos_arr)")
+    w("    cdef int64_t* pp = result_zeros_i64(P + 1)")
+    _set_array(w, "    ", 0, "pp", "P + 1", "int64_t")
+    _no_memory(w, "    ", "pp == NULL", "row counts", "P + 1")
+    w("    a.out_pos = pp")
 
 
 def _c_entry(k: Kernel, w) -> None:
@@ -535,6 +553,22 @@ def _c_entry(k: Kernel, w) -> None:
     w("    object PyCapsule_New(void*, const char*, void*)")
     w("")
     w(f"KERNEL_C = PyCapsule_New(<void*>kernel_c, b\"{KERNEL_C_CAPSULE}\", NULL)")
+    w("")
+
+
+def _result_entry(k: Kernel, w) -> None:
+    """The Python ``kernel`` over ``kernel_result_c``: ``None``, or the output's arrays."""
+    n = len(k.args)
+    w("def kernel(list args, int nthreads, int panel=0):")
+    w(f"    cdef int64_t values[{n}]")
+    w("    cdef KernelResult res")
+    w("    cdef int i")
+    w(f"    for i in range({n}):")
+    w("        values[i] = args[i]")
+    w("    result_init(&res)")
+    w("    with nogil:")
+    w("        kernel_result_c(values, nthreads, panel, &res)")
+    w("    return result_to_python(&res)")
     w("")
 
 
@@ -572,20 +606,26 @@ def print_kernel(k: Kernel) -> str:
         _chunk_function(k, fn, w)
     if k.bound_function is not None:
         _chunk_function(k, k.bound_function, w)
+    # the body runs without the GIL and without a Python object: ``kernel_c`` writes a
+    # preallocated output (``kernel`` and the ``KERNEL_C`` capsule for the C fast path,
+    # ``scorch/_runtime/fastcall.cpp``, call it); ``kernel_result_c`` hands its output
+    # arrays over in a ``KernelResult`` (``kernel`` makes them numpy arrays)
     if k.c_entry:
-        # the body runs without the GIL; ``kernel`` (Python) and ``KERNEL_C`` (a capsule
-        # for the C fast path, ``scorch/_runtime/fastcall.cpp``) both call it
         w("cdef void kernel_c(const int64_t* args, int nthreads, int panel) noexcept nogil:")
     else:
-        w("def kernel(list args, int nthreads, int panel=0):")
+        w("cdef int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelResult* res) "
+          "noexcept nogil:")
+    ret = "" if k.c_entry else " RESULT_OK"
     w("    cdef Args a")
     for n, (name, ct, _) in enumerate(k.args):
         cast = f"<{ct}><size_t>args[{n}]" if ct.endswith("*") else f"args[{n}]"
         w(f"    a.{name} = {cast}")
     if k.ws_vars:
-        prod = " * ".join(f"<object>a.N_{v}" for v in k.ws_vars)
-        w(f"    if {prod} >= 4611686018427387904:")
-        w(f"        raise OverflowError('workspace over {','.join(k.ws_vars)} is too large to index with int64')")
+        # a bound, not an exact test: extents near 2**62 are far beyond any memory
+        prod = " * ".join(f"<double>a.N_{v}" for v in k.ws_vars)
+        w(f"    if {prod} >= 4.6e18:")
+        w(f'        return result_error(res, RESULT_OVERFLOW, b"workspace over {",".join(k.ws_vars)} is too '
+          f'large to index with int64", 0)')
     _chunking(k, w)
     fn = "fn" if len(fns) > 1 else "run_chunk"
     if rows and k.output.bound:
@@ -593,10 +633,12 @@ def print_kernel(k: Kernel) -> str:
     elif rows:
         _rows_epilogue(k, w, fn)
     else:
-        _tuples_epilogue(k, w, fn)
+        _tuples_epilogue(k, w, fn, ret)
     w("")
     if k.c_entry:
         _c_entry(k, w)
+    else:
+        _result_entry(k, w)
     return "\n".join(src)
 
 

@@ -2,21 +2,25 @@
 
 Why: Cython wraps even a 100-line kernel in ~6,500 lines of module code (argument parsing,
 error handling, module state), and g++ -O3 spends ~0.7 s of an average ~1.4 s kernel compile
-on that code, after ~0.2 s of Cython itself. A kernel whose whole body is ``kernel_c`` (raw
-pointers in, dense output written in place, no Python object anywhere: the C fast path's
-entry) needs none of it. For those kernels this module prints the same functions as plain
-C++ (``static`` functions, ``#pragma omp`` for ``prange``) plus a 40-line Python module
-(``kernel(list, nthreads, panel=0)`` and the ``KERNEL_C`` capsule), and the compile takes
-~0.1 s plus the kernel's own code.
+on that code, after ~0.2 s of Cython itself. A kernel's body holds no Python object: its entry
+is ``kernel_c`` (raw pointers in, dense output written in place: the C fast path's entry) or
+``kernel_result_c`` (a sparse output's arrays handed over as raw blocks in a
+``KernelResult``, ``scorch/_runtime/kernel_result.h``). For those kernels this module prints
+the same functions as plain C++ (``static`` functions, ``#pragma omp`` for ``prange``) plus a
+40-line Python module (``kernel(list, nthreads, panel=0)``, and the ``KERNEL_C`` capsule or a
+call of ``scorch._runtime.result``'s ``RESULT_TO_PYTHON``), and the compile takes ~0.1 s plus
+the kernel's own code.
 
 It reads the printed ``.pyx`` rather than the loop IR so that the source users read, the
 golden tests and the cache key stay one text. It accepts only the subset ``codegen`` prints
 and says :class:`Unsupported` at the first thing outside it (Python objects, ``raise``,
-method calls other than a local ``vector``'s, ``and`` / ``or`` used as values, chained
-comparisons, ``/`` in a kernel on integers, ``for ... else``): the kernel then goes through
-Cython as before. The C++ keeps
-Cython's meaning: locals hoisted to the function top, a range loop's bound read once and its
-variable left at the last value, ``prange`` bodies with a private loop variable.
+method calls outside ``nogil`` functions other than a local ``vector``'s, ``and`` / ``or``
+used as values, chained comparisons, ``/`` in a kernel on integers, ``for ... else``, Python
+strings): the kernel then goes through Cython as before. The C++ keeps Cython's meaning:
+locals hoisted to the function top, a range loop's bound read once and its variable left at
+the last value, ``prange`` bodies with a private loop variable. In a ``nogil`` function no
+Python object can be, so every method call there is C++'s; ``name[T](...)`` with C types in
+the brackets is a template call; ``b"..."`` is a C string.
 """
 from __future__ import annotations
 
@@ -37,11 +41,18 @@ class Unsupported(Exception):
 
 _INCLUDES = {
     "libc.stdint": "<stdint.h>", "libc.string": "<string.h>", "libc.math": "<math.h>",
-    "libc.stdlib": "<stdlib.h>", "libcpp.vector": "<vector>",
+    "libc.stdlib": "<stdlib.h>", "libcpp.vector": "<vector>", "libcpp.map": "<map>",
     "cython.parallel": None, "cython.operator": None,
+    # the runtime's headers (namespace scorch), on the kernels' include path
+    "scorch._runtime.workspace": '"workspace.h"', "scorch._runtime.result": '"kernel_result.h"',
 }
-#: Methods of a local ``vector`` (a value, not a pointer) that kernels call.
+#: C type names a template argument list may hold (``dense_scratch[float](n)``)
+_TYPE_WORDS = {"float", "double", "int", "bint", "char", "int8_t", "int16_t", "int32_t", "int64_t",
+               "uint8_t", "size_t", "const", "*"}
+#: Methods of a local ``vector`` (a value, not a pointer) that kernels call; in a ``nogil``
+#: function, where no Python object can be, any method call is C++'s.
 _VECTOR_METHODS = {"resize", "data", "size", "clear", "reserve", "push_back"}
+_TEMPLATES = {"vector": "std::vector", "cmap": "std::map"}
 _INT_VALUE_TYPES = {"int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "bint", "int"}
 
 
@@ -107,10 +118,17 @@ def _tree(lines: Sequence[str]) -> List[_Line]:
 
 # --------------------------------------------------------------------------- types
 def _ctype(t: str) -> str:
-    """A Cython type as C++: ``vector[T]`` -> ``std::vector<T>``, ``bint`` -> ``int``."""
+    """A Cython type as C++: ``vector[T]`` -> ``std::vector<T>``, ``cmap[K, V]`` (libcpp's
+    map as kernels cimport it) -> ``std::map<K, V>``, ``X[T]`` -> ``X<T>``, ``.iterator`` ->
+    ``::iterator``, ``bint`` -> ``int``."""
     t = t.strip()
-    while "vector[" in t:
-        t = re.sub(r"vector\[([^\[\]]*)\]", r"std::vector<\1>", t)
+    while "[" in t:
+        u = re.sub(r"\b(\w+)\[([^\[\]]*)\]",
+                   lambda m: f"{_TEMPLATES.get(m.group(1), m.group(1))}<{m.group(2)}>", t)
+        if u == t:
+            break
+        t = u
+    t = t.replace(">.iterator", ">::iterator")
     t = re.sub(r"\bbint\b", "int", t)
     if not re.fullmatch(r"(const\s+)?[A-Za-z_][\w:<>, ]*\s*\**", t):
         raise Unsupported(f"type {t!r}")
@@ -154,8 +172,8 @@ def _split_top(text: str, sep: str) -> List[str]:
 # --------------------------------------------------------------------------- expressions
 _TOKEN = re.compile(r"""\s*(?:
     (?P<num>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
-  | (?P<name>[A-Za-z_]\w*)
   | (?P<str>b?'[^']*'|b?"[^"]*")
+  | (?P<name>[A-Za-z_]\w*)
   | (?P<op>\*\*|//|<<|>>|<=|>=|==|!=|[-+*/%&|^~<>()\[\],.=:])
 )""", re.X)
 
@@ -183,8 +201,10 @@ class _Expr:
     _COMPARE = ("<", ">", "<=", ">=", "==", "!=")
 
     def __init__(self, text: str, ptrs: frozenset, int_values: bool,
-                 fields_ptrs: frozenset = frozenset(), vectors: frozenset = frozenset()):
+                 fields_ptrs: frozenset = frozenset(), vectors: frozenset = frozenset(),
+                 nogil: bool = False):
         self.toks = _tokens(text)
+        self.nogil = nogil
         self.i = 0
         self.ptrs = ptrs
         self.vectors = vectors
@@ -334,7 +354,9 @@ class _Expr:
         if kind == "num":
             a = tok
         elif kind == "str":
-            raise Unsupported("a string")
+            if not tok.startswith("b") or "\\" in tok:
+                raise Unsupported("a string")
+            a = '"' + tok[2:-1].replace('"', '\\"') + '"'     # bytes: a C string literal
         elif kind == "op" and tok == "(":
             a = f"({self.ternary()[0]})"
             self.take(")")
@@ -363,6 +385,10 @@ class _Expr:
                 a = self.call(a, args)
                 base_name = None
                 after_pointer_field = False
+            elif (kind, tok) == ("op", "[") and self.template_args() is not None:
+                args = self.template_args()
+                self.i += len(args) + 2
+                a = f"{a}<{' '.join(args).replace(' ,', ',').replace(' *', '*')}>"
             elif (kind, tok) == ("op", "["):
                 self.take()
                 idx = self.ternary()[0]
@@ -376,7 +402,8 @@ class _Expr:
                 if member[0] != "name":
                     raise Unsupported(f"member {member[1]!r}")
                 if self.peek() == ("op", "("):
-                    if base_name not in self.vectors or member[1] not in _VECTOR_METHODS:
+                    if not self.nogil and (base_name not in self.vectors
+                                           or member[1] not in _VECTOR_METHODS):
                         raise Unsupported("a method call")
                     a = f"{a}.{member[1]}"     # the call itself: the next round
                     base_name = None
@@ -389,6 +416,19 @@ class _Expr:
                 continue
             else:
                 return a
+
+    def template_args(self) -> Optional[List[str]]:
+        """The tokens of ``[T, ...]`` at the cursor when they are C types and a call follows
+        (a template function: ``dense_scratch[float](n)``), else None."""
+        j, words = self.i + 1, []
+        while j < len(self.toks) and self.toks[j][1] != "]":
+            words.append(self.toks[j][1])
+            j += 1
+        if not words or j + 1 >= len(self.toks) or self.toks[j + 1][1] != "(":
+            return None
+        if not all(w in _TYPE_WORDS or w == "," for w in words):
+            return None
+        return words
 
     def sizeof(self) -> str:
         """``sizeof(T)`` or ``sizeof(expression)``."""
@@ -439,8 +479,9 @@ class _Function:
     """One ``cdef`` function: locals hoisted, statements printed in order."""
 
     def __init__(self, ret: str, name: str, params: List[Tuple[str, str]], body: List[_Line],
-                 arg_ptrs: frozenset, int_values: bool):
+                 arg_ptrs: frozenset, int_values: bool, nogil: bool = False):
         self.ret, self.name, self.params = ret, name, params
+        self.nogil = nogil
         self.int_values = int_values
         self.decls: Dict[str, str] = {}          # name -> declaration (hoisted)
         self.types: Dict[str, str] = {n: t for t, n in params}
@@ -478,7 +519,8 @@ class _Function:
         return m.group(1), m.group(2)
 
     def expr(self, text: str, want_bool: bool = False) -> str:
-        return _Expr(text, self.ptrs, self.int_values, self.arg_ptrs, self.vectors).parse(want_bool)
+        return _Expr(text, self.ptrs, self.int_values, self.arg_ptrs, self.vectors,
+                     self.nogil).parse(want_bool)
 
     def emit(self, depth: int, text: str) -> None:
         self.out.append("    " * depth + text)
@@ -649,10 +691,15 @@ def to_cpp(source: str) -> str:
     """The C++ extension module for a ``.pyx`` kernel with a ``kernel_c`` entry; raises
     :class:`Unsupported` for anything else."""
     # the capsule line codegen._c_entry prints (its name, codegen.KERNEL_C_CAPSULE, is what
-    # the C fast path checks; codegen is not imported here: it pulls in torch)
-    if "\nKERNEL_C = PyCapsule_New(<void*>kernel_c, b\"scorch.kernel_c\", NULL)" not in source:
+    # the C fast path checks; codegen is not imported here: it pulls in torch), or the
+    # result line of codegen._result_entry
+    if "\nKERNEL_C = PyCapsule_New(<void*>kernel_c, b\"scorch.kernel_c\", NULL)" in source:
+        entry = _C_ENTRY
+    elif "\n    return result_to_python(&res)\n" in source:
+        entry = _RESULT_ENTRY
+    else:
         raise Unsupported("no C entry")
-    value_type = re.search(r"^cdef void run_chunk\w*\(Args\* pa, .*vector\[(\w+)\]\* oval\)",
+    value_type = re.search(r"^cdef \w+ run_chunk\w*\(Args\* pa, .*?(?:\w+\[)?(\w+)\]?\* oval\)",
                            source, re.M)
     int_values = value_type is None or value_type.group(1) in _INT_VALUE_TYPES
     includes = ["<stdint.h>", "<type_traits>"]
@@ -702,20 +749,22 @@ def to_cpp(source: str) -> str:
             if fm is None:
                 raise Unsupported(f"function {t!r}")
             fn = _Function(_ctype(fm.group(1)), fm.group(2), _params(fm.group(3)), node.body,
-                           frozenset(arg_ptrs), int_values)
+                           frozenset(arg_ptrs), int_values, "nogil" in fm.group(4).split())
             functions.append(fn.text())
         else:
             raise Unsupported(f"module statement {t!r}")
-    if nargs is None or "static void kernel_c(const int64_t* args, int nthreads, int panel)" \
-            not in "".join(functions):
-        raise Unsupported("no kernel_c(args, nthreads, panel) and kernel wrapper")
+    if nargs is None or entry[0] not in "".join(functions):
+        raise Unsupported(f"no {entry[0]} and kernel wrapper")
     head = [line for line in source.splitlines() if line.startswith("# ") or line == "#"]
     parts = ["// scorch generated kernel, lowered from its .pyx (scorch/tensor_compiler/cxx_module.py)"]
     parts += ["// " + line[2:] for line in head]
     parts += ["#define PY_SSIZE_T_CLEAN", "#include <Python.h>"]
     parts += [f"#include {inc}" for inc in includes]
+    if any(inc.startswith('"') for inc in includes):
+        parts.append("using namespace scorch;")
+    wrapper = _WRAPPER.replace("@NARGS@", str(nargs)).replace("@CALL@", entry[1]).replace("@INIT@", entry[2])
     parts += [_HELPERS, *verbatim, "struct Args {", *struct, "};", *typedefs, "", *functions,
-              _WRAPPER.replace("@NARGS@", str(nargs))]
+              *([entry[3]] if entry[3] else []), wrapper]
     return "\n".join(parts) + "\n"
 
 
@@ -767,10 +816,7 @@ static PyObject* scorch_kernel(PyObject* self, PyObject* const* argv, Py_ssize_t
     if (nthreads == -1 && PyErr_Occurred()) return NULL;
     long panel = argc > 2 ? PyLong_AsLong(argv[2]) : 0;
     if (panel == -1 && PyErr_Occurred()) return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    kernel_c(values, (int)nthreads, (int)panel);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
+@CALL@
 }
 
 static PyMethodDef scorch_methods[] = {
@@ -787,12 +833,40 @@ static struct PyModuleDef scorch_module = {
 PyMODINIT_FUNC SCORCH_CAT(PyInit_, SCORCH_MODULE)(void) {
     PyObject* m = PyModule_Create(&scorch_module);
     if (m == NULL) return NULL;
+@INIT@
+    return m;
+}
+"""
+
+#: (the C entry's signature, the call in ``kernel``, the module's set-up, declarations)
+_C_ENTRY = ("static void kernel_c(const int64_t* args, int nthreads, int panel)", """\
+    Py_BEGIN_ALLOW_THREADS
+    kernel_c(values, (int)nthreads, (int)panel);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;""", """\
     PyObject* cap = PyCapsule_New((void*)kernel_c, "scorch.kernel_c", NULL);
     if (cap == NULL || PyModule_AddObject(m, "KERNEL_C", cap) < 0) {
         Py_XDECREF(cap);
         Py_DECREF(m);
         return NULL;
-    }
-    return m;
-}
-"""
+    }""", "")
+
+#: a kernel that hands its output over: ``scorch._runtime.result`` makes the arrays
+_RESULT_ENTRY = (
+    "static int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelResult* res)", """\
+    KernelResult res;
+    result_init(&res);
+    Py_BEGIN_ALLOW_THREADS
+    kernel_result_c(values, (int)nthreads, (int)panel, &res);
+    Py_END_ALLOW_THREADS
+    return scorch_result_to_python(&res);""", """\
+    PyObject* runtime = PyImport_ImportModule("scorch._runtime.result");
+    PyObject* cap = runtime == NULL ? NULL : PyObject_GetAttrString(runtime, "RESULT_TO_PYTHON");
+    Py_XDECREF(runtime);
+    scorch_result_to_python = cap == NULL ? NULL
+        : (PyObject* (*)(KernelResult*))PyCapsule_GetPointer(cap, "scorch.result_to_python");
+    Py_XDECREF(cap);
+    if (scorch_result_to_python == NULL) {
+        Py_DECREF(m);
+        return NULL;
+    }""", "static PyObject* (*scorch_result_to_python)(KernelResult*);")

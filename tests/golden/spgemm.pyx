@@ -14,32 +14,11 @@ cdef extern from *:
     #define scorch_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)
     """
     void scorch_prefetch(const void*) noexcept nogil
-from scorch._runtime.workspace cimport (AppendBuffer, DenseScratch, SparseWorkspace,
-                                        dense_scratch, dense_ws_drain_list)
+from scorch._runtime.workspace cimport AppendBuffer, DenseScratch, SparseWorkspace, dense_scratch, dense_ws_drain_list, pool_give
 from scorch._runtime.workspace cimport dense_ws_drain_scan
 from cython.operator cimport dereference as deref, preincrement as inc
 from cython.parallel cimport prange
-import numpy as np
-from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
-cdef size_t _addr(object arr) except? 0:
-    cdef Py_buffer view
-    PyObject_GetBuffer(arr, &view, PyBUF_SIMPLE)
-    cdef size_t p = <size_t>view.buf
-    PyBuffer_Release(&view)
-    return p
-from cpython.pycapsule cimport PyCapsule_New, PyCapsule_GetPointer, PyCapsule_GetContext, PyCapsule_SetContext
-from scorch._runtime.workspace cimport pool_give
-from scorch.tensor_compiler.allocate import pooled_array as _pooled_array
-cdef void _give_block(object cap) noexcept:
-    pool_give(PyCapsule_GetPointer(cap, NULL), <size_t>PyCapsule_GetContext(cap))
-cdef object _pooled(void* p, size_t nbytes, int64_t n, int64_t itemsize, str typestr):
-    cap = PyCapsule_New(p, NULL, _give_block)
-    PyCapsule_SetContext(cap, <void*>nbytes)
-    if 2 * n * itemsize >= <int64_t>nbytes:
-        return _pooled_array(cap, <size_t>p, n, typestr)
-    arr = np.empty(n * itemsize, dtype=np.uint8)
-    memcpy(<void*>_addr(arr), p, n * itemsize)
-    return arr.view(typestr)
+from scorch._runtime.result cimport KernelResult, RESULT_OK, RESULT_OVERFLOW, RESULT_RUNTIME, RESULT_NOMEM, RESULT_INT, RESULT_UINT, RESULT_FLOAT, result_init, result_alloc, result_free, result_zeros_i64, result_array, result_error, result_hand_over, result_gather, result_narrow_i64, result_to_python
 
 cdef struct Args:
     int64_t N_i
@@ -227,7 +206,7 @@ cdef void run_chunk_map(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t
             ws.drain(deref(ocrd).data() + wb, deref(oval).data() + wb, 0)
             a.out_pos[c_i + 1] += wn
 
-def kernel(list args, int nthreads, int panel=0):
+cdef int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelResult* res) noexcept nogil:
     cdef Args a
     a.N_i = args[0]
     a.N_j = args[1]
@@ -238,14 +217,14 @@ def kernel(list args, int nthreads, int panel=0):
     a.t1_pos1 = <int32_t*><size_t>args[6]
     a.t1_crd1 = <int32_t*><size_t>args[7]
     a.t1_vals = <float*><size_t>args[8]
-    if <object>a.N_k >= 4611686018427387904:
-        raise OverflowError('workspace over k is too large to index with int64')
+    if <double>a.N_k >= 4.6e18:
+        return result_error(res, RESULT_OVERFLOW, b"workspace over k is too large to index with int64", 0)
     cdef int64_t lo0 = 0, hi0 = 0, nchunks = 1, t, n, total, off
     hi0 = a.N_i
     if nthreads > 1 and hi0 - lo0 >= 2 and a.t0_pos1[hi0] - a.t0_pos1[lo0] >= 1024:
         nchunks = min(hi0 - lo0, 8 * nthreads, 1024)
     cdef chunk_fn fn = run_chunk
-    if 8 * <double><int64_t>a.t0_pos1[a.N_i] / max(<double>a.N_i, 1.0) * <double><int64_t>a.t1_pos1[a.N_j] / max(<double>a.N_j, 1.0) >= a.N_k:
+    if 8 * <double><int64_t>a.t0_pos1[a.N_i] * <double><int64_t>a.t1_pos1[a.N_j] >= a.N_k * max(<double>a.N_i, 1.0) * max(<double>a.N_j, 1.0):
         fn = run_chunk_scan
     if a.N_k > 4194304:
         fn = run_chunk_map
@@ -268,10 +247,13 @@ def kernel(list args, int nthreads, int panel=0):
                     bhi = bmid
             bounds[t] = blo
     if a.N_k > 2147483647:
-        raise OverflowError('output dimension k ({}) does not fit the int32 coordinates of this kernel'.format(a.N_k))
+        return result_error(res, RESULT_OVERFLOW, b"output dimension k (%lld) does not fit the int32 coordinates of this kernel", a.N_k)
     cdef int64_t P = a.N_i
-    pos_arr = np.zeros(P + 1, dtype=np.int64)
-    a.out_pos = <int64_t*><size_t>_addr(pos_arr)
+    cdef int64_t* pp = result_zeros_i64(P + 1)
+    result_array(res, 0, pp, P + 1, RESULT_INT, sizeof(int64_t), (P + 1) * sizeof(int64_t), result_free)
+    if pp == NULL:
+        return result_error(res, RESULT_NOMEM, b"out of memory for the %lld row counts of the output", P + 1)
+    a.out_pos = pp
     cdef vector[AppendBuffer[int32_t]] crds
     cdef vector[AppendBuffer[float]] vals
     crds.resize(nchunks)
@@ -282,10 +264,8 @@ def kernel(list args, int nthreads, int panel=0):
     else:
         for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):
             fn(&a, bounds[t], bounds[t + 1], &crds[t], &vals[t])
-    cdef int64_t* pp = a.out_pos
-    with nogil:
-        for t in range(P):
-            pp[t + 1] += pp[t]
+    for t in range(P):
+        pp[t + 1] += pp[t]
     total = pp[P]
     cdef vector[int64_t] offs
     offs.resize(nchunks + 1)
@@ -293,27 +273,38 @@ def kernel(list args, int nthreads, int panel=0):
     for t in range(nchunks):
         offs[t + 1] = offs[t] + vals[t].size()
     if offs[nchunks] != total:
-        raise RuntimeError('scorch kernel: row counts and appended entries disagree')
+        return result_error(res, RESULT_RUNTIME, b"scorch kernel: row counts and appended entries disagree", 0)
     cdef bint wide = max(total, P, a.N_i, a.N_k) > 2147483647
+    if not wide:   # pos in int32, in place
+        result_array(res, 0, result_narrow_i64(pp, P + 1), P + 1, RESULT_INT, sizeof(int32_t), (P + 1) * sizeof(int64_t), result_free)
     cdef size_t nbytes
     cdef void* block
     if nchunks == 1 and total > 0 and wide == False:
         block = crds[0].release(&nbytes)   # (C leaves argument order open)
-        crd_arr = _pooled(block, nbytes, total, sizeof(int32_t), '<i4')
+        result_hand_over(res, 1, block, nbytes, total, RESULT_INT, sizeof(int32_t), pool_give)
         block = vals[0].release(&nbytes)
-        val_arr = _pooled(block, nbytes, total, sizeof(float), '<f4')
-        return pos_arr.astype(np.int32), crd_arr, val_arr
-    crd_arr = np.empty(total, dtype=np.int64 if wide else np.int32)
-    val_arr = np.empty(total, dtype=np.float32)
-    cdef size_t cp = _addr(crd_arr), vp = _addr(val_arr)
-    cdef int64_t e
+        result_hand_over(res, 2, block, nbytes, total, RESULT_FLOAT, sizeof(float), pool_give)
+        return RESULT_OK
+    cdef int64_t isz = 8 if wide else 4
+    cdef void* cp = result_alloc(total * isz)
+    cdef float* vp = <float*>result_alloc(total * sizeof(float))
+    if cp == NULL or vp == NULL:
+        result_free(cp, 0)
+        result_free(vp, 0)
+        return result_error(res, RESULT_NOMEM, b"out of memory for the %lld entries of the output", total)
     for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):
-        n = vals[t].size()
-        if n:
-            memcpy(<void*>(vp + offs[t] * sizeof(float)), vals[t].data(), n * sizeof(float))
-            if wide:
-                for e in range(n):
-                    (<int64_t*>cp)[offs[t] + e] = crds[t].data()[e]
-            else:
-                memcpy(<void*>(cp + offs[t] * sizeof(int32_t)), crds[t].data(), n * sizeof(int32_t))
-    return (pos_arr if wide else pos_arr.astype(np.int32)), crd_arr, val_arr
+        result_gather(vals[t].size(), offs[t], crds[t].data(), vals[t].data(), cp, vp, wide)
+    result_array(res, 1, cp, total, RESULT_INT, isz, total * isz, result_free)
+    result_array(res, 2, vp, total, RESULT_FLOAT, sizeof(float), (total) * sizeof(float), result_free)
+    return RESULT_OK
+
+def kernel(list args, int nthreads, int panel=0):
+    cdef int64_t values[9]
+    cdef KernelResult res
+    cdef int i
+    for i in range(9):
+        values[i] = args[i]
+    result_init(&res)
+    with nogil:
+        kernel_result_c(values, nthreads, panel, &res)
+    return result_to_python(&res)

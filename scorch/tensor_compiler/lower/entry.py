@@ -146,7 +146,8 @@ def variants(f: KernelFacts, short_module: bool = False) -> Tuple[Variant, ...]:
         # fibers that mark at least one column in eight of the extent on average: their
         # marks scan costs less than keeping the touched list (Groebner A @ A^T, ~4400 adds
         # into ~380 of 2456 columns a row: 1.33-1.43x in a C prototype, AVX2 Zen 3)
-        out.append(Variant("run_chunk_scan", f"8 * {products} >= {ws_size(s.output.ws_vars)}",
+        num, den = products
+        out.append(Variant("run_chunk_scan", f"8 * {num} >= {ws_size(s.output.ws_vars)} * {den}",
                            ws_scan=True))
     if f.rt_ws:
         out.append(Variant("run_chunk_map", f"{ws_size(s.output.ws_vars)} > {DENSE_WS_LIMIT}",
@@ -188,62 +189,39 @@ def _imports(f: KernelFacts, short_module: bool) -> Tuple[str, ...]:
         if short_module:
             lines.append(f"    void {STREAM_PREFETCH}(const void*) noexcept nogil")
     if out.mode == "ws" and f.rt_ws:
-        lines.append("from scorch._runtime.workspace cimport (AppendBuffer, DenseScratch, SparseWorkspace,\n"
-                     "                                        dense_scratch, dense_ws_drain_list)")
+        lines.append("from scorch._runtime.workspace cimport AppendBuffer, DenseScratch, SparseWorkspace, "
+                     "dense_scratch, dense_ws_drain_list, pool_give")
         if out.unsorted:
             lines.append("from scorch._runtime.workspace cimport dense_ws_drain_unsorted")
         if any(v.ws_scan for v in variants(f)):
             lines.append("from scorch._runtime.workspace cimport dense_ws_drain_scan")
     elif f.rows and not f.row_room:
-        lines.append("from scorch._runtime.workspace cimport AppendBuffer")
+        lines.append("from scorch._runtime.workspace cimport AppendBuffer, pool_give")
     elif out.mode == "ws" and not out.ws_dense:
         lines.append("from libcpp.map cimport map as cmap")
     lines += ["from cython.operator cimport dereference as deref, preincrement as inc",
               "from cython.parallel cimport prange"]
     if any(lp.kind == "merge" for lp in f.loops):   # merge points select without branches
         lines += list(UNPREDICTABLE_DECL)
-    if not out.dense and out.pattern < 0:
-        lines.append("import numpy as np")
-        lines += list(ADDRESS_OF_DECL)
-        if f.rows and not f.row_room:
-            lines += list(POOLED_DECL)
+    if not _has_c_entry(f):
+        lines.append(RESULT_DECL)
     return tuple(lines)
 
 
-#: a fresh numpy array's data address through the buffer protocol (~0.1 us; the
-#: ``.ctypes.data`` it replaces builds a ctypes object: ~1 us, four of them per call of a
-#: sparse-output kernel, as much as the whole merge of a 300-entry ``A + C``)
-ADDRESS_OF_DECL = (
-    "from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE",
-    "cdef size_t _addr(object arr) except? 0:",
-    "    cdef Py_buffer view",
-    "    PyObject_GetBuffer(arr, &view, PyBUF_SIMPLE)",
-    "    cdef size_t p = <size_t>view.buf",
-    "    PyBuffer_Release(&view)",
-    "    return p",
-)
+#: what a kernel that hands its output over (``codegen._result_entry``) uses of
+#: ``scorch/_runtime/result.pxd``
+RESULT_DECL = ("from scorch._runtime.result cimport KernelResult, RESULT_OK, RESULT_OVERFLOW, RESULT_RUNTIME, "
+               "RESULT_NOMEM, RESULT_INT, RESULT_UINT, RESULT_FLOAT, result_init, result_alloc, result_free, "
+               "result_zeros_i64, result_array, result_error, result_hand_over, result_gather, "
+               "result_narrow_i64, result_to_python")
 
 
-#: an output array over a block an AppendBuffer released (its entries, no copy into fresh
-#: pages: for 4elt A @ A^T the copy and its page faults were ~8 % of the call); the array's
-#: base, a capsule, gives the block back to this module's pool (each kernel module has its
-#: own) when the array dies. A block less than half used is copied out instead (the
-#: result would hold up to twice its memory).
-POOLED_DECL = (
-    "from cpython.pycapsule cimport PyCapsule_New, PyCapsule_GetPointer, PyCapsule_GetContext, PyCapsule_SetContext",
-    "from scorch._runtime.workspace cimport pool_give",
-    "from scorch.tensor_compiler.allocate import pooled_array as _pooled_array",
-    "cdef void _give_block(object cap) noexcept:",
-    "    pool_give(PyCapsule_GetPointer(cap, NULL), <size_t>PyCapsule_GetContext(cap))",
-    "cdef object _pooled(void* p, size_t nbytes, int64_t n, int64_t itemsize, str typestr):",
-    "    cap = PyCapsule_New(p, NULL, _give_block)",
-    "    PyCapsule_SetContext(cap, <void*>nbytes)",
-    "    if 2 * n * itemsize >= <int64_t>nbytes:",
-    "        return _pooled_array(cap, <size_t>p, n, typestr)",
-    "    arr = np.empty(n * itemsize, dtype=np.uint8)",
-    "    memcpy(<void*>_addr(arr), p, n * itemsize)",
-    "    return arr.view(typestr)",
-)
+def _has_c_entry(f: KernelFacts) -> bool:
+    """Kernels that only write a preallocated output (dense, or values in an operand's
+    pattern) get the C entry point ``kernel_c`` (and the C fast path); the others hand
+    their output arrays over through ``kernel_result_c``."""
+    out = f.s.output
+    return (out.dense or out.pattern >= 0) and out.mode != "ws" and not f.rows
 
 
 def _output(f: KernelFacts):
@@ -324,9 +302,7 @@ def lower_kernel(s: Schedule, value_dtype: torch.dtype,
     gathered dot (``codegen.generate``'s ``scalar_inner``: its stream variant)."""
     f = kernel_facts(s, value_dtype, index_dtypes)
     out = s.output
-    # kernels that only write a preallocated output (dense, or values in an operand's
-    # pattern) run entirely without the GIL and get a C entry point (``kernel_c``)
-    c_entry = (out.dense or out.pattern >= 0) and out.mode != "ws" and not f.rows
+    c_entry = _has_c_entry(f)
     memset = None
     if out.dense and not f.store_all:
         # the output arrives uninitialized (torch.empty: cheaper than torch.zeros' dispatch)

@@ -480,23 +480,28 @@ def level_entries(f: "KernelFacts", lv: LevelPlan) -> str:
     return total
 
 
-def fiber_products(f: "KernelFacts") -> Optional[str]:
-    """The mean number of leaf visits per workspace fiber (a C double expression): the
-    product, over the loops the workspace wraps, of their extents (dense loops) or their
-    level's mean segment (entries over parent positions; SpGEMM: ``nnz(A) / N_i *
-    nnz(B) / N_j``). None where a loop is neither."""
-    terms = []
+def fiber_products(f: "KernelFacts") -> Optional[Tuple[str, str]]:
+    """The mean number of leaf visits per workspace fiber as a fraction (numerator,
+    denominator: C double expressions, the denominator at least 1): the product, over the
+    loops the workspace wraps, of their extents (dense loops) or their level's mean segment
+    (entries over parent positions; SpGEMM: ``nnz(A) * nnz(B) / (N_i * N_j)``). A fraction,
+    not a quotient: a comparison multiplies it out, so the kernel divides nothing (``/``
+    means true division in Cython, C's in C++). None where a loop is neither."""
+    num, den = [], []
     for lp in f.loops[max(f.s.output.ws_depth, 0):]:
         if lp.kind == "dense" and not lp.iters:
-            terms.append(f"<double>a.N_{lp.var}")
+            num.append(f"<double>a.N_{lp.var}")
         elif lp.kind == "segment" and len(lp.iters) == 1 and lp.iters[0].has_pos and not lp.iters[0].grouped:
             lv = lp.iters[0]
             up = f.s.accesses[lv.access].levels[lv.k - 1] if lv.k else None
-            parent = level_entries(f, up) if up is not None else "1"
-            terms.append(f"<double>{level_entries(f, lv)} / max(<double>{parent}, 1.0)")
+            num.append(f"<double>{level_entries(f, lv)}")
+            if up is not None:
+                den.append(f"max(<double>{level_entries(f, up)}, 1.0)")
         else:
             return None
-    return " * ".join(terms) if terms else None
+    if not num:
+        return None
+    return " * ".join(num), " * ".join(den) or "1.0"
 
 
 @dataclass(frozen=True)
