@@ -25,7 +25,7 @@ from .._runtime.dropout import keep_threshold, mask_scale
 from ..dynamo_rules import trace_instead
 from ..tensor_compiler.threads import threads_for
 
-__all__ = ["dropout", "Dropout"]
+__all__ = ["dropout", "Dropout", "scaled_mask"]
 
 _DOUBLE = {torch.float32: False, torch.float64: True}
 _is_compiling = torch.compiler.is_compiling
@@ -47,6 +47,15 @@ def _mask_scale(x: torch.Tensor, out: torch.Tensor, seed: int, p: float) -> torc
     mask_scale(x.data_ptr(), out.data_ptr(), n, _DOUBLE[x.dtype], seed, keep_threshold(1.0 - p),
                1.0 / (1.0 - p), threads_for(n))
     return out
+
+
+def scaled_mask(like: torch.Tensor, p: float) -> torch.Tensor:
+    """A tensor shaped like ``like`` holding ``1 / (1 - p)`` where kept and 0 where dropped
+    (``0 < p < 1``): scorch's sparse dropout multiplies the stored values by it."""
+    if like.dtype in _DOUBLE and like.device.type == "cpu" and not _is_compiling():
+        ones = torch.ones(like.shape, dtype=like.dtype)
+        return _mask_scale(ones, ones, _draw_seed(), p)
+    return torch.empty_like(like).bernoulli_(1.0 - p).div_(1.0 - p)
 
 
 class _DropoutFunction(torch.autograd.Function):
