@@ -93,8 +93,8 @@ def _node_classifier(model, inputs, g) -> "Impl":
 # --------------------------------------------------------------------------- GCN
 
 def gcn_case(dataset: str) -> Case:
-    """``<name>-nodropout``: the same without the hidden dropout, whose RNG (torch's bernoulli)
-    costs as much as the rest of a Cora-scale step."""
+    """``<name>-nodropout``: the same without the hidden dropout, whose RNG (torch's bernoulli,
+    the peers' dropout) costs as much as the rest of a Cora-scale step."""
     import gcn
     name, _, variant = dataset.partition("-")
     dropout = 0.0 if variant == "nodropout" else 0.5
@@ -106,8 +106,16 @@ def gcn_case(dataset: str) -> Case:
     torch.manual_seed(0)
     template = gcn.GCN(g.x.shape[1], 128, classes, dropout=dropout)
 
-    def module_impl(a_hat, x) -> Impl:
-        model = gcn.GCN(g.x.shape[1], 128, classes, dropout=dropout)
+    class TorchGCN(gcn.GCN):
+        """The example's model as a torch.sparse user writes it (``import torch``): torch's
+        own ``F.dropout``, where the example, through ``scorch.nn.functional``, gets scorch's."""
+
+        def forward(self, a_hat, x):
+            h = F.dropout(F.relu(self.conv1(a_hat, x)), self.dropout, self.training)
+            return self.conv2(a_hat, h)
+
+    def module_impl(a_hat, x, model_class=gcn.GCN) -> Impl:
+        model = model_class(g.x.shape[1], 128, classes, dropout=dropout)
         model.load_state_dict(template.state_dict())
 
         return _node_classifier(model, (a_hat, x), g)
@@ -116,7 +124,7 @@ def gcn_case(dataset: str) -> Case:
     case.impls["scorch"] = module_impl(g.a_hat, g.x)
     torch_a = g.a_hat.to_torch()
     torch_x = g.x if dense_x else g.x.to_torch()
-    case.impls["torch_csr"] = module_impl(torch_a, torch_x)
+    case.impls["torch_csr"] = module_impl(torch_a, torch_x, TorchGCN)
     try:
         case.impls["pyg"] = _pyg_impl(g, template, classes)
     except Unavailable as e:

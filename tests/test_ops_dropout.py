@@ -50,3 +50,18 @@ def test_dropout_is_differentiable_on_the_pattern():
 def test_bool_results_need_no_gradient():
     s = _sparse((6, 6), 0.5, 5).requires_grad_()
     assert torch.allclose(s, s)            # nothing to detach: a bool has no gradient
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dropout_mask_repeats_with_the_seed_and_differs_between_calls(dtype):
+    """The stored values' mask comes from dense dropout's RNG (scorch.nn.dropout.scaled_mask),
+    seeded from torch's generator."""
+    s = _sparse((300, 200), 0.3, 6, dtype=dtype)
+    torch.manual_seed(9)
+    a, b = F.dropout(s, 0.5).to_dense(), F.dropout(s, 0.5).to_dense()
+    torch.manual_seed(9)
+    assert torch.equal(F.dropout(s, 0.5).to_dense(), a)
+    stored = s.to_dense() != 0
+    n = int(stored.sum())
+    agree = int(((a != 0) == (b != 0))[stored].sum())
+    assert abs(agree - n / 2) < 6 * (n / 4) ** 0.5     # independent masks agree on ~half

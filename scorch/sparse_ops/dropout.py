@@ -2,13 +2,16 @@
 by ``1 / (1 - p)``; unstored entries are zero either way, so this is dense dropout's
 distribution at a cost that follows the stored entries. The result keeps the pattern (a
 dropped entry is a stored zero), so a layer's next product reuses the same index arrays, and
-it is ``x * mask`` through the elementwise handler: differentiable like any product."""
+it is ``x * mask`` through the elementwise handler: differentiable like any product. The
+mask comes from dense dropout's kernel (``scorch.nn.dropout.scaled_mask``), not torch's
+single-threaded bernoulli."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from .._dispatch import register
+from ..nn.dropout import scaled_mask
 from ..tensor_type import SparseTensor, as_scorch, with_values
 
 __all__ = ["dropout"]
@@ -28,7 +31,7 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True,
     if p == 1.0:
         keep = torch.zeros_like(values)
     else:
-        keep = torch.empty_like(values).bernoulli_(1.0 - p).div_(1.0 - p)
+        keep = scaled_mask(values, p)
     if inplace:
         if x.requires_grad and torch.is_grad_enabled():
             raise RuntimeError("scorch: in-place dropout of a sparse tensor that requires "
