@@ -21,42 +21,28 @@
 #include <functional>
 #include <cmath>
 typedef int64_t I;
-// original: per tile of 4 inputs walk all d, h
-__attribute__((noinline)) void orig(I N, I D, I H, const int32_t* pos, const int32_t* crd, const float* G,
-  const float* dy, const float* x, const float* E, float* out) {
+// one stored entry q over rows [d0b, d1b), adding to a0 (the rest of a tile, in every variant)
+static inline float one_entry(I q, I d0b, I d1b, I D, I H, const int32_t* crd, const float* G,
+  const float* dy, const float* x, const float* En, float a0) {
+  const float *d0 = dy + crd[q]*H, *x0 = x + crd[q]*D;
+  for (I d = d0b; d < d1b; d++) { const float* Ed = En + d*H; float p0 = 0;
+    for (I h = 0; h < H; h++) p0 += d0[h]*Ed[h];
+    a0 += (G[q]*x0[d])*p0; }
+  return a0;
+}
+// for each expert n and each block [d0b, d1b) of its rows d: tile(E[n], segment s..e, d0b, d1b), partial sums in out
+template <class F>
+static inline void each_block(I N, I D, I H, I DB, const int32_t* pos, const float* E, float* out, F tile) {
   for (I n = 0; n < N; n++) {
-    const float* En = E + n * D * H;
-    I q = pos[n], e = pos[n+1];
-    for (; q + 3 < e; q += 4) {
-      const float *d0 = dy + crd[q]*H, *d1 = dy + crd[q+1]*H, *d2 = dy + crd[q+2]*H, *d3 = dy + crd[q+3]*H;
-      const float *x0 = x + crd[q]*D, *x1 = x + crd[q+1]*D, *x2 = x + crd[q+2]*D, *x3 = x + crd[q+3]*D;
-      float a0=0,a1=0,a2=0,a3=0;
-      for (I d = 0; d < D; d++) {
-        const float* Ed = En + d*H;
-        float p0=0,p1=0,p2=0,p3=0;
-        for (I h = 0; h < H; h++) { p0 += d0[h]*Ed[h]; p1 += d1[h]*Ed[h]; p2 += d2[h]*Ed[h]; p3 += d3[h]*Ed[h]; }
-        a0 += (G[q]*x0[d])*p0; a1 += (G[q+1]*x1[d])*p1; a2 += (G[q+2]*x2[d])*p2; a3 += (G[q+3]*x3[d])*p3;
-      }
-      out[q]=a0; out[q+1]=a1; out[q+2]=a2; out[q+3]=a3;
-    }
-    for (; q < e; q++) {
-      const float *d0 = dy + crd[q]*H, *x0 = x + crd[q]*D; float a0 = 0;
-      for (I d = 0; d < D; d++) { const float* Ed = En + d*H; float p0=0;
-        for (I h = 0; h < H; h++) p0 += d0[h]*Ed[h];
-        a0 += (G[q]*x0[d])*p0; }
-      out[q]=a0;
-    }
+    I s = pos[n], e = pos[n+1];
+    for (I q = s; q < e; q++) out[q] = 0;
+    for (I d0b = 0; d0b < D; d0b += DB) tile(E + n * D * H, s, e, d0b, std::min(D, d0b + DB));
   }
 }
 // d-blocked: a block of DB rows of E[n] (DB*H floats) stays in L2 while every input of expert n uses it
 __attribute__((noinline)) void blocked(I N, I D, I H, I DB, const int32_t* pos, const int32_t* crd, const float* G,
   const float* dy, const float* x, const float* E, float* out) {
-  for (I n = 0; n < N; n++) {
-    const float* En = E + n * D * H;
-    I s = pos[n], e = pos[n+1];
-    for (I q = s; q < e; q++) out[q] = 0;
-    for (I d0b = 0; d0b < D; d0b += DB) {
-      I d1b = std::min(D, d0b + DB);
+  each_block(N, D, H, DB, pos, E, out, [&](const float* En, I s, I e, I d0b, I d1b) {
       I q = s;
       for (; q + 3 < e; q += 4) {
         const float *d0 = dy + crd[q]*H, *d1 = dy + crd[q+1]*H, *d2 = dy + crd[q+2]*H, *d3 = dy + crd[q+3]*H;
@@ -70,16 +56,12 @@ __attribute__((noinline)) void blocked(I N, I D, I H, I DB, const int32_t* pos, 
         }
         out[q]=a0; out[q+1]=a1; out[q+2]=a2; out[q+3]=a3;
       }
-      for (; q < e; q++) {
-        const float *d0 = dy + crd[q]*H, *x0 = x + crd[q]*D; float a0 = out[q];
-        for (I d = d0b; d < d1b; d++) { const float* Ed = En + d*H; float p0=0;
-          for (I h = 0; h < H; h++) p0 += d0[h]*Ed[h];
-          a0 += (G[q]*x0[d])*p0; }
-        out[q]=a0;
-      }
-    }
-  }
+      for (; q < e; q++) out[q] = one_entry(q, d0b, d1b, D, H, crd, G, dy, x, En, out[q]);
+  });
 }
+// the generated form: 4 inputs jammed, each pass walking all rows (one block of all of them)
+__attribute__((noinline)) void orig(I N, I D, I H, const int32_t* pos, const int32_t* crd, const float* G,
+  const float* dy, const float* x, const float* E, float* out) { blocked(N, D, H, D, pos, crd, G, dy, x, E, out); }
 
 // d jammed by 2 under the 4-input tile: 8 independent chains, E rows shared by 4 inputs
 __attribute__((noinline)) void jam2(I N, I D, I H, const int32_t* pos, const int32_t* crd, const float* G,
@@ -108,53 +90,13 @@ __attribute__((noinline)) void jam2(I N, I D, I H, const int32_t* pos, const int
       }
       out[q]=a0; out[q+1]=a1; out[q+2]=a2; out[q+3]=a3;
     }
-    for (; q < e; q++) {
-      const float *d0 = dy + crd[q]*H, *x0 = x + crd[q]*D; float a0 = 0;
-      for (I d = 0; d < D; d++) { const float* Ed = En + d*H; float p0=0;
-        for (I h = 0; h < H; h++) p0 += d0[h]*Ed[h];
-        a0 += (G[q]*x0[d])*p0; }
-      out[q]=a0;
-    }
+    for (; q < e; q++) out[q] = one_entry(q, 0, D, D, H, crd, G, dy, x, En, 0);
   }
 }
 
 typedef float vf __attribute__((vector_size(32), aligned(4), may_alias));
 static inline float hs(vf v) { float s = 0; for (int i = 0; i < 8; i++) s += v[i]; return s; }
 // explicit vectors: R inputs x C rows of E per pass over h; dy vectors loaded once per h step
-template <int R, int C>
-__attribute__((noinline)) void vk(I N, I D, I H, const int32_t* pos, const int32_t* crd, const float* G,
-  const float* dy, const float* x, const float* E, float* out) {
-  for (I n = 0; n < N; n++) {
-    const float* En = E + n * D * H;
-    I q = pos[n], e = pos[n+1];
-    for (; q + R - 1 < e; q += R) {
-      const float* dr[R]; const float* xr[R]; float a[R];
-      for (int i = 0; i < R; i++) { dr[i] = dy + crd[q+i]*H; xr[i] = x + crd[q+i]*D; a[i] = 0; }
-      I d = 0;
-      for (; d + C - 1 < D; d += C) {
-        vf p[R][C];
-        for (int i = 0; i < R; i++) for (int j = 0; j < C; j++) p[i][j] = vf{0,0,0,0,0,0,0,0};
-        for (I h = 0; h < H; h += 8) {
-          vf ev[C]; for (int j = 0; j < C; j++) ev[j] = *(const vf*)(En + (d+j)*H + h);
-          for (int i = 0; i < R; i++) { vf dv = *(const vf*)(dr[i] + h);
-            for (int j = 0; j < C; j++) p[i][j] += dv * ev[j]; }
-        }
-        for (int i = 0; i < R; i++) for (int j = 0; j < C; j++) a[i] += (G[q+i]*xr[i][d+j]) * hs(p[i][j]);
-      }
-      for (; d < D; d++) { const float* Ed = En + d*H;
-        for (int i = 0; i < R; i++) { float s = 0; for (I h = 0; h < H; h++) s += dr[i][h]*Ed[h]; a[i] += (G[q+i]*xr[i][d])*s; } }
-      for (int i = 0; i < R; i++) out[q+i] = a[i];
-    }
-    for (; q < e; q++) {
-      const float *d0 = dy + crd[q]*H, *x0 = x + crd[q]*D; float a0 = 0;
-      for (I d = 0; d < D; d++) { const float* Ed = En + d*H; float p0=0;
-        for (I h = 0; h < H; h++) p0 += d0[h]*Ed[h];
-        a0 += (G[q]*x0[d])*p0; }
-      out[q]=a0;
-    }
-  }
-}
-
 template <int R, int C>
 __attribute__((noinline)) void vkb(I N, I D, I H, I DB, const int32_t* pos, const int32_t* crd, const float* G,
   const float* dy, const float* x, const float* E, float* out) {
@@ -183,26 +125,19 @@ __attribute__((noinline)) void vkb(I N, I D, I H, I DB, const int32_t* pos, cons
         for (int i = 0; i < R; i++) { float s = 0; for (I h = 0; h < H; h++) s += dr[i][h]*Ed[h]; a[i] += (G[q+i]*xr[i][d])*s; } }
       for (int i = 0; i < R; i++) out[q+i] = a[i];
     }
-    for (; q < e; q++) {
-      const float *d0 = dy + crd[q]*H, *x0 = x + crd[q]*D; float a0 = out[q];
-      for (I d = d0b; d < d1b; d++) { const float* Ed = En + d*H; float p0=0;
-        for (I h = 0; h < H; h++) p0 += d0[h]*Ed[h];
-        a0 += (G[q]*x0[d])*p0; }
-      out[q]=a0;
-    }
+    for (; q < e; q++) out[q] = one_entry(q, d0b, d1b, D, H, crd, G, dy, x, En, out[q]);
     }
   }
 }
+// unblocked: one block of all rows
+template <int R, int C>
+__attribute__((noinline)) void vk(I N, I D, I H, const int32_t* pos, const int32_t* crd, const float* G,
+  const float* dy, const float* x, const float* E, float* out) { vkb<R, C>(N, D, H, D, pos, crd, G, dy, x, E, out); }
 
 // scalar source (as the run-time-width chunk function is written), 2 inputs x 4 rows d, d-blocked
 __attribute__((noinline)) void sb24(I N, I D, I H, I DB, const int32_t* pos, const int32_t* crd, const float* G,
   const float* dy, const float* x, const float* E, float* out) {
-  for (I n = 0; n < N; n++) {
-    const float* En = E + n * D * H;
-    I s = pos[n], e = pos[n+1];
-    for (I q = s; q < e; q++) out[q] = 0;
-    for (I d0b = 0; d0b < D; d0b += DB) {
-      I d1b = std::min(D, d0b + DB);
+  each_block(N, D, H, DB, pos, E, out, [&](const float* En, I s, I e, I d0b, I d1b) {
       I q = s;
       for (; q + 1 < e; q += 2) {
         const float *y0 = dy + crd[q]*H, *y1 = dy + crd[q+1]*H;
@@ -223,15 +158,8 @@ __attribute__((noinline)) void sb24(I N, I D, I H, I DB, const int32_t* pos, con
           a0 += (G[q]*x0[d])*p0; a1 += (G[q+1]*x1[d])*p1; }
         out[q]=a0; out[q+1]=a1;
       }
-      for (; q < e; q++) {
-        const float *d0 = dy + crd[q]*H, *x0 = x + crd[q]*D; float a0 = out[q];
-        for (I d = d0b; d < d1b; d++) { const float* Ed = En + d*H; float p0=0;
-          for (I h = 0; h < H; h++) p0 += d0[h]*Ed[h];
-          a0 += (G[q]*x0[d])*p0; }
-        out[q]=a0;
-      }
-    }
-  }
+      for (; q < e; q++) out[q] = one_entry(q, d0b, d1b, D, H, crd, G, dy, x, En, out[q]);
+  });
 }
 static double cpu() { timespec t; clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t); return t.tv_sec*1e3 + t.tv_nsec*1e-6; }
 int main(int argc, char** argv) {
