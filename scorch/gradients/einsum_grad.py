@@ -231,6 +231,12 @@ def operand_gradient(plan: GradientPlan, einsum: Callable, grad, operands: Seque
 
 
 
+#: (equation, pattern format and shape, dtypes, factor shapes) -> the format the plan reads the
+#: pattern factor in (``_pattern_as_read``)
+_READ_FORMAT: Dict[tuple, object] = {}
+_UNKNOWN = object()
+
+
 def _pattern_as_read(eq: str, Q: Storage, perm: Optional[torch.Tensor],
                      factors: list) -> Tuple[Storage, Optional[torch.Tensor]]:
     """The pattern factor ``Q`` (``perm``: its positions in the operand's) in the format the
@@ -242,7 +248,17 @@ def _pattern_as_read(eq: str, Q: Storage, perm: Optional[torch.Tensor],
     the values back in the operand's order."""
     if any(isinstance(f, SparseTensor) for f in factors):
         return Q, perm
-    fmt = _compiler().read_formats(eq, SparseTensor(Q), *factors)[0]
+    # asking the plan costs ~50-150 us; a training step asks again with the same shapes. A
+    # stale answer (the plan changed with the pattern's statistics) costs speed only: the
+    # result is placed on the operand's pattern either way (``values_from_factor``)
+    key = (eq, Q.format, tuple(Q.shape), Q.values.dtype, Q.index_dtype,
+           tuple((f.dtype, tuple(f.shape)) for f in factors))
+    fmt = _READ_FORMAT.get(key, _UNKNOWN)
+    if fmt is _UNKNOWN:
+        fmt = _compiler().read_formats(eq, SparseTensor(Q), *factors)[0]
+        if len(_READ_FORMAT) >= 512:
+            _READ_FORMAT.clear()
+        _READ_FORMAT[key] = fmt
     if fmt is None or fmt == Q.format:
         return Q, perm
     got = _pattern.reformat_permutation(Q, fmt)
