@@ -25,6 +25,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..compiler_access import compiler as _compiler
 from ..level_storage import Storage
 from ..tensor_compiler.index_notation import parse_einsum
 from ..tensor_type import SparseTensor
@@ -216,6 +217,8 @@ def operand_gradient(plan: GradientPlan, einsum: Callable, grad, operands: Seque
         eq = plan.equation()
         Q, perm = _pattern.pattern_factor(P, dtype)
     factors = _located_factors(plan, Q, terms, factors)
+    if not merged:
+        Q, perm = _pattern_as_read(eq, Q, perm, factors)
     ops = factors if merged else [SparseTensor(Q)] + factors
     R = einsum(eq, *ops)
     if not isinstance(R, SparseTensor):   # a dense result (e.g. every factor dense and small)
@@ -226,6 +229,44 @@ def operand_gradient(plan: GradientPlan, einsum: Callable, grad, operands: Seque
         vals = _pattern.values_from_factor(P, Q, perm, R._storage, values_of(R))
     return from_values(P, vals.to(x.dtype))
 
+
+
+#: (equation, pattern format and shape, dtypes, factor shapes) -> the format the plan reads the
+#: pattern factor in (``_pattern_as_read``)
+_READ_FORMAT: Dict[tuple, object] = {}
+_UNKNOWN = object()
+
+
+def _pattern_as_read(eq: str, Q: Storage, perm: Optional[torch.Tensor],
+                     factors: list) -> Tuple[Storage, Optional[torch.Tensor]]:
+    """The pattern factor ``Q`` (``perm``: its positions in the operand's) in the format the
+    gradient kernel reads it in, where the plan would read it transposed and every other
+    factor is dense. The MoE gate gradient ``bn,bh,bd,ndh->bn`` runs expert-major on the CSR
+    gate: handed the gate as CSC, the kernel writes the gradient at the pattern's positions,
+    with no entries appended, assembled and converted back to CSR (44.1 vs 46.7 ms min,
+    1 thread, Zen 3, under load); a kept permutation (``pattern.reformat_permutation``) puts
+    the values back in the operand's order."""
+    if any(isinstance(f, SparseTensor) for f in factors):
+        return Q, perm
+    # asking the plan costs ~50-150 us; a training step asks again with the same shapes. A
+    # stale answer (the plan changed with the pattern's statistics) costs speed only: the
+    # result is placed on the operand's pattern either way (``values_from_factor``)
+    key = (eq, Q.format, tuple(Q.shape), Q.values.dtype, Q.index_dtype,
+           tuple((f.dtype, tuple(f.shape)) for f in factors))
+    fmt = _READ_FORMAT.get(key, _UNKNOWN)
+    if fmt is _UNKNOWN:
+        fmt = _compiler().read_formats(eq, SparseTensor(Q), *factors)[0]
+        if len(_READ_FORMAT) >= 512:
+            _READ_FORMAT.clear()
+        _READ_FORMAT[key] = fmt
+    if fmt is None or fmt == Q.format:
+        return Q, perm
+    got = _pattern.reformat_permutation(Q, fmt)
+    if got is None:
+        return Q, perm
+    conv, to_q = got
+    return (_pattern.pattern_ones(conv, Q.values.dtype),
+            to_q if perm is None else perm.index_select(0, to_q))
 
 
 def _located_factors(plan: GradientPlan, Q: Storage, terms: Sequence[str], factors: list) -> list:

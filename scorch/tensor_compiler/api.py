@@ -7,7 +7,7 @@ A call binds its operands (``operands``), finds or makes the plan (``planner``, 
 (``fastcall``)."""
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -313,6 +313,27 @@ def explain(equation: str, *operands, out_format=None) -> Plan:
     transposes = [(ap.tensor, ap.source_format, ap.format) for ap in s.accesses if ap.transposed]
     return Plan(list(s.loop_order), list(s.workspaces), list(s.tiled), ofmt, print_kernel(kernel),
                 transposes, s.assignment, s, kernel, _relayouts(entry, ops))
+
+
+def read_formats(equation: str, *operands, out_format=None) -> Tuple[Optional[Format], ...]:
+    """The format the plan of ``einsum(equation, *operands)`` reads each operand in: its
+    own, or the transposed copy the call would make (None: a dense operand, or one read in
+    more than one format); nothing is compiled or run. A caller that can hand an operand
+    over in that form (a gradient's pattern factor, ``gradients.einsum_grad``) saves the
+    copy and may let the kernel write at the operand's positions."""
+    ops = _keyed_operands(operands)[0]
+    entry = einsum_entry(equation, ops, out_format)
+    out: list = [None] * len(ops)
+    if entry.split is not None:
+        return tuple(out)
+    seen: Dict[int, set] = {}
+    for ap in entry.schedule.accesses:
+        if ap.sparse:
+            seen.setdefault(ap.tensor, set()).add(ap.format)
+    for n, fmts in seen.items():
+        if len(fmts) == 1:
+            out[n] = next(iter(fmts))
+    return tuple(out)
 
 
 def _relayouts(entry, ops) -> list:
