@@ -132,12 +132,26 @@ inline void result_gather(int64_t n, int64_t off, const C* crd, const V* val, vo
   }
 }
 
-// The int64 counts ``p[0..n)`` as int32, in place (each slot is read before any write
-// reaches it): pos in the output's int32 index type without a second block.
-inline int32_t* result_narrow_i64(int64_t* p, int64_t n) {
-  int32_t* q = (int32_t*)p;
-  for (int64_t t = 0; t < n; t++) q[t] = (int32_t)p[t];
-  return q;
+// The rows' counts ``p[1..P]`` prefix-summed into pos in one pass: as int64, or (``narrow``)
+// as int32 in place, pos in the output's int32 index type without a second block (each
+// int64 slot is read before the int32 writes reach it). Returns pos[P].
+inline int64_t result_pos(int64_t* p, int64_t P, int narrow) {
+  int64_t run = 0;
+  if (narrow) {
+    int32_t* q = (int32_t*)p;
+    q[0] = 0;
+    for (int64_t t = 0; t < P; t++) {
+      run += p[t + 1];
+      q[t + 1] = (int32_t)run;
+    }
+  } else {
+    p[0] = 0;
+    for (int64_t t = 0; t < P; t++) {
+      run += p[t + 1];
+      p[t + 1] = run;
+    }
+  }
+  return run;
 }
 
 }  // namespace scorch

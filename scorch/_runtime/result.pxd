@@ -42,7 +42,7 @@ cdef extern from "kernel_result.h" namespace "scorch" nogil:
                           int itemsize, give_fn give)
     void result_gather[C, V](int64_t n, int64_t off, const C* crd, const V* val, void* crd_out,
                              V* val_out, int wide)
-    int32_t* result_narrow_i64(int64_t* p, int64_t n)
+    int64_t result_pos(int64_t* p, int64_t P, int narrow)
 
 
 cdef object result_to_python(KernelResult* r)

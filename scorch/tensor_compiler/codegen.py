@@ -363,8 +363,12 @@ def _set_array(w, ind: str, i: int, data: str, n: str, ct: str, nbytes: str = ""
       f"{nbytes or f'({n}) * sizeof({ct})'}, {give})")
 
 
-def _no_memory(w, ind: str, test: str, what: str, count: str) -> None:
+def _no_memory(w, ind: str, test: str, what: str, count: str, free: Sequence[str] = ()) -> None:
+    """Where ``test`` holds, free the blocks ``free`` (the result owns none of them) and
+    return the error ``MemoryError`` raises."""
     w(f"{ind}if {test}:")
+    for p in free:
+        w(f"{ind}    result_free({p}, 0)")
     w(f'{ind}    return result_error(res, RESULT_NOMEM, b"out of memory for the %lld {what} of the output", {count})')
 
 
@@ -417,17 +421,7 @@ def _rows_epilogue(k: Kernel, w, fn: str) -> None:
     w("    crds.resize(nchunks)")
     w("    vals.resize(nchunks)")
     _run_chunks(w, fn, "&crds[0], &vals[0]", "&crds[t], &vals[t]")
-    w("    for t in range(P):")
-    w("        pp[t + 1] += pp[t]")
-    w("    total = pp[P]")
-    w("    cdef vector[int64_t] offs")
-    w("    offs.resize(nchunks + 1)")
-    w("    offs[0] = 0")
-    w("    for t in range(nchunks):")
-    w("        offs[t + 1] = offs[t] + vals[t].size()")
-    w("    if offs[nchunks] != total:")
-    w('        return result_error(res, RESULT_RUNTIME, b"scorch kernel: row counts and appended entries disagree", 0)')
-    _wide(o, w)
+    _offsets_and_pos(o, w, "vals[t].size()", "appended")
     it, vt = o.index_type, k.value_type
     w("    cdef size_t nbytes")
     w("    cdef void* block")
@@ -442,12 +436,22 @@ def _rows_epilogue(k: Kernel, w, fn: str) -> None:
     w("    return RESULT_OK")
 
 
-def _wide(o: RowsOutput, w) -> None:
-    """``wide``: the output needs int64 coordinates (a count or an extent over int32)."""
+def _offsets_and_pos(o: RowsOutput, w, count: str, verb: str) -> None:
+    """Each chunk's offset in the output (``offs``; ``count``: its entries, an expression in
+    ``t``), ``total``, ``wide`` (the output needs int64 coordinates: a count or an extent over
+    int32), and ``pos``: the rows' counts prefix-summed in one pass, as int32 in place unless
+    ``wide``; a sum that disagrees with the chunks' entries is an error."""
+    w("    cdef vector[int64_t] offs")
+    w("    offs.resize(nchunks + 1)")
+    w("    offs[0] = 0")
+    w("    for t in range(nchunks):")
+    w(f"        offs[t + 1] = offs[t] + {count}")
+    w("    total = offs[nchunks]")
     w(f"    cdef bint wide = max(total, P, {', '.join(f'a.N_{v}' for v in o.level_vars)}) > 2147483647")
-    w("    if not wide:   # pos in int32, in place")
-    w("        result_array(res, 0, result_narrow_i64(pp, P + 1), P + 1, RESULT_INT, sizeof(int32_t), "
-      "(P + 1) * sizeof(int64_t), result_free)")
+    w("    if result_pos(pp, P, not wide) != total:")
+    w(f'        return result_error(res, RESULT_RUNTIME, b"scorch kernel: row counts and {verb} entries disagree", 0)')
+    w("    if not wide:")
+    w("        result_array(res, 0, pp, P + 1, RESULT_INT, sizeof(int32_t), (P + 1) * sizeof(int64_t), result_free)")
 
 
 def _gather_chunks(k: Kernel, w, count: str, crd_src: str, val_src: str) -> None:
@@ -459,10 +463,7 @@ def _gather_chunks(k: Kernel, w, count: str, crd_src: str, val_src: str) -> None
     w("    cdef int64_t isz = 8 if wide else 4")
     w("    cdef void* cp = result_alloc(total * isz)")
     w(f"    cdef {vt}* vp = <{vt}*>result_alloc(total * sizeof({vt}))")
-    w("    if cp == NULL or vp == NULL:")
-    w("        result_free(cp, 0)")
-    w("        result_free(vp, 0)")
-    w('        return result_error(res, RESULT_NOMEM, b"out of memory for the %lld entries of the output", total)')
+    _no_memory(w, "    ", "cp == NULL or vp == NULL", "entries", "total", free=("cp", "vp"))
     w("    for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):")
     w(f"        result_gather({count}, offs[t], {crd_src}, {val_src}, cp, vp, wide)")
 
@@ -498,18 +499,7 @@ def _rows_bound_epilogue(k: Kernel, w, fn: str) -> None:
     _set_array(w, "    ", 2, "bv", "room[nchunks]", vt)
     _no_memory(w, "    ", "bc == NULL or bv == NULL", "entries", "room[nchunks]")
     _run_chunks(w, fn, "bc, bv", "bc + room[t], bv + room[t]", into=("counts[0]", "counts[t]"))
-    w("    cdef vector[int64_t] offs")
-    w("    offs.resize(nchunks + 1)")
-    w("    offs[0] = 0")
-    w("    for t in range(nchunks):")
-    w("        offs[t + 1] = offs[t] + counts[t]")
-    w("    total = offs[nchunks]")
-    # the rows' counts prefix-summed (the int32 form: in place, by _wide)
-    w("    for t in range(P):")
-    w("        pp[t + 1] += pp[t]")
-    w("    if pp[P] != total:")
-    w('        return result_error(res, RESULT_RUNTIME, b"scorch kernel: row counts and written entries disagree", 0)')
-    _wide(o, w)
+    _offsets_and_pos(o, w, "counts[t]", "written")
     w(f"    if nchunks == 1 and wide == {it == 'int64_t'}:")
     w(f"        result_hand_over(res, 1, bc, room[1] * sizeof({it}), total, RESULT_INT, sizeof({it}), result_free)")
     w(f"        result_hand_over(res, 2, bv, room[1] * sizeof({vt}), total, {_result_kind(vt)}, sizeof({vt}), result_free)")

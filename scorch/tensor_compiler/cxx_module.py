@@ -65,7 +65,9 @@ class _Line:
     verbatim: List[str] = field(default_factory=list)   # C text in triple quotes
 
 
-def _strip_comment(text: str) -> str:
+def _outside_quotes(text: str):
+    """``(index, char)`` of the characters of ``text`` outside string literals (the quotes
+    themselves left out)."""
     quote = None
     for i, ch in enumerate(text):
         if quote:
@@ -73,7 +75,13 @@ def _strip_comment(text: str) -> str:
                 quote = None
         elif ch in "'\"":
             quote = ch
-        elif ch == "#":
+        else:
+            yield i, ch
+
+
+def _strip_comment(text: str) -> str:
+    for i, ch in _outside_quotes(text):
+        if ch == "#":
             return text[:i].rstrip()
     return text.rstrip()
 
@@ -151,14 +159,9 @@ def _params(text: str) -> List[Tuple[str, str]]:
 
 def _split_top(text: str, sep: str) -> List[str]:
     """Split at ``sep`` outside brackets and quotes."""
-    parts, depth, quote, start = [], 0, None, 0
-    for i, ch in enumerate(text):
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "([":
+    parts, depth, start = [], 0, 0
+    for i, ch in _outside_quotes(text):
+        if ch in "([":
             depth += 1
         elif ch in ")]":
             depth -= 1

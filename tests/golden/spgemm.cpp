@@ -379,29 +379,22 @@ static int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelR
             }
         }
     }
-    {
-        int64_t scorch_end3 = P;
-        for (int64_t scorch_i3 = 0; scorch_i3 < scorch_end3; scorch_i3 += 1) {
-            t = scorch_i3;
-            pp[(t + 1)] += pp[t];
-        }
-    }
-    total = pp[P];
     offs.resize((nchunks + 1));
     offs[0] = 0;
     {
-        int64_t scorch_end4 = nchunks;
-        for (int64_t scorch_i4 = 0; scorch_i4 < scorch_end4; scorch_i4 += 1) {
-            t = scorch_i4;
+        int64_t scorch_end3 = nchunks;
+        for (int64_t scorch_i3 = 0; scorch_i3 < scorch_end3; scorch_i3 += 1) {
+            t = scorch_i3;
             offs[(t + 1)] = (offs[t] + vals[t].size());
         }
     }
-    if ((offs[nchunks] != total)) {
+    total = offs[nchunks];
+    wide = (scorch_max(scorch_max(scorch_max(total, P), a.N_i), a.N_k) > 2147483647);
+    if ((result_pos(pp, P, (!(wide))) != total)) {
         return result_error(res, RESULT_RUNTIME, "scorch kernel: row counts and appended entries disagree", 0);
     }
-    wide = (scorch_max(scorch_max(scorch_max(total, P), a.N_i), a.N_k) > 2147483647);
     if ((!(wide))) {
-        result_array(res, 0, result_narrow_i64(pp, (P + 1)), (P + 1), RESULT_INT, sizeof(int32_t), (((P + 1)) * sizeof(int64_t)), result_free);
+        result_array(res, 0, pp, (P + 1), RESULT_INT, sizeof(int32_t), (((P + 1)) * sizeof(int64_t)), result_free);
     }
     if (((nchunks == 1) && (total > 0) && (wide == 0))) {
         block = crds[0].release((&nbytes));
@@ -419,11 +412,11 @@ static int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelR
         return result_error(res, RESULT_NOMEM, "out of memory for the %lld entries of the output", total);
     }
     {
-        int64_t scorch_end5 = nchunks;
-        if (scorch_end5 > 0) {
+        int64_t scorch_end4 = nchunks;
+        if (scorch_end4 > 0) {
 #pragma omp parallel for schedule(dynamic) num_threads(nthreads)
-            for (int64_t scorch_i5 = 0; scorch_i5 < scorch_end5; scorch_i5++) {
-                int64_t t = scorch_i5;
+            for (int64_t scorch_i4 = 0; scorch_i4 < scorch_end4; scorch_i4++) {
+                int64_t t = scorch_i4;
                 result_gather(vals[t].size(), offs[t], crds[t].data(), vals[t].data(), cp, vp, wide);
             }
         }

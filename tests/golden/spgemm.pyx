@@ -18,7 +18,7 @@ from scorch._runtime.workspace cimport AppendBuffer, DenseScratch, SparseWorkspa
 from scorch._runtime.workspace cimport dense_ws_drain_scan
 from cython.operator cimport dereference as deref, preincrement as inc
 from cython.parallel cimport prange
-from scorch._runtime.result cimport KernelResult, RESULT_OK, RESULT_OVERFLOW, RESULT_RUNTIME, RESULT_NOMEM, RESULT_INT, RESULT_UINT, RESULT_FLOAT, result_init, result_alloc, result_free, result_zeros_i64, result_array, result_error, result_hand_over, result_gather, result_narrow_i64, result_to_python
+from scorch._runtime.result cimport KernelResult, RESULT_OK, RESULT_OVERFLOW, RESULT_RUNTIME, RESULT_NOMEM, RESULT_INT, RESULT_UINT, RESULT_FLOAT, result_init, result_alloc, result_free, result_zeros_i64, result_array, result_error, result_hand_over, result_gather, result_pos, result_to_python
 
 cdef struct Args:
     int64_t N_i
@@ -264,19 +264,17 @@ cdef int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelRes
     else:
         for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):
             fn(&a, bounds[t], bounds[t + 1], &crds[t], &vals[t])
-    for t in range(P):
-        pp[t + 1] += pp[t]
-    total = pp[P]
     cdef vector[int64_t] offs
     offs.resize(nchunks + 1)
     offs[0] = 0
     for t in range(nchunks):
         offs[t + 1] = offs[t] + vals[t].size()
-    if offs[nchunks] != total:
-        return result_error(res, RESULT_RUNTIME, b"scorch kernel: row counts and appended entries disagree", 0)
+    total = offs[nchunks]
     cdef bint wide = max(total, P, a.N_i, a.N_k) > 2147483647
-    if not wide:   # pos in int32, in place
-        result_array(res, 0, result_narrow_i64(pp, P + 1), P + 1, RESULT_INT, sizeof(int32_t), (P + 1) * sizeof(int64_t), result_free)
+    if result_pos(pp, P, not wide) != total:
+        return result_error(res, RESULT_RUNTIME, b"scorch kernel: row counts and appended entries disagree", 0)
+    if not wide:
+        result_array(res, 0, pp, P + 1, RESULT_INT, sizeof(int32_t), (P + 1) * sizeof(int64_t), result_free)
     cdef size_t nbytes
     cdef void* block
     if nchunks == 1 and total > 0 and wide == False:
