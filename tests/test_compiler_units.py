@@ -607,6 +607,11 @@ def test_relayout_tiled_transpose(dt):
             for threads in (1, 2):
                 y = relayout(src, (1, 0), (1, 0), lambda w: threads)
                 assert y.stride(0) == 1 and torch.equal(y, src)
+                # a transposed view made row-major in its own order (``W @ x.t()``: x^T)
+                view = src.t()
+                z = relayout(view, (0, 1), (0, 1), lambda w: threads)
+                assert z.is_contiguous() and torch.equal(z, view)
+                assert relayout(view, (1, 0), (1, 0), lambda w: threads).stride(0) == 1
 
 
 def test_blocked_operand_read_natively():

@@ -44,6 +44,10 @@ from scorch.level_storage import INT32_MAX, Level, Storage, index_dtype_for, lev
 
 __all__ = ["from_coords", "from_dense", "to_dense", "convert", "coords"]
 
+cdef extern from "pack_nonzeros.h" namespace "scorch" nogil:
+    void pack_row_f32(const float* row, int64_t m, int64_t q, int64_t end, int32_t* crd, float* val)
+    void pack_row_f64(const double* row, int64_t m, int64_t q, int64_t end, int32_t* crd, double* val)
+
 ctypedef fused idx_t:
     int32_t
     int64_t
@@ -439,10 +443,24 @@ cdef void _scan_fill(scan_t* x, int64_t rows, int64_t* rstart, int64_t m, int64_
     """Pass 2: the last-level coordinate and the value of every nonzero, in storage order.
     Branch-free (every element is written at the next free slot, which advances only past
     a nonzero: no mispredicted branch per element at 20-50 % fill), and a row stops at its
-    last nonzero (its count from pass 1), so no slot past the row's own is touched."""
+    last nonzero (its count from pass 1), so no slot past the row's own is touched.
+    Contiguous float / double rows with 32-bit coordinates go a vector at a time
+    (``pack_nonzeros.h``), 2-3x faster than the element loop."""
     cdef int64_t r, j, q, end
     cdef scan_t* row
     cdef scan_t v
+    # contiguous rows of float / double: eight (four) elements at a time (pack_nonzeros.h)
+    if idx_t is int32_t:
+        if scan_t is float:
+            if stride == 1:
+                for r in prange(rows, schedule='static', num_threads=T):
+                    pack_row_f32(x + rstart[r], m, off[r], off[r + 1], inner, vals)
+                return
+        elif scan_t is double:
+            if stride == 1:
+                for r in prange(rows, schedule='static', num_threads=T):
+                    pack_row_f64(x + rstart[r], m, off[r], off[r + 1], inner, vals)
+                return
     for r in prange(rows, schedule='static', num_threads=T):
         row = x + rstart[r]
         q = off[r]
