@@ -7,7 +7,8 @@ Stages (docs/compiler.md draws them with the data between them):
    checks), ``rewrite`` (broadcast and blocked-format rewrites);
 2. planning: ``planner`` -> ``schedule`` (``format_inference``: Algorithm 4;
    ``loop_order``: Algorithm 1 under ``cost_model``; workspaces; tiling: Algorithm 3),
-   cached as ``plans.PlanEntry``;
+   cached as ``plans.PlanEntry``; ``dense_route`` (a result of one compressed level over
+   dense ones, computed dense where that pays);
 3. lowering and codegen: ``codegen`` (Cython source; ``levels``, ``merge_lattice``);
 4. build and cache: ``build`` (compile, disk and memory cache), ``prebuilt``, ``fastcall``;
 5. run: ``operands`` (binding), ``arguments`` (argument tables), ``execute`` (general path),

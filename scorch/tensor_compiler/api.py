@@ -311,7 +311,11 @@ def explain(equation: str, *operands, out_format=None) -> Plan:
     else:
         ofmt = out.final_format or out.format
     transposes = [(ap.tensor, ap.source_format, ap.format) for ap in s.accesses if ap.transposed]
-    return Plan(list(s.loop_order), list(s.workspaces), list(s.tiled), ofmt, print_kernel(kernel),
+    workspaces = list(s.workspaces)
+    if entry.dense_route is not None:
+        workspaces.append("or the dense route where the dense result is at most the product's "
+                          "work (computed dense, its touched rows kept: dense_route.py)")
+    return Plan(list(s.loop_order), workspaces, list(s.tiled), ofmt, print_kernel(kernel),
                 transposes, s.assignment, s, kernel, _relayouts(entry, ops))
 
 

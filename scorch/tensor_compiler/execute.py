@@ -150,7 +150,12 @@ def kernel_for(entry: PlanEntry, data, load: bool = True):
 
 def run(entry: PlanEntry, ops):
     """Run a plan: values only when its sparse operands share one pattern
-    (``shared_pattern``), else its warm runner when it takes the call, else the general path."""
+    (``shared_pattern``), else its warm runner when it takes the call, else the general path;
+    a result of one compressed level over dense ones is computed dense where that pays
+    (``dense_route``)."""
+    route = entry.dense_route
+    if route is not None and route.pays(ops):
+        return route.run(ops, run)
     shared = entry.shared
     if shared is None:
         shared = entry.shared = values_plan(entry) or False
@@ -177,7 +182,7 @@ def run_general(entry: PlanEntry, ops):
     fresh = not entry.kernels
     mod, args, _ = kernel_for(entry, data)
     short = short_kernel(entry, data, sizes)
-    if fresh and entry.runner is None:
+    if fresh and entry.runner is None and entry.dense_route is None:   # (routed calls: see run)
         idx = {ap.id: data[ap.id].index_dtype for ap in entry.schedule.accesses if ap.sparse}
         try:
             entry.runner = make_runner(entry, mod, args, idx, ops)

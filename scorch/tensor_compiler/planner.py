@@ -12,6 +12,7 @@ import torch
 from ..formats import Format, as_format
 from ..level_storage import Storage
 from . import codegen
+from .dense_route import dense_route
 from .index_notation import Assignment, parse_einsum
 from .plans import COMPILER_VERSION, PlanEntry, cached_entry, fmt_key
 from .rewrite import block_split, rename_broadcast
@@ -168,6 +169,9 @@ def einsum_entry(equation: str, ops, out_format, ordered: bool = True) -> PlanEn
                 entry.orig_output = tuple(asg.output)
                 entry.orig_indices = [tuple(i) for i in op_idx]
                 return entry
-        return make_entry(asg, op_idx, ops, fmt, ordered=ordered,
-                          statistics=operand_statistics(op_idx, ops), small=small_blocks(blocks))
+        stats, small = operand_statistics(op_idx, ops), small_blocks(blocks)
+        entry = make_entry(asg, op_idx, ops, fmt, ordered=ordered, statistics=stats, small=small)
+        entry.dense_route = dense_route(entry, lambda: make_entry(
+            asg, op_idx, ops, Format("d" * len(asg.output)), statistics=stats, small=small))
+        return entry
     return cached_entry(key, make)

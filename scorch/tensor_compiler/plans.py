@@ -100,6 +100,7 @@ class PlanEntry:
     formats: Tuple[Any, ...] = ()  # operand format objects, for the identity-checked fast key
     orig_output: Tuple[str, ...] = ()
     orig_indices: List[Tuple[str, ...]] = field(default_factory=list)
+    dense_route: Any = None       # dense_route.DenseRoute: a 'cd...d' result computed dense
 
 
 
