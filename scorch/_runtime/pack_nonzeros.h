@@ -20,10 +20,9 @@ stored, -0.0 is not. */
 
 namespace scorch {
 
-/* the scalar fill of one row: slots q..end-1 get the row's nonzeros in order */
+/* the scalar fill of a row from element j on: slots q..end-1 get its nonzeros in order */
 template <typename T, typename I>
-static inline void pack_row_scalar(const T* row, int64_t q, int64_t end, I* crd, T* val) {
-    int64_t j = 0;
+static inline void pack_row_from(const T* row, int64_t j, int64_t q, int64_t end, I* crd, T* val) {
     while (q < end) {
         T v = row[j];
         crd[q] = (I)j;
@@ -31,6 +30,11 @@ static inline void pack_row_scalar(const T* row, int64_t q, int64_t end, I* crd,
         q += (v != 0);
         ++j;
     }
+}
+
+template <typename T, typename I>
+static inline void pack_row_scalar(const T* row, int64_t q, int64_t end, I* crd, T* val) {
+    pack_row_from(row, 0, q, end, crd, val);
 }
 
 #ifdef SCORCH_PACK_X86
@@ -63,13 +67,7 @@ static void pack_row_avx2_f32(const float* row, int64_t m, int64_t q, int64_t en
         q += __builtin_popcount(mask);
         j += 8;
     }
-    while (q < end) {   // the row's last slots, one element at a time
-        float v = row[j];
-        crd[q] = (int32_t)j;
-        val[q] = v;
-        q += (v != 0);
-        ++j;
-    }
+    pack_row_from(row, j, q, end, crd, val);   // the row's last slots
 }
 
 /* doubles: four lanes, each moved as two 32-bit halves through the same table */
@@ -92,13 +90,7 @@ static void pack_row_avx2_f64(const double* row, int64_t m, int64_t q, int64_t e
         q += __builtin_popcount(mask);
         j += 4;
     }
-    while (q < end) {
-        double v = row[j];
-        crd[q] = (int32_t)j;
-        val[q] = v;
-        q += (v != 0);
-        ++j;
-    }
+    pack_row_from(row, j, q, end, crd, val);   // the row's last slots
 }
 
 static inline bool pack_has_avx2() {
