@@ -24,6 +24,7 @@ import torch
 
 from ..formats import Format, LevelKind
 from ..level_storage import Level, Storage, index_dtype_for
+from .loop_order import NoValidOrder
 
 __all__ = ["DenseRoute", "dense_route"]
 
@@ -77,7 +78,11 @@ def dense_route(entry, make_dense) -> Optional[DenseRoute]:
                  for n, idx in enumerate(entry.operand_indices) if n in sparse and top in idx]
     if not witnesses:
         return None
-    return DenseRoute(make_dense(), fmt, [where[v] for v in output], witnesses)
+    try:
+        dense_entry = make_dense()
+    except (NoValidOrder, NotImplementedError):   # no dense plan: the workspace only
+        return None
+    return DenseRoute(dense_entry, fmt, [where[v] for v in output], witnesses)
 
 
 def compress_rows(dense: torch.Tensor, fmt: Format) -> Storage:
