@@ -588,11 +588,21 @@ def test_sddmm_compile_time_dot_widths(fmt, dt):
     # K in the specialized widths: vector products summed lane-wise, one horizontal sum
     s = rand((9, 11), 0.3, dtype=dt, seed=32)
     S = sparse(s, fmt)
+    g = torch.Generator().manual_seed(33)
+
+    def near(got, exact, magnitude, K):
+        # summed in another order than the float64 reference: within K + 2 roundings of
+        # the sum of the terms' magnitudes (a sum that cancels has a large relative error)
+        bound = (K + 2) * torch.finfo(dt).eps * magnitude + 1e-30
+        assert ((dense(got).double() - exact).abs() <= bound).all(), (got, exact)
     for K in (3, 8, 16, 32, 64, 128):
-        b, c = torch.randn(9, K, dtype=dt), torch.randn(K, 11, dtype=dt)
-        torch.testing.assert_close(dense(C.einsum("ij,ik,kj->ij", S, b, c)), s * (b @ c))
-        d = torch.randn(11, K, dtype=dt)      # dense output, reduction innermost
-        torch.testing.assert_close(dense(C.einsum("ij,ik,jk->i", S, b, d)), (s * (b @ d.T)).sum(1))
+        b, c = torch.randn(9, K, dtype=dt, generator=g), torch.randn(K, 11, dtype=dt, generator=g)
+        s64, b64, c64 = s.double(), b.double(), c.double()
+        near(C.einsum("ij,ik,kj->ij", S, b, c), s64 * (b64 @ c64), s64.abs() * (b64.abs() @ c64.abs()), K)
+        d = torch.randn(11, K, dtype=dt, generator=g)      # dense output, reduction innermost
+        d64 = d.double()
+        near(C.einsum("ij,ik,jk->i", S, b, d), (s64 * (b64 @ d64.T)).sum(1),
+             (s64.abs() * (b64.abs() @ d64.abs().T)).sum(1), K)
     src = C.explain("ij,ik,kj->ij", S, b, c).source
     assert "_hsum(" in src and "run_chunk_w16" in src
 
