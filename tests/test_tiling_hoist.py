@@ -77,6 +77,39 @@ def test_moe_forward_reads_the_gate_expert_major_in_cache_panels():
     assert "run_chunk_w128" in plan.source and "pfns[pi]" in plan.source
 
 
+def test_moe_forward_scales_each_register_row_by_its_gate_once():
+    """The gate ``G[b,n]`` is fixed while a row sums over ``d``: it multiplies the row at its
+    store (``output.row_factors``), not every term."""
+    x, E = torch.rand(16, 64), torch.rand(4, 64, 300)
+    G = scorch.sparse_tensor(topk_gate(16, 4, 2), format="csr")
+    src = scorch.explain(MOE, x, E, G).source
+    body = src[src.index("cdef void run_chunk_w32"):src.index("cdef void run_chunk_w64")]
+    loop = body[body.index("for c_d in"):]
+    assert "* wv0" in body and "t2_vals" not in loop[:loop.index("(<scorch_vf*>(a.out_vals")]
+
+
+@settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+@given(b=st.integers(1, 40), n=st.integers(1, 6), d=st.integers(1, 20), h=st.sampled_from([8, 16, 32, 64, 128, 200]),
+       k=st.integers(1, 3), dtype=st.sampled_from([torch.float32, torch.float64]),
+       extra=st.booleans(), seed=st.integers(0, 2**20))
+def test_held_row_factors_match_dense(b, n, d, h, k, dtype, extra, seed):
+    """Held factors (the gate, and a per-input scale indexed by ``b`` alone) against the dense
+    oracle, over register widths and tails."""
+    g = torch.Generator().manual_seed(seed)
+    x, E = torch.randn(b, d, dtype=dtype, generator=g), torch.randn(n, d, h, dtype=dtype, generator=g)
+    gate = topk_gate(b, n, min(k, n), dtype=dtype, seed=seed)
+    G = scorch.sparse_tensor(gate, format="csr")
+    if extra:
+        s = torch.randn(b, dtype=dtype, generator=g)
+        got = scorch.einsum("bd,ndh,bn,b->bh", x, E, G, s)
+        want = torch.einsum("bd,ndh,bn,b->bh", x.double(), E.double(), gate.double(), s.double())
+    else:
+        got = scorch.einsum(MOE, x, E, G)
+        want = torch.einsum(MOE, x.double(), E.double(), gate.double())
+    tol = 1e-4 if dtype == torch.float32 else 1e-10
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * max(1.0, want.abs().max().item()))
+
+
 def test_expert_gradient_accumulates_register_rows_over_the_inputs():
     dy, x = torch.rand(16, 300), torch.rand(16, 8)
     G = scorch.sparse_tensor(topk_gate(16, 4, 2), format="csc")
