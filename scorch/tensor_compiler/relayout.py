@@ -209,13 +209,14 @@ def relayout(x: torch.Tensor, perm: Sequence[int], inv: Sequence[int],
     """``x`` with the same shape and values, laid out as ``x.permute(perm).contiguous()``
     (then viewed back through ``inv``). The result is scratch (see :data:`SCRATCH_MAX`):
     valid until the next call with the same ``slot`` on this thread."""
-    y = x.permute(tuple(perm))
-    if y.dim() == 2 and y.dtype in _CTYPES and y.numel() > 0 and (tuple(perm) == (1, 0) or y.stride(0) == 1):
-        # y.contiguous() is the transpose of S = y.t() (R x C): a transposed view (a batch
-        # x^T read as W @ x^T, ``x.t()`` passed in) as well as a plain transpose
-        R, C = y.shape[1], y.shape[0]
-        d, ptr = _scratch_view(slot, x.dtype, R, C)
-        nt = threads_for(R * C) if threads_for is not None else 1
-        _kernel(x.dtype)(y.data_ptr(), ptr, R, C, y.stride(1), y.stride(0), nt)
-        return d.t().permute(tuple(inv))
-    return y.contiguous().permute(tuple(inv))
+    if x.dim() == 2 and x.dtype in _CTYPES and x.numel() > 0:
+        # the kernel writes S^T row-major for a source S: S = x for a transpose; S = x.t()
+        # where x is a transposed view made row-major in its own order (W @ x.t()'s x^T)
+        src = x if tuple(perm) == (1, 0) else x.t() if x.stride(0) == 1 else None
+        if src is not None:
+            R, C = src.shape
+            d, ptr = _scratch_view(slot, x.dtype, R, C)
+            nt = threads_for(R * C) if threads_for is not None else 1
+            _kernel(x.dtype)(src.data_ptr(), ptr, R, C, src.stride(0), src.stride(1), nt)
+            return d if src is x else d.t()
+    return x.permute(tuple(perm)).contiguous().permute(tuple(inv))
