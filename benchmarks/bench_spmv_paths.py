@@ -15,6 +15,7 @@ run's wall-clock times.
 from __future__ import annotations
 
 import argparse
+import platform
 import statistics
 import sys
 import time
@@ -63,13 +64,34 @@ def _variants(A, x):
     short = codegen.generate(s, vt, idx, scalar_inner=True)[0]
     vec = codegen.generate(s, vt, idx)[0]
     register = "\n".join(ln for ln in vec.split("\n") if not ln.startswith("# scorch-cflags:"))
-    return {"short (aligned)": build.load_kernel(_forced(short, "run_chunk")),
+    out = {"short (aligned)": build.load_kernel(_forced(short, "run_chunk")),
             "short (unaligned)": build.load_kernel(_forced(short, "run_chunk").replace(
                 codegen.SHORT_ROWS_CFLAGS, "-fno-tree-vectorize")),
             "short + streams": build.load_kernel(_forced(short, "run_chunk_streams")),
             "short + streams + prefetch": build.load_kernel(_forced(short, "run_chunk_prefetch")),
             "vectorized (8 lanes)": build.load_kernel(_forced(vec, "run_chunk")),
             "vectorized (register width)": build.load_kernel(_forced(register, "run_chunk"))}
+    if _X86:  # the same two with the CPU's vector gathers (the kernels are built without them)
+        out["vectorized (8 lanes, hw gathers)"] = build.load_kernel(
+            _with_flag(_forced(vec, "run_chunk"), "-mtune-ctrl=use_gather"))
+        out["vectorized (register width, hw gathers)"] = build.load_kernel(
+            _with_flag(_forced(register, "run_chunk"), "-mtune-ctrl=use_gather"))
+    return out
+
+
+_X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+
+def _with_flag(src: str, flag: str) -> str:
+    """``src`` asking for one more compiler flag (``build.SOURCE_CFLAGS``): on its
+    ``# scorch-cflags:`` line, or on a new one."""
+    lines = src.split("\n")
+    for n, ln in enumerate(lines):
+        if ln.startswith("# scorch-cflags:"):
+            lines[n] = f"{ln} {flag}"
+            return "\n".join(lines)
+    lines.insert(2, f"# scorch-cflags: {flag}")
+    return "\n".join(lines)
 
 
 def measure(name: str, rounds: int, dtype: str = "float32", index: str = "int32") -> None:
