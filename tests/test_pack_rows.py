@@ -84,10 +84,17 @@ def test_moe_kernels_pack_what_they_re_read():
                               out_format="ddd")
         fwd = scorch.explain(FORWARD, x, E, scorch.sparse_tensor(topk_gate(64, 4, 2), format="csr"))
     body = _variant(grad, "run_chunk_w32")
-    assert body.count("# pack") == 1 and body.index("# pack") < body.index("# tile")
+    # the copy (each row scaled by its gate value: its own loop) comes before the tile
+    assert body.count("# pack") == 2 and body.index("# pack") < body.index("# tile")
     assert "wv3_u2" in body and "wv0_u3" not in body          # 3 rows of 4 vectors (tile_factor)
-    assert "pk0 + o0_2" in body and "a.t0_vals + o0_2" not in body
-    assert "if not pk0_on and q2_1 < pfe:" in grad.source      # rows past PACK_MAX_BYTES: in place
+    # each loop twice: as rewritten where the rows were copied, then as written
+    copied, in_place = body.split("# tile")[1], body.split("# tile")[2]
+    # where copied, the gate value rides in the rows: one multiply a term, not two
+    assert "pk0 + o0_2" in copied and "a.t2_vals[q2_1]" not in copied
+    assert "pk0_scale = a.t2_vals[pk0_q]" in grad.source and "pk0_scale * a.t0_vals[" in grad.source
+    # rows past PACK_MAX_BYTES: the loop as written, reading (and prefetching) them in place
+    assert "a.t0_vals + o0_2" in in_place and "a.t2_vals[q2_1]" in in_place
+    assert "if q2_1 < pfe:" in grad.source
     body = _variant(fwd, "run_chunk_w32")
     assert body.count("# pack") == 1 and "if a.t1_st_d != 32 and" in body and "pk0 + o1_2" in body
 
@@ -121,3 +128,28 @@ def test_rows_past_the_cap_are_read_in_place(monkeypatch):
         torch.testing.assert_close(torch.as_tensor(fwd), torch.einsum(FORWARD, x, E, dense), rtol=1e-4, atol=1e-3)
     finally:
         plan_cache_clear()
+
+
+def test_segment_factor_only_where_every_term_is_linear():
+    """The gate value is folded into the copied rows only where each term that reads a
+    row multiplies it by the value exactly once (``pack_rows._segment_factor``)."""
+    from scorch.tensor_compiler.loop_ir import AddTo, Assign, For
+    from scorch.tensor_compiler.lower.pack_rows import _segment_factor
+
+    row, g = "(<scorch_vf*>(a.t0_vals + o0_2 + 0))[0]", "a.t2_vals[q]"
+
+    def seg(*stmts):
+        return For("q", "q", "h", (Assign("c_b", "a.t2_crd1[q]"), Assign("o0_2", "c_b * a.t0_st_b")) + stmts,
+                   "segment")
+
+    ok = [Assign("wv0", f"wv0 + ((a.t1_vals[o1] * {g}) * {row})"),
+          AddTo("acc", f"scorch_vf_hsum(({g} * {row}) + ((a.t1_vals[o1] * {g}) * {row.replace('+ 0', '+ 8')}))")]
+    for st in ok:
+        assert _segment_factor(seg(st), "a.t0_vals + o0_2") == g
+    bad = [Assign("wv0", f"wv0 + (({g} * {g}) * {row})"),              # the value twice
+           Assign("wv0", f"wv0 + ({g} * a.t1_vals[o1]) + {row}"),      # not a factor of the row's term
+           Assign("wv0", f"wv0 + ({g} * ({row} + a.t1_vals[o1]))"),    # the row inside a sum
+           Assign("wv0", f"wv0 * {g} + {row}"),                        # not an accumulation
+           Assign("t", g)]                                             # the value kept elsewhere
+    for st in bad:
+        assert _segment_factor(seg(st, Assign("wv1", f"wv1 + ({g} * {row})")), "a.t0_vals + o0_2") is None

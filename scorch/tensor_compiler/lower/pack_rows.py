@@ -17,7 +17,12 @@ buffer in order. Two forms:
   test of the stride): harness 53-55 -> 39-42 ms.
 
 A copy costs one read of the rows, against one read per iteration of the loop that re-reads
-them. On the IR: the segment is set up by ``q = pos[p]``, ``h = pos[p + 1]`` from names set
+them. Where every term that reads a gathered row also multiplies it by the sparse operand's
+value at the same position (the expert gradient's ``G(b,n)``, fixed for the row's whole
+life in the tile), the copy scales the row by it instead (``_segment_factor``): the tile then
+multiplies one value per term, not two, which took a scalar multiply and a register
+broadcast per term off the FMA ports. The factor is folded only where the copy runs; a
+segment too large to copy runs the loop as written. On the IR: the segment is set up by ``q = pos[p]``, ``h = pos[p + 1]`` from names set
 outside the loop, its body has no loops, and the packed access ``a.tK_vals`` is read only
 at the row offset (``o = c * a.tK_st_v`` of the coordinate ``c = crd[q]``, or
 ``o = base + c_d * a.tK_st_v``). Consecutive loops over one segment or block (a register
@@ -25,6 +30,7 @@ tile and its rest) share one copy.
 """
 from __future__ import annotations
 
+import ast
 import re
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -47,11 +53,13 @@ class _Pack:
     """What one segment loop gathers: the setup lines, the segment loop's variable and end,
     the coordinate array, the gathered access's field and row stride, its offset local."""
 
-    def __init__(self, setup: Tuple[str, ...], q: str, crd: str, vals: str, stride: str, off: str):
+    def __init__(self, setup: Tuple[str, ...], q: str, crd: str, vals: str, stride: str, off: str,
+                 factor: Optional[str] = None):
         self.setup, self.q, self.crd, self.vals, self.stride, self.off = setup, q, crd, vals, stride, off
+        self.factor = factor     # the value folded into the copy (``_segment_factor``), or None
 
     def key(self):
-        return (self.setup, self.crd, self.vals, self.stride)
+        return (self.setup, self.crd, self.vals, self.stride, self.factor)
 
 
 def _prefetch_of(st: Stmt, vals: str) -> bool:
@@ -98,7 +106,83 @@ def _find(loop) -> Optional[_Pack]:
         uses = len(re.findall(re.escape(vals) + r"\b", text))
         if uses and uses == len(re.findall(re.escape(vals) + r" \+ " + off + r"\b", text)) \
                 and sum(1 for st in seg.body if isinstance(st, Assign) and st.target == off) == 1:
-            return _Pack(tuple(lines), seg.var, crd, vals, stride, off)
+            return _Pack(tuple(lines), seg.var, crd, vals, stride, off,
+                         _segment_factor(seg, f"{vals} + {off}"))
+    return None
+
+
+_CAST = re.compile(r"<[A-Za-z_][\w ]*\**>")
+
+
+def _terms(node: ast.AST) -> Optional[List[List[ast.AST]]]:
+    """``node`` as a sum of products (each a list of factors), through calls that are
+    linear (a vector's horizontal sum); None where it is not one."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _terms(node.left), _terms(node.right)
+        return None if left is None or right is None else left + right
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id.endswith("_hsum")
+            and len(node.args) == 1 and not node.keywords):
+        return _terms(node.args[0])
+    return [_factors(node)]
+
+
+def _factors(node: ast.AST) -> List[ast.AST]:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        return _factors(node.left) + _factors(node.right)
+    return [node]
+
+
+def _linear_in(expr: str, factor: str, row: str) -> bool:
+    """Whether ``expr`` is a sum of products in which every product that holds the gathered
+    ``row`` or the ``factor`` holds each exactly once, as a factor of its own."""
+    try:
+        tree = ast.parse(_CAST.sub("", expr), mode="eval").body
+    except SyntaxError:
+        return False
+    terms = _terms(tree)
+    if terms is None:
+        return False
+    for term in terms:
+        texts = [ast.unparse(f).replace(" ", "") for f in term]
+        n_factor = sum(t == factor.replace(" ", "") for t in texts)
+        n_row = sum(row.replace(" ", "") in t for t in texts)
+        inside = [t for t in texts if t != factor.replace(" ", "") and factor.replace(" ", "") in t]
+        rows_nested = [f for f, t in zip(term, texts) if row.replace(" ", "") in t
+                       and not isinstance(f, ast.Subscript)]
+        if inside or rows_nested or (n_factor, n_row) not in ((0, 0), (1, 1)):
+            return False
+    return True
+
+
+def _segment_factor(seg: For, row: str) -> Optional[str]:
+    """The sparse operand's value at the segment's position (``a.tK_vals[q]``) that
+    multiplies every term reading the gathered ``row`` (``vals + off``), if there is one:
+    the copy can scale the rows by it (module docstring)."""
+    pattern = re.compile(r"a\.t\d+_vals\[" + re.escape(seg.var) + r"\]")
+    candidates = {m.group(0) for st in seg.body if isinstance(st, (Assign, AddTo)) for m in pattern.finditer(st.expr)}
+    for factor in sorted(candidates):
+        ok = True
+        for st in seg.body:
+            text = stmt_text(st)
+            if factor not in text and row not in text:
+                continue
+            if not isinstance(st, (Assign, AddTo)) or factor in st.target or row in st.target:
+                if _prefetch_of(st, row.split(" + ")[0]) and factor not in text:
+                    continue
+                ok = False
+                break
+            expr = st.expr
+            if isinstance(st, Assign):      # an accumulation ``acc = acc + ...``
+                head = f"{st.target} + "
+                if not expr.startswith(head):
+                    ok = False
+                    break
+                expr = expr[len(head):]
+            if not _linear_in(expr, factor, row):
+                ok = False
+                break
+        if ok:
+            return factor
     return None
 
 
@@ -174,7 +258,11 @@ def _copy_block(b: _Block, buf: str, step: str, store: str, pq: str, width: int,
 
 
 def _rewrite(loop, p: _Pack, buf: str, lo: str, on: str, width: int):
-    """``loop`` reading the packed rows (where ``on``): row ``q - lo`` of ``buf`` for entry ``q``."""
+    """``loop`` reading the packed rows (where ``on``): row ``q - lo`` of ``buf`` for entry
+    ``q``. With a folded factor, the loop as written where the rows were not copied."""
+    if p.factor is not None:
+        return If(on, (_rewrite_folded(loop, p, buf, lo, width),), (loop,))
+
     def seg_stmt(st: Stmt) -> List[Stmt]:
         if _prefetch_of(st, p.vals):
             return [If(f"not {on} and {st.cond}", st.then)]     # rows read in place
@@ -183,7 +271,25 @@ def _rewrite(loop, p: _Pack, buf: str, lo: str, on: str, width: int):
         if isinstance(st, (Assign, AddTo)):
             return [type(st)(st.target, st.expr.replace(p.vals + " + " + p.off, buf + " + " + p.off))]
         return [st]
+    return _map_segment(loop, seg_stmt)
 
+
+def _rewrite_folded(loop, p: _Pack, buf: str, lo: str, width: int):
+    """``loop`` reading the copied rows, which already carry ``p.factor`` (1 in its place)."""
+    def seg_stmt(st: Stmt) -> List[Stmt]:
+        if _prefetch_of(st, p.vals):
+            return []
+        if isinstance(st, Assign) and st.target == p.off:
+            return [Assign(p.off, f"({p.q} - {lo}) * {width}")]
+        if isinstance(st, (Assign, AddTo)):
+            expr = st.expr.replace(p.vals + " + " + p.off, buf + " + " + p.off).replace(p.factor, "1")
+            return [type(st)(st.target, expr)]
+        return [st]
+    return _map_segment(loop, seg_stmt)
+
+
+def _map_segment(loop, seg_stmt: Callable[[Stmt], List[Stmt]]):
+    """``loop`` with each statement of its segment loop replaced by ``seg_stmt``'s."""
     body = []
     for st in loop.body:
         if isinstance(st, For) and st.role == "segment":
@@ -195,16 +301,24 @@ def _rewrite(loop, p: _Pack, buf: str, lo: str, on: str, width: int):
 
 
 def _copy(p: _Pack, buf: str, store: str, lo: str, hi: str, on: str, pq: str, width: int,
-          vt: str) -> List[Stmt]:
+          vt: str, need: Callable) -> List[Stmt]:
     """The segment's rows copied to ``buf`` (``width`` values each, in segment order) when
     they fit :data:`PACK_MAX_BYTES` (``on``); else ``buf`` is the operand itself."""
     first, end = (ln.split(" = ", 1)[1] for ln in p.setup)
+    if p.factor is None:
+        row = (Call(f"memcpy({buf} + ({pq} - {lo}) * {width}, {p.vals} + {p.crd}[{pq}] * "
+                    f"{p.stride}, {width * value_bytes(vt)})"),)
+    else:   # each row scaled by its entry's value (the folded factor)
+        scale, pe = need(f"{buf}_scale", vt), need(f"{buf}_e")
+        row = (Assign(scale, p.factor.replace(f"[{p.q}]", f"[{pq}]")),
+               For(pe, None, str(width),
+                   (Assign(f"{buf}[({pq} - {lo}) * {width} + {pe}]",
+                           f"{scale} * {p.vals}[{p.crd}[{pq}] * {p.stride} + {pe}]"),), "pack"))
     return [Assign(lo, first), Assign(hi, end),
             Assign(on, f"({hi} - {lo}) * {width * value_bytes(vt)} <= {PACK_MAX_BYTES}"),
             If(on, (Call(f"{store}.resize(({hi} - {lo}) * {width} + 1)"),
                     Assign(buf, f"{store}.data()"),
-                    For(pq, lo, hi, (Call(f"memcpy({buf} + ({pq} - {lo}) * {width}, {p.vals} + {p.crd}[{pq}] * "
-                                          f"{p.stride}, {width * value_bytes(vt)})"),), "pack")),
+                    For(pq, lo, hi, row, "pack")),
                (Assign(buf, p.vals),))]
 
 
@@ -243,7 +357,7 @@ def pack_rows(body: Tuple[Stmt, ...], need: Callable, width: int, vt: str) -> Tu
                 on = None
                 if p is not None:
                     lo, hi, on = need(f"pk{k}_lo"), need(f"pk{k}_hi"), need(f"pk{k}_on", "bint")
-                    out += _copy(p, buf, store, lo, hi, on, pq, width, vt)
+                    out += _copy(p, buf, store, lo, hi, on, pq, width, vt, need)
                 else:
                     lo = need(f"pk{k}_step")
                     out += _copy_block(blk, buf, lo, store, pq, width, vt)
