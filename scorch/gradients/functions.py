@@ -14,9 +14,9 @@ from ..level_storage import Storage
 from ..compiler_access import compiler as _compiler
 from ..tensor_compiler.index_notation import Assignment
 from ..tensor_type import SparseTensor, _TORCH_SPARSE_LAYOUTS
-from . import einsum_grad, expr_grad
+from . import einsum_grad, expr_grad, partial_product
 from . import pattern as _pattern
-from .values import from_torch, mark_gradient
+from .values import from_torch, mark_gradient, values_of
 
 __all__ = ["einsum", "compute", "needs_graph"]
 
@@ -103,24 +103,66 @@ def _raw_einsum(equation: str, operands: Sequence, out_format: Optional[FormatLi
     return _wrap(_compiler().einsum(equation, *operands, out_format=out_format))
 
 
+def _partial_split(ctx, equation: str, out_format, operands) -> Optional[partial_product.PartialPlan]:
+    """The forward's split at its sparse operand (``partial_product``) where it pays and
+    leaves the result as it was (dense), else None."""
+    if out_format is not None:
+        return None
+    s = partial_product.needs(ctx.needs_input_grad[2:], operands, SparseTensor)
+    if s is None:
+        return None
+    plan = partial_product.partial_plan(equation, s, len(operands))
+    if plan is None:
+        return None
+    S = operands[s]
+    dtype = S.dtype
+    for x in operands:
+        dtype = torch.promote_types(dtype, x.dtype)
+    if not partial_product.pays(plan, equation, ctx.shapes, S._storage.nnz, dtype.itemsize):
+        return None
+    if not _compiler().result_is_dense(equation, *operands):
+        return None
+    return plan
+
+
 class EinsumFunction(torch.autograd.Function):
     """``C = einsum(equation, *operands)``; backward: one gradient einsum per operand that
-    needs one (``einsum_grad``)."""
+    needs one (``einsum_grad``). Where a sparse operand's gradient would recontract what
+    the forward contracted, the forward keeps that product (``partial_product``)."""
 
     @staticmethod
     def forward(ctx, equation: str, out_format, *operands):
         ctx.equation = equation
         ctx.shapes = tuple(tuple(int(s) for s in x.shape) for x in operands)
-        return _saved(ctx, _raw_einsum(equation, operands, out_format), operands)
+        ctx.partial = None
+        plan = _partial_split(ctx, equation, out_format, operands)
+        if plan is None:
+            return _saved(ctx, _raw_einsum(equation, operands, out_format), operands)
+        S = operands[plan.s]
+        ones = SparseTensor(_pattern.with_pattern_values(S._storage, torch.ones_like(values_of(S))))
+        P = _raw_einsum(plan.p_equation, (ones,) + tuple(operands[m] for m in plan.others),
+                        partial_product.dense_format(plan))
+        ctx.partial = (plan, P)
+        return _saved(ctx, _raw_einsum(plan.out_equation, (P, S), None), operands)
 
     @staticmethod
     def backward(ctx, grad):
         operands, grad = ctx.saved_tensors, _on_output_pattern(ctx, grad)
 
         def gradient(n, x):
+            if ctx.partial is not None and n == ctx.partial[0].s and not torch.is_grad_enabled():
+                return _partial_gradient(ctx, grad, x)
             plan = einsum_grad.gradient_plan(ctx.equation, ctx.shapes, n, isinstance(x, SparseTensor))
             return einsum_grad.operand_gradient(plan, einsum, grad, operands, _output_first)
         return _gradients(ctx, operands, gradient)
+
+
+def _partial_gradient(ctx, grad, S):
+    """The sparse operand's gradient from the kept product: ``P, S -> C``'s gradient in
+    ``S`` (a dot of ``grad_C`` and ``P`` at each stored entry)."""
+    plan, P = ctx.partial
+    gplan = einsum_grad.gradient_plan(plan.out_equation, (tuple(P.shape), tuple(S.shape)), 1, True)
+    return einsum_grad.operand_gradient(gplan, einsum, grad, (P, S), _output_first)
 
 
 def einsum(equation: str, *operands, out_format: Optional[FormatLike] = None) -> torch.Tensor:

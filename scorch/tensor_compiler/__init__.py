@@ -15,14 +15,14 @@ Stages (docs/compiler.md draws them with the data between them):
    ``runner`` (warm path), ``assemble`` (sparse outputs), ``allocate``, ``relayout``,
    ``threads``, ``tiling``.
 
-Entry points: :func:`einsum`, :func:`compute`, :func:`explain`, :func:`read_formats` (``api``).
+Entry points: :func:`einsum`, :func:`compute`, :func:`explain`, :func:`read_formats`, :func:`result_is_dense` (``api``).
 """
 from .api import (_DISPATCH, compute, einsum, einsum_declined, explain, plan_cache_clear,  # noqa: F401
-                  plan_cache_info, read_formats, set_sparse_tensor_type)
+                  plan_cache_info, read_formats, result_is_dense, set_sparse_tensor_type)
 from .index_notation import Access, Assignment  # noqa: F401
 from .plans import COMPILER_VERSION, Plan, _fast  # noqa: F401
 
-__all__ = ["einsum", "einsum_declined", "explain", "read_formats", "compute", "Access", "Assignment", "Plan",
+__all__ = ["einsum", "einsum_declined", "explain", "read_formats", "result_is_dense", "compute", "Access", "Assignment", "Plan",
            "plan_cache_clear", "plan_cache_info", "set_sparse_tensor_type", "COMPILER_VERSION"]
 
 from .. import dynamo_rules as _dynamo_rules  # noqa: E402

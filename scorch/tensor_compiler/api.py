@@ -319,6 +319,15 @@ def explain(equation: str, *operands, out_format=None) -> Plan:
                 transposes, s.assignment, s, kernel, _relayouts(entry, ops))
 
 
+def result_is_dense(equation: str, *operands, out_format=None) -> bool:
+    """Whether ``einsum(equation, *operands)`` returns a dense tensor (the plan's output,
+    read from the plan cache; nothing is compiled or run). Autograd's partial-product split
+    (``gradients.partial_product``) asks before it changes how a result is made."""
+    ops = _keyed_operands(operands)[0]
+    entry = einsum_entry(equation, ops, out_format)
+    return entry.schedule.output.dense
+
+
 def read_formats(equation: str, *operands, out_format=None) -> Tuple[Optional[Format], ...]:
     """The format the plan of ``einsum(equation, *operands)`` reads each operand in: its
     own, or the transposed copy the call would make (None: a dense operand, or one read in
