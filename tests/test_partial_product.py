@@ -63,9 +63,9 @@ def test_gradients_equal_dense(case):
     original = functions._partial_gradient
     with mock.patch.object(functions, "_partial_gradient", lambda *a: calls.append(1) or original(*a)):
         got, y, was_sparse = _forward_backward(eq, ops, dy)
-    # P (b, n, h) against the work nnz * d * h: kept where n <= nnz * d / (16 b), for a
-    # dense result (format inference keeps some sparse: those are made as before)
-    if b and k and n * 16 <= k * d and not was_sparse:
+    # P (b, n, h) against the work nnz * d * h: kept where n <= nnz * d / (16 b) and
+    # n <= 8 k, for a dense result (format inference keeps some sparse: made as before)
+    if b and k and n * 16 <= k * d and n <= 8 * k and not was_sparse:
         assert calls == [1]
     tol = dict(rtol=1e-4, atol=1e-4 * d) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-10 * d)
     torch.testing.assert_close(y, torch.einsum(eq, *dense_ops), **tol)
@@ -105,6 +105,9 @@ def test_no_split_where_it_does_not_pay(split_calls):
                                                               torch.tensor([1.0, 2.0])), format="csr")
     S.requires_grad_()
     scorch.einsum("bd,ndh,bn->bh", torch.rand(400, 2), torch.rand(300, 2, 50), S).sum().backward()
+    # 1 expert in 64: P would be 64 rows per row used
+    G = scorch.sparse_tensor(topk_gate(64, 64, 1), format="csr").requires_grad_()
+    scorch.einsum("bd,ndh,bn->bh", torch.rand(64, 40), torch.rand(64, 40, 24), G).sum().backward()
     assert split_calls == []
     assert partial_product.partial_plan("ij,jk->ik", 0, 2) is None
     assert partial_product.partial_plan("ii,ik,kl->il", 0, 3) is None
