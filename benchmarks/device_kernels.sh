@@ -10,6 +10,12 @@
 #   python benchmarks/report_kernels.py --from-json OUTDIR/<group>/kernels.json --out DIR
 set -u
 out=${1:?outdir}; part=${2:-1}
+if ! ls devdata/matrices/*.mtx.gz >/dev/null 2>&1; then
+  echo "devdata/matrices/ is empty: before the call, here: mkdir -p devdata/matrices &&" \
+       "cp ../shared/data/matrices/*.mtx.gz devdata/matrices/ && echo /devdata/ >> .git/info/exclude;" \
+       "then run with carry [\"devdata\"]" >&2
+  exit 2
+fi
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 SCORCH_CACHE_DIR=/tmp/scorch-cache SCORCH_DATA_DIR=$PWD/devdata
 export PYTHONPATH=$PWD
