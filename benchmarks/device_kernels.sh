@@ -3,7 +3,8 @@
 # fit a 15-minute lease: `bash benchmarks/device_kernels.sh OUTDIR 1` builds the runtime and
 # measures SpMV (with STREAM); `... OUTDIR 2` (machine still warm, or it rebuilds) measures
 # SpMM, SDDMM (both layouts of C) and SpGEMM; `... OUTDIR 3` runs the follow-up measurements
-# (SpMV variants with and without vector gathers; SDDMM's copy of C at 1-16 threads). Matrices are read from ./devdata/matrices
+# (SpMV variants with and without vector gathers; SDDMM's copy of C at 1-16 threads; small
+# calls at 4-16 threads with SCORCH_WORK_PER_THREAD 0 / 16000 / 48000). Matrices are read from ./devdata/matrices
 # (a copy of ../shared/data/matrices, carried: the shared folder does not travel). Each
 # group is capped by `timeout`; report_kernels.py writes kernels.json after every case, so
 # a capped group keeps what it finished. Render locally with
@@ -60,6 +61,12 @@ elif [ "$part" = 3 ]; then   # follow-ups of session 14's run (results/issue15/s
   timeout 120 python3 benchmarks/bench_relayout_threads.py --threads ${THREADS:-1 2 4 8 16} \
     > "$out/relayout_threads.txt" 2>&1
   echo "rc=$?"; cat "$out/relayout_threads.txt"
+  # small calls at many threads: a least work per thread (threads.WORK_PER_THREAD) or not
+  for wpt in 0 16000 48000; do
+    SCORCH_WORK_PER_THREAD=$wpt group wpt$wpt 80 --kernels spmv spmm $peers --no-stream \
+      --threads 4 8 16 --target 0.12 --runs 3 --retries 0 --quiet-wait 0 --no-plot \
+      --matrices 4elt Groebner_id2003_aug bcspwr10
+  done
 else
   group spmm 110 --kernels spmm $peers $common --no-stream \
     --matrices copter2 NotreDame_www rmat18 4elt Groebner_id2003_aug

@@ -63,3 +63,20 @@ def test_one_thread_asked_is_one_thread(monkeypatch):
         assert readings == []                          # no load reading needed
     finally:
         torch.set_num_threads(old)
+
+
+def test_work_per_thread_caps_the_threads(monkeypatch):
+    """``SCORCH_WORK_PER_THREAD``: each thread gets at least that much work."""
+    clock = [0.0]
+    readings = _fresh(monkeypatch, clock, free=2)
+    monkeypatch.setattr(threads, "_load_known", True)
+    monkeypatch.setattr(threads, "WORK_PER_THREAD", 40_000)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert threads.threads_for(60_000) == 1        # one thread's worth
+        assert readings == []
+        assert threads.threads_for(80_000) == 2
+        assert readings[-1] == 2
+    finally:
+        torch.set_num_threads(old)

@@ -8,10 +8,15 @@ import torch
 
 from ..level_storage import Storage
 
-__all__ = ["PARALLEL_MIN_WORK", "threads_for", "work_of"]
+__all__ = ["PARALLEL_MIN_WORK", "WORK_PER_THREAD", "threads_for", "work_of"]
 
 
 PARALLEL_MIN_WORK = int(os.environ.get("SCORCH_PARALLEL_MIN_WORK", 10_000))
+#: the least work each thread gets (0: none, every free core for any call past
+#: PARALLEL_MIN_WORK). On the 16-core Xeon a 25 us SpMV (4elt) ran no faster on 16 threads
+#: than on 8 (0.76x torch there); the next measurement there sets a default
+#: (``benchmarks/device_kernels.sh OUT 3``), until then it is off
+WORK_PER_THREAD = int(os.environ.get("SCORCH_WORK_PER_THREAD", 0))
 #: the load estimate averages the machine's busy time over windows of at least this long
 #: (``convert._runnable_others``); its first reading only opens the first window
 LOAD_WINDOW_S = 0.1
@@ -32,7 +37,9 @@ def threads_for(work: int) -> int:
     machine took 20-50 ms instead of 13 us."""
     global _free_cores, _load_known_at, _load_known
     T = torch.get_num_threads()
-    if T == 1 or work < PARALLEL_MIN_WORK:
+    if WORK_PER_THREAD:
+        T = min(T, work // WORK_PER_THREAD)
+    if T <= 1 or work < PARALLEL_MIN_WORK:
         return 1
     if _free_cores is None:
         from .._runtime.convert import free_cores
