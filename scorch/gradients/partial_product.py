@@ -78,7 +78,8 @@ def partial_plan(equation: str, s: int, n_operands: int) -> Optional[PartialPlan
                        f"{p_term},{s_term}->{out}", others, hidden)
 
 
-def _extents(plan: PartialPlan, equation: str, shapes: Sequence[Tuple[int, ...]]) -> Optional[dict]:
+def _extents(equation: str, shapes: Sequence[Tuple[int, ...]]) -> Optional[dict]:
+    """Each subscript's extent, or None where the operands disagree (broadcasting)."""
     terms = equation.replace(" ", "").split("->")[0].split(",")
     ext: dict = {}
     for term, shape in zip(terms, shapes):
@@ -94,7 +95,7 @@ def pays(plan: PartialPlan, equation: str, shapes: Sequence[Tuple[int, ...]], nn
          itemsize: int) -> bool:
     """Whether keeping ``P`` (dense over ``plan.p_term``) is small against the forward's
     work, ``nnz(S)`` times the extents of the variables ``S`` lacks."""
-    ext = _extents(plan, equation, shapes)
+    ext = _extents(equation, shapes)
     if ext is None:
         return False
     entries = math.prod(ext[v] for v in plan.p_term)

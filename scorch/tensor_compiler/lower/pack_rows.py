@@ -142,13 +142,13 @@ def _linear_in(expr: str, factor: str, row: str) -> bool:
     terms = _terms(tree)
     if terms is None:
         return False
+    factor, row = factor.replace(" ", ""), row.replace(" ", "")
     for term in terms:
         texts = [ast.unparse(f).replace(" ", "") for f in term]
-        n_factor = sum(t == factor.replace(" ", "") for t in texts)
-        n_row = sum(row.replace(" ", "") in t for t in texts)
-        inside = [t for t in texts if t != factor.replace(" ", "") and factor.replace(" ", "") in t]
-        rows_nested = [f for f, t in zip(term, texts) if row.replace(" ", "") in t
-                       and not isinstance(f, ast.Subscript)]
+        n_factor = sum(t == factor for t in texts)
+        n_row = sum(row in t for t in texts)
+        inside = any(t != factor and factor in t for t in texts)
+        rows_nested = any(row in t and not isinstance(f, ast.Subscript) for f, t in zip(term, texts))
         if inside or rows_nested or (n_factor, n_row) not in ((0, 0), (1, 1)):
             return False
     return True
