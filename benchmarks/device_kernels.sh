@@ -4,7 +4,8 @@
 # measures SpMV (with STREAM); `... OUTDIR 2` (machine still warm, or it rebuilds) measures
 # SpMM, SDDMM (both layouts of C) and SpGEMM; `... OUTDIR 3` runs the follow-up measurements
 # (SpMV variants with and without vector gathers; SDDMM's copy of C at 1-16 threads; small
-# calls at 4-16 threads with SCORCH_WORK_PER_THREAD 0 / 16000 / 48000). Matrices are read from ./devdata/matrices
+# calls at 4-16 threads with SCORCH_WORK_PER_THREAD 0 / 16000 / 48000; SpMM register rows
+# with one or two FMA chains, a C prototype). Matrices are read from ./devdata/matrices
 # (a copy of ../shared/data/matrices, carried: the shared folder does not travel). Each
 # group is capped by `timeout`; report_kernels.py writes kernels.json after every case, so
 # a capped group keeps what it finished. Render locally with
@@ -67,6 +68,18 @@ elif [ "$part" = 3 ]; then   # follow-ups of session 14's run (results/issue15/s
       --threads 4 8 16 --target 0.12 --runs 3 --retries 0 --quiet-wait 0 --no-plot \
       --matrices 4elt Groebner_id2003_aug bcspwr10
   done
+  # session 15: does a 1-2 vector register row wait on FMA latency on this core? (SpMM with
+  # one / two accumulator chains per vector: C prototype, results/issue15/zen3-s15)
+  echo "== SpMM register rows, one or two chains, 1 thread"
+  proto=benchmarks/results/issue15/zen3-s15/prototypes
+  if [ -f $proto/spmm.c ]; then
+    PROTO_DATA=/tmp/proto timeout 60 python3 $proto/export.py Groebner_id2003_aug,copter2,4elt,bcspwr10 \
+      > /dev/null 2>&1; echo "export rc=$?"
+    for cfg in "64 16" "64 32" "32 8" "32 16" "32 32"; do set -- $cfg
+      gcc -O3 -march=native -mtune-ctrl=^use_gather -DVB=$1 -DK=$2 -o /tmp/spmm_$1_$2 $proto/spmm.c -lm \
+        && for m in Groebner_id2003_aug copter2 4elt bcspwr10; do timeout 30 /tmp/spmm_$1_$2 /tmp/proto/$m 15; done
+    done 2>&1 | tee "$out/spmm_chains.txt"
+  fi
 else
   group spmm 110 --kernels spmm $peers $common --no-stream \
     --matrices copter2 NotreDame_www rmat18 4elt Groebner_id2003_aug
