@@ -5,7 +5,8 @@
 # SpMM, SDDMM (both layouts of C) and SpGEMM; `... OUTDIR 3` runs the follow-up measurements
 # (SpMV variants with and without vector gathers; SDDMM's copy of C at 1-16 threads; small
 # calls at 4-16 threads with SCORCH_WORK_PER_THREAD 0 / 16000 / 48000; SpMM register rows
-# with one or two FMA chains, a C prototype). Matrices are read from ./devdata/matrices
+# with one or two FMA chains: a C prototype, then through scorch.einsum with
+# results/issue15/zen3-s15/entry_pairs.patch applied for the run). Matrices are read from ./devdata/matrices
 # (a copy of ../shared/data/matrices, carried: the shared folder does not travel). Each
 # group is capped by `timeout`; report_kernels.py writes kernels.json after every case, so
 # a capped group keeps what it finished. Render locally with
@@ -79,6 +80,13 @@ elif [ "$part" = 3 ]; then   # follow-ups of session 14's run (results/issue15/s
       gcc -O3 -march=native -mtune-ctrl=^use_gather -DVB=$1 -DK=$2 -o /tmp/spmm_$1_$2 $proto/spmm.c -lm \
         && for m in Groebner_id2003_aug copter2 4elt bcspwr10; do timeout 30 /tmp/spmm_$1_$2 /tmp/proto/$m 15; done
     done 2>&1 | tee "$out/spmm_chains.txt"
+    # the same through scorch.einsum: entry_pairs.patch applied, pairs on / off in one process
+    zen=benchmarks/results/issue15/zen3-s15
+    if (git apply $zen/entry_pairs.patch 2>/dev/null || patch -p1 -s < $zen/entry_pairs.patch); then
+      timeout 90 python3 $zen/ab_pairs.py Groebner_id2003_aug,copter2,4elt,rmat18 16,32 7 1 2>&1 \
+        | grep -v "compiling" | tee "$out/spmm_pairs.txt"
+      git apply -R $zen/entry_pairs.patch 2>/dev/null || patch -p1 -R -s < $zen/entry_pairs.patch
+    fi
   fi
 else
   group spmm 110 --kernels spmm $peers $common --no-stream \
