@@ -63,6 +63,9 @@ elif [ "$part" = 3 ]; then   # follow-ups of session 14's run (results/issue15/s
   timeout 120 python3 benchmarks/bench_relayout_threads.py --threads ${THREADS:-1 2 4 8 16} \
     > "$out/relayout_threads.txt" 2>&1
   echo "rc=$?"; cat "$out/relayout_threads.txt"
+  echo "== the same copy's tile shapes at 1 thread (16-128 source rows x 256-2048 columns)"
+  timeout 60 python3 benchmarks/results/issue15/zen3-s15/prototypes/tile_ab.py 2>&1 | grep -v compiling \
+    | tee "$out/relayout_tiles.txt"
   # small calls at many threads: a least work per thread (threads.WORK_PER_THREAD) or not
   for wpt in 0 16000 48000; do
     SCORCH_WORK_PER_THREAD=$wpt group wpt$wpt 80 --kernels spmv spmm $peers --no-stream \
