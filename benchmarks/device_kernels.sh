@@ -79,9 +79,9 @@ elif [ "$part" = 3 ]; then   # follow-ups of session 14's run (results/issue15/s
   if [ -f $proto/spmm.c ]; then
     PROTO_DATA=/tmp/proto timeout 60 python3 $proto/export.py Groebner_id2003_aug,copter2,4elt,bcspwr10 \
       > /dev/null 2>&1; echo "export rc=$?"
-    for cfg in "64 16" "64 32" "32 8" "32 16" "32 32"; do set -- $cfg
-      gcc -O3 -march=native -mtune-ctrl=^use_gather -DVB=$1 -DK=$2 -o /tmp/spmm_$1_$2 $proto/spmm.c -lm \
-        && for m in Groebner_id2003_aug copter2 4elt bcspwr10; do timeout 30 /tmp/spmm_$1_$2 /tmp/proto/$m 15; done
+    for cfg in "64 16" "64 32" "32 8" "32 16" "32 32"; do read -r vb k <<< "$cfg"   # vector bytes, K
+      gcc -O3 -march=native -mtune-ctrl=^use_gather -DVB=$vb -DK=$k -o /tmp/spmm_${vb}_$k $proto/spmm.c -lm \
+        && for m in Groebner_id2003_aug copter2 4elt bcspwr10; do timeout 30 /tmp/spmm_${vb}_$k /tmp/proto/$m 15; done
     done 2>&1 | tee "$out/spmm_chains.txt"
     # the same through scorch.einsum: entry_pairs.patch applied, pairs on / off in one process
     zen=benchmarks/results/issue15/zen3-s15

@@ -5,7 +5,10 @@ and the plan cache is cleared at each switch (both kernels stay in the disk cach
 Wall time per call, medians (and mins) over rounds; checked against scipy.
 
     python benchmarks/results/issue15/zen3-s15/ab_pairs.py MATRIX[,MATRIX..] [K,K..] [rounds] [threads]
+
+``PAIR_MIN=N`` in the environment overrides ``PAIR_MIN_ENTRIES`` for the run.
 """
+import os
 import statistics
 import sys
 import time
@@ -24,7 +27,6 @@ mats = sys.argv[1].split(",")
 Ks = [int(k) for k in (sys.argv[2] if len(sys.argv) > 2 else "8,16,32").split(",")]
 rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 9
 torch.set_num_threads(int(sys.argv[4]) if len(sys.argv) > 4 else 1)
-import os
 loops.PAIR_MIN_ENTRIES = int(os.environ.get("PAIR_MIN", loops.PAIR_MIN_ENTRIES))
 original = loops.PAIR_MAX_VECTORS
 for m in mats:
