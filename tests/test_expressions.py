@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 import scorch
@@ -14,8 +15,12 @@ from scorch.tensor_compiler.index_notation import Apply, Div
 from scorch.tensor_type import SparseTensor
 
 TORCH = {"abs": torch.abs, "relu": torch.relu, "sqrt": torch.sqrt, "sin": torch.sin,
-         "tanh": torch.tanh, "sign": torch.sign, "square": torch.square, "exp": torch.exp,
-         "cos": torch.cos, "sigmoid": torch.sigmoid, "log": torch.log}
+         "tanh": torch.tanh, "sign": torch.sign, "square": torch.square, "expm1": torch.expm1,
+         "log1p": torch.log1p, "erf": torch.erf, "atan": torch.atan, "gelu": F.gelu, "silu": F.silu,
+         "leaky_relu": F.leaky_relu, "elu": F.elu, "hardtanh": F.hardtanh, "softsign": F.softsign,
+         "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "trunc": torch.trunc,
+         "frac": torch.frac, "exp": torch.exp, "cos": torch.cos, "sigmoid": torch.sigmoid,
+         "log": torch.log}
 A, B, C = Access(0, "ij"), Access(1, "ij"), Access(2, "ij")
 
 
@@ -254,3 +259,48 @@ def test_addcmul_and_addcdiv_are_one_kernel(formats, value, dtype, m, n, density
             torch.testing.assert_close(_dense(got), torch.addcdiv(c, a, d, value=value))
     finally:
         mp.undo()
+
+
+@settings(max_examples=25, deadline=None)
+@given(fmt=st.sampled_from(["csr", "csc", "coo", "dcsr"]), m=st.integers(1, 7), n=st.integers(1, 7),
+       density=st.sampled_from([0.0, 0.3, 1.0]), dtype=st.sampled_from([torch.float32, torch.float64]),
+       seed=st.integers(0, 2**16))
+def test_product_with_an_absent_sparse_factor_is_zero_even_beside_inf(fmt, m, n, density, dtype, seed):
+    """``sum -(D * S) * log(D) + E`` with dense D holding zeros (log(0) = -inf): where S stores
+    nothing the product is 0, as in dense torch with S's absent entries masked out, not
+    ``0 * -inf`` = NaN (the kernel selects the whole product, not only S's read). Found by
+    the long fuzz run (``SCORCH_FUZZ_EXAMPLES``)."""
+    s = _matrix(m, n, density, dtype, seed)
+    S = scorch.sparse_tensor(s, format=fmt)
+    D = _matrix(m, n, 0.5, dtype, seed + 1).abs()          # zeros where log gives -inf
+    E = _matrix(m, n, 1.0, dtype, seed + 2)
+    stored = s != 0
+    prod = torch.where(stored, -(D * s) * torch.log(D), torch.zeros((), dtype=dtype))
+    for out, want in ((("i", "j"), prod + E), ((), (prod + E).sum())):
+        rhs = Access(0, "ij") * Access(1, "ij")
+        expr = Assignment(out, (-rhs) * Apply("log", Access(0, "ij")) + Access(2, "ij"))
+        got = _dense(compute(expr, D, S._storage, E))
+        torch.testing.assert_close(got, want, equal_nan=True,
+                                   rtol=1e-5 if dtype == torch.float32 else 1e-9,
+                                   atol=1e-4 if dtype == torch.float32 else 1e-9)
+
+
+@pytest.mark.parametrize("fn", sorted(TORCH))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_functions_on_special_values_match_torch(fn, dtype):
+    """NaN and infinities propagate as torch's (``relu(nan)`` is nan), rounding ties go to
+    even (``round(2.5)`` is 2), kinks and bounds (0, +-1) give torch's values."""
+    vals = [float("nan"), float("inf"), float("-inf"), 0.5, -0.5, 1.5, 2.5, -2.5, 1.0, -1.0, 3.7, -0.2]
+    d = torch.zeros(3, len(vals), dtype=dtype)
+    d[1] = torch.tensor(vals, dtype=dtype)
+    r = compute(Assignment("ij", Apply(fn, A)), scorch.sparse_tensor(d, format="csr"))
+    torch.testing.assert_close(_dense(r), TORCH[fn](d), equal_nan=True)
+
+
+@pytest.mark.parametrize("outer", ["softsign", "silu", "gelu", "elu", "atan"])
+def test_a_function_of_sign_computes_in_the_value_type(outer):
+    """sign's C expression is an int; the function around it must not divide integers
+    (softsign(sign(x)) = 1 / 2, not 0). Found by the long fuzz run."""
+    d = torch.tensor([[0.0, 2.0, -3.0], [0.5, 0.0, 0.0]])
+    r = compute(Assignment("ij", Apply(outer, Apply("sign", A))), scorch.sparse_tensor(d, format="csr"))
+    torch.testing.assert_close(_dense(r), TORCH[outer](torch.sign(d)))

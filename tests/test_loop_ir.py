@@ -130,7 +130,10 @@ def test_spgemm_runtime_workspace_and_rows_assembly():
     assert Assign("psr", "a.t1_pos1[a.t0_crd1[q0_1 + 8]]") in _nodes(k, Assign)
     assert isinstance(k.output, RowsOutput) and k.output.dense_vars == ("i",)
     assert _loops(k) == [("c_i", "dense"), ("q0_1", "segment"), ("q1_1", "segment")]
-    assert Call("ws.add(wkey, (a.t0_vals[q0_1] * a.t1_vals[q1_1]))") in _nodes(k, Call, "run_chunk_map")
+    # A's value read once per entry (gcc would reload it after every store into the
+    # workspace), then scattered along B's row
+    assert Assign("x0_1", "a.t0_vals[q0_1]") in _nodes(k, Assign, "run_chunk_map")
+    assert Call("ws.add(wkey, (x0_1 * a.t1_vals[q1_1]))") in _nodes(k, Call, "run_chunk_map")
     assert not _nodes(k, Call)[0].code.startswith("ws.add")       # dense scratch by default
     drain = [n for n in _nodes(k, If) if n.cond == "wn"]
     assert len(drain) == 1 and AddTo("a.out_pos[c_i + 1]", "wn") in drain[0].then

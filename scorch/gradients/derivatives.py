@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Callable, Dict, Optional
 
 from ..tensor_compiler.functions import FUNCTIONS
-from ..tensor_compiler.index_notation import Apply, Expr, Mul, Neg, Scalar, Sub
+from ..tensor_compiler.index_notation import Add, Apply, Expr, Mul, Neg, Scalar, Sub
 
 __all__ = ["DERIVATIVES", "derivative_of"]
 
@@ -42,6 +42,38 @@ def _sigmoid(x: Expr, p: Optional[float]) -> Expr:
     return Mul(s, Sub(Scalar(1.0), s))
 
 
+def _step(x: Expr) -> Expr:
+    """1 where x > 0, else 0 (0 at 0, as torch's threshold_backward)."""
+    return Apply("relu", Apply("sign", x))
+
+
+def _reciprocal_of(e: Expr, power: float = -1.0) -> Expr:
+    return Apply("pow", e, power)
+
+
+def _gelu(x: Expr, p: Optional[float]) -> Expr:
+    # Phi(x) + x phi(x): 0.5 (1 + erf(x / sqrt 2)) + x exp(-x^2 / 2) / sqrt(2 pi)
+    cdf = Mul(Scalar(0.5), Add(Scalar(1.0), Apply("erf", Mul(Scalar(0.7071067811865476), x))))
+    pdf = Mul(Scalar(0.3989422804014327), Apply("exp", Mul(Scalar(-0.5), Apply("square", x))))
+    return Add(cdf, Mul(x, pdf))
+
+
+def _silu(x: Expr, p: Optional[float]) -> Expr:
+    s = Apply("sigmoid", x)
+    return Mul(s, Add(Scalar(1.0), Mul(x, Sub(Scalar(1.0), s))))
+
+
+def _leaky_relu(x: Expr, p: Optional[float]) -> Expr:
+    slope = FUNCTIONS["leaky_relu"].param(p)
+    return Add(Scalar(float(slope)), Mul(Scalar(1.0 - slope), _step(x)))
+
+
+def _elu(x: Expr, p: Optional[float]) -> Expr:
+    alpha = FUNCTIONS["elu"].param(p)       # alpha * exp(x) where x <= 0 (alpha at 0, as torch)
+    step = _step(x)
+    return Add(step, Mul(Sub(Scalar(1.0), step), Mul(Scalar(float(alpha)), Apply("exp", x))))
+
+
 #: function name -> f'(x) as an expression of the argument ``x`` (None: f' == 0)
 DERIVATIVES: Dict[str, Rule] = {
     "abs": lambda x, p: Apply("sign", x),
@@ -56,6 +88,22 @@ DERIVATIVES: Dict[str, Rule] = {
     "cos": lambda x, p: Neg(Apply("sin", x)),
     "sigmoid": _sigmoid,
     "log": lambda x, p: Apply("pow", x, -1.0),
+    "expm1": lambda x, p: Apply("exp", x),
+    "log1p": lambda x, p: _reciprocal_of(Add(Scalar(1.0), x)),
+    "erf": lambda x, p: Mul(Scalar(1.1283791670955126), Apply("exp", Neg(Apply("square", x)))),
+    "atan": lambda x, p: _reciprocal_of(Add(Scalar(1.0), Apply("square", x))),
+    "gelu": _gelu,
+    "silu": _silu,
+    "leaky_relu": _leaky_relu,
+    "elu": _elu,
+    # 1 strictly inside (-1, 1), 0 at and beyond the bounds (torch's hardtanh_backward)
+    "hardtanh": lambda x, p: _step(Sub(Scalar(1.0), Apply("abs", x))),
+    "softsign": lambda x, p: _reciprocal_of(Add(Scalar(1.0), Apply("abs", x)), -2.0),
+    "floor": lambda x, p: None,
+    "ceil": lambda x, p: None,
+    "round": lambda x, p: None,
+    "trunc": lambda x, p: None,
+    "frac": lambda x, p: Scalar(1.0),
 }
 
 

@@ -6,8 +6,9 @@ plus torch's implicit zeros) and ``softmax``/``log_softmax`` over stored entries
 Every op is one or a few generated kernels; none densifies a sparse operand. Each is
 differentiable in the stored values (``scorch.gradients``: the derivative table for the
 functions, ``fiber_ops`` for softmax and amax/amin). A function that
-keeps 0 at 0 (relu, abs, sqrt, sin, tanh, sign, square, pow with a positive exponent) gives a
-sparse result on the operand's pattern; one that maps 0 elsewhere (exp, cos, sigmoid, log)
+keeps 0 at 0 (relu, abs, sqrt, sin, tanh, sign, square, pow with a positive exponent, expm1,
+log1p, erf, atan, the activations gelu, silu, leaky_relu, elu, hardtanh and softsign, and the
+roundings floor, ceil, round, trunc, frac) gives a sparse result on the operand's pattern; one that maps 0 elsewhere (exp, cos, sigmoid, log)
 gives a dense result, dense by nature (subject to the dense-size limit of ``_dispatch``).
 """
 from __future__ import annotations
@@ -32,7 +33,8 @@ __all__ = ["apply", "amax", "amin", "softmax", "log_softmax"]
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 #: functions whose result is a float even for integer inputs (torch promotes them)
-_FLOATING = {"sqrt", "sin", "tanh", "exp", "cos", "sigmoid", "log"}
+_FLOATING = {"sqrt", "sin", "tanh", "exp", "cos", "sigmoid", "log", "expm1", "log1p", "erf", "atan",
+             "gelu", "silu", "leaky_relu", "elu", "hardtanh", "softsign"}
 
 
 def _tc():
@@ -162,13 +164,29 @@ def _sparse(x) -> Optional[SparseTensor]:
     return x if isinstance(x, SparseTensor) else None
 
 
-def _unary(fn: str, *torch_functions):
+def _unary(fn: str, *torch_functions, **params):
+    """Register ``fn`` for ``torch_functions``; ``params``: the keyword arguments it reads
+    (name -> (default, the table's parameter or None: only the default is supported)).
+    Anything else (``out=``, ``inplace=True``, an unsupported value) goes to the fallback."""
     @register(*torch_functions)
     def handler(x, *args, **kwargs):
         t = _sparse(x)
-        if t is None or args or kwargs.get("out") is not None:
+        if t is None or args or kwargs.get("out") is not None or kwargs.get("inplace"):
             return NotImplemented
-        return apply(fn, t)
+        p = None
+        for name, value in kwargs.items():
+            if name in ("out", "inplace"):
+                continue
+            if name not in params:
+                return NotImplemented
+            default, free = params[name]
+            if free:
+                if not isinstance(value, numbers.Real) or isinstance(value, bool):
+                    return NotImplemented
+                p = float(value)
+            elif value != default:
+                return NotImplemented
+        return apply(fn, t, p)
     return handler
 
 
@@ -183,8 +201,23 @@ for _fn, _torch_fns in {
         "exp": (torch.exp, torch.Tensor.exp),
         "cos": (torch.cos, torch.Tensor.cos),
         "sigmoid": (torch.sigmoid, torch.Tensor.sigmoid, F.sigmoid),
-        "log": (torch.log, torch.Tensor.log)}.items():
+        "log": (torch.log, torch.Tensor.log),
+        "expm1": (torch.expm1, torch.Tensor.expm1, torch.special.expm1),
+        "log1p": (torch.log1p, torch.Tensor.log1p, torch.special.log1p),
+        "erf": (torch.erf, torch.Tensor.erf, torch.special.erf),
+        "atan": (torch.atan, torch.Tensor.atan, torch.arctan, torch.Tensor.arctan),
+        "silu": (F.silu,),
+        "softsign": (F.softsign,),
+        "floor": (torch.floor, torch.Tensor.floor),
+        "ceil": (torch.ceil, torch.Tensor.ceil),
+        "trunc": (torch.trunc, torch.Tensor.trunc, torch.fix, torch.Tensor.fix),
+        "frac": (torch.frac, torch.Tensor.frac)}.items():
     _unary(_fn, *_torch_fns)
+_unary("gelu", F.gelu, approximate=("none", False))
+_unary("leaky_relu", F.leaky_relu, negative_slope=(0.01, True))
+_unary("elu", F.elu, alpha=(1.0, True))
+_unary("hardtanh", F.hardtanh, min_val=(-1.0, False), max_val=(1.0, False))
+_unary("round", torch.round, torch.Tensor.round, decimals=(0, False))
 
 
 @register(torch.pow, torch.Tensor.pow, torch.Tensor.__pow__)

@@ -361,6 +361,13 @@ def _aten_view(t, shape):
     return reshape(t, shape)
 
 
+@register_aten(aten.slice.Tensor)
+def _aten_slice(t, dim=0, start=None, end=None, step=1):
+    """``aten.slice`` (what ``torch.diff`` and other composite ops slice with): indexing."""
+    d = dim % t.dim() if t.dim() else 0
+    return getitem(t, (slice(None),) * d + (slice(start, end, step),))
+
+
 # --- cat / stack ------------------------------------------------------------------------------
 
 def cat(tensors: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:

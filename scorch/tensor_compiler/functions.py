@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 
 __all__ = ["Function", "FUNCTIONS", "function"]
 
@@ -26,6 +27,10 @@ class Function:
     #: torch's op for the same function over a values array (``shared_pattern`` computes
     #: operands on one pattern with it); None: only the kernel computes it
     torch_op: Optional[Callable] = None
+    default: Optional[float] = None    # the parameter when none is given (leaky_relu's slope)
+
+    def param(self, p: Optional[float]) -> Optional[float]:
+        return self.default if p is None else p
 
     def preserves_zero(self, p: Optional[float] = None) -> bool:
         if self.name == "pow":
@@ -36,13 +41,33 @@ class Function:
 _TABLE = [
     # maps 0 to 0: stays sparse
     Function("abs", "({x} if {x} >= 0 else -({x}))", True, torch_op=torch.abs),   # any value type (fabs: doubles)
-    Function("relu", "({x} if {x} > 0 else 0)", True, torch_op=torch.relu),
+    Function("relu", "(0 if {x} <= 0 else {x})", True, torch_op=torch.relu),     # NaN stays NaN, as torch
     Function("sqrt", "sqrt({x})", True, ("sqrt",), torch_op=torch.sqrt),
     Function("sin", "sin({x})", True, ("sin",), torch_op=torch.sin),
     Function("tanh", "tanh({x})", True, ("tanh",), torch_op=torch.tanh),
     Function("sign", "((({x}) > 0) - (({x}) < 0))", True, torch_op=torch.sign),
     Function("pow", "pow({x}, {p})", True, ("pow",), parameter=True, torch_op=torch.pow),
     Function("square", "(({x}) * ({x}))", True, torch_op=torch.square),
+    Function("expm1", "expm1({x})", True, ("expm1",), torch_op=torch.expm1),
+    Function("log1p", "log1p({x})", True, ("log1p",), torch_op=torch.log1p),
+    Function("erf", "erf({x})", True, ("erf",), torch_op=torch.erf),
+    Function("atan", "atan({x})", True, ("atan",), torch_op=torch.atan),
+    # the activations of torch.nn.functional that keep 0 (gelu: the exact, erf form)
+    Function("gelu", "(0.5 * ({x}) * (1 + erf(({x}) * 0.7071067811865476)))", True, ("erf",),
+             torch_op=F.gelu),
+    Function("silu", "(({x}) / (1 + exp(-({x}))))", True, ("exp",), torch_op=F.silu),
+    Function("leaky_relu", "({x} if {x} > 0 else {p} * ({x}))", True, parameter=True,
+             torch_op=F.leaky_relu, default=0.01),
+    Function("elu", "({x} if {x} > 0 else {p} * expm1({x}))", True, ("expm1",), parameter=True,
+             torch_op=F.elu, default=1.0),
+    Function("hardtanh", "(-1 if {x} < -1 else (1 if {x} > 1 else {x}))", True, torch_op=F.hardtanh),
+    Function("softsign", "(({x}) / (1 + ({x} if {x} >= 0 else -({x}))))", True, torch_op=F.softsign),
+    # rounding (round: half to even, as torch; C's round() goes away from zero)
+    Function("floor", "floor({x})", True, ("floor",), torch_op=torch.floor),
+    Function("ceil", "ceil({x})", True, ("ceil",), torch_op=torch.ceil),
+    Function("round", "nearbyint({x})", True, ("nearbyint",), torch_op=torch.round),
+    Function("trunc", "trunc({x})", True, ("trunc",), torch_op=torch.trunc),
+    Function("frac", "(({x}) - trunc({x}))", True, ("trunc",), torch_op=torch.frac),
     # maps 0 elsewhere: dense by nature
     Function("exp", "exp({x})", False, ("exp",), torch_op=torch.exp),
     Function("cos", "cos({x})", False, ("cos",), torch_op=torch.cos),

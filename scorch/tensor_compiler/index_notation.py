@@ -171,7 +171,7 @@ class Apply(Expr):
 
     def __post_init__(self):
         f = function(self.fn)
-        if f.parameter and self.p is None:
+        if f.parameter and self.p is None and f.default is None:
             raise ValueError(f"{self.fn} needs a parameter")
 
     def __str__(self) -> str:

@@ -82,7 +82,7 @@ def _values(e: Expr, ops, vt: torch.dtype) -> torch.Tensor:
     if isinstance(e, Apply):
         x = _values(e.a, ops, vt)
         f = FUNCTIONS[e.fn]
-        return f.torch_op(x, e.p) if f.parameter else f.torch_op(x)
+        return f.torch_op(x, f.param(e.p)) if f.parameter else f.torch_op(x)
     return _BINARY[type(e)](_values(e.a, ops, vt), _values(e.b, ops, vt))
 
 

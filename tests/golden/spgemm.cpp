@@ -54,6 +54,7 @@ static void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer<int32_t>*
     int64_t pse;
     int64_t psr;
     int64_t p1_0;
+    float x0_1;
     int64_t c_k;
     int64_t q1_1;
     int64_t h1_1;
@@ -90,6 +91,7 @@ static void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer<int32_t>*
                         scorch_prefetch((a.t1_vals + psr));
                     }
                     p1_0 = c_j;
+                    x0_1 = a.t0_vals[q0_1];
                     q1_1 = a.t1_pos1[p1_0];
                     h1_1 = a.t1_pos1[(p1_0 + 1)];
                     {
@@ -100,7 +102,7 @@ static void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer<int32_t>*
                             wkey = c_k;
                             wnew = (1 - wm[wkey]);
                             wm[wkey] = 1;
-                            wv[wkey] = (wv[wkey] + ((a.t0_vals[q0_1] * a.t1_vals[q1_1])));
+                            wv[wkey] = (wv[wkey] + ((x0_1 * a.t1_vals[q1_1])));
                             wl[wc] = ((int32_t)wkey);
                             wc = (wc + wnew);
                         }
@@ -136,6 +138,7 @@ static void run_chunk_scan(Args* pa, int64_t clo, int64_t chi, AppendBuffer<int3
     int64_t pse;
     int64_t psr;
     int64_t p1_0;
+    float x0_1;
     int64_t c_k;
     int64_t q1_1;
     int64_t h1_1;
@@ -171,6 +174,7 @@ static void run_chunk_scan(Args* pa, int64_t clo, int64_t chi, AppendBuffer<int3
                         scorch_prefetch((a.t1_vals + psr));
                     }
                     p1_0 = c_j;
+                    x0_1 = a.t0_vals[q0_1];
                     q1_1 = a.t1_pos1[p1_0];
                     h1_1 = a.t1_pos1[(p1_0 + 1)];
                     {
@@ -180,7 +184,7 @@ static void run_chunk_scan(Args* pa, int64_t clo, int64_t chi, AppendBuffer<int3
                             c_k = a.t1_crd1[q1_1];
                             wkey = c_k;
                             wm[wkey] = 1;
-                            wv[wkey] = (wv[wkey] + ((a.t0_vals[q0_1] * a.t1_vals[q1_1])));
+                            wv[wkey] = (wv[wkey] + ((x0_1 * a.t1_vals[q1_1])));
                             wc = 1;
                         }
                     }
@@ -212,6 +216,7 @@ static void run_chunk_map(Args* pa, int64_t clo, int64_t chi, AppendBuffer<int32
     int64_t pse;
     int64_t psr;
     int64_t p1_0;
+    float x0_1;
     int64_t c_k;
     int64_t q1_1;
     int64_t h1_1;
@@ -241,6 +246,7 @@ static void run_chunk_map(Args* pa, int64_t clo, int64_t chi, AppendBuffer<int32
                         scorch_prefetch((a.t1_vals + psr));
                     }
                     p1_0 = c_j;
+                    x0_1 = a.t0_vals[q0_1];
                     q1_1 = a.t1_pos1[p1_0];
                     h1_1 = a.t1_pos1[(p1_0 + 1)];
                     {
@@ -249,7 +255,7 @@ static void run_chunk_map(Args* pa, int64_t clo, int64_t chi, AppendBuffer<int32
                             q1_1 = scorch_i2;
                             c_k = a.t1_crd1[q1_1];
                             wkey = c_k;
-                            ws.add(wkey, ((a.t0_vals[q0_1] * a.t1_vals[q1_1])));
+                            ws.add(wkey, ((x0_1 * a.t1_vals[q1_1])));
                         }
                     }
                 }

@@ -51,6 +51,7 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* o
     cdef int64_t pse
     cdef int64_t psr
     cdef int64_t p1_0
+    cdef float x0_1
     cdef int64_t c_k
     cdef int64_t q1_1
     cdef int64_t h1_1
@@ -79,6 +80,7 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* o
                 scorch_prefetch(a.t1_crd1 + psr)
                 scorch_prefetch(a.t1_vals + psr)
             p1_0 = c_j
+            x0_1 = a.t0_vals[q0_1]
             q1_1 = a.t1_pos1[p1_0]
             h1_1 = a.t1_pos1[p1_0 + 1]
             for q1_1 in range(q1_1, h1_1):
@@ -86,7 +88,7 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* o
                 wkey = c_k
                 wnew = 1 - wm[wkey]
                 wm[wkey] = 1
-                wv[wkey] = wv[wkey] + (a.t0_vals[q0_1] * a.t1_vals[q1_1])
+                wv[wkey] = wv[wkey] + (x0_1 * a.t1_vals[q1_1])
                 wl[wc] = <int32_t>wkey
                 wc = wc + wnew
         wn = wc
@@ -114,6 +116,7 @@ cdef void run_chunk_scan(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_
     cdef int64_t pse
     cdef int64_t psr
     cdef int64_t p1_0
+    cdef float x0_1
     cdef int64_t c_k
     cdef int64_t q1_1
     cdef int64_t h1_1
@@ -141,13 +144,14 @@ cdef void run_chunk_scan(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_
                 scorch_prefetch(a.t1_crd1 + psr)
                 scorch_prefetch(a.t1_vals + psr)
             p1_0 = c_j
+            x0_1 = a.t0_vals[q0_1]
             q1_1 = a.t1_pos1[p1_0]
             h1_1 = a.t1_pos1[p1_0 + 1]
             for q1_1 in range(q1_1, h1_1):
                 c_k = a.t1_crd1[q1_1]
                 wkey = c_k
                 wm[wkey] = 1
-                wv[wkey] = wv[wkey] + (a.t0_vals[q0_1] * a.t1_vals[q1_1])
+                wv[wkey] = wv[wkey] + (x0_1 * a.t1_vals[q1_1])
                 wc = 1
         wn = wc
         if wn:
@@ -171,6 +175,7 @@ cdef void run_chunk_map(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t
     cdef int64_t pse
     cdef int64_t psr
     cdef int64_t p1_0
+    cdef float x0_1
     cdef int64_t c_k
     cdef int64_t q1_1
     cdef int64_t h1_1
@@ -192,12 +197,13 @@ cdef void run_chunk_map(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t
                 scorch_prefetch(a.t1_crd1 + psr)
                 scorch_prefetch(a.t1_vals + psr)
             p1_0 = c_j
+            x0_1 = a.t0_vals[q0_1]
             q1_1 = a.t1_pos1[p1_0]
             h1_1 = a.t1_pos1[p1_0 + 1]
             for q1_1 in range(q1_1, h1_1):
                 c_k = a.t1_crd1[q1_1]
                 wkey = c_k
-                ws.add(wkey, (a.t0_vals[q0_1] * a.t1_vals[q1_1]))
+                ws.add(wkey, (x0_1 * a.t1_vals[q1_1]))
         wn = ws.size()
         if wn:
             wb = deref(oval).size()

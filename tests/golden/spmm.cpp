@@ -56,6 +56,7 @@ static void run_chunk(Args* pa, int64_t clo, int64_t chi, std::vector<int64_t>* 
     int64_t h0_1;
     int64_t e0_1;
     int64_t o1_1;
+    float x0_1;
     int64_t o1_2;
     int64_t oo_2;
     a = pa[0];
@@ -80,13 +81,14 @@ static void run_chunk(Args* pa, int64_t clo, int64_t chi, std::vector<int64_t>* 
                     q0_1 = scorch_i2;
                     c_j = a.t0_crd1[q0_1];
                     o1_1 = (c_j * a.t1_st_j);
+                    x0_1 = a.t0_vals[q0_1];
                     {
                         int64_t scorch_end3 = a.N_k;
                         for (int64_t scorch_i3 = 0; scorch_i3 < scorch_end3; scorch_i3 += 1) {
                             c_k = scorch_i3;
                             o1_2 = (o1_1 + c_k);
                             oo_2 = (oo_0 + c_k);
-                            a.out_vals[oo_2] += ((a.t0_vals[q0_1] * a.t1_vals[o1_2]));
+                            a.out_vals[oo_2] += ((x0_1 * a.t1_vals[o1_2]));
                         }
                     }
                 }

@@ -66,6 +66,7 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, v
     cdef int64_t h0_1
     cdef int64_t e0_1
     cdef int64_t o1_1
+    cdef float x0_1
     cdef int64_t o1_2
     cdef int64_t oo_2
     for c_i in range(clo, chi):
@@ -78,10 +79,11 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, v
         for q0_1 in range(q0_1, h0_1):
             c_j = a.t0_crd1[q0_1]
             o1_1 = c_j * a.t1_st_j
+            x0_1 = a.t0_vals[q0_1]
             for c_k in range(0, a.N_k):
                 o1_2 = o1_1 + c_k
                 oo_2 = oo_0 + c_k
-                a.out_vals[oo_2] += (a.t0_vals[q0_1] * a.t1_vals[o1_2])
+                a.out_vals[oo_2] += (x0_1 * a.t1_vals[o1_2])
 
 cdef void run_chunk_w4(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocrd, vector[float]* oval) noexcept nogil:
     cdef Args a = pa[0]

@@ -445,6 +445,7 @@ def _single(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor, new: Cursor, lo:
                 setup += ([] if lo == lv.q else [Assign(lv.q, lo)]) + steps
                 lo = lv.q
         body += _bind_children(n, lp, st, new)
+        body += _hoisted_value(n, lp, lv, new)
         body += loop_nest(n, lp.depth + 1, new)
         return setup + [For(lv.q, lo, hi, tuple(body), role or "segment")]
     body.append(LevelCode(tuple(group_end(lv, cv))))
@@ -521,6 +522,19 @@ def _point(n: Nest, lp: LoopLevels, st: Cursor, new: Cursor, sub: List[LevelPlan
     for lv in sub:
         body.append(If(lv.found, (Assign(lv.q, lv.qe),)) if lv.grouped else AddTo(lv.q, lv.found))
     return While(" and ".join(f"{lv.q} < {lv.hi}" for lv in sub), tuple(body), "merge")
+
+
+def _hoisted_value(n: Nest, lp: LoopLevels, lv: LevelPlan, new: Cursor) -> List[Stmt]:
+    """A segment loop with loops below it reads its entry's value once, into a local, where
+    a scalar kernel stores inside those loops (a scatter into a dense row or workspace):
+    gcc cannot keep ``a.tK_vals[q]`` in a register across a store through another float
+    pointer, so it reloads it every inner iteration (the SAE encoder's ``aj,oj->ao``: 10 %
+    of the kernel). Vector and dot kernels keep the array read, which their passes match."""
+    f = n.facts
+    if (n.variant.width is not None or f.dot or lp.depth >= len(f.s.loop_order) - 1
+            or lv.access in new.vals):
+        return []
+    return _head_value(n, lv, new)
 
 
 def _head_value(n: Nest, lv: LevelPlan, new: Cursor) -> List[Stmt]:

@@ -22,10 +22,37 @@ __all__ = ["value", "presence", "leaf", "vector_leaf", "before_loop", "after_loo
            "product_split", "product_of"]
 
 
-def value(n: Nest, e: Expr, st: Cursor, vec_at: Optional[int] = None) -> str:
+def _factor_presence(n: Nest, e: Expr, st: Cursor) -> List[str]:
+    """Presence codes of the sparse accesses that are factors of the product ``e``
+    (through products, negations and numerators)."""
+    if isinstance(e, Access):
+        i = n.facts.ids[e]
+        return [st.pres[i]] if n.facts.s.accesses[i].sparse else []
+    if isinstance(e, Mul):
+        return _factor_presence(n, e.a, st) + _factor_presence(n, e.b, st)
+    if isinstance(e, (Neg, Div)):
+        return _factor_presence(n, e.a, st)
+    return []
+
+
+def value(n: Nest, e: Expr, st: Cursor, vec_at: Optional[int] = None,
+          in_product: bool = False) -> str:
     """The C expression of ``e`` at the cursor; ``vec_at``: the vector leaf's row offset
-    (accesses streamed by the innermost loop are read as vectors from there)."""
+    (accesses streamed by the innermost loop are read as vectors from there).
+
+    A product with an absent sparse factor is 0 whatever its other factors hold (the
+    merge lattice's meaning, and dense torch's with that entry masked out): ``0 *
+    log(0)`` would be NaN, so a product whose sparse factors may be absent is selected
+    as a whole (``in_product``: inside such a product already)."""
     f = n.facts
+    if isinstance(e, Mul) and not in_product:
+        codes = _factor_presence(n, e, st)
+        if "0" in codes:
+            return "0"
+        conds = list(dict.fromkeys(c for c in codes if c != "1"))
+        if conds and vec_at is None:
+            inner = value(n, e, st, vec_at, True)
+            return f"({inner} if {' and '.join(conds)} else 0)"
     if isinstance(e, Access):
         i = f.ids[e]
         ap = f.s.accesses[i]
@@ -36,23 +63,28 @@ def value(n: Nest, e: Expr, st: Cursor, vec_at: Optional[int] = None) -> str:
         pr = st.pres[i]
         if pr == "0":   # known absent (a merge point past its iterator): nothing is read
             return "0"
-        if pr != "1" and i in st.vals:   # loaded already: a select, not a branch
-            return f"({st.vals[i]} if {UNPREDICTABLE}({pr}, 1, 0.5) else 0)"
+        if i in st.vals:   # loaded already (a select, not a branch, where it may be absent)
+            return st.vals[i] if pr == "1" else f"({st.vals[i]} if {UNPREDICTABLE}({pr}, 1, 0.5) else 0)"
         return code if pr == "1" else f"({code} if {pr} else 0)"
     if isinstance(e, Scalar):
         return f"(<{f.vt}>{e.value!r})"
     if isinstance(e, Neg):
-        return f"(-{value(n, e.a, st, vec_at)})"
+        return f"(-{value(n, e.a, st, vec_at, in_product)})"
     if isinstance(e, Apply):   # never in a vector leaf (facts: no fixed widths)
         fn = function(e.fn)
-        return "(" + fn.c_expr.format(x=value(n, e.a, st, vec_at), p=f"(<{f.vt}>{e.p!r})") + ")"
+        arg, param = value(n, e.a, st, vec_at), f"(<{f.vt}>{fn.param(e.p)!r})"
+        # in the value type: sign's C expression is an int, and softsign(sign(x)) would
+        # divide integers
+        return f"(<{f.vt}>(" + fn.c_expr.format(x=arg, p=param) + "))"
     if isinstance(e, Compare):  # 1 or 0 in the value type (the op layer stores it as bool)
         return f"(<{f.vt}>({value(n, e.a, st, vec_at)} {e.symbol} {value(n, e.b, st, vec_at)}))"
     if isinstance(e, Where):    # never in a vector leaf either
         return (f"({value(n, e.a, st, vec_at)} if {value(n, e.c, st, vec_at)} "
                 f"else {value(n, e.b, st, vec_at)})")
     op = {Mul: "*", Add: "+", Sub: "-", Div: "/"}[type(e)]
-    return f"({value(n, e.a, st, vec_at)} {op} {value(n, e.b, st, vec_at)})"
+    inside = in_product and isinstance(e, (Mul, Div))    # a denominator is not a factor
+    left, right = value(n, e.a, st, vec_at, inside), value(n, e.b, st, vec_at, inside and isinstance(e, Mul))
+    return f"({left} {op} {right})"
 
 
 def presence(n: Nest, st: Cursor, flags: Optional[Dict[int, str]] = None) -> str:

@@ -1,0 +1,341 @@
+"""Ops that are a few stored-value operations or other sparse ops, never a dense copy:
+``clamp``/``clip``, ``nan_to_num``, ``isnan``/``isinf``, ``lerp``, ``count_nonzero``, ``any``/``all``,
+``max``/``min`` over every element, ``vector_norm`` (``norm``, ``F.normalize``), ``tril``/``triu``,
+``narrow`` (a slice), ``diff`` (slices and a subtraction), ``var``/``std`` (two passes over the
+stored values).
+
+Where ``f(0) == 0`` (``clamp`` with ``min <= 0 <= max``, ``nan_to_num``, ``isnan``) the op
+runs on the values array and keeps the pattern; ``clamp`` that moves 0 is dense by nature
+(a dense tensor of ``clamp(0)`` with the stored entries written in). Reductions over every
+element read the stored values and count the implicit zeros. Each is differentiable in the
+stored values where torch's op is (``gradients.values``: values out, pattern back in)."""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .._dispatch import check_dense_size, register
+from ..gradients.values import from_coordinates, from_values, values_of
+from ..tensor_type import SparseTensor, as_scorch
+from . import nonlinear, reductions
+from . import shape as _shape
+
+__all__ = ["clamp", "nan_to_num", "lerp", "count_nonzero", "vector_norm", "var", "tril", "triu"]
+
+
+def _sparse(x) -> Optional[SparseTensor]:
+    x = as_scorch(x)
+    return x if isinstance(x, SparseTensor) else None
+
+
+def _number(x) -> bool:
+    return x is None or (isinstance(x, numbers.Real) and not isinstance(x, bool))
+
+
+def _convert():
+    from .._runtime import convert
+    return convert
+
+
+def _numel(t: SparseTensor) -> int:
+    return math.prod(t.shape)
+
+
+def clamp(t: SparseTensor, min=None, max=None) -> torch.Tensor:
+    """Scalar bounds. Keeps ``t``'s pattern when ``clamp(0) == 0``; else dense by nature."""
+    vals = torch.clamp(values_of(t), min, max)
+    zero = torch.clamp(torch.zeros((), dtype=t.dtype), min, max)
+    if zero == 0:
+        return from_values(t._storage, vals)
+    check_dense_size("clamp", t.shape, vals.dtype)
+    out = torch.full(t.shape, float(zero), dtype=vals.dtype)
+    if t.nnz:
+        out = out.index_put(tuple(_convert().coords(t._storage)), vals)
+    return out
+
+
+def nan_to_num(t: SparseTensor, nan=0.0, posinf=None, neginf=None) -> SparseTensor:
+    return from_values(t._storage, torch.nan_to_num(values_of(t), nan, posinf, neginf))
+
+
+def lerp(start, end, weight) -> torch.Tensor:
+    """``start + weight * (end - start)`` through the sparse ops (the union of the
+    patterns where both are sparse)."""
+    return start + weight * (end - start)
+
+
+def count_nonzero(t: SparseTensor, dim=None) -> torch.Tensor:
+    nonzero = (t._storage.values != 0).to(torch.int64)
+    if dim is None:
+        return nonzero.sum()
+    return reductions.sum(from_values(t._storage, nonzero), dim)
+
+
+def _all_stored_nonzero(t: SparseTensor) -> bool:
+    return int((t._storage.values != 0).sum()) == _numel(t)
+
+
+def vector_norm(t: SparseTensor, ord=2, dim=None, keepdim: bool = False) -> torch.Tensor:
+    """``ord`` > 0 (or 0: the count of nonzeros). Over every element: the norm of the stored
+    values (the implicit zeros add nothing); along ``dim``: ``(sum |x|^ord)^(1/ord)``
+    through the sparse ops (``amax(|x|)`` for inf)."""
+    if not t.dtype.is_floating_point:
+        raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as "
+                           f"input. Got {t.dtype}")
+    reduced = range(t.dim()) if dim is None else \
+        [d % t.dim() for d in ([dim] if isinstance(dim, numbers.Integral) else dim)]
+    if ord == math.inf and math.prod(t.shape[d] for d in reduced) == 0:
+        raise RuntimeError("linalg.vector_norm cannot compute the inf norm on an empty tensor "
+                           "because the operation does not have an identity")
+    if dim is None and not keepdim:
+        if ord == 0:
+            return count_nonzero(t).to(t.dtype)
+        vals = values_of(t)
+        if vals.numel() == 0:
+            return torch.zeros((), dtype=t.dtype)
+        return torch.linalg.vector_norm(vals, ord)
+    dims = tuple(range(t.dim())) if dim is None else dim
+    a = nonlinear.apply("abs", t)
+    if ord == math.inf:
+        return nonlinear.amax(a, dims, keepdim)
+    if ord == 0:
+        return reductions.sum(from_values(t._storage, (values_of(t) != 0).to(t.dtype)), dims, keepdim)
+    powered = nonlinear.apply("square", t) if ord == 2 else nonlinear.apply("pow", a, float(ord))
+    s = reductions.sum(powered, dims, keepdim)
+    s = s.to_dense() if isinstance(s, SparseTensor) else s
+    return s.sqrt() if ord == 2 else s.pow(1.0 / ord)
+
+
+def var(t: SparseTensor, dim=None, correction: float = 1, keepdim: bool = False) -> torch.Tensor:
+    """Two passes as torch's (no cancellation): the mean, then the squared deviations of the
+    stored entries scattered into their fibers, plus ``mean^2`` for each implicit zero;
+    O(stored entries) torch ops on the values, differentiable through them."""
+    rank = t.dim()
+    dims = reductions._reduced_dims(dim, rank, "var")
+    kept = [d for d in range(rank) if d not in dims]
+    n = math.prod(t.shape[d] for d in dims)
+    kept_shape = [t.shape[d] for d in kept]
+    total = reductions.sum(t, dims)
+    total = total.to_dense() if isinstance(total, SparseTensor) else total
+    mean = (total / n).reshape(-1)
+    coords = _convert().coords(t._storage)
+    fiber = torch.zeros(coords.shape[1], dtype=torch.int64)
+    for d in kept:                                   # each stored entry's fiber, linearised
+        fiber = fiber * t.shape[d] + coords[d]
+    deviation = (values_of(t) - mean[fiber]) ** 2
+    squares = torch.zeros(mean.numel(), dtype=deviation.dtype).index_add(0, fiber, deviation)
+    implicit = n - torch.bincount(fiber, minlength=mean.numel())
+    out = ((squares + implicit * mean ** 2) / max(n - correction, 0)).reshape(kept_shape)
+    if keepdim:
+        for d in dims:
+            out = out.unsqueeze(d)
+    return out
+
+
+def _var_args(dim, unbiased, correction):
+    if isinstance(dim, bool):                        # var(x, unbiased)
+        dim, unbiased = None, dim
+    if correction is None:
+        correction = 1 if unbiased is None or unbiased else 0
+    return dim, correction
+
+
+def _triangle(name: str, t: SparseTensor, diagonal: int) -> SparseTensor:
+    """The stored entries on one side of a diagonal: a filter of the coordinates, O(nnz)."""
+    if t.dim() < 2:
+        raise RuntimeError(f"{name}: input tensor must have at least 2 dimensions")
+    st = t._storage
+    coords = _convert().coords(st)
+    offset = coords[-1] - coords[-2]
+    keep = offset <= diagonal if name == "tril" else offset >= diagonal
+    idx = coords[:, keep]
+    built = _convert().from_coords(idx, st.values[keep], st.shape, st.format)
+    return from_coordinates(built, idx, values_of(t)[keep])
+
+
+def tril(t: SparseTensor, diagonal: int = 0) -> SparseTensor:
+    return _triangle("tril", t, diagonal)
+
+
+def triu(t: SparseTensor, diagonal: int = 0) -> SparseTensor:
+    return _triangle("triu", t, diagonal)
+
+
+# --- registration -------------------------------------------------------------------------
+
+@register(torch.clamp, torch.Tensor.clamp, torch.clip, torch.Tensor.clip)
+def _clamp(x, min=None, max=None, *, out=None):
+    t = _sparse(x)
+    if t is None or out is not None or not (_number(min) and _number(max)) or (min is None and max is None):
+        return NotImplemented
+    return clamp(t, min, max)
+
+
+@register(torch.clamp_min, torch.Tensor.clamp_min)
+def _clamp_min(x, min, *, out=None):
+    return _clamp(x, min, None, out=out)
+
+
+@register(torch.clamp_max, torch.Tensor.clamp_max)
+def _clamp_max(x, max, *, out=None):
+    return _clamp(x, None, max, out=out)
+
+
+@register(torch.nan_to_num, torch.Tensor.nan_to_num)
+def _nan_to_num(x, nan=0.0, posinf=None, neginf=None, *, out=None):
+    t = _sparse(x)
+    if t is None or out is not None or not t.dtype.is_floating_point or nan != 0:
+        return NotImplemented          # nan=c != 0 leaves a stored NaN as c: still sparse, but rare
+    return nan_to_num(t, nan, posinf, neginf)
+
+
+def _special(op):
+    @register(op)
+    def handler(x, *, out=None):
+        t = _sparse(x)
+        if t is None or out is not None:
+            return NotImplemented
+        return from_values(t._storage, op(t._storage.values))   # False at 0: the pattern
+    return handler
+
+
+for _op in (torch.isnan, torch.isinf, torch.isposinf, torch.isneginf):
+    _special(_op)
+_special(torch.Tensor.isnan)
+_special(torch.Tensor.isinf)
+
+
+@register(torch.lerp, torch.Tensor.lerp)
+def _lerp(start, end, weight, *, out=None):
+    if out is not None or (_sparse(start) is None and _sparse(end) is None):
+        return NotImplemented
+    return lerp(as_scorch(start), as_scorch(end), as_scorch(weight))
+
+
+@register(torch.count_nonzero, torch.Tensor.count_nonzero)
+def _count_nonzero(x, dim=None):
+    t = _sparse(x)
+    return NotImplemented if t is None else count_nonzero(t, dim)
+
+
+@register(torch.any, torch.Tensor.any)
+def _any(x, *args, **kwargs):
+    t = _sparse(x)
+    if t is None or args or kwargs:
+        return NotImplemented          # along a dim: the fallback
+    return (t._storage.values != 0).any()
+
+
+@register(torch.all, torch.Tensor.all)
+def _all(x, *args, **kwargs):
+    t = _sparse(x)
+    if t is None or args or kwargs:
+        return NotImplemented
+    return torch.tensor(_all_stored_nonzero(t))
+
+
+def _extreme(name: str):
+    def handler(x, *args, **kwargs):
+        t = _sparse(x)
+        if t is None or args or kwargs:
+            return NotImplemented      # max(x, dim) gives indices too: the fallback
+        if _numel(t) == 0:
+            raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+                               f"Specify the reduction dim with the 'dim' argument.")
+        return (nonlinear.amax if name == "max" else nonlinear.amin)(t)
+    return handler
+
+
+register(torch.max, torch.Tensor.max)(_extreme("max"))
+register(torch.min, torch.Tensor.min)(_extreme("min"))
+
+
+@register(torch.linalg.vector_norm)
+def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
+    t = _sparse(x)
+    if t is None or out is not None or dtype is not None or not isinstance(ord, numbers.Real) \
+            or ord < 0:
+        return NotImplemented
+    return vector_norm(t, ord, dim, keepdim)
+
+
+@register(torch.norm, torch.Tensor.norm)
+def _norm(x, p="fro", dim=None, keepdim=False, out=None, dtype=None):
+    t = _sparse(x)
+    if t is None or out is not None or dtype is not None:
+        return NotImplemented
+    if p == "fro" or p is None:
+        p = 2
+    if not isinstance(p, numbers.Real) or p < 0:
+        return NotImplemented          # 'nuc', negative orders: the fallback
+    return vector_norm(t, p, dim, keepdim)
+
+
+@register(F.normalize)
+def _normalize(x, p=2.0, dim=1, eps=1e-12, out=None):
+    """``x / max(||x||_p along dim, eps)``: the norm through ``vector_norm``, the quotient
+    on ``x``'s pattern (a sparse tensor divided by a dense one)."""
+    t = _sparse(x)
+    if t is None or out is not None or not isinstance(p, numbers.Real) or p < 0:
+        return NotImplemented
+    return t / vector_norm(t, p, dim, keepdim=True).clamp_min(eps)
+
+
+@register(torch.tril, torch.Tensor.tril)
+def _tril(x, diagonal=0, *, out=None):
+    t = _sparse(x)
+    return NotImplemented if t is None or out is not None else tril(t, diagonal)
+
+
+@register(torch.triu, torch.Tensor.triu)
+def _triu(x, diagonal=0, *, out=None):
+    t = _sparse(x)
+    return NotImplemented if t is None or out is not None else triu(t, diagonal)
+
+
+@register(torch.narrow, torch.Tensor.narrow)
+def _narrow(x, dim, start, length):
+    t = _sparse(x)
+    if t is None or not all(isinstance(v, numbers.Integral) for v in (dim, start, length)):
+        return NotImplemented
+    d = dim % t.dim() if t.dim() else 0
+    s = start % t.shape[d] if start < 0 else start
+    if not 0 <= s <= t.shape[d] or length < 0 or s + length > t.shape[d]:
+        raise RuntimeError(f"narrow(): start ({start}) + length ({length}) exceeds dimension size "
+                           f"({t.shape[d]}) of dim {dim}")
+    return _shape.getitem(t, (slice(None),) * d + (slice(s, s + length),))
+
+
+@register(torch.diff, torch.Tensor.diff)
+def _diff(x, n=1, dim=-1, prepend=None, append=None, *, out=None):
+    """``x[1:] - x[:-1]`` along ``dim``, ``n`` times: slices and a sparse subtraction (the
+    union of the two shifted patterns), differentiable."""
+    t = _sparse(x)
+    if t is None or out is not None or prepend is not None or append is not None or t.dim() == 0:
+        return NotImplemented
+    d = dim % t.dim()
+    for _ in range(n):
+        if t.shape[d] == 0:
+            break
+        head = (slice(None),) * d
+        t = _shape.getitem(t, head + (slice(1, None),)) - _shape.getitem(t, head + (slice(None, -1),))
+    return t
+
+
+def _moment(root: bool):
+    def handler(x, dim=None, unbiased=None, keepdim=False, *, correction=None, out=None):
+        t = _sparse(x)
+        if t is None or out is not None or not t.dtype.is_floating_point:
+            return NotImplemented
+        dim, correction = _var_args(dim, unbiased, correction)
+        v = var(t, dim, correction, keepdim)
+        return v.sqrt() if root else v
+    return handler
+
+
+register(torch.var, torch.Tensor.var)(_moment(False))
+register(torch.std, torch.Tensor.std)(_moment(True))

@@ -1,0 +1,162 @@
+"""Products torch names that are einsums: ``outer``/``ger``, ``dot``/``inner``/``vdot``,
+``tensordot``, ``kron``, ``trace`` and ``diagonal``. Each is ONE ``scorch.einsum`` (so one
+generated kernel, differentiable, cost following the stored entries); ``kron`` adds the
+reshape that interleaves its index pairs. Without these, torch decomposes them into aten
+ops on our tensors (``outer`` into a broadcast ``mul``), which either densifies or refuses."""
+from __future__ import annotations
+
+import numbers
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+
+from .._dispatch import register
+from ..tensor_type import as_scorch, is_sparse_operand
+from .einsum import einsum
+
+__all__ = ["outer", "dot", "tensordot", "kron", "trace", "diagonal"]
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _involves_sparse(*xs) -> bool:
+    return any(is_sparse_operand(as_scorch(x)) for x in xs)
+
+
+def _rank(name: str, what: str, x, rank: int) -> None:
+    if x.dim() != rank:
+        raise RuntimeError(f"{name}: {what} must be {rank}-D, got a {x.dim()}-D tensor of shape "
+                           f"{tuple(x.shape)}")
+
+
+def outer(a, b) -> torch.Tensor:
+    a, b = as_scorch(a), as_scorch(b)
+    _rank("outer", "the first operand", a, 1)
+    _rank("outer", "the second operand", b, 1)
+    return einsum("i,j->ij", a, b)
+
+
+def dot(a, b, name: str = "dot") -> torch.Tensor:
+    a, b = as_scorch(a), as_scorch(b)
+    _rank(name, "the first operand", a, 1)
+    _rank(name, "the second operand", b, 1)
+    if a.shape[0] != b.shape[0]:
+        raise RuntimeError(f"{name}: inconsistent tensor size, expected the operands to have the "
+                           f"same number of elements, but got {a.shape[0]} and {b.shape[0]}")
+    return einsum("i,i->", a, b)
+
+
+def _tensordot_dims(a, b, dims) -> Tuple[Sequence[int], Sequence[int]]:
+    if isinstance(dims, numbers.Integral):
+        if not 0 <= dims <= min(a.dim(), b.dim()):
+            raise RuntimeError(f"tensordot: dims = {dims} out of range for operands of rank "
+                               f"{a.dim()} and {b.dim()}")
+        return list(range(a.dim() - dims, a.dim())), list(range(dims))
+    if isinstance(dims, torch.Tensor):
+        dims = dims.tolist()
+    da, db = dims
+    da = [da] if isinstance(da, numbers.Integral) else list(da)
+    db = [db] if isinstance(db, numbers.Integral) else list(db)
+    if len(da) != len(db):
+        raise RuntimeError(f"tensordot: both dimension lists must have the same length, got {da} and {db}")
+    return [d % a.dim() for d in da], [d % b.dim() for d in db]
+
+
+def tensordot(a, b, dims: Union[int, Sequence] = 2) -> torch.Tensor:
+    a, b = as_scorch(a), as_scorch(b)
+    da, db = _tensordot_dims(a, b, dims)
+    sa = list(_LETTERS[:a.dim()])
+    sb = list(_LETTERS[a.dim():a.dim() + b.dim()])
+    for x, y in zip(da, db):
+        if a.shape[x] != b.shape[y]:
+            raise RuntimeError(f"tensordot: contracted dimensions need the same size, got "
+                               f"{a.shape[x]} (dim {x} of the first) and {b.shape[y]} (dim {y} "
+                               f"of the second)")
+        sb[y] = sa[x]
+    out = [c for d, c in enumerate(sa) if d not in da] + [c for d, c in enumerate(sb) if d not in db]
+    return einsum(f"{''.join(sa)},{''.join(sb)}->{''.join(out)}", a, b)
+
+
+def kron(a, b) -> torch.Tensor:
+    """``out[i*p + k, j*q + l] = a[i, j] * b[k, l]`` (any rank; the lower-rank operand gets
+    leading size-1 dimensions, as torch): the einsum ``ij,kl->ikjl`` and a reshape that
+    merges each pair."""
+    a, b = as_scorch(a), as_scorch(b)
+    rank = max(a.dim(), b.dim())
+    if a.dim() < rank:
+        a = a.reshape((1,) * (rank - a.dim()) + tuple(a.shape))
+    if b.dim() < rank:
+        b = b.reshape((1,) * (rank - b.dim()) + tuple(b.shape))
+    sa, sb = _LETTERS[:rank], _LETTERS[rank:2 * rank]
+    pairs = "".join(x + y for x, y in zip(sa, sb))
+    r = einsum(f"{sa},{sb}->{pairs}", a, b)
+    return r.reshape(tuple(x * y for x, y in zip(a.shape, b.shape)))
+
+
+def trace(a) -> torch.Tensor:
+    a = as_scorch(a)
+    _rank("trace", "the operand", a, 2)
+    n = min(a.shape)
+    if a.shape[0] != a.shape[1]:
+        a = a[:n, :n]
+    return einsum("ii->", a)
+
+
+def diagonal(a, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Optional[torch.Tensor]:
+    """The main diagonal of a matrix (``einsum("ii->i")``); other offsets or dimensions are
+    left to the fallback (None)."""
+    a = as_scorch(a)
+    if a.dim() != 2 or offset != 0 or {dim1 % 2, dim2 % 2} != {0, 1}:
+        return None
+    n = min(a.shape)
+    if a.shape[0] != a.shape[1]:
+        a = a[:n, :n]
+    return einsum("ii->i", a)
+
+
+# --- registration -------------------------------------------------------------------------
+
+@register(torch.outer, torch.Tensor.outer, torch.ger, torch.Tensor.ger)
+def _outer(a, b, *, out=None):
+    if out is not None or not _involves_sparse(a, b):
+        return NotImplemented
+    return outer(a, b)
+
+
+@register(torch.dot, torch.Tensor.dot, torch.inner, torch.Tensor.inner, torch.vdot, torch.Tensor.vdot)
+def _dot(a, b, *, out=None):
+    if out is not None or not _involves_sparse(a, b):
+        return NotImplemented
+    a, b = as_scorch(a), as_scorch(b)
+    if a.dim() != 1 or b.dim() != 1 or a.dtype.is_complex or b.dtype.is_complex:
+        return NotImplemented          # inner of matrices, vdot's conjugate: the fallback
+    return dot(a, b)
+
+
+@register(torch.tensordot)
+def _tensordot(a, b, dims=2, out=None):
+    if out is not None or not _involves_sparse(a, b):
+        return NotImplemented
+    return tensordot(a, b, dims)
+
+
+@register(torch.kron)
+def _kron(a, b, *, out=None):
+    if out is not None or not _involves_sparse(a, b):
+        return NotImplemented
+    return kron(a, b)
+
+
+@register(torch.trace, torch.Tensor.trace)
+def _trace(a):
+    if not _involves_sparse(a):
+        return NotImplemented
+    return trace(a)
+
+
+@register(torch.diagonal, torch.Tensor.diagonal, torch.diag, torch.Tensor.diag)
+def _diagonal(a, offset=0, dim1=0, dim2=1):
+    if not _involves_sparse(a):
+        return NotImplemented
+    r = diagonal(a, offset, dim1, dim2)
+    return NotImplemented if r is None else r

@@ -1,0 +1,279 @@
+"""The products torch names that are einsums (outer, dot, tensordot, kron, trace, diagonal) and
+the ops composed of stored-value operations (clamp, nan_to_num, isnan/isinf, lerp,
+count_nonzero, any/all, max/min, norm, tril/triu, narrow), on sparse operands against dense
+torch, with gradients where torch has them. None of them may take the dense fallback: the
+tests fail on its warning."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import scorch
+from ops_helpers import DENSITIES, FLOATS, assert_matches, dense_of, dense_values
+
+F64 = torch.float64
+FORMATS = {1: ["c", "coo"], 2: ["csr", "csc", "coo", "dcsr"], 3: ["coo", "csf"]}
+
+
+@pytest.fixture(autouse=True)
+def no_dense_fallback():
+    """Every op here has a sparse path: the dense fallback's warning is an error."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*no sparse kernel.*")
+        yield
+
+
+def _sparse(d, fmt, requires_grad=False):
+    return scorch.sparse_tensor(d, format=fmt, requires_grad=requires_grad)
+
+
+def _stored(S) -> torch.Tensor:
+    mask = torch.zeros(S.shape, dtype=torch.bool)
+    if S.nnz:
+        mask[tuple(S.indices())] = True
+    return mask
+
+
+def _grad_matches(S, D):
+    """S's gradient equals the dense one at S's stored entries."""
+    assert isinstance(S.grad, scorch.SparseTensor) and S.grad.nnz == S.nnz
+    want = torch.where(_stored(S), D.grad, torch.zeros((), dtype=D.dtype))
+    torch.testing.assert_close(S.grad.to_dense(), want, rtol=1e-9, atol=1e-10)
+
+
+# --- products ------------------------------------------------------------------------------
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), m=st.integers(0, 6), n=st.integers(0, 6), fa=st.sampled_from(FORMATS[1]),
+       fb=st.sampled_from(FORMATS[1] + ["dense"]))
+def test_outer_and_dot_of_sparse_vectors(data, m, n, fa, fb):
+    a = data.draw(dense_values((m,)))
+    b = data.draw(dense_values((n,)))
+    A = _sparse(a, fa)
+    B = b if fb == "dense" else _sparse(b, fb)
+    assert_matches(torch.outer(A, B), torch.outer(a, b))
+    assert_matches(torch.ger(A, B), torch.outer(a, b))
+    c = data.draw(dense_values((m,)))
+    C = c if fb == "dense" else _sparse(c, fb)
+    assert_matches(A.dot(C), torch.dot(a, c))
+    assert_matches(torch.inner(A, C), torch.inner(a, c))
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data(), shape_a=st.sampled_from([(2, 3), (0, 2), (3, 1), (1, 4)]),
+       shape_b=st.sampled_from([(2, 2), (1, 3), (3,), (2, 1, 2)]), fmt=st.sampled_from(FORMATS[2]),
+       b_sparse=st.booleans())
+def test_kron_interleaves_the_index_pairs(data, shape_a, shape_b, fmt, b_sparse):
+    a = data.draw(dense_values(shape_a))
+    b = data.draw(dense_values(shape_b))
+    B = _sparse(b, FORMATS[len(shape_b)][0]) if b_sparse else b
+    assert_matches(torch.kron(_sparse(a, fmt), B), torch.kron(a, b))
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data(), dims=st.sampled_from([1, 2, ([0], [1]), ([2, 1], [0, 1]), 0]),
+       fmt=st.sampled_from(FORMATS[3]), dtype=st.sampled_from(FLOATS))
+def test_tensordot_contracts_the_named_dimensions(data, dims, fmt, dtype):
+    x = data.draw(dense_values((3, 4, 2), dtype))
+    if dims == 1:
+        y = torch.rand(2, 3, dtype=dtype)
+    elif dims == 2:
+        y = torch.rand(4, 2, 3, dtype=dtype)
+    elif dims == 0:
+        y = torch.rand(2, dtype=dtype)
+    elif dims == ([0], [1]):
+        y = torch.rand(2, 3, dtype=dtype)
+    else:
+        y = torch.rand(2, 4, 5, dtype=dtype)
+    assert_matches(torch.tensordot(_sparse(x, fmt), y, dims=dims), torch.tensordot(x, y, dims=dims))
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data(), m=st.integers(1, 6), n=st.integers(1, 6), fmt=st.sampled_from(FORMATS[2]))
+def test_trace_and_diagonal(data, m, n, fmt):
+    x = data.draw(dense_values((m, n)))
+    X = _sparse(x, fmt)
+    assert_matches(torch.trace(X), torch.trace(x))
+    assert_matches(dense_of(torch.diagonal(X)), torch.diagonal(x))
+    assert_matches(dense_of(X.diag()), x.diag())
+
+
+def test_product_gradients_match_dense():
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(5, dtype=F64, generator=g) * (torch.rand(5, generator=g) < 0.6)
+    b = torch.rand(4, dtype=F64, generator=g)
+    A, D = _sparse(a, "c", True), a.clone().requires_grad_()
+    (torch.outer(A, b).to_dense() * torch.arange(20.).reshape(5, 4)).sum().backward()
+    (torch.outer(D, b) * torch.arange(20.).reshape(5, 4)).sum().backward()
+    _grad_matches(A, D)
+    m = torch.rand(3, 3, dtype=F64, generator=g) * (torch.rand(3, 3, generator=g) < 0.6)
+    M, Dm = _sparse(m, "csr", True), m.clone().requires_grad_()
+    (dense_of(torch.kron(M, torch.eye(2, dtype=F64))) * torch.arange(36.).reshape(6, 6)).sum().backward()
+    (torch.kron(Dm, torch.eye(2, dtype=F64)) * torch.arange(36.).reshape(6, 6)).sum().backward()
+    _grad_matches(M, Dm)
+
+
+# --- stored-value ops -----------------------------------------------------------------------
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), shape=st.sampled_from([(4, 5), (0, 3), (3,), (2, 3, 2)]),
+       bounds=st.sampled_from([(-0.3, 0.4), (None, 0.2), (-0.1, None), (0.2, 0.5), (None, -0.2), (0, 0)]),
+       dtype=st.sampled_from(FLOATS))
+def test_clamp_keeps_the_pattern_only_where_it_keeps_zero(data, shape, bounds, dtype):
+    x = data.draw(dense_values(shape, dtype))
+    X = _sparse(x, data.draw(st.sampled_from(FORMATS[len(shape)])))
+    lo, hi = bounds
+    keeps_zero = (lo is None or lo <= 0) and (hi is None or hi >= 0)
+    assert_matches(torch.clamp(X, lo, hi), torch.clamp(x, lo, hi), sparse=keeps_zero)
+    assert_matches(X.clip(lo, hi), x.clip(lo, hi), sparse=keeps_zero)
+
+
+def test_clamp_nan_to_num_and_lerp_gradients():
+    g = torch.Generator().manual_seed(1)
+    x = (torch.rand(4, 5, dtype=F64, generator=g) - 0.5) * (torch.rand(4, 5, generator=g) < 0.5)
+    y = (torch.rand(4, 5, dtype=F64, generator=g) - 0.5) * (torch.rand(4, 5, generator=g) < 0.5)
+    w = torch.rand(4, 5, dtype=F64, generator=g)
+    for op in (lambda t: torch.clamp(t, -0.2, 0.3), lambda t: torch.clamp(t, min=0.1),
+               lambda t: torch.nan_to_num(t), lambda t: torch.lerp(t, y, 0.3),
+               lambda t: torch.lerp(t, _sparse(y, "csr"), 0.7),
+               lambda t: torch.tril(t, 1), lambda t: torch.triu(t, -1)):
+        X, D = _sparse(x, "csr", True), x.clone().requires_grad_()
+        out, ref = dense_of(op(X)), op(D)
+        torch.testing.assert_close(out, ref)
+        (out * w).sum().backward()
+        (ref * w).sum().backward()
+        _grad_matches(X, D)
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data(), fmt=st.sampled_from(FORMATS[2]))
+def test_nan_to_num_isnan_isinf_on_stored_specials(data, fmt):
+    x = data.draw(dense_values((4, 5)))
+    x[0, 0], x[1, 2], x[3, 4] = float("nan"), float("inf"), float("-inf")
+    X = _sparse(x, fmt)
+    assert_matches(torch.nan_to_num(X), torch.nan_to_num(x), sparse=True)
+    assert_matches(torch.nan_to_num(X, posinf=9.0, neginf=-9.0), torch.nan_to_num(x, posinf=9.0, neginf=-9.0))
+    for op in (torch.isnan, torch.isinf, torch.isposinf, torch.isneginf):
+        assert_matches(op(X), op(x), sparse=True)
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), shape=st.sampled_from([(4, 5), (0, 3), (3,), (2, 3, 2), (1, 1)]),
+       density=st.sampled_from(DENSITIES))
+def test_reductions_over_every_element_count_the_implicit_zeros(data, shape, density):
+    x = data.draw(dense_values(shape, F64, density))
+    X = _sparse(x, data.draw(st.sampled_from(FORMATS[len(shape)])))
+    assert_matches(torch.count_nonzero(X), torch.count_nonzero(x))
+    assert_matches(X.any(), x.any())
+    assert_matches(X.all(), x.all())
+    if x.numel():
+        assert_matches(X.max(), x.max())
+        assert_matches(torch.min(X), torch.min(x))
+    else:
+        with pytest.raises(RuntimeError, match="numel"):
+            X.max()
+    for ord in (2, 1, 3, math.inf, 0):
+        if ord == math.inf and not x.numel():
+            with pytest.raises(RuntimeError, match="empty"):
+                torch.linalg.vector_norm(X, ord)
+            continue
+        assert_matches(torch.linalg.vector_norm(X, ord), torch.linalg.vector_norm(x, ord))
+    assert_matches(X.norm(), x.norm())
+    if len(shape) >= 2:
+        assert_matches(torch.count_nonzero(X, dim=1), torch.count_nonzero(x, dim=1))
+        for ord in (2, 1, 0.5, math.inf):
+            if ord == math.inf and shape[1] == 0:
+                continue
+            assert_matches(torch.linalg.vector_norm(X, ord, dim=1), torch.linalg.vector_norm(x, ord, dim=1))
+        assert_matches(torch.norm(X, dim=0, keepdim=True), torch.norm(x, dim=0, keepdim=True))
+
+
+def test_norm_gradient_matches_dense():
+    g = torch.Generator().manual_seed(2)
+    x = (torch.rand(4, 5, dtype=F64, generator=g) - 0.5) * (torch.rand(4, 5, generator=g) < 0.5)
+    for op in (lambda t: t.norm(), lambda t: torch.linalg.vector_norm(t, 1),
+               lambda t: torch.linalg.vector_norm(t, 2, dim=1)):
+        X, D = _sparse(x, "csr", True), x.clone().requires_grad_()
+        (dense_of(op(X)) * 1.5).sum().backward()
+        (op(D) * 1.5).sum().backward()
+        _grad_matches(X, D)
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), shape=st.sampled_from([(4, 5), (5, 3), (0, 2), (2, 3, 4)]),
+       diagonal=st.integers(-3, 3))
+def test_tril_triu_filter_the_stored_entries(data, shape, diagonal):
+    x = data.draw(dense_values(shape))
+    fmt = data.draw(st.sampled_from(FORMATS[len(shape)]))
+    X = _sparse(x, fmt)
+    for op in (torch.tril, torch.triu):
+        r = op(X, diagonal)
+        assert_matches(r, op(x, diagonal), sparse=True)
+        assert r.format == X.format and r.nnz <= X.nnz     # the stored entries, filtered
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data(), shape=st.sampled_from([(4, 5), (3,), (2, 3, 4)]))
+def test_narrow_is_a_slice(data, shape):
+    x = data.draw(dense_values(shape))
+    X = _sparse(x, data.draw(st.sampled_from(FORMATS[len(shape)])))
+    dim = data.draw(st.integers(0, len(shape) - 1))
+    start = data.draw(st.integers(0, shape[dim]))
+    length = data.draw(st.integers(0, shape[dim] - start))
+    assert_matches(dense_of(X.narrow(dim, start, length)), x.narrow(dim, start, length))
+    with pytest.raises(RuntimeError, match="exceeds"):
+        X.narrow(dim, start, shape[dim] - start + 1)
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data(), shape=st.sampled_from([(4, 5), (3, 1), (2, 3, 2)]), p=st.sampled_from([2.0, 1.0, 3.0]),
+       dtype=st.sampled_from(FLOATS))
+def test_normalize_divides_by_the_norm_on_the_pattern(data, shape, p, dtype):
+    x = data.draw(dense_values(shape, dtype))
+    X = _sparse(x, data.draw(st.sampled_from(FORMATS[len(shape)])))
+    dim = data.draw(st.integers(-len(shape), len(shape) - 1))
+    assert_matches(torch.nn.functional.normalize(X, p=p, dim=dim), torch.nn.functional.normalize(x, p=p, dim=dim),
+                   sparse=True)
+    assert_matches(torch.clamp_min(X, -0.3), torch.clamp_min(x, -0.3), sparse=True)
+    assert_matches(X.clamp_max(0.3), x.clamp_max(0.3), sparse=True)
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data(), shape=st.sampled_from([(4, 5), (3,), (2, 3, 4), (0, 3)]), n=st.integers(1, 3))
+def test_diff_subtracts_shifted_slices(data, shape, n):
+    x = data.draw(dense_values(shape))
+    X = _sparse(x, data.draw(st.sampled_from(FORMATS[len(shape)])))
+    dim = data.draw(st.integers(-len(shape), len(shape) - 1))
+    assert_matches(dense_of(torch.diff(X, n=n, dim=dim)), torch.diff(x, n=n, dim=dim))
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), shape=st.sampled_from([(4, 5), (3,), (2, 3, 4), (0, 3), (1, 1)]),
+       correction=st.sampled_from([None, 0, 1, 2]), keepdim=st.booleans(), dtype=st.sampled_from(FLOATS))
+def test_var_and_std_count_the_implicit_zeros(data, shape, correction, keepdim, dtype):
+    x = data.draw(dense_values(shape, dtype))
+    X = _sparse(x, data.draw(st.sampled_from(FORMATS[len(shape)])))
+    dim = data.draw(st.sampled_from([None] + list(range(len(shape))) + ([(0, -1)] if len(shape) > 1 else [])))
+    kw = {} if correction is None else {"correction": correction}
+    for op in (torch.var, torch.std):
+        want = op(x, dim, keepdim=keepdim, **kw)
+        got = op(X, dim, keepdim=keepdim, **kw)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-4 if dtype == torch.float32 else 1e-9,
+                                   atol=1e-5 if dtype == torch.float32 else 1e-10)
+    if x.numel() > 1:
+        assert_matches(X.var(), x.var())
+    torch.testing.assert_close(X.std(False), x.std(False), equal_nan=True)
+
+
+def test_var_of_large_values_keeps_precision():
+    """Two passes: a large mean does not cancel the spread away."""
+    x = torch.full((3, 1000), 1e4, dtype=torch.float32)
+    x[:, ::3] = 0
+    x = x + torch.arange(1000, dtype=torch.float32) * 1e-2
+    X = _sparse(x, "csr")
+    torch.testing.assert_close(X.var(1), x.var(1), rtol=1e-4, atol=1e-2)
