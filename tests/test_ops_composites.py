@@ -251,6 +251,7 @@ def test_diff_subtracts_shifted_slices(data, shape, n):
     assert_matches(dense_of(torch.diff(X, n=n, dim=dim)), torch.diff(x, n=n, dim=dim))
 
 
+@pytest.mark.filterwarnings("ignore:.*degrees of freedom is <= 0")
 @settings(max_examples=30, deadline=None)
 @given(data=st.data(), shape=st.sampled_from([(4, 5), (3,), (2, 3, 4), (0, 3), (1, 1)]),
        correction=st.sampled_from([None, 0, 1, 2]), keepdim=st.booleans(), dtype=st.sampled_from(FLOATS))
@@ -277,3 +278,33 @@ def test_var_of_large_values_keeps_precision():
     x = x + torch.arange(1000, dtype=torch.float32) * 1e-2
     X = _sparse(x, "csr")
     torch.testing.assert_close(X.var(1), x.var(1), rtol=1e-4, atol=1e-2)
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), shape=st.sampled_from([(4, 5), (3,), (2, 3, 4), (0, 3)]))
+def test_flip_roll_repeat_move_the_coordinates(data, shape):
+    x = data.draw(dense_values(shape))
+    fmt = data.draw(st.sampled_from(FORMATS[len(shape)]))
+    X = _sparse(x, fmt)
+    rank = len(shape)
+    dims = data.draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank, unique=True))
+    shifts = data.draw(st.lists(st.integers(-7, 7), min_size=len(dims), max_size=len(dims)))
+    reps = data.draw(st.lists(st.integers(0, 3), min_size=rank, max_size=rank + 1))
+    for got, want in ((X.flip(dims), x.flip(dims)), (torch.roll(X, shifts, dims), torch.roll(x, shifts, dims)),
+                      (X.repeat(*reps), x.repeat(*reps))):
+        assert isinstance(got, scorch.SparseTensor)
+        assert got.dim() > rank or got.format.levels == X.format.levels   # new leading dims: COO
+        assert_matches(dense_of(got), want)
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), fmt=st.sampled_from(FORMATS[2]), other=st.sampled_from(["same", "scaled", "dense", "tiny"]))
+def test_equal_and_allclose(data, fmt, other):
+    x = data.draw(dense_values((4, 5)))
+    X = _sparse(x, fmt)
+    y = {"same": x, "scaled": x * 1.5, "dense": x, "tiny": x + 1e-12 * (x != 0)}[other]
+    Y = y if other == "dense" else _sparse(y, "csr")
+    assert torch.equal(X, Y) == torch.equal(x, y)
+    assert torch.allclose(X, Y) == torch.allclose(x, y)
+    assert X.allclose(Y, atol=0.0, rtol=0.0) == torch.allclose(x, y, atol=0.0, rtol=0.0)
+    assert torch.equal(X, _sparse(torch.zeros(4, 6), "csr")) is False

@@ -2,7 +2,7 @@
 ``clamp``/``clip``, ``nan_to_num``, ``isnan``/``isinf``, ``lerp``, ``count_nonzero``, ``any``/``all``,
 ``max``/``min`` over every element, ``vector_norm`` (``norm``, ``F.normalize``), ``tril``/``triu``,
 ``narrow`` (a slice), ``diff`` (slices and a subtraction), ``var``/``std`` (two passes over the
-stored values).
+stored values), ``flip``/``roll``/``repeat`` (coordinates moved), ``equal``/``allclose``.
 
 Where ``f(0) == 0`` (``clamp`` with ``min <= 0 <= max``, ``nan_to_num``, ``isnan``) the op
 runs on the values array and keeps the pattern; ``clamp`` that moves 0 is dense by nature
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from typing import Optional
 
 import torch
@@ -110,7 +111,8 @@ def vector_norm(t: SparseTensor, ord=2, dim=None, keepdim: bool = False) -> torc
     return s.sqrt() if ord == 2 else s.pow(1.0 / ord)
 
 
-def var(t: SparseTensor, dim=None, correction: float = 1, keepdim: bool = False) -> torch.Tensor:
+def var(t: SparseTensor, dim=None, correction: float = 1, keepdim: bool = False,
+        name: str = "var") -> torch.Tensor:
     """Two passes as torch's (no cancellation): the mean, then the squared deviations of the
     stored entries scattered into their fibers, plus ``mean^2`` for each implicit zero;
     O(stored entries) torch ops on the values, differentiable through them."""
@@ -119,6 +121,9 @@ def var(t: SparseTensor, dim=None, correction: float = 1, keepdim: bool = False)
     kept = [d for d in range(rank) if d not in dims]
     n = math.prod(t.shape[d] for d in dims)
     kept_shape = [t.shape[d] for d in kept]
+    if n - correction <= 0:
+        warnings.warn(f"{name}(): degrees of freedom is <= 0. Correction should be strictly less "
+                      f"than the reduction factor (input numel divided by output numel).")
     total = reductions.sum(t, dims)
     total = total.to_dense() if isinstance(total, SparseTensor) else total
     mean = (total / n).reshape(-1)
@@ -155,6 +160,51 @@ def _triangle(name: str, t: SparseTensor, diagonal: int) -> SparseTensor:
     idx = coords[:, keep]
     built = _convert().from_coords(idx, st.values[keep], st.shape, st.format)
     return from_coordinates(built, idx, values_of(t)[keep])
+
+
+def _moved(t: SparseTensor, coords: torch.Tensor, values: torch.Tensor, shape) -> SparseTensor:
+    """The entries ``values`` at new ``coords`` (unique), in ``t``'s format, differentiable
+    in ``values``: an O(nnz log nnz) rebuild, never a dense copy."""
+    fmt = t._storage.format
+    built = _convert().from_coords(coords, values.detach(), tuple(shape), fmt, sum_duplicates=False)
+    return from_coordinates(built, coords, values)
+
+
+def flip(t: SparseTensor, dims) -> SparseTensor:
+    dims = [dims] if isinstance(dims, numbers.Integral) else list(dims)
+    coords = _convert().coords(t._storage).clone()
+    for d in {d % t.dim() for d in dims}:
+        coords[d] = t.shape[d] - 1 - coords[d]
+    return _moved(t, coords, values_of(t), t.shape)
+
+
+def roll(t: SparseTensor, shifts, dims) -> SparseTensor:
+    shifts = [shifts] if isinstance(shifts, numbers.Integral) else list(shifts)
+    dims = [dims] if isinstance(dims, numbers.Integral) else list(dims)
+    coords = _convert().coords(t._storage).clone()
+    for s, d in zip(shifts, dims):
+        d = d % t.dim()
+        if t.shape[d]:
+            coords[d] = (coords[d] + s) % t.shape[d]
+    return _moved(t, coords, values_of(t), t.shape)
+
+
+def repeat(t: SparseTensor, sizes) -> SparseTensor:
+    """``t`` tiled ``sizes`` times (leading new dims as torch): each stored entry once per
+    tile, at its coordinates plus the tile's offset."""
+    sizes = list(sizes)
+    if len(sizes) > t.dim():
+        t = t.reshape((1,) * (len(sizes) - t.dim()) + tuple(t.shape))
+    coords = _convert().coords(t._storage)
+    shape = [n * r for n, r in zip(t.shape, sizes)]
+    tiles = math.prod(sizes)
+    nnz = coords.shape[1]
+    tile = torch.arange(tiles, dtype=torch.int64)
+    out = coords.repeat(1, tiles)
+    for d in range(len(sizes) - 1, -1, -1):           # the tile's index along each dim
+        out[d] += (tile % sizes[d]).repeat_interleave(nnz) * t.shape[d]
+        tile = tile // sizes[d]
+    return _moved(t, out, values_of(t).repeat(tiles), shape)
 
 
 def tril(t: SparseTensor, diagonal: int = 0) -> SparseTensor:
@@ -332,10 +382,67 @@ def _moment(root: bool):
         if t is None or out is not None or not t.dtype.is_floating_point:
             return NotImplemented
         dim, correction = _var_args(dim, unbiased, correction)
-        v = var(t, dim, correction, keepdim)
+        v = var(t, dim, correction, keepdim, "std" if root else "var")
         return v.sqrt() if root else v
     return handler
 
 
 register(torch.var, torch.Tensor.var)(_moment(False))
 register(torch.std, torch.Tensor.std)(_moment(True))
+
+
+@register(torch.flip, torch.Tensor.flip)
+def _flip(x, dims):
+    t = _sparse(x)
+    return NotImplemented if t is None or t.dim() == 0 else flip(t, dims)
+
+
+@register(torch.roll, torch.Tensor.roll)
+def _roll(x, shifts, dims=None):
+    t = _sparse(x)
+    if t is None or dims is None or t.dim() == 0:   # no dims: roll the flattened tensor
+        return NotImplemented
+    return roll(t, shifts, dims)
+
+
+@register(torch.Tensor.repeat)
+def _repeat(x, *sizes):
+    t = _sparse(x)
+    if t is None:
+        return NotImplemented
+    if len(sizes) == 1 and not isinstance(sizes[0], numbers.Integral):
+        sizes = tuple(sizes[0])
+    if len(sizes) < t.dim() or any(not isinstance(r, numbers.Integral) or r < 0 for r in sizes):
+        return NotImplemented          # torch's errors, from the fallback
+    return repeat(t, sizes)
+
+
+@register(torch.equal)
+def _equal(a, b):
+    """Same shape and every entry equal: the stored entries of ``a != b`` (the union of the
+    patterns with two sparse operands) hold no True."""
+    if _sparse(a) is None and _sparse(b) is None:
+        return NotImplemented
+    a, b = as_scorch(a), as_scorch(b)
+    if tuple(a.shape) != tuple(b.shape):
+        return False
+    ne = a != b
+    return not bool((ne._storage.values if isinstance(ne, SparseTensor) else ne).any())
+
+
+@register(torch.allclose, torch.Tensor.allclose)
+def _allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
+    """``|a - b| <= atol + rtol |b|`` everywhere: over the stored entries of the difference
+    (an unstored position of both is 0 == 0). Non-finite values (inf == inf counts as close)
+    and ``equal_nan`` go to the fallback."""
+    if _sparse(a) is None and _sparse(b) is None:
+        return NotImplemented
+    a, b = as_scorch(a), as_scorch(b)
+    vals = [x._storage.values if isinstance(x, SparseTensor) else x for x in (a, b)]
+    if equal_nan or not all(bool(torch.isfinite(v).all()) for v in vals if v.is_floating_point()):
+        return NotImplemented
+    torch.broadcast_shapes(tuple(a.shape), tuple(b.shape))
+    with torch.no_grad():
+        gap = (a - b).abs() - rtol * b.abs()
+    g = gap._storage.values if isinstance(gap, SparseTensor) else gap
+    return bool((g <= atol).all())
