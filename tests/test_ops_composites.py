@@ -308,3 +308,78 @@ def test_equal_and_allclose(data, fmt, other):
     assert torch.allclose(X, Y) == torch.allclose(x, y)
     assert X.allclose(Y, atol=0.0, rtol=0.0) == torch.allclose(x, y, atol=0.0, rtol=0.0)
     assert torch.equal(X, _sparse(torch.zeros(4, 6), "csr")) is False
+
+
+# --- torch.sparse's API on scorch tensors ---------------------------------------------------
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data(), m=st.integers(0, 6), n=st.integers(0, 6), k=st.integers(1, 4),
+       beta=st.sampled_from([0.0, 1.0, 0.5]), alpha=st.sampled_from([1.0, -2.0]))
+def test_sampled_addmm_is_an_sddmm_on_the_pattern(data, m, n, k, beta, alpha):
+    s = data.draw(dense_values((m, n)))
+    a, b = torch.rand(m, k, dtype=F64), torch.rand(k, n, dtype=F64)
+    S = _sparse(s, "csr")
+    r = torch.sparse.sampled_addmm(S, a, b, beta=beta, alpha=alpha)
+    assert isinstance(r, scorch.SparseTensor) and r.nnz == S.nnz and r.format == S.format
+    want = torch.where(s != 0, alpha * (a @ b) + beta * s, torch.zeros((), dtype=F64))
+    torch.testing.assert_close(r.to_dense(), want)
+
+
+def test_sampled_addmm_gradients_match_dense():
+    g = torch.Generator().manual_seed(3)
+    s = torch.rand(5, 6, dtype=F64, generator=g) * (torch.rand(5, 6, generator=g) < 0.5)
+    mask = (s != 0).to(F64)
+    a = torch.rand(5, 3, dtype=F64, generator=g, requires_grad=True)
+    b = torch.rand(3, 6, dtype=F64, generator=g, requires_grad=True)
+    S, D = _sparse(s, "csr", True), s.clone().requires_grad_()
+    r = torch.sparse.sampled_addmm(S, a, b, beta=0.5, alpha=2.0).to_dense()
+    w = torch.rand(5, 6, dtype=F64, generator=g)
+    (r * w).sum().backward()
+    ga, gb = a.grad.clone(), b.grad.clone()
+    a.grad = b.grad = None
+    ((mask * (2.0 * (a @ b)) + 0.5 * D) * w).sum().backward()
+    torch.testing.assert_close(ga, a.grad)
+    torch.testing.assert_close(gb, b.grad)
+    _grad_matches(S, D)
+
+
+@settings(max_examples=15, deadline=None)
+@given(data=st.data(), beta=st.sampled_from([0.0, 1.0, 2.0]), alpha=st.sampled_from([1.0, 3.0]))
+def test_addmv_baddbmm_and_sparse_addmm(data, beta, alpha):
+    s = data.draw(dense_values((4, 5)))
+    S = _sparse(s, data.draw(st.sampled_from(FORMATS[2])))
+    v, c, y = torch.rand(5, dtype=F64), torch.rand(4, dtype=F64), torch.rand(5, 2, dtype=F64)
+    assert_matches(torch.addmv(c, S, v, beta=beta, alpha=alpha), torch.addmv(c, s, v, beta=beta, alpha=alpha))
+    z = torch.rand(4, 2, dtype=F64)
+    assert_matches(torch.sparse.addmm(z, S, y, beta=beta, alpha=alpha), torch.addmm(z, s, y, beta=beta, alpha=alpha))
+    assert_matches(torch.baddbmm(z[None], S[None], y[None], beta=beta, alpha=alpha),
+                   torch.baddbmm(z[None], s[None], y[None], beta=beta, alpha=alpha))
+
+
+def test_layout_accessors_match_torch_and_name_the_format_otherwise():
+    g = torch.Generator().manual_seed(4)
+    s = torch.rand(5, 6, dtype=F64, generator=g) * (torch.rand(5, 6, generator=g) < 0.4)
+    S = _sparse(s, "coo")
+    csr, csc = S.to_sparse_csr(), S.to_sparse_csc()
+    assert isinstance(csr, scorch.SparseTensor) and csr.format == scorch.Format("dc")
+    assert torch.equal(csr.crow_indices().long(), s.to_sparse_csr().crow_indices())
+    assert torch.equal(csr.col_indices().long(), s.to_sparse_csr().col_indices())
+    assert torch.equal(csc.ccol_indices().long(), s.to_sparse_csc().ccol_indices())
+    assert torch.equal(csc.row_indices().long(), s.to_sparse_csc().row_indices())
+    assert csr.to_sparse().format == S.format and S.coalesce() is S and S.is_coalesced()
+    with pytest.raises(RuntimeError, match="expected a CSR tensor.*to_format"):
+        S.crow_indices()
+    with pytest.raises(RuntimeError, match="expected a CSC tensor"):
+        csr.ccol_indices()
+
+
+def test_sparse_mask_gathers_the_dense_values_differentiably():
+    g = torch.Generator().manual_seed(5)
+    s = torch.rand(5, 6, dtype=F64, generator=g) * (torch.rand(5, 6, generator=g) < 0.4)
+    S = _sparse(s, "csr")
+    x = torch.rand(5, 6, dtype=F64, generator=g, requires_grad=True)
+    m = x.sparse_mask(S)
+    assert isinstance(m, scorch.SparseTensor) and m.nnz == S.nnz
+    torch.testing.assert_close(m.to_dense(), x.detach() * (s != 0))
+    m.to_dense().sum().backward()
+    torch.testing.assert_close(x.grad, (s != 0).to(F64))

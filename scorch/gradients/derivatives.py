@@ -74,6 +74,29 @@ def _elu(x: Expr, p: Optional[float]) -> Expr:
     return Add(step, Mul(Sub(Scalar(1.0), step), Mul(Scalar(float(alpha)), Apply("exp", x))))
 
 
+def _selu(x: Expr, p: Optional[float]) -> Expr:
+    step = _step(x)
+    tail = Mul(Scalar(1.7580993408473766), Apply("exp", x))     # scale * alpha * exp(x)
+    return Add(Mul(Scalar(1.0507009873554805), step), Mul(Sub(Scalar(1.0), step), tail))
+
+
+def _celu(x: Expr, p: Optional[float]) -> Expr:
+    alpha = float(FUNCTIONS["celu"].param(p))
+    step = _step(x)
+    return Add(step, Mul(Sub(Scalar(1.0), step), Apply("exp", Mul(Scalar(1.0 / alpha), x))))
+
+
+def _mish(x: Expr, p: Optional[float]) -> Expr:
+    # tanh(sp) + x (1 - tanh(sp)^2) sigmoid(x), sp = softplus(x)
+    t = Apply("tanh", Apply("log1p", Apply("exp", x)))
+    return Add(t, Mul(Mul(x, Sub(Scalar(1.0), Apply("square", t))), Apply("sigmoid", x)))
+
+
+def _outside(x: Expr, p: Optional[float], name: str) -> Expr:
+    """1 where |x| > lambda, else 0 (the shrinks' backward)."""
+    return _step(Sub(Apply("abs", x), Scalar(float(FUNCTIONS[name].param(p)))))
+
+
 #: function name -> f'(x) as an expression of the argument ``x`` (None: f' == 0)
 DERIVATIVES: Dict[str, Rule] = {
     "abs": lambda x, p: Apply("sign", x),
@@ -99,6 +122,22 @@ DERIVATIVES: Dict[str, Rule] = {
     # 1 strictly inside (-1, 1), 0 at and beyond the bounds (torch's hardtanh_backward)
     "hardtanh": lambda x, p: _step(Sub(Scalar(1.0), Apply("abs", x))),
     "softsign": lambda x, p: _reciprocal_of(Add(Scalar(1.0), Apply("abs", x)), -2.0),
+    "relu6": lambda x, p: Mul(_step(x), _step(Sub(Scalar(6.0), x))),
+    "selu": _selu,
+    "celu": _celu,
+    "mish": _mish,
+    "tanhshrink": lambda x, p: Apply("square", Apply("tanh", x)),
+    "softshrink": lambda x, p: _outside(x, p, "softshrink"),
+    "hardshrink": lambda x, p: _outside(x, p, "hardshrink"),
+    "asin": lambda x, p: _reciprocal_of(Sub(Scalar(1.0), Apply("square", x)), -0.5),
+    "asinh": lambda x, p: _reciprocal_of(Add(Scalar(1.0), Apply("square", x)), -0.5),
+    "atanh": lambda x, p: _reciprocal_of(Sub(Scalar(1.0), Apply("square", x))),
+    "sinh": lambda x, p: Mul(Scalar(0.5), Add(Apply("exp", x), Apply("exp", Neg(x)))),
+    "tan": lambda x, p: Add(Scalar(1.0), Apply("square", Apply("tan", x))),
+    "deg2rad": lambda x, p: Scalar(0.017453292519943295),
+    "rad2deg": lambda x, p: Scalar(57.29577951308232),
+    "logsigmoid": lambda x, p: Apply("sigmoid", Neg(x)),
+    "softplus": lambda x, p: Apply("sigmoid", x),
     "floor": lambda x, p: None,
     "ceil": lambda x, p: None,
     "round": lambda x, p: None,

@@ -1,4 +1,6 @@
-"""torch's sparse accessors on a SparseTensor: ``values``, ``indices``, ``to_dense``, ``_nnz``;
+"""torch's sparse accessors on a SparseTensor: ``values``, ``indices``, ``to_dense``, ``_nnz``,
+torch's layout accessors (``crow_indices``, ``col_indices``, ``ccol_indices``, ``row_indices``,
+``coalesce``, ``to_sparse_csr``/``csc``/``coo``, ``sparse_mask``);
 and dtype casts (``to``, ``double``, ``float``, ...) of a sparse tensor that requires grad,
 whose gradient is the cast back of the stored values' gradient, on the same pattern."""
 from __future__ import annotations
@@ -8,6 +10,7 @@ from typing import Optional
 import torch
 
 from .._dispatch import register
+from ..formats import as_format
 from ..gradients.values import from_values, values_of
 from ..tensor_type import SparseTensor
 
@@ -30,6 +33,71 @@ def _to_dense(t, dtype=None, *, masked_grad=None):
 @register(torch.Tensor._nnz)
 def _nnz(t):
     return t.nnz if isinstance(t, SparseTensor) else NotImplemented
+
+
+# --- torch.sparse's layout accessors, for code written against torch's CSR/CSC/COO ---------
+
+def _compressed_arrays(t: SparseTensor, name: str, fmt: str, level: int):
+    """(pos, crd) of a 2-D tensor stored as ``fmt`` (csr / csc); anything else says which
+    format it is and how to get the layout asked for."""
+    if t.dim() != 2 or t.format != as_format(fmt, 2):
+        raise RuntimeError(f"{name}(): expected a {fmt.upper()} tensor, got a scorch tensor of "
+                           f"format {t.format!r} and shape {tuple(t.shape)}; convert it with "
+                           f".to_format('{fmt}') first")
+    lv = t._storage.levels[level]
+    return lv.pos, lv.crd
+
+
+def _accessor(name: str, fmt: str, which: int):
+    @register(getattr(torch.Tensor, name))
+    def handler(t):
+        if not isinstance(t, SparseTensor):
+            return NotImplemented
+        return _compressed_arrays(t, name, fmt, 1)[which]
+    return handler
+
+
+_accessor("crow_indices", "csr", 0)
+_accessor("col_indices", "csr", 1)
+_accessor("ccol_indices", "csc", 0)
+_accessor("row_indices", "csc", 1)
+
+
+@register(torch.Tensor.coalesce)
+def _coalesce(t):
+    """scorch tensors never hold duplicate coordinates: already coalesced."""
+    return t if isinstance(t, SparseTensor) else NotImplemented
+
+
+@register(torch.Tensor.is_coalesced)
+def _is_coalesced(t):
+    return True if isinstance(t, SparseTensor) else NotImplemented
+
+
+def _to_layout(fmt: str):
+    def handler(t, *args, **kwargs):
+        if not isinstance(t, SparseTensor) or args or kwargs:
+            return NotImplemented      # block sizes, dense_dim, layout=: the fallback
+        return t.to_format(fmt)        # stays a scorch tensor (differentiable)
+    return handler
+
+
+register(torch.Tensor.to_sparse_csr)(_to_layout("csr"))
+register(torch.Tensor.to_sparse_csc)(_to_layout("csc"))
+register(torch.Tensor.to_sparse, torch.Tensor.to_sparse_coo)(_to_layout("coo"))
+
+
+@register(torch.Tensor.sparse_mask)
+def _sparse_mask(x, mask):
+    """``x`` (dense) at ``mask``'s stored entries, on ``mask``'s pattern: a gather,
+    differentiable in ``x``."""
+    if not isinstance(mask, SparseTensor) or isinstance(x, SparseTensor):
+        return NotImplemented
+    if tuple(x.shape) != tuple(mask.shape):
+        raise RuntimeError(f"sparse_mask(): expected the dense tensor and the mask to have the same "
+                           f"shape, got {tuple(x.shape)} and {tuple(mask.shape)}")
+    coords = mask.indices()
+    return from_values(mask._storage, x[tuple(coords)] if coords.shape[1] else x.new_zeros(0))
 
 
 # --- casts that autograd records ---------------------------------------------------------

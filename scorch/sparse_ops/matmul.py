@@ -474,11 +474,67 @@ def _bmm(a, b, **kwargs):
     return bmm(a, b)
 
 
-@register(torch.addmm, torch.Tensor.addmm)
+@register(torch.addmm, torch.Tensor.addmm, torch.sparse.addmm)
 @_sparse_only
 def _addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
     _no_out("addmm", {"out": out})
     return addmm(input, mat1, mat2, beta=beta, alpha=alpha)
+
+
+def _scaled_sum(name: str, input, product, beta, alpha):
+    """``beta * input + alpha * product`` (``input`` ignored when beta is 0, as torch)."""
+    prod = product if alpha == 1 else elementwise.mul(product, alpha)
+    if beta == 0:
+        torch.broadcast_shapes(_shape(input), _shape(prod))
+        return prod
+    return elementwise.add(input if beta == 1 else elementwise.mul(input, beta), prod)
+
+
+@register(torch.addmv, torch.Tensor.addmv)
+@_sparse_only
+def _addmv(input, mat, vec, *, beta=1, alpha=1, out=None):
+    _no_out("addmv", {"out": out})
+    return _scaled_sum("addmv", input, mv(mat, vec), beta, alpha)
+
+
+@register(torch.baddbmm, torch.Tensor.baddbmm)
+@_sparse_only
+def _baddbmm(input, batch1, batch2, *, beta=1, alpha=1, out=None):
+    _no_out("baddbmm", {"out": out})
+    return _scaled_sum("baddbmm", input, bmm(batch1, batch2), beta, alpha)
+
+
+def sampled_addmm(input: SparseTensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta=1,
+                  alpha=1) -> SparseTensor:
+    """torch.sparse.sampled_addmm: ``alpha * (mat1 @ mat2)`` at ``input``'s stored entries plus
+    ``beta * input``: ONE SDDMM einsum on the pattern (``"ij,ik,kj->ij"`` with the pattern's
+    ones), never the dense product. The result keeps ``input``'s pattern."""
+    _check_rank("sampled_addmm", "input", input, 2)
+    _check_rank("sampled_addmm", "mat1", mat1, 2)
+    _check_rank("sampled_addmm", "mat2", mat2, 2)
+    _check_inner("sampled_addmm", mat1, mat2, 1, 0)
+    if (mat1.shape[0], mat2.shape[1]) != tuple(input.shape):
+        raise RuntimeError(f"sampled_addmm: input of shape {tuple(input.shape)} does not match the "
+                           f"product's shape {(mat1.shape[0], mat2.shape[1])}")
+    P = input._storage
+    ones = SparseTensor(_pattern.pattern_ones(P, torch.promote_types(mat1.dtype, mat2.dtype)))
+    prod = _einsum_entry.einsum("ij,ik,kj->ij", ones, mat1, mat2)
+    vals = values_of(prod)
+    if not prod._storage.shares_pattern(P):
+        vals = _pattern.values_on_pattern(P, prod._storage, vals)
+    out = vals * alpha if alpha != 1 else vals
+    if beta != 0:
+        out = out + beta * values_of(input).to(out.dtype)
+    return from_values(input._storage, out)
+
+
+@register(torch.sparse.sampled_addmm)
+def _sampled_addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
+    input = tensor_type.as_scorch(input)
+    if not isinstance(input, SparseTensor) or out is not None:
+        return NotImplemented
+    return sampled_addmm(input, tensor_type.as_scorch(mat1), tensor_type.as_scorch(mat2), beta=beta,
+                         alpha=alpha)
 
 
 @register(torch.nn.functional.linear)

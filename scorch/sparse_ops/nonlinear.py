@@ -7,8 +7,10 @@ Every op is one or a few generated kernels; none densifies a sparse operand. Eac
 differentiable in the stored values (``scorch.gradients``: the derivative table for the
 functions, ``fiber_ops`` for softmax and amax/amin). A function that
 keeps 0 at 0 (relu, abs, sqrt, sin, tanh, sign, square, pow with a positive exponent, expm1,
-log1p, erf, atan, the activations gelu, silu, leaky_relu, elu, hardtanh and softsign, and the
-roundings floor, ceil, round, trunc, frac) gives a sparse result on the operand's pattern; one that maps 0 elsewhere (exp, cos, sigmoid, log)
+log1p, erf, atan, asin, asinh, atanh, sinh, tan, deg2rad, rad2deg, the activations gelu, silu,
+leaky_relu, elu, selu, celu, relu6, mish, hardtanh, softsign, tanhshrink, softshrink and
+hardshrink, and the roundings floor, ceil, round, trunc, frac) gives a sparse result on the
+operand's pattern; logsigmoid and softplus, like exp, are dense by nature; one that maps 0 elsewhere (exp, cos, sigmoid, log)
 gives a dense result, dense by nature (subject to the dense-size limit of ``_dispatch``).
 """
 from __future__ import annotations
@@ -34,7 +36,9 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 #: functions whose result is a float even for integer inputs (torch promotes them)
 _FLOATING = {"sqrt", "sin", "tanh", "exp", "cos", "sigmoid", "log", "expm1", "log1p", "erf", "atan",
-             "gelu", "silu", "leaky_relu", "elu", "hardtanh", "softsign"}
+             "gelu", "silu", "leaky_relu", "elu", "hardtanh", "softsign", "relu6", "selu", "celu",
+             "mish", "tanhshrink", "softshrink", "hardshrink", "asin", "asinh", "atanh", "sinh", "tan",
+             "deg2rad", "rad2deg", "logsigmoid", "softplus"}
 
 
 def _tc():
@@ -171,8 +175,9 @@ def _unary(fn: str, *torch_functions, **params):
     @register(*torch_functions)
     def handler(x, *args, **kwargs):
         t = _sparse(x)
-        if t is None or args or kwargs.get("out") is not None or kwargs.get("inplace"):
+        if t is None or len(args) > len(params) or kwargs.get("out") is not None or kwargs.get("inplace"):
             return NotImplemented
+        kwargs = {**dict(zip(params, args)), **kwargs}      # positional parameters, in order
         p = None
         for name, value in kwargs.items():
             if name in ("out", "inplace"):
@@ -211,8 +216,19 @@ for _fn, _torch_fns in {
         "floor": (torch.floor, torch.Tensor.floor),
         "ceil": (torch.ceil, torch.Tensor.ceil),
         "trunc": (torch.trunc, torch.Tensor.trunc, torch.fix, torch.Tensor.fix),
-        "frac": (torch.frac, torch.Tensor.frac)}.items():
+        "frac": (torch.frac, torch.Tensor.frac),
+        "relu6": (F.relu6,), "selu": (F.selu, torch.selu), "mish": (F.mish,),
+        "tanhshrink": (F.tanhshrink,), "logsigmoid": (F.logsigmoid,),
+        "asin": (torch.asin, torch.Tensor.asin, torch.arcsin, torch.Tensor.arcsin),
+        "asinh": (torch.asinh, torch.Tensor.asinh, torch.arcsinh, torch.Tensor.arcsinh),
+        "atanh": (torch.atanh, torch.Tensor.atanh, torch.arctanh, torch.Tensor.arctanh),
+        "sinh": (torch.sinh, torch.Tensor.sinh), "tan": (torch.tan, torch.Tensor.tan),
+        "deg2rad": (torch.deg2rad, torch.Tensor.deg2rad), "rad2deg": (torch.rad2deg, torch.Tensor.rad2deg)}.items():
     _unary(_fn, *_torch_fns)
+_unary("celu", F.celu, torch.celu, alpha=(1.0, True))
+_unary("softshrink", F.softshrink, lambd=(0.5, True))
+_unary("hardshrink", F.hardshrink, torch.hardshrink, torch.Tensor.hardshrink, lambd=(0.5, True))
+_unary("softplus", F.softplus, beta=(1.0, False), threshold=(20.0, False))
 _unary("gelu", F.gelu, approximate=("none", False))
 _unary("leaky_relu", F.leaky_relu, negative_slope=(0.01, True))
 _unary("elu", F.elu, alpha=(1.0, True))

@@ -62,6 +62,24 @@ _TABLE = [
              torch_op=F.elu, default=1.0),
     Function("hardtanh", "(-1 if {x} < -1 else (1 if {x} > 1 else {x}))", True, torch_op=F.hardtanh),
     Function("softsign", "(({x}) / (1 + ({x} if {x} >= 0 else -({x}))))", True, torch_op=F.softsign),
+    Function("relu6", "(0 if {x} <= 0 else (6 if {x} >= 6 else {x}))", True, torch_op=F.relu6),
+    Function("selu", "(1.0507009873554805 * ({x} if {x} > 0 else 1.6732632423543772 * expm1({x})))",
+             True, ("expm1",), torch_op=F.selu),
+    Function("celu", "({x} if {x} > 0 else {p} * expm1(({x}) / {p}))", True, ("expm1",),
+             parameter=True, torch_op=F.celu, default=1.0),
+    Function("mish", "(({x}) * tanh(log1p(exp({x}))))", True, ("tanh", "log1p", "exp"), torch_op=F.mish),
+    Function("tanhshrink", "(({x}) - tanh({x}))", True, ("tanh",), torch_op=F.tanhshrink),
+    Function("softshrink", "((({x}) - {p}) if {x} > {p} else ((({x}) + {p}) if {x} < -{p} else 0))", True,
+             parameter=True, torch_op=F.softshrink, default=0.5),
+    Function("hardshrink", "(0 if ({x} >= -{p}) & ({x} <= {p}) else {x})", True, parameter=True,
+             torch_op=F.hardshrink, default=0.5),
+    Function("asin", "asin({x})", True, ("asin",), torch_op=torch.asin),
+    Function("asinh", "asinh({x})", True, ("asinh",), torch_op=torch.asinh),
+    Function("atanh", "atanh({x})", True, ("atanh",), torch_op=torch.atanh),
+    Function("sinh", "sinh({x})", True, ("sinh",), torch_op=torch.sinh),
+    Function("tan", "tan({x})", True, ("tan",), torch_op=torch.tan),
+    Function("deg2rad", "(({x}) * 0.017453292519943295)", True, torch_op=torch.deg2rad),
+    Function("rad2deg", "(({x}) * 57.29577951308232)", True, torch_op=torch.rad2deg),
     # rounding (round: half to even, as torch; C's round() goes away from zero)
     Function("floor", "floor({x})", True, ("floor",), torch_op=torch.floor),
     Function("ceil", "ceil({x})", True, ("ceil",), torch_op=torch.ceil),
@@ -73,6 +91,11 @@ _TABLE = [
     Function("cos", "cos({x})", False, ("cos",), torch_op=torch.cos),
     Function("sigmoid", "(1 / (1 + exp(-({x}))))", False, ("exp",), torch_op=torch.sigmoid),
     Function("log", "log({x})", False, ("log",), torch_op=torch.log),
+    # log(sigmoid(x)) without overflow, as torch: min(x, 0) - log1p(exp(-|x|))
+    Function("logsigmoid", "(({x} if {x} < 0 else 0) - log1p(exp(-({x} if {x} >= 0 else -({x})))))",
+             False, ("log1p", "exp"), torch_op=F.logsigmoid),
+    Function("softplus", "({x} if {x} > 20 else log1p(exp({x})))", False, ("log1p", "exp"),
+             torch_op=F.softplus),
 ]
 
 FUNCTIONS: Dict[str, Function] = {f.name: f for f in _TABLE}
