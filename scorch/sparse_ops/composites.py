@@ -426,15 +426,18 @@ def _equal(a, b):
     a, b = as_scorch(a), as_scorch(b)
     if tuple(a.shape) != tuple(b.shape):
         return False
+    if _sparse(a) is None or _sparse(b) is None:   # every position of the dense one counts
+        return torch.equal(*(x.to_dense() if isinstance(x, SparseTensor) else x for x in (a, b)))
     ne = a != b
     return not bool((ne._storage.values if isinstance(ne, SparseTensor) else ne).any())
 
 
 @register(torch.allclose, torch.Tensor.allclose)
 def _allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
-    """``|a - b| <= atol + rtol |b|`` everywhere: over the stored entries of the difference
-    (an unstored position of both is 0 == 0). Non-finite values (inf == inf counts as close)
-    and ``equal_nan`` go to the fallback."""
+    """``|a - b| <= atol + rtol |b|`` everywhere: for two sparse operands over the stored
+    entries of the difference (an unstored position of both is 0 == 0); with a dense operand
+    on the dense forms (every position counts). Non-finite values (inf == inf counts as
+    close) and ``equal_nan`` go to the fallback."""
     if _sparse(a) is None and _sparse(b) is None:
         return NotImplemented
     a, b = as_scorch(a), as_scorch(b)
@@ -442,6 +445,9 @@ def _allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
     if equal_nan or not all(bool(torch.isfinite(v).all()) for v in vals if v.is_floating_point()):
         return NotImplemented
     torch.broadcast_shapes(tuple(a.shape), tuple(b.shape))
+    if _sparse(a) is None or _sparse(b) is None:   # dense by nature: compare the dense forms
+        return torch.allclose(*(x.detach().to_dense() if isinstance(x, SparseTensor) else x
+                                for x in (a, b)), rtol=rtol, atol=atol)
     with torch.no_grad():
         gap = (a - b).abs() - rtol * b.abs()
     g = gap._storage.values if isinstance(gap, SparseTensor) else gap
