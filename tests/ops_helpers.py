@@ -6,6 +6,7 @@ format: any level kinds, any mode order."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from hypothesis import strategies as st
 
 import scorch
@@ -17,6 +18,19 @@ KERNEL_FORMATS = {
     3: ["coo", "csf"],
 }
 FLOATS = [torch.float32, torch.float64]
+#: dense torch's function for each elementwise function of scorch's table (the oracle)
+TORCH_FUNCTIONS = {"abs": torch.abs, "relu": torch.relu, "sqrt": torch.sqrt, "sin": torch.sin,
+                   "tanh": torch.tanh, "sign": torch.sign, "square": torch.square, "expm1": torch.expm1,
+                   "log1p": torch.log1p, "erf": torch.erf, "atan": torch.atan, "gelu": F.gelu, "silu": F.silu,
+                   "leaky_relu": F.leaky_relu, "elu": F.elu, "hardtanh": F.hardtanh, "softsign": F.softsign,
+                   "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "trunc": torch.trunc,
+                   "frac": torch.frac, "relu6": F.relu6, "selu": F.selu, "celu": F.celu, "mish": F.mish,
+                   "tanhshrink": F.tanhshrink, "softshrink": F.softshrink, "hardshrink": F.hardshrink,
+                   "asin": torch.asin, "asinh": torch.asinh, "atanh": torch.atanh, "sinh": torch.sinh,
+                   "tan": torch.tan, "deg2rad": torch.deg2rad, "rad2deg": torch.rad2deg,
+                   "exp": torch.exp, "cos": torch.cos, "sigmoid": torch.sigmoid, "log": torch.log,
+                   "logsigmoid": F.logsigmoid, "softplus": F.softplus}
+
 DENSITIES = [0.0, 0.3, 1.0]   # empty, sparse, full
 
 

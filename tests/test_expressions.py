@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 import scorch
@@ -13,18 +12,9 @@ from scorch.tensor_compiler import Access, Assignment, compute
 from scorch.tensor_compiler.functions import FUNCTIONS
 from scorch.tensor_compiler.index_notation import Apply, Div
 from scorch.tensor_type import SparseTensor
+from ops_helpers import TORCH_FUNCTIONS
 
-TORCH = {"abs": torch.abs, "relu": torch.relu, "sqrt": torch.sqrt, "sin": torch.sin,
-         "tanh": torch.tanh, "sign": torch.sign, "square": torch.square, "expm1": torch.expm1,
-         "log1p": torch.log1p, "erf": torch.erf, "atan": torch.atan, "gelu": F.gelu, "silu": F.silu,
-         "leaky_relu": F.leaky_relu, "elu": F.elu, "hardtanh": F.hardtanh, "softsign": F.softsign,
-         "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "trunc": torch.trunc,
-         "frac": torch.frac, "relu6": F.relu6, "selu": F.selu, "celu": F.celu, "mish": F.mish,
-         "tanhshrink": F.tanhshrink, "softshrink": F.softshrink, "hardshrink": F.hardshrink,
-         "asin": torch.asin, "asinh": torch.asinh, "atanh": torch.atanh, "sinh": torch.sinh,
-         "tan": torch.tan, "deg2rad": torch.deg2rad, "rad2deg": torch.rad2deg,
-         "exp": torch.exp, "cos": torch.cos, "sigmoid": torch.sigmoid, "log": torch.log,
-         "logsigmoid": F.logsigmoid, "softplus": F.softplus}
+TORCH = TORCH_FUNCTIONS
 A, B, C = Access(0, "ij"), Access(1, "ij"), Access(2, "ij")
 
 

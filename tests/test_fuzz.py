@@ -30,12 +30,12 @@ from typing import Optional, Tuple
 
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import HealthCheck, assume, given, seed, settings, strategies as st
 
 import scorch
 import scorch.tensor_compiler as C
 from compiler_helpers import check_storage, dense, sparse
+from ops_helpers import TORCH_FUNCTIONS
 from scorch.formats import Format
 from scorch.level_storage import Storage
 from scorch.tensor_compiler.functions import FUNCTIONS
@@ -347,16 +347,7 @@ LONG_FLOAT_FUNCTIONS = ("expm1", "log1p", "erf", "atan", "gelu", "silu", "leaky_
                         "sinh", "deg2rad", "logsigmoid", "softplus")
 if LONG:
     FLOAT_FUNCTIONS += LONG_FLOAT_FUNCTIONS
-DENSE_FN = {"abs": torch.abs, "relu": torch.relu, "sqrt": torch.sqrt, "sin": torch.sin,
-            "tanh": torch.tanh, "sign": torch.sign, "square": torch.square, "exp": torch.exp,
-            "cos": torch.cos, "sigmoid": torch.sigmoid, "log": torch.log, "expm1": torch.expm1,
-            "log1p": torch.log1p, "erf": torch.erf, "atan": torch.atan, "gelu": F.gelu, "silu": F.silu,
-            "leaky_relu": F.leaky_relu, "elu": F.elu, "hardtanh": F.hardtanh, "softsign": F.softsign,
-            "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "trunc": torch.trunc,
-            "frac": torch.frac, "relu6": F.relu6, "selu": F.selu, "celu": F.celu, "mish": F.mish,
-            "tanhshrink": F.tanhshrink, "softshrink": F.softshrink, "hardshrink": F.hardshrink,
-            "asinh": torch.asinh, "sinh": torch.sinh, "deg2rad": torch.deg2rad,
-            "logsigmoid": F.logsigmoid, "softplus": F.softplus}
+DENSE_FN = TORCH_FUNCTIONS
 
 
 @dataclass(frozen=True)

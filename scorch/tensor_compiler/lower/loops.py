@@ -623,7 +623,7 @@ def _stream_point(n: Nest, lp: LoopLevels, st: Cursor, new: Cursor,
     """A merge point of several streams (each at a match, or a single iterator's entry):
     the smallest coordinate as in ``_point``, one found flag per stream (its iterators'
     presence), the body where the formula holds, each found stream stepped on."""
-    f, d = n.facts, n.decls
+    d = n.decls
     cv = cvar(lp.var)
     body: List[Stmt] = []
     heads = []
