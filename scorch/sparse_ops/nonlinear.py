@@ -10,7 +10,7 @@ keeps 0 at 0 (relu, abs, sqrt, sin, tanh, sign, square, pow with a positive expo
 log1p, erf, atan, asin, asinh, atanh, sinh, tan, deg2rad, rad2deg, the activations gelu, silu,
 leaky_relu, elu, selu, celu, relu6, mish, hardtanh, softsign, tanhshrink, softshrink and
 hardshrink, and the roundings floor, ceil, round, trunc, frac) gives a sparse result on the
-operand's pattern; logsigmoid and softplus, like exp, are dense by nature; one that maps 0 elsewhere (exp, cos, sigmoid, log)
+operand's pattern; one that maps 0 elsewhere (exp, cos, sigmoid, log, logsigmoid, softplus)
 gives a dense result, dense by nature (subject to the dense-size limit of ``_dispatch``).
 """
 from __future__ import annotations
@@ -35,10 +35,11 @@ __all__ = ["apply", "amax", "amin", "softmax", "log_softmax"]
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 #: functions whose result is a float even for integer inputs (torch promotes them)
+#: (relu6 and hardtanh keep integers, as torch's)
 _FLOATING = {"sqrt", "sin", "tanh", "exp", "cos", "sigmoid", "log", "expm1", "log1p", "erf", "atan",
-             "gelu", "silu", "leaky_relu", "elu", "hardtanh", "softsign", "relu6", "selu", "celu",
-             "mish", "tanhshrink", "softshrink", "hardshrink", "asin", "asinh", "atanh", "sinh", "tan",
-             "deg2rad", "rad2deg", "logsigmoid", "softplus"}
+             "gelu", "silu", "leaky_relu", "elu", "softsign", "selu", "celu", "mish", "tanhshrink",
+             "softshrink", "hardshrink", "asin", "asinh", "atanh", "sinh", "tan", "deg2rad",
+             "rad2deg", "logsigmoid", "softplus"}
 
 
 def _tc():
@@ -169,13 +170,15 @@ def _sparse(x) -> Optional[SparseTensor]:
 
 
 def _unary(fn: str, *torch_functions, **params):
-    """Register ``fn`` for ``torch_functions``; ``params``: the keyword arguments it reads
-    (name -> (default, the table's parameter or None: only the default is supported)).
-    Anything else (``out=``, ``inplace=True``, an unsupported value) goes to the fallback."""
+    """Register ``fn`` for ``torch_functions``; ``params``: the arguments after the input,
+    in torch's order, as name -> (default, free). A free one becomes the kernel's parameter
+    (leaky_relu's slope); of the others only the default is supported. Anything else
+    (``out=``, ``inplace=True``, another value) goes to the fallback."""
     @register(*torch_functions)
     def handler(x, *args, **kwargs):
         t = _sparse(x)
-        if t is None or len(args) > len(params) or kwargs.get("out") is not None or kwargs.get("inplace"):
+        if (t is None or len(args) > len(params) or kwargs.get("out") is not None
+                or kwargs.get("inplace")):
             return NotImplemented
         kwargs = {**dict(zip(params, args)), **kwargs}      # positional parameters, in order
         p = None
@@ -223,7 +226,8 @@ for _fn, _torch_fns in {
         "asinh": (torch.asinh, torch.Tensor.asinh, torch.arcsinh, torch.Tensor.arcsinh),
         "atanh": (torch.atanh, torch.Tensor.atanh, torch.arctanh, torch.Tensor.arctanh),
         "sinh": (torch.sinh, torch.Tensor.sinh), "tan": (torch.tan, torch.Tensor.tan),
-        "deg2rad": (torch.deg2rad, torch.Tensor.deg2rad), "rad2deg": (torch.rad2deg, torch.Tensor.rad2deg)}.items():
+        "deg2rad": (torch.deg2rad, torch.Tensor.deg2rad),
+        "rad2deg": (torch.rad2deg, torch.Tensor.rad2deg)}.items():
     _unary(_fn, *_torch_fns)
 _unary("celu", F.celu, torch.celu, alpha=(1.0, True))
 _unary("softshrink", F.softshrink, lambd=(0.5, True))
