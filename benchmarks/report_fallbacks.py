@@ -6,12 +6,15 @@ expected on the list; see docs/ops.md for how each op runs.
 
     python benchmarks/report_fallbacks.py
 """
+import sys
 import warnings
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-import scorch
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import scorch  # noqa: E402
 
 warnings.simplefilter("always")
 x = scorch.sparse_tensor(torch.randn(6, 5) * (torch.rand(6, 5) < 0.4), format="csr")
