@@ -345,8 +345,6 @@ LONG_FLOAT_FUNCTIONS = ("expm1", "log1p", "erf", "atan", "gelu", "silu", "leaky_
                         "hardtanh", "softsign", "floor", "ceil", "round", "trunc", "frac", "relu6",
                         "selu", "celu", "mish", "tanhshrink", "softshrink", "hardshrink", "asinh",
                         "sinh", "deg2rad", "logsigmoid", "softplus")
-if LONG:
-    FLOAT_FUNCTIONS += LONG_FLOAT_FUNCTIONS
 DENSE_FN = TORCH_FUNCTIONS
 
 
@@ -359,7 +357,7 @@ class ExprConfig:
     denominators: Tuple[int, ...] = field(default=())   # dense operands used as divisors
 
 
-def random_expression(rng: random.Random) -> ExprConfig:
+def random_expression(rng: random.Random, every_function: bool = False) -> ExprConfig:
     """An elementwise tree (+, -, *, unary minus, scalars, functions, division by a dense
     operand) over 1-3 operands indexed by the full index tuple or a subset (a broadcast
     row), reduced by sum/max/min to a random subset of the indices."""
@@ -378,7 +376,8 @@ def random_expression(rng: random.Random) -> ExprConfig:
         denominators.append(n)
     out = tuple(v for v in full if rng.random() < 0.6)
     reduce = rng.choice(["sum", "sum", "max", "min"]) if len(out) < len(full) else "sum"
-    functions = FLOAT_FUNCTIONS if dtype.is_floating_point else INT_FUNCTIONS
+    functions = (FLOAT_FUNCTIONS + (LONG_FLOAT_FUNCTIONS if every_function else ())
+                 if dtype.is_floating_point else INT_FUNCTIONS)
     if reduce != "sum":   # max/min skip NaN where torch propagates it: see test_max_min_propagate_nan
         functions = tuple(f for f in functions if f not in ("log", "sqrt", "log1p"))
 
@@ -486,7 +485,7 @@ EXPR_FEATURES = {"torch.float32", "torch.float64", "torch.int64", "reduce sum", 
                  "Sub", "Scalar", "fn exp", "fn log", "fn relu", "fn sqrt", "fn sigmoid", "fn abs", "fn sign",
                  "blocked", "torch_csr", "torch_coo", "mode order permuted"}
 EXPR_POOL = covering_pool(random_expression, expr_features, EXPR_FEATURES, EXPR_POOL_SIZE, "scorch-expr")
-expr_configs = (st.integers(0, 2**32).map(lambda s: random_expression(random.Random(s))) if LONG
+expr_configs = (st.integers(0, 2**32).map(lambda s: random_expression(random.Random(s), True)) if LONG
                 else st.sampled_from(EXPR_POOL))
 
 
