@@ -37,14 +37,14 @@ def _nnz(t):
 
 # --- torch.sparse's layout accessors, for code written against torch's CSR/CSC/COO ---------
 
-def _compressed_arrays(t: SparseTensor, name: str, fmt: str, level: int):
+def _compressed_arrays(t: SparseTensor, name: str, fmt: str):
     """(pos, crd) of a 2-D tensor stored as ``fmt`` (csr / csc); anything else says which
     format it is and how to get the layout asked for."""
     if t.dim() != 2 or t.format != as_format(fmt, 2):
         raise RuntimeError(f"{name}(): expected a {fmt.upper()} tensor, got a scorch tensor of "
                            f"format {t.format!r} and shape {tuple(t.shape)}; convert it with "
                            f".to_format('{fmt}') first")
-    lv = t._storage.levels[level]
+    lv = t._storage.levels[1]
     return lv.pos, lv.crd
 
 
@@ -53,7 +53,7 @@ def _accessor(name: str, fmt: str, which: int):
     def handler(t):
         if not isinstance(t, SparseTensor):
             return NotImplemented
-        return _compressed_arrays(t, name, fmt, 1)[which]
+        return _compressed_arrays(t, name, fmt)[which]
     return handler
 
 

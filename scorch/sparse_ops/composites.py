@@ -23,14 +23,10 @@ from .._dispatch import check_dense_size, register
 from ..gradients.values import from_coordinates, from_values, values_of
 from ..tensor_type import SparseTensor, as_scorch
 from . import nonlinear, reductions
+from .nonlinear import _sparse
 from . import shape as _shape
 
 __all__ = ["clamp", "nan_to_num", "lerp", "count_nonzero", "vector_norm", "var", "tril", "triu"]
-
-
-def _sparse(x) -> Optional[SparseTensor]:
-    x = as_scorch(x)
-    return x if isinstance(x, SparseTensor) else None
 
 
 def _number(x) -> bool:

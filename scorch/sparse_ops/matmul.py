@@ -166,12 +166,17 @@ def addmm(input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta=1
     _check_rank("addmm", "mat2", mat2, 2)
     _check_inner("addmm", mat1, mat2, 1, 0)
     _check_dtypes("addmm", mat1, mat2)
-    prod = mm(mat1, mat2) if alpha == 1 else elementwise.mul(mm(mat1, mat2), alpha)
-    if beta == 0:   # torch ignores input (even NaN) when beta is 0, but broadcasts its shape
+    return _scaled_sum(input, mm(mat1, mat2), beta, alpha)
+
+
+def _scaled_sum(input, product, beta, alpha):
+    """``beta * input + alpha * product`` (addmm, addmv, baddbmm): torch ignores ``input``
+    (even NaN) when beta is 0, but broadcasts its shape."""
+    prod = product if alpha == 1 else elementwise.mul(product, alpha)
+    if beta == 0:
         torch.broadcast_shapes(_shape(input), _shape(prod))
         return prod
-    scaled = input if beta == 1 else elementwise.mul(input, beta)
-    return elementwise.add(scaled, prod)
+    return elementwise.add(input if beta == 1 else elementwise.mul(input, beta), prod)
 
 
 def _input_major(weight: SparseTensor) -> SparseTensor:
@@ -481,27 +486,18 @@ def _addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
     return addmm(input, mat1, mat2, beta=beta, alpha=alpha)
 
 
-def _scaled_sum(name: str, input, product, beta, alpha):
-    """``beta * input + alpha * product`` (``input`` ignored when beta is 0, as torch)."""
-    prod = product if alpha == 1 else elementwise.mul(product, alpha)
-    if beta == 0:
-        torch.broadcast_shapes(_shape(input), _shape(prod))
-        return prod
-    return elementwise.add(input if beta == 1 else elementwise.mul(input, beta), prod)
-
-
 @register(torch.addmv, torch.Tensor.addmv)
 @_sparse_only
 def _addmv(input, mat, vec, *, beta=1, alpha=1, out=None):
     _no_out("addmv", {"out": out})
-    return _scaled_sum("addmv", input, mv(mat, vec), beta, alpha)
+    return _scaled_sum(input, mv(mat, vec), beta, alpha)
 
 
 @register(torch.baddbmm, torch.Tensor.baddbmm)
 @_sparse_only
 def _baddbmm(input, batch1, batch2, *, beta=1, alpha=1, out=None):
     _no_out("baddbmm", {"out": out})
-    return _scaled_sum("baddbmm", input, bmm(batch1, batch2), beta, alpha)
+    return _scaled_sum(input, bmm(batch1, batch2), beta, alpha)
 
 
 def sampled_addmm(input: SparseTensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta=1,

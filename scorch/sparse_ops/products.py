@@ -11,16 +11,13 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from .._dispatch import register
-from ..tensor_type import as_scorch, is_sparse_operand
+from ..tensor_type import as_scorch
+from .comparison import _involves_sparse
 from .einsum import einsum
 
 __all__ = ["outer", "dot", "tensordot", "kron", "trace", "diagonal"]
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
-
-
-def _involves_sparse(*xs) -> bool:
-    return any(is_sparse_operand(as_scorch(x)) for x in xs)
 
 
 def _rank(name: str, what: str, x, rank: int) -> None:
@@ -36,12 +33,12 @@ def outer(a, b) -> torch.Tensor:
     return einsum("i,j->ij", a, b)
 
 
-def dot(a, b, name: str = "dot") -> torch.Tensor:
+def dot(a, b) -> torch.Tensor:
     a, b = as_scorch(a), as_scorch(b)
-    _rank(name, "the first operand", a, 1)
-    _rank(name, "the second operand", b, 1)
+    _rank("dot", "the first operand", a, 1)
+    _rank("dot", "the second operand", b, 1)
     if a.shape[0] != b.shape[0]:
-        raise RuntimeError(f"{name}: inconsistent tensor size, expected the operands to have the "
+        raise RuntimeError(f"dot: inconsistent tensor size, expected the operands to have the "
                            f"same number of elements, but got {a.shape[0]} and {b.shape[0]}")
     return einsum("i,i->", a, b)
 
@@ -93,13 +90,16 @@ def kron(a, b) -> torch.Tensor:
     return r.reshape(tuple(x * y for x, y in zip(a.shape, b.shape)))
 
 
+def _square(a):
+    """The leading square block of a matrix, which holds its main diagonal."""
+    n = min(a.shape)
+    return a if a.shape[0] == a.shape[1] else a[:n, :n]
+
+
 def trace(a) -> torch.Tensor:
     a = as_scorch(a)
     _rank("trace", "the operand", a, 2)
-    n = min(a.shape)
-    if a.shape[0] != a.shape[1]:
-        a = a[:n, :n]
-    return einsum("ii->", a)
+    return einsum("ii->", _square(a))
 
 
 def diagonal(a, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Optional[torch.Tensor]:
@@ -108,10 +108,7 @@ def diagonal(a, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Optional[torch
     a = as_scorch(a)
     if a.dim() != 2 or offset != 0 or {dim1 % 2, dim2 % 2} != {0, 1}:
         return None
-    n = min(a.shape)
-    if a.shape[0] != a.shape[1]:
-        a = a[:n, :n]
-    return einsum("ii->i", a)
+    return einsum("ii->i", _square(a))
 
 
 # --- registration -------------------------------------------------------------------------
