@@ -26,6 +26,7 @@ TORCH_FUNCTIONS = {"abs": torch.abs, "relu": torch.relu, "sqrt": torch.sqrt, "si
                    "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "trunc": torch.trunc,
                    "frac": torch.frac, "relu6": F.relu6, "selu": F.selu, "celu": F.celu, "mish": F.mish,
                    "tanhshrink": F.tanhshrink, "softshrink": F.softshrink, "hardshrink": F.hardshrink,
+                   "hardswish": F.hardswish, "threshold": lambda x, p=0.0: F.threshold(x, p, 0.0),
                    "asin": torch.asin, "asinh": torch.asinh, "atanh": torch.atanh, "sinh": torch.sinh,
                    "tan": torch.tan, "deg2rad": torch.deg2rad, "rad2deg": torch.rad2deg,
                    "exp": torch.exp, "cos": torch.cos, "sigmoid": torch.sigmoid, "log": torch.log,

@@ -284,7 +284,8 @@ def test_functions_on_special_values_match_torch(fn, dtype=torch.float64):
     """NaN and infinities propagate as torch's (``relu(nan)`` is nan), rounding ties go to
     even (``round(2.5)`` is 2), kinks and bounds (0, +-1) give torch's values. (float64
     only: one kernel per function, shared with the test above; float32 is the same C.)"""
-    vals = [float("nan"), float("inf"), float("-inf"), 0.5, -0.5, 1.5, 2.5, -2.5, 1.0, -1.0, 3.7, -0.2]
+    vals = [float("nan"), float("inf"), float("-inf"), 0.5, -0.5, 1.5, 2.5, -2.5, 1.0, -1.0, 3.7, -0.2,
+            3.0, -3.0]   # hardswish's bounds
     d = torch.zeros(3, len(vals), dtype=dtype)
     d[1] = torch.tensor(vals, dtype=dtype)
     r = compute(Assignment("ij", Apply(fn, A)), scorch.sparse_tensor(d, format="csr"))

@@ -344,7 +344,7 @@ FLOAT_FUNCTIONS = ("abs", "relu", "sqrt", "sin", "tanh", "sign", "square", "exp"
 LONG_FLOAT_FUNCTIONS = ("expm1", "log1p", "erf", "atan", "gelu", "silu", "leaky_relu", "elu",
                         "hardtanh", "softsign", "floor", "ceil", "round", "trunc", "frac", "relu6",
                         "selu", "celu", "mish", "tanhshrink", "softshrink", "hardshrink", "asinh",
-                        "sinh", "deg2rad", "logsigmoid", "softplus")
+                        "sinh", "deg2rad", "logsigmoid", "softplus", "hardswish", "threshold")
 DENSE_FN = TORCH_FUNCTIONS
 
 

@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 import scorch
@@ -383,3 +384,115 @@ def test_sparse_mask_gathers_the_dense_values_differentiably():
     torch.testing.assert_close(m.to_dense(), x.detach() * (s != 0))
     m.to_dense().sum().backward()
     torch.testing.assert_close(x.grad, (s != 0).to(F64))
+
+
+# --- session 17: the ops that still took the fallback ----------------------------------------
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), shape=st.sampled_from([(4, 5), (0, 3), (3,), (2, 3, 2)]),
+       other=st.sampled_from(["sparse", "dense"]), dtype=st.sampled_from(FLOATS + [torch.int32]),
+       nans=st.booleans())
+def test_fmax_fmin_let_a_number_win_over_nan(data, shape, other, dtype, nans):
+    x = data.draw(dense_values(shape, dtype))
+    y = data.draw(dense_values(shape, dtype))
+    if nans and dtype.is_floating_point and x.numel():
+        x.view(-1)[0] = float("nan")
+        y.view(-1)[-1] = float("nan")
+    fmt = data.draw(st.sampled_from(FORMATS[len(shape)]))
+    X = _sparse(x, fmt)
+    Y = _sparse(y, FORMATS[len(shape)][0]) if other == "sparse" else y
+    for op in (torch.fmax, torch.fmin):
+        got, want = op(X, Y), op(x, y)
+        assert_matches(got, want, sparse=other == "sparse")
+        assert_matches(op(Y, X), op(y, x), sparse=other == "sparse")
+
+
+def test_fmax_gradient_goes_to_the_first_operand_at_ties():
+    a = torch.tensor([[1.0, 0.0, 2.0], [3.0, float("nan"), 0.0]], dtype=F64)
+    b = torch.tensor([[1.0, 5.0, 0.0], [2.0, 4.0, -1.0]], dtype=F64)
+    A, B = _sparse(a, "csr", True), _sparse(b, "coo", True)
+    Da, Db = a.clone().requires_grad_(), b.clone().requires_grad_()
+    w = torch.arange(1.0, 7.0, dtype=F64).reshape(2, 3)
+    (torch.fmax(A, B).to_dense() * w).sum().backward()
+    (torch.fmax(Da, Db) * w).sum().backward()
+    _grad_matches(A, Da)
+    _grad_matches(B, Db)
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), shape=st.sampled_from([(4, 5), (0, 3), (3,), (2, 3, 2)]),
+       dtype=st.sampled_from(FLOATS))
+def test_signbit_sgn_heaviside_keep_the_pattern(data, shape, dtype):
+    x = data.draw(dense_values(shape, dtype)) + 0.0      # no -0.0 (S stores no zero)
+    X = _sparse(x, data.draw(st.sampled_from(FORMATS[len(shape)])))
+    assert_matches(torch.signbit(X), torch.signbit(x), sparse=True)
+    assert_matches(torch.sgn(X), torch.sgn(x), sparse=True)
+    zero = torch.zeros((), dtype=dtype)
+    assert_matches(torch.heaviside(X, zero), torch.heaviside(x, zero), sparse=True)
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data(), shape=st.sampled_from([(4, 5), (3, 2, 2), (6,)]), per_channel=st.booleans())
+def test_prelu_matches_dense_with_its_weight_gradient(data, shape, per_channel):
+    x = data.draw(dense_values(shape, F64))
+    channels = shape[1] if per_channel and len(shape) > 1 else 1
+    w = torch.rand(channels, dtype=F64) + 0.1
+    X, D = _sparse(x, FORMATS[len(shape)][0], True), x.clone().requires_grad_()
+    ws, wd = w.clone().requires_grad_(), w.clone().requires_grad_()
+    got, want = F.prelu(X, ws), F.prelu(D, wd)
+    assert_matches(got, want.detach(), sparse=True)
+    weights = torch.rand(shape, dtype=F64, generator=torch.Generator().manual_seed(2))
+    (got.to_dense() * weights).sum().backward()
+    (want * weights).sum().backward()
+    torch.testing.assert_close(ws.grad, wd.grad)
+    if X.nnz:
+        _grad_matches(X, D)
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data(), rows=st.integers(1, 6), dim=st.integers(1, 4),
+       index_shape=st.sampled_from([(3,), (2, 2), (0,), (1, 3, 2)]), fmt=st.sampled_from(FORMATS[2]))
+def test_embedding_with_a_sparse_table_selects_rows(data, rows, dim, index_shape, fmt):
+    w = data.draw(dense_values((rows, dim), F64))
+    idx = torch.randint(0, rows, index_shape, generator=torch.Generator().manual_seed(rows * dim))
+    W, D = _sparse(w, fmt, True), w.clone().requires_grad_()
+    got, want = F.embedding(idx, W), F.embedding(idx, D)
+    assert_matches(got, want.detach(), sparse=True)
+    if W.nnz and idx.numel():
+        g = torch.rand(want.shape, dtype=F64, generator=torch.Generator().manual_seed(3))
+        (got.to_dense() * g).sum().backward()
+        (want * g).sum().backward()
+        _grad_matches(W, D)
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data(), m=st.integers(0, 6), k=st.integers(1, 5), n=st.integers(1, 4),
+       fmt=st.sampled_from(FORMATS[2]), beta=st.sampled_from([0.0, 1.0, 0.5]),
+       alpha=st.sampled_from([1.0, 2.0]))
+def test_hspmm_smm_sspaddmm_are_sparse_products(data, m, k, n, fmt, beta, alpha):
+    a = data.draw(dense_values((m, k), F64))
+    c = data.draw(dense_values((m, n), F64))
+    b = torch.rand(k, n, dtype=F64)
+    A, C = _sparse(a, fmt), _sparse(c, FORMATS[2][0])
+    for op in (torch.hspmm, torch.smm):
+        r = op(A, b)
+        assert_matches(r, a @ b, sparse=True)
+        assert r.nnz == int((a != 0).any(1).sum()) * n     # the rows with stored entries, whole
+    assert_matches(torch.sspaddmm(C, A, b, beta=beta, alpha=alpha), beta * c + alpha * (a @ b), sparse=True)
+
+
+@pytest.mark.parametrize("exponent", [torch.tensor(2.0), torch.tensor(3), torch.tensor(0.5, dtype=F64)])
+def test_pow_by_a_zero_dim_tensor_is_pow_by_its_number(exponent):
+    x = torch.tensor([[0.0, 2.0, 0.0], [1.5, 0.0, 3.0]])
+    X = _sparse(x, "csr")
+    assert_matches(X ** exponent, x ** exponent, sparse=True)
+    assert_matches(torch.pow(X, exponent), torch.pow(x, exponent), sparse=True)
+
+
+def test_hardswish_and_threshold_keep_the_pattern():
+    x = torch.tensor([[0.0, -4.0, -3.0, -1.0], [2.0, 3.0, 5.0, 0.0]], dtype=F64)
+    X = _sparse(x, "csr")
+    assert_matches(F.hardswish(X), F.hardswish(x), sparse=True)
+    for th in (0.5, -0.5, 2.5):
+        assert_matches(F.threshold(X, th, 0.0), F.threshold(x, th, 0.0), sparse=True)
+        assert_matches(torch.threshold(X, th, 0), torch.threshold(x, th, 0), sparse=True)

@@ -97,6 +97,14 @@ def _outside(x: Expr, p: Optional[float], name: str) -> Expr:
     return _step(Sub(Apply("abs", x), Scalar(float(FUNCTIONS[name].param(p)))))
 
 
+def _hardswish(x: Expr, p: Optional[float]) -> Expr:
+    """torch's hardswish_backward: 0 below -3, x / 3 + 1/2 on [-3, 3], 1 above 3."""
+    at_least = Sub(Scalar(1.0), _step(Sub(Scalar(-3.0), x)))     # x >= -3
+    at_most = Sub(Scalar(1.0), _step(Sub(x, Scalar(3.0))))       # x <= 3
+    middle = Add(Mul(x, Scalar(1.0 / 3.0)), Scalar(0.5))
+    return Add(Mul(Mul(at_least, at_most), middle), _step(Sub(x, Scalar(3.0))))
+
+
 #: function name -> f'(x) as an expression of the argument ``x`` (None: f' == 0)
 DERIVATIVES: Dict[str, Rule] = {
     "abs": lambda x, p: Apply("sign", x),
@@ -129,6 +137,9 @@ DERIVATIVES: Dict[str, Rule] = {
     "tanhshrink": lambda x, p: Apply("square", Apply("tanh", x)),
     "softshrink": lambda x, p: _outside(x, p, "softshrink"),
     "hardshrink": lambda x, p: _outside(x, p, "hardshrink"),
+    "hardswish": _hardswish,
+    # 1 where x > threshold (torch's threshold_backward)
+    "threshold": lambda x, p: _step(Sub(x, Scalar(float(FUNCTIONS["threshold"].param(p))))),
     "asin": lambda x, p: _reciprocal_of(Sub(Scalar(1.0), Apply("square", x)), -0.5),
     "asinh": lambda x, p: _reciprocal_of(Add(Scalar(1.0), Apply("square", x)), -0.5),
     "atanh": lambda x, p: _reciprocal_of(Sub(Scalar(1.0), Apply("square", x))),

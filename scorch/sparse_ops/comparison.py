@@ -30,7 +30,7 @@ from ..tensor_type import as_scorch, is_sparse_operand
 from .elementwise import (_build, _cast, _is_scalar, _scalar_like, _shape_of, as_bool, bool_as_uint8,
                           result_dtype)
 
-__all__ = ["compare", "where", "masked_fill", "logical", "extremum"]
+__all__ = ["compare", "where", "masked_fill", "logical", "extremum", "nan_ignoring_extremum"]
 
 
 def _ir():
@@ -222,15 +222,35 @@ def extremum(op: str, a, b) -> torch.Tensor:
     return as_bool(r) if out_dt == torch.bool else r
 
 
-for _name, _fns in {"maximum": (torch.maximum, torch.Tensor.maximum),
-                    "minimum": (torch.minimum, torch.Tensor.minimum)}.items():
-    def _make(name):
-        @register(*_fns)
+def nan_ignoring_extremum(op: str, a, b) -> torch.Tensor:
+    """``torch.fmax`` / ``torch.fmin``: as ``maximum`` / ``minimum`` but a NaN loses to a
+    number: ``where(a > b, a, where(a < b, b, where(a != a, b, a)))``. The gradient goes to
+    ``a`` at ties, as torch's (no even split)."""
+    a, b = as_scorch(a), as_scorch(b)
+    out_dt = result_dtype(a, b)
+    dt = _compute_dtype(out_dt)
+    ir = _ir()
+    wins, loses = (ir.Gt, ir.Lt) if op == "fmax" else (ir.Lt, ir.Gt)
+    dense = not (is_sparse_operand(a) and is_sparse_operand(b))
+
+    def expr(x, y):
+        tie = ir.Where(ir.Ne(x, x), y, x) if dt.is_floating_point else x
+        return ir.Where(wins(x, y), x, ir.Where(loses(x, y), y, tie))
+    r = _run(op, [_in(a, dt), _in(b, dt)], expr, dense, dt, differentiable=dt.is_floating_point)
+    return as_bool(r) if out_dt == torch.bool else r
+
+
+for _name, _fns, _impl in (("maximum", (torch.maximum, torch.Tensor.maximum), extremum),
+                           ("minimum", (torch.minimum, torch.Tensor.minimum), extremum),
+                           ("fmax", (torch.fmax, torch.Tensor.fmax), nan_ignoring_extremum),
+                           ("fmin", (torch.fmin, torch.Tensor.fmin), nan_ignoring_extremum)):
+    def _make(name, fns, impl):
+        @register(*fns)
         def _extremum(a, b, *, out=None):
             if out is not None or not _involves_sparse(a, b) or _is_scalar(a) or _is_scalar(b):
                 return NotImplemented
-            return extremum(name, a, b)
-    _make(_name)
+            return impl(name, a, b)
+    _make(_name, _fns, _impl)
 
 
 @register(torch.where)

@@ -1,5 +1,5 @@
 """Ops that are a few stored-value operations or other sparse ops, never a dense copy:
-``clamp``/``clip``, ``nan_to_num``, ``isnan``/``isinf``, ``lerp``, ``count_nonzero``, ``any``/``all``,
+``clamp``/``clip``, ``nan_to_num``, ``isnan``/``isinf``/``signbit``, ``heaviside(x, 0)``, ``prelu``, ``lerp``, ``count_nonzero``, ``any``/``all``,
 ``max``/``min`` over every element, ``vector_norm`` (``norm``, ``F.normalize``), ``tril``/``triu``,
 ``narrow`` (a slice), ``diff`` (slices and a subtraction), ``var``/``std`` (two passes over the
 stored values), ``flip``/``roll``/``repeat`` (coordinates moved), ``equal``/``allclose``.
@@ -249,10 +249,40 @@ def _special(op):
     return handler
 
 
-for _op in (torch.isnan, torch.isinf, torch.isposinf, torch.isneginf):
+for _op in (torch.isnan, torch.isinf, torch.isposinf, torch.isneginf, torch.signbit,
+            torch.Tensor.isnan, torch.Tensor.isinf, torch.Tensor.signbit):
     _special(_op)
-_special(torch.Tensor.isnan)
-_special(torch.Tensor.isinf)
+
+
+@register(torch.heaviside, torch.Tensor.heaviside)
+def _heaviside(x, values, *, out=None):
+    """``heaviside(x, 0)`` is ``x > 0``: the pattern, 1 where the stored value is positive
+    (NaN gives 0, as torch's). Another value at 0 is dense by nature: the fallback's."""
+    t = _sparse(x)
+    if (t is None or out is not None or not isinstance(values, torch.Tensor)
+            or isinstance(values, SparseTensor) or values.numel() != 1 or values.dtype != t.dtype
+            or bool(values.reshape(()) != 0) or values.dim() > t.dim()):
+        return NotImplemented
+    # through the differentiable values: the result is in the graph, and its backward
+    # raises as torch's (heaviside has no derivative)
+    return from_values(t._storage, torch.heaviside(values_of(t), values.reshape(())))
+
+
+@register(F.prelu, torch.prelu)
+def _prelu(x, weight):
+    """``relu(x) - weight * relu(-x)`` (the weight along dimension 1, or one for all): the
+    pattern of ``x``, differentiable in both."""
+    t = _sparse(x)
+    if t is None or isinstance(weight, SparseTensor) or not isinstance(weight, torch.Tensor):
+        return NotImplemented
+    if weight.numel() != 1:
+        if t.dim() < 2 or weight.dim() != 1 or weight.numel() != t.shape[1]:
+            raise RuntimeError(f"prelu: weight of {weight.numel()} entries does not match the "
+                               f"{t.shape[1] if t.dim() > 1 else 1} channels of input {tuple(t.shape)}")
+        weight = weight.reshape((1, -1) + (1,) * (t.dim() - 2))
+    else:
+        weight = weight.reshape(())
+    return F.relu(t) - weight * F.relu(-t)
 
 
 @register(torch.lerp, torch.Tensor.lerp)

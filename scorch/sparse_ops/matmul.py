@@ -20,7 +20,7 @@ from ..tensor_type import SparseTensor, is_sparse_operand
 from . import elementwise
 from . import einsum as _einsum_entry
 
-__all__ = ["matmul", "mm", "mv", "bmm", "addmm", "linear"]
+__all__ = ["matmul", "mm", "mv", "bmm", "addmm", "linear", "hspmm"]
 
 _BATCH_LETTERS = "abcdefgh"
 
@@ -498,6 +498,36 @@ def _addmv(input, mat, vec, *, beta=1, alpha=1, out=None):
 def _baddbmm(input, batch1, batch2, *, beta=1, alpha=1, out=None):
     _no_out("baddbmm", {"out": out})
     return _scaled_sum(input, bmm(batch1, batch2), beta, alpha)
+
+
+def hspmm(mat1: SparseTensor, mat2: torch.Tensor, out_format="cd") -> SparseTensor:
+    """``torch.hspmm`` / ``torch.smm``: sparse @ dense as a sparse result holding the rows of
+    ``mat1`` with stored entries, each a dense row (format ``"cd"``, torch's hybrid COO with
+    one sparse dimension): one einsum, differentiable as einsum is."""
+    _check_rank("hspmm", "mat1", mat1, 2)
+    _check_rank("hspmm", "mat2", mat2, 2)
+    _check_inner("hspmm", mat1, mat2, 1, 0)
+    return _einsum_entry.einsum("ik,kj->ij", mat1, mat2, out_format=out_format)
+
+
+@register(torch.hspmm, torch.smm, torch.Tensor.smm)
+def _hspmm(mat1, mat2, *, out=None):
+    mat1 = tensor_type.as_scorch(mat1)
+    if not isinstance(mat1, SparseTensor) or is_sparse_operand(mat2) or out is not None:
+        return NotImplemented
+    return hspmm(mat1, mat2)
+
+
+@register(torch.sspaddmm, torch.Tensor.sspaddmm)
+def _sspaddmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
+    """``beta * input + alpha * (mat1 @ mat2)``, all sparse but ``mat2`` (torch's sspaddmm)."""
+    input, mat1 = tensor_type.as_scorch(input), tensor_type.as_scorch(mat1)
+    if (not isinstance(input, SparseTensor) or not isinstance(mat1, SparseTensor)
+            or is_sparse_operand(mat2) or out is not None):
+        return NotImplemented
+    # the product in input's format: the sum is then the union of two patterns of one
+    # format (with "cd" the dense rows would make the sum dense)
+    return _scaled_sum(input, hspmm(mat1, mat2, input._storage.format), beta, alpha)
 
 
 def sampled_addmm(input: SparseTensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta=1,

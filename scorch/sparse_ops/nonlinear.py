@@ -8,8 +8,8 @@ differentiable in the stored values (``scorch.gradients``: the derivative table 
 functions, ``fiber_ops`` for softmax and amax/amin). A function that
 keeps 0 at 0 (relu, abs, sqrt, sin, tanh, sign, square, pow with a positive exponent, expm1,
 log1p, erf, atan, asin, asinh, atanh, sinh, tan, deg2rad, rad2deg, the activations gelu, silu,
-leaky_relu, elu, selu, celu, relu6, mish, hardtanh, softsign, tanhshrink, softshrink and
-hardshrink, and the roundings floor, ceil, round, trunc, frac) gives a sparse result on the
+leaky_relu, elu, selu, celu, relu6, mish, hardtanh, softsign, tanhshrink, softshrink,
+hardshrink, hardswish and threshold (with value 0), and the roundings floor, ceil, round, trunc, frac) gives a sparse result on the
 operand's pattern; one that maps 0 elsewhere (exp, cos, sigmoid, log, logsigmoid, softplus)
 gives a dense result, dense by nature (subject to the dense-size limit of ``_dispatch``).
 """
@@ -39,7 +39,7 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 _FLOATING = {"sqrt", "sin", "tanh", "exp", "cos", "sigmoid", "log", "expm1", "log1p", "erf", "atan",
              "gelu", "silu", "leaky_relu", "elu", "softsign", "selu", "celu", "mish", "tanhshrink",
              "softshrink", "hardshrink", "asin", "asinh", "atanh", "sinh", "tan", "deg2rad",
-             "rad2deg", "logsigmoid", "softplus"}
+             "rad2deg", "logsigmoid", "softplus", "hardswish"}
 
 
 def _tc():
@@ -238,11 +238,28 @@ _unary("leaky_relu", F.leaky_relu, negative_slope=(0.01, True))
 _unary("elu", F.elu, alpha=(1.0, True))
 _unary("hardtanh", F.hardtanh, min_val=(-1.0, False), max_val=(1.0, False))
 _unary("round", torch.round, torch.Tensor.round, decimals=(0, False))
+_unary("hardswish", F.hardswish)
+# F.threshold(x, threshold, value): sparse with value 0 (another value moves 0 unless the
+# threshold is negative: two parameters, the fallback's)
+_unary("threshold", F.threshold, torch.threshold, threshold=(0.0, True), value=(0.0, False))
+
+
+@register(torch.sgn, torch.Tensor.sgn)
+def _sgn(x, *, out=None):
+    t = _sparse(x)   # sgn is sign for real values (x / |x| for complex: the fallback's)
+    if t is None or out is not None or t.dtype.is_complex:
+        return NotImplemented
+    return apply("sign", t)
 
 
 @register(torch.pow, torch.Tensor.pow, torch.Tensor.__pow__)
 def _pow(x, exponent, *, out=None):
     t = _sparse(x)
+    if (isinstance(exponent, torch.Tensor) and type(exponent) is torch.Tensor and exponent.dim() == 0
+            and not exponent.requires_grad and t is not None
+            and (t.dtype.is_floating_point or not exponent.dtype.is_floating_point)
+            and exponent.dtype != torch.bool):
+        exponent = exponent.item()   # a 0-d exponent: a number (same result type, as torch)
     if t is None or out is not None or not isinstance(exponent, numbers.Real) or isinstance(exponent, bool):
         return NotImplemented
     if exponent == 1:

@@ -17,7 +17,7 @@ format has a dense level there).
   more dimensions) and ``index_select``: a filter over the coordinates plus a sorted join of
   the coordinate tuples with the index tensors (linearised in int64). The result keeps the input's format
   when the rank is unchanged, else COO. An index that leaves no dimension gives a 0-d
-  dense tensor, as torch.
+  dense tensor, as torch. ``F.embedding`` with a sparse table is ``index_select`` of its rows.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import numbers
 from typing import List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 
 from .._dispatch import register, register_aten
 from ..formats import Format, LevelKind, as_format
@@ -34,7 +35,7 @@ from ..level_storage import Level, Storage
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, permute_view
 
 __all__ = ["reshape", "flatten", "unflatten", "unsqueeze", "squeeze", "squeeze_dims", "cat",
-           "stack", "getitem", "index_select"]
+           "stack", "getitem", "index_select", "embedding"]
 
 aten = torch.ops.aten
 
@@ -624,6 +625,28 @@ def index_select(t: SparseTensor, dim: int, index: torch.Tensor) -> torch.Tensor
             torch.int64, torch.int32):
         raise IndexError("index_select(): index must be a 0-D or 1-D int64 or int32 tensor")
     return getitem(t, (slice(None),) * d + (index.reshape(-1),))
+
+
+def embedding(index: torch.Tensor, weight: SparseTensor) -> torch.Tensor:
+    """``F.embedding`` with a sparse table: the selected rows (``index_select``), reshaped to
+    ``index.shape + (dim,)``; differentiable in the table's stored values."""
+    if not isinstance(index, torch.Tensor) or index.dtype not in (torch.int64, torch.int32):
+        raise IndexError("embedding(): indices must be an int64 or int32 tensor")
+    if weight.dim() != 2:
+        raise ValueError(f"embedding(): weight must be 2-D, got shape {tuple(weight.shape)}")
+    rows = index_select(weight, 0, index.reshape(-1))
+    return rows if index.dim() == 1 else reshape(rows, (*index.shape, weight.shape[1]))
+
+
+@register(F.embedding)
+def _embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
+               scale_grad_by_freq=False, sparse=False):
+    # max_norm renormalizes rows in place and scale_grad_by_freq rescales the gradient: the
+    # fallback's; padding_idx only stops that row's gradient: the same forward without one
+    if (not isinstance(weight, SparseTensor) or max_norm is not None or scale_grad_by_freq
+            or (padding_idx is not None and weight.requires_grad)):
+        return NotImplemented
+    return embedding(input, weight)
 
 
 @register(torch.Tensor.__getitem__)

@@ -73,6 +73,12 @@ _TABLE = [
              parameter=True, torch_op=F.softshrink, default=0.5),
     Function("hardshrink", "(0 if ({x} >= -{p}) & ({x} <= {p}) else {x})", True, parameter=True,
              torch_op=F.hardshrink, default=0.5),
+    # x * relu6(x + 3) / 6: 0 below -3, x above 3 (NaN stays NaN, as torch's)
+    Function("hardswish", "(0 if {x} < -3 else ({x} if {x} > 3 else ({x}) * (({x}) + 3) / 6))", True,
+             torch_op=F.hardswish),
+    # F.threshold(x, p, 0): x where x > p, else 0 (keeps 0 only with value 0; NaN stays NaN)
+    Function("threshold", "(0 if {x} <= {p} else {x})", True, parameter=True,
+             torch_op=lambda x, p=0.0: F.threshold(x, p, 0.0), default=0.0),
     Function("asin", "asin({x})", True, ("asin",), torch_op=torch.asin),
     Function("asinh", "asinh({x})", True, ("asinh",), torch_op=torch.asinh),
     Function("atanh", "atanh({x})", True, ("atanh",), torch_op=torch.atanh),
