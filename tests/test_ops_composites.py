@@ -496,3 +496,39 @@ def test_hardswish_and_threshold_keep_the_pattern():
     for th in (0.5, -0.5, 2.5):
         assert_matches(F.threshold(X, th, 0.0), F.threshold(x, th, 0.0), sparse=True)
         assert_matches(torch.threshold(X, th, 0), torch.threshold(x, th, 0), sparse=True)
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), shape=st.sampled_from([(4, 5), (0, 3), (3,), (2, 3, 2)]),
+       dtype=st.sampled_from(FLOATS + [torch.int64]), divisor=st.sampled_from(["number", "negative", "dense", "row"]),
+       density=st.sampled_from(DENSITIES))
+def test_fmod_remainder_and_rounded_division_keep_the_pattern(data, shape, dtype, divisor, density):
+    x = data.draw(dense_values(shape, dtype, density=density))
+    X = _sparse(x, data.draw(st.sampled_from(FORMATS[len(shape)])))
+    if divisor == "number":
+        d = 3 if dtype == torch.int64 else 0.7
+    elif divisor == "negative":
+        d = -2
+    else:
+        dshape = shape if divisor == "dense" else shape[-1:]
+        d = (torch.rand(dshape, dtype=torch.float64) + 0.5).to(dtype) * (1 if dtype != torch.int64 else 3)
+        d = d.clamp_min(1) if dtype == torch.int64 else d
+    for op in (torch.fmod, torch.remainder, torch.floor_divide,
+               lambda a, b: torch.div(a, b, rounding_mode="floor"),
+               lambda a, b: torch.div(a, b, rounding_mode="trunc")):
+        assert_matches(op(X, d), op(x, d), sparse=True)
+    assert_matches(X % d, x % d, sparse=True)
+    assert_matches(X // d, x // d, sparse=True)
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), shape=st.sampled_from([(4, 5), (0, 3), (3,), (2, 3, 2), (1, 1)]),
+       density=st.sampled_from(DENSITIES))
+def test_nonzero_lists_the_stored_nonzeros_in_row_major_order(data, shape, density):
+    x = data.draw(dense_values(shape, F64, density=density))
+    fmt = data.draw(st.sampled_from(FORMATS[len(shape)] + (["csc", "dcsr"] if len(shape) == 2 else [])))
+    X = _sparse(x, fmt)
+    assert torch.equal(torch.nonzero(X), torch.nonzero(x))
+    assert torch.equal(torch.argwhere(X), torch.argwhere(x))
+    for a, b in zip(torch.nonzero(X, as_tuple=True), torch.nonzero(x, as_tuple=True)):
+        assert torch.equal(a, b)

@@ -522,9 +522,13 @@ def _rmul(a, b):
           torch.Tensor.true_divide, torch.Tensor.__truediv__)
 def _div(a, b, *, rounding_mode=None, out=None):
     # a sparse dividend over a scalar or dense divisor stays sparse; division by a sparse
-    # tensor is a dense kernel (dense by nature); rounding modes are the dense fallback's
-    if rounding_mode is not None or out is not None or not _involves_sparse(a, b):
+    # tensor is a dense kernel (dense by nature); a rounding mode: torch's division on the
+    # stored values (composites.rounded_division; a sparse divisor: the fallback's)
+    if out is not None or not _involves_sparse(a, b):
         return NotImplemented
+    if rounding_mode is not None:
+        from .composites import rounded_division
+        return rounded_division(a, b, rounding_mode)
     return div(a, b)
 
 
