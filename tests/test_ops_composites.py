@@ -532,3 +532,28 @@ def test_nonzero_lists_the_stored_nonzeros_in_row_major_order(data, shape, densi
     assert torch.equal(torch.argwhere(X), torch.argwhere(x))
     for a, b in zip(torch.nonzero(X, as_tuple=True), torch.nonzero(x, as_tuple=True)):
         assert torch.equal(a, b)
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), shape=st.sampled_from([(1, 4), (3, 1), (1,), (2, 1, 3)]),
+       lead=st.sampled_from([(), (2,)]), grow=st.integers(1, 3))
+def test_expand_stores_each_entry_once_per_position(data, shape, lead, grow):
+    x = data.draw(dense_values(shape, F64))
+    X = _sparse(x, FORMATS[len(shape)][0])
+    target = lead + tuple(grow if n == 1 else n for n in shape)
+    assert_matches(X.expand(*target), x.expand(*target), sparse=True)
+    assert_matches(torch.broadcast_to(X, target), torch.broadcast_to(x, target), sparse=True)
+    assert_matches(X.expand(*lead, *[-1] * len(shape)), x.expand(*lead, *[-1] * len(shape)), sparse=True)
+    if any(n > 1 for n in shape):    # a size other than 1 cannot grow
+        with pytest.raises(RuntimeError, match="expand"):
+            X.expand(*[n + 1 for n in shape])
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data(), n=st.integers(0, 6), power=st.integers(0, 5), fmt=st.sampled_from(["csr", "coo", "csc"]))
+def test_matrix_power_is_a_chain_of_sparse_products(data, n, power, fmt):
+    a = data.draw(dense_values((n, n), F64))
+    A = _sparse(a, fmt)
+    assert_matches(torch.linalg.matrix_power(A, power), torch.linalg.matrix_power(a, power), sparse=True)
+    with pytest.raises(RuntimeError, match="square"):
+        torch.linalg.matrix_power(_sparse(torch.ones(2, 3, dtype=F64), fmt), 2)

@@ -2,7 +2,8 @@
 ``clamp``/``clip``, ``nan_to_num``, ``isnan``/``isinf``/``signbit``, ``heaviside(x, 0)``, ``prelu``, ``lerp``, ``count_nonzero``, ``any``/``all``,
 ``max``/``min`` over every element, ``vector_norm`` (``norm``, ``F.normalize``), ``tril``/``triu``,
 ``narrow`` (a slice), ``diff`` (slices and a subtraction), ``var``/``std`` (two passes over the
-stored values), ``flip``/``roll``/``repeat`` (coordinates moved), ``equal``/``allclose``, ``nonzero``, and the
+stored values), ``flip``/``roll``/``repeat``/``expand`` (coordinates moved), ``matrix_power`` (sparse products),
+``equal``/``allclose``, ``nonzero``, and the
 ops whose ``f(0, other)`` is 0 on the stored values (``fmod``, ``remainder``, ``floor_divide``,
 ``div`` with a rounding mode).
 
@@ -443,6 +444,58 @@ def _repeat(x, *sizes):
     if len(sizes) < t.dim() or any(not isinstance(r, numbers.Integral) or r < 0 for r in sizes):
         return NotImplemented          # torch's errors, from the fallback
     return repeat(t, sizes)
+
+
+@register(torch.Tensor.expand, torch.Tensor.expand_as, torch.broadcast_to)
+def _expand(x, *sizes):
+    """``expand`` / ``broadcast_to``: torch's view repeats an entry along each stretched
+    dimension; a sparse result stores it there once per position (``repeat``), so memory
+    follows the result's stored entries."""
+    t = _sparse(x)
+    if t is None:
+        return NotImplemented
+    if len(sizes) == 1 and isinstance(sizes[0], torch.Tensor):      # expand_as
+        sizes = tuple(sizes[0].shape)
+    elif len(sizes) == 1 and not isinstance(sizes[0], numbers.Integral):
+        sizes = tuple(sizes[0])
+    lead = len(sizes) - t.dim()
+    if lead < 0 or any(not isinstance(n, numbers.Integral) for n in sizes):
+        return NotImplemented           # torch's errors, from the fallback
+    target = [t.shape[d - lead] if n == -1 and d >= lead else n for d, n in enumerate(sizes)]
+    factors = list(target[:lead])
+    for d, n in enumerate(t.shape):
+        want = target[lead + d]
+        if want != n and n != 1:
+            raise RuntimeError(f"expand: the expanded size {want} must match the existing size "
+                               f"{n} at dimension {lead + d} of a tensor of shape {tuple(t.shape)}")
+        factors.append(want if n == 1 else 1)
+    if any(f < 0 for f in factors):
+        return NotImplemented
+    return repeat(t, factors) if any(f != 1 for f in factors) or lead else t
+
+
+@register(torch.linalg.matrix_power, torch.matrix_power, torch.Tensor.matrix_power)
+def _matrix_power(x, n, *, out=None):
+    """``A ** n`` for a square sparse ``A`` and ``n >= 1``: repeated squaring, each product a
+    sparse @ sparse kernel (SpGEMM); n = 0 is the identity, as a sparse tensor. A negative
+    power (an inverse) is dense by nature: the fallback's."""
+    t = _sparse(x)
+    if t is None or out is not None or not isinstance(n, numbers.Integral) or n < 0 or t.dim() != 2:
+        return NotImplemented
+    if t.shape[0] != t.shape[1]:
+        raise RuntimeError(f"matrix_power: A must be a square matrix, got shape {tuple(t.shape)}")
+    if n == 0:
+        eye = torch.eye(t.shape[0], dtype=t.dtype)
+        from ..constructors import sparse_tensor
+        return sparse_tensor(eye, format=t._storage.format)
+    result, base = None, t
+    while n:
+        if n & 1:
+            result = base if result is None else result @ base
+        n >>= 1
+        if n:
+            base = base @ base
+    return result.clone() if result is t else result     # torch returns a new tensor for n = 1
 
 
 @register(torch.equal)
