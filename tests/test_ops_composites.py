@@ -557,3 +557,24 @@ def test_matrix_power_is_a_chain_of_sparse_products(data, n, power, fmt):
     assert_matches(torch.linalg.matrix_power(A, power), torch.linalg.matrix_power(a, power), sparse=True)
     with pytest.raises(RuntimeError, match="square"):
         torch.linalg.matrix_power(_sparse(torch.ones(2, 3, dtype=F64), fmt), 2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), shape=st.sampled_from([(4, 5), (3,), (2, 3, 4), (1, 1), (5, 1)]),
+       dtype=st.sampled_from(FLOATS + [torch.int64]), density=st.sampled_from(DENSITIES),
+       nans=st.booleans(), ties=st.booleans())
+def test_argmax_argmin_take_the_first_extreme_counting_implicit_zeros(data, shape, dtype, density, nans, ties):
+    x = data.draw(dense_values(shape, dtype, density=density))
+    if ties:                              # repeated extremes: the first one wins
+        x = x.clamp(-1, 1) if dtype.is_floating_point else x.clamp(-2, 2)
+        x = (x * 2).round() / 2 if dtype.is_floating_point else x
+    if nans and dtype.is_floating_point and x.numel() > 2:
+        x.view(-1)[x.numel() // 2] = float("nan")
+    x = x + 0                             # no -0.0 (S stores no zero)
+    X = _sparse(x, data.draw(st.sampled_from(FORMATS[len(shape)])))
+    for op in (torch.argmax, torch.argmin):
+        assert torch.equal(op(X), op(x))
+        for dim in range(-1, len(shape)):
+            for keepdim in (False, True):
+                assert torch.equal(op(X, dim, keepdim), op(x, dim, keepdim)), (op, dim, keepdim)
+    assert torch.equal(X.argmax(dim=0), x.argmax(dim=0))

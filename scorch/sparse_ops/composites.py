@@ -3,7 +3,7 @@
 ``max``/``min`` over every element, ``vector_norm`` (``norm``, ``F.normalize``), ``tril``/``triu``,
 ``narrow`` (a slice), ``diff`` (slices and a subtraction), ``var``/``std`` (two passes over the
 stored values), ``flip``/``roll``/``repeat``/``expand`` (coordinates moved), ``matrix_power`` (sparse products),
-``equal``/``allclose``, ``nonzero``, and the
+``equal``/``allclose``, ``nonzero``, ``argmax``/``argmin``, and the
 ops whose ``f(0, other)`` is 0 on the stored values (``fmod``, ``remainder``, ``floor_divide``,
 ``div`` with a rounding mode).
 
@@ -614,3 +614,71 @@ def _nonzero(x, *, out=None, as_tuple=False):
             order = order[torch.argsort(coords[d, order], stable=True)]
         coords = coords[:, order]
     return tuple(coords) if as_tuple else coords.t().contiguous()
+
+
+# --- argmax / argmin: the first index of the extreme, the implicit zeros counted -------------
+
+def arg_extreme(t: SparseTensor, dim: Optional[int], keepdim: bool, largest: bool) -> torch.Tensor:
+    """``argmax`` / ``argmin`` as torch's: per fiber along ``dim`` (or over every element,
+    row-major), the first index holding the extreme, NaN first; an unstored 0 wins where 0
+    is the extreme. From the coordinates: a sort of the stored entries by (fiber, index),
+    segment reductions, and each fiber's first unstored index (where the sorted indices
+    first skip one). Cost follows the stored entries plus the dense result."""
+    shape = tuple(t.shape)
+    st = t._storage
+    coords = _convert().coords(st)
+    vals = values_of(t).detach()
+    if dim is None:
+        strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+        pos = (coords * torch.tensor(strides, dtype=torch.int64)[:, None]).sum(0) if coords.numel() \
+            else torch.zeros(0, dtype=torch.int64)
+        fiber = torch.zeros_like(pos)
+        extent, nfib, out_shape = math.prod(shape), 1, ()
+    else:
+        d = dim % len(shape)
+        rest = [k for k in range(len(shape)) if k != d]
+        rest_shape = [shape[k] for k in rest]
+        fiber = torch.zeros(coords.shape[1], dtype=torch.int64)
+        for k, n in zip(rest, rest_shape):
+            fiber = fiber * n + coords[k]
+        pos, extent, nfib = coords[d], shape[d], math.prod(rest_shape)
+        out_shape = tuple(1 if k == d else n for k, n in enumerate(shape)) if keepdim else tuple(rest_shape)
+    key = fiber * extent + pos
+    order = torch.argsort(key)
+    fiber, pos, vals = fiber[order], pos[order], vals[order]
+    count = torch.bincount(fiber, minlength=nfib)
+    start = torch.cumsum(count, 0) - count
+    rank = torch.arange(pos.numel(), dtype=torch.int64) - start[fiber]
+    # the first unstored index of each fiber: the first rank its sorted indices skip
+    gap = count.clone().scatter_reduce_(0, fiber[pos != rank], rank[pos != rank], "amin")
+    full = count == extent
+    reduce = "amax" if largest else "amin"
+    fill = float("-inf") if largest else float("inf")
+    work = vals.to(torch.float64) if vals.dtype.is_floating_point else vals.to(torch.int64)
+    best = torch.full((nfib,), fill if work.dtype.is_floating_point else
+                      (torch.iinfo(torch.int64).min if largest else torch.iinfo(torch.int64).max),
+                      dtype=work.dtype).scatter_reduce_(0, fiber, work, reduce)
+    zero = torch.zeros((), dtype=work.dtype)
+    extreme = torch.where(full, best, torch.maximum(best, zero) if largest else torch.minimum(best, zero))
+    none = torch.full((nfib,), extent, dtype=torch.int64)
+    at = none.clone().scatter_reduce_(0, fiber, torch.where(work == extreme[fiber], pos, extent), "amin")
+    answer = torch.where(~full & (extreme == 0), torch.minimum(at, gap), at)
+    if work.dtype.is_floating_point:
+        nan = work.isnan()
+        first_nan = none.clone().scatter_reduce_(0, fiber, torch.where(nan, pos, extent), "amin")
+        answer = torch.where(first_nan < extent, first_nan, answer)
+    return answer.reshape(out_shape)
+
+
+def _arg_handler(largest: bool):
+    def handler(x, dim=None, keepdim=False, *, out=None):
+        t = _sparse(x)
+        if (t is None or out is not None or t.dim() == 0 or t.dtype.is_complex or t.dtype == torch.bool
+                or (dim is None and _numel(t) == 0) or (dim is not None and t.shape[dim] == 0)):
+            return NotImplemented      # torch's errors (no elements, complex), from the fallback
+        return arg_extreme(t, dim, keepdim, largest)
+    return handler
+
+
+register(torch.argmax, torch.Tensor.argmax)(_arg_handler(True))
+register(torch.argmin, torch.Tensor.argmin)(_arg_handler(False))
