@@ -296,6 +296,7 @@ CASES = [
          bool_result=True,
          oracle=lambda d: torch.cat([d.to_sparse_csr().crow_indices(), d.to_sparse_csr().col_indices(),
                                      d.to_sparse_csc().ccol_indices(), d.to_sparse_csc().row_indices()]) + 1),
+    Case("prod", [torch.prod, _T.prod], lambda s: torch.prod(s, 1) + s.prod(0).sum() + (s * 0 + 1.5).prod()),
     Case("argmax", [torch.argmax, _T.argmax, torch.argmin, _T.argmin],
          lambda s: torch.stack([torch.argmax(s, 1), s.argmin(1)]), bool_result=True),
     Case("nonzero", [torch.nonzero, _T.nonzero, torch.argwhere, _T.argwhere],

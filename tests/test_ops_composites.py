@@ -578,3 +578,34 @@ def test_argmax_argmin_take_the_first_extreme_counting_implicit_zeros(data, shap
             for keepdim in (False, True):
                 assert torch.equal(op(X, dim, keepdim), op(x, dim, keepdim)), (op, dim, keepdim)
     assert torch.equal(X.argmax(dim=0), x.argmax(dim=0))
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), shape=st.sampled_from([(4, 5), (3,), (2, 3, 4), (1, 1), (3, 2)]),
+       dtype=st.sampled_from(FLOATS + [torch.int64]), density=st.sampled_from([0.0, 0.5, 0.9, 1.0]),
+       special=st.booleans())
+def test_prod_is_zero_unless_a_fiber_is_full(data, shape, dtype, density, special):
+    x = data.draw(dense_values(shape, dtype, density=density))
+    if special and dtype.is_floating_point and x.numel() > 1:
+        x.view(-1)[0] = float("nan")
+    x = x + 0                              # no -0.0 (S stores no zero)
+    X = _sparse(x, data.draw(st.sampled_from(FORMATS[len(shape)])))
+
+    def same(got, want, sparse):
+        assert isinstance(got, scorch.SparseTensor) == sparse and got.dtype == want.dtype
+        torch.testing.assert_close(dense_of(got), want, equal_nan=True)
+    same(torch.prod(X), torch.prod(x), False)
+    for dim in range(-1, len(shape)):
+        for keepdim in (False, True):
+            same(torch.prod(X, dim, keepdim), torch.prod(x, dim, keepdim), len(shape) > 1 or keepdim)
+
+
+def test_prod_gradient_matches_dense_on_the_stored_entries():
+    x = torch.tensor([[1.5, 2.0, -3.0], [0.0, 4.0, 5.0], [2.0, 0.5, 0.0], [1.0, 0.0, 2.0]], dtype=F64)
+    X = _sparse(x, "csr", True)
+    X._storage.values.data[3] = 0.0          # a stored zero in a full fiber: row 1 is fully stored
+    D = X.to_dense().detach().clone().requires_grad_()
+    w = torch.arange(1.0, 5.0, dtype=F64)
+    (torch.prod(X, 1).to_dense() * w).sum().backward()
+    (torch.prod(D, 1) * w).sum().backward()
+    _grad_matches(X, D)

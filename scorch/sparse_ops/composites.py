@@ -3,7 +3,7 @@
 ``max``/``min`` over every element, ``vector_norm`` (``norm``, ``F.normalize``), ``tril``/``triu``,
 ``narrow`` (a slice), ``diff`` (slices and a subtraction), ``var``/``std`` (two passes over the
 stored values), ``flip``/``roll``/``repeat``/``expand`` (coordinates moved), ``matrix_power`` (sparse products),
-``equal``/``allclose``, ``nonzero``, ``argmax``/``argmin``, and the
+``equal``/``allclose``, ``nonzero``, ``argmax``/``argmin``, ``prod``, and the
 ops whose ``f(0, other)`` is 0 on the stored values (``fmod``, ``remainder``, ``floor_divide``,
 ``div`` with a rounding mode).
 
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from .._dispatch import check_dense_size, register
 from ..gradients.values import from_coordinates, from_values, values_of
+from ..formats import as_format
 from ..tensor_type import SparseTensor, as_scorch
 from . import nonlinear, reductions
 from .nonlinear import _sparse
@@ -682,3 +683,62 @@ def _arg_handler(largest: bool):
 
 register(torch.argmax, torch.Tensor.argmax)(_arg_handler(True))
 register(torch.argmin, torch.Tensor.argmin)(_arg_handler(False))
+
+
+# --- prod: a fiber's product is 0 unless every position is stored ---------------------------
+
+def _fibers(t: SparseTensor, dim: int):
+    """Each stored entry's fiber along ``dim`` (row-major linear index over the other dims),
+    the other dims and their sizes."""
+    coords = _convert().coords(t._storage)
+    rest = [k for k in range(t.dim()) if k != dim]
+    fiber = torch.zeros(coords.shape[1], dtype=torch.int64)
+    for k in rest:
+        fiber = fiber * t.shape[k] + coords[k]
+    return fiber, rest, [t.shape[k] for k in rest]
+
+
+def prod(t: SparseTensor, dim: Optional[int] = None, keepdim: bool = False,
+         dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """``prod`` as dense torch's: 0 wherever a fiber has an unstored position (times the
+    stored product, so a stored NaN or inf still gives NaN), else the product of its stored
+    values. Sparse over the remaining dims (the full fibers, and the NaN ones); all
+    elements: a 0-d tensor. Differentiable in the stored values (torch's segment product)."""
+    vals = values_of(t)
+    out_dt = dtype or (torch.int64 if not (vals.dtype.is_floating_point or vals.dtype.is_complex) else vals.dtype)
+    vals = vals.to(out_dt)
+    if dim is None:
+        whole = vals.prod()
+        return whole if t.nnz == _numel(t) else torch.where(torch.tensor(False), whole, whole.detach() * 0)
+    d = dim % t.dim()
+    fiber, rest, rest_shape = _fibers(t, d)
+    nfib = math.prod(rest_shape)
+    count = torch.bincount(fiber, minlength=nfib)
+    product = torch.ones(nfib, dtype=out_dt).scatter_reduce(0, fiber, vals, "prod")
+    full = count == t.shape[d]
+    value = torch.where(full, product, product.detach() * 0)
+    keep = (count > 0) & (full | (value != value))
+    kept = keep.nonzero().reshape(-1)
+    coords = []
+    rem = kept.clone()
+    for n in reversed(rest_shape):
+        coords.insert(0, rem % n)
+        rem = rem // n
+    shape = list(rest_shape)
+    if keepdim:
+        coords.insert(d, torch.zeros_like(kept))
+        shape.insert(d, 1)
+    if not shape:                         # a 1-D tensor: the one fiber's product, 0-d
+        return value.reshape(())
+    idx = torch.stack(coords) if coords else torch.zeros((0, kept.numel()), dtype=torch.int64)
+    fmt = as_format("coo", len(shape))
+    built = _convert().from_coords(idx, value[kept].detach(), tuple(shape), fmt, sum_duplicates=False)
+    return from_coordinates(built, idx, value[kept])
+
+
+@register(torch.prod, torch.Tensor.prod)
+def _prod(x, dim=None, keepdim=False, *, dtype=None, out=None):
+    t = _sparse(x)
+    if t is None or out is not None or t.dim() == 0 or t.dtype.is_complex:
+        return NotImplemented
+    return prod(t, dim, keepdim, dtype)
