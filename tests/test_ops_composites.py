@@ -609,3 +609,15 @@ def test_prod_gradient_matches_dense_on_the_stored_entries():
     (torch.prod(X, 1).to_dense() * w).sum().backward()
     (torch.prod(D, 1) * w).sum().backward()
     _grad_matches(X, D)
+
+
+def test_norm_of_an_empty_sparse_tensor_stays_in_the_graph():
+    """Found by a random op chain: the norm of a tensor storing nothing returned a constant,
+    so backward raised where dense torch gives a zero gradient."""
+    for fmt in ("csr", "coo"):
+        S = _sparse(torch.zeros(2, 3, dtype=F64), fmt, True)
+        for r in (S.norm(), torch.linalg.vector_norm(S, 1), torch.linalg.vector_norm(S, float("inf"))):
+            assert r.requires_grad and float(r.detach()) == 0.0
+            r.backward()
+            assert isinstance(S.grad, scorch.SparseTensor) and S.grad.nnz == 0
+            S.grad = None

@@ -96,8 +96,8 @@ def vector_norm(t: SparseTensor, ord=2, dim=None, keepdim: bool = False) -> torc
         if ord == 0:
             return count_nonzero(t).to(t.dtype)
         vals = values_of(t)
-        if vals.numel() == 0:
-            return torch.zeros((), dtype=t.dtype)
+        if vals.numel() == 0:       # 0, in the graph (torch's inf norm of no values raises)
+            return vals.sum()
         return torch.linalg.vector_norm(vals, ord)
     dims = tuple(range(t.dim())) if dim is None else dim
     a = nonlinear.apply("abs", t)
