@@ -14,7 +14,7 @@ import torch
 
 from .formats import Format
 from .level_kinds.assembly import build_levels
-from .level_storage import Level, Storage, index_dtype_for
+from .level_storage import Level, Storage, index_dtype_for, materialized
 
 __all__ = ["convert", "from_dense", "from_coords", "coords", "to_dense", "runtime_builds"]
 
@@ -56,6 +56,7 @@ def convert(st: Storage, fmt: Format) -> Storage:
 
 
 def from_dense(x: torch.Tensor, fmt: Format) -> Storage:
+    x = materialized(x) if isinstance(x, torch.Tensor) else x
     if runtime_builds(fmt):
         return _runtime().from_dense(x, fmt)
     return _assemble(_runtime().from_dense(x, _sorted_coordinates(fmt)), fmt)

@@ -34,7 +34,8 @@ import torch
 
 from .formats import Format, LevelKind, dense
 
-__all__ = ["Level", "Storage", "make_level", "index_dtype_for", "sorted_segment_keys", "INT32_MAX"]
+__all__ = ["Level", "Storage", "make_level", "index_dtype_for", "sorted_segment_keys", "INT32_MAX",
+           "materialized"]
 
 INT32_MAX = 2**31 - 1
 
@@ -59,6 +60,13 @@ class Level:
 
 
 _new_object = object.__new__
+
+
+def materialized(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with memory behind it: torch's backward formulas hand out "efficient zero
+    tensors" (``sgn``'s, ``heaviside``'s gradient) whose data pointer is null, which a kernel
+    reading ``data_ptr()`` would dereference."""
+    return torch.zeros(t.shape, dtype=t.dtype) if t._is_zerotensor() else t
 
 
 def make_level(kind: LevelKind, dim: int, size: int, pos: Optional[torch.Tensor] = None,

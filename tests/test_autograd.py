@@ -574,3 +574,24 @@ def test_to_torch_is_differentiable(fmt):
     with pytest.raises(RuntimeError, match="to_scipy.*requires grad"):
         A.to_scipy()
     assert A.detach().to_scipy().nnz == 3
+
+
+def test_zero_gradients_without_memory_reach_no_kernel():
+    """torch's backward formulas hand out "efficient zero tensors" (``sgn``'s gradient) whose
+    data pointer is null; a kernel reading one crashed the process (found by a random op
+    chain: ``sgn(A + D)`` then a sparse ``add``). Every entry now makes them real zeros."""
+    d = torch.tensor([[[0.0, 0.0, -0.4], [0.0, 0.0, -0.2], [-0.9, 0.0, 0.0]]], dtype=F64)
+    for fmt in ("coo", "csf"):
+        S = scorch.sparse_tensor(d, format=fmt, requires_grad=True)
+        b = torch.sgn(torch.add(S, torch.rand(1, 3, 3, dtype=F64), alpha=-2))
+        c = torch.add(b, scorch.sparse_tensor(d * 2, format="csf"), alpha=-2)
+        c.mean(0).sum().backward()
+        assert S.grad.nnz == S.nnz and float(S.grad.to_dense().abs().sum()) == 0.0
+    z = torch._efficientzerotensor((3, 2))
+    A = scorch.sparse_tensor(torch.eye(3), format="csr")
+    for _ in range(3):                                  # the cold call, then the warm C path
+        assert torch.equal(scorch.einsum("ij,jk->ik", A, z), torch.zeros(3, 2))
+    assert scorch.sparse_tensor(torch._efficientzerotensor((2, 2)), format="csr").nnz == 0
+    x = torch.rand(4, 5, requires_grad=True)           # dense dropout's backward of such a gradient
+    torch.sgn(scorch.nn.functional.dropout(x, 0.5, True)).sum().backward()
+    assert torch.equal(x.grad, torch.zeros(4, 5))

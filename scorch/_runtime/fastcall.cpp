@@ -371,7 +371,8 @@ PyObject* try_fast(Plan* self, PyObject* list) {
       if (!THPVariable_Check(x)) return nullptr;
       const at::Tensor& t = THPVariable_Unpack(x);
       if (t.scalar_type() != op.dtype || t.dim() != op.ndim || t.layout() != at::kStrided ||
-          !t.has_storage() || !t.is_cpu())   // other devices: the Python path says why
+          !t.has_storage() || !t.is_cpu() ||   // other devices: the Python path says why
+          t._is_zerotensor())                  // no memory behind it: the Python path makes some
         return nullptr;
       dense[n] = &t;
       work += t.numel();

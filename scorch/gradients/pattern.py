@@ -17,7 +17,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from ..formats import Format, LevelKind
-from ..level_storage import Storage
+from ..level_storage import Storage, materialized
 from ..tensor_cache import TensorKeyedCache
 
 __all__ = ["pattern_ones", "pattern_factor", "same_pattern", "shares_arrays",
@@ -65,7 +65,7 @@ def shares_arrays(a: Storage, b: Storage) -> bool:
 
 def with_pattern_values(P: Storage, values: torch.Tensor) -> Storage:
     """``P``'s level arrays (shared) holding ``values``."""
-    return Storage(P.format, P.shape, P.levels, values, P.index_dtype)
+    return Storage(P.format, P.shape, P.levels, materialized(values), P.index_dtype)
 
 
 #: the pattern's key array (and dtype) -> its ones

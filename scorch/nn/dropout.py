@@ -43,6 +43,8 @@ def _draw_seed() -> int:
 
 
 def _mask_scale(x: torch.Tensor, out: torch.Tensor, seed: int, p: float) -> torch.Tensor:
+    if x._is_zerotensor():     # a gradient of zeros with no memory (sgn's): zeros out
+        return torch.zeros(x.shape, dtype=x.dtype) if out._is_zerotensor() or out is x else out.zero_()
     n = x.numel()
     mask_scale(x.data_ptr(), out.data_ptr(), n, _DOUBLE[x.dtype], seed, keep_threshold(1.0 - p),
                1.0 / (1.0 - p), threads_for(n))

@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from ..formats import Format
-from ..level_storage import Level, Storage
+from ..level_storage import Level, Storage, materialized
 from ..tensor_cache import TensorKeyedCache
 
 __all__ = ["as_operand", "torch_sparse_storage", "convert_storage", "unblocked", "cast_storage"]
@@ -29,7 +29,7 @@ def as_operand(x: Any, n: Optional[int] = None):
                              f"CPU tensors (move it with .cpu())")
         if x.layout != torch.strided:
             return torch_sparse_storage(x)
-        return x.detach() if x.requires_grad else x
+        return materialized(x.detach() if x.requires_grad else x)
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         raise TypeError(f"einsum(): {name} of type {type(x).__name__} is not a tensor")
     return torch.tensor(x)
