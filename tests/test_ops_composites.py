@@ -621,3 +621,14 @@ def test_norm_of_an_empty_sparse_tensor_stays_in_the_graph():
             r.backward()
             assert isinstance(S.grad, scorch.SparseTensor) and S.grad.nnz == 0
             S.grad = None
+
+
+def test_std_of_a_constant_fiber_has_torch_zero_gradient():
+    """torch's std backward is 0 where the deviation is 0; sqrt's own would give NaN (found by
+    a random op chain)."""
+    d = torch.tensor([[2.0, 2.0, 2.0], [1.0, 0.0, 3.0]], dtype=F64)
+    S, D = _sparse(d, "csr", True), d.clone().requires_grad_()
+    (S.std(1).sum() + S[:1].std()).backward()
+    (D.std(1).sum() + D[:1].std()).backward()
+    _grad_matches(S, D)
+    assert not torch.isnan(S.grad.to_dense()).any()

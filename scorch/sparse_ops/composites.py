@@ -406,6 +406,22 @@ def _diff(x, n=1, dim=-1, prepend=None, append=None, *, out=None):
     return t
 
 
+class _StdRoot(torch.autograd.Function):
+    """``sqrt(var)`` with torch's ``std`` backward: 0 where the deviation is 0 (``sqrt``'s own
+    would be ``inf * 0 = NaN`` there: a constant fiber)."""
+
+    @staticmethod
+    def forward(ctx, v):
+        r = v.sqrt()
+        ctx.save_for_backward(r)
+        return r
+
+    @staticmethod
+    def backward(ctx, g):
+        r, = ctx.saved_tensors
+        return (g / (2 * r)).masked_fill(r == 0, 0)
+
+
 def _moment(root: bool):
     def handler(x, dim=None, unbiased=None, keepdim=False, *, correction=None, out=None):
         t = _sparse(x)
@@ -413,7 +429,7 @@ def _moment(root: bool):
             return NotImplemented
         dim, correction = _var_args(dim, unbiased, correction)
         v = var(t, dim, correction, keepdim, "std" if root else "var")
-        return v.sqrt() if root else v
+        return _StdRoot.apply(v) if root else v
     return handler
 
 
