@@ -623,12 +623,17 @@ def test_norm_of_an_empty_sparse_tensor_stays_in_the_graph():
             S.grad = None
 
 
-def test_std_of_a_constant_fiber_has_torch_zero_gradient():
-    """torch's std backward is 0 where the deviation is 0; sqrt's own would give NaN (found by
-    a random op chain)."""
-    d = torch.tensor([[2.0, 2.0, 2.0], [1.0, 0.0, 3.0]], dtype=F64)
-    S, D = _sparse(d, "csr", True), d.clone().requires_grad_()
-    (S.std(1).sum() + S[:1].std()).backward()
-    (D.std(1).sum() + D[:1].std()).backward()
-    _grad_matches(S, D)
-    assert not torch.isnan(S.grad.to_dense()).any()
+def test_std_and_norm_of_a_constant_fiber_have_torch_zero_gradient():
+    """torch's std and norm backwards are 0 where the deviation / norm is 0; the root's own
+    would give NaN (found by a random op chain)."""
+    idx = torch.tensor([[0, 0, 0, 1, 1], [0, 1, 2, 0, 2]])
+    for vals in ([2.0, 2.0, 2.0, 1.0, 3.0], [0.0, 0.0, 0.0, 1.0, 3.0]):   # constant row; stored zeros
+        S = scorch.sparse_tensor((idx, torch.tensor(vals, dtype=F64)), size=(2, 3), format="csr",
+                                 requires_grad=True)
+        D = S.to_dense().detach().clone().requires_grad_()
+        for X in (S, D):
+            (X.std(1).sum() + X[:1].std() + torch.linalg.vector_norm(X, 2, dim=1).sum()
+             + torch.linalg.vector_norm(X, 3, dim=0).sum()).backward()
+        assert S.grad.nnz == 5 and not torch.isnan(S.grad.to_dense()).any()
+        want = D.grad[tuple(idx)]
+        torch.testing.assert_close(S.grad.to_dense()[tuple(idx)], want)

@@ -108,7 +108,7 @@ def vector_norm(t: SparseTensor, ord=2, dim=None, keepdim: bool = False) -> torc
     powered = nonlinear.apply("square", t) if ord == 2 else nonlinear.apply("pow", a, float(ord))
     s = reductions.sum(powered, dims, keepdim)
     s = s.to_dense() if isinstance(s, SparseTensor) else s
-    return s.sqrt() if ord == 2 else s.pow(1.0 / ord)
+    return _Root.apply(s, float(ord))
 
 
 def var(t: SparseTensor, dim=None, correction: float = 1, keepdim: bool = False,
@@ -406,20 +406,22 @@ def _diff(x, n=1, dim=-1, prepend=None, append=None, *, out=None):
     return t
 
 
-class _StdRoot(torch.autograd.Function):
-    """``sqrt(var)`` with torch's ``std`` backward: 0 where the deviation is 0 (``sqrt``'s own
-    would be ``inf * 0 = NaN`` there: a constant fiber)."""
+class _Root(torch.autograd.Function):
+    """``v ** (1/p)`` with the backward torch's ``std`` and ``norm`` have: 0 where the root
+    is 0 (the power's own would be ``inf * 0 = NaN`` there: a constant fiber, a fiber of
+    stored zeros)."""
 
     @staticmethod
-    def forward(ctx, v):
-        r = v.sqrt()
-        ctx.save_for_backward(r)
+    def forward(ctx, v, p: float):
+        r = v.sqrt() if p == 2 else v.pow(1.0 / p)
+        ctx.save_for_backward(v, r)
+        ctx.p = p
         return r
 
     @staticmethod
     def backward(ctx, g):
-        r, = ctx.saved_tensors
-        return (g / (2 * r)).masked_fill(r == 0, 0)
+        v, r = ctx.saved_tensors
+        return (g * r / (ctx.p * v)).masked_fill(r == 0, 0), None
 
 
 def _moment(root: bool):
@@ -429,7 +431,7 @@ def _moment(root: bool):
             return NotImplemented
         dim, correction = _var_args(dim, unbiased, correction)
         v = var(t, dim, correction, keepdim, "std" if root else "var")
-        return _StdRoot.apply(v) if root else v
+        return _Root.apply(v, 2.0) if root else v
     return handler
 
 
