@@ -5,7 +5,7 @@
 stored values), ``flip``/``roll``/``repeat``/``expand`` (coordinates moved), ``matrix_power`` (sparse products),
 ``equal``/``allclose``, ``nonzero``, ``argmax``/``argmin``, ``prod``, and the
 ops whose ``f(0, other)`` is 0 on the stored values (``fmod``, ``remainder``, ``floor_divide``,
-``div`` with a rounding mode).
+``div`` with a rounding mode, through ``elementwise.on_stored_values``).
 
 Where ``f(0) == 0`` (``clamp`` with ``min <= 0 <= max``, ``nan_to_num``, ``isnan``) the op
 runs on the values array and keeps the pattern; ``clamp`` that moves 0 is dense by nature
@@ -26,7 +26,7 @@ from .._dispatch import check_dense_size, register
 from ..gradients.values import from_coordinates, from_values, values_of
 from ..formats import as_format
 from ..tensor_type import SparseTensor, as_scorch
-from . import nonlinear, reductions
+from . import elementwise, nonlinear, reductions
 from .nonlinear import _sparse
 from . import shape as _shape
 
@@ -554,65 +554,22 @@ def _allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
     return bool((g <= atol).all())
 
 
-# --- ops whose f(0, other) is 0: computed on the stored values ------------------------------
-
-def _other_at_stored(t: SparseTensor, other):
-    """``other`` (a number, or a dense tensor broadcastable to ``t`` without growing it) at
-    ``t``'s stored coordinates; None when it would grow the result or is sparse."""
-    if isinstance(other, numbers.Number) and not isinstance(other, bool):
-        return other
-    if not isinstance(other, torch.Tensor) or isinstance(other, SparseTensor) or other.layout != torch.strided:
-        return None
-    if other.dim() == 0:
-        return other
-    try:
-        if torch.broadcast_shapes(t.shape, other.shape) != t.shape:
-            return None
-    except RuntimeError:
-        return None
-    return other.expand(t.shape)[tuple(_convert().coords(t._storage))]
-
-
-def _keeps_zero(op, other) -> bool:
-    """``op(0, other)`` is 0 for a number; a dense divisor's zeros where nothing is stored
-    stay 0 (as ``div`` by a dense tensor, and torch.sparse)."""
-    if isinstance(other, torch.Tensor) and other.dim() > 0:
-        return True
-    zero = torch.zeros((), dtype=torch.float64)
-    with torch.no_grad():
-        return bool(op(zero, other) == 0)
-
-
-def _on_stored_values(op, x, other, **kwargs):
-    t = _sparse(x)
-    if t is None or kwargs.pop("out", None) is not None or t.dtype.is_complex:
-        return NotImplemented
-    at = _other_at_stored(t, other)
-    if at is None or not _keeps_zero(lambda a, b: op(a, b, **kwargs), other):
-        return NotImplemented        # a sparse or growing operand, or op(0, other) != 0: the fallback's
-    return from_values(t._storage, op(values_of(t), at, **kwargs))
-
+# --- ops whose f(0, other) is 0: on the stored values (elementwise.on_stored_values) ---
 
 @register(torch.fmod, torch.Tensor.fmod)
 def _fmod(x, other, *, out=None):
     """``fmod(x, d)``: 0 at 0 for d != 0, so the stored values (``0 % 0`` is NaN: the fallback)."""
-    return _on_stored_values(torch.fmod, x, other, out=out)
+    return elementwise.on_stored_values(torch.fmod, x, other, out=out)
 
 
 @register(torch.remainder, torch.Tensor.remainder, torch.Tensor.__mod__)
 def _remainder(x, other, *, out=None):
-    return _on_stored_values(torch.remainder, x, other, out=out)
+    return elementwise.on_stored_values(torch.remainder, x, other, out=out)
 
 
 @register(torch.floor_divide, torch.Tensor.floor_divide, torch.Tensor.__floordiv__)
 def _floor_divide(x, other, *, out=None):
-    return _on_stored_values(torch.floor_divide, x, other, out=out)
-
-
-def rounded_division(x, other, rounding_mode: str, out=None):
-    """``div(x, d, rounding_mode=...)`` with a sparse dividend ("trunc", "floor"): torch's op
-    on the stored values (its rounding exactly), the pattern kept."""
-    return _on_stored_values(torch.div, x, other, rounding_mode=rounding_mode, out=out)
+    return elementwise.on_stored_values(torch.floor_divide, x, other, out=out)
 
 
 @register(torch.nonzero, torch.Tensor.nonzero, torch.argwhere, torch.Tensor.argwhere)

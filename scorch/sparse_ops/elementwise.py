@@ -22,7 +22,7 @@ from typing import List, Tuple
 import torch
 
 from .._dispatch import check_dense_size, register
-from ..gradients.values import with_dtype
+from ..gradients.values import from_values, values_of, with_dtype
 from .. import tensor_type as _tensor_type
 from ..level_storage import Storage
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, make_pending, with_values
@@ -518,17 +518,60 @@ def _rmul(a, b):
     return mul(b, a) if _involves_sparse(a, b) else NotImplemented
 
 
+# --- ops whose f(0, other) is 0 for a number: computed on the stored values --------------
+
+def _other_at_stored(t: SparseTensor, other):
+    """``other`` (a number, or a dense tensor broadcastable to ``t`` without growing it) at
+    ``t``'s stored coordinates; None when it would grow the result or is sparse."""
+    if isinstance(other, numbers.Number) and not isinstance(other, bool):
+        return other
+    if not isinstance(other, torch.Tensor) or isinstance(other, SparseTensor) or other.layout != torch.strided:
+        return None
+    if other.dim() == 0:
+        return other
+    try:
+        if torch.broadcast_shapes(t.shape, other.shape) != t.shape:
+            return None
+    except RuntimeError:
+        return None
+    from .._runtime import convert
+    return other.expand(t.shape)[tuple(convert.coords(t._storage))]
+
+
+def _keeps_zero(op, other) -> bool:
+    """``op(0, other)`` is 0 for a number; a dense divisor's zeros where nothing is stored
+    stay 0 (as ``div`` by a dense tensor, and torch.sparse)."""
+    if isinstance(other, torch.Tensor) and other.dim() > 0:
+        return True
+    with torch.no_grad():
+        return bool(op(torch.zeros((), dtype=torch.float64), other) == 0)
+
+
+def on_stored_values(op, x, other, **kwargs):
+    """``op(x, other)`` for a sparse ``x`` where ``op(0, other)`` is 0 (``fmod``,
+    ``remainder``, ``floor_divide``, ``div`` with a rounding mode): torch's op on the stored
+    values (its rounding exactly), the pattern kept, differentiable as torch's op is.
+    NotImplemented (the fallback) for a sparse or growing ``other`` or ``op(0, other) != 0``."""
+    x = as_scorch(x)
+    if (not isinstance(x, SparseTensor) or kwargs.pop("out", None) is not None
+            or x.dtype.is_complex):
+        return NotImplemented
+    at = _other_at_stored(x, other)
+    if at is None or not _keeps_zero(lambda a, b: op(a, b, **kwargs), other):
+        return NotImplemented
+    return from_values(x._storage, op(values_of(x), at, **kwargs))
+
+
 @register(torch.div, torch.divide, torch.true_divide, torch.Tensor.div, torch.Tensor.divide,
           torch.Tensor.true_divide, torch.Tensor.__truediv__)
 def _div(a, b, *, rounding_mode=None, out=None):
     # a sparse dividend over a scalar or dense divisor stays sparse; division by a sparse
     # tensor is a dense kernel (dense by nature); a rounding mode: torch's division on the
-    # stored values (composites.rounded_division; a sparse divisor: the fallback's)
+    # stored values (on_stored_values; a sparse divisor: the fallback's)
     if out is not None or not _involves_sparse(a, b):
         return NotImplemented
     if rounding_mode is not None:
-        from .composites import rounded_division
-        return rounded_division(a, b, rounding_mode)
+        return on_stored_values(torch.div, a, b, rounding_mode=rounding_mode)
     return div(a, b)
 
 
