@@ -300,3 +300,18 @@ def test_union_rows_pos_against_scipy(threads):
     assert np.array_equal(got.indptr, want.indptr)
     assert np.array_equal(got.indices, want.indices)
     assert np.allclose(got.data, want.data)
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data(), value=st.sampled_from([0.5, 2, 1.5, -1]),
+       dtypes=st.sampled_from([(torch.int64,) * 3, (torch.float32, torch.int64, torch.int64),
+                               (torch.int32, torch.float64, torch.int32), (torch.float64,) * 3]),
+       sparse_y=st.booleans())
+def test_addcmul_casts_the_value_to_the_tensors_type(data, value, dtypes, sparse_y):
+    """torch's addcmul promotes the three tensors only; the value takes their type (an
+    integer result truncates 0.5 to 0). Found by a random op chain: scorch promoted to float."""
+    c, x, y = (data.draw(dense_values((3, 4), dt)) for dt in dtypes)
+    C, X = scorch.sparse_tensor(c, format="csr"), scorch.sparse_tensor(x, format="coo")
+    Y = scorch.sparse_tensor(y, format="csr") if sparse_y else y
+    got = torch.addcmul(C, X, Y, value=value)
+    assert_matches(got, torch.addcmul(c, x, y, value=value))

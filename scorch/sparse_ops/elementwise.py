@@ -331,11 +331,15 @@ def neg(a) -> torch.Tensor:
 
 
 def _addc(op: str, c, x, y, value) -> torch.Tensor:
-    """``c + value * x (*|/) y`` as ONE kernel (torch's dtype rules: the three tensors and
-    the value promote together)."""
+    """``c + value * x (*|/) y`` as ONE kernel (torch's dtype rules: the three tensors
+    promote together; ``value`` is cast to their type, so integers truncate 0.5 to 0 as
+    torch's do)."""
     c, x, y = as_scorch(c), as_scorch(x), as_scorch(y)
     dt = torch.result_type(_stand_in(c), _stand_in(x))
-    dt = torch.promote_types(dt, result_dtype(y, value))
+    dt = torch.promote_types(dt, torch.result_type(_stand_in(y), _stand_in(c)) if isinstance(y, torch.Tensor)
+                             else result_dtype(y, c))
+    if isinstance(value, numbers.Number) and not (dt.is_floating_point or dt.is_complex):
+        value = int(value)
     return _build((_cast(c, dt), _cast(x, dt), _cast(y, dt), _cast(value, dt)), op)
 
 
