@@ -128,3 +128,16 @@ def test_sum_positions_follow_changes_of_the_index_array():
     s._storage.levels[-1].crd[0] = 1          # move an entry: a new version of the array
     assert s.sum(0).indices().tolist() == [[1, 2]]
     assert torch.equal(s.sum(0).to_dense(), torch.tensor([0.0, 1.0, 5.0]))
+
+
+def test_mean_over_an_empty_dimension_is_nan_as_torch():
+    """0 / 0 at every position: dense by nature, NaN as dense torch (it raised before; found by
+    a random op chain), and in the graph."""
+    for shape, dim in (((0, 3, 2), 0), ((0, 3, 2), (0, 1)), ((4, 0), 1)):
+        x = torch.zeros(shape, dtype=torch.float64)
+        X = scorch.sparse_tensor(x, format="coo", requires_grad=True)
+        got, want = X.mean(dim), x.mean(dim)
+        assert type(got) is torch.Tensor and got.shape == want.shape
+        assert torch.isnan(got).all() and got.requires_grad
+        got.sum().backward()
+        assert X.grad.nnz == 0

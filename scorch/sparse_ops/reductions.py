@@ -17,7 +17,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from .._dispatch import register
+from .._dispatch import check_dense_size, register
 from ..formats import Format
 from ..gradients.values import with_dtype
 from ..level_storage import Level, Storage, index_dtype_for
@@ -169,9 +169,9 @@ def mean(t: SparseTensor, dim: Dims = None, keepdim: bool = False,
     count = math.prod(t.shape[d] for d in dims)
     total = sum(t, dims, keepdim, target)
     if isinstance(total, SparseTensor):
-        if count == 0:
-            raise RuntimeError("mean(): a mean over an empty dimension of a sparse tensor has "
-                               "no sparse result (every entry would be NaN)")
+        if count == 0:      # 0 / 0 everywhere: dense by nature, NaN as torch's
+            check_dense_size("mean", total.shape, total.dtype)
+            return total.to_dense() / count
         return elementwise.div(total, count)
     return total / count
 
