@@ -401,7 +401,8 @@ _aten = torch.ops.aten
 #: metadata, and adding gradients of one pattern)
 _GRAD_SAFE = {_aten.detach.default, _aten.alias.default, _aten.clone.default,
               _aten._to_copy.default, _aten._nnz.default, _aten.is_same_size.default,
-              _aten.add.Tensor, _aten.add_.Tensor, _aten.zeros_like.default}
+              _aten.add.Tensor, _aten.add_.Tensor, _aten.zeros_like.default,
+              _aten.full_like.default}
 
 #: ops whose results carry no gradient (bool or index results): nothing to detach
 _NO_GRADIENT = {getattr(_aten, n) for n in (

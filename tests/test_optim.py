@@ -30,6 +30,19 @@ OPTIMIZERS = [
     ("adamw", lambda p: torch.optim.AdamW(p, lr=0.05, weight_decay=0.1)),
     ("adam_foreach", lambda p: torch.optim.Adam(p, lr=0.05, foreach=True)),
     ("sgd_foreach", lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, foreach=True)),
+    # session 17: the other optimizers torch ships, where their steps are values-level ops
+    ("rmsprop", lambda p: torch.optim.RMSprop(p, lr=0.01)),
+    ("rmsprop_centered", lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.9, centered=True,
+                                                       weight_decay=0.1)),
+    ("rmsprop_foreach", lambda p: torch.optim.RMSprop(p, lr=0.01, foreach=True)),
+    ("adagrad", lambda p: torch.optim.Adagrad(p, lr=0.1)),          # full_like(p, 0): its state
+    ("adagrad_foreach", lambda p: torch.optim.Adagrad(p, lr=0.1, foreach=True)),
+    ("adamax", lambda p: torch.optim.Adamax(p, lr=0.05)),
+    ("nadam", lambda p: torch.optim.NAdam(p, lr=0.05)),
+    ("nadam_foreach", lambda p: torch.optim.NAdam(p, lr=0.05, foreach=True)),
+    ("radam", lambda p: torch.optim.RAdam(p, lr=0.05)),
+    ("asgd", lambda p: torch.optim.ASGD(p, lr=0.05)),
+    ("asgd_foreach", lambda p: torch.optim.ASGD(p, lr=0.05, foreach=True)),
 ]
 
 
@@ -76,3 +89,19 @@ def test_gradient_accumulation_different_patterns():
     a = scorch.sparse_tensor(torch.eye(3, dtype=F64), format="coo")
     b = scorch.sparse_tensor(torch.tensor([[0, 1.0, 0], [0, 0, 0], [0, 0, 0]], dtype=F64), format="coo")
     torch.testing.assert_close((a - b).to_dense(), a.to_dense() - b.to_dense())
+
+
+@pytest.mark.parametrize("make", [lambda p: torch.optim.Adadelta(p), lambda p: torch.optim.Rprop(p),
+                                  lambda p: torch.optim.Adadelta(p, foreach=True)],
+                         ids=["adadelta", "rprop", "adadelta_foreach"])
+def test_optimizers_whose_steps_leave_the_pattern_raise(make):
+    """Adadelta adds eps out of place (``square_avg.add(eps)``: dense by nature) and Rprop
+    writes through ``index_put_``/a dense ``full_like(grad, lr)``: their steps cannot keep a
+    sparse parameter's pattern, so the step raises an error naming the op (never a silently
+    dense parameter)."""
+    mask, w0, X, T = _problem("csr")
+    W = torch.nn.Parameter(scorch.sparse_tensor(w0, format="csr"))
+    opt = make([W])
+    ((scorch.einsum("ij,jk->ik", W, X).to_dense() - T) ** 2).sum().backward()
+    with pytest.raises(RuntimeError, match="sparse|pattern|zero-preserving"):
+        opt.step()

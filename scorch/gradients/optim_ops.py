@@ -16,7 +16,7 @@ from typing import Any, List
 
 import torch
 
-from .._dispatch import register_aten
+from .._dispatch import check_dense_size, register_aten
 from ..level_storage import Storage
 from ..tensor_type import SparseTensor
 from . import pattern as _pattern
@@ -99,6 +99,18 @@ def _zeros_like(t, dtype=None, layout=None, device=None, pin_memory=None, memory
     st = t._storage
     vals = torch.zeros_like(st.values, dtype=dtype)
     return SparseTensor(_pattern.with_pattern_values(st, vals))
+
+
+@register_aten(aten.full_like.default)
+def _full_like(t, fill_value, dtype=None, layout=None, device=None, pin_memory=None,
+               memory_format=None):
+    """``full_like(S, 0)`` is ``zeros_like``: the pattern with zero values (Adagrad's state,
+    whose later in-place steps need one pattern); another value fills every position, so the
+    result is dense by nature."""
+    if fill_value == 0:
+        return _zeros_like(t, dtype, layout, device, pin_memory, memory_format)
+    check_dense_size("full_like", t.shape, dtype or t.dtype)
+    return torch.full(tuple(t.shape), fill_value, dtype=dtype or t.dtype)
 
 
 def _add_like(sign: float):
