@@ -240,6 +240,27 @@ CASES = [
     Case("clamp_min", [torch.clamp_min, _T.clamp_min, torch.clamp_max, _T.clamp_max],
          lambda s: torch.clamp_min(s, -0.9).clamp_max(1.1)),
     Case("normalize", [F.normalize], lambda s: F.normalize(s, dim=1) + F.normalize(s, p=1.0, dim=0)),
+    # --- dense by nature: torch's op on the dense copy, differentiable through to_dense --------
+    Case("cumsum", [torch.cumsum, _T.cumsum, torch.cumprod, _T.cumprod, torch.logcumsumexp,
+                    _T.logcumsumexp], lambda s: s.cumsum(1) + torch.cumprod(s, 0) + s.logcumsumexp(1)),
+    Case("logsumexp", [torch.logsumexp, _T.logsumexp], lambda s: torch.logsumexp(s, 1) + s.logsumexp(0).sum()),
+    Case("reciprocal", [torch.reciprocal, _T.reciprocal, torch.rsqrt, _T.rsqrt],
+         lambda s: (torch.reciprocal(s) + s.rsqrt()).clamp(max=1e6), positive=True),
+    Case("cosh", [torch.cosh, _T.cosh, torch.acos, _T.acos, torch.exp2, _T.exp2, torch.erfc, _T.erfc],
+         lambda s: torch.cosh(s) + (s * 0.5).acos() + s.exp2() + torch.erfc(s)),
+    Case("matrix_exp", [torch.matrix_exp, torch.linalg.matrix_exp],
+         lambda s: torch.matrix_exp(s[:, :4] * 0.3), ),
+    Case("losses", [F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss, F.kl_div],
+         lambda s, x: F.mse_loss(s, x) + F.l1_loss(s, x) + F.smooth_l1_loss(s, x) + F.huber_loss(s, x)
+         + F.kl_div(s, x, reduction="batchmean"), [SHAPE], extra={"partner_positive": True}),
+    Case("cross_entropy", [F.cross_entropy, F.nll_loss],
+         lambda s: F.cross_entropy(s, torch.tensor([0, 4, 2, 1])) + F.nll_loss(s, torch.tensor([1, 1, 0, 3]))),
+    Case("binary_cross_entropy", [F.binary_cross_entropy, F.binary_cross_entropy_with_logits],
+         lambda s, x: F.binary_cross_entropy((s * 0.4).abs() + 0.1, x * 0.5)
+         + F.binary_cross_entropy_with_logits(s, x * 0.5), [SHAPE], extra={"partner_positive": True}),
+    Case("layer_norm", [F.layer_norm], lambda s, w: F.layer_norm(s, (5,), w), [(5,)]),
+    Case("isclose_ones_like", [torch.isclose, _T.isclose, torch.ones_like, torch.isfinite, _T.isfinite],
+         lambda s: torch.isclose(s, s * 1.0).double() + torch.ones_like(s) + s.isfinite(), bool_result=True),
     # --- accessors ---------------------------------------------------------------------------
     Case("values", [_T.values], lambda s: s.values() * 2.0, oracle=lambda d: d[d != 0] * 2.0),
     Case("to_dense", [_T.to_dense], lambda s: s.to_dense()),
