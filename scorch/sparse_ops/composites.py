@@ -1,10 +1,11 @@
 """Ops that are a few stored-value operations or other sparse ops, never a dense copy:
-``clamp``/``clip``, ``nan_to_num``, ``isnan``/``isinf``/``signbit``, ``heaviside(x, 0)``, ``prelu``, ``lerp``, ``count_nonzero``, ``any``/``all``,
-``max``/``min`` over every element, ``vector_norm`` (``norm``, ``F.normalize``), ``tril``/``triu``,
-``narrow`` (a slice), ``diff`` (slices and a subtraction), ``var``/``std`` (two passes over the
-stored values), ``flip``/``roll``/``repeat``/``expand`` (coordinates moved), ``matrix_power`` (sparse products),
-``equal``/``allclose``, ``nonzero``, ``argmax``/``argmin``, ``prod``, and the
-ops whose ``f(0, other)`` is 0 on the stored values (``fmod``, ``remainder``, ``floor_divide``,
+``clamp``/``clip``, ``nan_to_num``, ``isnan``/``isinf``/``signbit``, ``heaviside(x, 0)``,
+``prelu``, ``lerp``, ``count_nonzero``, ``any``/``all``, ``max``/``min`` over every element,
+``vector_norm`` (``norm``, ``F.normalize``), ``tril``/``triu``, ``narrow`` (a slice), ``diff``
+(slices and a subtraction), ``var``/``std`` (two passes over the stored values),
+``flip``/``roll``/``repeat``/``expand`` (coordinates moved), ``matrix_power`` (sparse
+products), ``equal``/``allclose``, ``nonzero``, ``argmax``/``argmin``, ``prod``, and the ops
+whose ``f(0, other)`` is 0 on the stored values (``fmod``, ``remainder``, ``floor_divide``,
 ``div`` with a rounding mode, through ``elementwise.on_stored_values``).
 
 Where ``f(0) == 0`` (``clamp`` with ``min <= 0 <= max``, ``nan_to_num``, ``isnan``) the op
@@ -680,7 +681,8 @@ def prod(t: SparseTensor, dim: Optional[int] = None, keepdim: bool = False,
     values. Sparse over the remaining dims (the full fibers, and the NaN ones); all
     elements: a 0-d tensor. Differentiable in the stored values (torch's segment product)."""
     vals = values_of(t)
-    out_dt = dtype or (torch.int64 if not (vals.dtype.is_floating_point or vals.dtype.is_complex) else vals.dtype)
+    integral = not (vals.dtype.is_floating_point or vals.dtype.is_complex)
+    out_dt = dtype or (torch.int64 if integral else vals.dtype)
     vals = vals.to(out_dt)
     if dim is None:
         whole = vals.prod()

@@ -529,7 +529,8 @@ def _other_at_stored(t: SparseTensor, other):
     ``t``'s stored coordinates; None when it would grow the result or is sparse."""
     if isinstance(other, numbers.Number) and not isinstance(other, bool):
         return other
-    if not isinstance(other, torch.Tensor) or isinstance(other, SparseTensor) or other.layout != torch.strided:
+    if (not isinstance(other, torch.Tensor) or isinstance(other, SparseTensor)
+            or other.layout != torch.strided):
         return None
     if other.dim() == 0:
         return other

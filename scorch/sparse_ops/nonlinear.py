@@ -9,9 +9,10 @@ functions, ``fiber_ops`` for softmax and amax/amin). A function that
 keeps 0 at 0 (relu, abs, sqrt, sin, tanh, sign, square, pow with a positive exponent, expm1,
 log1p, erf, atan, asin, asinh, atanh, sinh, tan, deg2rad, rad2deg, the activations gelu, silu,
 leaky_relu, elu, selu, celu, relu6, mish, hardtanh, softsign, tanhshrink, softshrink,
-hardshrink, hardswish and threshold (with value 0), and the roundings floor, ceil, round, trunc, frac) gives a sparse result on the
-operand's pattern; one that maps 0 elsewhere (exp, cos, sigmoid, log, logsigmoid, softplus)
-gives a dense result, dense by nature (subject to the dense-size limit of ``_dispatch``).
+hardshrink, hardswish and threshold (with value 0), and the roundings floor, ceil, round,
+trunc, frac) gives a sparse result on the operand's pattern; one that maps 0 elsewhere (exp,
+cos, sigmoid, log, logsigmoid, softplus) gives a dense result, dense by nature (subject to the
+dense-size limit of ``_dispatch``).
 """
 from __future__ import annotations
 
