@@ -595,6 +595,16 @@ def _nonzero(x, *, out=None, as_tuple=False):
 
 # --- argmax / argmin: the first index of the extreme, the implicit zeros counted -------------
 
+def _fibers(coords: torch.Tensor, shape, dim: int):
+    """Each stored entry's fiber along ``dim`` (the row-major linear index over the other
+    dims; argmax/argmin and prod), the other dims and their sizes."""
+    rest = [k for k in range(len(shape)) if k != dim]
+    fiber = torch.zeros(coords.shape[1], dtype=torch.int64)
+    for k in rest:
+        fiber = fiber * shape[k] + coords[k]
+    return fiber, rest, [shape[k] for k in rest]
+
+
 def arg_extreme(t: SparseTensor, dim: Optional[int], keepdim: bool, largest: bool) -> torch.Tensor:
     """``argmax`` / ``argmin`` as torch's: per fiber along ``dim`` (or over every element,
     row-major), the first index holding the extreme, NaN first; an unstored 0 wins where 0
@@ -613,11 +623,7 @@ def arg_extreme(t: SparseTensor, dim: Optional[int], keepdim: bool, largest: boo
         extent, nfib, out_shape = math.prod(shape), 1, ()
     else:
         d = dim % len(shape)
-        rest = [k for k in range(len(shape)) if k != d]
-        rest_shape = [shape[k] for k in rest]
-        fiber = torch.zeros(coords.shape[1], dtype=torch.int64)
-        for k, n in zip(rest, rest_shape):
-            fiber = fiber * n + coords[k]
+        fiber, _, rest_shape = _fibers(coords, shape, d)
         pos, extent, nfib = coords[d], shape[d], math.prod(rest_shape)
         out_shape = tuple(1 if k == d else n for k, n in enumerate(shape)) if keepdim else tuple(rest_shape)
     key = fiber * extent + pos
@@ -663,17 +669,6 @@ register(torch.argmin, torch.Tensor.argmin)(_arg_handler(False))
 
 # --- prod: a fiber's product is 0 unless every position is stored ---------------------------
 
-def _fibers(t: SparseTensor, dim: int):
-    """Each stored entry's fiber along ``dim`` (row-major linear index over the other dims),
-    the other dims and their sizes."""
-    coords = _convert().coords(t._storage)
-    rest = [k for k in range(t.dim()) if k != dim]
-    fiber = torch.zeros(coords.shape[1], dtype=torch.int64)
-    for k in rest:
-        fiber = fiber * t.shape[k] + coords[k]
-    return fiber, rest, [t.shape[k] for k in rest]
-
-
 def prod(t: SparseTensor, dim: Optional[int] = None, keepdim: bool = False,
          dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """``prod`` as dense torch's: 0 wherever a fiber has an unstored position (times the
@@ -688,7 +683,7 @@ def prod(t: SparseTensor, dim: Optional[int] = None, keepdim: bool = False,
         whole = vals.prod()
         return whole if t.nnz == _numel(t) else torch.where(torch.tensor(False), whole, whole.detach() * 0)
     d = dim % t.dim()
-    fiber, rest, rest_shape = _fibers(t, d)
+    fiber, _, rest_shape = _fibers(_convert().coords(t._storage), tuple(t.shape), d)
     nfib = math.prod(rest_shape)
     count = torch.bincount(fiber, minlength=nfib)
     product = torch.ones(nfib, dtype=out_dt).scatter_reduce(0, fiber, vals, "prod")
