@@ -637,3 +637,22 @@ def test_std_and_norm_of_a_constant_fiber_have_torch_zero_gradient():
         assert S.grad.nnz == 5 and not torch.isnan(S.grad.to_dense()).any()
         want = D.grad[tuple(idx)]
         torch.testing.assert_close(S.grad.to_dense()[tuple(idx)], want)
+
+
+def test_prod_and_matrix_power_follow_the_stored_entries():
+    """On a 2,000,000 x 2,000,000 matrix storing 3 entries: no array as long as a dimension
+    squared (the identity of matrix_power(A, 0) from its coordinates) and prod's fibers are
+    the stored ones (a dense copy would take 16 TB; the dense limit would raise)."""
+    n = 2_000_000
+    A = scorch.sparse_tensor((torch.tensor([[0, 5, n - 1], [1, 5, 0]]), torch.tensor([2.0, 3.0, 4.0])),
+                             size=(n, n), format="csr")
+    eye = torch.linalg.matrix_power(A, 0)
+    assert isinstance(eye, scorch.SparseTensor) and eye.nnz == n and eye.shape == A.shape
+    assert torch.equal(eye.values(), torch.ones(n))
+    p = torch.prod(A, 1)
+    assert isinstance(p, scorch.SparseTensor) and p.nnz == 0 and p.shape == (n,)
+    B = scorch.sparse_tensor((torch.tensor([[0, 1, 0], [0, 0, 1]]), torch.tensor([2.0, 3.0, 4.0])),
+                             size=(n, 2), format="coo")
+    p = torch.prod(B, 1)
+    assert p.nnz == 1
+    assert torch.equal(p.indices(), torch.tensor([[0]])) and float(p.values()[0]) == 8.0

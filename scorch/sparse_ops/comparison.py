@@ -30,7 +30,7 @@ from ..tensor_type import as_scorch, is_sparse_operand
 from .elementwise import (_build, _cast, _is_scalar, _scalar_like, _shape_of, as_bool, bool_as_uint8,
                           result_dtype)
 
-__all__ = ["compare", "where", "masked_fill", "logical", "extremum", "nan_ignoring_extremum"]
+__all__ = ["compare", "where", "masked_fill", "logical", "extremum"]
 
 
 def _ir():
@@ -199,22 +199,30 @@ for _op, _fns in {
 
 
 def extremum(op: str, a, b) -> torch.Tensor:
-    """``torch.maximum(a, b)`` / ``torch.minimum(a, b)`` with a sparse operand: ONE kernel of
-    ``where(a > b, a, where(a < b, b, a/2 + b/2))`` (``<`` and ``>`` swapped for minimum). The
-    last branch is taken at ties, where it is ``a``, and where either is NaN, where it is
-    NaN (torch propagates NaN from either side); its gradient splits a tie evenly, as
-    torch's. Sparse with both operands sparse (the union of their patterns), else dense by
+    """``torch.maximum`` / ``minimum`` / ``fmax`` / ``fmin`` with a sparse operand: ONE kernel
+    of ``where(a > b, a, where(a < b, b, tie))`` (``<`` and ``>`` swapped for the minima). The
+    tie branch is taken at ties and where either is NaN: ``a/2 + b/2`` for maximum/minimum
+    (NaN from either side, as torch; the gradient splits a tie evenly), ``where(a != a, b,
+    a)`` for fmax/fmin (a NaN loses to a number; the gradient goes to ``a`` at ties, as
+    torch's). Sparse with both operands sparse (the union of their patterns), else dense by
     nature; differentiable in both."""
     a, b = as_scorch(a), as_scorch(b)
     out_dt = result_dtype(a, b)
     dt = _compute_dtype(out_dt)
     ir = _ir()
-    wins, loses = (ir.Gt, ir.Lt) if op == "maximum" else (ir.Lt, ir.Gt)
+    wins, loses = (ir.Gt, ir.Lt) if op in ("maximum", "fmax") else (ir.Lt, ir.Gt)
     half = ir.Scalar(0.5)
     dense = not (is_sparse_operand(a) and is_sparse_operand(b))
     if dt.is_floating_point:
+        if op in ("maximum", "minimum"):
+            def tie(x, y):
+                return x * half + y * half
+        else:
+            def tie(x, y):
+                return ir.Where(ir.Ne(x, x), y, x)
+
         def expr(x, y):
-            return ir.Where(wins(x, y), x, ir.Where(loses(x, y), y, x * half + y * half))
+            return ir.Where(wins(x, y), x, ir.Where(loses(x, y), y, tie(x, y)))
     else:       # no NaN, no gradient: the winner or, at a tie, either
         def expr(x, y):
             return ir.Where(wins(x, y), x, y)
@@ -222,35 +230,16 @@ def extremum(op: str, a, b) -> torch.Tensor:
     return as_bool(r) if out_dt == torch.bool else r
 
 
-def nan_ignoring_extremum(op: str, a, b) -> torch.Tensor:
-    """``torch.fmax`` / ``torch.fmin``: as ``maximum`` / ``minimum`` but a NaN loses to a
-    number: ``where(a > b, a, where(a < b, b, where(a != a, b, a)))``. The gradient goes to
-    ``a`` at ties, as torch's (no even split)."""
-    a, b = as_scorch(a), as_scorch(b)
-    out_dt = result_dtype(a, b)
-    dt = _compute_dtype(out_dt)
-    ir = _ir()
-    wins, loses = (ir.Gt, ir.Lt) if op == "fmax" else (ir.Lt, ir.Gt)
-    dense = not (is_sparse_operand(a) and is_sparse_operand(b))
-
-    def expr(x, y):
-        tie = ir.Where(ir.Ne(x, x), y, x) if dt.is_floating_point else x
-        return ir.Where(wins(x, y), x, ir.Where(loses(x, y), y, tie))
-    r = _run(op, [_in(a, dt), _in(b, dt)], expr, dense, dt, differentiable=dt.is_floating_point)
-    return as_bool(r) if out_dt == torch.bool else r
-
-
-for _name, _fns, _impl in (("maximum", (torch.maximum, torch.Tensor.maximum), extremum),
-                           ("minimum", (torch.minimum, torch.Tensor.minimum), extremum),
-                           ("fmax", (torch.fmax, torch.Tensor.fmax), nan_ignoring_extremum),
-                           ("fmin", (torch.fmin, torch.Tensor.fmin), nan_ignoring_extremum)):
-    def _make(name, fns, impl):
+for _name, _fns in (("maximum", (torch.maximum, torch.Tensor.maximum)),
+                    ("minimum", (torch.minimum, torch.Tensor.minimum)),
+                    ("fmax", (torch.fmax, torch.Tensor.fmax)), ("fmin", (torch.fmin, torch.Tensor.fmin))):
+    def _make(name, fns):
         @register(*fns)
         def _extremum(a, b, *, out=None):
             if out is not None or not _involves_sparse(a, b) or _is_scalar(a) or _is_scalar(b):
                 return NotImplemented
-            return impl(name, a, b)
-    _make(_name, _fns, _impl)
+            return extremum(name, a, b)
+    _make(_name, _fns)
 
 
 @register(torch.where)

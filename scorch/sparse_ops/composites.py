@@ -504,10 +504,11 @@ def _matrix_power(x, n, *, out=None):
         return NotImplemented
     if t.shape[0] != t.shape[1]:
         raise RuntimeError(f"matrix_power: A must be a square matrix, got shape {tuple(t.shape)}")
-    if n == 0:
-        eye = torch.eye(t.shape[0], dtype=t.dtype)
-        from ..constructors import sparse_tensor
-        return sparse_tensor(eye, format=t._storage.format)
+    if n == 0:                 # the identity from its coordinates (no n x n array)
+        diag = torch.arange(t.shape[0])
+        return SparseTensor(_convert().from_coords(torch.stack([diag, diag]),
+                                                   torch.ones(t.shape[0], dtype=t.dtype),
+                                                   tuple(t.shape), t._storage.format))
     result, base = None, t
     while n:
         if n & 1:
@@ -684,13 +685,13 @@ def prod(t: SparseTensor, dim: Optional[int] = None, keepdim: bool = False,
         return whole if t.nnz == _numel(t) else torch.where(torch.tensor(False), whole, whole.detach() * 0)
     d = dim % t.dim()
     fiber, _, rest_shape = _fibers(_convert().coords(t._storage), tuple(t.shape), d)
-    nfib = math.prod(rest_shape)
-    count = torch.bincount(fiber, minlength=nfib)
-    product = torch.ones(nfib, dtype=out_dt).scatter_reduce(0, fiber, vals, "prod")
+    # the fibers that store something (no array as long as the other dims)
+    present, slot, count = torch.unique(fiber, return_inverse=True, return_counts=True)
+    product = torch.ones(present.numel(), dtype=out_dt).scatter_reduce(0, slot, vals, "prod")
     full = count == t.shape[d]
     value = torch.where(full, product, product.detach() * 0)
-    keep = (count > 0) & (full | (value != value))
-    kept = keep.nonzero().reshape(-1)
+    keep = full | (value != value)
+    kept, value = present[keep], value[keep]
     coords = []
     rem = kept.clone()
     for n in reversed(rest_shape):
@@ -701,11 +702,11 @@ def prod(t: SparseTensor, dim: Optional[int] = None, keepdim: bool = False,
         coords.insert(d, torch.zeros_like(kept))
         shape.insert(d, 1)
     if not shape:                         # a 1-D tensor: the one fiber's product, 0-d
-        return value.reshape(())
+        return value.sum() if value.numel() else product.sum() * 0
     idx = torch.stack(coords) if coords else torch.zeros((0, kept.numel()), dtype=torch.int64)
     fmt = as_format("coo", len(shape))
-    built = _convert().from_coords(idx, value[kept].detach(), tuple(shape), fmt, sum_duplicates=False)
-    return from_coordinates(built, idx, value[kept])
+    built = _convert().from_coords(idx, value.detach(), tuple(shape), fmt, sum_duplicates=False)
+    return from_coordinates(built, idx, value)
 
 
 @register(torch.prod, torch.Tensor.prod)
