@@ -1,5 +1,5 @@
 """Which torch ops still take the dense fallback (or raise) on a scorch sparse tensor: a
-survey of ~170 calls a PyTorch user makes, each run once on small CSR operands, printing the
+survey of ~250 calls a PyTorch user makes, each run once on small CSR operands, printing the
 ones that warn "no sparse kernel" (``DENSE-FALLBACK``) or raise (``ERR``). Everything else
 runs through a sparse handler. Dense-by-nature results (``ones_like``, ``cumsum``, ...) are
 expected on the list; see docs/ops.md for how each op runs.
@@ -85,10 +85,43 @@ ops.update({
  "positive": lambda: torch.positive(x), "conj": lambda: torch.conj(x), "real": lambda: torch.real(x),
 })
 
+# session 18: the calls of a wider survey (order statistics, positions, in-place activations,
+# summaries, layout, value functions, more dense-by-nature ops)
+idx = torch.randint(0, 5, (6, 5))
+more = {
+ "gather": lambda: torch.gather(x, 1, idx), "take": lambda: torch.take(x, torch.tensor([0, 7, 12])),
+ "take_along_dim": lambda: torch.take_along_dim(x, idx, 1), "index_add": lambda: torch.zeros(6, 5).index_add(0, torch.arange(6), x),
+ "index_add_sparse": lambda: x.index_add(0, torch.arange(6), y), "kthvalue": lambda: torch.kthvalue(x, 2, 1),
+ "median": lambda: x.median(), "median_dim": lambda: x.median(1), "nanmedian": lambda: x.nanmedian(0), "msort": lambda: torch.msort(x),
+ "argsort": lambda: torch.argsort(x, 1), "unique": lambda: torch.unique(x), "bincount": lambda: torch.bincount(x.abs().mul(3).long().flatten()),
+ "histc": lambda: torch.histc(x), "where_1arg": lambda: torch.where(x), "linalg_norm": lambda: torch.linalg.norm(x), "cdist": lambda: torch.cdist(x, d),
+ "cosine_similarity": lambda: F.cosine_similarity(x, d), "pairwise_distance": lambda: F.pairwise_distance(x, d),
+ "gelu_tanh": lambda: F.gelu(x, approximate="tanh"), "erfinv": lambda: x.clamp(-0.5, 0.5).erfinv(), "log2": lambda: x.abs().log2(),
+ "xlogy": lambda: torch.xlogy(x, d.abs()), "hypot": lambda: torch.hypot(x, y), "atan2": lambda: torch.atan2(x, d),
+ "copysign": lambda: torch.copysign(x, d), "logaddexp": lambda: torch.logaddexp(x, y), "float_power": lambda: torch.float_power(x, 2),
+ "clamp_tensor": lambda: torch.clamp(x, min=torch.zeros(6, 5)), "std_mean": lambda: torch.std_mean(x, 1), "var_mean": lambda: torch.var_mean(x),
+ "aminmax": lambda: torch.aminmax(x), "nansum": lambda: torch.nansum(x), "nanmean": lambda: torch.nanmean(x), "dist": lambda: torch.dist(x, y),
+ "chunk": lambda: x.chunk(2), "split": lambda: x.split(2), "split_sizes": lambda: torch.split(x, [2, 4]), "unbind": lambda: x.unbind(0),
+ "tensor_split": lambda: x.tensor_split(3), "new_zeros": lambda: x.new_zeros(3, 3), "index_fill": lambda: x.index_fill(1, torch.tensor([0]), 0.0),
+ "diag_embed": lambda: torch.diag_embed(x), "diagflat": lambda: torch.diagflat(x[0]), "diag_offset": lambda: torch.diag(x, 1),
+ "block_diag": lambda: torch.block_diag(x, y), "tile": lambda: x.tile(2), "select": lambda: x.select(1, 2),
+ "relu_": lambda: x.clone().relu_(), "abs_": lambda: x.clone().abs_(), "clamp_": lambda: x.clone().clamp_(-0.1, 0.1),
+ "F.relu_inplace": lambda: F.relu(x.clone(), inplace=True), "square_": lambda: x.clone().square_(),
+ "glu": lambda: F.glu(x[:, :4]), "softmin": lambda: F.softmin(x, 1), "dropout1d": lambda: F.dropout1d(x.unsqueeze(0), 0.5),
+ "alpha_dropout": lambda: F.alpha_dropout(x, 0.5, True), "batch_norm": lambda: F.batch_norm(x, None, None, training=True),
+ "group_norm": lambda: F.group_norm(x, 1), "embedding_bag_sparse": lambda: F.embedding_bag(torch.tensor([[0, 2]]), x),
+ "pad": lambda: F.pad(x, (1, 1)), "hinge_loss": lambda: F.hinge_embedding_loss(x, d), "soft_margin": lambda: F.soft_margin_loss(x, d),
+ "max_dim": lambda: x.max(1), "min_dim": lambda: x.min(0), "max_binary": lambda: torch.max(x, d), "sparse_dim": lambda: x.sparse_dim(),
+ "invert": lambda: ~(x > 0), "rpow": lambda: 2 ** x, "scatter": lambda: torch.zeros(6, 5).scatter(0, idx, x),
+}
+ops.update({k: v for k, v in more.items() if k not in ops})
+
 
 def main() -> None:
     listed = 0
+    from scorch import _dispatch
     for name, f in ops.items():
+        _dispatch._warned.clear()          # the fallback warns once per op: ask afresh each call
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:

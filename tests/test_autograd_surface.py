@@ -52,6 +52,58 @@ def _torch_sparse_softmax(log):
 
 
 _T = torch.Tensor
+
+
+def _in_place_chain(s):
+    """Every zero-keeping in-place op, each on a fresh non-leaf copy of ``s``."""
+    calls = [lambda y: y.relu_(), torch.relu_, F.relu_, lambda y: F.leaky_relu_(y, 0.1), F.elu_,
+             lambda y: F.hardtanh_(y, -0.5, 0.5), lambda y: F.threshold_(y, 0.2, 0.0), F.celu_, F.selu_,
+             lambda y: y.abs_(), torch.abs_, lambda y: y.absolute_(), lambda y: (y.abs_() + 0.0).sqrt_(),
+             torch.sqrt_ if False else (lambda y: torch.sqrt_(y.abs_())), lambda y: y.sin_(), torch.sin_,
+             lambda y: y.tanh_(), torch.tanh_, lambda y: y.sign_(), lambda y: y.sgn_(), lambda y: y.square_(),
+             torch.square_, lambda y: y.expm1_(), torch.expm1_, lambda y: y.abs_().log1p_(),
+             lambda y: torch.log1p_(y.abs_()), lambda y: y.erf_(), torch.erf_, lambda y: (y * 0.5).erfinv_(),
+             lambda y: y.atan_(), torch.atan_, lambda y: y.arctan_(), torch.arctan_, lambda y: y.floor_(),
+             torch.floor_, lambda y: y.ceil_(), torch.ceil_, lambda y: y.trunc_(), torch.trunc_, lambda y: y.fix_(),
+             torch.fix_, lambda y: y.frac_(), torch.frac_, lambda y: (y * 0.5).asin_(), lambda y: torch.asin_(y * 0.5),
+             lambda y: (y * 0.5).arcsin_(), lambda y: torch.arcsin_(y * 0.5), lambda y: y.detach().asinh_(),
+             lambda y: torch.asinh_(y.detach()), lambda y: y.detach().arcsinh_(), lambda y: torch.arcsinh_(y.detach()), lambda y: (y.detach() * 0.5).atanh_(), lambda y: torch.atanh_(y.detach() * 0.5),   # torch: no
+             lambda y: (y.detach() * 0.5).arctanh_(), lambda y: torch.arctanh_(y.detach() * 0.5),  # grad lambda y: y.sinh_(), torch.sinh_,
+             lambda y: y.tan_(), torch.tan_, lambda y: y.deg2rad_(), torch.deg2rad_, lambda y: y.rad2deg_(),
+             torch.rad2deg_, lambda y: y.round_(), torch.round_, lambda y: y.neg_(), torch.neg_,
+             lambda y: y.negative_(), torch.negative_, lambda y: y.clamp_(-0.5, 0.5),
+             lambda y: torch.clamp_(y, -0.5, 0.5), lambda y: y.clip_(-1, 1), lambda y: torch.clip_(y, max=0.2), lambda y: y.clamp_min_(-0.5), lambda y: torch.clamp_min_(y, -0.5),
+             lambda y: y.clamp_max_(0.5), lambda y: torch.clamp_max_(y, 0.5), lambda y: y.nan_to_num_(),
+             torch.nan_to_num_, lambda y: y.pow_(2)]
+    total = 0
+    for call in calls:
+        y = s * 1.0
+        out = call(y)
+        total = total + _dense(out)
+    return total
+
+
+_IN_PLACE_FUNCTIONS = [_T.relu_, torch.relu_, F.relu_, F.leaky_relu_, F.elu_, F.hardtanh_, F.threshold_, F.celu_,
+                       F.selu_, _T.abs_, torch.abs_, _T.absolute_, _T.sqrt_, torch.sqrt_, _T.sin_, torch.sin_,
+                       _T.tanh_, torch.tanh_, _T.sign_, _T.sgn_, _T.square_, torch.square_, _T.expm1_,
+                       torch.expm1_, _T.log1p_, torch.log1p_, _T.erf_, torch.erf_, _T.erfinv_, _T.atan_,
+                       torch.atan_, _T.arctan_, torch.arctan_, _T.floor_, torch.floor_, _T.ceil_, torch.ceil_,
+                       _T.trunc_, torch.trunc_, _T.fix_, torch.fix_, _T.frac_, torch.frac_, _T.asin_,
+                       torch.asin_, _T.arcsin_, torch.arcsin_, _T.asinh_, torch.asinh_, _T.arcsinh_,
+                       torch.arcsinh_, _T.atanh_, torch.atanh_, _T.arctanh_, torch.arctanh_, _T.sinh_,
+                       torch.sinh_, _T.tan_, torch.tan_, _T.deg2rad_, torch.deg2rad_, _T.rad2deg_,
+                       torch.rad2deg_, _T.round_, torch.round_, _T.neg_, torch.neg_, _T.negative_,
+                       torch.negative_, _T.clamp_, torch.clamp_, _T.clip_, torch.clip_, _T.clamp_min_,
+                       torch.clamp_min_, _T.clamp_max_, torch.clamp_max_, _T.nan_to_num_, torch.nan_to_num_,
+                       _T.pow_]
+
+
+def _stored_softmin(d, dim=1):
+    """softmin over the stored (nonzero) entries, as the sparse softmax: 0 elsewhere."""
+    stored = d.detach() != 0
+    return torch.where(stored, torch.softmax(torch.where(stored, -d, float("-inf")), dim), 0.0)
+
+
 _IN_PLACE = (RuntimeError, "in-place '.*' on a sparse tensor is not recorded by autograd")
 CASES = [
     # --- einsum and the matmul family --------------------------------------------------------
@@ -259,6 +311,35 @@ CASES = [
          lambda s, x: F.binary_cross_entropy((s * 0.4).abs() + 0.1, x * 0.5)
          + F.binary_cross_entropy_with_logits(s, x * 0.5), [SHAPE], extra={"partner_positive": True}),
     Case("layer_norm", [F.layer_norm], lambda s, w: F.layer_norm(s, (5,), w), [(5,)]),
+    Case("sort", [torch.sort, _T.sort, torch.argsort, _T.argsort, torch.msort, _T.msort],
+         lambda s: torch.sort(s, 1).values + s.sort(0, descending=True)[0] + torch.msort(s)
+         + s.msort() * torch.argsort(s, 1).double() + _T.argsort(s, 0)),
+    Case("log2", [torch.log2, _T.log2, torch.log10, _T.log10, torch.logit, _T.logit, torch.special.logit,
+                  torch.sinc, _T.sinc, torch.i0, _T.i0, F.hardsigmoid],
+         lambda s: torch.log2(s + 1.0) + (s + 1.0).log10() + torch.logit(s * 0.2 + 0.5) + (s * 0.2 + 0.5).logit()
+         + torch.special.logit(s * 0.3 + 0.5) + torch.sinc(s) + s.sinc() + torch.i0(s) + s.i0() + F.hardsigmoid(s),
+         positive=True),
+    Case("atan2", [torch.atan2, _T.atan2, torch.arctan2, _T.arctan2, torch.logaddexp, _T.logaddexp,
+                   torch.logaddexp2, _T.logaddexp2, _T.__rpow__],
+         lambda s, x: torch.atan2(s, x) + s.atan2(x) + torch.arctan2(x, s) + s.arctan2(x) + torch.logaddexp(s, x)
+         + s.logaddexp(x) + torch.logaddexp2(s, x) + s.logaddexp2(x) + 2.0 ** s, [SHAPE],
+         extra={"partner_positive": True}),
+    Case("bitwise_not", [torch.bitwise_not, _T.bitwise_not, _T.__invert__],
+         lambda s: torch.stack([torch.bitwise_not(s > 0), (s > 0).bitwise_not(), ~(s < 0)]), bool_result=True),
+    Case("norms_by_nature", [F.batch_norm, F.group_norm, F.instance_norm, F.local_response_norm],
+         lambda s: F.batch_norm(s, None, None, training=True) + F.group_norm(s, 1)
+         + F.instance_norm(s[None])[0] + F.local_response_norm(s[None], 2)[0]),
+    Case("distances", [torch.cdist, F.pairwise_distance, F.pdist],
+         lambda s, x: torch.cdist(s, x).sum(1) + F.pairwise_distance(s, x) + F.pdist(s)[:4], [SHAPE]),
+    Case("more_losses", [F.hinge_embedding_loss, F.cosine_embedding_loss, F.soft_margin_loss,
+                         F.margin_ranking_loss, F.poisson_nll_loss, F.gaussian_nll_loss,
+                         F.multilabel_soft_margin_loss, F.multilabel_margin_loss, F.multi_margin_loss,
+                         F.triplet_margin_loss],
+         lambda s, x: F.hinge_embedding_loss(s, x.detach().sign()) + F.cosine_embedding_loss(s, x, torch.ones(4))
+         + F.soft_margin_loss(s, x.detach().sign()) + F.margin_ranking_loss(s, x, x.detach().sign())
+         + F.poisson_nll_loss(s, x) + F.gaussian_nll_loss(s, x, x.abs() + 0.1)
+         + F.multilabel_soft_margin_loss(s, (x > 0).double()) + F.multilabel_margin_loss(s, torch.tensor([[1, 3, -1, 0, 0]] * 4))
+         + F.multi_margin_loss(s, torch.tensor([0, 4, 2, 1])) + F.triplet_margin_loss(s, x, x.flip(0)), [SHAPE]),
     Case("isclose_ones_like", [torch.isclose, _T.isclose, torch.ones_like, torch.isfinite, _T.isfinite],
          lambda s: torch.isclose(s, s * 1.0).double() + torch.ones_like(s) + s.isfinite(), bool_result=True),
     # --- accessors ---------------------------------------------------------------------------
@@ -329,6 +410,94 @@ CASES = [
          oracle=lambda d: torch.tensor(int((d != 0).sum()))),
     Case("is_shared", [_T.is_shared], lambda s: torch.tensor(s.is_shared()), bool_result=True,
          oracle=lambda d: torch.tensor(False)),
+    # --- order statistics (rows of sparse_ops/order_statistics.py) ------------------------------
+    Case("topk", [torch.topk, _T.topk],
+         lambda s: torch.cat([torch.topk(s, 2, 1).values.reshape(-1), s.topk(2, 0, largest=False).values.reshape(-1)])),
+    Case("kthvalue", [torch.kthvalue, _T.kthvalue],
+         lambda s: torch.kthvalue(s, 2, 1).values + s.kthvalue(4, 1, keepdim=True).values.squeeze(1)),
+    Case("median", [torch.median, _T.median, torch.nanmedian, _T.nanmedian],
+         lambda s: torch.median(s, 1).values + s.nanmedian(0).values.sum() + torch.median(s) + s.nanmedian()),
+    Case("max_dim", [torch.max, _T.max, torch.min, _T.min],
+         lambda s: torch.max(s, 1).values + s.min(dim=1, keepdim=True).values.squeeze(1) + s.max(0).values.sum()),
+    # --- positions (rows of sparse_ops/positions.py) --------------------------------------------
+    Case("gather", [torch.gather, _T.gather],
+         lambda s: torch.cat([torch.gather(s, 1, torch.arange(12).view(4, 3) % 5).flatten(),
+                              s.gather(0, torch.arange(15).view(3, 5) % 4).flatten()])),
+    Case("take", [torch.take, _T.take, torch.take_along_dim, _T.take_along_dim],
+         lambda s: torch.cat([torch.take(s, torch.tensor([0, -1, 7, 7])), s.take(torch.tensor([19])),
+                              torch.take_along_dim(s, torch.tensor([[1], [4], [0], [-1]]), 1).flatten(),
+                              s.take_along_dim(torch.tensor([3, 19, 3]))])),
+    Case("masked_select", [torch.masked_select, _T.masked_select],
+         lambda s, x: torch.cat([torch.masked_select(s, x > 0), s.masked_select(s > 0), x.masked_select(s < 0)]),
+         [SHAPE]),
+    Case("index_add", [torch.index_add, _T.index_add],
+         lambda s, x: torch.index_add(x, 1, torch.tensor([2, 0, 2, 1, 2]), s, alpha=2.0), [(4, 3)]),
+    Case("index_add_sparse_self", [_T.index_add],
+         lambda s, x: s.index_add(0, torch.tensor([1, 1, 3, 0, 2]), x), [(5, 5)]),
+    Case("dense.index_add_(sparse)", [_T.index_add_],
+         lambda s, x: (x * 1.0).index_add_(1, torch.tensor([2, 0, 2, 1, 2]), s), [(4, 3)]),
+    Case("scatter_add", [torch.scatter_add, _T.scatter_add],
+         lambda s, x: torch.scatter_add(x, 0, torch.arange(20).view(4, 5) % 3, s), [SHAPE]),
+    Case("scatter_add_sparse_self", [_T.scatter_add],
+         lambda s, x: s.scatter_add(1, torch.arange(20).view(4, 5) % 4, x), [SHAPE]),
+    Case("dense.scatter_add_(sparse)", [_T.scatter_add_],
+         lambda s, x: (x * 1.0).scatter_add_(1, torch.arange(20).view(4, 5) % 4, s), [SHAPE]),
+    Case("scatter", [torch.scatter, _T.scatter, torch.scatter_reduce, _T.scatter_reduce],
+         lambda s, x: torch.scatter(s, 0, (torch.arange(4)[:, None] + torch.arange(5)) % 4, x)
+         + s.scatter_reduce(1, torch.arange(20).view(4, 5) % 3, x, "sum"), [SHAPE]),
+    # --- session 18, the rest of the surface -----------------------------------------------------
+    # in place: on a non-leaf (a leaf that requires grad raises, as torch); the history rebased
+    Case("in_place_keeping_zero", _IN_PLACE_FUNCTIONS, _in_place_chain),
+    Case("in_place_moving_zero", [_T.sigmoid_, torch.sigmoid_, _T.exp_, torch.exp_, _T.cos_,
+                                  torch.cos_, _T.log_, torch.log_],
+         lambda s: (s * 1.0).sigmoid_(), raises=(RuntimeError, "maps 0 to")),
+    Case("softmin", [F.softmin], lambda s: F.softmin(s, 1), oracle=_stored_softmin),
+    Case("glu", [F.glu], lambda s: F.glu(s[:, :4], 1)),
+    Case("value_functions", [torch.erfinv, _T.erfinv, torch.special.erfinv, F.rrelu, torch.float_power,
+                             _T.float_power],
+         lambda s: torch.erfinv(s * 0.4) + (s * 0.5).erfinv() + torch.special.erfinv(s * 0.1)
+         + F.rrelu(s, training=False) + torch.float_power(s, 2) + s.float_power(3)),
+    Case("xlogy", [torch.xlogy, _T.xlogy, torch.special.xlogy, torch.copysign, _T.copysign],
+         lambda s, x: torch.xlogy(s, x) + s.xlogy(2.0) + torch.special.xlogy(s, x)
+         + torch.copysign(s, -x) + s.copysign(-1.0), [SHAPE], extra={"partner_positive": True}),
+    Case("hypot", [torch.hypot, _T.hypot], lambda s, x: torch.hypot(s, x) + s.hypot(s * 2.0), [SHAPE]),
+    Case("nansum", [torch.nansum, _T.nansum, torch.nanmean, _T.nanmean],
+         lambda s: torch.nansum(s, 1) + s.nansum() + torch.nanmean(s, 0).sum() + s.nanmean()),
+    Case("std_mean", [torch.std_mean, torch.var_mean, torch.aminmax, _T.aminmax],
+         lambda s: torch.std_mean(s, 1)[0] + torch.var_mean(s)[1] + torch.aminmax(s, dim=1).max
+         + s.aminmax().min),
+    Case("norms", [torch.linalg.norm, torch.dist, _T.dist, F.cosine_similarity, torch.cosine_similarity],
+         lambda s, x: torch.linalg.norm(s) + torch.linalg.norm(s, 1, 0).sum() + torch.dist(s, x)
+         + s.dist(s * 2.0, 1) + F.cosine_similarity(s, x).sum() + torch.cosine_similarity(s, x, 0).sum(),
+         [SHAPE]),
+    Case("histc", [torch.histc, _T.histc, torch.bincount, _T.bincount, torch.unique, _T.unique],
+         lambda s: torch.cat([torch.histc(s, 4), s.histc(3, -1, 1), torch.unique(s), s.unique(return_counts=True)[1],
+                              torch.bincount((s.abs() * 3).long().flatten()),
+                              (s.abs() * 2).long().flatten().bincount()]).double().detach(), bool_result=True),
+    Case("where_nonzero", [torch.where], lambda s: torch.stack(torch.where(s)), bool_result=True),
+    Case("split", [torch.split, _T.split, _T.split_with_sizes, torch.split_with_sizes, torch.chunk, _T.chunk,
+                   torch.unbind, _T.unbind, torch.select, _T.select],
+         lambda s: torch.stack([p.sum() for p in [
+             torch.split(s, 2)[1], s.split([1, 3])[1], s.split_with_sizes([3, 1])[0],
+             torch.split_with_sizes(s, [2, 2])[0], torch.chunk(s, 2)[0], s.chunk(3, 1)[1], *torch.unbind(s),
+             *s.unbind(1), torch.select(s, 0, 2), s.select(1, 1)]])),
+    Case("tile_pad", [torch.tile, _T.tile, F.pad, torch.block_diag],
+         lambda s, x: torch.tile(s, (2,)).sum(1) + s.tile(1, 2).sum(1) + F.pad(s, (1, -1)).sum(1)
+         + torch.block_diag(s, x).sum(1)[:4], [(2, 2)]),
+    Case("diagonals", [torch.diag_embed, _T.diag_embed, torch.diagflat, _T.diagflat, _T.index_fill, torch.index_fill],
+         lambda s: torch.stack([p.sum() for p in [
+             torch.diag_embed(s), s.diag_embed(1), torch.diagflat(s), s.diagflat(-1),
+             s.index_fill(1, torch.tensor([0, 2]), 0.0), torch.index_fill(s, 0, torch.tensor([1]), 0)]]) * torch.arange(1.0, 7.0)),
+    Case("new_zeros", [_T.new_zeros, _T.new_empty, _T.sparse_dim, _T.dense_dim],
+         lambda s: torch.tensor([s.new_zeros(2, 3).nnz, s.new_empty(3).nnz, s.sparse_dim(), s.dense_dim()]),
+         bool_result=True, oracle=lambda d: torch.tensor([0, 0, 2, 0])),
+    Case("embedding_bag", [F.embedding_bag],
+         lambda s: F.embedding_bag(torch.tensor([[0, 3], [2, 2]]), s, mode="sum")
+         + F.embedding_bag(torch.tensor([1, 0, 3]), s, torch.tensor([0, 1]), mode="mean")),
+    Case("channel_dropout", [F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout],
+         lambda s: F.dropout1d(s, 0.5, False) + F.dropout2d(s[None, None], 0.5, False)[0, 0]
+         + F.dropout3d(s[None, None, None], 0.0)[0, 0, 0]
+         + F.alpha_dropout(s, 0.5, False) + F.feature_alpha_dropout(s, 0.0, True)),
 ]
 
 #: handlers registered for non-differentiable things whose rows above do not run them

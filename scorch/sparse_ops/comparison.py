@@ -26,7 +26,7 @@ import torch
 
 from .._dispatch import check_dense_size, register
 from ..compiler_access import compiler
-from ..tensor_type import as_scorch, is_sparse_operand
+from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand
 from .elementwise import (_build, _cast, _is_scalar, _scalar_like, _shape_of, as_bool, bool_as_uint8,
                           result_dtype)
 
@@ -245,6 +245,8 @@ for _name, _fns in (("maximum", (torch.maximum, torch.Tensor.maximum)),
 @register(torch.where)
 def _where(cond, *args, out=None, **kwargs):
     args = args + tuple(kwargs.pop(k) for k in ("input", "other") if k in kwargs)
+    if not args and not kwargs and out is None and isinstance(cond, SparseTensor):
+        return torch.nonzero(cond, as_tuple=True)     # where(x): the nonzero coordinates
     if len(args) != 2 or out is not None or kwargs or not _involves_sparse(cond, *args):
         return NotImplemented
     return where(cond, args[0], args[1])

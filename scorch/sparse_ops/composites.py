@@ -1,6 +1,6 @@
 """Ops that are a few stored-value operations or other sparse ops, never a dense copy:
 ``clamp``/``clip``, ``nan_to_num``, ``isnan``/``isinf``/``signbit``, ``heaviside(x, 0)``,
-``prelu``, ``lerp``, ``count_nonzero``, ``any``/``all``, ``max``/``min`` over every element,
+``prelu``, ``lerp``, ``count_nonzero``, ``any``/``all``,
 ``vector_norm`` (``norm``, ``F.normalize``), ``tril``/``triu``, ``narrow`` (a slice), ``diff``
 (slices and a subtraction), ``var``/``std`` (two passes over the stored values),
 ``flip``/``roll``/``repeat``/``expand`` (coordinates moved), ``matrix_power`` (sparse
@@ -220,6 +220,11 @@ def triu(t: SparseTensor, diagonal: int = 0) -> SparseTensor:
 
 @register(torch.clamp, torch.Tensor.clamp, torch.clip, torch.Tensor.clip)
 def _clamp(x, min=None, max=None, *, out=None):
+    # tensor bounds: maximum, then minimum (torch's rule: max wins where min > max); each is
+    # sparse or dense as its operands make it
+    if out is None and (isinstance(min, torch.Tensor) or isinstance(max, torch.Tensor)):
+        x = x if min is None else torch.maximum(x, min)
+        return x if max is None else torch.minimum(x, max)
     t = _sparse(x)
     if t is None or out is not None or not (_number(min) and _number(max)) or (min is None and max is None):
         return NotImplemented
@@ -319,20 +324,6 @@ def _all(x, *args, **kwargs):
     return torch.tensor(_all_stored_nonzero(t))
 
 
-def _extreme(name: str):
-    def handler(x, *args, **kwargs):
-        t = _sparse(x)
-        if t is None or args or kwargs:
-            return NotImplemented      # max(x, dim) gives indices too: the fallback
-        if _numel(t) == 0:
-            raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
-                               f"Specify the reduction dim with the 'dim' argument.")
-        return (nonlinear.amax if name == "max" else nonlinear.amin)(t)
-    return handler
-
-
-register(torch.max, torch.Tensor.max)(_extreme("max"))
-register(torch.min, torch.Tensor.min)(_extreme("min"))
 
 
 @register(torch.linalg.vector_norm)

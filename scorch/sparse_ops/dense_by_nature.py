@@ -26,8 +26,23 @@ DENSE_BY_NATURE = (
     torch.erfc, torch.Tensor.erfc, torch.isclose, torch.Tensor.isclose, torch.isfinite,
     torch.Tensor.isfinite, torch.matrix_exp,
     torch.linalg.matrix_exp, torch.ones_like,
+    torch.scatter, torch.Tensor.scatter, torch.scatter_reduce, torch.Tensor.scatter_reduce,
     F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss, F.cross_entropy, F.nll_loss,
     F.binary_cross_entropy, F.binary_cross_entropy_with_logits, F.kl_div, F.layer_norm,
+    # an index at every position (the zeros ranked too)
+    torch.sort, torch.Tensor.sort, torch.argsort, torch.Tensor.argsort, torch.msort, torch.Tensor.msort,
+    # f(0) != 0
+    torch.log2, torch.Tensor.log2, torch.log10, torch.Tensor.log10, torch.logit, torch.Tensor.logit,
+    torch.special.logit, torch.sinc, torch.Tensor.sinc, torch.i0, torch.Tensor.i0, F.hardsigmoid,
+    torch.atan2, torch.Tensor.atan2, torch.arctan2, torch.Tensor.arctan2, torch.logaddexp,
+    torch.Tensor.logaddexp, torch.logaddexp2, torch.Tensor.logaddexp2, torch.bitwise_not,
+    torch.Tensor.bitwise_not, torch.Tensor.__invert__, torch.Tensor.__rpow__,
+    # normalisations over every element, distances, losses
+    F.batch_norm, F.group_norm, F.instance_norm, F.local_response_norm, torch.cdist,
+    F.pairwise_distance, F.pdist,
+    F.hinge_embedding_loss, F.cosine_embedding_loss, F.soft_margin_loss, F.margin_ranking_loss,
+    F.poisson_nll_loss, F.gaussian_nll_loss, F.multilabel_soft_margin_loss,
+    F.multilabel_margin_loss, F.multi_margin_loss, F.triplet_margin_loss,
 )
 
 

@@ -16,6 +16,7 @@ dense-size limit of ``_dispatch``).
 """
 from __future__ import annotations
 
+import inspect
 import numbers
 from typing import Optional, Tuple
 
@@ -26,9 +27,10 @@ from .._dispatch import check_dense_size, register
 from ..compiler_access import compiler
 from ..gradients import compute as differentiable_compute
 from ..gradients import fiber_ops
-from ..gradients.values import with_dtype
+from ..gradients.values import from_values, values_of, with_dtype
 from ..level_storage import Storage
 from ..tensor_type import SparseTensor, as_scorch, with_values
+from .in_place import in_place_functional
 from .reductions import _reduced_dims
 
 __all__ = ["apply", "amax", "amin", "softmax", "log_softmax"]
@@ -170,13 +172,25 @@ def _sparse(x) -> Optional[SparseTensor]:
     return x if isinstance(x, SparseTensor) else None
 
 
+def _parameters(fn) -> Tuple[str, ...]:
+    try:
+        return tuple(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):       # a builtin without a signature
+        return ()
+
+
 def _unary(fn: str, *torch_functions, **params):
     """Register ``fn`` for ``torch_functions``; ``params``: the arguments after the input,
     in torch's order, as name -> (default, free). A free one becomes the kernel's parameter
     (leaky_relu's slope); of the others only the default is supported. Anything else
-    (``out=``, ``inplace=True``, another value) goes to the fallback."""
+    (``out=``, another value) goes to the fallback; ``inplace=True`` runs torch's in-place
+    op on the stored values (``in_place``)."""
+    with_flag = [f for f in torch_functions if "inplace" in _parameters(f)]
+
     @register(*torch_functions)
     def handler(x, *args, **kwargs):
+        if kwargs.get("inplace") and with_flag and isinstance(x, SparseTensor):
+            return in_place_functional(fn, with_flag[0], x, args, kwargs)
         t = _sparse(x)
         if (t is None or len(args) > len(params) or kwargs.get("out") is not None
                 or kwargs.get("inplace")):
@@ -193,10 +207,24 @@ def _unary(fn: str, *torch_functions, **params):
                 if not isinstance(value, numbers.Real) or isinstance(value, bool):
                     return NotImplemented
                 p = float(value)
-            elif value != default:
-                return NotImplemented
+            elif value != default:       # not the kernel's: torch's function on the values
+                return _on_stored_values(torch_functions[0], t, kwargs)
         return apply(fn, t, p)
     return handler
+
+
+def _on_stored_values(torch_function, t: SparseTensor, kwargs) -> torch.Tensor:
+    """``torch_function(t, **kwargs)`` as torch's op on the stored values, where it keeps 0
+    at 0 (``gelu(approximate="tanh")``, ``hardtanh(-2, 3)``, ``round(decimals=2)``);
+    otherwise dense by nature (``softplus(beta=2)``): torch's op on the dense copy, under the
+    dense-size limit."""
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("out", "inplace")}
+    with torch.no_grad():
+        zero = torch_function(torch.zeros(1, dtype=t.dtype), **kwargs)
+    if not bool((zero == 0).all()):
+        check_dense_size(getattr(torch_function, "__name__", "op"), t.shape, zero.dtype)
+        return torch_function(t.to_dense(), **kwargs)
+    return from_values(t._storage, torch_function(values_of(t), **kwargs))
 
 
 for _fn, _torch_fns in {
@@ -296,3 +324,16 @@ register(torch.softmax, torch.Tensor.softmax, F.softmax, torch.sparse.softmax,
          torch._softmax)(_softmax_handler(False))
 register(torch.log_softmax, torch.Tensor.log_softmax, F.log_softmax, torch.sparse.log_softmax,
          torch._log_softmax)(_softmax_handler(True))
+
+
+@register(F.softmin)
+def _softmin(x, dim=None, _stacklevel=3, dtype=None):
+    """softmax of ``-x`` over the stored entries (an unstored entry takes no part, as in the
+    sparse softmax)."""
+    t = _sparse(x)
+    if t is None:
+        return NotImplemented
+    if dim is None:
+        raise TypeError("softmin(): a sparse tensor needs dim (which fibers to normalize)")
+    return softmax(-t, dim, dtype)
+

@@ -151,9 +151,24 @@ def _trace(a):
     return trace(a)
 
 
-@register(torch.diagonal, torch.Tensor.diagonal, torch.diag, torch.Tensor.diag)
+@register(torch.diagonal, torch.Tensor.diagonal)
 def _diagonal(a, offset=0, dim1=0, dim2=1):
     if not _involves_sparse(a):
         return NotImplemented
     r = diagonal(a, offset, dim1, dim2)
-    return NotImplemented if r is None else r
+    if r is None:                     # another offset or rank: the entries on that diagonal
+        from .layout_ops import diagonal_entries
+        return diagonal_entries(as_scorch(a), offset, dim1, dim2)
+    return r
+
+
+@register(torch.diag, torch.Tensor.diag)
+def _diag(a, diagonal=0, *, out=None):
+    """torch.diag: a vector's diagonal matrix, or a matrix's ``diagonal``-th diagonal."""
+    if out is not None or not _involves_sparse(a):
+        return NotImplemented
+    a = as_scorch(a)
+    if a.dim() == 1:
+        from .layout_ops import diag_embed
+        return diag_embed(a, diagonal)
+    return _diagonal(a, diagonal) if a.dim() == 2 else NotImplemented

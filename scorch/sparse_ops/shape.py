@@ -649,6 +649,48 @@ def _embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     return embedding(input, weight)
 
 
+def embedding_bag(index: torch.Tensor, weight: SparseTensor, offsets: Optional[torch.Tensor],
+                  mode: str, per_sample_weights: Optional[torch.Tensor],
+                  include_last_offset: bool, padding_idx: Optional[int]) -> torch.Tensor:
+    """``F.embedding_bag`` (``sum`` / ``mean``) with a sparse table: a sparse bag x lookup
+    matrix (the per-sample weights, or 1 / the bag's size) times the looked-up rows, one
+    sparse product; differentiable in the table's stored values and the sample weights."""
+    if index.dim() == 2:
+        bags, per_bag = index.shape
+        bag = torch.arange(bags).repeat_interleave(per_bag)
+        flat = index.reshape(-1)
+    else:
+        flat = index.reshape(-1)
+        starts = offsets.to(torch.int64)
+        bags = starts.numel() - 1 if include_last_offset else starts.numel()
+        ends = torch.cat([starts[1:], torch.tensor([flat.numel()])])[:bags]
+        bag = torch.repeat_interleave(torch.arange(bags), (ends - starts[:bags]).clamp_min(0))
+    weights = per_sample_weights.reshape(-1) if per_sample_weights is not None else \
+        torch.ones(flat.numel(), dtype=weight.dtype)
+    if padding_idx is not None:
+        weights = torch.where(flat == padding_idx % weight.shape[0], torch.zeros((), dtype=weights.dtype), weights)
+    if mode == "mean":
+        counted = (flat != padding_idx % weight.shape[0]) if padding_idx is not None else torch.ones_like(flat, dtype=torch.bool)
+        size = torch.zeros(bags, dtype=weight.dtype).index_add_(0, bag, counted.to(weight.dtype))
+        weights = weights / size.clamp_min(1)[bag]
+    lookup = torch.stack([bag, torch.arange(flat.numel())])
+    select = _build(lookup, weights, (bags, flat.numel()), as_format("csr", 2))
+    return select @ index_select(weight, 0, flat)
+
+
+@register(F.embedding_bag)
+def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale_grad_by_freq=False,
+                   mode="mean", sparse=False, per_sample_weights=None, include_last_offset=False,
+                   padding_idx=None):
+    # max mode (a max per bag and column), max_norm and scale_grad_by_freq: the fallback's
+    if (not isinstance(weight, SparseTensor) or weight.dim() != 2 or mode not in ("sum", "mean")
+            or max_norm is not None or scale_grad_by_freq or isinstance(input, SparseTensor)
+            or (input.dim() == 1) == (offsets is None) or input.dim() not in (1, 2)):
+        return NotImplemented
+    return embedding_bag(input, weight, offsets, mode, per_sample_weights, include_last_offset,
+                         padding_idx)
+
+
 @register(torch.Tensor.__getitem__)
 def _getitem(t, index):
     return getitem(t, index) if isinstance(t, SparseTensor) else NotImplemented

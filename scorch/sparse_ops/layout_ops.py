@@ -1,0 +1,276 @@
+"""Shape and layout ops that move stored coordinates (never a dense copy), beside ``shape``'s
+views and indexing: ``select`` / ``unbind`` / ``split`` / ``chunk`` (slices: ``narrow``), ``tile``, ``F.pad`` with 0,
+``block_diag``, ``diag_embed`` / ``diagflat`` / ``diag`` of a vector, ``diagonal`` at any
+offset and dims, ``index_fill`` with 0,
+``new_zeros`` / ``new_empty`` (sparse, storing nothing) and the torch.sparse queries
+``sparse_dim`` / ``dense_dim``. Each result is differentiable in the stored values (the
+coordinates move, the values are gathered)."""
+from __future__ import annotations
+
+import numbers
+from typing import List, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .._dispatch import register
+from ..formats import as_format
+from ..gradients.values import from_values, values_of
+from ..tensor_type import SparseTensor
+from . import shape as _shape
+from .nonlinear import _sparse
+
+__all__ = ["unbind", "pad_with_zeros", "block_diag", "diag_embed", "diagonal_entries"]
+
+
+def _coords(t: SparseTensor) -> torch.Tensor:
+    from .._runtime import convert
+    return convert.coords(t._storage)
+
+
+def _dim(d: int, rank: int) -> int:
+    if not -rank <= d < rank:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], "
+                         f"but got {d})")
+    return d % rank
+
+
+@register(torch.select, torch.Tensor.select)
+def _select(x, dim, index):
+    t = _sparse(x)
+    if t is None:
+        return NotImplemented
+    d = _dim(dim, t.dim())
+    return _shape.getitem(t, (slice(None),) * d + (int(index),))
+
+
+def unbind(t: SparseTensor, dim: int = 0) -> tuple:
+    """The slices along ``dim`` in one pass over the entries (a sort by that coordinate and
+    one split), not one scan per slice."""
+    d = _dim(dim, t.dim())
+    n = t.shape[d]
+    coords, values = _coords(t), values_of(t)
+    order = torch.argsort(coords[d], stable=True)
+    counts = torch.bincount(coords[d], minlength=n).tolist()
+    rest = [k for k in range(t.dim()) if k != d]
+    fmt = _shape._drop_dims_format(_shape._unblocked(t._storage.format), [d])
+    shape = [t.shape[k] for k in rest]
+    pieces = zip(coords[rest][:, order].split(counts, 1), values[order].split(counts))
+    return tuple(_shape._build(c, v, shape, fmt) for c, v in pieces)
+
+
+@register(torch.unbind, torch.Tensor.unbind)
+def _unbind(x, dim=0):
+    t = _sparse(x)
+    return NotImplemented if t is None else unbind(t, dim)
+
+
+def split(t: SparseTensor, sizes, dim: int = 0) -> tuple:
+    """``torch.split``: slices of ``sizes`` (an int: equal pieces, the last shorter)."""
+    d = _dim(dim, t.dim())
+    n = t.shape[d]
+    if isinstance(sizes, numbers.Integral) or (isinstance(sizes, torch.Tensor) and sizes.dim() == 0):
+        step = int(sizes)
+        if step <= 0 and n:
+            raise RuntimeError(f"split_size can only be 0 if dimension size is 0, but got dimension size of {n}")
+        sizes = [min(step, n - k) for k in range(0, n, step)] if n else [0]
+    sizes = [int(k) for k in sizes]
+    if sum(sizes) != n:
+        raise RuntimeError(f"split_with_sizes expects split_sizes to sum exactly to {n} (input tensor's "
+                           f"size at dimension {d}), but got split_sizes={sizes}")
+    starts = [sum(sizes[:k]) for k in range(len(sizes))]
+    return tuple(torch.narrow(t, d, s, k) for s, k in zip(starts, sizes))
+
+
+@register(torch.split, torch.Tensor.split, torch.Tensor.split_with_sizes, torch.split_with_sizes)
+def _split(x, split_size_or_sections, dim=0):
+    t = _sparse(x)
+    return NotImplemented if t is None else split(t, split_size_or_sections, dim)
+
+
+@register(torch.chunk, torch.Tensor.chunk)
+def _chunk(x, chunks, dim=0):
+    t = _sparse(x)
+    if t is None or chunks <= 0:
+        return NotImplemented            # torch's error
+    n = t.shape[_dim(dim, t.dim())]
+    return split(t, -(-n // chunks), dim) if n else NotImplemented
+
+
+@register(torch.tile, torch.Tensor.tile)
+def _tile(x, *dims):
+    t = _sparse(x)
+    if t is None:
+        return NotImplemented
+    dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list, torch.Size)) else dims
+    dims = (1,) * (t.dim() - len(dims)) + tuple(dims)
+    return t.repeat(*dims)
+
+
+def pad_with_zeros(t: SparseTensor, pads: Sequence[int]) -> torch.Tensor:
+    """``F.pad`` with 0: each dim from the last grows by (before, after) (negative: cropped)."""
+    if len(pads) % 2 or len(pads) // 2 > t.dim():
+        raise ValueError(f"Padding length must be divisible by 2 and at most twice the input's "
+                         f"dimensions ({t.dim()}), got {len(pads)}")
+    coords, values = _coords(t).clone(), values_of(t)
+    shape = list(t.shape)
+    keep = torch.ones(coords.shape[1], dtype=torch.bool)
+    for k in range(len(pads) // 2):
+        d = t.dim() - 1 - k
+        before, after = int(pads[2 * k]), int(pads[2 * k + 1])
+        shape[d] += before + after
+        if shape[d] < 0:
+            raise RuntimeError(f"pad: the padded size of dimension {d} would be {shape[d]}")
+        coords[d] += before
+        keep &= (coords[d] >= 0) & (coords[d] < shape[d])
+    return _shape._build(coords[:, keep], values[keep], shape, _shape._unblocked(t._storage.format))
+
+
+@register(F.pad)
+def _pad(x, pad, mode="constant", value=None):
+    t = _sparse(x)
+    if t is None or mode != "constant" or value not in (None, 0):
+        return NotImplemented              # a non-zero fill is dense by nature: the fallback's
+    return pad_with_zeros(t, pad)
+
+
+def _as_matrix(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(1, -1) if x.dim() == 1 else x.reshape(1, 1) if x.dim() == 0 else x
+
+
+def block_diag(tensors: Sequence[torch.Tensor]) -> SparseTensor:
+    """The blocks on the diagonal (0-d and 1-D ones as one row, as torch), sparse in COO: a
+    sparse block brings its stored entries, a dense block all of its entries (so a dense
+    block's gradient is whole)."""
+    mats = [_as_matrix(x) for x in tensors]
+    if any(m.dim() != 2 for m in mats):
+        raise RuntimeError("torch.block_diag: Input tensors must have 2 or fewer dimensions")
+    dtype = mats[0].dtype
+    for m in mats[1:]:
+        dtype = torch.promote_types(dtype, m.dtype)
+    rows, cols, vals = [], [], []
+    r0 = c0 = 0
+    for m in mats:
+        if isinstance(m, SparseTensor):
+            c, v = _coords(m), values_of(m)
+        else:
+            c = torch.stack(torch.meshgrid(torch.arange(m.shape[0]), torch.arange(m.shape[1]),
+                                           indexing="ij")).reshape(2, -1)
+            v = m.reshape(-1)
+        rows.append(c[0] + r0)
+        cols.append(c[1] + c0)
+        vals.append(v.to(dtype))
+        r0, c0 = r0 + m.shape[0], c0 + m.shape[1]
+    coords = torch.stack([torch.cat(rows), torch.cat(cols)])
+    return _shape._build(coords, torch.cat(vals), (r0, c0))
+
+
+@register(torch.block_diag)
+def _block_diag(*tensors):
+    if not any(isinstance(x, SparseTensor) for x in tensors):
+        return NotImplemented
+    return block_diag(tensors)
+
+
+def diag_embed(t: SparseTensor, offset: int = 0, dim1: int = -2, dim2: int = -1) -> SparseTensor:
+    """The last dim's entries on the ``offset`` diagonal of new dims ``dim1``, ``dim2``."""
+    rank = t.dim() + 1
+    d1, d2 = _dim(dim1, rank), _dim(dim2, rank)
+    if d1 == d2:
+        raise RuntimeError("diagonal dimensions cannot be identical")
+    coords, values = _coords(t), values_of(t)
+    n = t.shape[-1] + abs(offset)
+    i = coords[-1]
+    row, col = (i, i + offset) if offset >= 0 else (i - offset, i)
+    rest = list(coords[:-1])
+    rest_shape = list(t.shape[:-1])
+    out: List[torch.Tensor] = []
+    shape: List[int] = []
+    for d in range(rank):
+        if d == d1:
+            out.append(row)
+            shape.append(n)
+        elif d == d2:
+            out.append(col)
+            shape.append(n)
+        else:
+            out.append(rest.pop(0))
+            shape.append(rest_shape.pop(0))
+    return _shape._build(torch.stack(out), values, shape)
+
+
+def diagonal_entries(t: SparseTensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> SparseTensor:
+    """``torch.diagonal``: the entries with ``c[dim2] - c[dim1] == offset``, the other dims
+    first and the diagonal's position last, as torch."""
+    rank = t.dim()
+    d1, d2 = _dim(dim1, rank), _dim(dim2, rank)
+    if d1 == d2:
+        raise RuntimeError("diagonal dimensions cannot be identical")
+    n1, n2 = t.shape[d1], t.shape[d2]
+    length = max(0, min(n1, n2 - offset) if offset >= 0 else min(n1 + offset, n2))
+    coords, values = _coords(t), values_of(t)
+    on = coords[d2] - coords[d1] == offset
+    rest = [k for k in range(rank) if k not in (d1, d2)]
+    position = coords[d1] if offset >= 0 else coords[d2]
+    out = torch.cat([coords[rest][:, on], position[on][None]])
+    return _shape._build(out, values[on], [t.shape[k] for k in rest] + [length])
+
+
+@register(torch.diag_embed, torch.Tensor.diag_embed)
+def _diag_embed(x, offset=0, dim1=-2, dim2=-1):
+    t = _sparse(x)
+    return NotImplemented if t is None or t.dim() == 0 else diag_embed(t, offset, dim1, dim2)
+
+
+@register(torch.diagflat, torch.Tensor.diagflat)
+def _diagflat(x, offset=0):
+    t = _sparse(x)
+    if t is None:
+        return NotImplemented
+    return diag_embed(t.reshape(-1), offset)
+
+
+@register(torch.Tensor.index_fill, torch.index_fill)
+def _index_fill(x, dim, index, value):
+    """``value`` 0: the stored entries of the chosen slices become 0 (the pattern kept); any
+    other value fills whole slices (dense by nature): the fallback's."""
+    t = _sparse(x)
+    v = value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
+    if t is None or not isinstance(v, numbers.Number) or v != 0:
+        return NotImplemented
+    d = _dim(dim, t.dim())
+    chosen = torch.zeros(t.shape[d], dtype=torch.bool)
+    chosen[index.reshape(-1) % max(t.shape[d], 1)] = True
+    hit = chosen[_coords(t)[d]]
+    vals = values_of(t)
+    return from_values(t._storage, torch.where(hit, torch.zeros((), dtype=vals.dtype), vals))
+
+
+def _empty_like_format(t: SparseTensor, size, dtype) -> SparseTensor:
+    size = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else tuple(size)
+    fmt = _shape._unblocked(t._storage.format) if len(size) == t.dim() else as_format("coo", len(size))
+    coords = torch.zeros((len(size), 0), dtype=torch.int64)
+    return _shape._build(coords, torch.zeros(0, dtype=dtype or t.dtype), size, fmt)
+
+
+def _new_sparse(x, *size, dtype=None, device=None, requires_grad=False, layout=None,
+                pin_memory=False):
+    t = _sparse(x)
+    if t is None or (device is not None and torch.device(device).type != "cpu") or \
+            layout not in (None, x.layout):
+        return NotImplemented
+    out = _empty_like_format(t, size, dtype)
+    return out.requires_grad_(requires_grad) if requires_grad else out
+
+
+register(torch.Tensor.new_zeros, torch.Tensor.new_empty)(_new_sparse)
+
+
+@register(torch.Tensor.sparse_dim)
+def _sparse_dim(x):
+    return x.dim()          # every dimension is a sparse one (blocks are stored, not dense dims)
+
+
+@register(torch.Tensor.dense_dim)
+def _dense_dim(x):
+    return 0

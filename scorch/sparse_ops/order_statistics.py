@@ -1,0 +1,296 @@
+"""Order statistics of a sparse tensor: ``topk``, ``kthvalue``, ``median``/``nanmedian`` (all
+elements, or along a dim) and ``max``/``min`` along a dim, from the stored entries alone.
+
+A fiber along ``dim`` sorted in torch's order (NaN largest) is its stored entries that come
+before 0, then every zero (its stored zeros, then its unstored positions), then the rest. So
+the element of any rank follows from per-fiber counts: a stored entry by its rank among the
+stored ones, or the m-th unstored position, found by one ``searchsorted`` over each stored
+entry's count of unstored positions before it. Cost: sorts of the stored entries plus the
+result (fibers x ranks), never a dense copy. Values are gathered from the differentiable
+stored values, so the gradient goes to the picked stored entries as torch's index-based
+backward does (an unstored zero picked gets none); ``median()`` over every element shares its
+gradient evenly among the entries equal to it, as torch's."""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional, Tuple
+
+import torch
+
+from .._dispatch import register
+from ..gradients.values import values_of
+from ..tensor_type import SparseTensor
+from . import composites, nonlinear
+from .nonlinear import _sparse
+
+__all__ = ["topk", "kthvalue", "median", "median_all", "extreme_along"]
+
+
+def _convert():
+    from .._runtime import convert
+    return convert
+
+
+def _checked_dim(dim, rank: int) -> int:
+    """``dim`` in ``[0, rank)``, with torch's IndexError otherwise."""
+    if not -rank <= dim < rank:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], "
+                         f"but got {dim})")
+    return int(dim) % rank
+
+
+def _nonempty(name: str, t: SparseTensor, d: int) -> None:
+    if t.shape[d] == 0:
+        raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
+
+
+def _sorting(keys: torch.Tensor) -> torch.Tensor:
+    """The permutation that sorts ``keys``; an O(n) check first, as the storage order is
+    often already the one asked for (CSR's rows)."""
+    if keys.numel() < 2 or bool((keys[1:] >= keys[:-1]).all()):
+        return torch.arange(keys.numel(), dtype=torch.int64)
+    return torch.argsort(keys)
+
+
+class _Ranked:
+    """The stored entries of every fiber in torch's sort order (NaN largest; ties by
+    position), with the per-fiber counts that place the unstored zeros among them."""
+
+    def __init__(self, fiber: torch.Tensor, pos: torch.Tensor, vals: torch.Tensor,
+                 nfib: int, extent: int, descending: bool):
+        nnz = pos.numel()
+        self.nfib, self.extent, self.nnz = nfib, extent, nnz
+        by_pos = _sorting(fiber * extent + pos)               # (fiber, position): unique keys
+        fiber_p, pos_p = fiber[by_pos], pos[by_pos]
+        self.count = torch.bincount(fiber, minlength=nfib)
+        self.start = torch.cumsum(self.count, 0) - self.count
+        # unstored positions before each stored one; nondecreasing within a fiber, in [0, extent]
+        unstored_before = pos_p - (torch.arange(nnz, dtype=torch.int64) - self.start[fiber_p])
+        self.gap_keys = fiber_p * (extent + 1) + unstored_before
+        plain = vals.detach()[by_pos]
+        order = torch.sort(plain, descending=descending, stable=True).indices
+        order = order[torch.sort(fiber_p[order], stable=True).indices]
+        ranked = by_pos[order]
+        plain = vals.detach()[ranked]
+        nan = plain.isnan()
+        # the stored entries ranked before the unstored zeros: those up to and including 0
+        before = ((plain >= 0) | nan) if descending else (plain <= 0)
+        fiber_r = fiber[ranked]
+        self.before = torch.bincount(fiber_r[before], minlength=nfib)
+        self.nans = torch.bincount(fiber_r[nan], minlength=nfib)
+        self.values = torch.cat([vals[ranked], vals.new_zeros(1)])     # a 0 for unstored picks
+        self.positions = torch.cat([pos[ranked], pos.new_zeros(1)])
+
+    def select(self, ranks: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Values and positions of the elements of ``ranks`` ([nfib, q], each in
+        ``[0, extent)``) in every fiber's sorted order."""
+        fibers = torch.arange(self.nfib, dtype=torch.int64)[:, None]
+        start, before = self.start[:, None], self.before[:, None]
+        unstored = self.extent - self.count[:, None]
+        in_zeros = (ranks >= before) & (ranks < before + unstored)
+        stored_rank = torch.where(ranks < before, ranks, ranks - unstored)
+        source = torch.where(in_zeros, self.nnz, start + stored_rank)
+        # the m-th unstored position: m plus the stored entries with at most m unstored before
+        m = (ranks - before).clamp_min(0)
+        passed = torch.searchsorted(self.gap_keys, fibers * (self.extent + 1) + m, right=True) - start
+        positions = torch.where(in_zeros, m + passed, self.positions[source])
+        return self.values[source], positions
+
+
+def _along(t: SparseTensor, d: int, descending: bool):
+    """The ranked fibers of ``t`` along ``d`` and the shape of the other dims."""
+    coords = _convert().coords(t._storage)
+    fiber, _, rest_shape = composites._fibers(coords, tuple(t.shape), d)
+    ranked = _Ranked(fiber, coords[d], values_of(t), math.prod(rest_shape), t.shape[d], descending)
+    return ranked, list(rest_shape)
+
+
+def _place(x: torch.Tensor, rest_shape, d: int, keepdim: bool) -> torch.Tensor:
+    """[nfib, 1] per-fiber results in torch's reduced shape."""
+    x = x.reshape(rest_shape)
+    return x.unsqueeze(d) if keepdim else x
+
+
+def topk(t: SparseTensor, k: int, dim: int = -1, largest: bool = True):
+    """The ``k`` largest (smallest) elements of each fiber, sorted, with their indices."""
+    d = _checked_dim(dim, t.dim())
+    if not 0 <= k <= t.shape[d]:
+        raise RuntimeError("selected index k out of range")
+    ranked, rest_shape = _along(t, d, largest)
+    ranks = torch.arange(k, dtype=torch.int64).expand(ranked.nfib, k)
+    values, indices = ranked.select(ranks)
+    shape = rest_shape + [k]
+    values = values.reshape(shape).movedim(-1, d).contiguous()
+    indices = indices.reshape(shape).movedim(-1, d).contiguous()
+    return torch.return_types.topk((values, indices))
+
+
+def kthvalue(t: SparseTensor, k: int, dim: int = -1, keepdim: bool = False):
+    """The ``k``-th smallest element (1-based, NaN largest) of each fiber and its index."""
+    d = _checked_dim(dim, t.dim())
+    _nonempty("kthvalue", t, d)
+    if not 1 <= k <= t.shape[d]:
+        raise RuntimeError(f"kthvalue(): selected number k out of range for dimension {d}")
+    ranked, rest_shape = _along(t, d, False)
+    values, indices = ranked.select(torch.full((ranked.nfib, 1), k - 1, dtype=torch.int64))
+    return torch.return_types.kthvalue((_place(values, rest_shape, d, keepdim),
+                                        _place(indices, rest_shape, d, keepdim)))
+
+
+def _median_rank(n, nans: torch.Tensor, ignore_nan: bool) -> torch.Tensor:
+    """The ascending rank torch's lower median picks: NaN where a fiber holds one (its first
+    NaN), or, ignoring NaN, the lower median of the rest (the first NaN if none is left)."""
+    if ignore_nan:
+        kept = n - nans
+        return torch.where(kept > 0, (kept - 1) // 2, 0)
+    return torch.where(nans > 0, n - nans, (n - 1) // 2)
+
+
+def median(t: SparseTensor, dim: int, keepdim: bool = False, ignore_nan: bool = False):
+    """``median``/``nanmedian`` along ``dim``: the lower median of each fiber and its index."""
+    name = "nanmedian" if ignore_nan else "median"
+    d = _checked_dim(dim, t.dim())
+    _nonempty(name, t, d)
+    ranked, rest_shape = _along(t, d, False)
+    ranks = _median_rank(t.shape[d], ranked.nans, ignore_nan)[:, None]
+    values, indices = ranked.select(ranks)
+    result = torch.return_types.nanmedian if ignore_nan else torch.return_types.median
+    return result((_place(values, rest_shape, d, keepdim), _place(indices, rest_shape, d, keepdim)))
+
+
+class _EvenShare(torch.autograd.Function):
+    """``median()``'s backward as torch's: the gradient shared evenly among the elements
+    equal to the result (NaN: the NaNs), the unstored zeros' share lost."""
+
+    @staticmethod
+    def forward(ctx, vals: torch.Tensor, result: torch.Tensor, share: torch.Tensor):
+        ctx.save_for_backward(share)
+        return result.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        share, = ctx.saved_tensors
+        return g * share, None, None
+
+
+def median_all(t: SparseTensor, ignore_nan: bool = False) -> torch.Tensor:
+    """The lower median over every element (row-major), 0-d; NaN for no elements."""
+    vals = values_of(t)
+    numel = math.prod(t.shape)
+    if numel == 0:
+        return vals.sum() * float("nan")
+    coords = _convert().coords(t._storage)
+    strides = torch.tensor([math.prod(t.shape[k + 1:]) for k in range(t.dim())], dtype=torch.int64)
+    pos = (coords * strides[:, None]).sum(0)
+    ranked = _Ranked(torch.zeros_like(pos), pos, vals.detach(), 1, numel, False)
+    rank = _median_rank(numel, ranked.nans, ignore_nan)[:, None]
+    result = ranked.select(rank)[0].reshape(())
+    if not vals.requires_grad:
+        return result
+    plain = vals.detach()
+    equal = plain.isnan() if bool(result.isnan()) else plain == result
+    ties = equal.sum() + (numel - t._storage.nnz if bool(result == 0) else 0)
+    return _EvenShare.apply(vals, result, equal.to(vals.dtype) / ties)
+
+
+def extreme_along(t: SparseTensor, dim: int, keepdim: bool, largest: bool):
+    """``max``/``min`` with a dim: torch's first-occurrence index (``arg_extreme``), and the
+    value at it gathered from the stored values, so the gradient goes to that entry alone."""
+    name = "max" if largest else "min"
+    d = _checked_dim(dim, t.dim())
+    _nonempty(name, t, d)
+    indices = composites.arg_extreme(t, d, keepdim, largest)
+    coords = _convert().coords(t._storage)
+    fiber, _, rest_shape = composites._fibers(coords, tuple(t.shape), d)
+    n, nnz = t.shape[d], t._storage.nnz
+    keys, order = torch.sort(fiber * n + coords[d])
+    wanted = torch.arange(math.prod(rest_shape), dtype=torch.int64) * n + indices.reshape(-1)
+    at = torch.searchsorted(keys, wanted).clamp_max(max(nnz - 1, 0))
+    hit = keys[at] == wanted if nnz else torch.zeros_like(wanted, dtype=torch.bool)
+    vals = values_of(t)
+    source = torch.where(hit, order[at] if nnz else at, nnz)
+    values = torch.cat([vals, vals.new_zeros(1)])[source].reshape(indices.shape)
+    result = torch.return_types.max if largest else torch.return_types.min
+    return result((values, indices))
+
+
+# --- registration -------------------------------------------------------------------------
+
+def _ranked_sparse(x) -> Optional[SparseTensor]:
+    """``x`` when it is a sparse tensor these ops rank (real, not bool, rank >= 1)."""
+    t = _sparse(x)
+    if t is None or t.dim() == 0 or t.dtype.is_complex or t.dtype == torch.bool:
+        return None
+    return t
+
+
+def _integer(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+@register(torch.topk, torch.Tensor.topk)
+def _topk(x, k, dim=-1, largest=True, sorted=True, *, out=None):
+    t = _ranked_sparse(x)
+    if t is None or out is not None or not _integer(k) or not _integer(dim):
+        return NotImplemented
+    return topk(t, int(k), dim, bool(largest))
+
+
+@register(torch.kthvalue, torch.Tensor.kthvalue)
+def _kthvalue(x, k, dim=-1, keepdim=False, *, out=None):
+    t = _ranked_sparse(x)
+    if t is None or out is not None or not _integer(k) or not _integer(dim):
+        return NotImplemented
+    return kthvalue(t, int(k), dim, bool(keepdim))
+
+
+def _median_handler(ignore_nan: bool):
+    def handler(x, dim=None, keepdim=False, *, out=None):
+        t = _ranked_sparse(x)
+        if t is None or out is not None:
+            return NotImplemented
+        if dim is None:
+            if keepdim or (math.prod(t.shape) == 0 and not t.dtype.is_floating_point):
+                return NotImplemented   # torch's error; its empty integer median is undefined
+            return median_all(t, ignore_nan)
+        if not _integer(dim):
+            return NotImplemented
+        return median(t, dim, bool(keepdim), ignore_nan)
+    return handler
+
+
+register(torch.median, torch.Tensor.median)(_median_handler(False))
+register(torch.nanmedian, torch.Tensor.nanmedian)(_median_handler(True))
+
+
+def max_min_along(name: str, x, dim, keepdim=False, *, out=None):
+    """``torch.max(x, dim, keepdim)`` / ``min``: called by ``composites``' ``max``/``min``
+    handler for the forms with a dim."""
+    t = _ranked_sparse(x)
+    if t is None or out is not None or not _integer(dim):
+        return NotImplemented
+    return extreme_along(t, dim, bool(keepdim), name == "max")
+
+
+def _extreme(name: str):
+    """``max``/``min``: over every element here; ``max(x, other)`` is ``maximum``; with a dim
+    (values and indices): ``max_min_along``."""
+    def handler(x, *args, **kwargs):
+        other = args[0] if args else kwargs.get("other")
+        if isinstance(other, torch.Tensor) and len(args) + len(kwargs) == 1:
+            return (torch.maximum if name == "max" else torch.minimum)(x, other)
+        t = _sparse(x)
+        if t is None:
+            return NotImplemented
+        if args or kwargs:
+            return max_min_along(name, t, *args, **kwargs)
+        if math.prod(t.shape) == 0:
+            raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+                               f"Specify the reduction dim with the 'dim' argument.")
+        return (nonlinear.amax if name == "max" else nonlinear.amin)(t)
+    return handler
+
+
+register(torch.max, torch.Tensor.max)(_extreme("max"))
+register(torch.min, torch.Tensor.min)(_extreme("min"))

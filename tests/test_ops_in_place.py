@@ -1,0 +1,132 @@
+"""In-place elementwise functions on sparse tensors (``relu_``, ``abs_``, ``clamp_``,
+``F.relu(x, inplace=True)``, ``nn.ReLU(inplace=True)``): the stored values change in place,
+the pattern and views keep, the result equals dense torch's, autograd rebases the history as
+torch does, and an op that moves 0 raises naming the op."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+import scorch
+from ops_helpers import dense_values
+
+F64 = torch.float64
+FORMATS = {1: ["c", "coo"], 2: ["csr", "csc", "coo", "dcsr"], 3: ["coo", "csf"]}
+
+#: (call on a tensor, in place) -> its dense oracle is the same call on a dense tensor
+CALLS = {
+    "relu_": lambda x: x.relu_(), "torch.relu_": lambda x: torch.relu_(x), "abs_": lambda x: x.abs_(),
+    "neg_": lambda x: x.neg_(), "square_": lambda x: x.square_(), "sin_": lambda x: x.sin_(),
+    "tanh_": lambda x: x.tanh_(), "sign_": lambda x: x.sign_(), "floor_": lambda x: x.floor_(),
+    "round_": lambda x: x.round_(), "clamp_": lambda x: x.clamp_(-0.5, 0.25),
+    "clamp_min_": lambda x: x.clamp_min_(-0.2), "clip_": lambda x: x.clip_(max=0.3),
+    "nan_to_num_": lambda x: x.nan_to_num_(), "pow_": lambda x: x.pow_(3),
+    "F.relu inplace": lambda x: F.relu(x, inplace=True), "F.relu_": lambda x: F.relu_(x),
+    "F.leaky_relu inplace": lambda x: F.leaky_relu(x, 0.2, inplace=True),
+    "F.elu_": lambda x: F.elu_(x), "F.hardtanh inplace": lambda x: F.hardtanh(x, -0.5, 0.5, inplace=True),
+    "F.relu6 inplace": lambda x: F.relu6(x, inplace=True), "F.silu inplace": lambda x: F.silu(x, inplace=True),
+    "F.threshold_": lambda x: F.threshold_(x, 0.1, 0.0), "F.selu inplace": lambda x: F.selu(x, inplace=True),
+    "nn.ReLU(inplace=True)": lambda x: torch.nn.ReLU(inplace=True)(x),
+}
+FLOAT_ONLY = {"sin_", "tanh_", "F.elu_", "F.silu inplace", "F.selu inplace", "F.leaky_relu inplace",
+              "nan_to_num_", "round_", "floor_", "F.relu6 inplace", "F.hardtanh inplace"}
+
+
+@pytest.fixture(autouse=True)
+def no_dense_fallback():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*no sparse kernel.*")
+        yield
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), name=st.sampled_from(sorted(CALLS)),
+       shape=st.sampled_from([(4, 5), (0, 3), (6,), (2, 3, 2)]),
+       dtype=st.sampled_from([torch.float32, torch.float64, torch.int64]),
+       density=st.sampled_from([0.0, 0.4, 1.0]))
+def test_in_place_ops_change_the_stored_values_as_dense_torch(data, name, shape, dtype, density):
+    if dtype == torch.int64 and name in FLOAT_ONLY:
+        dtype = F64
+    x = data.draw(dense_values(shape, dtype, density=density)) + 0
+    X = scorch.sparse_tensor(x, format=data.draw(st.sampled_from(FORMATS[len(shape)])))
+    order = tuple(reversed(range(len(shape))))
+    view = X.permute(order)                                   # a view: the same arrays
+    indices = X.indices().clone()
+    try:
+        expected = CALLS[name](x.clone())
+    except RuntimeError as e:                   # torch's dtype rules (clamp_ of int64 by a float)
+        with pytest.raises(RuntimeError, match=str(e).split(":")[0][:30]):
+            CALLS[name](X)
+        return
+    got = CALLS[name](X)
+    assert got is X
+    assert torch.equal(X.indices(), indices)                 # the pattern kept
+    torch.testing.assert_close(X.to_dense(), expected, equal_nan=True)
+    torch.testing.assert_close(view.to_dense(), expected.permute(order), equal_nan=True)  # sees it
+
+
+@pytest.mark.parametrize("name", ["relu_", "abs_", "tanh_", "clamp_", "pow_", "F.relu inplace",
+                                  "F.leaky_relu inplace", "nn.ReLU(inplace=True)", "floor_"])
+def test_in_place_ops_rebase_the_history_as_torch(name):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 4, dtype=F64, generator=g) * (torch.rand(5, 4, generator=g) < 0.6)
+    w = torch.rand(5, 4, dtype=F64, generator=g)
+    X = scorch.sparse_tensor(x, format="csr", requires_grad=True)
+    D = x.clone().requires_grad_()
+    Y = X * 2.0
+    out = CALLS[name](Y)
+    assert out is Y and Y.requires_grad
+    (Y.to_dense() * w).sum().backward()
+    (CALLS[name](D * 2.0) * w).sum().backward()
+    torch.testing.assert_close(X.grad.to_dense(), D.grad * (x != 0))
+
+
+def test_a_tensor_saved_for_a_backward_then_changed_in_place_raises_as_torch():
+    x = torch.tensor([[1.0, 0.0, -2.0], [0.0, 3.0, 0.0]], dtype=F64)
+    X = scorch.sparse_tensor(x, format="csr", requires_grad=True)
+    Y = X * 2.0
+    Z = torch.einsum("ij,ij->ij", Y, Y)       # saves Y for its backward
+    Y.relu_()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        Z.to_dense().sum().backward()
+
+
+def test_in_place_on_a_leaf_that_requires_grad_raises_as_torch():
+    X = scorch.sparse_tensor(torch.eye(3), format="csr", requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        X.relu_()
+    with torch.no_grad():                       # as an optimizer step would
+        X.clamp_(-0.5, 0.5)
+    assert torch.equal(X.to_dense(), torch.eye(3) * 0.5)
+
+
+@pytest.mark.parametrize("call", [lambda x: x.sigmoid_(), lambda x: x.exp_(), lambda x: x.clamp_(min=0.5),
+                                  lambda x: F.threshold_(x, 0.5, 2.0), lambda x: x.cos_()])
+def test_in_place_ops_that_move_zero_raise_naming_the_op(call):
+    X = scorch.sparse_tensor(torch.eye(3), format="csr")
+    with pytest.raises(RuntimeError, match=r"in-place '\w+_' maps 0 to .*could not stay sparse"):
+        call(X)
+    assert torch.equal(X.to_dense(), torch.eye(3))   # untouched
+
+
+def test_in_place_keeps_torch_dtype_rules():
+    X = scorch.sparse_tensor(torch.tensor([[4, 0], [0, 9]]), format="csr")
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        X.sqrt_()
+    assert torch.equal(X.abs_().to_dense(), torch.tensor([[4, 0], [0, 9]]))
+
+
+def test_a_model_with_in_place_relu_trains_on_a_sparse_activation():
+    g = torch.Generator().manual_seed(0)
+    A = scorch.sparse_tensor(torch.rand(8, 8, generator=g) * (torch.rand(8, 8, generator=g) < 0.3), format="csr")
+    W = torch.nn.Parameter(torch.randn(8, 8, generator=g))
+    relu = torch.nn.ReLU(inplace=True)
+    H = relu(A * (A @ W))                     # a sparse activation on A's pattern, changed in place
+    H.to_dense().sum().backward()
+    Wd = W.detach().clone().requires_grad_()
+    torch.relu(A.to_dense() * (A.to_dense() @ Wd)).sum().backward()
+    torch.testing.assert_close(W.grad, Wd.grad)

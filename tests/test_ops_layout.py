@@ -1,0 +1,157 @@
+"""Layout ops that move stored coordinates (``sparse_ops/layout_ops.py``, ``embedding_bag``):
+select / unbind / split / chunk, tile, F.pad, block_diag, diag_embed / diagflat / diag /
+diagonal, index_fill with 0, new_zeros, sparse_dim, against dense torch, sparse results,
+no dense fallback, gradients on the stored values."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+import scorch
+from ops_helpers import assert_matches, dense_of, dense_values
+
+F64 = torch.float64
+FORMATS = {1: ["c", "coo"], 2: ["csr", "csc", "coo", "dcsr"], 3: ["coo", "csf"]}
+SHAPES = [(4, 5), (3,), (2, 3, 4), (0, 3), (1, 1)]
+
+
+@pytest.fixture(autouse=True)
+def no_dense_fallback():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*no sparse kernel.*")
+        yield
+
+
+def _pair(data, shape, dtype=F64, density=None):
+    x = data.draw(dense_values(shape, dtype, density=density)) + 0
+    return x, scorch.sparse_tensor(x, format=data.draw(st.sampled_from(FORMATS[len(shape)])))
+
+
+def _all_match(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert_matches(g, w, sparse=w.dim() > 0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), shape=st.sampled_from(SHAPES), density=st.sampled_from([0.0, 0.4, 1.0]),
+       dtype=st.sampled_from([F64, torch.int64]))
+def test_slicing_ops_match_dense(data, shape, density, dtype):
+    x, X = _pair(data, shape, dtype, density)
+    for dim in range(-len(shape), len(shape)):
+        n = shape[dim]
+        if n:
+            i = data.draw(st.integers(-n, n - 1))
+            assert_matches(X.select(dim, i), x.select(dim, i), sparse=len(shape) > 1)
+            assert_matches(torch.select(X, dim, i), x.select(dim, i), sparse=len(shape) > 1)
+        _all_match(X.unbind(dim), x.unbind(dim))
+        size = data.draw(st.integers(1, 4))
+        _all_match(X.split(size, dim), x.split(size, dim))
+        if n:
+            chunks = data.draw(st.integers(1, 5))
+            _all_match(X.chunk(chunks, dim), x.chunk(chunks, dim))
+            cut = data.draw(st.integers(0, n))
+            _all_match(torch.split(X, [cut, n - cut], dim), torch.split(x, [cut, n - cut], dim))
+    reps = tuple(data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=len(shape) + 1)))
+    assert_matches(X.tile(reps), x.tile(reps), sparse=True)
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), shape=st.sampled_from(SHAPES), density=st.sampled_from([0.0, 0.4, 1.0]))
+def test_pad_with_zeros_grows_and_crops_as_torch(data, shape, density):
+    x, X = _pair(data, shape, F64, density)
+    k = data.draw(st.integers(1, len(shape)))
+    pads = []
+    for d in range(k):
+        n = shape[len(shape) - 1 - d]
+        before = data.draw(st.integers(-min(n, 2), 2))
+        after = data.draw(st.integers(-(n + min(before, 0)) if n + min(before, 0) > 0 else 0, 2))
+        pads += [before, after]
+    assert_matches(F.pad(X, pads), F.pad(x, pads), sparse=True)
+    assert_matches(F.pad(X, pads, value=0.0), F.pad(x, pads), sparse=True)
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), density=st.sampled_from([0.0, 0.4, 1.0]), offset=st.integers(-3, 3))
+def test_diagonals_match_dense(data, density, offset):
+    v, V = _pair(data, (4,), F64, density)
+    assert_matches(torch.diag(V, offset), torch.diag(v, offset), sparse=True)
+    assert_matches(torch.diagflat(V, offset), torch.diagflat(v, offset), sparse=True)
+    assert_matches(torch.diag_embed(V, offset), torch.diag_embed(v, offset), sparse=True)
+    m, M = _pair(data, (4, 5), F64, density)
+    assert_matches(torch.diagflat(M, offset), torch.diagflat(m, offset), sparse=True)
+    main = None if offset == 0 else True      # the main diagonal is an einsum ("ii->i"): any format
+    assert_matches(torch.diag(M, offset), torch.diag(m, offset), sparse=main)
+    assert_matches(M.diagonal(offset), m.diagonal(offset), sparse=main)
+    t, T = _pair(data, (2, 3, 4), F64, density)
+    assert_matches(T.diagonal(offset, 2, 0), t.diagonal(offset, 2, 0), sparse=True)
+    assert_matches(torch.diag_embed(T, offset, 0, 2), torch.diag_embed(t, offset, 0, 2), sparse=True)
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), density=st.sampled_from([0.0, 0.4, 1.0]), dense_block=st.booleans())
+def test_block_diag_index_fill_and_new_zeros(data, density, dense_block):
+    a, A = _pair(data, (2, 3), F64, density)
+    b, B = _pair(data, (3,), F64, density)
+    c = data.draw(dense_values((2, 2), F64))
+    C = c if dense_block else scorch.sparse_tensor(c, format="coo")
+    assert_matches(torch.block_diag(A, B, C), torch.block_diag(a, b, c), sparse=True)
+    idx = torch.tensor(data.draw(st.lists(st.integers(0, 2), max_size=3)), dtype=torch.int64)
+    assert_matches(A.index_fill(1, idx, 0.0), a.index_fill(1, idx, 0.0), sparse=True)
+    z = A.new_zeros(3, 4)
+    assert isinstance(z, scorch.SparseTensor) and z.nnz == 0 and z.shape == (3, 4) and z.format == A.format
+    assert A.new_zeros((2, 2, 2), dtype=torch.float32).dtype == torch.float32
+    assert A.sparse_dim() == 2 and A.dense_dim() == 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), density=st.sampled_from([0.0, 0.4, 1.0]), mode=st.sampled_from(["sum", "mean"]),
+       weighted=st.booleans(), padding=st.booleans(), offsets=st.booleans())
+def test_embedding_bag_with_a_sparse_table_matches_dense(data, density, mode, weighted, padding, offsets):
+    w, W = _pair(data, (6, 4), F64, density)
+    index = torch.tensor(data.draw(st.lists(st.integers(0, 5), min_size=6, max_size=6)))
+    kw = {"mode": mode, "padding_idx": 2 if padding else None}
+    if weighted and mode == "sum":
+        kw["per_sample_weights"] = torch.rand(6, dtype=F64, generator=torch.Generator().manual_seed(1))
+    if offsets:
+        args = (index, W, torch.tensor([0, 2, 2, 5]))
+        dense = F.embedding_bag(index, w, torch.tensor([0, 2, 2, 5]), **kw)
+    else:
+        if "per_sample_weights" in kw:
+            kw["per_sample_weights"] = kw["per_sample_weights"].reshape(3, 2)
+        args = (index.reshape(3, 2), W)
+        dense = F.embedding_bag(index.reshape(3, 2), w, **kw)
+    torch.testing.assert_close(dense_of(F.embedding_bag(*args, **kw)), dense)
+
+
+def test_layout_op_gradients_reach_the_stored_values():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 5, dtype=F64, generator=g) * (torch.rand(4, 5, generator=g) < 0.6)
+    calls = [lambda a: torch.stack([p.sum(0) for p in a.unbind(1)]),
+             lambda a: a.select(0, 2), lambda a: a.chunk(3, 1)[1], lambda a: a.tile(2, 1),
+             lambda a: F.pad(a, (1, -1, 2, 0)), lambda a: torch.block_diag(a, a),
+             lambda a: torch.diag_embed(a), lambda a: a.diagonal(1),
+             lambda a: a.index_fill(0, torch.tensor([1]), 0.0),
+             lambda a: F.embedding_bag(torch.tensor([[0, 3], [2, 2]]), a, mode="mean")]
+    for call in calls:
+        X = scorch.sparse_tensor(x, format="csr", requires_grad=True)
+        D = x.clone().requires_grad_()
+        out = dense_of(call(X))
+        w = torch.rand(out.shape, dtype=F64, generator=g)
+        (out * w).sum().backward()
+        (call(D) * w).sum().backward()
+        torch.testing.assert_close(X.grad.to_dense(), torch.where(x != 0, D.grad, 0.0))
+
+
+def test_unbind_of_many_rows_is_one_pass():
+    """unbind sorts the entries once: 20,000 rows of a 20,000 x 20,000 matrix in seconds, not
+    20,000 scans of every entry."""
+    n = 20_000
+    idx = torch.randint(0, n, (2, 50_000), generator=torch.Generator().manual_seed(0))
+    A = scorch.sparse_tensor((idx, torch.ones(50_000)), size=(n, n), format="csr")
+    rows = A.unbind(0)
+    assert len(rows) == n and sum(r.nnz for r in rows) == A.nnz

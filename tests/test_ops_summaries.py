@@ -1,0 +1,119 @@
+"""Summaries of a sparse tensor (``sparse_ops/summaries.py`` and ``value_ops``' NaN-aware
+reductions): std_mean / var_mean, aminmax, linalg.norm, dist, cosine_similarity, histc,
+bincount, unique, where(x), nansum / nanmean, against dense torch, with no dense fallback."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+import scorch
+from ops_helpers import dense_of, dense_values
+
+F64 = torch.float64
+FORMATS = {1: ["c", "coo"], 2: ["csr", "csc", "coo", "dcsr"], 3: ["coo", "csf"]}
+SHAPES = [(4, 5), (3,), (2, 3, 4), (0, 3), (1, 1)]
+
+
+@pytest.fixture(autouse=True)
+def no_dense_fallback():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*no sparse kernel.*")
+        yield
+
+
+def _close(got, want):
+    if isinstance(want, tuple):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            _close(g, w)
+        return
+    got = dense_of(got)
+    assert tuple(got.shape) == tuple(want.shape) and got.dtype == want.dtype, (got, want)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-4, atol=1e-5)
+
+
+def _pair(data, shape, dtype=F64, density=None):
+    x = data.draw(dense_values(shape, dtype, density=density)) + 0
+    return x, scorch.sparse_tensor(x, format=data.draw(st.sampled_from(FORMATS[len(shape)])))
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), shape=st.sampled_from(SHAPES), density=st.sampled_from([0.0, 0.4, 1.0]),
+       dtype=st.sampled_from([torch.float32, F64]))
+def test_moments_extremes_and_norms_match_dense(data, shape, density, dtype):
+    x, X = _pair(data, shape, dtype, density)
+    if x.numel():
+        _close(torch.std_mean(X), torch.std_mean(x))
+        _close(torch.var_mean(X, correction=0), torch.var_mean(x, correction=0))
+        _close(torch.aminmax(X), torch.aminmax(x))
+        _close(torch.linalg.norm(X), torch.linalg.norm(x))
+        _close(torch.nansum(X), torch.nansum(x))
+        _close(torch.nanmean(X), torch.nanmean(x))
+    for dim in range(len(shape)):
+        _close(torch.nansum(X, dim), torch.nansum(x, dim))
+        _close(torch.nanmean(X, dim, keepdim=True), torch.nanmean(x, dim, keepdim=True))
+        _close(torch.linalg.norm(X, 1, dim), torch.linalg.norm(x, 1, dim))
+        if shape[dim]:
+            _close(torch.std_mean(X, dim), torch.std_mean(x, dim))
+            _close(torch.aminmax(X, dim=dim, keepdim=True), torch.aminmax(x, dim=dim, keepdim=True))
+    if len(shape) == 2:
+        _close(torch.linalg.norm(X, "fro"), torch.linalg.norm(x, "fro"))
+        _close(torch.linalg.norm(X, dim=(0, 1)), torch.linalg.norm(x, dim=(0, 1)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), density=st.sampled_from([0.0, 0.4, 1.0]))
+def test_nan_aware_reductions_skip_stored_nans(data, density):
+    x, _ = _pair(data, (4, 5), F64, density)
+    x.view(-1)[3] = float("nan")
+    X = scorch.sparse_tensor(x, format="csr")
+    _close(torch.nansum(X), torch.nansum(x))
+    _close(torch.nanmean(X, 1), torch.nanmean(x, 1))
+    _close(X.nanmean(0, keepdim=True), x.nanmean(0, keepdim=True))
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), density=st.sampled_from([0.0, 0.4, 1.0]), dense_partner=st.booleans())
+def test_distances_match_dense(data, density, dense_partner):
+    x, X = _pair(data, (4, 5), F64, density)
+    y, Y = _pair(data, (4, 5), F64, 0.5)
+    other = y if dense_partner else Y
+    _close(torch.dist(X, other), torch.dist(x, y))
+    _close(torch.dist(X, other, 1), torch.dist(x, y, 1))
+    _close(F.cosine_similarity(X, other), F.cosine_similarity(x, y))
+    _close(F.cosine_similarity(X, other, dim=0), F.cosine_similarity(x, y, dim=0))
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), shape=st.sampled_from(SHAPES), density=st.sampled_from([0.0, 0.4, 1.0]),
+       bins=st.sampled_from([1, 5, 16]), bounds=st.sampled_from([(0, 0), (-1.0, 1.0), (0.2, 0.6)]))
+def test_histograms_and_unique_count_the_implicit_zeros(data, shape, density, bins, bounds):
+    x, X = _pair(data, shape, torch.float32, density)
+    if x.numel():
+        _close(torch.histc(X, bins, *bounds), torch.histc(x, bins, *bounds))
+    _close(torch.unique(X), torch.unique(x))
+    _close(torch.unique(X, return_counts=True), torch.unique(x, return_counts=True))
+    k = (x * 4).round().abs().to(torch.int64).reshape(-1)
+    K = scorch.sparse_tensor(k, format="c")
+    _close(torch.bincount(K), torch.bincount(k))
+    _close(torch.bincount(K, minlength=12), torch.bincount(k, minlength=12))
+    for got, want in zip(torch.where(X), torch.where(x)):
+        assert torch.equal(got, want)
+
+
+def test_norm_and_cosine_gradients_reach_the_stored_values():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 5, dtype=F64, generator=g) * (torch.rand(4, 5, generator=g) < 0.6)
+    y = torch.randn(4, 5, dtype=F64, generator=g)
+    for call in (lambda a: torch.linalg.norm(a), lambda a: F.cosine_similarity(a, y).sum(),
+                 lambda a: torch.dist(a, y), lambda a: torch.std_mean(a, 1)[0].sum(),
+                 lambda a: torch.nanmean(a, 0).sum()):
+        X = scorch.sparse_tensor(x, format="csr", requires_grad=True)
+        D = x.clone().requires_grad_()
+        dense_of(call(X)).backward()
+        call(D).backward()
+        torch.testing.assert_close(X.grad.to_dense(), torch.where(x != 0, D.grad, 0.0))
