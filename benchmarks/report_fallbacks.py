@@ -1,5 +1,5 @@
 """Which torch ops still take the dense fallback (or raise) on a scorch sparse tensor: a
-survey of ~250 calls a PyTorch user makes, each run once on small CSR operands, printing the
+survey of ~260 calls a PyTorch user makes, each run once on small CSR operands, printing the
 ones that warn "no sparse kernel" (``DENSE-FALLBACK``) or raise (``ERR``). Everything else
 runs through a sparse handler. Dense-by-nature results (``ones_like``, ``cumsum``, ...) are
 expected on the list; see docs/ops.md for how each op runs.
@@ -113,6 +113,12 @@ more = {
  "pad": lambda: F.pad(x, (1, 1)), "hinge_loss": lambda: F.hinge_embedding_loss(x, d), "soft_margin": lambda: F.soft_margin_loss(x, d),
  "max_dim": lambda: x.max(1), "min_dim": lambda: x.min(0), "max_binary": lambda: torch.max(x, d), "sparse_dim": lambda: x.sparse_dim(),
  "invert": lambda: ~(x > 0), "rpow": lambda: 2 ** x, "scatter": lambda: torch.zeros(6, 5).scatter(0, idx, x),
+ "masked_fill_0": lambda: x.clone().masked_fill_(x < 0, 0.0), "setitem_mask": lambda: x.clone().__setitem__(x < 0, 0.0),
+ "index_put": lambda: x.index_put((torch.tensor([0]), torch.tensor([1])), torch.tensor(5.0)),
+ "fill_diagonal_": lambda: sq.clone().fill_diagonal_(0), "is_pinned": lambda: x.is_pinned(),
+ "svdvals": lambda: torch.linalg.svdvals(x), "eigvalsh": lambda: torch.linalg.eigvalsh(sq + sq.t()),
+ "qr": lambda: torch.linalg.qr(x), "matrix_norm_1": lambda: torch.linalg.matrix_norm(x, 1),
+ "linalg_norm_nuc": lambda: torch.linalg.norm(x, "nuc"),
 }
 ops.update({k: v for k, v in more.items() if k not in ops})
 

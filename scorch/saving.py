@@ -131,3 +131,8 @@ def share_memory_(t):
 @register(torch.Tensor.is_shared)
 def is_shared(t) -> bool:
     return all(a.is_shared() for a in _arrays(t))
+
+
+@register(torch.Tensor.is_pinned)
+def is_pinned(t, device=None) -> bool:
+    return all(a.is_pinned() for a in _arrays(t))

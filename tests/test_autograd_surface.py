@@ -98,6 +98,40 @@ _IN_PLACE_FUNCTIONS = [_T.relu_, torch.relu_, F.relu_, F.leaky_relu_, F.elu_, F.
                        _T.pow_]
 
 
+def _written(s):
+    """Writes at positions, in place, each on a fresh non-leaf copy (a 0 anywhere; a value
+    where something is stored)."""
+    y = s * 1.0
+    y.masked_fill_(y.detach() > 0.9, 0.0)
+    z = s * 2.0
+    z[z.detach() < 0] = 0.0
+    w = s * 1.0
+    w[torch.tensor([0, 1]), torch.tensor([2, 3])] = 0.0
+    v = s * 1.0
+    v.index_put_((torch.tensor([3]), torch.tensor([0])), torch.tensor(0.0, dtype=F64))
+    u = s[:, :4] * 1.0
+    u.fill_diagonal_(0.0)
+    return _dense(y) + _dense(z) + _dense(w) + _dense(v) + torch.cat([_dense(u), _dense(s[:, 4:])], 1)
+
+
+def _factorized(s):
+    """The dense factorizations on a well-conditioned square matrix made from ``s``."""
+    a = s[:, :4] + 3 * torch.eye(4, dtype=F64)
+    total = torch.linalg.svdvals(a).sum() + torch.linalg.svd(a).S.sum() + torch.svd(a).S.sum() + a.svd().S.sum()
+    total = total + torch.linalg.qr(a).R.diagonal().abs().sum() + torch.qr(a).R.abs().sum() + a.qr().R.abs().sum()
+    b = a + a.t()                               # symmetric, for eigh
+    total = total + torch.linalg.eigvalsh(b).sum() + torch.linalg.eigh(b).eigenvalues.sum()
+    total = total + torch.linalg.eigvals(b).real.sum().detach() + torch.linalg.eig(b).eigenvalues.real.sum().detach()
+    total = total + torch.linalg.det(a) + torch.det(a) + a.det() + torch.linalg.slogdet(a).logabsdet
+    total = total + torch.slogdet(a).logabsdet + torch.logdet(a) + a.logdet()
+    total = total + torch.linalg.matrix_rank(a).double() + torch.linalg.pinv(a).sum() + torch.pinverse(a).sum()
+    c = b + 10 * torch.eye(4, dtype=F64)
+    total = total + torch.linalg.cholesky(c).sum() + torch.cholesky(c).sum() + torch.linalg.inv(a).sum()
+    total = total + torch.inverse(a).sum() + a.inverse().sum() + torch.linalg.solve(a, torch.ones(4, dtype=F64)).sum()
+    total = total + torch.linalg.lstsq(a, torch.ones(4, 1, dtype=F64)).solution.sum() + torch.linalg.cond(a)
+    return total
+
+
 def _stored_softmin(d, dim=1):
     """softmin over the stored (nonzero) entries, as the sparse softmax: 0 elsewhere."""
     stored = d.detach() != 0
@@ -451,6 +485,23 @@ CASES = [
     Case("in_place_moving_zero", [_T.sigmoid_, torch.sigmoid_, _T.exp_, torch.exp_, _T.cos_,
                                   torch.cos_, _T.log_, torch.log_],
          lambda s: (s * 1.0).sigmoid_(), raises=(RuntimeError, "maps 0 to")),
+    Case("writes_at_positions", [_T.masked_fill_, _T.__setitem__, _T.index_put_, _T.fill_diagonal_],
+         lambda s: _written(s)),
+    Case("index_put", [torch.index_put, _T.index_put],
+         lambda s, v: torch.index_put(s, (torch.tensor([0, 3]), torch.tensor([1, 1])), v)
+         + s.index_put((torch.tensor([2]), torch.tensor([4])), torch.tensor(1.5, dtype=F64), accumulate=True), [(2,)]),
+    Case("matrix_norm", [torch.linalg.matrix_norm],
+         lambda s: torch.linalg.matrix_norm(s) + torch.linalg.matrix_norm(s, 1) + torch.linalg.matrix_norm(s, float("inf"))
+         + torch.linalg.matrix_norm(s, -1) + torch.linalg.matrix_norm(s, "nuc")),
+    Case("factorizations", [torch.linalg.svd, torch.svd, _T.svd, torch.linalg.svdvals, torch.linalg.qr, torch.qr, _T.qr,
+                            torch.linalg.eigh, torch.linalg.eigvalsh, torch.linalg.eig, torch.linalg.eigvals,
+                            torch.linalg.det, torch.det, _T.det, torch.linalg.slogdet, torch.slogdet, torch.logdet,
+                            _T.logdet, torch.linalg.matrix_rank, torch.linalg.pinv, torch.pinverse, torch.linalg.cholesky,
+                            torch.cholesky, torch.linalg.inv, torch.inverse, _T.inverse, torch.linalg.solve,
+                            torch.linalg.lstsq, torch.linalg.cond],
+         lambda s: _factorized(s)),
+    Case("is_pinned", [_T.is_pinned], lambda s: torch.tensor(s.is_pinned()), bool_result=True,
+         oracle=lambda d: torch.tensor(False)),
     Case("softmin", [F.softmin], lambda s: F.softmin(s, 1), oracle=_stored_softmin),
     Case("glu", [F.glu], lambda s: F.glu(s[:, :4], 1)),
     Case("value_functions", [torch.erfinv, _T.erfinv, torch.special.erfinv, F.rrelu, torch.float_power,

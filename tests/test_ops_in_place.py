@@ -130,3 +130,77 @@ def test_a_model_with_in_place_relu_trains_on_a_sparse_activation():
     Wd = W.detach().clone().requires_grad_()
     torch.relu(A.to_dense() * (A.to_dense() @ Wd)).sum().backward()
     torch.testing.assert_close(W.grad, Wd.grad)
+
+
+# --- writes at positions ---------------------------------------------------------------------
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), shape=st.sampled_from([(4, 5), (6,), (2, 3, 2)]),
+       dtype=st.sampled_from([torch.float32, torch.float64, torch.int64]),
+       density=st.sampled_from([0.0, 0.4, 1.0]), value=st.sampled_from([0, 3]))
+def test_writes_at_positions_match_dense_torch_or_refuse_to_grow(data, shape, dtype, density, value):
+    x = data.draw(dense_values(shape, dtype, density=density)) + 0
+    fmt = data.draw(st.sampled_from(FORMATS[len(shape)]))
+    X = scorch.sparse_tensor(x, format=fmt)
+    stored = x != 0
+    # a bool mask, dense or sparse
+    mask = (x > 0) if dtype != torch.int64 else (x > 1)
+    sparse_mask = data.draw(st.booleans())
+    M = scorch.sparse_tensor(mask, format=fmt) if sparse_mask else mask
+    grows = value != 0 and bool((mask & ~stored).any())
+    Y = X.clone()
+    if grows:
+        with pytest.raises(RuntimeError, match="does not store"):
+            Y.masked_fill_(M, value)
+    else:
+        Y.masked_fill_(M, value)
+        assert torch.equal(Y.to_dense(), x.masked_fill(mask, value)) and Y.nnz == X.nnz
+        Z = X.clone()
+        Z[M] = value                                  # __setitem__ with a mask
+        assert torch.equal(Z.to_dense(), x.masked_fill(mask, value))
+    # positions as index tensors: in place (x[i, j] = v, index_put_) and out of place
+    idx = tuple(torch.tensor(data.draw(st.lists(st.integers(0, n - 1), min_size=2, max_size=2)))
+                for n in shape)
+    want = x.index_put(idx, torch.tensor(value, dtype=dtype))
+    assert_close = torch.testing.assert_close
+    assert_close(X.index_put(idx, torch.tensor(value, dtype=dtype)).to_dense(), want)
+    vals = torch.arange(1, 3, dtype=dtype)
+    assert_close(X.index_put(idx, vals, accumulate=True).to_dense(), x.index_put(idx, vals, accumulate=True))
+    hits = stored[idx]
+    Y = X.clone()
+    if value != 0 and not bool(hits.all()):
+        with pytest.raises(RuntimeError, match="does not store"):
+            Y[idx] = value
+    else:
+        Y[idx] = value
+        assert torch.equal(Y.to_dense(), want) and Y.nnz == X.nnz
+
+
+def test_fill_diagonal_and_writes_under_autograd():
+    x = torch.tensor([[2.0, 1.0, 0.0], [0.0, 3.0, 4.0], [5.0, 0.0, 6.0]], dtype=F64)
+    X = scorch.sparse_tensor(x, format="csr")
+    assert torch.equal(X.clone().fill_diagonal_(0).to_dense(), x.clone().fill_diagonal_(0))
+    assert torch.equal(X.clone().fill_diagonal_(7).to_dense(), x.clone().fill_diagonal_(7))
+    with pytest.raises(RuntimeError, match="does not store"):
+        scorch.sparse_tensor(x[:, [1, 0, 2]], format="csr").fill_diagonal_(7)
+    S = scorch.sparse_tensor(x, format="csr", requires_grad=True)
+    D = x.clone().requires_grad_()
+    Y = S * 1.0
+    Y[Y > 3] = 0.0
+    w = torch.arange(9.0, dtype=F64).reshape(3, 3)
+    (Y.to_dense() * w).sum().backward()
+    Yd = D * 1.0
+    Yd[Yd > 3] = 0.0
+    (Yd * w).sum().backward()
+    torch.testing.assert_close(S.grad.to_dense(), D.grad * (x != 0))
+
+
+def test_index_put_out_of_place_grows_the_pattern_differentiably():
+    x = torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=F64)
+    S = scorch.sparse_tensor(x, format="csr", requires_grad=True)
+    v = torch.tensor([5.0, 6.0], dtype=F64, requires_grad=True)
+    out = S.index_put((torch.tensor([0, 1]), torch.tensor([1, 1])), v)
+    assert isinstance(out, scorch.SparseTensor) and out.nnz == 3
+    (out.to_dense() * torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=F64)).sum().backward()
+    assert torch.equal(S.grad.to_dense(), torch.tensor([[1.0, 0.0], [0.0, 0.0]], dtype=F64))
+    assert torch.equal(v.grad, torch.tensor([2.0, 4.0], dtype=F64))

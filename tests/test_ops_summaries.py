@@ -117,3 +117,31 @@ def test_norm_and_cosine_gradients_reach_the_stored_values():
         dense_of(call(X)).backward()
         call(D).backward()
         torch.testing.assert_close(X.grad.to_dense(), torch.where(x != 0, D.grad, 0.0))
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), density=st.sampled_from([0.0, 0.4, 1.0]),
+       ord=st.sampled_from(["fro", "nuc", 1, -1, 2, -2, float("inf"), float("-inf")]),
+       keepdim=st.booleans(), dims=st.sampled_from([(0, 1), (1, 0), (-1, -2)]))
+def test_matrix_norms_match_dense(data, density, ord, keepdim, dims):
+    x, X = _pair(data, (4, 5), F64, density)
+    _close(torch.linalg.norm(X, ord, keepdim=keepdim), torch.linalg.norm(x, ord, keepdim=keepdim))
+    _close(torch.linalg.matrix_norm(X, ord, dims, keepdim), torch.linalg.matrix_norm(x, ord, dims, keepdim))
+    t, T = _pair(data, (2, 3, 4), F64, density)
+    if not isinstance(ord, str) and abs(ord) == 2:
+        return
+    _close(torch.linalg.norm(T, ord, dim=(2, 0)), torch.linalg.norm(t, ord, dim=(2, 0)))
+
+
+def test_dense_factorizations_are_dense_by_nature_and_differentiable():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 4, dtype=F64, generator=g) * (torch.rand(4, 4, generator=g) < 0.5) + 3 * torch.eye(4, dtype=F64)
+    X = scorch.sparse_tensor(x, format="csr", requires_grad=True)
+    D = x.clone().requires_grad_()
+    for f in (torch.linalg.svdvals, torch.linalg.det, torch.linalg.inv, torch.linalg.eigvalsh,
+              lambda a: torch.linalg.qr(a).R, lambda a: torch.linalg.solve(a, torch.ones(4, dtype=F64)),
+              torch.logdet, lambda a: torch.linalg.slogdet(a).logabsdet):
+        _close(f(X), f(x))
+    (torch.linalg.inv(X).sum() + torch.linalg.det(X)).backward()
+    (torch.linalg.inv(D).sum() + torch.linalg.det(D)).backward()
+    torch.testing.assert_close(X.grad.to_dense(), torch.where(x != 0, D.grad, 0.0))

@@ -43,6 +43,13 @@ DENSE_BY_NATURE = (
     F.hinge_embedding_loss, F.cosine_embedding_loss, F.soft_margin_loss, F.margin_ranking_loss,
     F.poisson_nll_loss, F.gaussian_nll_loss, F.multilabel_soft_margin_loss,
     F.multilabel_margin_loss, F.multi_margin_loss, F.triplet_margin_loss,
+    # dense factorizations and what is built on them
+    torch.linalg.svd, torch.svd, torch.Tensor.svd, torch.linalg.svdvals, torch.linalg.qr, torch.qr,
+    torch.Tensor.qr, torch.linalg.eigh, torch.linalg.eigvalsh, torch.linalg.eig, torch.linalg.eigvals,
+    torch.linalg.det, torch.det, torch.Tensor.det, torch.linalg.slogdet, torch.slogdet, torch.logdet,
+    torch.Tensor.logdet, torch.linalg.matrix_rank, torch.linalg.pinv, torch.pinverse,
+    torch.linalg.cholesky, torch.cholesky, torch.linalg.inv, torch.inverse, torch.Tensor.inverse,
+    torch.linalg.solve, torch.linalg.lstsq, torch.linalg.cond,
 )
 
 

@@ -7,9 +7,15 @@ not keep the tensor sparse and raises, naming the op.
 Under autograd the tensor's history is rebased as torch's in-place ops do (``mark_dirty``):
 the backward is the out-of-place op's derivative at the values before the change (kept for
 it), and a tensor that an earlier op saved for its backward raises torch's "modified by an
-inplace operation" error when that backward runs (the values' version counter moved)."""
+inplace operation" error when that backward runs (the values' version counter moved).
+
+Writes at positions (``masked_fill_``, ``x[mask] = v``, ``x[i, j] = v``, ``index_put_``,
+``fill_diagonal_``) set stored values in place the same way; a non-zero value at a position
+the tensor does not store would grow the pattern, so it raises (the out-of-place
+``index_put`` grows it)."""
 from __future__ import annotations
 
+import numbers
 from typing import Callable
 
 import torch
@@ -56,9 +62,13 @@ def run_in_place(name: str, s: SparseTensor, mutate: Op, op: Op) -> SparseTensor
         raise RuntimeError(
             f"scorch: in-place '{name}' maps 0 to {zero.item()}, so its result could not stay "
             f"sparse; use the out-of-place form (a dense result) or .to_dense() first")
+    return _write(s, mutate, op)
+
+
+def _write(s: SparseTensor, mutate: Op, op: Op) -> SparseTensor:
     if torch.is_grad_enabled() and s.requires_grad:
         return _InPlace.apply(s, mutate, op)
-    mutate(values)
+    mutate(s._storage.values)
     return s
 
 
@@ -108,3 +118,107 @@ def in_place_functional(name: str, pure, x: SparseTensor, args, kwargs) -> Spars
 # (not rrelu: its training slopes are random, so the backward could not recompute them)
 REGISTERED += [_functional(n) for n in ("relu", "leaky_relu", "elu", "hardtanh", "threshold",
                                         "celu", "selu")]
+
+
+# --- writes at positions: masked_fill_, x[...] = v, index_put_, fill_diagonal_ ---------------
+
+def _stored_coords(s: SparseTensor) -> torch.Tensor:
+    from .._runtime import convert
+    return convert.coords(s._storage)
+
+
+def _scalar(value):
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 and value.dim() == 0 else None
+    return value if isinstance(value, numbers.Number) else None
+
+
+def write_at(name: str, s: SparseTensor, chosen: torch.Tensor, wanted: int, value,
+             accumulate: bool = False) -> SparseTensor:
+    """Set (or add to) the stored values where ``chosen`` (one bool per stored entry) to
+    ``value``, in place. ``wanted`` positions were asked for; where some are not stored, only
+    a 0 (which they already read) can be written: anything else would grow the pattern, so
+    it raises, naming the op."""
+    hit = int(chosen.sum())
+    if hit < wanted and value != 0:
+        raise RuntimeError(
+            f"scorch: in-place '{name}' would write {value} at {wanted - hit} position(s) the sparse "
+            f"tensor does not store (in-place ops keep the pattern); use the out-of-place form "
+            f"(e.g. x.index_put(...), torch.where) or write 0")
+    fill = torch.tensor(value, dtype=s.dtype)
+    if accumulate:
+        return _write(s, lambda v: v.add_(torch.where(chosen, fill, torch.zeros((), dtype=v.dtype))),
+                      lambda v: v + torch.where(chosen, fill, torch.zeros((), dtype=v.dtype)))
+    return _write(s, lambda v: v.masked_fill_(chosen, fill), lambda v: v.masked_fill(chosen, fill))
+
+
+def _mask_at_stored(s: SparseTensor, mask: torch.Tensor):
+    """``mask`` (bool, broadcastable to ``s`` without growing it) at ``s``'s stored entries,
+    and how many positions it selects in all."""
+    if isinstance(mask, SparseTensor):
+        if tuple(mask.shape) != tuple(s.shape):
+            return None, 0
+        from .positions import _row_major_keys, values_at
+        keys = _row_major_keys(_stored_coords(s), s.shape)
+        return values_at(mask, keys).bool(), int(mask._storage.values.bool().sum())
+    if torch.broadcast_shapes(mask.shape, s.shape) != s.shape:
+        return None, 0
+    full = mask.expand(s.shape)
+    return full[tuple(_stored_coords(s))], int(full.sum())
+
+
+@register(torch.Tensor.masked_fill_)
+def _masked_fill_(x, mask, value):
+    v = _scalar(value)
+    if not isinstance(x, SparseTensor) or v is None or not isinstance(mask, torch.Tensor) \
+            or mask.dtype != torch.bool:
+        return NotImplemented
+    chosen, wanted = _mask_at_stored(x, mask)
+    if chosen is None:
+        return NotImplemented
+    return write_at("masked_fill_", x, chosen, wanted, v)
+
+
+def _chosen_by_keys(s: SparseTensor, keys: torch.Tensor):
+    from .positions import _row_major_keys
+    stored = _row_major_keys(_stored_coords(s), s.shape)
+    return torch.isin(stored, keys), int(torch.unique(keys).numel())
+
+
+@register(torch.Tensor.index_put_)
+def _index_put_(x, indices, values, accumulate=False):
+    v = _scalar(values)
+    if not isinstance(x, SparseTensor) or v is None:
+        return NotImplemented
+    from .positions import index_keys
+    keys = index_keys(x.shape, indices)
+    if keys is None:
+        if len(indices) == 1 and isinstance(indices[0], torch.Tensor) and indices[0].dtype == torch.bool:
+            return _masked_fill_(x, indices[0], values) if not accumulate else NotImplemented
+        return NotImplemented
+    if accumulate and keys.numel() != torch.unique(keys).numel():
+        return NotImplemented                  # repeated positions add several times: rare
+    chosen, wanted = _chosen_by_keys(x, keys)
+    return write_at("index_put_", x, chosen, wanted, v, accumulate)
+
+
+@register(torch.Tensor.__setitem__)
+def _setitem(x, index, value):
+    """``x[mask] = v`` (a bool mask) and ``x[i, j] = v`` / ``x[rows, cols] = v`` (ints and
+    1-D int tensors) with a scalar ``v``: the stored values written in place."""
+    if not isinstance(x, SparseTensor) or _scalar(value) is None:
+        return NotImplemented
+    if isinstance(index, torch.Tensor) and index.dtype == torch.bool:
+        return _masked_fill_(x, index, value)
+    index = index if isinstance(index, tuple) else (index,)
+    return _index_put_(x, index, value)
+
+
+@register(torch.Tensor.fill_diagonal_)
+def _fill_diagonal_(x, fill_value, wrap=False):
+    v = _scalar(fill_value)
+    if not isinstance(x, SparseTensor) or v is None or wrap or x.dim() < 2:
+        return NotImplemented
+    c = _stored_coords(x)
+    chosen = (c == c[:1]).all(0)
+    return write_at("fill_diagonal_", x, chosen, min(x.shape), v)

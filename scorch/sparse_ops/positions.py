@@ -1,7 +1,7 @@
 """Ops that read or write a sparse tensor at given positions: ``gather``, ``take``,
 ``take_along_dim``, ``masked_select`` (reads: a dense result of the positions' size) and
-``index_add``, ``scatter_add`` (writes: the stored entries move to new coordinates, then an
-add). ``scatter`` and ``scatter_reduce`` write at every position of their index, the
+``index_add``, ``scatter_add``, ``index_put`` (writes: the stored entries move to new
+coordinates, or new ones are written, then an add). ``scatter`` and ``scatter_reduce`` write at every position of their index, the
 implicit zeros included, so they are dense by nature (``dense_by_nature``).
 
 Reads locate each requested position among the stored entries: both become row-major
@@ -26,7 +26,7 @@ from ..tensor_type import SparseTensor
 from .nonlinear import _sparse
 
 __all__ = ["values_at", "gather", "take", "take_along_dim", "masked_select", "index_add",
-           "scatter_add"]
+           "scatter_add", "index_keys", "index_put"]
 
 #: largest dense size whose row-major positions are int64 keys with room to spare
 _MAX_KEYS = 2**62
@@ -247,6 +247,64 @@ def scatter_add(self: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Te
     return self + _sparse_from(coords, vals, self)
 
 
+def index_keys(shape: Sequence[int], indices) -> Optional[torch.Tensor]:
+    """The row-major keys of the positions ``x[indices]`` names in a tensor of ``shape``, for
+    a full tuple of ints and int tensors (broadcast together, as torch); None for anything
+    else (slices, masks)."""
+    if not isinstance(indices, (tuple, list)) or len(indices) != len(shape):
+        return None
+    parts = []
+    for d, ix in enumerate(indices):
+        if isinstance(ix, numbers.Integral) and not isinstance(ix, bool):
+            ix = torch.tensor(int(ix))
+        if not isinstance(ix, torch.Tensor) or ix.dtype not in (torch.int64, torch.int32) \
+                or isinstance(ix, SparseTensor):
+            return None
+        n = shape[d]
+        if bool(((ix < -n) | (ix >= n)).any()):
+            raise IndexError(f"index out of range for dimension {d} with size {n}")
+        parts.append(ix.to(torch.int64) % max(n, 1))
+    parts = torch.broadcast_tensors(*parts)
+    key = torch.zeros(parts[0].shape, dtype=torch.int64)
+    for d, ix in enumerate(parts):
+        key = key * shape[d] + ix
+    return key
+
+
+def index_put(self: SparseTensor, keys: torch.Tensor, values: torch.Tensor,
+              accumulate: bool) -> SparseTensor:
+    """``self.index_put(indices, values)`` (out of place): the pattern grows by the written
+    positions. ``accumulate``: ``self`` plus the written values (repeats summed); otherwise the
+    stored entries at those positions are dropped first (a repeated position keeps one of
+    its values, as torch leaves that order open)."""
+    values = (values.to(self.dtype).expand(keys.shape) if isinstance(values, torch.Tensor)
+              else torch.full(keys.shape, values, dtype=self.dtype)).reshape(-1)
+    keys = keys.reshape(-1)
+    shape = tuple(self.shape)
+    if not accumulate:
+        keys, first = _last_of_each(keys)
+        values = values[first]
+        stored_keys = _row_major_keys(_convert().coords(self._storage), shape)
+        keep = ~torch.isin(stored_keys, keys)
+        from .shape import _build
+        kept = _build(_convert().coords(self._storage)[:, keep], values_of(self)[keep], shape,
+                      self._storage.format if self._storage.format.block is None else None)
+        self = kept
+    coords = torch.stack(torch.unravel_index(keys, shape)) if keys.numel() else \
+        torch.zeros((len(shape), 0), dtype=torch.int64)
+    return self + _sparse_from(coords, values, self)
+
+
+def _last_of_each(keys: torch.Tensor):
+    """The distinct keys and, for each, the position of its last occurrence."""
+    order = torch.argsort(keys, stable=True)
+    sorted_keys = keys[order]
+    last = torch.ones_like(sorted_keys, dtype=torch.bool)
+    if sorted_keys.numel() > 1:
+        last[:-1] = sorted_keys[1:] != sorted_keys[:-1]
+    return sorted_keys[last], order[last]
+
+
 # --- handlers --------------------------------------------------------------------------------
 
 def _readable(t: Optional[SparseTensor], *dense) -> bool:
@@ -349,3 +407,16 @@ def _scatter_add_(self, dim, index, src):
     src = _sparse(src)
     _check_write("scatter_add", self, index, dim, src)
     return _in_place(self, *_scatter_moved(dim % self.dim(), index, src))
+
+
+@register(torch.index_put, torch.Tensor.index_put)
+def _index_put(input, indices, values, accumulate=False):
+    t = _sparse(input)
+    if t is None or t.dim() == 0 or not _keyable(t.shape) or isinstance(values, SparseTensor):
+        return NotImplemented
+    keys = index_keys(t.shape, indices)
+    if keys is None:
+        return NotImplemented                  # slices and masks: the fallback's
+    if isinstance(values, torch.Tensor) and torch.broadcast_shapes(values.shape, keys.shape) != keys.shape:
+        return NotImplemented
+    return index_put(t, keys, values, accumulate)

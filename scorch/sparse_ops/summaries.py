@@ -1,6 +1,7 @@
 """Summaries of a sparse tensor built from other sparse ops or from its stored values plus a
 count of its implicit zeros, never a dense copy: ``std_mean`` / ``var_mean``, ``aminmax``,
-``linalg.norm`` (vector norms and the Frobenius norm), ``dist``, ``F.cosine_similarity``,
+``linalg.norm`` / ``linalg.matrix_norm`` (vector norms, Frobenius, the max row / column
+sums; the SVD norms are dense by nature), ``dist``, ``F.cosine_similarity``,
 ``histc`` / ``bincount`` / ``unique`` (the stored values, and the implicit zeros counted
 once as a group)."""
 from __future__ import annotations
@@ -10,7 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .._dispatch import register
+from .._dispatch import check_dense_size, register
 from ..tensor_type import SparseTensor
 from .nonlinear import _sparse
 
@@ -58,21 +59,51 @@ def _aminmax(x, *, dim=None, keepdim=False, out=None):
     return torch.return_types.aminmax((_dense(lo), _dense(hi)))
 
 
+def matrix_norm(t: SparseTensor, ord, dim=(-2, -1), keepdim: bool = False, dtype=None) -> torch.Tensor:
+    """Frobenius: ``vector_norm`` over the two dims; the max column / row sum norms (``1``,
+    ``inf``; ``-1``, ``-inf`` with the min): sums of ``|x|`` then ``amax``/``amin``, from the
+    stored entries; the spectral and nuclear norms need an SVD: dense by nature."""
+    d0, d1 = (d % t.dim() for d in dim)
+    if ord == "fro":
+        return torch.linalg.vector_norm(t, 2, dim=(d0, d1), keepdim=keepdim, dtype=dtype)
+    if ord in (1, -1, math.inf, -math.inf):
+        inner, outer = (d0, d1) if ord in (1, -1) else (d1, d0)   # 1: sum a column (over d0)
+        pick = torch.amax if ord > 0 else torch.amin
+        sums = _dense(torch.sum(torch.abs(t if dtype is None else t.to(dtype)), inner, keepdim=True))
+        out = pick(sums, outer, keepdim=True)
+        return out if keepdim else out.squeeze(max(d0, d1)).squeeze(min(d0, d1))
+    check_dense_size("matrix_norm", t.shape, t.dtype)
+    return torch.linalg.matrix_norm(t.to_dense(), ord, dim=(d0, d1), keepdim=keepdim, dtype=dtype)
+
+
+@register(torch.linalg.matrix_norm)
+def _matrix_norm(x, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None, out=None):
+    t = _sparse(x)
+    if t is None or out is not None or t.dim() < 2:
+        return NotImplemented
+    return matrix_norm(t, ord, dim, keepdim, dtype)
+
+
 @register(torch.linalg.norm)
 def _linalg_norm(x, ord=None, dim=None, keepdim=False, *, out=None, dtype=None):
-    """Vector norms (``dim`` an int, or a 1-D tensor) and the Frobenius norm (``ord`` None or
-    ``"fro"`` over every element or two dims) are ``vector_norm``; the spectral and nuclear
-    norms (an SVD) and the max-row/column-sum norms are the fallback's."""
+    """Vector norms (``dim`` an int, or a 1-D input) and the Frobenius norm over every element
+    are ``vector_norm``; a matrix ``ord`` (two dims, or a 2-D input) is ``matrix_norm``."""
     t = _sparse(x)
     if t is None or out is not None:
         return NotImplemented
-    whole = dim is None and (ord is None or (ord == "fro" and t.dim() == 2) or t.dim() == 1)
-    pair = isinstance(dim, (tuple, list)) and len(dim) == 2 and ord in (None, "fro")
-    single = isinstance(dim, int) or (isinstance(dim, (tuple, list)) and len(dim) == 1)
-    if not (whole or pair or (single and not isinstance(ord, str))):
-        return NotImplemented
-    p = 2 if ord in (None, "fro") else ord
-    return torch.linalg.vector_norm(t, p, dim=dim, keepdim=keepdim, dtype=dtype)
+    if isinstance(dim, int):
+        dim = (dim,)
+    if dim is None and (ord is None or t.dim() == 1):
+        return torch.linalg.vector_norm(t, 2 if ord is None else ord, keepdim=keepdim, dtype=dtype)
+    if dim is None and t.dim() == 2:
+        dim = (0, 1)
+    if dim is None or len(dim) not in (1, 2):
+        return NotImplemented                  # torch's error
+    if len(dim) == 1:
+        if isinstance(ord, str):
+            return NotImplemented
+        return torch.linalg.vector_norm(t, 2 if ord is None else ord, dim=dim, keepdim=keepdim, dtype=dtype)
+    return matrix_norm(t, "fro" if ord is None else ord, dim, keepdim, dtype)
 
 
 @register(torch.dist, torch.Tensor.dist)
