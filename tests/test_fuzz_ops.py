@@ -47,7 +47,24 @@ UNARY: List[Unary] = [
     ("fmax_self", lambda x: torch.fmax(x, x * 0.5)), ("maximum_neg", lambda x: torch.maximum(x, -x)),
     ("prelu", lambda x: F.prelu(x, torch.tensor([0.2], dtype=x.dtype))),
     ("threshold", lambda x: F.threshold(x, 0.2, 0.0)), ("sgn", torch.sgn),
+    # session 18: in place on a non-leaf copy, torch's op on the stored values, layout ops
+    ("relu_", lambda x: (x * 1).relu_()), ("clamp_", lambda x: (x * 1).clamp_(-0.3, 0.4)),
+    ("abs_", lambda x: torch.abs_(x * 1)), ("F.relu inplace", lambda x: F.relu(x * 1, inplace=True)),
+    ("masked_fill_", lambda x: (x * 1).masked_fill_(x < -0.5, 0)),
+    ("setitem", lambda x: _setitem(x * 1, x > 0.6, 0)),
+    ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh")), ("xlogy", lambda x: torch.xlogy(x, 2.0)),
+    ("copysign", lambda x: torch.copysign(x, -1.0)), ("hardtanh", lambda x: F.hardtanh(x, -0.2, 0.3)),
+    ("pad", lambda x: F.pad(x, (1, 0))), ("index_fill", lambda x: x.index_fill(0, torch.tensor([0]), 0)),
+    ("glu", lambda x: F.glu(x, 0) if x.shape[0] % 2 == 0 and x.dtype.is_floating_point else x),
+    ("index_put", lambda x: x.index_put(tuple(torch.tensor([0]) for _ in range(x.dim())),
+                                        torch.tensor(2, dtype=x.dtype))),
 ]
+
+
+def _setitem(x, mask, value):
+    x[mask] = value
+    return x
+
 BINARY = [
     ("add", lambda x, y: x + y), ("sub", lambda x, y: x - y), ("mul", lambda x, y: x * y),
     ("div", lambda x, y: x / y), ("maximum", torch.maximum), ("minimum", torch.minimum),
@@ -65,6 +82,12 @@ SHAPE = [
     ("permute", lambda x: x.permute(*reversed(range(x.dim())))),
     ("repeat", lambda x: x.repeat(*([2] + [1] * (x.dim() - 1)))),
     ("expand", lambda x: x.unsqueeze(0).expand(2, *x.shape)), ("diff", lambda x: torch.diff(x, dim=0)),
+    ("split", lambda x: torch.split(x, 2, 0)[0]), ("chunk", lambda x: x.chunk(2, -1)[-1]),
+    ("select", lambda x: x.select(0, 0) if x.dim() > 1 else x), ("tile", lambda x: x.tile(2)),
+    ("unbind_stack", lambda x: torch.stack(x.unbind(-1), 0)),
+    ("block_diag", lambda x: torch.block_diag(x, x) if x.dim() == 2 else x),
+    ("diag_embed", lambda x: torch.diag_embed(x, 1) if x.dim() < 3 else x),
+    ("diagonal", lambda x: x.diagonal(-1) if x.dim() >= 2 else x),
 ]
 TERMINAL = [
     ("sum", lambda x: x.sum()), ("sum0", lambda x: x.sum(0)), ("sum_keepdim", lambda x: x.sum(-1, keepdim=True)),
@@ -75,8 +98,20 @@ TERMINAL = [
     ("std", lambda x: x.std()), ("identity", lambda x: x),
     ("matmul", lambda x: x @ torch.ones(x.shape[-1], 3, dtype=x.dtype) if x.dim() == 2 else x),
     ("matvec", lambda x: x @ torch.ones(x.shape[-1], dtype=x.dtype) if x.dim() == 2 else x.sum()),
+    ("topk", lambda x: x.topk(min(2, x.shape[-1]), -1).values), ("kthvalue", lambda x: x.kthvalue(1, 0).values),
+    ("median", lambda x: x.median(-1).values), ("median_all", lambda x: x.median()),
+    ("max_dim", lambda x: x.max(0).values), ("min_dim_indices", lambda x: x.min(-1).indices),
+    ("gather", lambda x: torch.gather(x, -1, torch.zeros(x.shape[:-1] + (2,), dtype=torch.long))),
+    ("masked_select", lambda x: torch.masked_select(x, x > 0.2)), ("nansum", lambda x: torch.nansum(x, 0)),
+    ("aminmax", lambda x: torch.aminmax(x).max), ("unique", torch.unique),
+    ("sort", lambda x: torch.sort(x, -1).values), ("matrix_norm_1", lambda x: torch.linalg.matrix_norm(x.double(), 1)
+                                                    if x.dim() >= 2 else x.sum()),
+    ("std_mean", lambda x: torch.std_mean(x.double(), -1)[1]),
 ]
-NO_GRADIENT = {"argmax", "argmin", "nonzero", "count_nonzero"}
+#: terminal ops with no gradient, or whose gradient follows a tie-break torch leaves open
+#: (which of several equal entries topk or median picks)
+NO_GRADIENT = {"argmax", "argmin", "nonzero", "count_nonzero", "topk", "kthvalue", "median",
+               "median_all", "min_dim_indices", "unique", "sort"}
 
 
 def _dense(t):

@@ -20,6 +20,7 @@ from .._dispatch import check_dense_size, register_aten
 from ..level_storage import Storage
 from ..tensor_type import SparseTensor
 from . import pattern as _pattern
+from .optimizer_step import values_level
 
 aten = torch.ops.aten
 
@@ -70,7 +71,8 @@ def _values_op(op, inplace: bool):
 _INPLACE = [aten.add_.Tensor, aten.add_.Scalar, aten.sub_.Tensor, aten.sub_.Scalar,
             aten.mul_.Tensor, aten.mul_.Scalar, aten.div_.Tensor, aten.div_.Scalar,
             aten.addcmul_.default, aten.addcdiv_.default, aten.lerp_.Scalar, aten.lerp_.Tensor,
-            aten.sqrt_.default, aten.neg_.default, aten.zero_.default, aten.clamp_min_.default]
+            aten.sqrt_.default, aten.neg_.default, aten.zero_.default, aten.clamp_min_.default,
+            aten.sign_.default]
 # out-of-place: zero-preserving on one pattern (values-level = the dense result's stored part)
 _OUT_OF_PLACE = [aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar,
                  aten.addcmul.default, aten.addcdiv.default, aten.lerp.Scalar, aten.lerp.Tensor,
@@ -107,8 +109,10 @@ def _full_like(t, fill_value, dtype=None, layout=None, device=None, pin_memory=N
     """``full_like(S, 0)`` is ``zeros_like``: the pattern with zero values (Adagrad's state,
     whose later in-place steps need one pattern); another value fills every position, so the
     result is dense by nature."""
-    if fill_value == 0:
-        return _zeros_like(t, dtype, layout, device, pin_memory, memory_format)
+    if fill_value == 0 or values_level():   # in an optimizer step: on the pattern (optimizer_step)
+        out = _zeros_like(t, dtype, layout, device, pin_memory, memory_format)
+        out._storage.values.fill_(fill_value)
+        return out
     check_dense_size("full_like", t.shape, dtype or t.dtype)
     return torch.full(tuple(t.shape), fill_value, dtype=dtype or t.dtype)
 
@@ -122,6 +126,10 @@ def _add_like(sign: float):
                 not _pattern.same_pattern(a._storage, b._storage):
             return _union_add(a, b, sign * alpha)
         P = _pattern_of(name, (a, b))
+        other = b if isinstance(a, SparseTensor) else a
+        if values_level() and (not isinstance(other, torch.Tensor) or other.numel() == 1):
+            va, vb = (_values(name, P, x, k) for k, x in enumerate((a, b)))
+            return SparseTensor(_pattern.with_pattern_values(P, op(va, vb, alpha=alpha)))
         if not (isinstance(a, SparseTensor) and isinstance(b, SparseTensor)):
             raise RuntimeError(
                 f"scorch: {name} of a sparse and a {'dense' if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else 'scalar'} "
@@ -183,7 +191,7 @@ def _foreach(packet_name: str, inplace: bool):
 
 
 for _name in ["add", "sub", "mul", "div", "addcmul", "addcdiv", "lerp", "sqrt", "neg",
-              "maximum", "zero"]:
+              "maximum", "zero", "sign", "copy"]:
     for _inplace in (False, True):
         _fname = f"_foreach_{_name}" + ("_" if _inplace else "")
         _packet = getattr(aten, _fname, None)

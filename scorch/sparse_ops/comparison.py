@@ -26,7 +26,8 @@ import torch
 
 from .._dispatch import check_dense_size, register
 from ..compiler_access import compiler
-from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand
+from ..gradients.optimizer_step import values_level
+from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, with_values
 from .elementwise import (_build, _cast, _is_scalar, _scalar_like, _shape_of, as_bool, bool_as_uint8,
                           result_dtype)
 
@@ -89,6 +90,13 @@ def _run(name: str, terms: List[object], expr: Callable, dense_by_nature: bool, 
 def compare(op: str, a, b) -> torch.Tensor:
     """``torch.<op>(a, b)`` (lt, le, gt, ge, eq, ne) with a sparse operand, as torch.bool."""
     a, b = as_scorch(a), as_scorch(b)
+    if values_level() and (isinstance(a, SparseTensor) and _scalar_value(b) is not None
+                           or isinstance(b, SparseTensor) and _scalar_value(a) is not None):
+        # in an optimizer step: on the stored values (gradients.optimizer_step)
+        t, other = (a, b) if isinstance(a, SparseTensor) else (b, a)
+        v = t._storage.values
+        s = torch.as_tensor(_scalar_value(other), dtype=v.dtype)
+        return with_values(t, getattr(torch, op)(v, s) if t is a else getattr(torch, op)(s, v))
     dt = _compute_dtype(result_dtype(a, b))
     node = _ir().COMPARISONS[op]
     sa, sb = _scalar_value(a), _scalar_value(b)

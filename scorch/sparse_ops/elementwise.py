@@ -22,6 +22,7 @@ from typing import List, Tuple
 import torch
 
 from .._dispatch import check_dense_size, register
+from ..gradients.optimizer_step import values_level
 from ..gradients.values import from_values, values_of, with_dtype
 from .. import tensor_type as _tensor_type
 from ..level_storage import Storage
@@ -227,10 +228,25 @@ def _bool_or(x, y):
     return ir.Gt(x + y, ir.Scalar(0))
 
 
+def _in_optimizer_step(op, a, b, alpha):
+    """In an optimizer step, a sparse tensor and a scalar act on the stored values
+    (``gradients.optimizer_step``); None otherwise."""
+    if not (isinstance(a, SparseTensor) and _scalar_like(b) or
+            isinstance(b, SparseTensor) and _scalar_like(a)) or not values_level():
+        return None
+    if isinstance(a, SparseTensor):
+        return with_values(a, op(a._storage.values, b, alpha=alpha))
+    v = b._storage.values
+    return with_values(b, op(torch.as_tensor(a, dtype=v.dtype), v, alpha=alpha))
+
+
 def add(a, b, alpha=1) -> torch.Tensor:
     """``a + alpha * b``: sparse when both are sparse (union of patterns), else dense."""
     if not (is_sparse_operand(a) or is_sparse_operand(b)):
         return torch.add(a, b, alpha=alpha)
+    stepped = _in_optimizer_step(torch.add, a, b, alpha)
+    if stepped is not None:
+        return stepped
     if alpha == 1:
         if pending_of(a) is not None or pending_of(b) is not None:
             r = fused("add", a, b)
@@ -251,6 +267,9 @@ def sub(a, b, alpha=1) -> torch.Tensor:
     """``a - alpha * b``."""
     if not (is_sparse_operand(a) or is_sparse_operand(b)):
         return torch.sub(a, b, alpha=alpha)
+    stepped = _in_optimizer_step(torch.sub, a, b, alpha)
+    if stepped is not None:
+        return stepped
     if alpha == 1:
         if pending_of(a) is not None or pending_of(b) is not None:
             r = fused("sub", a, b)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .._dispatch import register
+from ..gradients.optimizer_step import values_level
 from ..gradients.values import from_values, grad_values, mark_gradient
 from ..tensor_type import SparseTensor
 
@@ -58,7 +59,7 @@ def run_in_place(name: str, s: SparseTensor, mutate: Op, op: Op) -> SparseTensor
     out-of-place form) keeps 0 at 0; ``s`` itself is returned, as torch's in-place ops do."""
     values = s._storage.values
     zero = op(torch.zeros(1, dtype=values.dtype))
-    if not bool((zero == 0).all()):
+    if not bool((zero == 0).all()) and not values_level():   # an optimizer step: on the values
         raise RuntimeError(
             f"scorch: in-place '{name}' maps 0 to {zero.item()}, so its result could not stay "
             f"sparse; use the out-of-place form (a dense result) or .to_dense() first")
@@ -140,7 +141,7 @@ def write_at(name: str, s: SparseTensor, chosen: torch.Tensor, wanted: int, valu
     a 0 (which they already read) can be written: anything else would grow the pattern, so
     it raises, naming the op."""
     hit = int(chosen.sum())
-    if hit < wanted and value != 0:
+    if hit < wanted and value != 0 and not values_level():   # an optimizer step: stored ones
         raise RuntimeError(
             f"scorch: in-place '{name}' would write {value} at {wanted - hit} position(s) the sparse "
             f"tensor does not store (in-place ops keep the pattern); use the out-of-place form "

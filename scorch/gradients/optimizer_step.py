@@ -1,0 +1,68 @@
+"""Inside a torch optimizer's ``step()`` (autograd off), a sparse parameter's state lives on
+its pattern: an op of a sparse tensor with a scalar that does not keep 0 at 0
+(``square_avg.add(eps)``, ``full_like(grad, lr)``, ``sign.eq(0)``, ``clamp_(1e-6, 50)``,
+``sign[sign.eq(0)] = 1``) acts on the stored values only, as torch's ``SparseAdam`` reads
+``grad._values()``. That gives the same parameters as dense training restricted to the
+pattern, because every torch optimizer's update is elementwise and 0 where the gradient is 0
+(the gradient of a sparse parameter is 0 off its pattern): what the state holds there is
+never read into the parameter. So Adadelta and Rprop keep a sparse parameter sparse, at a
+cost that follows its stored entries.
+
+Outside a step, or with autograd on (a closure computing the loss inside ``step``), the same
+ops keep their dense meaning. The step is found by global optimizer step hooks; one that
+raised (its post hook never ran) is noticed because its frame is no longer on the stack."""
+from __future__ import annotations
+
+import sys
+import threading
+from types import FrameType
+from typing import List
+
+import torch
+from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                   register_optimizer_step_pre_hook)
+
+__all__ = ["values_level"]
+
+_state = threading.local()
+#: how far below the step's frame an op may run (step -> functional optimizer -> tensor
+#: method -> __torch_function__ -> handler -> here, ~10 frames)
+_MAX_DEPTH = 64
+
+
+def _frames() -> List[FrameType]:
+    frames = getattr(_state, "frames", None)
+    if frames is None:
+        frames = _state.frames = []
+    return frames
+
+
+def _enter(optimizer, args, kwargs) -> None:
+    _frames().append(sys._getframe(1))     # the frame that runs the step
+
+
+def _leave(optimizer, args, kwargs) -> None:
+    frames = _frames()
+    if frames:
+        frames.pop()
+
+
+def values_level() -> bool:
+    """True while an optimizer step runs on this thread with autograd off."""
+    frames = getattr(_state, "frames", None)
+    if not frames or torch.is_grad_enabled():
+        return False
+    step = frames[-1]
+    f = sys._getframe(1)
+    for _ in range(_MAX_DEPTH):
+        if f is None:
+            break
+        if f is step:
+            return True
+        f = f.f_back
+    frames.clear()                          # left behind by a step that raised
+    return False
+
+
+register_optimizer_step_pre_hook(_enter)
+register_optimizer_step_post_hook(_leave)
