@@ -675,6 +675,11 @@ def prod(t: SparseTensor, dim: Optional[int] = None, keepdim: bool = False,
         whole = vals.prod()
         return whole if t.nnz == _numel(t) else torch.where(torch.tensor(False), whole, whole.detach() * 0)
     d = dim % t.dim()
+    if t.shape[d] == 0:                   # empty fibers: each product is 1 (dense by nature)
+        shape = [1 if k == d else n for k, n in enumerate(t.shape)] if keepdim else \
+            [n for k, n in enumerate(t.shape) if k != d]
+        check_dense_size("prod", shape, out_dt)
+        return torch.ones(shape, dtype=out_dt)
     fiber, _, rest_shape = _fibers(_convert().coords(t._storage), tuple(t.shape), d)
     # the fibers that store something (no array as long as the other dims)
     present, slot, count = torch.unique(fiber, return_inverse=True, return_counts=True)
