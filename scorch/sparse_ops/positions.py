@@ -22,8 +22,7 @@ import torch
 from .._dispatch import register
 from ..formats import as_format
 from ..gradients.values import from_coordinates, values_of
-from ..tensor_type import SparseTensor
-from .nonlinear import _sparse
+from ..tensor_type import SparseTensor, as_scorch
 
 __all__ = ["values_at", "gather", "take", "take_along_dim", "masked_select", "index_add",
            "scatter_add", "index_keys", "index_put"]
@@ -35,6 +34,11 @@ _MAX_KEYS = 2**62
 def _convert():
     from .._runtime import convert
     return convert
+
+
+def _sparse(x) -> Optional[SparseTensor]:
+    x = as_scorch(x)
+    return x if isinstance(x, SparseTensor) else None
 
 
 def _keyable(shape: Sequence[int]) -> bool:
