@@ -17,6 +17,8 @@ KERNEL_FORMATS = {
     2: ["csr", "csc", "coo", "dcsr"],
     3: ["coo", "csf"],
 }
+#: formats for ops that compile nothing or one cheap kernel, by rank
+FORMATS = {1: ["c", "coo"], 2: ["csr", "csc", "coo", "dcsr"], 3: ["coo", "csf"]}
 FLOATS = [torch.float32, torch.float64]
 #: dense torch's function for each elementwise function of scorch's table (the oracle)
 TORCH_FUNCTIONS = {"abs": torch.abs, "relu": torch.relu, "sqrt": torch.sqrt, "sin": torch.sin,
@@ -85,3 +87,18 @@ def any_format(draw, rank: int) -> scorch.Format:
 
 def sparse(x: torch.Tensor, fmt) -> scorch.SparseTensor:
     return scorch.sparse_tensor(x, format=fmt)
+
+
+def stored_mask(S) -> torch.Tensor:
+    """Where ``S`` stores an entry, as a dense bool tensor."""
+    mask = torch.zeros(S.shape, dtype=torch.bool)
+    if S.nnz:
+        mask[tuple(S.indices())] = True
+    return mask
+
+
+def grad_matches(S, D) -> None:
+    """``S``'s gradient equals the dense one at ``S``'s stored entries (and is on its pattern)."""
+    assert isinstance(S.grad, scorch.SparseTensor) and S.grad.nnz == S.nnz
+    want = torch.where(stored_mask(S), D.grad, torch.zeros((), dtype=D.dtype))
+    torch.testing.assert_close(S.grad.to_dense(), want, rtol=1e-9, atol=1e-10)

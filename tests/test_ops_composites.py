@@ -6,7 +6,6 @@ tests fail on its warning."""
 from __future__ import annotations
 
 import math
-import warnings
 
 import pytest
 import torch
@@ -14,36 +13,16 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 import scorch
-from ops_helpers import DENSITIES, FLOATS, assert_matches, dense_of, dense_values
+from ops_helpers import DENSITIES, FLOATS, FORMATS, assert_matches, dense_of, dense_values, grad_matches
 
 F64 = torch.float64
-FORMATS = {1: ["c", "coo"], 2: ["csr", "csc", "coo", "dcsr"], 3: ["coo", "csf"]}
 
 
-@pytest.fixture(autouse=True)
-def no_dense_fallback():
-    """Every op here has a sparse path: the dense fallback's warning is an error."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=".*no sparse kernel.*")
-        yield
+pytestmark = pytest.mark.usefixtures("no_dense_fallback")
 
 
 def _sparse(d, fmt, requires_grad=False):
     return scorch.sparse_tensor(d, format=fmt, requires_grad=requires_grad)
-
-
-def _stored(S) -> torch.Tensor:
-    mask = torch.zeros(S.shape, dtype=torch.bool)
-    if S.nnz:
-        mask[tuple(S.indices())] = True
-    return mask
-
-
-def _grad_matches(S, D):
-    """S's gradient equals the dense one at S's stored entries."""
-    assert isinstance(S.grad, scorch.SparseTensor) and S.grad.nnz == S.nnz
-    want = torch.where(_stored(S), D.grad, torch.zeros((), dtype=D.dtype))
-    torch.testing.assert_close(S.grad.to_dense(), want, rtol=1e-9, atol=1e-10)
 
 
 # --- products ------------------------------------------------------------------------------
@@ -110,12 +89,12 @@ def test_product_gradients_match_dense():
     A, D = _sparse(a, "c", True), a.clone().requires_grad_()
     (torch.outer(A, b).to_dense() * torch.arange(20.).reshape(5, 4)).sum().backward()
     (torch.outer(D, b) * torch.arange(20.).reshape(5, 4)).sum().backward()
-    _grad_matches(A, D)
+    grad_matches(A, D)
     m = torch.rand(3, 3, dtype=F64, generator=g) * (torch.rand(3, 3, generator=g) < 0.6)
     M, Dm = _sparse(m, "csr", True), m.clone().requires_grad_()
     (dense_of(torch.kron(M, torch.eye(2, dtype=F64))) * torch.arange(36.).reshape(6, 6)).sum().backward()
     (torch.kron(Dm, torch.eye(2, dtype=F64)) * torch.arange(36.).reshape(6, 6)).sum().backward()
-    _grad_matches(M, Dm)
+    grad_matches(M, Dm)
 
 
 # --- stored-value ops -----------------------------------------------------------------------
@@ -147,7 +126,7 @@ def test_clamp_nan_to_num_and_lerp_gradients():
         torch.testing.assert_close(out, ref)
         (out * w).sum().backward()
         (ref * w).sum().backward()
-        _grad_matches(X, D)
+        grad_matches(X, D)
 
 
 @settings(max_examples=20, deadline=None)
@@ -201,7 +180,7 @@ def test_norm_gradient_matches_dense():
         X, D = _sparse(x, "csr", True), x.clone().requires_grad_()
         (dense_of(op(X)) * 1.5).sum().backward()
         (op(D) * 1.5).sum().backward()
-        _grad_matches(X, D)
+        grad_matches(X, D)
 
 
 @settings(max_examples=30, deadline=None)
@@ -341,7 +320,7 @@ def test_sampled_addmm_gradients_match_dense():
     ((mask * (2.0 * (a @ b)) + 0.5 * D) * w).sum().backward()
     torch.testing.assert_close(ga, a.grad)
     torch.testing.assert_close(gb, b.grad)
-    _grad_matches(S, D)
+    grad_matches(S, D)
 
 
 @settings(max_examples=15, deadline=None)
@@ -415,8 +394,8 @@ def test_fmax_gradient_goes_to_the_first_operand_at_ties():
     w = torch.arange(1.0, 7.0, dtype=F64).reshape(2, 3)
     (torch.fmax(A, B).to_dense() * w).sum().backward()
     (torch.fmax(Da, Db) * w).sum().backward()
-    _grad_matches(A, Da)
-    _grad_matches(B, Db)
+    grad_matches(A, Da)
+    grad_matches(B, Db)
 
 
 @settings(max_examples=25, deadline=None)
@@ -446,7 +425,7 @@ def test_prelu_matches_dense_with_its_weight_gradient(data, shape, per_channel):
     (want * weights).sum().backward()
     torch.testing.assert_close(ws.grad, wd.grad)
     if X.nnz:
-        _grad_matches(X, D)
+        grad_matches(X, D)
 
 
 @settings(max_examples=20, deadline=None)
@@ -462,7 +441,7 @@ def test_embedding_with_a_sparse_table_selects_rows(data, rows, dim, index_shape
         g = torch.rand(want.shape, dtype=F64, generator=torch.Generator().manual_seed(3))
         (got.to_dense() * g).sum().backward()
         (want * g).sum().backward()
-        _grad_matches(W, D)
+        grad_matches(W, D)
 
 
 @settings(max_examples=20, deadline=None)
@@ -610,7 +589,7 @@ def test_prod_gradient_matches_dense_on_the_stored_entries():
     w = torch.arange(1.0, 5.0, dtype=F64)
     (torch.prod(X, 1).to_dense() * w).sum().backward()
     (torch.prod(D, 1) * w).sum().backward()
-    _grad_matches(X, D)
+    grad_matches(X, D)
 
 
 def test_norm_of_an_empty_sparse_tensor_stays_in_the_graph():

@@ -4,18 +4,15 @@ the pattern and views keep, the result equals dense torch's, autograd rebases th
 torch does, and an op that moves 0 raises naming the op."""
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 import scorch
-from ops_helpers import dense_values
+from ops_helpers import FORMATS, dense_values
 
 F64 = torch.float64
-FORMATS = {1: ["c", "coo"], 2: ["csr", "csc", "coo", "dcsr"], 3: ["coo", "csf"]}
 
 #: (call on a tensor, in place) -> its dense oracle is the same call on a dense tensor
 CALLS = {
@@ -36,11 +33,7 @@ FLOAT_ONLY = {"sin_", "tanh_", "F.elu_", "F.silu inplace", "F.selu inplace", "F.
               "nan_to_num_", "round_", "floor_", "F.relu6 inplace", "F.hardtanh inplace"}
 
 
-@pytest.fixture(autouse=True)
-def no_dense_fallback():
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=".*no sparse kernel.*")
-        yield
+pytestmark = pytest.mark.usefixtures("no_dense_fallback")
 
 
 @settings(max_examples=40, deadline=None)

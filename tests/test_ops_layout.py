@@ -4,26 +4,19 @@ diagonal, index_fill with 0, new_zeros, sparse_dim, against dense torch, sparse 
 no dense fallback, gradients on the stored values."""
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 import scorch
-from ops_helpers import assert_matches, dense_of, dense_values
+from ops_helpers import FORMATS, assert_matches, dense_of, dense_values
 
 F64 = torch.float64
-FORMATS = {1: ["c", "coo"], 2: ["csr", "csc", "coo", "dcsr"], 3: ["coo", "csf"]}
 SHAPES = [(4, 5), (3,), (2, 3, 4), (0, 3), (1, 1)]
 
 
-@pytest.fixture(autouse=True)
-def no_dense_fallback():
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=".*no sparse kernel.*")
-        yield
+pytestmark = pytest.mark.usefixtures("no_dense_fallback")
 
 
 def _pair(data, shape, dtype=F64, density=None):

@@ -12,20 +12,14 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import scorch
-from ops_helpers import dense_values
+from ops_helpers import FORMATS, dense_values
 
 F64 = torch.float64
-FORMATS = {1: ["c", "coo"], 2: ["csr", "csc", "coo", "dcsr"], 3: ["coo", "csf"]}
 SHAPES = [(4, 5), (6,), (2, 3, 4), (0, 3), (3, 0), (1, 1), (0,), (5, 1)]
 DTYPES = [torch.float32, F64, torch.int64]
 
 
-@pytest.fixture(autouse=True)
-def no_dense_fallback():
-    """Every op here has a sparse path: the dense fallback's warning is an error."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=".*no sparse kernel.*")
-        yield
+pytestmark = pytest.mark.usefixtures("no_dense_fallback")
 
 
 @st.composite

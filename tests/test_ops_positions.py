@@ -5,29 +5,18 @@ every dim, densities, dtypes and formats. None of them may take the dense fallba
 tests fail on its warning."""
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
 import scorch
-from scorch import _dispatch
-from ops_helpers import DENSITIES, assert_matches, dense_of, dense_values
+from ops_helpers import DENSITIES, FORMATS, assert_matches, dense_of, dense_values, grad_matches
 
 F64 = torch.float64
 DTYPES = [torch.float32, torch.float64, torch.int64]
-FORMATS = {1: ["c", "coo"], 2: ["csr", "csc", "coo", "dcsr"], 3: ["coo", "csf"]}
 
 
-@pytest.fixture(autouse=True)
-def no_dense_fallback(monkeypatch):
-    """Every op here has a sparse path: the dense fallback's warning is an error (warned
-    afresh: the fallback warns once per op and process)."""
-    monkeypatch.setattr(_dispatch, "_warned", set())
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=".*no sparse kernel.*")
-        yield
+pytestmark = pytest.mark.usefixtures("no_dense_fallback")
 
 
 @st.composite
@@ -56,20 +45,6 @@ def _randint(data, high: int, shape, dim: int = 0) -> torch.Tensor:
     if high == 0:
         shape[dim] = 0
     return torch.randint(0, max(high, 1), tuple(shape), generator=_generator(data))
-
-
-def _stored(S) -> torch.Tensor:
-    mask = torch.zeros(S.shape, dtype=torch.bool)
-    if S.nnz:
-        mask[tuple(S.indices())] = True
-    return mask
-
-
-def _grad_matches(S, D):
-    """S's gradient equals the dense one at S's stored entries."""
-    assert isinstance(S.grad, scorch.SparseTensor) and S.grad.nnz == S.nnz
-    want = torch.where(_stored(S), D.grad, torch.zeros((), dtype=D.dtype))
-    torch.testing.assert_close(S.grad.to_dense(), want, rtol=1e-9, atol=1e-10)
 
 
 # --- reads -----------------------------------------------------------------------------------
@@ -258,7 +233,7 @@ def test_read_gradients_reach_the_stored_values(fmt):
         assert out.requires_grad
         _backward(out, k)
         _backward(call(D), k)
-        _grad_matches(S, D)
+        grad_matches(S, D)
 
 
 def test_masked_select_gradient_reaches_a_dense_input_through_a_sparse_mask():
@@ -290,9 +265,9 @@ def test_write_gradients_reach_self_and_the_moved_values(self_kind):
             T = Td.detach().clone().requires_grad_()
         _backward(call(T, X), k)
         _backward(oracle(Td, Xd), k)
-        _grad_matches(X, Xd)
+        grad_matches(X, Xd)
         if self_kind == "sparse":
-            _grad_matches(T, Td)
+            grad_matches(T, Td)
         else:
             torch.testing.assert_close(T.grad, Td.grad)
 
@@ -308,7 +283,7 @@ def test_in_place_writes_into_a_dense_self_are_recorded():
     _backward(out, 5)
     _backward(want, 5)
     torch.testing.assert_close(base.grad, want_base.grad)
-    _grad_matches(X, Xd)
+    grad_matches(X, Xd)
 
 
 # --- errors ----------------------------------------------------------------------------------

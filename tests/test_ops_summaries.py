@@ -3,26 +3,19 @@ reductions): std_mean / var_mean, aminmax, linalg.norm, dist, cosine_similarity,
 bincount, unique, where(x), nansum / nanmean, against dense torch, with no dense fallback."""
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 import scorch
-from ops_helpers import dense_of, dense_values
+from ops_helpers import FORMATS, dense_of, dense_values
 
 F64 = torch.float64
-FORMATS = {1: ["c", "coo"], 2: ["csr", "csc", "coo", "dcsr"], 3: ["coo", "csf"]}
 SHAPES = [(4, 5), (3,), (2, 3, 4), (0, 3), (1, 1)]
 
 
-@pytest.fixture(autouse=True)
-def no_dense_fallback():
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=".*no sparse kernel.*")
-        yield
+pytestmark = pytest.mark.usefixtures("no_dense_fallback")
 
 
 def _close(got, want):

@@ -4,25 +4,18 @@ channel and alpha dropouts: every result equals dense torch's, sparse exactly wh
 0, with no dense fallback, and differentiable in the stored values."""
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 import scorch
-from ops_helpers import assert_matches, dense_of, dense_values
+from ops_helpers import FORMATS, assert_matches, dense_of, dense_values
 
 F64 = torch.float64
-FORMATS = {1: ["c", "coo"], 2: ["csr", "csc", "coo", "dcsr"], 3: ["coo", "csf"]}
 
 
-@pytest.fixture(autouse=True)
-def no_dense_fallback():
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=".*no sparse kernel.*")
-        yield
+pytestmark = pytest.mark.usefixtures("no_dense_fallback")
 
 
 def _sparse(x, fmt="csr", requires_grad=False):
