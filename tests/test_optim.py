@@ -1,6 +1,7 @@
 """torch optimizers on sparse parameters: values updated in place, pattern kept, and the
 same trajectory as dense training restricted to the pattern."""
 import pytest
+from hypothesis import given, settings, strategies as st
 import torch
 
 import scorch
@@ -124,3 +125,33 @@ def test_values_level_semantics_end_with_the_step():
         Probe([p], fail=True).step()
     with torch.no_grad():
         assert type(S + 1.0) is torch.Tensor          # the failed step left no mode behind
+
+
+_OPTIMIZER_MAKERS = dict(OPTIMIZERS)
+
+
+@settings(max_examples=30, deadline=None)
+@given(name=st.sampled_from(sorted(_OPTIMIZER_MAKERS)), seed=st.integers(0, 10_000),
+       density=st.sampled_from([0.0, 0.2, 0.6, 1.0]), fmt=st.sampled_from(["csr", "csc", "coo", "dcsr"]),
+       steps=st.integers(1, 5))
+def test_random_problems_train_as_dense_restricted_to_the_pattern(name, seed, density, fmt, steps):
+    """Any optimizer above, any pattern (empty and full too), several steps: the sparse
+    parameter equals dense training with its gradient masked, and keeps its pattern."""
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(5, 4, generator=g) < density
+    w0 = (torch.rand(5, 4, dtype=F64, generator=g) + 0.1) * mask
+    X = torch.rand(4, 3, dtype=F64, generator=g)
+    T = torch.rand(5, 3, dtype=F64, generator=g)
+    W = torch.nn.Parameter(scorch.sparse_tensor(w0, format=fmt))
+    Wd = torch.nn.Parameter(w0.clone())
+    opt, opt_d = _OPTIMIZER_MAKERS[name]([W]), _OPTIMIZER_MAKERS[name]([Wd])
+    for _ in range(steps):
+        for param, o, mm in ((W, opt, lambda a: _dense(scorch.einsum("ij,jk->ik", a, X))),
+                             (Wd, opt_d, lambda a: a @ X)):
+            o.zero_grad()
+            ((mm(param) - T) ** 2).sum().backward()
+            if param is Wd:
+                param.grad.mul_(mask)
+            o.step()
+    assert W.nnz == int(mask.sum()) and isinstance(W, scorch.SparseTensor)
+    torch.testing.assert_close(W.to_dense().detach(), (Wd * mask).detach(), rtol=1e-9, atol=1e-11)
