@@ -144,8 +144,9 @@ def aten_fallback(cls, func, args, kwargs):
     name = func.overloadpacket.__name__
     if func._schema.is_mutable:
         raise RuntimeError(
-            f"scorch: in-place '{name}' is not supported on a sparse tensor (its result could "
-            f"not stay sparse); use the out-of-place form or .to_dense() first")
+            f"scorch: in-place '{name}' has no sparse handler for these arguments (an in-place op "
+            f"keeps the sparse tensor's pattern, and this one could write outside it); use the "
+            f"out-of-place form or .to_dense() first")
     _check_fallback_size(name, args, kwargs)
     if name not in _warned:
         _warned.add(name)

@@ -197,3 +197,15 @@ def test_index_put_out_of_place_grows_the_pattern_differentiably():
     (out.to_dense() * torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=F64)).sum().backward()
     assert torch.equal(S.grad.to_dense(), torch.tensor([[1.0, 0.0], [0.0, 0.0]], dtype=F64))
     assert torch.equal(v.grad, torch.tensor([2.0, 4.0], dtype=F64))
+
+
+def test_writes_with_bad_masks_or_indices_say_what_is_wrong():
+    X = scorch.sparse_tensor(torch.eye(3), format="csr")
+    with pytest.raises(RuntimeError, match=r"mask of shape \(2, 2\).*\(3, 3\)"):
+        X.masked_fill_(torch.ones(2, 2, dtype=torch.bool), 0.0)
+    with pytest.raises(RuntimeError, match=r"sparse mask.*\(3, 3\), got \(3, 1\)"):
+        X.masked_fill_(scorch.sparse_tensor(torch.ones(3, 1, dtype=torch.bool), format="coo"), 0.0)
+    with pytest.raises(IndexError, match="out of range for dimension 1 with size 3"):
+        X[torch.tensor([0]), torch.tensor([5])] = 0.0
+    with pytest.raises(RuntimeError, match="in-place '\\w+' has no sparse handler"):
+        X[0:2] = 1.0                                 # a slice: not a position list

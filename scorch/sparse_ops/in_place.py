@@ -154,16 +154,22 @@ def write_at(name: str, s: SparseTensor, chosen: torch.Tensor, wanted: int, valu
 
 
 def _mask_at_stored(s: SparseTensor, mask: torch.Tensor):
-    """``mask`` (bool, broadcastable to ``s`` without growing it) at ``s``'s stored entries,
-    and how many positions it selects in all."""
+    """``mask`` (bool, broadcastable to ``s`` without growing it; else an error naming both
+    shapes) at ``s``'s stored entries, and how many positions it selects in all."""
     if isinstance(mask, SparseTensor):
         if tuple(mask.shape) != tuple(s.shape):
-            return None, 0
+            raise RuntimeError(f"masked_fill_: a sparse mask must have the sparse tensor's shape "
+                               f"{tuple(s.shape)}, got {tuple(mask.shape)}")
         from .positions import _row_major_keys, values_at
         keys = _row_major_keys(_stored_coords(s), s.shape)
         return values_at(mask, keys).bool(), int(mask._storage.values.bool().sum())
-    if torch.broadcast_shapes(mask.shape, s.shape) != s.shape:
-        return None, 0
+    try:
+        fits = torch.broadcast_shapes(mask.shape, s.shape) == s.shape
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise RuntimeError(f"masked_fill_: the mask of shape {tuple(mask.shape)} does not broadcast "
+                           f"to the sparse tensor's shape {tuple(s.shape)}")
     full = mask.expand(s.shape)
     return full[tuple(_stored_coords(s))], int(full.sum())
 
@@ -175,8 +181,6 @@ def _masked_fill_(x, mask, value):
             or mask.dtype != torch.bool:
         return NotImplemented
     chosen, wanted = _mask_at_stored(x, mask)
-    if chosen is None:
-        return NotImplemented
     return write_at("masked_fill_", x, chosen, wanted, v)
 
 
