@@ -36,7 +36,7 @@ def _zero_preserving(fn: Callable[[torch.Tensor], torch.Tensor], dtype: torch.dt
 
 def _unary(*torch_functions):
     """Register torch's elementwise ``torch_functions`` on the stored values when the call
-    keeps 0 (``gelu`` tanh: yes; ``rrelu``: yes; ``erfinv``: yes)."""
+    keeps 0 (checked per call, with its arguments); otherwise the fallback's."""
     def register_one(fn):
         @register(fn)
         def handler(x, *args, **kwargs):
@@ -58,7 +58,7 @@ _unary(torch.erfinv, torch.Tensor.erfinv, torch.special.erfinv, F.rrelu)
 
 def _binary(op):
     def handler(x, other, *, out=None):
-        if not isinstance(x, SparseTensor) and not isinstance(x, torch.Tensor):
+        if not isinstance(x, torch.Tensor):
             return NotImplemented
         return elementwise.on_stored_values(op, x, other, out=out)
     return handler
