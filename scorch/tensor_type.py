@@ -500,5 +500,5 @@ def permute_view(t: SparseTensor, dims: Sequence[int]) -> SparseTensor:
     if st.format.block is not None:
         raise NotImplementedError("permute of a blocked sparse tensor: convert it first")
     if _grad_enabled() and _any_requires_grad(t):
-        return _AUTOGRAD["from_values"](st.permuted(dims), t.values())   # same values, new view
+        return _AUTOGRAD["view_of"](st.permuted(dims), t.values())   # same values, new view
     return SparseTensor(st.permuted(dims))

@@ -209,3 +209,22 @@ def test_writes_with_bad_masks_or_indices_say_what_is_wrong():
         X[torch.tensor([0]), torch.tensor([5])] = 0.0
     with pytest.raises(RuntimeError, match="in-place '\\w+' has no sparse handler"):
         X[0:2] = 1.0                                 # a slice: not a position list
+
+
+@pytest.mark.parametrize("make_view", [lambda y: y.t(), lambda y: y.unsqueeze(0), lambda y: y.permute(1, 0)])
+def test_a_view_taken_before_an_in_place_change_refuses_a_stale_gradient(make_view):
+    """A view shares the values array: it sees the change in its forward, and its backward,
+    recorded before the change, raises torch's error instead of a gradient that misses it
+    (torch would rebase a torch view; a scorch view is its own tensor)."""
+    x = torch.tensor([[1.0, -2.0], [0.0, 3.0]], dtype=F64)
+    X = scorch.sparse_tensor(x, format="csr", requires_grad=True)
+    Y = X * 1.0
+    V = make_view(Y)
+    Y.relu_()
+    assert float(V.to_dense().min()) == 0.0                      # the view sees the change
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        V.to_dense().sum().backward()
+    W = X * 1.0
+    W.relu_()
+    make_view(W).to_dense().sum().backward()                     # a view taken after: fine
+    assert torch.equal(X.grad.to_dense(), torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=F64))

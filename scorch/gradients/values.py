@@ -68,6 +68,25 @@ class _FromValues(torch.autograd.Function):
         return grad_values(ctx.pattern, g), None
 
 
+class _ViewOf(torch.autograd.Function):
+    """A view: the same values array under another structure (a permuted mode order, a size-1
+    dim added or dropped). The values are saved only for torch's version check: a backward
+    through the view after an in-place change of the shared values (``base.relu_()``) raises
+    torch's "modified by an inplace operation" error instead of using a gradient that does
+    not see the change (torch would rebase the view; scorch's views are not torch views)."""
+
+    @staticmethod
+    def forward(ctx, values: torch.Tensor, P: Storage) -> SparseTensor:
+        ctx.pattern = P
+        ctx.save_for_backward(values)
+        return SparseTensor(_pattern.with_pattern_values(P, values.detach()))
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.saved_tensors                  # noqa: B018  (the version check)
+        return grad_values(ctx.pattern, g), None
+
+
 class _ToDense(torch.autograd.Function):
     @staticmethod
     def forward(ctx, s: SparseTensor) -> torch.Tensor:
@@ -94,6 +113,14 @@ def from_values(P: Storage, values: torch.Tensor) -> SparseTensor:
     """A SparseTensor with ``P``'s pattern and ``values``: differentiable in ``values``."""
     if _tracked(values):
         return _FromValues.apply(values, P)
+    return SparseTensor(_pattern.with_pattern_values(P, values))
+
+
+def view_of(P: Storage, values: torch.Tensor) -> SparseTensor:
+    """A SparseTensor on ``P`` sharing ``values`` (a view of their tensor): differentiable
+    in ``values``, and checked against in-place changes of them (``_ViewOf``)."""
+    if _tracked(values):
+        return _ViewOf.apply(values, P)
     return SparseTensor(_pattern.with_pattern_values(P, values))
 
 
@@ -212,4 +239,5 @@ def to_torch(s: SparseTensor) -> torch.Tensor:
 
 
 _tensor_type._AUTOGRAD.update(values=values_of, to_dense=to_dense, to_format=to_format,
-                              from_values=from_values, from_torch=from_torch, to_torch=to_torch)
+                              from_values=from_values, view_of=view_of, from_torch=from_torch,
+                              to_torch=to_torch)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from .._dispatch import register, register_aten
 from ..formats import Format, LevelKind, as_format
-from ..gradients.values import from_values, values_of
+from ..gradients.values import from_values, values_of, view_of
 from ..level_storage import Level, Storage
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, permute_view
 
@@ -173,7 +173,7 @@ def unsqueeze(t: SparseTensor, dim: int) -> SparseTensor:
     fmt = Format((LevelKind.DENSE,) + st.format.levels,
                  (dim,) + tuple(shift[m] for m in st.format.mode_order))
     shape = st.shape[:dim] + (1,) + st.shape[dim:]
-    return from_values(Storage(fmt, shape, levels, st.values, st.index_dtype), values_of(t))
+    return view_of(Storage(fmt, shape, levels, st.values, st.index_dtype), values_of(t))
 
 
 def _drop_dims_format(fmt: Format, dims: Sequence[int]) -> Optional[Format]:
@@ -214,7 +214,7 @@ def squeeze_dims(t: SparseTensor, dims: Sequence[int]) -> torch.Tensor:
         remap = {d: d - sum(1 for x in dims if x < d) for d in range(st.ndim) if d not in dims}
         levels = [Level(lv.kind, remap[lv.dim], lv.size, lv.pos, lv.crd, lv.block_inner, lv.ordered)
                   for k, lv in enumerate(st.levels) if k not in drop]
-        return from_values(Storage(fmt, shape, levels, st.values, st.index_dtype), values)
+        return view_of(Storage(fmt, shape, levels, st.values, st.index_dtype), values)
     c = _convert().coords(st)
     keep = [d for d in range(st.ndim) if d not in dims]
     return _build(c[keep], values, shape, fmt)
