@@ -1,5 +1,5 @@
 """Which torch ops still take the dense fallback (or raise) on a scorch sparse tensor: a
-survey of ~260 calls a PyTorch user makes, each run once on small CSR operands, printing the
+survey of ~270 calls a PyTorch user makes, each run once on small CSR operands, printing the
 ones that warn "no sparse kernel" (``DENSE-FALLBACK``) or raise (``ERR``). Everything else
 runs through a sparse handler. Dense-by-nature results (``ones_like``, ``cumsum``, ...) are
 expected on the list; see docs/ops.md for how each op runs.
@@ -119,6 +119,10 @@ more = {
  "svdvals": lambda: torch.linalg.svdvals(x), "eigvalsh": lambda: torch.linalg.eigvalsh(sq + sq.t()),
  "qr": lambda: torch.linalg.qr(x), "matrix_norm_1": lambda: torch.linalg.matrix_norm(x, 1),
  "linalg_norm_nuc": lambda: torch.linalg.norm(x, "nuc"),
+ "to_sparse_bsr": lambda: x.to_sparse_bsr((2, 1)), "to_sparse_layout": lambda: x.to_sparse(layout=torch.sparse_csc),
+ "new_ones": lambda: x.new_ones(2, 2), "empty_like": lambda: torch.empty_like(x), "rand_like": lambda: torch.rand_like(x),
+ "sum_to_size": lambda: x.sum_to_size(1, 5), "bernoulli": lambda: torch.bernoulli(x.abs().clamp(max=1)),
+ "_values": lambda: x._values(), "dense.copy_": lambda: torch.zeros(6, 5).copy_(x),
 }
 ops.update({k: v for k, v in more.items() if k not in ops})
 

@@ -42,7 +42,10 @@ def _to_copy(t, dtype=None, layout=None, device=None, pin_memory=None, non_block
 @register_aten(aten.copy_.default)
 def _copy_(self, src, non_blocking=False):
     """In-place copy (load_state_dict, optimizer updates): self takes src's values, in
-    self's format and dtype."""
+    self's format and dtype. A dense self takes the sparse src's dense values (its own
+    memory, as torch's copy_)."""
+    if not isinstance(self, SparseTensor):
+        return self.copy_(src.to_dense(), non_blocking)
     if tuple(src.shape) != tuple(self.shape):
         raise RuntimeError(f"copy_: shape {tuple(src.shape)} does not match the sparse "
                            f"tensor's shape {tuple(self.shape)}")

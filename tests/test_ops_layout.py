@@ -154,3 +154,40 @@ def test_unbind_is_one_pass_not_a_scan_per_slice(monkeypatch):
     rows = A.unbind(0)
     assert len(rows) == n and sum(r.nnz for r in rows) == A.nnz
     assert torch.equal(torch.stack([r.to_dense() for r in rows[:5]]), A.to_dense()[:5])
+
+
+def test_conversions_to_torch_layouts_stay_scorch_tensors():
+    x = torch.tensor([[1.0, 0, 0, 2], [0, 0, 3, 0], [4, 0, 0, 0], [0, 5, 0, 6]], dtype=F64)
+    X = scorch.sparse_tensor(x, format="csr")
+    cases = [(X.to_sparse(), torch.sparse_coo), (X.to_sparse(2), torch.sparse_coo),
+             (X.to_sparse(layout=torch.sparse_csc), torch.sparse_csc),
+             (X.to_sparse_bsr((2, 2)), torch.sparse_bsr), (X.to_sparse_bsc((2, 1)), torch.sparse_bsc),
+             (X.to_sparse(layout=torch.sparse_bsr, blocksize=(1, 2)), torch.sparse_bsr)]
+    for got, layout in cases:
+        assert isinstance(got, scorch.SparseTensor) and torch.equal(got.to_dense(), x)
+        assert got.to_torch().layout == layout
+        torch.testing.assert_close(got.to_torch().to_dense(), x)
+    with pytest.raises(RuntimeError, match="blocksize"):
+        X.to_sparse(layout=torch.sparse_bsr)
+
+
+def test_new_tensors_like_a_sparse_one_take_only_its_dtype():
+    X = scorch.sparse_tensor(torch.eye(3, dtype=F64), format="csr")
+    for got, want in ((X.new_ones(2, 3), torch.ones(2, 3, dtype=F64)),
+                      (X.new_full((2,), 7.0), torch.full((2,), 7.0, dtype=F64)),
+                      (X.new_tensor([1.0, 2.0]), torch.tensor([1.0, 2.0], dtype=F64))):
+        assert type(got) is torch.Tensor and torch.equal(got, want)
+    e = torch.empty_like(X)
+    assert isinstance(e, scorch.SparseTensor) and torch.equal(e.indices(), X.indices())
+    assert isinstance(X._values(), torch.Tensor) and torch.equal(X._values(), X.values())
+    d = torch.zeros(3, 3, dtype=F64)
+    d.copy_(X)                                  # a dense tensor takes a sparse one's values
+    assert torch.equal(d, torch.eye(3, dtype=F64))
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), shape=st.sampled_from([(4, 5), (2, 3, 4), (3,)]), density=st.sampled_from([0.0, 0.4, 1.0]))
+def test_sum_to_size_matches_dense(data, shape, density):
+    x, X = _pair(data, shape, F64, density)
+    size = [data.draw(st.sampled_from([1, n])) for n in shape][data.draw(st.integers(0, len(shape) - 1)):]
+    torch.testing.assert_close(dense_of(X.sum_to_size(size)), x.sum_to_size(size))

@@ -144,3 +144,13 @@ def test_dense_factorizations_are_dense_by_nature_and_differentiable():
     (torch.linalg.inv(X).sum() + torch.linalg.det(X)).backward()
     (torch.linalg.inv(D).sum() + torch.linalg.det(D)).backward()
     torch.testing.assert_close(X.grad.to_dense(), torch.where(x != 0, D.grad, 0.0))
+
+
+def test_bernoulli_of_sparse_probabilities_draws_only_where_stored():
+    p = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.5]], dtype=F64)
+    P = scorch.sparse_tensor(p, format="csr")
+    torch.manual_seed(0)
+    draws = torch.stack([torch.bernoulli(P).to_dense() for _ in range(200)])
+    assert isinstance(torch.bernoulli(P), scorch.SparseTensor)
+    assert bool((draws[:, p == 0] == 0).all()) and bool((draws[:, p == 1] == 1).all())
+    assert 0.35 < float(draws[:, 1, 2].mean()) < 0.65

@@ -149,3 +149,11 @@ def test_dropout2d_of_a_3d_input_drops_1d_channels_as_torch():
         got = F.dropout2d(X, 0.5, True).to_dense()
     factor = got / x
     assert torch.equal(factor, factor[..., :1].expand_as(factor))
+
+
+def test_random_like_is_dense_by_nature():
+    X = _sparse(torch.eye(3, dtype=F64))
+    for f in (torch.rand_like, torch.randn_like):
+        r = f(X)
+        assert type(r) is torch.Tensor and r.shape == (3, 3) and r.dtype == F64
+    assert torch.randint_like(X, 5).shape == (3, 3)

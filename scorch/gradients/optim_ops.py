@@ -94,7 +94,7 @@ def _maximum_out(a, b, *, out):
     return out
 
 
-@register_aten(aten.zeros_like.default)
+@register_aten(aten.zeros_like.default, aten.empty_like.default)
 def _zeros_like(t, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     if layout is not None and layout is not torch.strided:
         raise RuntimeError(f"scorch: zeros_like: layout {layout} of a sparse tensor")

@@ -10,12 +10,12 @@ from typing import Optional
 import torch
 
 from .._dispatch import register
-from ..formats import as_format
+from ..formats import Format, as_format
 from ..gradients.values import from_values, values_of
 from ..tensor_type import SparseTensor
 
 
-@register(torch.Tensor.values)
+@register(torch.Tensor.values, torch.Tensor._values)
 def _values(t):
     return t.values() if isinstance(t, SparseTensor) else NotImplemented
 
@@ -77,14 +77,53 @@ def _is_coalesced(t):
 def _to_layout(fmt: str):
     def handler(t, *args, **kwargs):
         if not isinstance(t, SparseTensor) or args or kwargs:
-            return NotImplemented      # block sizes, dense_dim, layout=: the fallback
+            return NotImplemented      # dense_dim: the fallback
         return t.to_format(fmt)        # stays a scorch tensor (differentiable)
     return handler
 
 
 register(torch.Tensor.to_sparse_csr)(_to_layout("csr"))
 register(torch.Tensor.to_sparse_csc)(_to_layout("csc"))
-register(torch.Tensor.to_sparse, torch.Tensor.to_sparse_coo)(_to_layout("coo"))
+register(torch.Tensor.to_sparse_coo)(_to_layout("coo"))
+
+#: torch's sparse layouts as scorch formats (block sizes added for BSR / BSC)
+_LAYOUT_FORMATS = {torch.sparse_coo: "coo", torch.sparse_csr: "csr", torch.sparse_csc: "csc",
+                   torch.sparse_bsr: "dc", torch.sparse_bsc: "dc"}
+
+
+def _blocked(layout, blocksize) -> Format:
+    block = tuple(int(b) for b in blocksize)
+    if layout is torch.sparse_bsr:
+        return Format("dc", block=block)
+    return Format("dc", mode_order=(1, 0), block=block)
+
+
+@register(torch.Tensor.to_sparse)
+def _to_sparse(t, *args, layout=None, blocksize=None, dense_dim=None):
+    """``to_sparse()`` (COO), ``to_sparse(sparse_dim)`` with every dim sparse, and
+    ``to_sparse(layout=..., blocksize=...)``: the matching scorch format."""
+    if not isinstance(t, SparseTensor) or dense_dim:
+        return NotImplemented
+    if args and (len(args) > 1 or int(args[0]) != t.dim()):
+        return NotImplemented          # fewer sparse dims than dims (hybrid): the fallback
+    layout = layout or torch.sparse_coo
+    if layout in (torch.sparse_bsr, torch.sparse_bsc):
+        if blocksize is None:
+            raise RuntimeError(f"to_sparse: {layout} needs a blocksize")
+        return t.to_format(_blocked(layout, blocksize))
+    return t.to_format(_LAYOUT_FORMATS[layout])
+
+
+def _to_blocked(layout):
+    def handler(t, blocksize, dense_dim=None):
+        if not isinstance(t, SparseTensor) or dense_dim:
+            return NotImplemented
+        return t.to_format(_blocked(layout, blocksize))
+    return handler
+
+
+register(torch.Tensor.to_sparse_bsr)(_to_blocked(torch.sparse_bsr))
+register(torch.Tensor.to_sparse_bsc)(_to_blocked(torch.sparse_bsc))
 
 
 @register(torch.Tensor.sparse_mask)

@@ -50,6 +50,8 @@ DENSE_BY_NATURE = (
     torch.Tensor.logdet, torch.linalg.matrix_rank, torch.linalg.pinv, torch.pinverse,
     torch.linalg.cholesky, torch.cholesky, torch.linalg.inv, torch.inverse, torch.Tensor.inverse,
     torch.linalg.solve, torch.linalg.lstsq, torch.linalg.cond,
+    # a random value at every position
+    torch.rand_like, torch.randn_like, torch.randint_like,
 )
 
 

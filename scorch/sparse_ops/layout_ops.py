@@ -2,7 +2,8 @@
 views and indexing: ``select`` / ``unbind`` / ``split`` / ``chunk`` (slices: ``narrow``), ``tile``, ``F.pad`` with 0,
 ``block_diag``, ``diag_embed`` / ``diagflat`` / ``diag`` of a vector, ``diagonal`` at any
 offset and dims, ``index_fill`` with 0,
-``new_zeros`` / ``new_empty`` (sparse, storing nothing) and the torch.sparse queries
+``new_zeros`` / ``new_empty`` (sparse, storing nothing; ``new_ones`` / ``new_full``: dense) and
+the torch.sparse queries
 ``sparse_dim`` / ``dense_dim``. Each result is differentiable in the stored values (the
 coordinates move, the values are gathered)."""
 from __future__ import annotations
@@ -264,6 +265,21 @@ def _new_sparse(x, *size, dtype=None, device=None, requires_grad=False, layout=N
 
 
 register(torch.Tensor.new_zeros, torch.Tensor.new_empty)(_new_sparse)
+
+
+def _new_dense(method):
+    """``new_ones``, ``new_full``, ``new_tensor`` of a sparse tensor: a dense tensor that only
+    takes its dtype (and device) from it; no dense copy of it is made."""
+    def handler(x, *args, **kwargs):
+        t = _sparse(x)
+        if t is None:
+            return NotImplemented
+        return method(torch.empty(0, dtype=t.dtype), *args, **kwargs)
+    return handler
+
+
+for _method in (torch.Tensor.new_ones, torch.Tensor.new_full, torch.Tensor.new_tensor):
+    register(_method)(_new_dense(_method))
 
 
 @register(torch.Tensor.sparse_dim)

@@ -3,7 +3,7 @@ count of its implicit zeros, never a dense copy: ``std_mean`` / ``var_mean``, ``
 ``linalg.norm`` / ``linalg.matrix_norm`` (vector norms, Frobenius, the max row / column
 sums; the SVD norms are dense by nature), ``dist``, ``F.cosine_similarity``,
 ``histc`` / ``bincount`` / ``unique`` (the stored values, and the implicit zeros counted
-once as a group)."""
+once as a group), ``sum_to_size``, ``bernoulli`` of sparse probabilities."""
 from __future__ import annotations
 
 import math
@@ -183,3 +183,32 @@ def _unique(x, sorted=True, return_inverse=False, return_counts=False, dim=None)
     if zeros:
         counts[values == 0] += zeros - 1
     return values, counts
+
+
+@register(torch.Tensor.sum_to_size)
+def _sum_to_size(x, *size):
+    """The sum over the dims that ``size`` broadcasts (leading ones, and size-1 ones), as
+    torch's: ``sum`` keeping those dims, then the leading ones dropped."""
+    t = _sparse(x)
+    if t is None:
+        return NotImplemented
+    size = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+    if torch.broadcast_shapes(size, t.shape) != t.shape:
+        raise RuntimeError(f"size {list(size)} is not expandable to size {list(t.shape)}")
+    lead = t.dim() - len(size)
+    dims = list(range(lead)) + [lead + k for k, n in enumerate(size) if n == 1 and t.shape[lead + k] != 1]
+    if not dims:
+        return t
+    out = torch.sum(t, dims, keepdim=True)
+    return out.reshape(size)
+
+
+@register(torch.bernoulli, torch.Tensor.bernoulli)
+def _bernoulli(x, *args, generator=None, out=None, **kwargs):
+    """``bernoulli(p)`` with a sparse ``p``: a draw per stored probability (0 where nothing is
+    stored, as probability 0 gives); a scalar ``p`` draws at every position: the fallback's."""
+    t = _sparse(x)
+    if t is None or args or kwargs or out is not None:
+        return NotImplemented
+    from ..gradients.values import from_values, values_of
+    return from_values(t._storage, torch.bernoulli(values_of(t), generator=generator))
