@@ -637,3 +637,11 @@ def test_prod_and_matrix_power_follow_the_stored_entries():
     p = torch.prod(B, 1)
     assert p.nnz == 1
     assert torch.equal(p.indices(), torch.tensor([[0]])) and float(p.values()[0]) == 8.0
+
+
+def test_prod_over_an_empty_dim_is_one_and_stays_in_the_graph():
+    X = scorch.sparse_tensor(torch.zeros(3, 0, dtype=F64), format="coo", requires_grad=True)
+    out = torch.prod(X, 1)
+    assert torch.equal(dense_of(out), torch.ones(3, dtype=F64)) and out.requires_grad
+    dense_of(out).sum().backward()
+    assert X.grad is not None and X.grad.nnz == 0

@@ -679,7 +679,8 @@ def prod(t: SparseTensor, dim: Optional[int] = None, keepdim: bool = False,
         shape = [1 if k == d else n for k, n in enumerate(t.shape)] if keepdim else \
             [n for k, n in enumerate(t.shape) if k != d]
         check_dense_size("prod", shape, out_dt)
-        return torch.ones(shape, dtype=out_dt)
+        ones = torch.ones(shape, dtype=out_dt)
+        return ones + vals.sum() * 0 if vals.requires_grad else ones   # in the graph, as torch
     fiber, _, rest_shape = _fibers(_convert().coords(t._storage), tuple(t.shape), d)
     # the fibers that store something (no array as long as the other dims)
     present, slot, count = torch.unique(fiber, return_inverse=True, return_counts=True)
