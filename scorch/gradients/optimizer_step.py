@@ -26,8 +26,8 @@ __all__ = ["values_level"]
 
 _state = threading.local()
 #: how far below the step's frame an op may run (step -> functional optimizer -> tensor
-#: method -> __torch_function__ -> handler -> here, ~10 frames)
-_MAX_DEPTH = 64
+#: method -> __torch_function__ -> handler -> here, ~10 frames; room for deep custom steps)
+_MAX_DEPTH = 200
 
 
 def _frames() -> List[FrameType]:
