@@ -199,10 +199,10 @@ CASES = [
     Case("add_", [_T.add_, _T.__iadd__], lambda s: (s * 1.0).add_(s * 2.0), raises=_IN_PLACE),
     Case("sub_", [_T.sub_, _T.subtract_, _T.__isub__], lambda s: (s * 1.0).sub_(s * 2.0),
          raises=_IN_PLACE),
-    Case("mul_", [_T.mul_, _T.multiply_, _T.__imul__], lambda s: (s * 1.0).mul_(3.0),
-         raises=_IN_PLACE),
-    Case("div_", [_T.div_, _T.divide_, _T.true_divide_, _T.__idiv__], lambda s: (s * 1.0).div_(4.0),
-         raises=_IN_PLACE),
+    # by a scalar: the stored values scaled in place, the history rebased (in_place.py)
+    Case("mul_", [_T.mul_, _T.multiply_, _T.__imul__], lambda s: (s * 1.0).mul_(3.0)),
+    Case("div_", [_T.div_, _T.divide_, _T.true_divide_, _T.__idiv__], lambda s: (s * 1.0).div_(4.0)),
+    Case("mul_tensor", [_T.mul_], lambda s: (s * 1.0).mul_(s), raises=_IN_PLACE),
     # a dense tensor updated in place by a sparse one: torch's copy_ records it
     Case("dense.add_(sparse)", [_T.add_], lambda s, x: (x * 1.0).add_(s), [SHAPE]),
     # --- elementwise functions (the derivative table) ----------------------------------------

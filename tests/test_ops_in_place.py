@@ -228,3 +228,15 @@ def test_a_view_taken_before_an_in_place_change_refuses_a_stale_gradient(make_vi
     W.relu_()
     make_view(W).to_dense().sum().backward()                     # a view taken after: fine
     assert torch.equal(X.grad.to_dense(), torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=F64))
+
+
+def test_scaling_in_place_under_autograd_rebases_the_history():
+    x = torch.tensor([[1.0, 0.0], [-2.0, 3.0]], dtype=F64)
+    X = scorch.sparse_tensor(x, format="csr", requires_grad=True)
+    Y = X * 1.0
+    Y.mul_(3.0)
+    Y /= 2.0
+    (Y.to_dense() * torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=F64)).sum().backward()
+    assert torch.equal(X.grad.to_dense(), torch.tensor([[1.5, 0.0], [4.5, 6.0]], dtype=F64))
+    with pytest.raises(RuntimeError, match="not recorded by autograd"):
+        (X * 1.0).mul_(X)                        # by a tensor: still refused

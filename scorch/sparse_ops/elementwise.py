@@ -467,21 +467,30 @@ def sub_(self, other, alpha=1):
     return _store_in_place("sub_", self, sub(_operand(self, other), other, alpha))
 
 
+def _constant_scalar(other) -> bool:
+    return _scalar_like(other) and not (isinstance(other, torch.Tensor) and other.requires_grad)
+
+
 def mul_(self, other):
+    if isinstance(self, SparseTensor) and _constant_scalar(other):
+        # the stored values scaled in place (torch raises for a float into an int tensor);
+        # under autograd the history is rebased, as for the in-place functions
+        from .in_place import write_values
+        return write_values(self, lambda v: v.mul_(other), lambda v: v * other)
     _not_recorded("mul_", self, other)
-    if isinstance(self, SparseTensor) and _scalar_like(other):
-        self._storage.values.mul_(other)     # torch raises for float into an int tensor
-        return self
     return _store_in_place("mul_", self, mul(_operand(self, other), other))
 
 
 def div_(self, other):
     if not _scalar_like(other):
         return NotImplemented
-    _not_recorded("div_", self, other)
     if not (self.dtype.is_floating_point or self.dtype.is_complex):
         raise RuntimeError(f"div_: result type Float can't be cast to the desired output type "
                            f"{self.dtype}")
+    if isinstance(self, SparseTensor) and _constant_scalar(other):
+        from .in_place import write_values           # as mul_; x / 0 changes the stored entries only
+        return write_values(self, lambda v: v.div_(other), lambda v: v / other)
+    _not_recorded("div_", self, other)
     return _store_in_place("div_", self, div(self, other))
 
 

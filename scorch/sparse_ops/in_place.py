@@ -26,7 +26,7 @@ from ..gradients.optimizer_step import values_level
 from ..gradients.values import from_values, grad_values, mark_gradient
 from ..tensor_type import SparseTensor
 
-__all__ = ["run_in_place"]
+__all__ = ["run_in_place", "write_values"]
 
 Op = Callable[[torch.Tensor], torch.Tensor]
 
@@ -63,10 +63,12 @@ def run_in_place(name: str, s: SparseTensor, mutate: Op, op: Op) -> SparseTensor
         raise RuntimeError(
             f"scorch: in-place '{name}' maps 0 to {zero.item()}, so its result could not stay "
             f"sparse; use the out-of-place form (a dense result) or .to_dense() first")
-    return _write(s, mutate, op)
+    return write_values(s, mutate, op)
 
 
-def _write(s: SparseTensor, mutate: Op, op: Op) -> SparseTensor:
+def write_values(s: SparseTensor, mutate: Op, op: Op) -> SparseTensor:
+    """``mutate`` on ``s``'s stored values in place; under autograd, rebased (``_InPlace``)
+    with ``op`` (the same map out of place) as what the backward differentiates."""
     if torch.is_grad_enabled() and s.requires_grad:
         return _InPlace.apply(s, mutate, op)
     mutate(s._storage.values)
@@ -148,9 +150,9 @@ def write_at(name: str, s: SparseTensor, chosen: torch.Tensor, wanted: int, valu
             f"(e.g. x.index_put(...), torch.where) or write 0")
     fill = torch.tensor(value, dtype=s.dtype)
     if accumulate:
-        return _write(s, lambda v: v.add_(torch.where(chosen, fill, torch.zeros((), dtype=v.dtype))),
+        return write_values(s, lambda v: v.add_(torch.where(chosen, fill, torch.zeros((), dtype=v.dtype))),
                       lambda v: v + torch.where(chosen, fill, torch.zeros((), dtype=v.dtype)))
-    return _write(s, lambda v: v.masked_fill_(chosen, fill), lambda v: v.masked_fill(chosen, fill))
+    return write_values(s, lambda v: v.masked_fill_(chosen, fill), lambda v: v.masked_fill(chosen, fill))
 
 
 def _mask_at_stored(s: SparseTensor, mask: torch.Tensor):
