@@ -44,9 +44,9 @@ def test_slicing_ops_match_dense(data, shape, density, dtype):
         _all_match(X.unbind(dim), x.unbind(dim))
         size = data.draw(st.integers(1, 4))
         _all_match(X.split(size, dim), x.split(size, dim))
+        chunks = data.draw(st.integers(1, 5))
+        _all_match(X.chunk(chunks, dim), x.chunk(chunks, dim))      # an empty dim too
         if n:
-            chunks = data.draw(st.integers(1, 5))
-            _all_match(X.chunk(chunks, dim), x.chunk(chunks, dim))
             cut = data.draw(st.integers(0, n))
             _all_match(torch.split(X, [cut, n - cut], dim), torch.split(x, [cut, n - cut], dim))
     reps = tuple(data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=len(shape) + 1)))

@@ -95,7 +95,9 @@ def _chunk(x, chunks, dim=0):
     if t is None or chunks <= 0:
         return NotImplemented            # torch's error
     n = t.shape[_dim(dim, t.dim())]
-    return split(t, -(-n // chunks), dim) if n else NotImplemented
+    if n == 0:                           # torch: `chunks` empty pieces
+        return tuple(torch.narrow(t, dim, 0, 0) for _ in range(chunks))
+    return split(t, -(-n // chunks), dim)
 
 
 @register(torch.tile, torch.Tensor.tile)
