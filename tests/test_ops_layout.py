@@ -140,9 +140,9 @@ def test_layout_op_gradients_reach_the_stored_values():
         torch.testing.assert_close(X.grad.to_dense(), torch.where(x != 0, D.grad, 0.0))
 
 
-def test_unbind_is_one_pass_not_a_scan_per_slice(monkeypatch):
-    """unbind sorts the entries once and splits them; indexing one slice scans every entry,
-    so a slice-by-slice unbind would cost rows x entries."""
+def test_unbind_and_split_are_one_pass_not_a_scan_per_slice(monkeypatch):
+    """unbind and split sort the entries once and split them; indexing or narrowing one slice
+    scans every entry, so slice by slice would cost pieces x entries."""
     from scorch.sparse_ops import shape as shape_ops
 
     def scan(*args, **kwargs):
@@ -154,6 +154,9 @@ def test_unbind_is_one_pass_not_a_scan_per_slice(monkeypatch):
     rows = A.unbind(0)
     assert len(rows) == n and sum(r.nnz for r in rows) == A.nnz
     assert torch.equal(torch.stack([r.to_dense() for r in rows[:5]]), A.to_dense()[:5])
+    monkeypatch.setattr(torch, "narrow", scan)
+    parts = torch.split(A, 3, 1) + A.chunk(700, 0)           # split and chunk: one pass too
+    assert sum(p.nnz for p in parts) == 2 * A.nnz
 
 
 def test_conversions_to_torch_layouts_stay_scorch_tensors():

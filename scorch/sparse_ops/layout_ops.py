@@ -1,5 +1,6 @@
 """Shape and layout ops that move stored coordinates (never a dense copy), beside ``shape``'s
-views and indexing: ``select`` / ``unbind`` / ``split`` / ``chunk`` (slices: ``narrow``), ``tile``, ``F.pad`` with 0,
+views and indexing: ``select``, ``unbind`` / ``split`` / ``chunk`` (every piece in one pass
+over the entries), ``tile``, ``F.pad`` with 0,
 ``block_diag``, ``diag_embed`` / ``diagflat`` / ``diag`` of a vector, ``diagonal`` at any
 offset and dims, ``index_fill`` with 0,
 ``new_zeros`` / ``new_empty`` (sparse, storing nothing; ``new_ones`` / ``new_full``: dense) and
@@ -45,19 +46,32 @@ def _select(x, dim, index):
     return _shape.getitem(t, (slice(None),) * d + (int(index),))
 
 
-def unbind(t: SparseTensor, dim: int = 0) -> tuple:
-    """The slices along ``dim`` in one pass over the entries (a sort by that coordinate and
-    one split), not one scan per slice."""
-    d = _dim(dim, t.dim())
-    n = t.shape[d]
+def _pieces(t: SparseTensor, d: int, sizes: List[int], drop: bool) -> tuple:
+    """``t`` cut along ``d`` into consecutive pieces of ``sizes`` in one pass over the
+    entries (each entry's piece by a binary search, a stable sort by piece, one split), not
+    one scan of every entry per piece; ``drop``: the pieces lose dim ``d`` (``unbind``)."""
     coords, values = _coords(t), values_of(t)
-    order = torch.argsort(coords[d], stable=True)
-    counts = torch.bincount(coords[d], minlength=n).tolist()
-    rest = [k for k in range(t.dim()) if k != d]
-    fmt = _shape._drop_dims_format(_shape._unblocked(t._storage.format), [d])
-    shape = [t.shape[k] for k in rest]
-    pieces = zip(coords[rest][:, order].split(counts, 1), values[order].split(counts))
-    return tuple(_shape._build(c, v, shape, fmt) for c, v in pieces)
+    extent = torch.tensor(sizes, dtype=torch.int64)
+    ends = torch.cumsum(extent, 0)
+    piece = torch.searchsorted(ends, coords[d], right=True)
+    order = torch.argsort(piece, stable=True)
+    counts = torch.bincount(piece, minlength=len(sizes)).tolist()
+    moved = coords.clone()
+    moved[d] -= (ends - extent)[piece]
+    fmt = _shape._unblocked(t._storage.format)
+    keep = list(range(t.dim()))
+    if drop:
+        fmt = _shape._drop_dims_format(fmt, [d])
+        keep.remove(d)
+    parts = zip(moved[keep][:, order].split(counts, 1), values[order].split(counts), sizes)
+    return tuple(_shape._build(c, v, [k if j == d else t.shape[j] for j in keep], fmt)
+                 for c, v, k in parts)
+
+
+def unbind(t: SparseTensor, dim: int = 0) -> tuple:
+    """The slices along ``dim``, one pass over the entries (``_pieces``)."""
+    d = _dim(dim, t.dim())
+    return _pieces(t, d, [1] * t.shape[d], drop=True)
 
 
 @register(torch.unbind, torch.Tensor.unbind)
@@ -67,7 +81,8 @@ def _unbind(x, dim=0):
 
 
 def split(t: SparseTensor, sizes, dim: int = 0) -> tuple:
-    """``torch.split``: slices of ``sizes`` (an int: equal pieces, the last shorter)."""
+    """``torch.split``: slices of ``sizes`` (an int: equal pieces, the last shorter), one pass
+    over the entries (``_pieces``)."""
     d = _dim(dim, t.dim())
     n = t.shape[d]
     if isinstance(sizes, numbers.Integral) or (isinstance(sizes, torch.Tensor) and sizes.dim() == 0):
@@ -79,8 +94,7 @@ def split(t: SparseTensor, sizes, dim: int = 0) -> tuple:
     if sum(sizes) != n:
         raise RuntimeError(f"split_with_sizes expects split_sizes to sum exactly to {n} (input tensor's "
                            f"size at dimension {d}), but got split_sizes={sizes}")
-    starts = [sum(sizes[:k]) for k in range(len(sizes))]
-    return tuple(torch.narrow(t, d, s, k) for s, k in zip(starts, sizes))
+    return _pieces(t, d, sizes, drop=False)
 
 
 @register(torch.split, torch.Tensor.split, torch.Tensor.split_with_sizes, torch.split_with_sizes)
@@ -242,9 +256,7 @@ def _index_fill(x, dim, index, value):
     if t is None or not isinstance(v, numbers.Number) or v != 0:
         return NotImplemented
     d = _dim(dim, t.dim())
-    chosen = torch.zeros(t.shape[d], dtype=torch.bool)
-    chosen[index.reshape(-1) % max(t.shape[d], 1)] = True
-    hit = chosen[_coords(t)[d]]
+    hit = torch.isin(_coords(t)[d], index.reshape(-1).to(torch.int64) % max(t.shape[d], 1))
     vals = values_of(t)
     return from_values(t._storage, torch.where(hit, torch.zeros((), dtype=vals.dtype), vals))
 
