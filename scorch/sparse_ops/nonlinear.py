@@ -208,12 +208,12 @@ def _unary(fn: str, *torch_functions, **params):
                     return NotImplemented
                 p = float(value)
             elif value != default:       # not the kernel's: torch's function on the values
-                return _on_stored_values(torch_functions[0], t, kwargs)
+                return on_stored_values(torch_functions[0], t, kwargs)
         return apply(fn, t, p)
     return handler
 
 
-def _on_stored_values(torch_function, t: SparseTensor, kwargs) -> torch.Tensor:
+def on_stored_values(torch_function, t: SparseTensor, kwargs) -> torch.Tensor:
     """``torch_function(t, **kwargs)`` as torch's op on the stored values, where it keeps 0
     at 0 (``gelu(approximate="tanh")``, ``hardtanh(-2, 3)``, ``round(decimals=2)``);
     otherwise dense by nature (``softplus(beta=2)``): torch's op on the dense copy, under the

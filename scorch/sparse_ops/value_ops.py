@@ -19,7 +19,7 @@ from .._dispatch import register
 from ..gradients.values import from_values, values_of
 from ..tensor_type import SparseTensor
 from . import elementwise
-from .nonlinear import _sparse
+from .nonlinear import _sparse, on_stored_values
 
 __all__ = ["on_values"]
 
@@ -29,26 +29,16 @@ def on_values(t: SparseTensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> to
     return from_values(t._storage, fn(values_of(t)))
 
 
-def _zero_preserving(fn: Callable[[torch.Tensor], torch.Tensor], dtype: torch.dtype) -> bool:
-    with torch.no_grad():
-        return bool((fn(torch.zeros(1, dtype=dtype)) == 0).all())
-
-
 def _unary(*torch_functions):
-    """Register torch's elementwise ``torch_functions`` on the stored values when the call
-    keeps 0 (checked per call, with its arguments); otherwise the fallback's."""
+    """Register torch's elementwise ``torch_functions`` on the stored values where the call
+    keeps 0 (checked per call, with its arguments: ``nonlinear.on_stored_values``)."""
     def register_one(fn):
         @register(fn)
         def handler(x, *args, **kwargs):
             t = _sparse(x)
             if t is None or kwargs.get("out") is not None or kwargs.get("inplace") or t.dtype.is_complex:
                 return NotImplemented
-
-            def call(v):
-                return fn(v, *args, **kwargs)
-            if not _zero_preserving(call, t.dtype):
-                return NotImplemented
-            return on_values(t, call)
+            return on_stored_values(lambda v, **kw: fn(v, *args, **kw), t, kwargs)
     for f in torch_functions:
         register_one(f)
 
