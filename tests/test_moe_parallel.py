@@ -14,6 +14,7 @@ from scorch.tensor_compiler.codegen import SHORT_LOOP_MIN_ENTRIES
 from scorch.tensor_compiler.loop_ir import AddTo, Assign, For, While
 from scorch.tensor_compiler.lower.register_tile import MAX_TILE, register_tile, tile_factor
 from scorch.tensor_compiler.target import use_target
+from scorch.tensor_compiler.tiling import l1_cache_bytes
 
 MOE, EXPERT_GRAD, GATE_GRAD = "bd,ndh,bn->bh", "bh,bd,bn->ndh", "bn,bh,bd,ndh->bn"
 
@@ -107,7 +108,9 @@ def test_register_tiles_compile_and_equal_dense_per_target(target, h):
     """AVX2 (16 registers, 32-byte vectors; the native AVX-512 build is checked above): a
     128-float row has no room for a second copy on AVX2 (it stays untiled), narrower rows
     are tiled."""
-    b, d, n = 37, 40, 3          # E[n] at h = 128: 20 KB, more than half an L1: read expert-major
+    # E[n] at h = 128 holds more than half an L1 (20 KB of a 32 KiB L1; sized from this
+    # core's L1, 48 KiB on Zen 5): read expert-major
+    b, d, n = 37, l1_cache_bytes() // (2 * 128 * 4) + 8, 3
     g = torch.Generator().manual_seed(h)
     x, E, dy = torch.rand(b, d, generator=g), torch.rand(n, d, h, generator=g), torch.rand(b, h, generator=g)
     dense = topk_gate(b, n, 2, seed=h)

@@ -13,6 +13,7 @@ from compiler_helpers import topk_gate
 from scorch.gradients import einsum_grad
 from scorch.gradients import pattern as _pattern
 from scorch.tensor_compiler import read_formats, threads
+from scorch.tensor_compiler.tiling import l1_cache_bytes
 
 MOE, GATE_GRAD = "bd,ndh,bn->bh", "bn,bh,bd,ndh->bn"
 
@@ -28,7 +29,8 @@ def _operands(b, n, k, d, h, fmt, dtype, seed=0):
 def test_the_gate_goes_in_as_the_kernel_reads_it(fmt):
     """The gradient einsum gets the pattern in the plan's read format (CSC), and its result
     is written on that pattern (shares its arrays): no appended entries, no search."""
-    x, E, dense, G = _operands(64, 8, 2, 12, 512, fmt, torch.float32)
+    d = l1_cache_bytes() // (2 * 512 * 4) + 4     # E[n] over half an L1: 24 KB of 32 KiB
+    x, E, dense, G = _operands(64, 8, 2, d, 512, fmt, torch.float32)
     dy = torch.rand(64, 512)
     want = read_formats(GATE_GRAD, scorch.sparse_tensor(dense, format="csr"), dy, x, E)[0]
     assert want is not None and want.mode_order == (1, 0)
@@ -39,7 +41,7 @@ def test_the_gate_goes_in_as_the_kernel_reads_it(fmt):
         seen.append((ops[0]._storage, R._storage))
         return R
 
-    plan = einsum_grad.gradient_plan(MOE, ((64, 12), (8, 12, 512), (64, 8)), 2, True)
+    plan = einsum_grad.gradient_plan(MOE, ((64, d), (8, d, 512), (64, 8)), 2, True)
     with torch.no_grad():
         got = einsum_grad.operand_gradient(plan, spy, dy, (x, E, G))
     (Q, R), = seen
