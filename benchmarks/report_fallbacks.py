@@ -1,5 +1,5 @@
 """Which torch ops still take the dense fallback (or raise) on a scorch sparse tensor: a
-survey of ~270 calls a PyTorch user makes, each run once on small CSR operands, printing the
+survey of ~280 calls a PyTorch user makes, each run once on small CSR operands, printing the
 ones that warn "no sparse kernel" (``DENSE-FALLBACK``) or raise (``ERR``). Everything else
 runs through a sparse handler. Dense-by-nature results (``ones_like``, ``cumsum``, ...) are
 expected on the list; see docs/ops.md for how each op runs.
@@ -123,6 +123,10 @@ more = {
  "new_ones": lambda: x.new_ones(2, 2), "empty_like": lambda: torch.empty_like(x), "rand_like": lambda: torch.rand_like(x),
  "sum_to_size": lambda: x.sum_to_size(1, 5), "bernoulli": lambda: torch.bernoulli(x.abs().clamp(max=1)),
  "_values": lambda: x._values(), "dense.copy_": lambda: torch.zeros(6, 5).copy_(x),
+ "unfold": lambda: x.unfold(1, 2, 1), "cartesian_prod": lambda: torch.cartesian_prod(x[0], x[1]),
+ "renorm": lambda: torch.renorm(x, 2, 0, 0.5), "cross": lambda: torch.linalg.cross(x[:, :3], y[:, :3]),
+ "masked_scatter": lambda: x.masked_scatter(d > 0, torch.randn(30)), "mode": lambda: torch.mode(x, 1),
+ "embedding_bag_max": lambda: F.embedding_bag(torch.tensor([[0, 2]]), x, mode="max"),
 }
 ops.update({k: v for k, v in more.items() if k not in ops})
 

@@ -141,6 +141,14 @@ def aten_fallback(cls, func, args, kwargs):
     handler = _ATEN_HANDLERS.get(func)
     if handler is not None:
         return handler(*args, **kwargs)
+    return dense_fallback(func, args, kwargs)
+
+
+def dense_fallback(func, args, kwargs):
+    """ATen op ``func`` on dense copies of its sparse operands, warned once per op (or
+    refused past the dense limit; an in-place op is refused). Also for an ATen handler whose
+    arguments it does not serve: a torch function scorch has no handler for reaches ATen in
+    pieces (``torch.cov`` -> ``sub`` of a sparse and a dense operand)."""
     name = func.overloadpacket.__name__
     if func._schema.is_mutable:
         raise RuntimeError(

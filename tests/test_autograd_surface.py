@@ -560,6 +560,20 @@ CASES = [
          lambda s: F.dropout1d(s, 0.5, False) + F.dropout2d(s[None, None], 0.5, False)[0, 0]
          + F.dropout3d(s[None, None, None], 0.0)[0, 0, 0]
          + F.alpha_dropout(s, 0.5, False) + F.feature_alpha_dropout(s, 0.0, True)),
+    # --- session 19 -------------------------------------------------------------------------------
+    Case("windows", [_T.unfold, torch.cartesian_prod],
+         lambda s: torch.cat([s.unfold(1, 3, 1).sum((1, 2)), s.unfold(0, 2, 2).sum((0, 2)),
+                              torch.cartesian_prod(s[0], s[1]).sum(0), torch.cartesian_prod(s[2]).reshape(-1)])),
+    Case("slices", [torch.renorm, _T.renorm, torch.cross, _T.cross, torch.linalg.cross],
+         lambda s, x: torch.renorm(s, 2, 0, 0.8) + s.renorm(1, 1, 1.0)
+         + F.pad(torch.linalg.cross(s[:, :3], x[:, :3]) + torch.cross(x[:, 1:4], s[:, 2:], dim=1)
+                 + s[:, :3].cross(s[:, 2:], 1), (0, 2)), [SHAPE]),
+    Case("mode", [torch.mode, _T.mode], lambda s: torch.mode(s, 1).values + s.mode(0).values.sum()),
+    Case("masked_scatter", [torch.masked_scatter, _T.masked_scatter],
+         lambda s, x: torch.masked_scatter(s, x > 0.2, x.flatten()) + s.masked_scatter(s < 0, -x.flatten()), [SHAPE]),
+    Case("embedding_bag_max", [F.embedding_bag],
+         lambda s: F.embedding_bag(torch.tensor([[0, 3], [2, 2]]), s, mode="max")
+         + F.embedding_bag(torch.tensor([1, 0, 3]), s, torch.tensor([0, 1]), mode="max")),
 ]
 
 #: handlers registered for non-differentiable things whose rows above do not run them

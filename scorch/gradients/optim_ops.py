@@ -16,7 +16,7 @@ from typing import Any, List
 
 import torch
 
-from .._dispatch import check_dense_size, register_aten
+from .._dispatch import check_dense_size, dense_fallback, register_aten
 from ..level_storage import Storage
 from ..tensor_type import SparseTensor
 from . import pattern as _pattern
@@ -131,10 +131,9 @@ def _add_like(sign: float):
             va, vb = (_values(name, P, x, k) for k, x in enumerate((a, b)))
             return SparseTensor(_pattern.with_pattern_values(P, op(va, vb, alpha=alpha)))
         if not (isinstance(a, SparseTensor) and isinstance(b, SparseTensor)):
-            raise RuntimeError(
-                f"scorch: {name} of a sparse and a {'dense' if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else 'scalar'} "
-                f"operand is not zero-preserving; use .to_dense() (or the in-place form, "
-                f"which updates stored values only)")
+            # dense by nature; reached only from inside a torch function scorch has no
+            # handler for (``torch.add`` / ``torch.sub`` themselves are handled above ATen)
+            return dense_fallback(op, (a, b), {"alpha": alpha})
         out = op(a._storage.values, b._storage.values, alpha=alpha)
         res = SparseTensor(_pattern.with_pattern_values(P, out))
         if a.__dict__.get("_values_grad") or b.__dict__.get("_values_grad"):

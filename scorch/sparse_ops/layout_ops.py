@@ -3,12 +3,14 @@ views and indexing: ``select``, ``unbind`` / ``split`` / ``chunk`` (every piece 
 over the entries), ``tile``, ``F.pad`` with 0,
 ``block_diag``, ``diag_embed`` / ``diagflat`` / ``diag`` of a vector, ``diagonal`` at any
 offset and dims, ``index_fill`` with 0,
+``unfold`` (windows: each entry in each window covering it), ``cartesian_prod``,
 ``new_zeros`` / ``new_empty`` (sparse, storing nothing; ``new_ones`` / ``new_full``: dense) and
 the torch.sparse queries
 ``sparse_dim`` / ``dense_dim``. Each result is differentiable in the stored values (the
 coordinates move, the values are gathered)."""
 from __future__ import annotations
 
+import math
 import numbers
 from typing import List, Sequence
 
@@ -22,7 +24,8 @@ from ..tensor_type import SparseTensor
 from . import shape as _shape
 from .nonlinear import _sparse
 
-__all__ = ["unbind", "pad_with_zeros", "block_diag", "diag_embed", "diagonal_entries"]
+__all__ = ["unbind", "pad_with_zeros", "block_diag", "diag_embed", "diagonal_entries", "unfold",
+           "cartesian_prod"]
 
 
 def _coords(t: SparseTensor) -> torch.Tensor:
@@ -62,6 +65,9 @@ def _pieces(t: SparseTensor, d: int, sizes: List[int], drop: bool) -> tuple:
     keep = list(range(t.dim()))
     if drop:
         fmt = _shape._drop_dims_format(fmt, [d])
+        if fmt is not None and fmt.is_dense:     # the dropped level held the sparsity: dense levels would
+            # store every position
+            fmt = as_format("coo", t.dim() - 1)
         keep.remove(d)
     parts = zip(moved[keep][:, order].split(counts, 1), values[order].split(counts), sizes)
     return tuple(_shape._build(c, v, [k if j == d else t.shape[j] for j in keep], fmt)
@@ -259,6 +265,84 @@ def _index_fill(x, dim, index, value):
     hit = torch.isin(_coords(t)[d], index.reshape(-1).to(torch.int64) % max(t.shape[d], 1))
     vals = values_of(t)
     return from_values(t._storage, torch.where(hit, torch.zeros((), dtype=vals.dtype), vals))
+
+
+def unfold(t: SparseTensor, dim: int, size: int, step: int) -> SparseTensor:
+    """``Tensor.unfold``: the windows of ``size`` every ``step`` along ``dim`` (that dim
+    becomes the window number, a new last dim the position in the window). Each stored
+    entry lands in each window that covers it, at most ``ceil(size / step)`` of them: one
+    vectorized pass per such window rank, never a loop over windows."""
+    d = _dim(dim, t.dim()) if t.dim() else 0
+    n = t.shape[d] if t.dim() else 1
+    if size < 0 or size > n:
+        raise RuntimeError(f"maximum size for tensor at dimension {d} is {n} but size is {size}")
+    if step <= 0:
+        raise RuntimeError(f"step is {step} but must be > 0")
+    windows = (n - size) // step + 1
+    coords, values = _coords(t), values_of(t)
+    c = coords[d]
+    last = torch.div(c, step, rounding_mode="floor")      # the last window starting at or before c
+    out_coords, picks = [], []
+    for k in range(-(-size // step)):                      # window ranks an entry can be in
+        w = last - k
+        offset = c - w * step
+        pick = ((w >= 0) & (w < windows) & (offset < size)).nonzero().squeeze(1)
+        moved = coords[:, pick].clone()
+        moved[d] = w[pick]
+        out_coords.append(torch.cat([moved, offset[pick][None]]))
+        picks.append(pick)
+    shape = list(t.shape)
+    shape[d] = windows
+    pick = torch.cat(picks) if picks else torch.zeros(0, dtype=torch.int64)
+    moved = torch.cat(out_coords, 1) if out_coords else torch.zeros((t.dim() + 1, 0), dtype=torch.int64)
+    return _shape._build(moved, values[pick], shape + [size])
+
+
+@register(torch.Tensor.unfold)
+def _unfold(x, dimension, size, step):
+    t = _sparse(x)
+    if t is None or t.dim() == 0:
+        return NotImplemented
+    return unfold(t, dimension, int(size), int(step))
+
+
+def cartesian_prod(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.cartesian_prod`` of 1-D tensors: row ``r`` holds one entry of each, in
+    row-major order of their positions. Column ``j`` stores an entry where tensor ``j`` does:
+    its stored entries each repeated over every combination of the others' positions (the
+    result's stored entries, no more); a dense tensor brings all its positions."""
+    if any(x.dim() != 1 for x in tensors):
+        raise RuntimeError("Expect a 1D vector, but got shape "
+                           f"{next(list(x.shape) for x in tensors if x.dim() != 1)}")
+    if len(tensors) == 1:
+        return tensors[0]
+    dtype = tensors[0].dtype
+    if any(x.dtype != dtype for x in tensors):
+        raise RuntimeError("meshgrid expects all tensors to have the same dtype")
+    sizes = [x.shape[0] for x in tensors]
+    total = math.prod(sizes)
+    rows, cols, vals = [], [], []
+    for j, x in enumerate(tensors):
+        t = _sparse(x)
+        if t is None:
+            index, v = torch.arange(sizes[j], dtype=torch.int64), x
+        else:
+            index, v = _coords(t)[0], values_of(t)
+        before, after = math.prod(sizes[:j]), math.prod(sizes[j + 1:])
+        row = (torch.arange(before, dtype=torch.int64)[:, None, None] * (sizes[j] * after)
+               + index[None, :, None] * after + torch.arange(after, dtype=torch.int64)[None, None, :])
+        rows.append(row.reshape(-1))
+        cols.append(torch.full((row.numel(),), j, dtype=torch.int64))
+        vals.append(v[None, :, None].expand(before, v.numel(), after).reshape(-1))
+    coords = torch.stack([torch.cat(rows), torch.cat(cols)])
+    return _shape._build(coords, torch.cat(vals), (total, len(tensors)))
+
+
+@register(torch.cartesian_prod)
+def _cartesian_prod(*tensors):
+    if not any(isinstance(x, SparseTensor) for x in tensors):
+        return NotImplemented
+    return cartesian_prod(tensors)
 
 
 def _empty_like_format(t: SparseTensor, size, dtype) -> SparseTensor:

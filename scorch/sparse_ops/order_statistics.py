@@ -1,5 +1,6 @@
 """Order statistics of a sparse tensor: ``topk``, ``kthvalue``, ``median``/``nanmedian`` (all
-elements, or along a dim) and ``max``/``min`` along a dim, from the stored entries alone.
+elements, or along a dim), ``max``/``min`` along a dim and ``mode``, from the stored entries
+alone.
 
 A fiber along ``dim`` sorted in torch's order (NaN largest) is its stored entries that come
 before 0, then every zero (its stored zeros, then its unstored positions), then the rest. So
@@ -24,7 +25,7 @@ from ..tensor_type import SparseTensor
 from . import composites, nonlinear
 from .nonlinear import _sparse
 
-__all__ = ["topk", "kthvalue", "median", "median_all", "extreme_along"]
+__all__ = ["topk", "kthvalue", "median", "median_all", "extreme_along", "mode"]
 
 
 def _convert():
@@ -215,6 +216,75 @@ def extreme_along(t: SparseTensor, dim: int, keepdim: bool, largest: bool):
     return result((values, indices))
 
 
+def _lexsorted(*keys: torch.Tensor) -> torch.Tensor:
+    """The permutation sorting by ``keys[0]``, then ``keys[1]``, ... (stable sorts from the
+    last key to the first)."""
+    order = torch.argsort(keys[-1], stable=True)
+    for k in reversed(keys[:-1]):
+        order = order[torch.argsort(k[order], stable=True)]
+    return order
+
+
+def mode(t: SparseTensor, dim: int = -1, keepdim: bool = False):
+    """``torch.mode`` as torch computes it: per fiber, the most frequent value (the smallest
+    of the most frequent on a tie) and the last index holding it, the implicit zeros counted.
+    The candidates are each fiber's runs of equal stored non-zero values and its zeros
+    (``extent`` minus the stored non-zeros, the last at the top of the fiber's first gap from
+    its end); one lexicographic sort picks the winner. Cost: sorts of the stored entries plus
+    the dense result. The value is gathered from the stored values, so the gradient reaches the
+    picked entry as torch's index-based backward does (an unstored zero picked gets none)."""
+    d = _checked_dim(dim, t.dim())
+    _nonempty("mode", t, d)
+    n = t.shape[d]
+    coords = _convert().coords(t._storage)
+    fiber, _, rest_shape = composites._fibers(coords, tuple(t.shape), d)
+    nfib = math.prod(rest_shape)
+    vals = values_of(t)
+    plain = vals.detach()
+    entry = (plain != 0).nonzero().squeeze(1)
+    f, p, v = fiber[entry], coords[d][entry], plain[entry]
+    # runs of one value in one fiber
+    o = _lexsorted(f, v)
+    fs, vs, ps, es = f[o], v[o], p[o], entry[o]
+    new_run = torch.ones(fs.numel(), dtype=torch.bool)
+    new_run[1:] = (fs[1:] != fs[:-1]) | (vs[1:] != vs[:-1])
+    run = torch.cumsum(new_run, 0) - 1
+    runs = int(run[-1]) + 1 if run.numel() else 0
+    run_count = torch.bincount(run, minlength=runs)
+    last = _lexsorted(run, -ps)[new_run]          # each run's entry at its highest position
+    run_fiber, run_value, run_pos, run_entry = fs[new_run], vs[new_run], ps[last], es[last]
+    # each fiber's zeros: how many, and the last position not holding a stored non-zero
+    zeros = n - torch.bincount(f, minlength=nfib)
+    o = _lexsorted(f, -p)
+    fz, pz = f[o], p[o]
+    start = torch.cumsum(torch.bincount(fz, minlength=nfib), 0) - torch.bincount(fz, minlength=nfib)
+    rank = torch.arange(fz.numel(), dtype=torch.int64) - start[fz]
+    top_full = torch.bincount(fz[pz == n - 1 - rank], minlength=nfib)   # a prefix of the descending list
+    has_zero = (zeros > 0).nonzero().squeeze(1)
+    zero_pos = (n - 1 - top_full)[has_zero]
+    # a picked zero position may hold a stored zero: its entry, else the appended 0
+    stored_zero = (plain == 0).nonzero().squeeze(1)
+    zero_keys = fiber[stored_zero] * n + coords[d][stored_zero]
+    zero_keys, by_key = torch.sort(zero_keys)
+    want = has_zero * n + zero_pos
+    at = torch.searchsorted(zero_keys, want).clamp_(max=max(zero_keys.numel() - 1, 0))
+    hit = zero_keys[at] == want if zero_keys.numel() else torch.zeros_like(want, dtype=torch.bool)
+    zero_entry = torch.where(hit, stored_zero[by_key][at] if zero_keys.numel() else want, plain.numel())
+    # the winner: most frequent, then smallest value
+    cand_fiber = torch.cat([run_fiber, has_zero])
+    cand_count = torch.cat([run_count, zeros[has_zero]])
+    cand_value = torch.cat([run_value, plain.new_zeros(has_zero.numel())])
+    cand_pos = torch.cat([run_pos, zero_pos])
+    cand_entry = torch.cat([run_entry, zero_entry])
+    o = _lexsorted(cand_fiber, -cand_count, cand_value)
+    first = torch.ones(o.numel(), dtype=torch.bool)
+    first[1:] = cand_fiber[o][1:] != cand_fiber[o][:-1]
+    won = o[first]                                  # one per fiber, in fiber order
+    values = torch.cat([vals, vals.new_zeros(1)])[cand_entry[won]]
+    return torch.return_types.mode((_place(values, rest_shape, d, keepdim),
+                                    _place(cand_pos[won], rest_shape, d, keepdim)))
+
+
 # --- registration -------------------------------------------------------------------------
 
 def _ranked_sparse(x) -> Optional[SparseTensor]:
@@ -243,6 +313,14 @@ def _kthvalue(x, k, dim=-1, keepdim=False, *, out=None):
     if t is None or out is not None or not _integer(k) or not _integer(dim):
         return NotImplemented
     return kthvalue(t, int(k), dim, bool(keepdim))
+
+
+@register(torch.mode, torch.Tensor.mode)
+def _mode(x, dim=-1, keepdim=False, *, out=None):
+    t = _ranked_sparse(x)
+    if t is None or out is not None or not _integer(dim):
+        return NotImplemented
+    return mode(t, dim, bool(keepdim))
 
 
 def _median_handler(ignore_nan: bool):

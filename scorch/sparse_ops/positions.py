@@ -1,6 +1,6 @@
 """Ops that read or write a sparse tensor at given positions: ``gather``, ``take``,
 ``take_along_dim``, ``masked_select`` (reads: a dense result of the positions' size) and
-``index_add``, ``scatter_add``, ``index_put`` (writes: the stored entries move to new
+``index_add``, ``scatter_add``, ``index_put``, ``masked_scatter`` (writes: the stored entries move to new
 coordinates, or new ones are written, then an add). ``scatter`` and ``scatter_reduce`` write at every position of their index, the
 implicit zeros included, so they are dense by nature (``dense_by_nature``).
 
@@ -25,7 +25,7 @@ from ..gradients.values import from_coordinates, values_of
 from ..tensor_type import SparseTensor, as_scorch
 
 __all__ = ["values_at", "gather", "take", "take_along_dim", "masked_select", "index_add",
-           "scatter_add", "index_keys", "index_put"]
+           "scatter_add", "index_keys", "index_put", "masked_scatter"]
 
 #: largest dense size whose row-major positions are int64 keys with room to spare
 _MAX_KEYS = 2**62
@@ -299,6 +299,30 @@ def index_put(self: SparseTensor, keys: torch.Tensor, values: torch.Tensor,
     return self + _sparse_from(coords, values, self)
 
 
+def masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """``x.masked_scatter(mask, source)``: the True positions of ``mask`` (broadcast with
+    ``x``), in row-major order, take ``source``'s first values. A sparse ``x`` is an
+    ``index_put`` at those positions (its pattern grows by them); a dense ``x`` gets torch's
+    own op with the positions and values read from a sparse mask or source."""
+    # torch's checks of the dtypes (mask bool, source like x), on one element each
+    torch.zeros(1, dtype=x.dtype).masked_scatter(torch.zeros(1, dtype=mask.dtype), torch.zeros(1, dtype=source.dtype))
+    out_shape = tuple(torch.broadcast_shapes(x.shape, mask.shape))
+    coords = torch.nonzero(mask).t()
+    if tuple(mask.shape) != out_shape:
+        coords = _broadcast_coords(coords, tuple(mask.shape), out_shape)
+    k = coords.shape[1]
+    if source.numel() < k:
+        raise RuntimeError("Number of elements of source < number of ones in mask")
+    s = _sparse(source)
+    values = values_at(s, torch.arange(k)) if s is not None else source.reshape(-1)[:k]
+    t = _sparse(x)
+    if t is None:
+        return x.expand(out_shape).index_put(tuple(coords), values)
+    if tuple(t.shape) != out_shape:
+        t = t.expand(out_shape)
+    return index_put(t, _row_major_keys(coords, out_shape), values, False)
+
+
 def _last_of_each(keys: torch.Tensor):
     """The distinct keys and, for each, the position of its last occurrence."""
     order = torch.argsort(keys, stable=True)
@@ -411,6 +435,16 @@ def _scatter_add_(self, dim, index, src):
     src = _sparse(src)
     _check_write("scatter_add", self, index, dim, src)
     return _in_place(self, *_scatter_moved(dim % self.dim(), index, src))
+
+
+@register(torch.masked_scatter, torch.Tensor.masked_scatter)
+def _masked_scatter(input, mask, source):
+    operands = (input, mask, source)
+    if not all(isinstance(a, torch.Tensor) for a in operands) or all(_sparse(a) is None for a in operands):
+        return NotImplemented
+    if min(input.dim(), mask.dim()) == 0 or not _keyable(torch.broadcast_shapes(input.shape, mask.shape)):
+        return NotImplemented
+    return masked_scatter(_scorch(input), _scorch(mask), _scorch(source))
 
 
 @register(torch.index_put, torch.Tensor.index_put)

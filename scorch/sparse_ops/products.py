@@ -15,7 +15,7 @@ from ..tensor_type import as_scorch
 from .comparison import _involves_sparse
 from .einsum import einsum
 
-__all__ = ["outer", "dot", "tensordot", "kron", "trace", "diagonal"]
+__all__ = ["outer", "dot", "inner", "tensordot", "kron", "trace", "diagonal"]
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -120,14 +120,38 @@ def _outer(a, b, *, out=None):
     return outer(a, b)
 
 
-@register(torch.dot, torch.Tensor.dot, torch.inner, torch.Tensor.inner, torch.vdot, torch.Tensor.vdot)
+def inner(a, b) -> torch.Tensor:
+    """``torch.inner``: the sum over the last dims, every other dim of ``a`` then of ``b``
+    kept (``a @ b.T`` for matrices): one einsum."""
+    a, b = as_scorch(a), as_scorch(b)
+    if a.dim() == 0 or b.dim() == 0:
+        return a * b
+    if a.shape[-1] != b.shape[-1]:
+        raise RuntimeError(f"inner() the last dimension must match on both input tensors but got "
+                           f"shapes {list(a.shape)} and {list(b.shape)}")
+    ra, rb = a.dim() - 1, b.dim() - 1
+    if ra + rb + 1 > len(_LETTERS):
+        raise RuntimeError(f"inner: {ra + rb + 1} indices exceed the einsum's {len(_LETTERS)} letters")
+    left, right, k = _LETTERS[:ra], _LETTERS[ra:ra + rb], _LETTERS[ra + rb]
+    return einsum(f"{left}{k},{right}{k}->{left}{right}", a, b)
+
+
+@register(torch.dot, torch.Tensor.dot, torch.vdot, torch.Tensor.vdot)
 def _dot(a, b, *, out=None):
     if out is not None or not _involves_sparse(a, b):
         return NotImplemented
     a, b = as_scorch(a), as_scorch(b)
     if a.dim() != 1 or b.dim() != 1 or a.dtype.is_complex or b.dtype.is_complex:
-        return NotImplemented          # inner of matrices, vdot's conjugate: the fallback
+        return NotImplemented          # vdot's conjugate: the fallback
     return dot(a, b)
+
+
+@register(torch.inner, torch.Tensor.inner)
+def _inner(a, b, *, out=None):
+    if out is not None or not _involves_sparse(a, b) or not isinstance(a, torch.Tensor) \
+            or not isinstance(b, torch.Tensor) or a.dtype.is_complex or b.dtype.is_complex:
+        return NotImplemented
+    return inner(a, b)
 
 
 @register(torch.tensordot)

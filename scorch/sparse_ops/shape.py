@@ -141,19 +141,26 @@ def _mT(t):
     return _transpose(t, -2, -1)
 
 
+def _aten_view_result(result, t):
+    """An ATen view op must return a new tensor object (torch refuses its input back): an
+    identity view (``view`` to the same shape, ``squeeze`` of no size-1 dim) is a fresh
+    wrapper of the same storage."""
+    return SparseTensor(t._storage) if result is t else result
+
+
 @register_aten(aten.t.default)
 def _aten_t(t):
-    return _t(t)
+    return _aten_view_result(_t(t), t)
 
 
 @register_aten(aten.transpose.int)
 def _aten_transpose(t, dim0, dim1):
-    return _transpose(t, dim0, dim1)
+    return _aten_view_result(_transpose(t, dim0, dim1), t)
 
 
 @register_aten(aten.permute.default)
 def _aten_permute(t, dims):
-    return _permute(t, dims)
+    return _aten_view_result(_permute(t, dims), t)
 
 
 # --- unsqueeze / squeeze -----------------------------------------------------------------------
@@ -250,7 +257,7 @@ def _aten_unsqueeze(t, dim):
 
 @register_aten(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
 def _aten_squeeze(t, dim=None):
-    return squeeze(t, dim)
+    return _aten_view_result(squeeze(t, dim), t)
 
 
 # --- reshape / view / flatten / unflatten ---------------------------------------------------------
@@ -359,7 +366,7 @@ def _unflatten(t, dim, sizes):
 
 @register_aten(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 def _aten_view(t, shape):
-    return reshape(t, shape)
+    return _aten_view_result(reshape(t, shape), t)
 
 
 @register_aten(aten.slice.Tensor)
@@ -652,7 +659,7 @@ def _embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
 def embedding_bag(index: torch.Tensor, weight: SparseTensor, offsets: Optional[torch.Tensor],
                   mode: str, per_sample_weights: Optional[torch.Tensor],
                   include_last_offset: bool, padding_idx: Optional[int]) -> torch.Tensor:
-    """``F.embedding_bag`` (``sum`` / ``mean``) with a sparse table: a sparse bag x lookup
+    """``F.embedding_bag`` (``sum`` / ``mean``; ``max``: ``_bag_max``) with a sparse table: a sparse bag x lookup
     matrix (the per-sample weights, or 1 / the bag's size) times the looked-up rows, one
     sparse product; differentiable in the table's stored values and the sample weights."""
     if index.dim() == 2:
@@ -673,17 +680,54 @@ def embedding_bag(index: torch.Tensor, weight: SparseTensor, offsets: Optional[t
         counted = (flat != padding_idx % weight.shape[0]) if padding_idx is not None else torch.ones_like(flat, dtype=torch.bool)
         size = torch.zeros(bags, dtype=weight.dtype).index_add_(0, bag, counted.to(weight.dtype))
         weights = weights / size.clamp_min(1)[bag]
+    if mode == "max":
+        return _bag_max(weight, flat, bag, bags, padding_idx)
     lookup = torch.stack([bag, torch.arange(flat.numel())])
     select = _build(lookup, weights, (bags, flat.numel()), as_format("csr", 2))
     return select @ index_select(weight, 0, flat)
+
+
+def _bag_max(weight: SparseTensor, flat: torch.Tensor, bag: torch.Tensor, bags: int,
+             padding_idx: Optional[int]) -> torch.Tensor:
+    """``mode="max"``: per bag and column, the largest of the looked-up rows' entries, an
+    unstored 0 counted where a row stores nothing there (an empty bag gives 0, the
+    ``padding_idx`` rows are skipped, as torch). From the looked-up rows' stored entries: one
+    sort by (bag, column, value descending, lookup order) picks each winner; the value is
+    gathered from the stored values, so the gradient reaches the picked entry as torch's
+    (the first row holding the maximum)."""
+    if padding_idx is not None:
+        keep = flat != padding_idx % weight.shape[0]
+        flat, bag = flat[keep], bag[keep]
+    width = weight.shape[1]
+    rows = index_select(weight, 0, flat)
+    coords = _convert().coords(rows._storage)
+    vals = values_of(rows)
+    lookup, col = coords[0], coords[1]
+    group = bag[lookup] * width + col
+    plain = vals.detach()
+    order = torch.argsort(lookup, stable=True)
+    order = order[torch.argsort(-plain[order], stable=True)]
+    order = order[torch.argsort(group[order], stable=True)]
+    g = group[order]
+    first = torch.ones(g.numel(), dtype=torch.bool)
+    first[1:] = g[1:] != g[:-1]
+    won, g = order[first], g[first]
+    stored = torch.bincount(group, minlength=bags * width)[g]
+    size = torch.bincount(bag, minlength=bags)[torch.div(g, width, rounding_mode="floor")]
+    # a group with fewer stored entries than rows in its bag also holds 0: it wins over negatives
+    best = torch.where((stored < size) & (plain[won] < 0), vals.new_zeros(()), vals[won])
+    out = torch.zeros(bags * width, dtype=weight.dtype).index_put((g,), best)
+    return out.reshape(bags, width)
 
 
 @register(F.embedding_bag)
 def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale_grad_by_freq=False,
                    mode="mean", sparse=False, per_sample_weights=None, include_last_offset=False,
                    padding_idx=None):
-    # max mode (a max per bag and column), max_norm and scale_grad_by_freq: the fallback's
-    if (not isinstance(weight, SparseTensor) or weight.dim() != 2 or mode not in ("sum", "mean")
+    # max_norm and scale_grad_by_freq: the fallback's (as are max mode's per-sample weights:
+    # torch's error)
+    if (not isinstance(weight, SparseTensor) or weight.dim() != 2 or mode not in ("sum", "mean", "max")
+            or (mode == "max" and per_sample_weights is not None)
             or max_norm is not None or scale_grad_by_freq or isinstance(input, SparseTensor)
             or (input.dim() == 1) == (offsets is None) or input.dim() not in (1, 2)):
         return NotImplemented

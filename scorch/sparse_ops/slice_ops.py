@@ -1,0 +1,102 @@
+"""Ops on each slice along a dim, built from the stored entries: ``renorm`` (each slice scaled
+down to a maximum norm: the stored values times their slice's factor, the pattern kept) and
+``cross`` / ``linalg.cross`` (3-vectors along a dim: the three components are products and
+differences of the operands' slices, each a sparse op, so the result stores entries only
+where an operand does). Both are differentiable as torch's ops, through the sparse ops they
+are made of (renorm's factor included: torch's backward also differentiates the norm)."""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional
+
+import torch
+
+from .._dispatch import register
+from ..gradients.values import from_values, values_of
+from ..tensor_type import SparseTensor
+from .nonlinear import _sparse
+
+__all__ = ["renorm", "cross"]
+
+
+def _coords(t: SparseTensor) -> torch.Tensor:
+    from .._runtime import convert
+    return convert.coords(t._storage)
+
+
+def renorm(t: SparseTensor, p: float, dim: int, maxnorm: float) -> SparseTensor:
+    """``torch.renorm``: each slice ``t.select(dim, i)`` whose ``p``-norm exceeds
+    ``maxnorm`` is scaled by ``maxnorm / (norm + 1e-7)`` (torch's formula). The norms are one
+    sparse reduction over the other dims (a dense vector as long as ``dim``); the stored values
+    are multiplied by their slice's factor."""
+    torch.renorm(torch.zeros((1,) * t.dim(), dtype=t.dtype), p, dim, maxnorm)   # torch's checks
+    d = dim % t.dim()
+    if math.prod(t.shape) == 0:          # nothing to scale; torch's checks of empty slices
+        torch.renorm(torch.zeros(t.shape, dtype=t.dtype), p, dim, maxnorm)
+        return from_values(t._storage, values_of(t))
+    others = [k for k in range(t.dim()) if k != d]
+    norm = torch.linalg.vector_norm(t, p, dim=others) if others else values_of(t).abs()
+    norm = norm.to_dense() if isinstance(norm, SparseTensor) else norm
+    if not others:              # 1-D: each slice is one element, stored or 0
+        full = torch.zeros(t.shape[0], dtype=norm.dtype).index_put((_coords(t)[0],), norm)
+        norm = full
+    scale = torch.where(norm > maxnorm, maxnorm / (norm + 1e-7), torch.ones((), dtype=norm.dtype))
+    return from_values(t._storage, values_of(t) * scale.reshape(-1)[_coords(t)[d]].to(t.dtype))
+
+
+@register(torch.renorm, torch.Tensor.renorm)
+def _renorm(x, p, dim, maxnorm, *, out=None):
+    t = _sparse(x)
+    if t is None or out is not None or not t.dtype.is_floating_point:
+        return NotImplemented
+    return renorm(t, float(p), int(dim), float(maxnorm))
+
+
+def cross(a: torch.Tensor, b: torch.Tensor, dim: int) -> torch.Tensor:
+    """``a x b`` along ``dim`` (size 3), broadcast: ``c_k = a_{k+1} b_{k+2} - a_{k+2} b_{k+1}``,
+    each slice a sparse product (the intersection of the operands' patterns, or a sparse
+    operand's pattern against a dense one) and a sparse difference (their union)."""
+    rank = max(a.dim(), b.dim())
+    torch.linalg.cross(_stand_in(a, rank, dim), _stand_in(b, rank, dim), dim=dim)
+    d = dim % rank
+    shape = torch.broadcast_shapes(a.shape, b.shape)
+    a, b = a.expand(shape), b.expand(shape)
+    ai, bi = torch.unbind(a, d), torch.unbind(b, d)
+    parts = [ai[(k + 1) % 3] * bi[(k + 2) % 3] - ai[(k + 2) % 3] * bi[(k + 1) % 3] for k in range(3)]
+    return torch.stack(parts, d)
+
+
+def _stand_in(x: torch.Tensor, rank: int, dim: int) -> torch.Tensor:
+    """A zero of ``x``'s dtype and rank (left-padded to ``rank``) with every size 1 but
+    ``dim``'s: torch's checks on it (dim in range, size 3) match the real call's."""
+    shape = (1,) * (rank - x.dim()) + tuple(x.shape)
+    d = dim % rank if -rank <= dim < rank else None
+    return torch.zeros(tuple(n if k == d else 1 for k, n in enumerate(shape)), dtype=x.dtype)
+
+
+def _cross_dim(a: torch.Tensor, b: torch.Tensor, dim: Optional[int]) -> int:
+    """torch.cross's default dim: the first dim of size 3 of the broadcast shape."""
+    if dim is not None:
+        return int(dim)
+    shape = torch.broadcast_shapes(a.shape, b.shape)
+    for k, n in enumerate(shape):
+        if n == 3:
+            return k
+    raise RuntimeError("no dimension of size 3 in input")
+
+
+def _cross_handler(default: Optional[int]):
+    def handler(input, other, dim=default, *, out=None):
+        if out is not None or not (isinstance(input, SparseTensor) or isinstance(other, SparseTensor)):
+            return NotImplemented
+        if not isinstance(input, torch.Tensor) or not isinstance(other, torch.Tensor):
+            return NotImplemented
+        if isinstance(dim, numbers.Integral) or dim is None:
+            return cross(input, other, _cross_dim(input, other, dim))
+        return NotImplemented
+    return handler
+
+
+register(torch.cross, torch.Tensor.cross)(_cross_handler(None))
+register(torch.linalg.cross)(_cross_handler(-1))
