@@ -54,6 +54,38 @@ def _torch_sparse_softmax(log):
 _T = torch.Tensor
 
 
+_COPY_FUNCTIONS = {
+    torch.expand_copy: lambda s: torch.expand_copy(s[:1], (3, 5)).sum(0),
+    torch.permute_copy: lambda s: torch.permute_copy(s, (1, 0)).sum(1),
+    torch.t_copy: lambda s: torch.t_copy(s).sum(1),
+    torch.transpose_copy: lambda s: torch.transpose_copy(s, 0, 1).sum(1),
+    torch.squeeze_copy: lambda s: torch.squeeze_copy(s[None]).sum(0),
+    torch.unsqueeze_copy: lambda s: torch.unsqueeze_copy(s, 0).sum((0, 1)),
+    torch.unbind_copy: lambda s: torch.unbind_copy(s, 0)[2],
+    torch.unfold_copy: lambda s: torch.unfold_copy(s, 0, 2, 1).sum((0, 2)),
+    torch.view_copy: lambda s: torch.view_copy(s, (5, 4)).sum(1),
+    torch.diagonal_copy: lambda s: F.pad(torch.diagonal_copy(s), (0, 1)),
+    torch.split_with_sizes_copy: lambda s: torch.split_with_sizes_copy(s, [2, 3], 1)[1].sum(0)[:3].repeat(2)[:5],
+    torch.split_copy: lambda s: torch.split_copy(s, 2)[1].sum(0),
+    torch.narrow_copy: lambda s: torch.narrow_copy(s, 0, 1, 2).sum(0),
+    _T.narrow_copy: lambda s: s.narrow_copy(1, 0, 2).sum(1).repeat(2)[:5],
+    torch.select_copy: lambda s: torch.select_copy(s, 0, 3),
+    torch.slice_copy: lambda s: torch.slice_copy(s, 0, 1, 3).sum(0),
+    torch.alias_copy: lambda s: torch.alias_copy(s).sum(0),
+    torch.detach_copy: lambda s: torch.detach_copy(s.detach()).sum(0),   # no derivative in torch
+    torch.unsafe_split: lambda s: torch.unsafe_split(s, 2)[0].sum(0),
+    _T.unsafe_split: lambda s: s.unsafe_split(3, 1)[0].sum(0).repeat(2)[:5],
+    torch.unsafe_split_with_sizes: lambda s: torch.unsafe_split_with_sizes(s, [1, 3])[1].sum(0),
+    torch.unsafe_chunk: lambda s: torch.unsafe_chunk(s, 2)[1].sum(0),
+    _T.unsafe_chunk: lambda s: s.unsafe_chunk(4)[3][0],
+}
+
+
+def _copies(s):
+    """Every ``*_copy`` (and ``unsafe_*``) form of a view, each reduced to a row of 5."""
+    return torch.stack([f(s) for f in _COPY_FUNCTIONS.values()])
+
+
 def _in_place_chain(s):
     """Every zero-keeping in-place op, each on a fresh non-leaf copy of ``s``."""
     calls = [lambda y: y.relu_(), torch.relu_, F.relu_, lambda y: F.leaky_relu_(y, 0.1), F.elu_,
@@ -130,6 +162,69 @@ def _factorized(s):
     total = total + torch.inverse(a).sum() + a.inverse().sum() + torch.linalg.solve(a, torch.ones(4, dtype=F64)).sum()
     total = total + torch.linalg.lstsq(a, torch.ones(4, 1, dtype=F64)).solution.sum() + torch.linalg.cond(a)
     return total
+
+
+def _sum_of(*parts):
+    """Every part (complex ones as their real and imaginary parts) summed into one number."""
+    total = 0
+    for p in parts:
+        p = p if isinstance(p, torch.Tensor) else torch.as_tensor(p, dtype=F64)
+        p = _dense(p)
+        total = total + (torch.view_as_real(p.resolve_conj()).sum() if p.is_complex() else p.to(F64).sum())
+    return total
+
+
+def _more_factorized(s):
+    """The dense-by-nature solvers and factorizations on SPARSE well-conditioned matrices
+    (``s`` plus a sparse diagonal: a union, still sparse), so each handler runs."""
+    eye = scorch.sparse_tensor(torch.eye(4, dtype=F64) * 8, format="csr")
+    a = s[:, :4] + eye
+    b = a + a.t() + eye                         # symmetric positive definite
+    ones = scorch.sparse_tensor(torch.ones(4, 1, dtype=F64), format="csr")
+    L = torch.linalg.cholesky(_dense(b))
+    LU, piv = torch.linalg.lu_factor(a)
+    qr, tau = torch.geqrf(a)
+    sp = lambda m: scorch.sparse_tensor(m.detach(), format="csr")      # noqa: E731
+    return _sum_of(
+        torch.linalg.solve_ex(a, ones).result, torch.linalg.inv_ex(a).inverse, torch.linalg.cholesky_ex(b).L,
+        torch.linalg.lu(a).U, LU, torch.linalg.lu_factor_ex(a).LU, torch.linalg.lu_solve(sp(LU), piv, ones),
+        torch.linalg.ldl_factor(b).LD.detach(), torch.linalg.ldl_factor_ex(b).LD.detach(),
+        torch.linalg.ldl_solve(sp(torch.linalg.ldl_factor(b).LD), torch.linalg.ldl_factor(b).pivots, ones).detach(),
+        torch.linalg.solve_triangular(torch.triu(a), ones, upper=True),
+        torch.linalg.householder_product(a, tau.detach()), torch.linalg.tensorsolve(a, ones[:, 0]),
+        torch.linalg.tensorinv(a, ind=1), torch.lu(a)[0], a.lu()[0], torch.lu_solve(ones, sp(LU), piv),
+        ones.lu_solve(sp(LU), piv), torch.lu_unpack(sp(LU), piv)[2], qr.detach(), a.geqrf()[0].detach(),
+        torch.ormqr(sp(qr), tau.detach(), ones), sp(qr).ormqr(tau.detach(), ones),
+        torch.triangular_solve(ones, torch.triu(a)).solution, ones.triangular_solve(torch.triu(a)).solution,
+        torch.cholesky_solve(ones, sp(L)), ones.cholesky_solve(sp(L)), torch.cholesky_inverse(sp(L)),
+        sp(L).cholesky_inverse())
+
+
+_FFTS = ("fft", "ifft", "fft2", "ifft2", "fftn", "ifftn", "rfft", "irfft", "rfft2", "irfft2", "rfftn",
+         "irfftn", "hfft", "ihfft", "hfft2", "ihfft2", "hfftn", "ihfftn")
+
+
+def _dense_results(s, x):
+    """Running extremes, spectra, normalisations and losses of ``s``: dense by nature."""
+    w, b = torch.ones(5, dtype=F64), torch.zeros(5, dtype=F64)
+    q, kv = s.reshape(4, 1, 5), x.reshape(4, 1, 5)
+    return _sum_of(
+        torch.cummax(s, 1).values, s.cummax(0).values, torch.cummin(s, 1).values, s.cummin(0).values,
+        torch.cumulative_trapezoid(s, dim=1), *(getattr(torch.fft, f)(s) for f in _FFTS),
+        torch.stft(s[0], 4, return_complex=True), s[1].stft(4, return_complex=True),
+        torch.histogramdd(s.reshape(-1, 2), bins=3).hist.detach(),
+        torch.layer_norm(s, (5,)), torch.native_layer_norm(s, (5,), w, b, 1e-5)[0],
+        torch.batch_norm(s, w, b, None, None, True, 0.1, 1e-5, False),
+        torch.native_batch_norm(s, w, b, None, None, True, 0.1, 1e-5)[0],
+        torch.group_norm(s[None], 1, w[:4], b[:4], 1e-5, False),
+        torch.native_group_norm(s[None], w[:4], b[:4], 1, 4, 5, 1, 1e-5)[0],
+        torch.instance_norm(s[None], None, None, None, None, True, 0.1, 1e-5, False),
+        torch.isreal(s).double(), s.isreal().double(),
+        F.ctc_loss(s.reshape(4, 1, 5), torch.tensor([[1, 2]]), torch.tensor([4]), torch.tensor([2])),
+        F.triplet_margin_with_distance_loss(s, x, x * 0.5),
+        F.multi_head_attention_forward(q, kv, kv, 5, 1, torch.ones(15, 5, dtype=F64) * 0.1,
+                                       torch.zeros(15, dtype=F64), None, None, False, 0.0,
+                                       torch.eye(5, dtype=F64), b, training=False)[0])
 
 
 def _stored_softmin(d, dim=1):
@@ -571,6 +666,97 @@ CASES = [
     Case("mode", [torch.mode, _T.mode], lambda s: torch.mode(s, 1).values + s.mode(0).values.sum()),
     Case("masked_scatter", [torch.masked_scatter, _T.masked_scatter],
          lambda s, x: torch.masked_scatter(s, x > 0.2, x.flatten()) + s.masked_scatter(s < 0, -x.flatten()), [SHAPE]),
+    Case("more_factorizations", [torch.linalg.solve_ex, torch.linalg.inv_ex, torch.linalg.cholesky_ex,
+                                 torch.linalg.lu, torch.linalg.lu_factor, torch.linalg.lu_factor_ex,
+                                 torch.linalg.lu_solve, torch.linalg.ldl_factor, torch.linalg.ldl_factor_ex,
+                                 torch.linalg.ldl_solve, torch.linalg.solve_triangular,
+                                 torch.linalg.householder_product, torch.linalg.tensorsolve, torch.linalg.tensorinv,
+                                 torch.lu, _T.lu, torch.lu_solve, _T.lu_solve, torch.lu_unpack, torch.geqrf, _T.geqrf,
+                                 torch.ormqr, _T.ormqr, torch.triangular_solve, _T.triangular_solve,
+                                 torch.cholesky_solve, _T.cholesky_solve, torch.cholesky_inverse, _T.cholesky_inverse],
+         lambda s: _more_factorized(s)),
+    Case("dense_results", [torch.cummax, _T.cummax, torch.cummin, _T.cummin, torch.cumulative_trapezoid,
+                           *(getattr(torch.fft, f) for f in _FFTS), torch.stft, _T.stft, torch.histogramdd,
+                           torch.layer_norm, torch.native_layer_norm, torch.batch_norm, torch.native_batch_norm,
+                           torch.group_norm, torch.native_group_norm, torch.instance_norm, torch.isreal, _T.isreal,
+                           F.ctc_loss, F.triplet_margin_with_distance_loss, F.multi_head_attention_forward],
+         lambda s, x: _dense_results(s, x), [SHAPE]),
+    # special functions (sparse_ops/special_functions.py): f(0) == 0 on the values, else dense by
+    # nature; -0.0 in the dense oracle flips some poles' signs, so positive values there
+    Case("special_keeping_zero", [torch.angle, _T.angle, torch.special.bessel_j1, torch.special.i1,
+                                  torch.special.i1e, torch.special.modified_bessel_i1, torch.special.entr,
+                                  torch.special.round, torch.frexp, _T.frexp],
+         lambda s: torch.angle(s) + s.angle() + torch.special.bessel_j1(s) + torch.special.i1(s)
+         + torch.special.i1e(s) + torch.special.modified_bessel_i1(s) + torch.special.entr(s)
+         + torch.special.round(s) + torch.frexp(s).mantissa + s.frexp()[0], positive=True),
+    Case("special_dense_by_nature", [torch.special.airy_ai, torch.special.bessel_j0, torch.special.erfcx,
+                                     torch.special.i0e, torch.special.log_ndtr, torch.special.modified_bessel_i0,
+                                     torch.special.ndtr, torch.special.spherical_bessel_j0, torch.special.i0,
+                                     torch.special.expit, torch.special.exp2, torch.special.sinc,
+                                     torch.special.erfc, torch.lgamma, _T.lgamma, torch.special.gammaln,
+                                     torch.mvlgamma, _T.mvlgamma, torch.special.multigammaln],
+         lambda s: torch.special.airy_ai(s) + torch.special.bessel_j0(s) + torch.special.erfcx(s)
+         + torch.special.i0e(s) + torch.special.log_ndtr(s) + torch.special.modified_bessel_i0(s)
+         + torch.special.ndtr(s) + torch.special.spherical_bessel_j0(s) + torch.special.i0(s)
+         + torch.special.expit(s) + torch.special.exp2(s) + torch.special.sinc(s) + torch.special.erfc(s)
+         + torch.nan_to_num(torch.lgamma(s) + s.lgamma() + torch.special.gammaln(s), posinf=0.0)
+         + torch.nan_to_num(torch.mvlgamma(s + 0.0, 1) + s.mvlgamma(1) + torch.special.multigammaln(s, 1), posinf=0.0),
+         positive=True),
+    Case("special_poles", [torch.digamma, _T.digamma, torch.special.digamma, torch.special.psi,
+                           torch.polygamma, _T.polygamma, torch.special.polygamma, torch.special.bessel_y0,
+                           torch.special.bessel_y1, torch.special.modified_bessel_k0, torch.special.modified_bessel_k1,
+                           torch.special.scaled_modified_bessel_k0, torch.special.scaled_modified_bessel_k1,
+                           torch.special.ndtri, torch.acosh, _T.acosh, torch.arccosh, _T.arccosh, torch.special.zeta],
+         lambda s: torch.nan_to_num(
+             torch.digamma(s) + s.digamma() + torch.special.digamma(s) + torch.special.psi(s)
+             + torch.polygamma(1, s) + s.polygamma(2) + torch.special.polygamma(1, s)
+             + torch.special.ndtri(s * 0.5) + torch.acosh(s * 2.0) + s.mul(2.0).acosh() + torch.arccosh(s * 2.0)
+             + (s * 2.0).arccosh(), posinf=0.0, neginf=0.0, nan=0.0)
+         + torch.nan_to_num(torch.stack([
+             torch.special.bessel_y0(s), torch.special.bessel_y1(s), torch.special.modified_bessel_k0(s),
+             torch.special.modified_bessel_k1(s), torch.special.scaled_modified_bessel_k0(s),
+             torch.special.scaled_modified_bessel_k1(s), torch.special.zeta(s * 3.0, 2.0)]).sum(0),
+             posinf=0.0, neginf=0.0, nan=0.0).detach(),       # torch has no derivative of these
+         positive=True),
+    Case("special_binary", [torch.special.xlog1py, torch.ldexp, _T.ldexp, torch.nextafter, _T.nextafter,
+                            torch.igamma, _T.igamma, torch.special.gammainc, torch.igammac, _T.igammac,
+                            torch.special.gammaincc],
+         lambda s, x: torch.special.xlog1py(s, x) + torch.ldexp(s, x.round()) + s.ldexp(x.round())
+         + (torch.nextafter(s, x) + s.nextafter(x) + torch.igamma(s, x) + s.igamma(x)
+            + torch.special.gammainc(s, x) + torch.igammac(s, x) + s.igammac(x)
+            + torch.special.gammaincc(s, x)).detach(), [SHAPE], positive=True, extra={"partner_positive": True}),
+    Case("special_polynomials", [getattr(torch.special, f"{k}_polynomial_{p}") for k, ps in (
+             ("chebyshev", "tuvw"), ("shifted_chebyshev", "tuvw"), ("hermite", ("h", "he")),
+             ("laguerre", "l"), ("legendre", "p")) for p in ps],
+         lambda s: sum(getattr(torch.special, f"{k}_polynomial_{p}")(s, n) for k, ps in (
+             ("chebyshev", "tuvw"), ("shifted_chebyshev", "tuvw"), ("hermite", ("h", "he")),
+             ("laguerre", "l"), ("legendre", "p")) for p in ps for n in (2, 3)).detach()),
+    # other names of sparse ops (sparse_ops/variants.py)
+    Case("copies", list(_COPY_FUNCTIONS), lambda s: _copies(s)),
+    Case("flips", [torch.fliplr, _T.fliplr, torch.flipud, _T.flipud, torch.rot90, _T.rot90, torch.fft.fftshift,
+                   torch.fft.ifftshift, torch.linalg.diagonal],
+         lambda s: torch.fliplr(s) + s.fliplr() + torch.flipud(s) + s.flipud() + torch.rot90(s, 2)
+         + s.rot90(1, (1, 0)).rot90(1, (0, 1)) + torch.fft.fftshift(s) + torch.fft.ifftshift(s, 0)
+         + F.pad(torch.linalg.diagonal(s)[:, None], (0, 4), value=0.0)),
+    Case("shuffles", [F.pixel_shuffle, torch.pixel_shuffle, F.pixel_unshuffle, torch.pixel_unshuffle,
+                      F.channel_shuffle, torch.channel_shuffle, torch.native_channel_shuffle],
+         lambda s: torch.cat([F.pixel_shuffle(s.reshape(1, 4, 5, 1), 2).flatten(),
+                              torch.pixel_shuffle(s.reshape(4, 1, 5), 2).flatten(),
+                              F.pixel_unshuffle(s.reshape(1, 4, 5)[:, :, :4], 2).flatten(),
+                              torch.pixel_unshuffle(s.reshape(1, 1, 4, 5)[..., :4], 2).flatten(),
+                              F.channel_shuffle(s.reshape(1, 4, 5), 2).flatten(),
+                              torch.channel_shuffle(s.reshape(2, 2, 5), 2).flatten(),
+                              torch.native_channel_shuffle(s.reshape(1, 4, 5), 4).flatten().detach()])),  # no derivative in torch
+    Case("product_forms", [torch.linalg.vecdot, torch.addr, _T.addr, torch.addbmm, _T.addbmm, F.bilinear],
+         lambda s, x: torch.linalg.vecdot(s, x) + torch.addr(x, s[0], s[1, :4] if False else s[:, 0], beta=0.5).sum(1)[:4]
+         if False else torch.cat([torch.linalg.vecdot(s, x), s.linalg_vecdot(x) if False else torch.linalg.vecdot(x, s, dim=0),
+                                  torch.addr(x[:, :4], s[:, 0], s[0, :4], beta=0.5, alpha=2.0).flatten(),
+                                  s[:, :4].addr(x[0, :4], x[:, 1]).flatten(),
+                                  torch.addbmm(x[:, :4], s[None, :, :3].expand(2, 4, 3), x[None, :3, :4].expand(2, 3, 4)).flatten(),
+                                  s.addbmm(x[None, :, :3].expand(2, 4, 3), s[None, :3, :].expand(2, 3, 5)).flatten(),
+                                  F.bilinear(s, x, torch.ones(2, 5, 5, dtype=F64)).flatten()]), [SHAPE]),
+    Case("item", [_T.item], lambda s: torch.tensor(s[0:1, 0:1].item() + s[1:2, 2:3].item(), dtype=F64),
+         bool_result=True),
     Case("embedding_bag_max", [F.embedding_bag],
          lambda s: F.embedding_bag(torch.tensor([[0, 3], [2, 2]]), s, mode="max")
          + F.embedding_bag(torch.tensor([1, 0, 3]), s, torch.tensor([0, 1]), mode="max")),

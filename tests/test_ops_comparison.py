@@ -231,10 +231,18 @@ def test_maximum_and_minimum(data, op, pair, dtype):
         assert got.nnz <= A.nnz + B.nnz
 
 
-def test_maximum_of_two_patterns_reached_below_torch_function_names_the_op():
-    """At the ATen level (an optimizer's values-level step) two patterns raise, naming the op."""
+def test_maximum_of_two_patterns_reached_below_torch_function_names_the_op(monkeypatch):
+    """At the ATen level two patterns raise, naming the op, inside an optimizer's
+    values-level step (its state stays on one pattern); outside one (a torch function
+    without a handler that reached ATen) the dense fallback runs, warning with the op's name."""
+    from scorch import _dispatch
+    from scorch.gradients import optim_ops
     A = sparse(torch.tensor([[1.0, 0.0], [0.0, 2.0]]), "csr")
     B = sparse(torch.tensor([[0.0, 3.0], [0.0, 1.0]]), "csr")
+    monkeypatch.setattr(_dispatch, "_warned", set())
+    with pytest.warns(UserWarning, match="'maximum' has no sparse kernel"):
+        assert torch.equal(torch.ops.aten.maximum.default(A, B), torch.tensor([[1.0, 3.0], [0.0, 2.0]]))
+    monkeypatch.setattr(optim_ops, "values_level", lambda: True)
     with pytest.raises(RuntimeError, match="maximum.*different sparsity pattern"):
         torch.ops.aten.maximum.default(A, B)
     assert_matches(torch.maximum(A, B), torch.tensor([[1.0, 3.0], [0.0, 2.0]]), sparse=True)

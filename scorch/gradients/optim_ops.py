@@ -34,17 +34,21 @@ def _pattern_of(name: str, args) -> Storage:
     raise RuntimeError(f"scorch: {name}: no sparse operand")
 
 
+class _NotOnePattern(RuntimeError):
+    """An operand the values-level op cannot take: a dense tensor, another pattern."""
+
+
 def _values(name: str, P: Storage, x: Any, k: int):
     """Operand ``k`` as the value-array op sees it."""
     if isinstance(x, SparseTensor):
         st = x._storage
         if not _pattern.same_pattern(P, st):
-            raise RuntimeError(
+            raise _NotOnePattern(
                 f"scorch: {name}: operand {k} has a different sparsity pattern than the first "
                 f"sparse operand (values-level ops need one pattern; convert or union first)")
         return st.values
     if isinstance(x, torch.Tensor) and x.dim() > 0 and x.numel() != 1:
-        raise RuntimeError(
+        raise _NotOnePattern(
             f"scorch: {name}: operand {k} is a dense tensor of shape {tuple(x.shape)}; mixing a "
             f"sparse tensor with a dense one in '{name}' is not supported (use .to_dense())")
     return x.reshape(()) if isinstance(x, torch.Tensor) and x.dim() > 0 else x
@@ -55,9 +59,16 @@ def _values_op(op, inplace: bool):
 
     def handler(*args, **kwargs):
         P = _pattern_of(name, args)
-        vals = [_values(name, P, a, k) for k, a in enumerate(args)]
-        kw = {k: (_values(name, P, v, k) if isinstance(v, torch.Tensor) else v)
-              for k, v in kwargs.items() if k != "memory_format"}
+        try:
+            vals = [_values(name, P, a, k) for k, a in enumerate(args)]
+            kw = {k: (_values(name, P, v, k) if isinstance(v, torch.Tensor) else v)
+                  for k, v in kwargs.items() if k != "memory_format"}
+        except _NotOnePattern:
+            if inplace or values_level():     # an optimizer's state stays on its pattern
+                raise
+            # out of place, reached from inside a torch function scorch has no handler for
+            # (``torch.trapezoid`` -> ``mul`` by a dense tensor): the dense fallback's
+            return dense_fallback(op, args, kwargs)
         out = op(*vals, **kw)
         if inplace:
             return args[0]

@@ -267,12 +267,14 @@ for _op in (torch.isnan, torch.isinf, torch.isposinf, torch.isneginf, torch.sign
 @register(torch.heaviside, torch.Tensor.heaviside)
 def _heaviside(x, values, *, out=None):
     """``heaviside(x, 0)`` is ``x > 0``: the pattern, 1 where the stored value is positive
-    (NaN gives 0, as torch's). Another value at 0 is dense by nature: the fallback's."""
+    (NaN gives 0, as torch's). Other values: torch's op on the stored values where they are 0
+    at the unstored positions, else dense by nature (``elementwise.on_stored_values``)."""
     t = _sparse(x)
-    if (t is None or out is not None or not isinstance(values, torch.Tensor)
-            or isinstance(values, SparseTensor) or values.numel() != 1 or values.dtype != t.dtype
-            or bool(values.reshape(()) != 0) or values.dim() > t.dim()):
+    if t is None or out is not None or not isinstance(values, torch.Tensor) or isinstance(values, SparseTensor):
         return NotImplemented
+    if values.numel() != 1 or values.dtype != t.dtype or bool(values.reshape(()) != 0) or values.dim() > t.dim():
+        # values 0 where nothing is stored keep the pattern; else dense by nature
+        return elementwise.on_stored_values(torch.heaviside, t, values, strict_zero=True)
     # through the differentiable values: the result is in the graph, and its backward
     # raises as torch's (heaviside has no derivative)
     return from_values(t._storage, torch.heaviside(values_of(t), values.reshape(())))

@@ -50,6 +50,25 @@ DENSE_BY_NATURE = (
     torch.Tensor.logdet, torch.linalg.matrix_rank, torch.linalg.pinv, torch.pinverse,
     torch.linalg.cholesky, torch.cholesky, torch.linalg.inv, torch.inverse, torch.Tensor.inverse,
     torch.linalg.solve, torch.linalg.lstsq, torch.linalg.cond,
+    torch.linalg.solve_ex, torch.linalg.inv_ex, torch.linalg.cholesky_ex, torch.linalg.lu,
+    torch.linalg.lu_factor, torch.linalg.lu_factor_ex, torch.linalg.lu_solve, torch.linalg.ldl_factor,
+    torch.linalg.ldl_factor_ex, torch.linalg.ldl_solve, torch.linalg.solve_triangular,
+    torch.linalg.householder_product, torch.linalg.tensorsolve, torch.linalg.tensorinv, torch.lu,
+    torch.Tensor.lu, torch.lu_solve, torch.Tensor.lu_solve, torch.lu_unpack, torch.geqrf,
+    torch.Tensor.geqrf, torch.ormqr, torch.Tensor.ormqr, torch.triangular_solve,
+    torch.Tensor.triangular_solve, torch.cholesky_solve, torch.Tensor.cholesky_solve,
+    torch.cholesky_inverse, torch.Tensor.cholesky_inverse,
+    # running extremes and integrals (every position after the first entry), spectra
+    torch.cummax, torch.Tensor.cummax, torch.cummin, torch.Tensor.cummin,
+    torch.cumulative_trapezoid, *(getattr(torch.fft, _name) for _name in (
+        "fft", "ifft", "fft2", "ifft2", "fftn", "ifftn", "rfft", "irfft", "rfft2", "irfft2", "rfftn",
+        "irfftn", "hfft", "ihfft", "hfft2", "ihfft2", "hfftn", "ihfftn")),
+    torch.stft, torch.Tensor.stft, torch.histogramdd,
+    # the normalisations' ATen-level forms, true at every element
+    torch.layer_norm, torch.native_layer_norm, torch.batch_norm, torch.native_batch_norm,
+    torch.group_norm, torch.native_group_norm, torch.instance_norm, torch.isreal, torch.Tensor.isreal,
+    # losses over every position
+    F.ctc_loss, F.triplet_margin_with_distance_loss, F.multi_head_attention_forward,
     # a random value at every position
     torch.rand_like, torch.randn_like, torch.randint_like,
 )

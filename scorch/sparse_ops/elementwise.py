@@ -571,27 +571,45 @@ def _other_at_stored(t: SparseTensor, other):
     return other.expand(t.shape)[tuple(convert.coords(t._storage))]
 
 
-def _keeps_zero(op, other) -> bool:
-    """``op(0, other)`` is 0 for a number; a dense divisor's zeros where nothing is stored
-    stay 0 (as ``div`` by a dense tensor, and torch.sparse)."""
-    if isinstance(other, torch.Tensor) and other.dim() > 0:
-        return True
+def _keeps_zero(op, other, strict: bool, dtype: torch.dtype = torch.float64) -> bool:
+    """``op(0, other)`` is 0 for a number. A dense ``other``: ``strict``, at every one of its
+    entries (``heaviside``, a polynomial of degree ``n``); else its zeros where nothing is
+    stored stay 0 (a division by a dense tensor, as torch.sparse). ``dtype``: the sparse
+    operand's (``heaviside`` wants both of one type)."""
+    zero = torch.zeros((), dtype=dtype if dtype.is_floating_point else torch.float64)
     with torch.no_grad():
-        return bool(op(torch.zeros((), dtype=torch.float64), other) == 0)
+        if isinstance(other, torch.Tensor) and other.dim() > 0:
+            if not strict:
+                return True
+            return bool((op(zero, other) == 0).all())
+        return bool(op(zero, other) == 0)
 
 
-def on_stored_values(op, x, other, **kwargs):
+def on_stored_values(op, x, other, *, strict_zero: bool = False, **kwargs):
     """``op(x, other)`` for a sparse ``x`` where ``op(0, other)`` is 0 (``fmod``,
-    ``remainder``, ``floor_divide``, ``div`` with a rounding mode): torch's op on the stored
-    values (its rounding exactly), the pattern kept, differentiable as torch's op is.
-    NotImplemented (the fallback) for a sparse or growing ``other`` or ``op(0, other) != 0``."""
+    ``remainder``, ``floor_divide``, ``div`` with a rounding mode, ``xlog1py``): torch's op on
+    the stored values (its rounding exactly), the pattern kept, differentiable as torch's op
+    is. A dense ``other`` that broadcasts ``x`` to a larger shape expands ``x`` first (its
+    stored entries repeated). Where ``op(0, other)`` is not 0 (``_keeps_zero``) the result is
+    dense by nature: torch's op on the dense copy. NotImplemented (the fallback) for a sparse
+    ``other``."""
     x = as_scorch(x)
     if (not isinstance(x, SparseTensor) or kwargs.pop("out", None) is not None
             or x.dtype.is_complex):
         return NotImplemented
+    if isinstance(other, torch.Tensor) and not isinstance(other, SparseTensor) and other.dim() > 0:
+        try:
+            shape = torch.broadcast_shapes(x.shape, other.shape)
+        except RuntimeError:
+            return NotImplemented          # torch's error, from the fallback
+        if shape != x.shape:
+            x = x.expand(shape)
     at = _other_at_stored(x, other)
-    if at is None or not _keeps_zero(lambda a, b: op(a, b, **kwargs), other):
+    if at is None:
         return NotImplemented
+    if not _keeps_zero(lambda a, b: op(a, b, **kwargs), other, strict_zero, x.dtype):
+        check_dense_size(getattr(op, "__name__", "op"), x.shape, x.dtype)
+        return op(x.to_dense(), other, **kwargs)   # differentiable: the gradient returns to the pattern
     return from_values(x._storage, op(values_of(x), at, **kwargs))
 
 

@@ -64,6 +64,11 @@ def tensordot(a, b, dims: Union[int, Sequence] = 2) -> torch.Tensor:
     da, db = _tensordot_dims(a, b, dims)
     sa = list(_LETTERS[:a.dim()])
     sb = list(_LETTERS[a.dim():a.dim() + b.dim()])
+    for x, y in zip(da, db):            # a size-1 contracted dim broadcasts, as torch's
+        if a.shape[x] == 1 and b.shape[y] != 1:
+            a = a.expand(*[b.shape[y] if d == x else n for d, n in enumerate(a.shape)])
+        elif b.shape[y] == 1 and a.shape[x] != 1:
+            b = b.expand(*[a.shape[x] if d == y else n for d, n in enumerate(b.shape)])
     for x, y in zip(da, db):
         if a.shape[x] != b.shape[y]:
             raise RuntimeError(f"tensordot: contracted dimensions need the same size, got "

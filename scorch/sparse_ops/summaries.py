@@ -32,6 +32,8 @@ def _with_mean(spread):
         t = _sparse(x)
         if t is None or out is not None:
             return NotImplemented
+        if isinstance(dim, bool):        # the overload std_mean(input, unbiased)
+            dim, unbiased = None, dim
         kw = {"keepdim": keepdim} if dim is not None else {}
         if correction is not None:
             kw["correction"] = correction
