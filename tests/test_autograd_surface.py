@@ -755,6 +755,40 @@ CASES = [
                                   torch.addbmm(x[:, :4], s[None, :, :3].expand(2, 4, 3), x[None, :3, :4].expand(2, 3, 4)).flatten(),
                                   s.addbmm(x[None, :, :3].expand(2, 4, 3), s[None, :3, :].expand(2, 3, 5)).flatten(),
                                   F.bilinear(s, x, torch.ones(2, 5, 5, dtype=F64)).flatten()]), [SHAPE]),
+    Case("statistics", [torch.cov, _T.cov, torch.corrcoef, _T.corrcoef, torch.trapezoid, torch.trapz],
+         lambda s, x: torch.cat([torch.cov(s).flatten(), s.cov(correction=0, aweights=x[0, :5].abs()).flatten(),
+                                 torch.nan_to_num(torch.corrcoef(s)).flatten().detach(),   # NaN rows' gradients
+                                 torch.nan_to_num(s.corrcoef()).flatten().detach(),
+                                 torch.trapezoid(s),
+                                 torch.trapezoid(s, x[0]), torch.trapz(s, dx=0.5, dim=0), torch.trapz(s, x, dim=1)]),
+         [SHAPE], positive=True),
+    Case("rms_norm", [F.rms_norm], lambda s, x: F.rms_norm(s, (5,), x[0]) + F.rms_norm(s, (4, 5), eps=1e-3), [SHAPE]),
+    Case("repeats", [torch.repeat_interleave, _T.repeat_interleave, torch.combinations],
+         lambda s: torch.cat([torch.repeat_interleave(s, 2, 0).sum(0), s.repeat_interleave(torch.tensor([1, 0, 3, 1, 2]), 1).sum(1),
+                              torch.repeat_interleave(s, 2).reshape(4, 10).sum(1),
+                              torch.combinations(s[0], 2).sum(0), torch.combinations(s[1], 3, True).sum(0)])),
+    Case("region_writes", [torch.select_scatter, torch.slice_scatter, torch.diagonal_scatter, torch.index_copy,
+                           _T.index_copy, torch.put, _T.put, torch.constant_pad_nd, torch.fill],
+         lambda s, x: torch.select_scatter(s, x[0], 0, 2) + torch.slice_scatter(s, x[:, :2], 1, 1, 5, 2)
+         + torch.diagonal_scatter(s, x[0, :4], 0) + torch.index_copy(s, 0, torch.tensor([3, 0]), x[:2])
+         + s.index_copy(1, torch.tensor([4]), x[:, :1]) + torch.put(s, torch.tensor([0, 7, -1]), x[0, :3])
+         + s.put(torch.tensor([5, 5]), x[1, :2], accumulate=True)
+         + torch.constant_pad_nd(s, (0, 1), 2.0)[:, :5] + torch.constant_pad_nd(s, (1, 0))[:, 1:]
+         + torch.fill(s, 0.0) + torch.fill(s, 2.5), [SHAPE]),
+    Case("isin", [torch.isin], lambda s: torch.cat([torch.isin(s, torch.tensor([0.0, 1.0], dtype=F64)).flatten(),
+                                                    torch.isin(s, s[0]).flatten()]).double(),
+         bool_result=True),
+    Case("dense_by_nature_more", [_T.__rmod__, torch.complex, torch.polar, torch.view_as_complex, torch.vander,
+                                  torch.linalg.vander, F.scaled_dot_product_attention,
+                                  *((F.linear_cross_entropy,) if hasattr(F, "linear_cross_entropy") else ())],
+         lambda s, x: _sum_of(torch.complex(s, x), torch.polar(s, x), torch.view_as_complex(s.reshape(10, 2)),
+                              # torch's own vander backward fails (its in-place cumprod): forward only
+                              torch.vander(s[0], 3).detach(), torch.vander(s[2], increasing=True).detach(),
+                              torch.linalg.vander(s[1], N=3),
+                              F.scaled_dot_product_attention(s[None], x[None], x[None]),
+                              *((F.linear_cross_entropy(s, x[:3], torch.tensor([0, 1, 2, 0])),)
+                                if hasattr(F, "linear_cross_entropy") else ()),
+                              torch.nan_to_num(2.0 % s).detach()), [SHAPE]),
     Case("item", [_T.item], lambda s: torch.tensor(s[0:1, 0:1].item() + s[1:2, 2:3].item(), dtype=F64),
          bool_result=True),
     Case("embedding_bag_max", [F.embedding_bag],

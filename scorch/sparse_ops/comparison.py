@@ -19,6 +19,7 @@ one stores) and a dense operand a dense result.
 """
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Callable, List, Optional
 
@@ -298,3 +299,36 @@ def _logical_not(a, *, out=None):
     if out is not None or not is_sparse_operand(a):
         return NotImplemented
     return compare("eq", a, 0)
+
+
+def _test_values(x) -> torch.Tensor:
+    """The distinct values a test set holds: a sparse one's stored values, and 0 when it has
+    an unstored position."""
+    t = as_scorch(x)
+    if not isinstance(t, SparseTensor):
+        return x.reshape(-1)
+    vals = t._storage.values
+    if t.nnz < math.prod(t.shape):
+        vals = torch.cat([vals, vals.new_zeros(1)])
+    return vals
+
+
+@register(torch.isin)
+def _isin(elements, test_elements, *, assume_unique=False, invert=False, out=None):
+    """A sparse ``elements``: ``isin`` of the stored values, the pattern kept, when 0 is not in
+    the test set (``invert``: when it is); otherwise dense by nature. A sparse test set: its
+    stored values, plus 0 if it has an unstored position."""
+    if out is not None or not _involves_sparse(elements, test_elements):
+        return NotImplemented
+    if not isinstance(elements, torch.Tensor) or not isinstance(test_elements, torch.Tensor):
+        return NotImplemented
+    test = _test_values(test_elements)
+    e = as_scorch(elements)
+    if not isinstance(e, SparseTensor):
+        return torch.isin(elements, test, assume_unique=assume_unique, invert=invert)
+    zero_hit = bool(torch.isin(torch.zeros(1, dtype=e.dtype), test, invert=invert).item())
+    if zero_hit:                           # every unstored position is True: dense by nature
+        check_dense_size("isin", e.shape, torch.bool)
+        return torch.isin(e.to_dense(), test, invert=invert)
+    from ..gradients.values import from_values
+    return from_values(e._storage, torch.isin(e._storage.values, test, invert=invert))

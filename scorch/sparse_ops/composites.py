@@ -96,10 +96,14 @@ def vector_norm(t: SparseTensor, ord=2, dim=None, keepdim: bool = False) -> torc
     if dim is None and not keepdim:
         if ord == 0:
             return count_nonzero(t).to(t.dtype)
+        if ord < 0:
+            return _negative_order_norm(t, float(ord), list(range(t.dim())), False)
         vals = values_of(t)
         if vals.numel() == 0:       # 0, in the graph (torch's inf norm of no values raises)
             return vals.sum()
         return torch.linalg.vector_norm(vals, ord)
+    if ord < 0:
+        return _negative_order_norm(t, float(ord), reduced, keepdim)
     dims = tuple(range(t.dim())) if dim is None else dim
     a = nonlinear.apply("abs", t)
     if ord == math.inf:
@@ -328,11 +332,31 @@ def _all(x, *args, **kwargs):
 
 
 
+def _negative_order_norm(t: SparseTensor, ord: float, reduced, keepdim: bool) -> torch.Tensor:
+    """``ord < 0``: ``(sum |x|^ord)^(1/ord)`` (``-inf``: the smallest ``|x|``) is 0 over any
+    fiber holding a 0, so a fiber with an unstored position gives 0; the others follow from
+    their stored values (``|x|^ord`` on the values, one sparse sum)."""
+    dims = tuple(reduced)
+    size = math.prod(t.shape[d] for d in dims)
+    if ord == -math.inf:
+        return _shape_dense(nonlinear.amin(nonlinear.apply("abs", t), dims, keepdim))
+    vals = values_of(t)
+    powered = reductions.sum(from_values(t._storage, vals.abs().pow(ord)), dims, keepdim)
+    count = reductions.sum(from_values(t._storage, torch.ones_like(vals)), dims, keepdim)
+    powered, count = _shape_dense(powered), _shape_dense(count)
+    full = count == size
+    root = torch.where(full, powered, torch.ones((), dtype=powered.dtype)).pow(1.0 / ord)
+    return torch.where(full, root, torch.zeros((), dtype=root.dtype))
+
+
+def _shape_dense(x):
+    return x.to_dense() if isinstance(x, SparseTensor) else x
+
+
 @register(torch.linalg.vector_norm)
 def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
     t = _sparse(x)
-    if t is None or out is not None or dtype is not None or not isinstance(ord, numbers.Real) \
-            or ord < 0:
+    if t is None or out is not None or dtype is not None or not isinstance(ord, numbers.Real):
         return NotImplemented
     return vector_norm(t, ord, dim, keepdim)
 
@@ -344,8 +368,10 @@ def _norm(x, p="fro", dim=None, keepdim=False, out=None, dtype=None):
         return NotImplemented
     if p == "fro" or p is None:
         p = 2
-    if not isinstance(p, numbers.Real) or p < 0:
-        return NotImplemented          # 'nuc', negative orders: the fallback
+    if p == "nuc":                     # the singular values: dense by nature
+        return torch.linalg.matrix_norm(t, "nuc", dim if dim is not None else (-2, -1), keepdim)
+    if not isinstance(p, numbers.Real):
+        return NotImplemented
     return vector_norm(t, p, dim, keepdim)
 
 
@@ -354,7 +380,7 @@ def _normalize(x, p=2.0, dim=1, eps=1e-12, out=None):
     """``x / max(||x||_p along dim, eps)``: the norm through ``vector_norm``, the quotient
     on ``x``'s pattern (a sparse tensor divided by a dense one)."""
     t = _sparse(x)
-    if t is None or out is not None or not isinstance(p, numbers.Real) or p < 0:
+    if t is None or out is not None or not isinstance(p, numbers.Real):
         return NotImplemented
     return t / vector_norm(t, p, dim, keepdim=True).clamp_min(eps)
 

@@ -69,6 +69,11 @@ DENSE_BY_NATURE = (
     torch.group_norm, torch.native_group_norm, torch.instance_norm, torch.isreal, torch.Tensor.isreal,
     # losses over every position
     F.ctc_loss, F.triplet_margin_with_distance_loss, F.multi_head_attention_forward,
+    *((F.linear_cross_entropy,) if hasattr(F, "linear_cross_entropy") else ()),
+    # n % 0 is NaN; complex results (scorch stores real values)
+    torch.Tensor.__rmod__, torch.complex, torch.polar, torch.view_as_complex,
+    # a column of ones (x ** 0); attention's softmax over every key
+    torch.linalg.vander, F.scaled_dot_product_attention,
     # a random value at every position
     torch.rand_like, torch.randn_like, torch.randint_like,
 )
@@ -98,3 +103,14 @@ def _handler(fn):
 
 for _fn in DENSE_BY_NATURE:
     register(_fn)(_handler(_fn))
+
+
+@register(torch.vander)
+def _vander(x, N=None, increasing=False):
+    """Through ``linalg.vander`` (torch's ``vander`` writes its result in place, which breaks
+    the graph behind a densified operand)."""
+    if not isinstance(x, SparseTensor):
+        return NotImplemented
+    check_dense_size("vander", (x.shape[0], N or x.shape[0]), x.dtype)
+    out = torch.linalg.vander(x.to_dense(), N=N)
+    return out if increasing else out.flip(-1)

@@ -2,7 +2,7 @@
 views and indexing: ``select``, ``unbind`` / ``split`` / ``chunk`` (every piece in one pass
 over the entries), ``tile``, ``F.pad`` with 0,
 ``block_diag``, ``diag_embed`` / ``diagflat`` / ``diag`` of a vector, ``diagonal`` at any
-offset and dims, ``index_fill`` with 0,
+offset and dims,
 ``unfold`` (windows: each entry in each window covering it), ``cartesian_prod``,
 ``new_zeros`` / ``new_empty`` (sparse, storing nothing; ``new_ones`` / ``new_full``: dense) and
 the torch.sparse queries
@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from .._dispatch import register
+from .._dispatch import check_dense_size, register
 from ..formats import as_format
-from ..gradients.values import from_values, values_of
+from ..gradients.values import values_of
 from ..tensor_type import SparseTensor
 from . import shape as _shape
 from .nonlinear import _sparse
@@ -152,9 +152,31 @@ def pad_with_zeros(t: SparseTensor, pads: Sequence[int]) -> torch.Tensor:
 @register(F.pad)
 def _pad(x, pad, mode="constant", value=None):
     t = _sparse(x)
-    if t is None or mode != "constant" or value not in (None, 0):
-        return NotImplemented              # a non-zero fill is dense by nature: the fallback's
+    if t is None or mode != "constant":
+        return NotImplemented              # reflect / replicate / circular: the fallback's
+    if value not in (None, 0):             # a non-zero fill is dense by nature
+        check_dense_size("pad", t.shape, t.dtype)
+        return F.pad(t.to_dense(), pad, mode, value)
     return pad_with_zeros(t, pad)
+
+
+@register(torch.constant_pad_nd)
+def _constant_pad_nd(x, pad, value=0):
+    return _pad(x, pad, "constant", value)
+
+
+@register(torch.fill)
+def _fill(x, value):
+    """Every position ``value``: 0 gives an empty sparse tensor of the same format (nothing
+    stored), another value a dense tensor (dense by nature)."""
+    t = _sparse(x)
+    if t is None:
+        return NotImplemented
+    v = value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
+    if isinstance(v, numbers.Number) and v == 0:
+        return _empty_like_format(t, t.shape, None)
+    check_dense_size("fill", t.shape, t.dtype)
+    return torch.full(tuple(t.shape), v, dtype=t.dtype)
 
 
 def _as_matrix(x: torch.Tensor) -> torch.Tensor:
@@ -251,20 +273,6 @@ def _diagflat(x, offset=0):
     if t is None:
         return NotImplemented
     return diag_embed(t.reshape(-1), offset)
-
-
-@register(torch.Tensor.index_fill, torch.index_fill)
-def _index_fill(x, dim, index, value):
-    """``value`` 0: the stored entries of the chosen slices become 0 (the pattern kept); any
-    other value fills whole slices (dense by nature): the fallback's."""
-    t = _sparse(x)
-    v = value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
-    if t is None or not isinstance(v, numbers.Number) or v != 0:
-        return NotImplemented
-    d = _dim(dim, t.dim())
-    hit = torch.isin(_coords(t)[d], index.reshape(-1).to(torch.int64) % max(t.shape[d], 1))
-    vals = values_of(t)
-    return from_values(t._storage, torch.where(hit, torch.zeros((), dtype=vals.dtype), vals))
 
 
 def unfold(t: SparseTensor, dim: int, size: int, step: int) -> SparseTensor:
@@ -388,3 +396,62 @@ def _sparse_dim(x):
 @register(torch.Tensor.dense_dim)
 def _dense_dim(x):
     return 0
+
+
+def repeat_interleave(t: SparseTensor, repeats, dim: Optional[int] = None) -> SparseTensor:
+    """``repeat_interleave``: slice ``c`` along ``dim`` (the flattened tensor without one)
+    repeated ``repeats[c]`` times, in place: each stored entry copied once per repeat of its
+    slice, at ``start[c] + j``. Cost follows the result's stored entries."""
+    if dim is None:
+        t, dim = t.reshape(-1), 0
+    d = _dim(dim, t.dim())
+    n = t.shape[d]
+    reps = torch.as_tensor(repeats, dtype=torch.int64).reshape(-1)
+    if reps.numel() == 1:
+        reps = reps.expand(n)
+    if reps.numel() != n:
+        raise RuntimeError(f"repeats must have the same size as input along dim, but got repeats.size(0) = "
+                           f"{reps.numel()} and input.size({d}) = {n}")
+    if bool((reps < 0).any()):
+        raise RuntimeError("repeats can not be negative")
+    start = torch.cumsum(reps, 0) - reps
+    coords, values = _coords(t), values_of(t)
+    count = reps[coords[d]]
+    entry = torch.repeat_interleave(torch.arange(coords.shape[1]), count)
+    within = torch.arange(entry.numel()) - (torch.cumsum(count, 0) - count)[entry]
+    moved = coords[:, entry].clone()
+    moved[d] = start[coords[d]][entry] + within
+    shape = list(t.shape)
+    shape[d] = int(reps.sum())
+    return _shape._build(moved, values[entry], shape)
+
+
+@register(torch.repeat_interleave, torch.Tensor.repeat_interleave)
+def _repeat_interleave(x, repeats=None, dim=None, *, output_size=None):
+    t = _sparse(x)
+    if t is None or repeats is None or isinstance(repeats, SparseTensor):
+        return NotImplemented          # repeat_interleave(repeats): an index vector, torch's
+    return repeat_interleave(t, repeats, dim)
+
+
+def combinations(t: SparseTensor, r: int = 2, with_replacement: bool = False) -> SparseTensor:
+    """``torch.combinations`` of a 1-D tensor: the rows are the position combinations (their
+    count is the result's size); an entry is stored where its position is."""
+    n = t.shape[0]
+    picks = torch.combinations(torch.arange(n), r, with_replacement)   # (combos, r) positions
+    if picks.dim() == 1:
+        picks = picks.reshape(-1, max(r, 1)) if picks.numel() else picks.reshape(0, r)
+    entry_at = torch.full((n,), -1, dtype=torch.int64)
+    coords, values = _coords(t), values_of(t)
+    entry_at[coords[0]] = torch.arange(coords.shape[1])
+    e = entry_at[picks]
+    where = (e >= 0).nonzero().t()
+    return _shape._build(where, values[e[e >= 0]], tuple(picks.shape))
+
+
+@register(torch.combinations)
+def _combinations(x, r=2, with_replacement=False):
+    t = _sparse(x)
+    if t is None or t.dim() != 1 or r <= 0:
+        return NotImplemented          # torch's errors (and r = 0: an empty tensor)
+    return combinations(t, int(r), bool(with_replacement))

@@ -289,6 +289,12 @@ def _pow(x, exponent, *, out=None):
             and (t.dtype.is_floating_point or not exponent.dtype.is_floating_point)
             and exponent.dtype != torch.bool):
         exponent = exponent.item()   # a 0-d exponent: a number (same result type, as torch)
+    if (t is not None and out is None and isinstance(exponent, torch.Tensor)
+            and not isinstance(exponent, SparseTensor) and exponent.dtype != torch.bool):
+        # a dense exponent: torch's pow on the stored values where 0 ** e is 0 at every e
+        # (e > 0), else dense by nature
+        from . import elementwise
+        return elementwise.on_stored_values(torch.pow, t, exponent, strict_zero=True)
     if t is None or out is not None or not isinstance(exponent, numbers.Real) or isinstance(exponent, bool):
         return NotImplemented
     if exponent == 1:

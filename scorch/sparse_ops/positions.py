@@ -442,8 +442,10 @@ def _masked_scatter(input, mask, source):
     operands = (input, mask, source)
     if not all(isinstance(a, torch.Tensor) for a in operands) or all(_sparse(a) is None for a in operands):
         return NotImplemented
-    if min(input.dim(), mask.dim()) == 0 or not _keyable(torch.broadcast_shapes(input.shape, mask.shape)):
+    if input.dim() == 0 or not _keyable(torch.broadcast_shapes(input.shape, mask.shape)):
         return NotImplemented
+    if mask.dim() == 0:                    # one flag for every position
+        mask = _scorch(mask).expand(input.shape) if _sparse(mask) is None else mask.to_dense().expand(input.shape)
     return masked_scatter(_scorch(input), _scorch(mask), _scorch(source))
 
 

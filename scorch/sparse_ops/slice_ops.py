@@ -1,5 +1,6 @@
 """Ops on each slice along a dim, built from the stored entries: ``renorm`` (each slice scaled
-down to a maximum norm: the stored values times their slice's factor, the pattern kept) and
+down to a maximum norm: the stored values times their slice's factor, the pattern kept),
+``F.rms_norm`` (each row scaled by its root mean square, the pattern kept) and
 ``cross`` / ``linalg.cross`` (3-vectors along a dim: the three components are products and
 differences of the operands' slices, each a sparse op, so the result stores entries only
 where an operand does). Both are differentiable as torch's ops, through the sparse ops they
@@ -11,13 +12,14 @@ import numbers
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from .._dispatch import register
 from ..gradients.values import from_values, values_of
 from ..tensor_type import SparseTensor
 from .nonlinear import _sparse
 
-__all__ = ["renorm", "cross"]
+__all__ = ["renorm", "cross", "rms_norm"]
 
 
 def _coords(t: SparseTensor) -> torch.Tensor:
@@ -100,3 +102,38 @@ def _cross_handler(default: Optional[int]):
 
 register(torch.cross, torch.Tensor.cross)(_cross_handler(None))
 register(torch.linalg.cross)(_cross_handler(-1))
+
+
+def rms_norm(t: SparseTensor, normalized_shape, weight: Optional[torch.Tensor] = None,
+             eps: Optional[float] = None) -> SparseTensor:
+    """``F.rms_norm``: ``x / sqrt(mean(x^2 over the last dims) + eps) * weight``, which keeps 0
+    at 0: the mean square per leading position from the stored values (a sparse sum), then each
+    stored value times its row's factor and its weight. The pattern is kept."""
+    k = len(normalized_shape)
+    if tuple(t.shape[t.dim() - k:]) != tuple(normalized_shape):
+        raise RuntimeError(f"rms_norm: normalized_shape {list(normalized_shape)} does not match the "
+                           f"input's last dims {list(t.shape)}")
+    eps = torch.finfo(t.dtype).eps if eps is None else eps
+    lead, trail = t.shape[:t.dim() - k], t.shape[t.dim() - k:]
+    coords, vals = _coords(t), values_of(t)
+    lead_key = torch.zeros(coords.shape[1], dtype=torch.int64)
+    for d, n in enumerate(lead):
+        lead_key = lead_key * n + coords[d]
+    squares = torch.zeros(math.prod(lead), dtype=vals.dtype).index_add(0, lead_key, vals * vals)
+    factor = torch.rsqrt(squares / max(math.prod(trail), 1) + eps)
+    out = vals * factor[lead_key]
+    if weight is not None:
+        trail_key = torch.zeros(coords.shape[1], dtype=torch.int64)
+        for d, n in enumerate(trail):
+            trail_key = trail_key * n + coords[len(lead) + d]
+        out = out * weight.reshape(-1).to(out.dtype)[trail_key]
+    return from_values(t._storage, out)
+
+
+@register(F.rms_norm)
+def _rms_norm(input, normalized_shape, weight=None, eps=None):
+    t = _sparse(input)
+    if t is None or isinstance(weight, SparseTensor) or not t.dtype.is_floating_point:
+        return NotImplemented
+    shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) else tuple(normalized_shape)
+    return rms_norm(t, shape, weight, eps)

@@ -7,6 +7,7 @@ once as a group), ``sum_to_size``, ``bernoulli`` of sparse probabilities."""
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -214,3 +215,106 @@ def _bernoulli(x, *args, generator=None, out=None, **kwargs):
         return NotImplemented
     from ..gradients.values import from_values, values_of
     return from_values(t._storage, torch.bernoulli(values_of(t), generator=generator))
+
+
+def covariance(t: SparseTensor, correction: int = 1, fweights=None, aweights=None) -> torch.Tensor:
+    """``torch.cov`` of the rows of ``t`` (variables x observations; 1-D: one variable) from
+    its stored entries: ``(X W X^T - w_sum a a^T) / norm`` with ``a = X w / w_sum`` (torch's
+    weights and normalisation), the product one sparse einsum. Dense by nature (variables x
+    variables); expanding the centred product trades a little cancellation for never
+    centring (densifying) ``X``."""
+    from .einsum import einsum
+    x = t.reshape(1, -1) if t.dim() == 1 else t
+    if x.dim() != 2:
+        raise ValueError(f"cov(): expected input to have two or fewer dimensions but got an input with {t.dim()} dimensions")
+    n = x.shape[1]
+    dtype = x.dtype if x.dtype.is_floating_point else torch.get_default_dtype()
+    w = None
+    if fweights is not None:
+        w = fweights.to(dtype)
+    if aweights is not None:
+        w = aweights.to(dtype) if w is None else w * aweights.to(dtype)
+    xs = x if x.dtype == dtype else x.to(dtype)
+    if w is None:
+        w_sum = torch.tensor(float(n), dtype=dtype)
+        avg = _dense(torch.sum(xs, 1)) / w_sum
+        product = _dense(einsum("ik,jk->ij", xs, xs))
+    else:
+        w_sum = w.sum()
+        avg = _dense(einsum("ik,k->i", xs, w)) / w_sum
+        product = _dense(einsum("ik,k,jk->ij", xs, w, xs))
+    if aweights is None:
+        norm = w_sum - correction
+    else:
+        norm = w_sum - correction * (w * aweights.to(dtype)).sum() / w_sum
+    norm = norm.clamp_min(0)
+    c = (product - w_sum * avg[:, None] * avg[None, :]) / norm
+    return c.reshape(()) if x.shape[0] == 1 else c         # one variable: a scalar, as torch
+
+
+@register(torch.cov, torch.Tensor.cov)
+def _cov(x, *, correction=1, fweights=None, aweights=None):
+    t = _sparse(x)
+    if t is None or t.dtype.is_complex or any(isinstance(w, SparseTensor) for w in (fweights, aweights)):
+        return NotImplemented
+    torch.cov(torch.zeros(tuple(min(s, 1) for s in t.shape), dtype=t.dtype), correction=correction)  # torch's checks
+    return covariance(t, correction, fweights, aweights)
+
+
+@register(torch.corrcoef, torch.Tensor.corrcoef)
+def _corrcoef(x):
+    """torch's formula on the covariance: divided by both standard deviations, clipped to
+    [-1, 1]."""
+    t = _sparse(x)
+    if t is None or t.dtype.is_complex:
+        return NotImplemented
+    c = covariance(t)
+    if c.dim() == 0:
+        return c / c
+    std = c.diagonal().sqrt()
+    return (c / std[:, None] / std[None, :]).clip(-1, 1)
+
+
+def trapezoid(t: SparseTensor, x=None, dx=None, dim: int = -1) -> torch.Tensor:
+    """``torch.trapezoid``: a weighted sum along ``dim``, each position weighted by half the
+    spacing on either side (``dx``, or the differences of ``x``): one sparse product with the
+    (dense) weights and a sparse sum, never a dense copy of ``t``."""
+    d = dim % t.dim()
+    n = t.shape[d]
+    if n == 0:
+        shape = [s for k, s in enumerate(t.shape) if k != d]
+        return torch.zeros(shape, dtype=t.dtype if t.dtype.is_floating_point else torch.get_default_dtype())
+    if x is None:
+        step = torch.as_tensor(1.0 if dx is None else dx, dtype=torch.float64)
+        gaps = step.expand(n - 1)
+    elif x.dim() == 1:
+        if x.shape[0] != n:
+            raise RuntimeError("trapezoid: There must be one `x` value for each sample point")
+        gaps = x.diff()
+    else:
+        gaps = x.diff(dim=d)
+    pad = [0] * (2 * (gaps.dim() - (d if gaps.dim() > 1 else 0) - 1))
+    left = F.pad(gaps, pad + [1, 0]) if gaps.dim() > 1 else F.pad(gaps, (1, 0))
+    right = F.pad(gaps, pad + [0, 1]) if gaps.dim() > 1 else F.pad(gaps, (0, 1))
+    weight = (left + right) / 2
+    if weight.dim() == 1:
+        weight = weight.reshape([n if k == d else 1 for k in range(t.dim())])
+    dtype = torch.promote_types(t.dtype, weight.dtype) if t.dtype.is_floating_point else torch.get_default_dtype()
+    return _dense(torch.sum(t * weight.to(dtype), d))
+
+
+def _trapezoid_handler(x_keyword: str):
+    def handler(y, x=None, *args, dx=None, dim=-1):
+        t = _sparse(y)
+        if t is None or t.dim() == 0 or isinstance(x, SparseTensor):
+            return NotImplemented
+        if args:                             # trapz(y, dx, dim) / trapezoid(y, x, dim)
+            dim = args[0]
+        if isinstance(x, numbers.Number):    # trapz(y, dx=...) given positionally
+            x, dx = None, x
+        return trapezoid(t, x, dx, dim)
+    return handler
+
+
+register(torch.trapezoid)(_trapezoid_handler("x"))
+register(torch.trapz)(_trapezoid_handler("x"))

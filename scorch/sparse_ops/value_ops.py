@@ -63,8 +63,11 @@ register(torch.copysign, torch.Tensor.copysign)(_binary(torch.copysign))
 @register(torch.float_power, torch.Tensor.float_power)
 def _float_power(x, exponent, *, out=None):
     t = _sparse(x)
-    if (t is None or out is not None or t.dtype.is_complex or isinstance(exponent, torch.Tensor)
-            or not isinstance(exponent, numbers.Real) or exponent <= 0):
+    if t is None or out is not None or t.dtype.is_complex:
+        return NotImplemented
+    if isinstance(exponent, torch.Tensor) and not isinstance(exponent, SparseTensor):
+        return elementwise.on_stored_values(torch.float_power, t, exponent, strict_zero=True)
+    if not isinstance(exponent, numbers.Real) or exponent <= 0:
         return NotImplemented
     return on_values(t, lambda v: torch.float_power(v, exponent))
 
