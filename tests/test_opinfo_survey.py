@@ -1,0 +1,52 @@
+"""torch's own op database (OpInfo, ~580 ops with sample inputs) on a sparse first input, via
+``benchmarks/report_opinfo.py``: no op gives a different result from dense torch, none raises
+where dense torch does not except the in-place fills that would write outside the pattern, and
+the ops left on the dense fallback are exactly the listed ones (windowed ops, ``as_strided``,
+torch internals). A new fallback, error or mismatch fails here, named."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from report_opinfo import survey  # noqa: E402
+
+#: in-place random fills and resizes: they would write every position (a sparse tensor's
+#: in-place ops keep its pattern), so they refuse, naming the op
+REFUSED = {"_batch_norm_with_update", "_native_batch_norm_legit", "cauchy", "exponential", "geometric",
+           "log_normal", "normal.in_place", "resize_", "resize_as_", "uniform"}
+#: still on the dense fallback (docs/ops.md): windowed ops (convolution, pooling, interpolation,
+#: non-constant pads), ``index_put`` with partial indices, ``index_reduce``, ``as_strided`` (no
+#: meaning for sparse storage) and torch internals
+FALLBACK = {
+    "_segment_reduce.lengths", "_segment_reduce.offsets", "_unsafe_masked_index",
+    "_unsafe_masked_index_put_accumulate", "_upsample_bilinear2d_aa", "as_strided", "as_strided.partial_views",
+    "as_strided_copy", "as_strided_scatter", "grid_sampler_2d", "index_put", "index_reduce.amax",
+    "index_reduce.amin", "index_reduce.mean", "index_reduce.prod", "masked.normalize",
+    "max_pool2d_with_indices_backward", "native_dropout_backward", "nn.functional.adaptive_avg_pool1d",
+    "nn.functional.adaptive_avg_pool2d", "nn.functional.adaptive_avg_pool3d", "nn.functional.adaptive_max_pool1d",
+    "nn.functional.adaptive_max_pool2d", "nn.functional.adaptive_max_pool3d", "nn.functional.avg_pool1d",
+    "nn.functional.avg_pool2d", "nn.functional.conv1d", "nn.functional.conv2d", "nn.functional.conv3d",
+    "nn.functional.conv_transpose1d", "nn.functional.conv_transpose2d", "nn.functional.conv_transpose3d",
+    "nn.functional.grid_sample", "nn.functional.interpolate.area", "nn.functional.interpolate.bicubic",
+    "nn.functional.interpolate.bilinear", "nn.functional.interpolate.linear", "nn.functional.interpolate.nearest",
+    "nn.functional.interpolate.nearest-exact", "nn.functional.max_pool1d", "nn.functional.max_pool2d",
+    "nn.functional.max_unpool1d", "nn.functional.max_unpool1d.grad", "nn.functional.max_unpool2d",
+    "nn.functional.max_unpool2d.grad", "nn.functional.pad.circular", "nn.functional.pad.reflect",
+    "nn.functional.pad.replicate", "nn.functional.pad.replicate_negative", "nn.functional.upsample_bilinear",
+    "nn.functional.upsample_nearest", "torch.ops.aten._safe_softmax.default",
+}
+
+
+def test_torchs_op_database_on_sparse_inputs():
+    outcome = survey()
+    mismatch = sorted(n for n, (seen, _, _) in outcome.items() if seen["mismatch"])
+    errors = {n: sorted(err) for n, (seen, _, err) in outcome.items() if seen["error"] and n not in REFUSED}
+    fallback = {n: sorted(fb) for n, (seen, fb, _) in outcome.items()
+                if seen["fallback"] and not seen["mismatch"] and not seen["error"]}
+    assert not mismatch, f"results that differ from dense torch: {mismatch}"
+    assert not errors, f"errors where dense torch has none: {errors}"
+    new = {n: fb for n, fb in fallback.items() if n not in FALLBACK}
+    assert not new, f"ops newly on the dense fallback (ATen ops that took it): {new}"
+    ok = sum(1 for seen, _, _ in outcome.values() if set(seen) <= {"ok", "random", "sparse meaning"})
+    assert ok >= 500, f"only {ok} of {len(outcome)} ops run without the fallback"
