@@ -15,9 +15,10 @@ from report_opinfo import survey  # noqa: E402
 #: in-place ops keep its pattern), so they refuse, naming the op
 REFUSED = {"_batch_norm_with_update", "_native_batch_norm_legit", "cauchy", "exponential", "geometric",
            "log_normal", "normal.in_place", "resize_", "resize_as_", "uniform"}
-#: still on the dense fallback (docs/ops.md): windowed ops (convolution, pooling, interpolation,
-#: non-constant pads), ``index_put`` with partial indices, ``index_reduce``, ``as_strided`` (no
-#: meaning for sparse storage) and torch internals
+#: still on the dense fallback (docs/ops.md), for some or all of their samples: transposed
+#: convolutions, pooling with ceil_mode / max-pool padding or indices / uneven adaptive windows,
+#: interpolation, non-constant pads, ``index_put`` with partial indices, ``index_reduce``,
+#: ``as_strided`` (no meaning for sparse storage) and torch internals
 FALLBACK = {
     "_segment_reduce.lengths", "_segment_reduce.offsets", "_unsafe_masked_index",
     "_unsafe_masked_index_put_accumulate", "_upsample_bilinear2d_aa", "as_strided", "as_strided.partial_views",
@@ -26,8 +27,7 @@ FALLBACK = {
     "max_pool2d_with_indices_backward", "native_dropout_backward", "nn.functional.adaptive_avg_pool1d",
     "nn.functional.adaptive_avg_pool2d", "nn.functional.adaptive_avg_pool3d", "nn.functional.adaptive_max_pool1d",
     "nn.functional.adaptive_max_pool2d", "nn.functional.adaptive_max_pool3d", "nn.functional.avg_pool1d",
-    "nn.functional.avg_pool2d", "nn.functional.conv1d", "nn.functional.conv2d", "nn.functional.conv3d",
-    "nn.functional.conv_transpose1d", "nn.functional.conv_transpose2d", "nn.functional.conv_transpose3d",
+    "nn.functional.avg_pool2d", "nn.functional.conv_transpose1d", "nn.functional.conv_transpose2d", "nn.functional.conv_transpose3d",
     "nn.functional.grid_sample", "nn.functional.interpolate.area", "nn.functional.interpolate.bicubic",
     "nn.functional.interpolate.bilinear", "nn.functional.interpolate.linear", "nn.functional.interpolate.nearest",
     "nn.functional.interpolate.nearest-exact", "nn.functional.max_pool1d", "nn.functional.max_pool2d",

@@ -1,0 +1,191 @@
+"""Windowed ops on a sparse input, through ``unfold``: each spatial dim becomes (window, offset
+in the window) by moving coordinates (every stored entry lands in each window that covers it),
+then the window's reduction is a sparse op:
+
+- ``F.conv1d`` / ``conv2d`` / ``conv3d`` (stride, zero padding or ``"same"``/``"valid"``,
+  dilation, groups, bias): ONE einsum of the unfolded input with the dense weight
+  (``"bgcHWij,gocij->bgoHW"``): a gather-scatter convolution whose cost follows the stored
+  entries times the kernel size, with a dense result (every output channel of a touched
+  window);
+- ``F.avg_pool1d/2d/3d`` (zero padding counted, as torch's default) and ``F.max_pool1d/2d/3d``
+  (no padding, no indices): the window's mean / ``amax`` over the offset dims, the implicit
+  zeros counted, a sparse result; ``adaptive_*`` pools whose output divides the input are
+  these pools.
+
+Other forms (transposed convolutions, ``ceil_mode``, max-pool padding or indices, padding
+modes other than zeros) take the dense fallback. Everything is differentiable through
+``unfold`` (values gathered) and the einsum."""
+from __future__ import annotations
+
+import numbers
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .._dispatch import register
+from ..tensor_type import SparseTensor
+from . import layout_ops
+from .einsum import einsum
+from .nonlinear import _sparse
+
+__all__ = ["convolution", "pool"]
+
+_LETTERS = "HWDXYZ"
+_OFFSETS = "ijklmn"
+
+
+def _tuple(v, n: int, name: str) -> Tuple[int, ...]:
+    if isinstance(v, numbers.Integral):
+        return (int(v),) * n
+    v = tuple(int(a) for a in v)
+    if len(v) == 1:
+        return v * n
+    if len(v) != n:
+        raise RuntimeError(f"expected {name} to be a single integer value or a list of {n} values, got {list(v)}")
+    return v
+
+
+def _windows(t: SparseTensor, first: int, kernel: Sequence[int], stride: Sequence[int],
+             dilation: Sequence[int]) -> SparseTensor:
+    """``t`` with spatial dims ``first, first+1, ...`` unfolded: each into (window position)
+    and a trailing (offset in the window) dim, ``dilation`` apart."""
+    for k, (size, step, dil) in enumerate(zip(kernel, stride, dilation)):
+        span = (size - 1) * dil + 1
+        t = layout_ops.unfold(t, first + k, span, step)
+        if dil > 1:
+            t = t[(slice(None),) * (t.dim() - 1) + (slice(None, None, dil),)]
+    return t
+
+
+def _padded(t: SparseTensor, padding: Sequence[Tuple[int, int]]) -> SparseTensor:
+    pads: List[int] = []
+    for before, after in reversed(padding):
+        pads += [before, after]
+    return layout_ops.pad_with_zeros(t, pads) if any(pads) else t
+
+
+def convolution(x: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride, padding,
+                dilation, groups: int) -> torch.Tensor:
+    """``F.conv{n}d`` of a sparse input (batched or not) with a dense weight."""
+    n = weight.dim() - 2
+    batched = x.dim() == n + 2
+    if not batched:
+        x = x.unsqueeze(0)
+    kernel = tuple(weight.shape[2:])
+    stride, dilation = _tuple(stride, n, "stride"), _tuple(dilation, n, "dilation")
+    if isinstance(padding, str):
+        if padding == "valid":
+            pad = [(0, 0)] * n
+        elif padding == "same":
+            if any(s != 1 for s in stride):
+                raise RuntimeError("padding='same' is not supported for strided convolutions")
+            total = [d * (k - 1) for d, k in zip(dilation, kernel)]
+            pad = [(t // 2, t - t // 2) for t in total]
+        else:
+            raise RuntimeError(f"Invalid padding string: '{padding}'")
+    else:
+        pad = [(p, p) for p in _tuple(padding, n, "padding")]
+    b, c = x.shape[0], x.shape[1]
+    o = weight.shape[0]
+    if c != weight.shape[1] * groups or o % groups:
+        raise RuntimeError(f"Given groups={groups}, weight of size {list(weight.shape)}, expected input"
+                           f"{list(x.shape)} to have {weight.shape[1] * groups} channels, but got {c} channels instead")
+    u = _windows(_padded(x, [(0, 0), (0, 0)] + pad), 2, kernel, stride, dilation)
+    out_sizes = list(u.shape[2:2 + n])
+    u = u.reshape(b, groups, c // groups, *u.shape[2:])
+    w = weight.reshape(groups, o // groups, c // groups, *kernel)
+    sp, off = _LETTERS[:n], _OFFSETS[:n]
+    y = einsum(f"bgc{sp}{off},gpc{off}->bgp{sp}", u, w)
+    y = y.to_dense() if isinstance(y, SparseTensor) else y
+    y = y.reshape(b, o, *out_sizes)
+    if bias is not None:
+        y = y + bias.reshape(1, o, *([1] * n))
+    return y if batched else y.squeeze(0)
+
+
+def _conv(n: int):
+    def handler(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        x = _sparse(input)
+        if (x is None or isinstance(weight, SparseTensor) or isinstance(bias, SparseTensor)
+                or weight.dim() != n + 2 or x.dim() not in (n + 1, n + 2) or not x.dtype.is_floating_point):
+            return NotImplemented
+        return convolution(x, weight, bias, stride, padding, dilation, int(groups))
+    return handler
+
+
+register(F.conv1d)(_conv(1))
+register(F.conv2d)(_conv(2))
+register(F.conv3d)(_conv(3))
+
+
+def pool(x: SparseTensor, n: int, kernel, stride, padding, dilation, reduce: str,
+         divisor: Optional[int] = None) -> torch.Tensor:
+    """Mean (``avg``) or ``amax`` (``max``) over each window of the last ``n`` dims."""
+    kernel = _tuple(kernel, n, "kernel_size")
+    stride = _tuple(stride if stride not in (None, ()) else kernel, n, "stride")
+    padding, dilation = _tuple(padding, n, "padding"), _tuple(dilation, n, "dilation")
+    first = x.dim() - n
+    x = _padded(x, [(0, 0)] * first + [(p, p) for p in padding])
+    u = _windows(x, first, kernel, stride, dilation)
+    dims = tuple(range(u.dim() - n, u.dim()))
+    if reduce == "max":
+        return torch.amax(u, dims)
+    size = 1
+    for k in kernel:
+        size *= k
+    total = torch.sum(u, dims)
+    return total / (divisor if divisor else size)
+
+
+def _avg_pool(n: int):
+    def handler(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+        x = _sparse(input)
+        if (x is None or ceil_mode or (not count_include_pad and padding not in (0, (0,) * n))
+                or x.dim() not in (n + 1, n + 2) or not x.dtype.is_floating_point):
+            return NotImplemented
+        return pool(x, n, kernel_size, stride, padding, 1, "avg", divisor_override)
+    return handler
+
+
+def _max_pool(n: int):
+    def handler(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                return_indices=False):
+        x = _sparse(input)
+        if (x is None or ceil_mode or return_indices or any(_tuple(padding, n, "padding"))
+                or x.dim() not in (n + 1, n + 2)):
+            return NotImplemented          # -inf padding and indices: the fallback's
+        return pool(x, n, kernel_size, stride, 0, dilation, "max")
+    return handler
+
+
+# ``F.max_pool2d`` (torch's boolean_dispatch on ``return_indices``) hands a subclass to
+# ``__torch_function__`` under its own public name
+for _n, (_avg, _max) in {1: (F.avg_pool1d, F.max_pool1d), 2: (F.avg_pool2d, F.max_pool2d),
+                         3: (F.avg_pool3d, F.max_pool3d)}.items():
+    register(_avg)(_avg_pool(_n))
+    register(_max)(_max_pool(_n))
+
+
+def _adaptive(n: int, reduce: str):
+    def handler(input, output_size, return_indices=False):
+        x = _sparse(input)
+        if x is None or return_indices or x.dim() not in (n + 1, n + 2):
+            return NotImplemented
+        spatial = x.shape[x.dim() - n:]
+        wanted = (output_size,) * n if isinstance(output_size, numbers.Integral) or output_size is None \
+            else tuple(output_size) * (n if len(tuple(output_size)) == 1 else 1)
+        sizes = tuple(s if o is None else int(o) for o, s in zip(wanted, spatial))   # None: keep
+        if any(o <= 0 or s % o for o, s in zip(sizes, spatial)):
+            return NotImplemented          # uneven windows: the fallback's
+        kernel = tuple(s // o for o, s in zip(sizes, spatial))
+        return pool(x, n, kernel, kernel, 0, 1, reduce)
+    return handler
+
+
+for _n, (_avg, _max) in {1: (F.adaptive_avg_pool1d, F.adaptive_max_pool1d),
+                         2: (F.adaptive_avg_pool2d, F.adaptive_max_pool2d),
+                         3: (F.adaptive_avg_pool3d, F.adaptive_max_pool3d)}.items():
+    register(_avg)(_adaptive(_n, "avg"))
+    register(_max)(_adaptive(_n, "max"))

@@ -1,0 +1,100 @@
+"""Convolution and pooling of a sparse input (``sparse_ops/windows.py``): ``unfold`` of each
+spatial dim, then one einsum with the weight (convolution) or the window's mean / amax
+(pooling). Against dense torch over ranks 1-3, batched or not, strides, zero padding,
+dilation, groups and densities, with the fallback an error; gradients for the input's stored
+values and the weight."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+import scorch
+from ops_helpers import dense_values, grad_matches
+
+F64 = torch.float64
+pytestmark = pytest.mark.usefixtures("no_dense_fallback")
+CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+AVG = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
+MAX = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
+
+
+def _close(got, want):
+    got = got.to_dense() if isinstance(got, scorch.SparseTensor) else got
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+
+
+@st.composite
+def _input(draw, n: int, channels: int):
+    batched = draw(st.booleans())
+    spatial = tuple(draw(st.integers(3, 6)) for _ in range(n))
+    shape = ((draw(st.integers(1, 2)),) if batched else ()) + (channels,) + spatial
+    x = draw(dense_values(shape, F64, density=draw(st.sampled_from([0.0, 0.2, 0.6, 1.0])))) + 0
+    return x, scorch.sparse_tensor(x, format="coo")
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), n=st.integers(1, 2), groups=st.sampled_from([1, 2]), bias=st.booleans())
+def test_convolution_is_one_einsum_over_the_unfolded_input(data, n, groups, bias):
+    x, X = data.draw(_input(n, 2 * groups))
+    k = tuple(data.draw(st.integers(1, 2)) for _ in range(n))
+    out = 2 * groups
+    w = torch.rand((out, 2) + k, dtype=F64)
+    b = torch.rand(out, dtype=F64) if bias else None
+    stride = data.draw(st.integers(1, 2))
+    dilation = data.draw(st.integers(1, 2))
+    padding = data.draw(st.sampled_from([0, 1, "valid", "same"]))
+    if padding == "same":
+        stride = 1
+    got = CONV[n](X, w, b, stride, padding, dilation, groups)
+    assert type(got) is torch.Tensor
+    _close(got, CONV[n](x, w, b, stride, padding, dilation, groups))
+
+
+def test_conv3d_and_gradients():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(1, 2, 4, 4, 4, generator=g, dtype=F64) * (torch.rand(1, 2, 4, 4, 4, generator=g) < 0.3)
+    w = torch.rand(3, 2, 2, 2, 2, generator=g, dtype=F64)
+    X = scorch.sparse_tensor(x, format="coo", requires_grad=True)
+    D = x.clone().requires_grad_()
+    ws, wd = w.clone().requires_grad_(), w.clone().requires_grad_()
+    up = torch.rand(1, 3, 3, 3, 3, generator=g, dtype=F64)
+    (F.conv3d(X, ws) * up).sum().backward()
+    (F.conv3d(D, wd) * up).sum().backward()
+    grad_matches(X, D)
+    torch.testing.assert_close(ws.grad, wd.grad)
+    conv = torch.nn.Conv2d(2, 3, 3, padding=1).double()          # the module calls F.conv2d
+    x2 = x[0, :, 0]
+    _close(conv(scorch.sparse_tensor(x2, format="coo")), conv(x2))
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), n=st.integers(1, 3))
+def test_pooling_keeps_a_sparse_result(data, n):
+    x, X = data.draw(_input(n, 2))
+    k = data.draw(st.integers(1, 3))
+    stride = data.draw(st.one_of(st.none(), st.integers(1, 2)))
+    pad = data.draw(st.integers(0, k // 2))
+    got = AVG[n](X, k, stride, pad)
+    assert isinstance(got, scorch.SparseTensor)
+    _close(got, AVG[n](x, k, stride, pad))
+    dilation = data.draw(st.integers(1, 2))
+    if (k - 1) * dilation + 1 <= min(x.shape[-n:]):
+        _close(MAX[n](X, k, stride, 0, dilation), MAX[n](x, k, stride, 0, dilation))
+    sizes = tuple(s for s in x.shape[-n:])
+    _close(getattr(F, f"adaptive_avg_pool{n}d")(X, sizes), getattr(F, f"adaptive_avg_pool{n}d")(x, sizes))
+    _close(getattr(F, f"adaptive_max_pool{n}d")(X, 1), getattr(F, f"adaptive_max_pool{n}d")(x, 1))
+
+
+def test_pooling_gradients_and_modules():
+    x = torch.tensor([[[0.0, 2.0, -1.0, 0.0], [3.0, 0.0, 0.0, -4.0], [0.0, 0.0, 5.0, 1.0]]], dtype=F64)
+    X = scorch.sparse_tensor(x, format="coo", requires_grad=True)
+    D = x.clone().requires_grad_()
+    up = torch.arange(1.0, 13.0, dtype=F64).reshape(1, 3, 4)[..., :2]
+    ((F.avg_pool1d(X, 2).to_dense() + F.max_pool1d(X, 2).to_dense()) * up).sum().backward()
+    ((F.avg_pool1d(D, 2) + F.max_pool1d(D, 2)) * up).sum().backward()
+    grad_matches(X, D)
+    _close(torch.nn.MaxPool2d(2)(scorch.sparse_tensor(x, format="coo")), torch.nn.MaxPool2d(2)(x))
+    _close(torch.nn.AvgPool2d(2, 1)(scorch.sparse_tensor(x, format="coo")), torch.nn.AvgPool2d(2, 1)(x))
