@@ -370,7 +370,18 @@ static int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelR
     vals.resize(nchunks);
     if ((nchunks == 1)) {
         {
-            fn((&a), lo0, hi0, (&crds[0]), (&vals[0]));
+            if ((fn == run_chunk)) {
+                run_chunk((&a), lo0, hi0, (&crds[0]), (&vals[0]));
+            }
+            else if ((fn == run_chunk_scan)) {
+                run_chunk_scan((&a), lo0, hi0, (&crds[0]), (&vals[0]));
+            }
+            else if ((fn == run_chunk_map)) {
+                run_chunk_map((&a), lo0, hi0, (&crds[0]), (&vals[0]));
+            }
+            else {
+                fn((&a), lo0, hi0, (&crds[0]), (&vals[0]));
+            }
         }
     }
     else {
@@ -380,7 +391,18 @@ static int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelR
 #pragma omp parallel for schedule(dynamic) num_threads(nthreads)
                 for (int64_t scorch_i2 = 0; scorch_i2 < scorch_end2; scorch_i2++) {
                     int64_t t = scorch_i2;
-                    fn((&a), bounds[t], bounds[(t + 1)], (&crds[t]), (&vals[t]));
+                    if ((fn == run_chunk)) {
+                        run_chunk((&a), bounds[t], bounds[(t + 1)], (&crds[t]), (&vals[t]));
+                    }
+                    else if ((fn == run_chunk_scan)) {
+                        run_chunk_scan((&a), bounds[t], bounds[(t + 1)], (&crds[t]), (&vals[t]));
+                    }
+                    else if ((fn == run_chunk_map)) {
+                        run_chunk_map((&a), bounds[t], bounds[(t + 1)], (&crds[t]), (&vals[t]));
+                    }
+                    else {
+                        fn((&a), bounds[t], bounds[(t + 1)], (&crds[t]), (&vals[t]));
+                    }
                 }
             }
         }

@@ -266,10 +266,24 @@ cdef int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelRes
     vals.resize(nchunks)
     if nchunks == 1:
         with nogil:
-            fn(&a, lo0, hi0, &crds[0], &vals[0])
+            if fn == run_chunk:
+                run_chunk(&a, lo0, hi0, &crds[0], &vals[0])
+            elif fn == run_chunk_scan:
+                run_chunk_scan(&a, lo0, hi0, &crds[0], &vals[0])
+            elif fn == run_chunk_map:
+                run_chunk_map(&a, lo0, hi0, &crds[0], &vals[0])
+            else:
+                fn(&a, lo0, hi0, &crds[0], &vals[0])
     else:
         for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):
-            fn(&a, bounds[t], bounds[t + 1], &crds[t], &vals[t])
+            if fn == run_chunk:
+                run_chunk(&a, bounds[t], bounds[t + 1], &crds[t], &vals[t])
+            elif fn == run_chunk_scan:
+                run_chunk_scan(&a, bounds[t], bounds[t + 1], &crds[t], &vals[t])
+            elif fn == run_chunk_map:
+                run_chunk_map(&a, bounds[t], bounds[t + 1], &crds[t], &vals[t])
+            else:
+                fn(&a, bounds[t], bounds[t + 1], &crds[t], &vals[t])
     cdef vector[int64_t] offs
     offs.resize(nchunks + 1)
     offs[0] = 0

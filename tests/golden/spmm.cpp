@@ -528,7 +528,30 @@ static void kernel_c(const int64_t* args, int nthreads, int panel) {
     }
     if ((nchunks == 1)) {
         {
-            fn((&a), lo0, hi0, NULL, NULL);
+            if ((fn == run_chunk)) {
+                run_chunk((&a), lo0, hi0, NULL, NULL);
+            }
+            else if ((fn == run_chunk_w4)) {
+                run_chunk_w4((&a), lo0, hi0, NULL, NULL);
+            }
+            else if ((fn == run_chunk_w8)) {
+                run_chunk_w8((&a), lo0, hi0, NULL, NULL);
+            }
+            else if ((fn == run_chunk_w16)) {
+                run_chunk_w16((&a), lo0, hi0, NULL, NULL);
+            }
+            else if ((fn == run_chunk_w32)) {
+                run_chunk_w32((&a), lo0, hi0, NULL, NULL);
+            }
+            else if ((fn == run_chunk_w64)) {
+                run_chunk_w64((&a), lo0, hi0, NULL, NULL);
+            }
+            else if ((fn == run_chunk_w128)) {
+                run_chunk_w128((&a), lo0, hi0, NULL, NULL);
+            }
+            else {
+                fn((&a), lo0, hi0, NULL, NULL);
+            }
         }
     }
     else {
@@ -538,7 +561,30 @@ static void kernel_c(const int64_t* args, int nthreads, int panel) {
 #pragma omp parallel for schedule(dynamic) num_threads(nthreads)
                 for (int64_t scorch_i3 = 0; scorch_i3 < scorch_end3; scorch_i3++) {
                     int64_t t = scorch_i3;
-                    fn((&a), bounds[t], bounds[(t + 1)], NULL, NULL);
+                    if ((fn == run_chunk)) {
+                        run_chunk((&a), bounds[t], bounds[(t + 1)], NULL, NULL);
+                    }
+                    else if ((fn == run_chunk_w4)) {
+                        run_chunk_w4((&a), bounds[t], bounds[(t + 1)], NULL, NULL);
+                    }
+                    else if ((fn == run_chunk_w8)) {
+                        run_chunk_w8((&a), bounds[t], bounds[(t + 1)], NULL, NULL);
+                    }
+                    else if ((fn == run_chunk_w16)) {
+                        run_chunk_w16((&a), bounds[t], bounds[(t + 1)], NULL, NULL);
+                    }
+                    else if ((fn == run_chunk_w32)) {
+                        run_chunk_w32((&a), bounds[t], bounds[(t + 1)], NULL, NULL);
+                    }
+                    else if ((fn == run_chunk_w64)) {
+                        run_chunk_w64((&a), bounds[t], bounds[(t + 1)], NULL, NULL);
+                    }
+                    else if ((fn == run_chunk_w128)) {
+                        run_chunk_w128((&a), bounds[t], bounds[(t + 1)], NULL, NULL);
+                    }
+                    else {
+                        fn((&a), bounds[t], bounds[(t + 1)], NULL, NULL);
+                    }
                 }
             }
         }

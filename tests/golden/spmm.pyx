@@ -384,10 +384,40 @@ cdef void kernel_c(const int64_t* args, int nthreads, int panel) noexcept nogil:
         return
     if nchunks == 1:
         with nogil:
-            fn(&a, lo0, hi0, NULL, NULL)
+            if fn == run_chunk:
+                run_chunk(&a, lo0, hi0, NULL, NULL)
+            elif fn == run_chunk_w4:
+                run_chunk_w4(&a, lo0, hi0, NULL, NULL)
+            elif fn == run_chunk_w8:
+                run_chunk_w8(&a, lo0, hi0, NULL, NULL)
+            elif fn == run_chunk_w16:
+                run_chunk_w16(&a, lo0, hi0, NULL, NULL)
+            elif fn == run_chunk_w32:
+                run_chunk_w32(&a, lo0, hi0, NULL, NULL)
+            elif fn == run_chunk_w64:
+                run_chunk_w64(&a, lo0, hi0, NULL, NULL)
+            elif fn == run_chunk_w128:
+                run_chunk_w128(&a, lo0, hi0, NULL, NULL)
+            else:
+                fn(&a, lo0, hi0, NULL, NULL)
     else:
         for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):
-            fn(&a, bounds[t], bounds[t + 1], NULL, NULL)
+            if fn == run_chunk:
+                run_chunk(&a, bounds[t], bounds[t + 1], NULL, NULL)
+            elif fn == run_chunk_w4:
+                run_chunk_w4(&a, bounds[t], bounds[t + 1], NULL, NULL)
+            elif fn == run_chunk_w8:
+                run_chunk_w8(&a, bounds[t], bounds[t + 1], NULL, NULL)
+            elif fn == run_chunk_w16:
+                run_chunk_w16(&a, bounds[t], bounds[t + 1], NULL, NULL)
+            elif fn == run_chunk_w32:
+                run_chunk_w32(&a, bounds[t], bounds[t + 1], NULL, NULL)
+            elif fn == run_chunk_w64:
+                run_chunk_w64(&a, bounds[t], bounds[t + 1], NULL, NULL)
+            elif fn == run_chunk_w128:
+                run_chunk_w128(&a, bounds[t], bounds[t + 1], NULL, NULL)
+            else:
+                fn(&a, bounds[t], bounds[t + 1], NULL, NULL)
     return
 
 def kernel(list args, int nthreads, int panel=0):
