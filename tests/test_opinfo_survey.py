@@ -17,12 +17,12 @@ REFUSED = {"_batch_norm_with_update", "_native_batch_norm_legit", "cauchy", "exp
            "log_normal", "normal.in_place", "resize_", "resize_as_", "uniform"}
 #: still on the dense fallback (docs/ops.md), for some or all of their samples: transposed
 #: convolutions, pooling with ceil_mode / max-pool padding or indices / uneven adaptive windows,
-#: interpolation, non-constant pads, ``index_put`` with partial indices, ``index_reduce``,
+#: interpolation, non-constant pads, ``index_reduce``,
 #: ``as_strided`` (no meaning for sparse storage) and torch internals
 FALLBACK = {
     "_segment_reduce.lengths", "_segment_reduce.offsets", "_unsafe_masked_index",
     "_unsafe_masked_index_put_accumulate", "_upsample_bilinear2d_aa", "as_strided", "as_strided.partial_views",
-    "as_strided_copy", "as_strided_scatter", "grid_sampler_2d", "index_put", "index_reduce.amax",
+    "as_strided_copy", "as_strided_scatter", "grid_sampler_2d", "index_reduce.amax",
     "index_reduce.amin", "index_reduce.mean", "index_reduce.prod", "masked.normalize",
     "max_pool2d_with_indices_backward", "native_dropout_backward", "nn.functional.adaptive_avg_pool1d",
     "nn.functional.adaptive_avg_pool2d", "nn.functional.adaptive_avg_pool3d", "nn.functional.adaptive_max_pool1d",

@@ -276,3 +276,27 @@ def test_negative_order_norms_are_zero_over_a_zero(data, shape, ord):
     _close(F.normalize(X, ord, dim), F.normalize(x, ord, dim))
     if len(shape) == 2:
         _close(torch.norm(X, "nuc"), torch.norm(x, "nuc"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), shape=st.sampled_from([(4, 5), (3, 2, 4), (5,)]), accumulate=st.booleans(),
+       mask=st.booleans())
+def test_index_put_with_leading_indices_writes_whole_slices(data, shape, accumulate, mask):
+    """``x.index_put((rows,), v)``: fewer indices than dims write every position of the
+    trailing dims; a bool mask over the leading dims stands for its positions."""
+    x, X = _pair(data, shape)
+    if mask:
+        m = torch.tensor(data.draw(st.lists(st.booleans(), min_size=shape[0], max_size=shape[0])))
+        index = (m,)
+        count = int(m.sum())
+    else:
+        rows = data.draw(st.lists(st.integers(-shape[0], shape[0] - 1), min_size=1, max_size=3))
+        if not accumulate:
+            rows = list({r % shape[0]: r for r in rows}.values())     # repeats: torch leaves the order open
+        index = (torch.tensor(rows),)
+        count = len(rows)
+    values = data.draw(dense_values((count,) + shape[1:], F64, density=0.7)) + 0
+    for v in (values, values[:1] if count else values, torch.tensor(2.5, dtype=F64)):
+        got = X.index_put(index, v, accumulate=accumulate)
+        assert isinstance(got, scorch.SparseTensor)
+        _close(got, x.index_put(index, v, accumulate=accumulate))

@@ -253,10 +253,27 @@ def scatter_add(self: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Te
 
 def index_keys(shape: Sequence[int], indices) -> Optional[torch.Tensor]:
     """The row-major keys of the positions ``x[indices]`` names in a tensor of ``shape``, for
-    a full tuple of ints and int tensors (broadcast together, as torch); None for anything
-    else (slices, masks)."""
-    if not isinstance(indices, (tuple, list)) or len(indices) != len(shape):
+    a tuple of ints and int tensors (broadcast together, as torch) over the leading dims: with
+    fewer indices than dims, each indexed position takes every position of the trailing
+    dims (``x[rows]``: whole rows), the keys' shape the index shape plus theirs; a bool mask
+    stands for its positions. None for anything else (slices)."""
+    if isinstance(indices, torch.Tensor):
+        indices = (indices,)
+    if not isinstance(indices, (tuple, list)):
         return None
+    flat = []                  # a bool mask over k dims is its k position tensors, as torch's
+    for ix in indices:
+        if isinstance(ix, torch.Tensor) and ix.dtype == torch.bool and not isinstance(ix, SparseTensor):
+            d = len(flat)
+            if ix.dim() == 0 or tuple(ix.shape) != tuple(shape[d:d + ix.dim()]):
+                return None    # torch's error, from the fallback
+            flat.extend(ix.nonzero(as_tuple=True))
+        else:
+            flat.append(ix)
+    indices = flat
+    if not 0 < len(indices) <= len(shape):
+        return None
+    trailing = tuple(shape[len(indices):])
     parts = []
     for d, ix in enumerate(indices):
         if isinstance(ix, numbers.Integral) and not isinstance(ix, bool):
@@ -272,6 +289,10 @@ def index_keys(shape: Sequence[int], indices) -> Optional[torch.Tensor]:
     key = torch.zeros(parts[0].shape, dtype=torch.int64)
     for d, ix in enumerate(parts):
         key = key * shape[d] + ix
+    if trailing:
+        span = math.prod(trailing)
+        key = key.reshape(key.shape + (1,) * len(trailing)) * span + \
+            torch.arange(span, dtype=torch.int64).reshape(trailing)
     return key
 
 
