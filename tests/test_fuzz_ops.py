@@ -58,7 +58,20 @@ UNARY: List[Unary] = [
     ("glu", lambda x: F.glu(x, 0) if x.shape[0] % 2 == 0 and x.dtype.is_floating_point else x),
     ("index_put", lambda x: x.index_put(tuple(torch.tensor([0]) for _ in range(x.dim())),
                                         torch.tensor(2, dtype=x.dtype))),
+    # session 19
+    ("renorm", lambda x: torch.renorm(x, 2, 0, 0.5) if x.dim() >= 2 and _float(x) else x),
+    ("rms_norm", lambda x: F.rms_norm(x, x.shape[-1:]) if _float(x) else x),
+    ("i1", lambda x: torch.special.i1(x) if _float(x) else x),
+    ("rot90", lambda x: torch.rot90(x) if x.dim() >= 2 else x),
+    ("slice_scatter", lambda x: torch.slice_scatter(x, x[:1] * 2, 0, 0, 1) if x.shape[0] else x),
+    ("index_fill_value", lambda x: x.index_fill(0, torch.tensor([0]), 1.5) if x.shape[0] and _float(x) else x),
+    ("pow_tensor", lambda x: torch.pow(x, torch.full(x.shape[-1:], 2.0, dtype=x.dtype)) if _float(x) else x),
+    ("index_put_rows", lambda x: x.index_put((torch.tensor([0]),), torch.tensor(1, dtype=x.dtype)) if x.shape[0] else x),
 ]
+
+
+def _float(x) -> bool:
+    return x.dtype.is_floating_point
 
 
 def _setitem(x, mask, value):
@@ -88,6 +101,8 @@ SHAPE = [
     ("block_diag", lambda x: torch.block_diag(x, x) if x.dim() == 2 else x),
     ("diag_embed", lambda x: torch.diag_embed(x, 1) if x.dim() < 3 else x),
     ("diagonal", lambda x: x.diagonal(-1) if x.dim() >= 2 else x),
+    ("unfold", lambda x: x.unfold(0, min(2, x.shape[0]), 1)),
+    ("repeat_interleave", lambda x: x.repeat_interleave(2, 0)),
 ]
 TERMINAL = [
     ("sum", lambda x: x.sum()), ("sum0", lambda x: x.sum(0)), ("sum_keepdim", lambda x: x.sum(-1, keepdim=True)),
@@ -107,11 +122,14 @@ TERMINAL = [
     ("sort", lambda x: torch.sort(x, -1).values), ("matrix_norm_1", lambda x: torch.linalg.matrix_norm(x.double(), 1)
                                                     if x.dim() >= 2 else x.sum()),
     ("std_mean", lambda x: torch.std_mean(x.double(), -1)[1]),
+    ("mode", lambda x: x.mode(-1).values if x.shape[-1] else x.sum(-1)),
+    ("trapezoid", lambda x: torch.trapezoid(x.double())),
+    ("cov", lambda x: torch.cov(x.double()) if x.dim() == 2 else x.sum()),
 ]
 #: terminal ops with no gradient, or whose gradient follows a tie-break torch leaves open
 #: (which of several equal entries topk or median picks)
 NO_GRADIENT = {"argmax", "argmin", "nonzero", "count_nonzero", "topk", "kthvalue", "median",
-               "median_all", "min_dim_indices", "unique", "sort"}
+               "median_all", "min_dim_indices", "unique", "sort", "mode"}
 
 
 def _dense(t):
@@ -160,7 +178,7 @@ def run_chain(seed: int, dtype: torch.dtype) -> None:
             if name == "div" and kind == "sparse":    # division by a sparse tensor: dense, no backward
                 name, f = "mul", BINARY[2][1]
             y = _partner(rng, xd.detach(), kind)
-            ys = scorch.sparse_tensor(y, format=rng.choice(FORMATS[y.dim()])) if kind == "sparse" else y
+            ys = scorch.sparse_tensor(y, format=rng.choice(FORMATS.get(y.dim(), ["coo"]))) if kind == "sparse" else y
             name = f"{name}[{kind}]"
             args_s, args_d = (xs, ys), (xd, y)
         else:
