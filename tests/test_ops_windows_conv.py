@@ -98,3 +98,16 @@ def test_pooling_gradients_and_modules():
     grad_matches(X, D)
     _close(torch.nn.MaxPool2d(2)(scorch.sparse_tensor(x, format="coo")), torch.nn.MaxPool2d(2)(x))
     _close(torch.nn.AvgPool2d(2, 1)(scorch.sparse_tensor(x, format="coo")), torch.nn.AvgPool2d(2, 1)(x))
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), n=st.integers(1, 3), by_size=st.booleans())
+def test_nearest_upsampling_by_whole_factors_repeats_entries(data, n, by_size):
+    x, X = data.draw(_input(n, 2))
+    if x.dim() == n + 1:
+        x, X = x[None], X.unsqueeze(0)
+    factors = tuple(data.draw(st.integers(1, 3)) for _ in range(n))
+    kw = {"size": tuple(s * f for s, f in zip(x.shape[2:], factors))} if by_size else {"scale_factor": factors}
+    got = F.interpolate(X, **kw)
+    assert isinstance(got, scorch.SparseTensor) and got.nnz == X.nnz * 1 * torch.tensor(factors).prod()
+    _close(got, F.interpolate(x, **kw))

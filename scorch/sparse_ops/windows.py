@@ -10,7 +10,9 @@ then the window's reduction is a sparse op:
 - ``F.avg_pool1d/2d/3d`` (zero padding counted, as torch's default) and ``F.max_pool1d/2d/3d``
   (no padding, no indices): the window's mean / ``amax`` over the offset dims, the implicit
   zeros counted, a sparse result; ``adaptive_*`` pools whose output divides the input are
-  these pools.
+  these pools;
+- ``F.interpolate(mode="nearest")`` by whole factors: each spatial dim's entries repeated in
+  place (``repeat_interleave``), a sparse result.
 
 Other forms (transposed convolutions, ``ceil_mode``, max-pool padding or indices, padding
 modes other than zeros) take the dense fallback. Everything is differentiable through
@@ -189,3 +191,33 @@ for _n, (_avg, _max) in {1: (F.adaptive_avg_pool1d, F.adaptive_max_pool1d),
                          3: (F.adaptive_avg_pool3d, F.adaptive_max_pool3d)}.items():
     register(_avg)(_adaptive(_n, "avg"))
     register(_max)(_adaptive(_n, "max"))
+
+
+@register(F.interpolate)
+def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                 recompute_scale_factor=None, antialias=False):
+    """``mode="nearest"`` by whole factors (``size`` a multiple of the input's, or an integer
+    ``scale_factor``): each spatial dim's entries repeated in place (``repeat_interleave``), a
+    sparse result. Other modes and fractional factors take the fallback."""
+    x = _sparse(input)
+    if x is None or mode != "nearest" or antialias or x.dim() < 3:
+        return NotImplemented
+    n = x.dim() - 2
+    spatial = x.shape[2:]
+    if size is not None:
+        sizes = _tuple(size, n, "size")
+        if any(s % i for s, i in zip(sizes, spatial)) or any(i == 0 for i in spatial):
+            return NotImplemented
+        factors = [s // i for s, i in zip(sizes, spatial)]
+    elif scale_factor is not None:
+        scales = (scale_factor,) * n if isinstance(scale_factor, numbers.Real) else tuple(scale_factor)
+        if len(scales) != n or any(float(f) != int(f) or f < 1 for f in scales):
+            return NotImplemented
+        factors = [int(f) for f in scales]
+    else:
+        return NotImplemented
+    out = x
+    for k, f in enumerate(factors):
+        if f != 1:
+            out = layout_ops.repeat_interleave(out, f, 2 + k)
+    return out if out is not x else x.clone()
