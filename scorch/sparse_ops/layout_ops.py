@@ -407,22 +407,26 @@ def repeat_interleave(t: SparseTensor, repeats, dim: Optional[int] = None) -> Sp
     d = _dim(dim, t.dim())
     n = t.shape[d]
     reps = torch.as_tensor(repeats, dtype=torch.int64).reshape(-1)
-    if reps.numel() == 1:
-        reps = reps.expand(n)
-    if reps.numel() != n:
+    if reps.numel() not in (1, n):
         raise RuntimeError(f"repeats must have the same size as input along dim, but got repeats.size(0) = "
                            f"{reps.numel()} and input.size({d}) = {n}")
     if bool((reps < 0).any()):
         raise RuntimeError("repeats can not be negative")
-    start = torch.cumsum(reps, 0) - reps
     coords, values = _coords(t), values_of(t)
-    count = reps[coords[d]]
+    if reps.numel() == 1:                  # one count for every slice: no array as long as the dim
+        r = int(reps)
+        count = torch.full((coords.shape[1],), r, dtype=torch.int64)
+        first = coords[d] * r
+        total = n * r
+    else:
+        start = torch.cumsum(reps, 0) - reps
+        count, first, total = reps[coords[d]], start[coords[d]], int(reps.sum())
     entry = torch.repeat_interleave(torch.arange(coords.shape[1]), count)
     within = torch.arange(entry.numel()) - (torch.cumsum(count, 0) - count)[entry]
     moved = coords[:, entry].clone()
-    moved[d] = start[coords[d]][entry] + within
+    moved[d] = first[entry] + within
     shape = list(t.shape)
-    shape[d] = int(reps.sum())
+    shape[d] = total
     return _shape._build(moved, values[entry], shape)
 
 

@@ -38,13 +38,14 @@ def renorm(t: SparseTensor, p: float, dim: int, maxnorm: float) -> SparseTensor:
         torch.renorm(torch.zeros(t.shape, dtype=t.dtype), p, dim, maxnorm)
         return from_values(t._storage, values_of(t))
     others = [k for k in range(t.dim()) if k != d]
-    norm = torch.linalg.vector_norm(t, p, dim=others) if others else values_of(t).abs()
-    norm = norm.to_dense() if isinstance(norm, SparseTensor) else norm
-    if not others:              # 1-D: each slice is one element, stored or 0
-        full = torch.zeros(t.shape[0], dtype=norm.dtype).index_put((_coords(t)[0],), norm)
-        norm = full
+    vals = values_of(t)
+    if others:
+        norm = torch.linalg.vector_norm(t, p, dim=others)
+        norm = (norm.to_dense() if isinstance(norm, SparseTensor) else norm).reshape(-1)[_coords(t)[d]]
+    else:                       # 1-D: each slice is one element, its own norm
+        norm = vals.abs()
     scale = torch.where(norm > maxnorm, maxnorm / (norm + 1e-7), torch.ones((), dtype=norm.dtype))
-    return from_values(t._storage, values_of(t) * scale.reshape(-1)[_coords(t)[d]].to(t.dtype))
+    return from_values(t._storage, vals * scale.to(t.dtype))
 
 
 @register(torch.renorm, torch.Tensor.renorm)

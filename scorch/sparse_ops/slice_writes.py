@@ -17,7 +17,7 @@ from .._dispatch import register
 from ..tensor_type import SparseTensor
 from . import shape as _shape
 from .nonlinear import _sparse
-from .positions import _entries, index_put
+from .positions import _entries, _last_of_each, index_put
 
 __all__ = ["replace_region"]
 
@@ -133,9 +133,11 @@ def _index_copy(input, dim, index, source):
     c, v = _source(source, tuple(shape) if t.dim() else ())
     if t.dim() == 0:
         return NotImplemented
-    # a repeated index: the last copy wins (as torch's CPU loop)
-    last = torch.zeros(t.shape[d], dtype=torch.int64).index_put_((idx,), torch.arange(idx.numel()))
-    keep = last[idx[c[d]]] == c[d]
+    # a repeated index: the last copy wins (as torch's CPU loop); O(index), not O(dim)
+    _, last = _last_of_each(idx)
+    wins = torch.zeros(idx.numel(), dtype=torch.bool)
+    wins[last] = True
+    keep = wins[c[d]]
     moved = c[:, keep].clone()
     moved[d] = idx[moved[d]]
     inside = torch.isin(_coords(t)[d], idx)
