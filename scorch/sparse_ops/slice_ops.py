@@ -18,13 +18,9 @@ from .._dispatch import register
 from ..gradients.values import from_values, values_of
 from ..tensor_type import SparseTensor
 from .nonlinear import _sparse
+from .shape import _coords
 
 __all__ = ["renorm", "cross", "rms_norm"]
-
-
-def _coords(t: SparseTensor) -> torch.Tensor:
-    from .._runtime import convert
-    return convert.coords(t._storage)
 
 
 def renorm(t: SparseTensor, p: float, dim: int, maxnorm: float) -> SparseTensor:

@@ -16,15 +16,12 @@ import torch
 from .._dispatch import register
 from ..tensor_type import SparseTensor
 from . import shape as _shape
+from .shape import _coords
+from .layout_ops import _dim
 from .nonlinear import _sparse
 from .positions import _entries, _last_of_each, index_put
 
 __all__ = ["replace_region"]
-
-
-def _coords(t: SparseTensor) -> torch.Tensor:
-    from .._runtime import convert
-    return convert.coords(t._storage)
 
 
 def replace_region(t: SparseTensor, inside: torch.Tensor, coords: torch.Tensor,
@@ -36,13 +33,6 @@ def replace_region(t: SparseTensor, inside: torch.Tensor, coords: torch.Tensor,
     all_coords = torch.cat([_coords(t)[:, keep], coords], 1)
     all_values = torch.cat([values_of(t)[keep], values.to(t.dtype)])
     return _shape._build(all_coords, all_values, t.shape, _shape._unblocked(t._storage.format))
-
-
-def _dim(d, rank: int) -> int:
-    if not -rank <= d < rank:
-        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], "
-                         f"but got {d})")
-    return int(d) % rank
 
 
 def _source(src: torch.Tensor, shape) -> tuple:
