@@ -3,7 +3,8 @@ loops aligned to 32 bytes) and the default one, chosen per input by the average 
 over float32/float64 values and int32/int64 indices, for the native build and (where this CPU
 runs it) the AVX2 target; the short-rows module's stream variants (``lower/stream_rows.py``)
 forced on small inputs and chosen by size on a large one; the vectorized module's vector
-width (``facts.GATHER_DOT_LANES``)."""
+width (``facts.GATHER_DOT_LANES``); the runtime row loops (``lower/gather_rows.py``: the
+scalar one everywhere, the gathered-dot one on AVX-512) forced and chosen by the rows."""
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -13,10 +14,12 @@ from hypothesis import given, settings, strategies as st
 import scorch
 from scorch.tensor_compiler import build, codegen, target
 from scorch.tensor_compiler.lower import short_rows_limit
-from scorch.tensor_compiler.lower.facts import STREAM_BLOCK, STREAM_MIN_BYTES, STREAM_MIN_GATHER_BYTES
+from scorch.tensor_compiler.lower.facts import (HW_GATHER_MIN_BYTES, ROWS_VARY_PERCENT, ROWS_VARY_SAMPLES,
+                                                STREAM_BLOCK, STREAM_MIN_BYTES, STREAM_MIN_GATHER_BYTES)
 
 FAST = settings(max_examples=20, deadline=None)
 AVX2 = target.runnable(target.target_named("avx2"))
+AVX512 = target.runnable(target.target_named("avx512"))
 
 
 def _spmv_source(dtype=torch.float32, scalar_inner=True, index=torch.int32) -> str:
@@ -153,14 +156,15 @@ def csr_case(draw, dtypes=(torch.float32, torch.float64), indices=(torch.int32, 
     return M, dtype, index
 
 
-def _run_forced(M, dtype, index, variant, threads=1):
+def _run_forced(M, dtype, index, variant, threads=1, name="native"):
     np_index = {torch.int32: np.int32, torch.int64: np.int64}[index]
     np_dtype = {torch.float32: np.float32, torch.float64: np.float64}[dtype]
     ptr, crd = M.indptr.astype(np_index), M.indices.astype(np_index)
     vals = M.data.astype(np_dtype)
     x = np.random.default_rng(1).standard_normal(M.shape[1]).astype(np_dtype)
     out = np.full(M.shape[0], np.nan, np_dtype)
-    mod = build.load_kernel(_forced(_spmv_source(dtype, True, index), variant), name_hint="spmv_forced")
+    with target.use_target(name):
+        mod = build.load_kernel(_forced(_spmv_source(dtype, True, index), variant), name_hint="spmv_forced")
     mod.kernel([M.shape[0], M.shape[1], ptr.ctypes.data, crd.ctypes.data, vals.ctypes.data, 1,
                 x.ctypes.data, out.ctypes.data, 1], threads)
     ref = torch.from_numpy(M.toarray()).to(dtype) @ torch.from_numpy(x)
@@ -210,3 +214,59 @@ def test_large_short_rows_input_takes_stream_variant(name):
         got = scorch.einsum("ij,j->i", scorch.from_scipy(M), x)
     ref = torch.from_numpy((M.astype(np.float64) @ x.double().numpy()))
     torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_short_rows_module_calls_the_runtime_row_loops():
+    """The plain chunk is the runtime's scalar row loop on every target; AVX-512 adds the
+    gathered-dot loop, chosen when x spans HW_GATHER_MIN_BYTES and the rows vary, with its
+    stream form last; AVX2 has no gathered variant (its gathers were never measured fast)."""
+    with target.use_target("avx512"):
+        short = _spmv_source()
+        f64 = _spmv_source(torch.float64, index=torch.int64)
+    lines = short.split("\n")
+    chunk = short[short.index("cdef void run_chunk("):short.index("cdef void run_chunk_streams")]
+    assert "rows_dot_f32_i32(a.t0_pos1, a.t0_crd1, a.t0_vals, a.t1_vals, a.out_vals, a.out_st_i, clo, chi)" in chunk
+    select = lines[lines.index("        fn = run_chunk_gathers") - 1]
+    assert f">= {HW_GATHER_MIN_BYTES}" in select
+    assert f"rows_vary_i32(a.t0_pos1, a.N_i, {ROWS_VARY_SAMPLES}, {ROWS_VARY_PERCENT})" in select
+    assert short.index("fn = run_chunk_prefetch") < short.index("fn = run_chunk_gathers")
+    assert "rows_gather_dot_f32_i32(" in short and ", clo, chi, 0)" in short and ", clo, chi, 512)" in short
+    assert "rows_gather_dot_f64_i64(" in f64 and "rows_vary_i64(" in f64
+    with target.use_target("avx2"):
+        avx2 = _spmv_source()
+    assert "rows_dot_f32_i32(" in avx2 and "run_chunk_gathers" not in avx2
+    # the vectorized module keeps its generated loop
+    assert "rows_dot" not in _spmv_source(scalar_inner=False)
+
+
+@FAST
+@given(data=st.data(), variant=st.sampled_from(["run_chunk_gathers", "run_chunk_gathers_streams"]),
+       threads=st.sampled_from([1, 2]))
+def test_gathered_row_loop_matches_dense(data, variant, threads):
+    """Forced on small inputs: empty rows, rows of 1-8 entries (one masked step), longer
+    ones (full steps and a tail), every value and index type."""
+    M, dtype, index = data.draw(csr_case())
+    if not AVX512:      # built only for AVX-512 targets (the source test covers the rest)
+        assert not target.runnable(target.target_named("avx512"))
+        return
+    _run_forced(M, dtype, index, variant, threads, name="avx512")
+
+
+@pytest.mark.parametrize("kind", ["random rows", "mesh rows"])
+@pytest.mark.parametrize("dtype,index", [(torch.float32, torch.int32), (torch.float64, torch.int64)])
+def test_spmv_past_l1_matches_scipy(kind, dtype, index):
+    """x past HW_GATHER_MIN_BYTES, rows of random lengths (the gathered-dot loop on AVX-512)
+    or all of one length (the scalar loop): einsum equals scipy either way."""
+    rng = np.random.default_rng(5)
+    rows, cols = 3000, HW_GATHER_MIN_BYTES // 4 + 100
+    lens = rng.integers(0, 14, rows) if kind == "random rows" else np.full(rows, 6)
+    ptr = np.concatenate([[0], np.cumsum(lens)])
+    M = sp.csr_matrix((rng.standard_normal(ptr[-1]), rng.integers(0, cols, ptr[-1]), ptr), shape=(rows, cols))
+    M.sum_duplicates()
+    A = torch.sparse_csr_tensor(torch.from_numpy(M.indptr).to(index), torch.from_numpy(M.indices).to(index),
+                                torch.from_numpy(M.data).to(dtype), size=M.shape)
+    x = torch.from_numpy(rng.standard_normal(cols)).to(dtype)
+    got = scorch.einsum("ij,j->i", A, x)
+    ref = torch.from_numpy(M @ x.double().numpy())
+    tol = 1e-4 if dtype == torch.float32 else 1e-10
+    torch.testing.assert_close(got.double(), ref, rtol=tol, atol=tol)

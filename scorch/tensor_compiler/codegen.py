@@ -228,9 +228,10 @@ def _run_chunks(w, fn: str, one: str, each: str, ind: str = "    ", args: str = 
 
 def _direct_calls(w, ind: str, fn: str, choices: Sequence[str], call: str, into: str) -> None:
     """``into fn(call)``; where ``fn`` holds one of ``choices`` (the kernel's chunk
-    variants), each named in its own branch: a direct call gcc can inline. Called through
-    the pointer, the SpMV row loop ran 21 us on bcspwr10, inlined 7.8 us (AVX-512 Zen 5,
-    same source otherwise; ``benchmarks/results/issue15/zen5-s19``)."""
+    variants), each named in its own branch: a direct call gcc can inline. (Session 19 read
+    the SpMV row loop's 21 -> 7.8 us on bcspwr10 as the inlining's gain; session 20 saw the
+    same loop flip between the two speeds with unrelated changes elsewhere in the kernel,
+    inlined or not, so that loop now lives out of line in the runtime: ``gather_rows``.)"""
     if not choices:
         w(f"{ind}{into}{fn}({call})")
         return

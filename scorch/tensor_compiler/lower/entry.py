@@ -16,12 +16,14 @@ from ..loop_ir import (ArgSpec, Assign, Call, ChunkFunction, Chunking, DenseOutp
                        RowsOutput, Stmt, TuplesOutput)
 from ..schedule import Schedule
 from ..target import value_bytes
-from .facts import (DENSE_WS_LIMIT, GATHER_DOT_LANES, PREFETCH_DISTANCE, PREFETCH_MIN_BYTES, STREAM_MIN_BYTES,
+from .facts import (DENSE_WS_LIMIT, GATHER_DOT_LANES, HW_GATHER_MIN_BYTES, PREFETCH_DISTANCE, PREFETCH_MIN_BYTES,
+                    ROWS_VARY_PERCENT, ROWS_VARY_SAMPLES, STREAM_MIN_BYTES,
                     STREAM_MIN_GATHER_BYTES, UNPREDICTABLE_DECL, KernelFacts, dot_entries_type, fiber_products,
                     kernel_facts, math_functions, reads_strided,
                     reduce_identity, short_rows, ws_size)
 from .loops import loop_nest
 from .nest import Cursor, Decls, Nest, Variant
+from .gather_rows import extern_lines, pipelined_gathers, row_loop, row_loop_call
 from .stream_rows import STREAM_PREFETCH, STREAM_PREFETCH_DECL, stream_blocks
 
 __all__ = ["lower_kernel", "kernel_args"]
@@ -102,7 +104,9 @@ def chunk_function(f: KernelFacts, variant: Variant) -> ChunkFunction:
         # the chunk's entries (or, in the bound pass, their bound) counted from its room's start
         pre.append(Assign(n.decls.need("ok"), "0"))
     nest = loop_nest(n, 0, start)
-    if variant.streams:
+    if variant.row_loop is not None:
+        nest = row_loop_call(row_loop(f, nest), variant.row_loop == "gather", variant.streams)
+    elif variant.streams:
         nest = stream_blocks(f, nest, n.decls.need("qb"))
     body = tuple(pre) + nest + tuple(post)
     return ChunkFunction(variant.name, variant.select, n.decls.items(), body,
@@ -111,10 +115,21 @@ def chunk_function(f: KernelFacts, variant: Variant) -> ChunkFunction:
 
 def _streams_bytes(f: KernelFacts) -> str:
     """The C expression of the bytes a short-rows kernel's index and value streams span."""
-    acc, rows = short_rows(f.s)
     lv = f.loops[-1].iters[0]
-    extent = " * ".join(f"a.N_{v}" for v in rows) or "1"
+    extent = _rows_extent(f)
     return f"({lv.pos}[{extent}] - {lv.pos}[0]) * (sizeof({lv.crd}[0]) + sizeof({f.vt}))"
+
+
+def _rows_extent(f: KernelFacts) -> str:
+    return " * ".join(f"a.N_{v}" for v in short_rows(f.s)[1]) or "1"
+
+
+def _row_loop(f: KernelFacts):
+    """The row loop's arrays when the plain chunk is exactly SpMV's row loop
+    (``gather_rows.row_loop``), else None."""
+    if not f.gathers or short_rows(f.s) is None:
+        return None
+    return row_loop(f, chunk_function(f, Variant()).body)
 
 
 def _gathers_span(f: KernelFacts, least: int) -> str:
@@ -138,6 +153,17 @@ def variants(f: KernelFacts, short_module: bool = False) -> Tuple[Variant, ...]:
     if f.gathers:
         out.append(Variant("run_chunk_prefetch", _gathers_span(f, PREFETCH_MIN_BYTES), prefetch=True,
                            streams=short_module))
+    rl = _row_loop(f) if short_module else None
+    if rl is not None:
+        out[0] = Variant(row_loop="dot")
+    if rl is not None and pipelined_gathers(f):
+        # random row lengths past L1: one gathered dot a row (gather_rows), with the
+        # stream requests where the streams outgrow the cache
+        vary = f"rows_vary_{rl.suffix.split('_')[1]}({rl.pos}, {_rows_extent(f)}, {ROWS_VARY_SAMPLES}, {ROWS_VARY_PERCENT})"
+        out.append(Variant("run_chunk_gathers", f"({_gathers_span(f, HW_GATHER_MIN_BYTES)}) and {vary}",
+                           row_loop="gather"))
+        out.append(Variant("run_chunk_gathers_streams", f"fn == run_chunk_gathers and {_streams_bytes(f)} >= {STREAM_MIN_BYTES}",
+                           row_loop="gather", streams=True))
     if reads_strided(s):     # last: chosen over the widths whenever a streamed stride is not 1
         out.append(Variant("run_chunk_strided", " or ".join(f"a.t{i}_st_{L} != 1" for i in sorted(f.unit)),
                            strided=True))
@@ -199,6 +225,9 @@ def _imports(f: KernelFacts, short_module: bool) -> Tuple[str, ...]:
         lines.append("from scorch._runtime.workspace cimport AppendBuffer, pool_give")
     elif out.mode == "ws" and not out.ws_dense:
         lines.append("from libcpp.map cimport map as cmap")
+    rl = _row_loop(f) if short_module else None
+    if rl is not None:
+        lines += list(extern_lines(f, rl))
     lines += ["from cython.operator cimport dereference as deref, preincrement as inc",
               "from cython.parallel cimport prange"]
     if any(lp.kind == "merge" for lp in f.loops):   # merge points select without branches

@@ -23,7 +23,8 @@ from ..target import Target, current as current_target, value_bytes, vector_type
 
 __all__ = ["UNPREDICTABLE", "UNPREDICTABLE_DECL", "CTYPES", "NPTYPES", "ITYPES", "DENSE_WS_LIMIT", "SHORT_ROWS",
            "SHORT_ROWS_BY_DTYPE", "PREFETCH_DISTANCE", "PREFETCH_MIN_BYTES", "STREAM_BLOCK", "STREAM_DISTANCE",
-           "STREAM_MIN_BYTES", "STREAM_MIN_GATHER_BYTES", "GATHER_DOT_LANES", "gathered", "short_rows_limit",
+           "STREAM_MIN_BYTES", "STREAM_MIN_GATHER_BYTES", "GATHER_DOT_LANES", "HW_GATHER_TARGETS",
+           "HW_GATHER_MIN_BYTES", "ROWS_VARY_SAMPLES", "ROWS_VARY_PERCENT", "gathered", "short_rows_limit",
            "DOT_PREFETCH_BYTES", "dot_gathers", "dot_prefetch_distance", "DOT_ENTRIES", "dot_entries_type",
            "dot_row_shared", "SEGMENT_PREFETCH_DISTANCE", "chased_segments", "level_entries", "fiber_products",
            "reads_strided",
@@ -87,6 +88,21 @@ STREAM_MIN_GATHER_BYTES = 1 << 20
 #: x of 1 MiB; Groebner_id2003_aug 66 -> 58 us). float64 keeps 8 lanes in one zmm (4
 #: lanes were 14 % slower on uniform16, session 7).
 GATHER_DOT_LANES = 8
+
+#: the targets whose gather instruction is pipelined (a few cycles a step, not one load a
+#: lane): the short-rows module gets its gather variant there (``lower/gather_rows.py``).
+#: Measured on an AVX-512 Zen 5 (hardware gathers 1.2-1.6x over the scalar row loop on
+#: random rows); AVX2 machines keep the scalar loop until measured (Zen 2/3 microcode their
+#: gathers; Intel client chips since 2023 slow them down to mitigate Downfall)
+HW_GATHER_TARGETS = frozenset({"avx512"})
+#: the gather variant runs when the gathered operand spans at least this many bytes (past
+#: L1: G51's 4 KB x runs the scalar loop in 4.1 us, the gathers in 6.1) and the rows'
+#: lengths change between neighbours in at least ROWS_VARY_PERCENT of ROWS_VARY_SAMPLES
+#: sampled pairs (``gather_dot.h``'s ``rows_vary``: random and R-MAT rows 72-91 %, where
+#: gathers won 1.2-1.6x; meshes and banded rows 0-53 %, where they lost 1.2-2.6x)
+HW_GATHER_MIN_BYTES = 64 << 10
+ROWS_VARY_SAMPLES = 128
+ROWS_VARY_PERCENT = 60
 
 
 def short_rows_limit(value_dtype: torch.dtype) -> int:

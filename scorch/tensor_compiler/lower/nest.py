@@ -18,6 +18,8 @@ class Variant:
     out by a scan of its whole extent's marks (fibers that fill much of it). ``prefetch``: the row loop prefetches its gathers ahead (see
     ``facts.PREFETCH_MIN_BYTES``). ``streams``: the short-rows row loop in its stream form
     (``stream_rows``: index and value lines requested ahead, long rows in blocks).
+    ``row_loop``: the chunk is SpMV's row loop as one call of the runtime's (``gather_rows``):
+    ``"dot"`` (scalar) or ``"gather"`` (a gathered dot a row); ``streams`` adds its requests.
     ``select``: the condition that picks it (None: ``run_chunk``).
     ``bound_only``: the bound pass of a rows output (the loops down to the last output
     level, adding up that loop's trip-count bounds). ``strided``: the accesses the innermost
@@ -32,6 +34,7 @@ class Variant:
     streams: bool = False
     bound_only: bool = False
     strided: bool = False
+    row_loop: Optional[str] = None
 
 
 class Decls:
