@@ -156,7 +156,7 @@ def csr_case(draw, dtypes=(torch.float32, torch.float64), indices=(torch.int32, 
     return M, dtype, index
 
 
-def _run_forced(M, dtype, index, variant, threads=1, name="native"):
+def _run_forced(M, dtype, index, variant, threads=1, name="native", scalar_inner=True):
     np_index = {torch.int32: np.int32, torch.int64: np.int64}[index]
     np_dtype = {torch.float32: np.float32, torch.float64: np.float64}[dtype]
     ptr, crd = M.indptr.astype(np_index), M.indices.astype(np_index)
@@ -164,7 +164,7 @@ def _run_forced(M, dtype, index, variant, threads=1, name="native"):
     x = np.random.default_rng(1).standard_normal(M.shape[1]).astype(np_dtype)
     out = np.full(M.shape[0], np.nan, np_dtype)
     with target.use_target(name):
-        mod = build.load_kernel(_forced(_spmv_source(dtype, True, index), variant), name_hint="spmv_forced")
+        mod = build.load_kernel(_forced(_spmv_source(dtype, scalar_inner, index), variant), name_hint="spmv_forced")
     mod.kernel([M.shape[0], M.shape[1], ptr.ctypes.data, crd.ctypes.data, vals.ctypes.data, 1,
                 x.ctypes.data, out.ctypes.data, 1], threads)
     ref = torch.from_numpy(M.toarray()).to(dtype) @ torch.from_numpy(x)
@@ -235,21 +235,27 @@ def test_short_rows_module_calls_the_runtime_row_loops():
     with target.use_target("avx2"):
         avx2 = _spmv_source()
     assert "rows_dot_f32_i32(" in avx2 and "run_chunk_gathers" not in avx2
-    # the vectorized module keeps its generated loop
-    assert "rows_dot" not in _spmv_source(scalar_inner=False)
+    # the vectorized module keeps its generated loop, and on AVX-512 gets the gathered one
+    with target.use_target("avx512"):
+        vec = _spmv_source(scalar_inner=False)
+    plain = vec[vec.index("cdef void run_chunk("):vec.index("cdef void run_chunk_prefetch")]
+    assert "rows_dot" not in plain and "for q0_1 in range(" in plain
+    assert "rows_gather_dot_f32_i32(" in vec and "fn = run_chunk_gathers_streams" in vec
+    with target.use_target("avx2"):
+        assert "rows_" not in _spmv_source(scalar_inner=False)
 
 
 @FAST
 @given(data=st.data(), variant=st.sampled_from(["run_chunk_gathers", "run_chunk_gathers_streams"]),
-       threads=st.sampled_from([1, 2]))
-def test_gathered_row_loop_matches_dense(data, variant, threads):
-    """Forced on small inputs: empty rows, rows of 1-8 entries (one masked step), longer
-    ones (full steps and a tail), every value and index type."""
+       threads=st.sampled_from([1, 2]), scalar_inner=st.booleans())
+def test_gathered_row_loop_matches_dense(data, variant, threads, scalar_inner):
+    """Forced on small inputs, in either module: empty rows, rows of 1-8 entries (one masked
+    step), longer ones (full steps and a tail), every value and index type."""
     M, dtype, index = data.draw(csr_case())
     if not AVX512:      # built only for AVX-512 targets (the source test covers the rest)
         assert not target.runnable(target.target_named("avx512"))
         return
-    _run_forced(M, dtype, index, variant, threads, name="avx512")
+    _run_forced(M, dtype, index, variant, threads, name="avx512", scalar_inner=scalar_inner)
 
 
 @pytest.mark.parametrize("kind", ["random rows", "mesh rows"])
