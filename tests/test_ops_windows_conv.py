@@ -88,6 +88,45 @@ def test_pooling_keeps_a_sparse_result(data, n):
     _close(getattr(F, f"adaptive_max_pool{n}d")(X, 1), getattr(F, f"adaptive_max_pool{n}d")(x, 1))
 
 
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), n=st.integers(1, 3), negative=st.booleans())
+def test_pooling_with_padding_and_ceil_mode_counts_what_torch_counts(data, n, negative):
+    """Max pooling's padding is no entry (a window of negative entries next to the padding
+    keeps its negative max), average pooling divides by the positions torch counts
+    (``count_include_pad``; ``ceil_mode``'s last window clipped), dilation for max."""
+    x, X = data.draw(_input(n, 2))
+    if negative:
+        x = -x.abs()
+        X = scorch.sparse_tensor(x, format="coo")
+    k = data.draw(st.integers(1, 3))
+    stride = data.draw(st.one_of(st.none(), st.integers(1, 3)))
+    pad = data.draw(st.integers(0, k // 2))
+    ceil, include = data.draw(st.booleans()), data.draw(st.booleans())
+    dilation = data.draw(st.integers(1, 2))
+    if (k - 1) * dilation + 1 <= min(x.shape[-n:]) + 2 * pad:
+        _close(MAX[n](X, k, stride, pad, dilation, ceil_mode=ceil), MAX[n](x, k, stride, pad, dilation, ceil_mode=ceil))
+    got = AVG[n](X, k, stride, pad, ceil_mode=ceil, count_include_pad=include)
+    assert isinstance(got, scorch.SparseTensor)
+    _close(got, AVG[n](x, k, stride, pad, ceil_mode=ceil, count_include_pad=include))
+
+
+def test_padded_max_pooling_gradient_counts_only_real_ties():
+    """The last window of the second row holds -1, -1 and the padding: its max is -1 (the
+    padding is no zero), and the backward splits each window's gradient among its tied
+    maxima (as amax does), never onto the padding."""
+    x = torch.tensor([[[-1.0, 0.0, -2.0, -3.0, 0.0], [2.0, 2.0, 0.0, -1.0, -1.0]]], dtype=F64)
+    X = scorch.sparse_tensor(x, format="coo", requires_grad=True)
+    got = F.max_pool1d(X, 3, 2, 1, ceil_mode=True)
+    _close(got, F.max_pool1d(x, 3, 2, 1, ceil_mode=True))
+    assert got[0, 1, 2] == -1.0
+    up = torch.arange(1.0, 7.0, dtype=F64).reshape(1, 2, 3)
+    (got.to_dense() * up).sum().backward()
+    # row 0: every window's max is an implicit zero (no stored entry gets a share); row 1:
+    # windows (pad, 2, 2) -> 4 split in two, (2, 0, -1) -> 5, (-1, -1, pad) -> 6 split in two
+    want = torch.tensor([[[0.0, 0.0, 0.0, 0.0, 0.0], [2.0, 7.0, 0.0, 3.0, 3.0]]], dtype=F64)
+    torch.testing.assert_close(X.grad.to_dense(), want)
+
+
 def test_pooling_gradients_and_modules():
     x = torch.tensor([[[0.0, 2.0, -1.0, 0.0], [3.0, 0.0, 0.0, -4.0], [0.0, 0.0, 5.0, 1.0]]], dtype=F64)
     X = scorch.sparse_tensor(x, format="coo", requires_grad=True)

@@ -7,15 +7,18 @@ then the window's reduction is a sparse op:
   (``"bgcHWij,gocij->bgoHW"``): a gather-scatter convolution whose cost follows the stored
   entries times the kernel size, with a dense result (every output channel of a touched
   window);
-- ``F.avg_pool1d/2d/3d`` (zero padding counted, as torch's default) and ``F.max_pool1d/2d/3d``
-  (no padding, no indices): the window's mean / ``amax`` over the offset dims, the implicit
-  zeros counted, a sparse result; ``adaptive_*`` pools whose output divides the input are
-  these pools;
+- ``F.avg_pool1d/2d/3d`` and ``F.max_pool1d/2d/3d`` (padding, ``ceil_mode``, max pooling's
+  dilation; no indices): the window's mean / ``amax`` over the offset dims, the implicit
+  zeros counted. Max pooling's padding is no entry of a window (torch pads with -inf): each
+  window's positions in the input are counted from its coordinates, and the stored-max kernel
+  adds the zero only where the window holds an implicit one. Average pooling divides by the
+  positions torch counts (``count_include_pad``, ``ceil_mode``'s clipped last window).
+  ``adaptive_*`` pools whose output divides the input are these pools;
 - ``F.interpolate(mode="nearest")`` by whole factors: each spatial dim's entries repeated in
   place (``repeat_interleave``), a sparse result.
 
-Other forms (transposed convolutions, ``ceil_mode``, max-pool padding or indices, padding
-modes other than zeros) take the dense fallback. Everything is differentiable through
+Other forms (transposed convolutions, max-pool indices, uneven adaptive windows, padding modes
+other than zeros) take the dense fallback. Everything is differentiable through
 ``unfold`` (values gathered) and the einsum."""
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ import torch.nn.functional as F
 
 from .._dispatch import register
 from ..tensor_type import SparseTensor
-from . import layout_ops
+from . import layout_ops, nonlinear
 from .einsum import einsum
 from .nonlinear import _sparse
 
@@ -121,33 +124,79 @@ register(F.conv2d)(_conv(2))
 register(F.conv3d)(_conv(3))
 
 
+def _out_size(size: int, k: int, step: int, pad: int, dil: int, ceil_mode: bool) -> int:
+    """torch's pooling output size: the last window may hang past the end in ``ceil_mode``
+    but must start inside the input or its left padding."""
+    num = size + 2 * pad - dil * (k - 1) - 1
+    if num < 0:
+        raise RuntimeError(f"Given input size {size} with padding {pad}, the kernel size {k} "
+                           f"(dilation {dil}) is larger than the input: output size would be non-positive")
+    out = (-(-num // step) if ceil_mode else num // step) + 1
+    if ceil_mode and (out - 1) * step >= size + pad:
+        out -= 1
+    return out
+
+
+def _window_counts(sizes, kernel, stride, padding, dilation, outs, margin: bool) -> torch.Tensor:
+    """How many positions of each window lie in the input (``margin``: or in its padding),
+    the outer product over the spatial dims: shape ``outs``."""
+    grid = torch.ones((), dtype=torch.int64)
+    for size, k, step, pad, dil, out in zip(sizes, kernel, stride, padding, dilation, outs):
+        start = torch.arange(out) * step - pad
+        pos = start[:, None] + torch.arange(k) * dil
+        lo, hi = (-pad, size + pad) if margin else (0, size)
+        counts = ((pos >= lo) & (pos < hi)).sum(1)
+        grid = grid.unsqueeze(-1) * counts
+    return grid
+
+
 def pool(x: SparseTensor, n: int, kernel, stride, padding, dilation, reduce: str,
-         divisor: Optional[int] = None) -> torch.Tensor:
-    """Mean (``avg``) or ``amax`` (``max``) over each window of the last ``n`` dims."""
+         divisor: Optional[int] = None, ceil_mode: bool = False, count_include_pad: bool = True) -> torch.Tensor:
+    """Mean (``avg``) or ``amax`` (``max``) over each window of the last ``n`` dims, with
+    torch's padding rules: max pooling's padding is no entry of a window (-inf), average
+    pooling divides by the window's positions in the padded input (``count_include_pad``) or
+    in the input, and ``ceil_mode``'s last window, hanging past the end, counts only what it
+    covers of those."""
     kernel = _tuple(kernel, n, "kernel_size")
     stride = _tuple(stride if stride not in (None, ()) else kernel, n, "stride")
     padding, dilation = _tuple(padding, n, "padding"), _tuple(dilation, n, "dilation")
     first = x.dim() - n
-    x = _padded(x, [(0, 0)] * first + [(p, p) for p in padding])
+    sizes = tuple(x.shape[first:])
+    outs = tuple(_out_size(*a, ceil_mode) for a in zip(sizes, kernel, stride, padding, dilation))
+    # the right padding that makes unfold give ``outs`` windows (ceil_mode: past the padding)
+    right = [max(p, (o - 1) * s + d * (k - 1) + 1 - (L + p))
+             for L, k, s, p, d, o in zip(sizes, kernel, stride, padding, dilation, outs)]
+    x = _padded(x, [(0, 0)] * first + list(zip(padding, right)))
     u = _windows(x, first, kernel, stride, dilation)
+    u = u[(slice(None),) * first + tuple(slice(0, o) for o in outs)]
     dims = tuple(range(u.dim() - n, u.dim()))
+    uneven = ceil_mode or any(padding)
+    shape = (1,) * first + outs
     if reduce == "max":
-        return torch.amax(u, dims)
-    size = 1
-    for k in kernel:
-        size *= k
+        if not uneven:
+            return torch.amax(u, dims)
+        real = _window_counts(sizes, kernel, stride, padding, dilation, outs, margin=False)
+        return nonlinear.amax_within(u, dims, real.reshape(shape))
     total = torch.sum(u, dims)
-    return total / (divisor if divisor else size)
+    if divisor:
+        return total / divisor
+    if not uneven or (count_include_pad and not ceil_mode):
+        size = 1
+        for k in kernel:
+            size *= k
+        return total / size
+    counts = _window_counts(sizes, kernel, stride, padding, dilation, outs, margin=count_include_pad)
+    return total / counts.reshape(shape).to(total.dtype)
 
 
 def _avg_pool(n: int):
     def handler(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                 divisor_override=None):
         x = _sparse(input)
-        if (x is None or ceil_mode or (not count_include_pad and padding not in (0, (0,) * n))
-                or x.dim() not in (n + 1, n + 2) or not x.dtype.is_floating_point):
+        if x is None or x.dim() not in (n + 1, n + 2) or not x.dtype.is_floating_point:
             return NotImplemented
-        return pool(x, n, kernel_size, stride, padding, 1, "avg", divisor_override)
+        return pool(x, n, kernel_size, stride, padding, 1, "avg", divisor_override, bool(ceil_mode),
+                    bool(count_include_pad))
     return handler
 
 
@@ -155,10 +204,9 @@ def _max_pool(n: int):
     def handler(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
                 return_indices=False):
         x = _sparse(input)
-        if (x is None or ceil_mode or return_indices or any(_tuple(padding, n, "padding"))
-                or x.dim() not in (n + 1, n + 2)):
-            return NotImplemented          # -inf padding and indices: the fallback's
-        return pool(x, n, kernel_size, stride, 0, dilation, "max")
+        if x is None or return_indices or x.dim() not in (n + 1, n + 2):
+            return NotImplemented          # indices: the fallback's
+        return pool(x, n, kernel_size, stride, padding, dilation, "max", ceil_mode=bool(ceil_mode))
     return handler
 
 
