@@ -15,8 +15,8 @@ from report_opinfo import survey  # noqa: E402
 #: in-place ops keep its pattern), so they refuse, naming the op
 REFUSED = {"_batch_norm_with_update", "_native_batch_norm_legit", "cauchy", "exponential", "geometric",
            "log_normal", "normal.in_place", "resize_", "resize_as_", "uniform"}
-#: still on the dense fallback (docs/ops.md), for some or all of their samples: transposed
-#: convolutions, max pooling with indices, uneven adaptive windows,
+#: still on the dense fallback (docs/ops.md), for some or all of their samples: max pooling
+#: with indices, uneven adaptive windows,
 #: interpolation, non-constant pads, ``index_reduce``,
 #: ``as_strided`` (no meaning for sparse storage) and torch internals
 FALLBACK = {
@@ -26,7 +26,7 @@ FALLBACK = {
     "index_reduce.amin", "index_reduce.mean", "index_reduce.prod", "masked.normalize",
     "max_pool2d_with_indices_backward", "native_dropout_backward", "nn.functional.adaptive_avg_pool1d",
     "nn.functional.adaptive_avg_pool2d", "nn.functional.adaptive_avg_pool3d", "nn.functional.adaptive_max_pool1d",
-    "nn.functional.adaptive_max_pool2d", "nn.functional.adaptive_max_pool3d", "nn.functional.conv_transpose1d", "nn.functional.conv_transpose2d", "nn.functional.conv_transpose3d",
+    "nn.functional.adaptive_max_pool2d", "nn.functional.adaptive_max_pool3d",
     "nn.functional.grid_sample", "nn.functional.interpolate.area", "nn.functional.interpolate.bicubic",
     "nn.functional.interpolate.bilinear", "nn.functional.interpolate.linear", "nn.functional.interpolate.nearest",
     "nn.functional.interpolate.nearest-exact", "nn.functional.max_pool1d", "nn.functional.max_pool2d",

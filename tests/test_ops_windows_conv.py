@@ -53,6 +53,49 @@ def test_convolution_is_one_einsum_over_the_unfolded_input(data, n, groups, bias
     _close(got, CONV[n](x, w, b, stride, padding, dilation, groups))
 
 
+TRANSPOSED = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), n=st.integers(1, 3), groups=st.sampled_from([1, 2]), bias=st.booleans())
+def test_transposed_convolution_is_a_convolution_of_the_spread_input(data, n, groups, bias):
+    """Stride, padding (past the kernel's reach too: a crop), output padding, dilation and
+    groups against dense torch; a dense result."""
+    x, X = data.draw(_input(n, 2 * groups))
+    k = tuple(data.draw(st.integers(1, 3)) for _ in range(n))
+    w = torch.rand((2 * groups, 3) + k, dtype=F64)
+    b = torch.rand(3 * groups, dtype=F64) if bias else None
+    stride, dilation = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 2))
+    padding = data.draw(st.integers(0, 3))
+    extra = data.draw(st.integers(0, max(stride, dilation) - 1))
+    try:
+        want = TRANSPOSED[n](x, w, b, stride, padding, extra, groups, dilation)
+    except RuntimeError:          # an empty output: torch refuses, and so do we
+        with pytest.raises(RuntimeError):
+            TRANSPOSED[n](X, w, b, stride, padding, extra, groups, dilation)
+        return
+    got = TRANSPOSED[n](X, w, b, stride, padding, extra, groups, dilation)
+    assert type(got) is torch.Tensor
+    _close(got, want)
+
+
+def test_transposed_convolution_gradients_and_module():
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(2, 4, 5, 4, generator=g, dtype=F64) * (torch.rand(2, 4, 5, 4, generator=g) < 0.3)
+    w = torch.rand(4, 3, 3, 2, generator=g, dtype=F64)
+    X = scorch.sparse_tensor(x, format="coo", requires_grad=True)
+    D, ws, wd = x.clone().requires_grad_(), w.clone().requires_grad_(), w.clone().requires_grad_()
+    up = torch.rand(2, 6, 10, 7, generator=g, dtype=F64)
+    (F.conv_transpose2d(X, ws, None, 2, 1, 1, 2) * up).sum().backward()
+    (F.conv_transpose2d(D, wd, None, 2, 1, 1, 2) * up).sum().backward()
+    grad_matches(X, D)
+    torch.testing.assert_close(ws.grad, wd.grad)
+    m = torch.nn.ConvTranspose2d(4, 2, 3, stride=2, dtype=F64)
+    _close(m(scorch.sparse_tensor(x, format="coo")), m(x))
+    with pytest.raises(RuntimeError, match="output padding must be smaller"):
+        F.conv_transpose1d(scorch.sparse_tensor(x[0, :, :, 0], format="coo"), w[:, :, :, 0], None, 1, 0, 1)
+
+
 def test_conv3d_and_gradients():
     g = torch.Generator().manual_seed(0)
     x = torch.rand(1, 2, 4, 4, 4, generator=g, dtype=F64) * (torch.rand(1, 2, 4, 4, 4, generator=g) < 0.3)

@@ -17,8 +17,11 @@ then the window's reduction is a sparse op:
 - ``F.interpolate(mode="nearest")`` by whole factors: each spatial dim's entries repeated in
   place (``repeat_interleave``), a sparse result.
 
-Other forms (transposed convolutions, max-pool indices, uneven adaptive windows, padding modes
-other than zeros) take the dense fallback. Everything is differentiable through
+- ``F.conv_transpose1d/2d/3d``: the convolution of the input spread by the stride (its
+  coordinates scaled), padded, with the weight's channels swapped and taps flipped;
+
+Other forms (max-pool indices, uneven adaptive windows, padding modes other than zeros)
+take the dense fallback. Everything is differentiable through
 ``unfold`` (values gathered) and the einsum."""
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ import torch.nn.functional as F
 from .._dispatch import register
 from ..tensor_type import SparseTensor
 from . import layout_ops, nonlinear
+from . import shape as _shape
 from .einsum import einsum
 from .nonlinear import _sparse
 
@@ -122,6 +126,68 @@ def _conv(n: int):
 register(F.conv1d)(_conv(1))
 register(F.conv2d)(_conv(2))
 register(F.conv3d)(_conv(3))
+
+
+def _dilated(x: SparseTensor, first: int, stride: Sequence[int]) -> SparseTensor:
+    """``x`` with ``stride - 1`` zeros between neighbours along each spatial dim from
+    ``first``: the stored coordinates scaled, nothing else moves."""
+    if all(s == 1 for s in stride):
+        return x
+    from ..gradients.values import values_of
+    coords = layout_ops._coords(x).clone()
+    shape = list(x.shape)
+    for k, step in enumerate(stride):
+        coords[first + k] *= step
+        shape[first + k] = max(0, (shape[first + k] - 1) * step + 1)
+    return _shape._build(coords, values_of(x), shape)
+
+
+def transposed_convolution(x: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride,
+                           padding, output_padding, groups: int, dilation) -> torch.Tensor:
+    """``F.conv_transpose{n}d`` of a sparse input: the convolution of the input with
+    ``stride - 1`` zeros between its entries (coordinates scaled), padded by
+    ``dilation * (k - 1) - padding`` (``output_padding`` more after), with the weight's in and
+    out channels swapped per group and its taps flipped. Every step moves coordinates; the
+    one einsum of ``convolution`` does the arithmetic."""
+    n = weight.dim() - 2
+    batched = x.dim() == n + 2
+    if not batched:
+        x = x.unsqueeze(0)
+    kernel = tuple(weight.shape[2:])
+    stride, dilation = _tuple(stride, n, "stride"), _tuple(dilation, n, "dilation")
+    padding, extra = _tuple(padding, n, "padding"), _tuple(output_padding, n, "output_padding")
+    c = x.shape[1]
+    if c != weight.shape[0] or c % groups:
+        raise RuntimeError(f"Given transposed=1, weight of size {list(weight.shape)}, expected input"
+                           f"{list(x.shape)} to have {weight.shape[0]} channels, but got {c} channels instead")
+    for e, s_, d in zip(extra, stride, dilation):
+        if e >= max(s_, d):
+            raise RuntimeError("output padding must be smaller than either stride or dilation, "
+                               f"but got output_padding={list(extra)}, stride={list(stride)}, dilation={list(dilation)}")
+    u = _dilated(x, 2, stride)
+    pads = [(d * (k - 1) - p, d * (k - 1) - p + e) for k, p, e, d in zip(kernel, padding, extra, dilation)]
+    u = _padded(u, [(0, 0), (0, 0)] + pads)
+    g = int(groups)
+    w = weight.reshape(g, c // g, weight.shape[1], *kernel).transpose(1, 2)
+    w = w.reshape(g * weight.shape[1], c // g, *kernel).flip(tuple(range(2, 2 + n)))
+    y = convolution(u, w, bias, 1, 0, dilation, g)
+    return y if batched else y.squeeze(0)
+
+
+def _conv_transpose(n: int):
+    def handler(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+        x = _sparse(input)
+        if (x is None or isinstance(weight, SparseTensor) or isinstance(bias, SparseTensor)
+                or weight.dim() != n + 2 or x.dim() not in (n + 1, n + 2) or not x.dtype.is_floating_point
+                or isinstance(padding, str)):
+            return NotImplemented
+        return transposed_convolution(x, weight, bias, stride, padding, output_padding, int(groups), dilation)
+    return handler
+
+
+register(F.conv_transpose1d)(_conv_transpose(1))
+register(F.conv_transpose2d)(_conv_transpose(2))
+register(F.conv_transpose3d)(_conv_transpose(3))
 
 
 def _out_size(size: int, k: int, step: int, pad: int, dil: int, ceil_mode: bool) -> int:
