@@ -233,7 +233,6 @@ def _stored_softmin(d, dim=1):
     return torch.where(stored, torch.softmax(torch.where(stored, -d, float("-inf")), dim), 0.0)
 
 
-_IN_PLACE = (RuntimeError, "in-place '.*' on a sparse tensor is not recorded by autograd")
 CASES = [
     # --- einsum and the matmul family --------------------------------------------------------
     Case("einsum", [torch.einsum], lambda s, x: torch.einsum("ij,jk->ik", s, x), [(5, 3)]),
@@ -290,14 +289,16 @@ CASES = [
          [SHAPE], extra={"partner_positive": True}),
     Case("neg", [torch.neg, torch.negative, _T.neg, _T.negative], lambda s: torch.neg(s)),
     Case("neg_op", [], lambda s: -s),
-    # in-place ops write into a values array that views share: refused under autograd
-    Case("add_", [_T.add_, _T.__iadd__], lambda s: (s * 1.0).add_(s * 2.0), raises=_IN_PLACE),
-    Case("sub_", [_T.sub_, _T.subtract_, _T.__isub__], lambda s: (s * 1.0).sub_(s * 2.0),
-         raises=_IN_PLACE),
+    # in-place by a tensor: the result written into the values, the history rebased
+    # (in_place.record_in_place); the backward is the out-of-place op's
+    Case("add_", [_T.add_, _T.__iadd__], lambda s: (s * 1.0).add_(s * 2.0)),
+    Case("sub_", [_T.sub_, _T.subtract_, _T.__isub__], lambda s: (s * 1.0).sub_(s * 2.0, alpha=3)),
     # by a scalar: the stored values scaled in place, the history rebased (in_place.py)
     Case("mul_", [_T.mul_, _T.multiply_, _T.__imul__], lambda s: (s * 1.0).mul_(3.0)),
     Case("div_", [_T.div_, _T.divide_, _T.true_divide_, _T.__idiv__], lambda s: (s * 1.0).div_(4.0)),
-    Case("mul_tensor", [_T.mul_], lambda s: (s * 1.0).mul_(s), raises=_IN_PLACE),
+    Case("mul_tensor", [_T.mul_], lambda s: (s * 1.0).mul_(s)),
+    Case("mul_dense_tensor", [_T.mul_], lambda s, x: (s * 1.0).mul_(x), [SHAPE]),
+    Case("div_dense_tensor", [_T.div_], lambda s, x: (s * 1.0).div_(x + 1.0), [SHAPE]),
     # a dense tensor updated in place by a sparse one: torch's copy_ records it
     Case("dense.add_(sparse)", [_T.add_], lambda s, x: (x * 1.0).add_(s), [SHAPE]),
     # --- elementwise functions (the derivative table) ----------------------------------------
@@ -801,6 +802,13 @@ CASES = [
                               F.adaptive_max_pool2d(s[None], (2, 1)), F.adaptive_max_pool3d(s[None, None], 1),
                               F.interpolate(s[None], scale_factor=2) * x[None, :, :1],
                               F.interpolate(s[None, None], size=(8, 5))), [SHAPE]),
+    Case("conv_transpose_and_padded_pools",
+         [F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d],
+         lambda s, x: _sum_of(F.conv_transpose1d(s[None], x[:, :4, None] * 0.1, None, 2, 1, 1),
+                              F.conv_transpose2d(s[None, None], x[None, None, :2, :2], stride=(1, 2), padding=1),
+                              F.conv_transpose3d(s[None, None, None], x[None, None, None, :1, :2], dilation=2),
+                              F.max_pool1d(s[None], 3, 2, 1, ceil_mode=True),
+                              F.avg_pool2d(s[None], 3, 2, 1, ceil_mode=True, count_include_pad=False)), [SHAPE]),
     Case("item", [_T.item], lambda s: torch.tensor(s[0:1, 0:1].item() + s[1:2, 2:3].item(), dtype=F64),
          bool_result=True),
     Case("embedding_bag_max", [F.embedding_bag],

@@ -238,5 +238,44 @@ def test_scaling_in_place_under_autograd_rebases_the_history():
     Y /= 2.0
     (Y.to_dense() * torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=F64)).sum().backward()
     assert torch.equal(X.grad.to_dense(), torch.tensor([[1.5, 0.0], [4.5, 6.0]], dtype=F64))
-    with pytest.raises(RuntimeError, match="not recorded by autograd"):
-        (X * 1.0).mul_(X)                        # by a tensor: still refused
+
+
+@pytest.mark.parametrize("op", ["add_", "sub_", "mul_", "div_"])
+@pytest.mark.parametrize("partner", ["sparse same pattern", "sparse fewer entries", "dense"])
+def test_in_place_by_a_tensor_under_autograd_rebases_the_history(op, partner):
+    """``y op= other`` with grad in play: the values written in place (views see them) and
+    both operands' gradients those of the out-of-place op; a result outside the pattern
+    (adding a dense tensor) still refuses, naming the op."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 5, dtype=F64, generator=g) * (torch.rand(4, 5, generator=g) < 0.6)
+    o = torch.rand(4, 5, dtype=F64, generator=g) + 0.5
+    if partner != "dense":
+        o = o * (x != 0) * (torch.rand(4, 5, generator=g) < (1.0 if partner == "sparse same pattern" else 0.5))
+    X = scorch.sparse_tensor(x, format="csr", requires_grad=True)
+    O = (scorch.sparse_tensor(o, format="csr") if partner != "dense" else o.clone()).requires_grad_()
+    D, Od = x.clone().requires_grad_(), o.clone().requires_grad_()
+    w = torch.rand(4, 5, dtype=F64, generator=g)
+    Y = X * 2.0
+    view = Y.t()
+    call = (lambda a, b: getattr(a, op)(b + 1.0 if op == "div_" else b))
+    if op in ("add_", "sub_") and partner == "dense":
+        with pytest.raises(RuntimeError, match=f"{op}: the result is dense"):
+            call(Y, O)
+        return
+    assert call(Y, O) is Y and Y.requires_grad
+    want = call(D * 2.0, Od)
+    torch.testing.assert_close(Y.to_dense(), want * (x != 0))
+    torch.testing.assert_close(view.to_dense(), (want * (x != 0)).t())
+    (Y.to_dense() * w).sum().backward()
+    (want * (x != 0) * w).sum().backward()
+    torch.testing.assert_close(X.grad.to_dense(), D.grad * (x != 0))
+    og = O.grad.to_dense() if isinstance(O.grad, scorch.SparseTensor) else O.grad
+    torch.testing.assert_close(og, Od.grad * ((o != 0) if partner != "dense" else 1.0))
+
+
+def test_in_place_by_a_tensor_on_a_leaf_raises_before_writing():
+    x = torch.tensor([[1.0, 0.0], [-2.0, 3.0]], dtype=F64)
+    X = scorch.sparse_tensor(x, format="csr", requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        X.mul_(torch.full((2, 2), 5.0, dtype=F64))
+    assert torch.equal(X.to_dense(), x)

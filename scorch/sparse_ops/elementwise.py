@@ -437,16 +437,14 @@ def _store_in_place(name: str, self, result) -> torch.Tensor:
     return self
 
 
-def _not_recorded(name: str, self, other) -> None:
-    """No silent detach: an in-place op writes into the sparse tensor's values array, which
-    its views share and autograd does not see; with grad in play it raises instead."""
+def _in_place(name: str, self, other, op) -> torch.Tensor:
+    """``self = op(self, other)`` written into ``self`` (``_store_in_place``); a sparse
+    ``self`` with grad in play is recorded by autograd as an in-place op
+    (``in_place.record_in_place``: its history rebased, the backward the out-of-place op's)."""
     if isinstance(self, SparseTensor) and _grad_enabled() and _any_requires_grad(self, other):
-        raise RuntimeError(f"scorch: in-place '{name}' on a sparse tensor is not recorded by "
-                           f"autograd (an operand requires grad); use the out-of-place form "
-                           f"(x = x {_OPERATORS[name]} y) or wrap it in torch.no_grad()")
-
-
-_OPERATORS = {"add_": "+", "sub_": "-", "mul_": "*", "div_": "/"}
+        from .in_place import record_in_place
+        return record_in_place(self, other, op, lambda s, r: _store_in_place(name, s, r))
+    return _store_in_place(name, self, op(_operand(self, other), other))
 
 
 def _operand(self, other):
@@ -458,13 +456,11 @@ def _operand(self, other):
 
 
 def add_(self, other, alpha=1):
-    _not_recorded("add_", self, other)
-    return _store_in_place("add_", self, add(_operand(self, other), other, alpha))
+    return _in_place("add_", self, other, lambda a, b: add(a, b, alpha))
 
 
 def sub_(self, other, alpha=1):
-    _not_recorded("sub_", self, other)
-    return _store_in_place("sub_", self, sub(_operand(self, other), other, alpha))
+    return _in_place("sub_", self, other, lambda a, b: sub(a, b, alpha))
 
 
 def _constant_scalar(other) -> bool:
@@ -477,21 +473,19 @@ def mul_(self, other):
         # under autograd the history is rebased, as for the in-place functions
         from .in_place import write_values
         return write_values(self, lambda v: v.mul_(other), lambda v: v * other)
-    _not_recorded("mul_", self, other)
-    return _store_in_place("mul_", self, mul(_operand(self, other), other))
+    return _in_place("mul_", self, other, mul)
 
 
 def div_(self, other):
-    if not _scalar_like(other):
-        return NotImplemented
+    if not _scalar_like(other) and not isinstance(self, SparseTensor):
+        return NotImplemented         # a dense tensor divided in place by a sparse one
     if not (self.dtype.is_floating_point or self.dtype.is_complex):
         raise RuntimeError(f"div_: result type Float can't be cast to the desired output type "
                            f"{self.dtype}")
     if isinstance(self, SparseTensor) and _constant_scalar(other):
         from .in_place import write_values           # as mul_; x / 0 changes the stored entries only
         return write_values(self, lambda v: v.div_(other), lambda v: v / other)
-    _not_recorded("div_", self, other)
-    return _store_in_place("div_", self, div(self, other))
+    return _in_place("div_", self, other, div)
 
 
 # --- registration ----------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from ..gradients.optimizer_step import values_level
 from ..gradients.values import from_values, grad_values, mark_gradient
 from ..tensor_type import SparseTensor
 
-__all__ = ["run_in_place", "write_values"]
+__all__ = ["run_in_place", "write_values", "record_in_place"]
 
 Op = Callable[[torch.Tensor], torch.Tensor]
 
@@ -73,6 +73,46 @@ def write_values(s: SparseTensor, mutate: Op, op: Op) -> SparseTensor:
         return _InPlace.apply(s, mutate, op)
     mutate(s._storage.values)
     return s
+
+
+class _InPlaceWith(torch.autograd.Function):
+    """``s op= other`` (``add_``/``sub_``/``mul_``/``div_`` by a tensor) under autograd: the
+    result of ``op`` out of place is written into ``s``'s values (``store``: it must lie on
+    ``s``'s pattern) and ``s``'s history rebased (``mark_dirty``). The backward replays ``op``
+    on the values before the change and on ``other``; ``other`` is read as it is then (keep
+    it unchanged until the backward, as torch asks of saved tensors)."""
+    @staticmethod
+    def forward(ctx, s: SparseTensor, other, op: Callable, store: Callable) -> SparseTensor:
+        ctx.save_for_backward(s._storage.values.clone())
+        ctx.op, ctx.pattern, ctx.other = op, s._storage, other
+        store(s, op(s, other))
+        ctx.mark_dirty(s)
+        return s
+
+    @staticmethod
+    def backward(ctx, g):
+        before, = ctx.saved_tensors
+        P, other = ctx.pattern, ctx.other
+        wanted = grad_values(P, g)
+        tracked = isinstance(other, torch.Tensor) and other.requires_grad
+        with torch.enable_grad():
+            v = before.detach().requires_grad_()
+            o = other.detach().requires_grad_() if tracked else other
+            out = grad_values(P, ctx.op(from_values(P, v), o))    # the result on s's pattern
+            grads = torch.autograd.grad(out, [v, o] if tracked else [v], wanted.to(out.dtype),
+                                        allow_unused=True)
+        gs = grads[0] if grads[0] is not None else torch.zeros_like(before)
+        go = grads[1] if tracked else None
+        return mark_gradient(from_values(P, gs)), go, None, None
+
+
+def record_in_place(s: SparseTensor, other, op: Callable, store: Callable) -> SparseTensor:
+    """``store(s, op(s, other))`` recorded by autograd as an in-place op of ``s`` (see
+    ``_InPlaceWith``). A leaf that requires grad raises torch's error before anything is
+    written (autograd would notice only after the write)."""
+    if s.is_leaf and s.requires_grad:
+        raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+    return _InPlaceWith.apply(s, other, op, store)
 
 
 def _method(name: str):
