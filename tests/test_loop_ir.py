@@ -18,6 +18,7 @@ from scorch.tensor_compiler.loop_ir import (AddTo, AppendEntry, Assign, Call, De
                                             If, LevelCode, RowsOutput, TuplesOutput,
                                             While, walk)
 from scorch.tensor_compiler.lower import kernel_facts, lower_kernel
+from scorch.tensor_compiler.lower.facts import HW_GATHER_TARGETS
 from scorch.tensor_compiler.schedule import schedule
 from scorch.tensor_compiler.target import use_target
 
@@ -60,8 +61,11 @@ def test_spmv_rows_are_segments_and_the_accumulator_is_stored_once():
     assert k.memset is None and kernel_facts(s, torch.float64, {}).store_all
     assert k.chunking.kind == "dense" and k.chunking.balance == "a.t0_pos1"
     assert isinstance(k.output, DenseOutput) and k.c_entry
-    # plus the variant prefetching x ahead when x exceeds L2 (facts.PREFETCH_MIN_BYTES)
-    assert [f.name for f in k.chunk_functions] == ["run_chunk", "run_chunk_prefetch"]
+    # plus the variant prefetching x ahead when x exceeds L2 (facts.PREFETCH_MIN_BYTES) and,
+    # on targets with pipelined gathers, the gathered-dot row loops (lower/gather_rows.py)
+    gathers = kernel_facts(s, torch.float64, {}).target.name in HW_GATHER_TARGETS
+    assert [f.name for f in k.chunk_functions] == ["run_chunk", "run_chunk_prefetch"] + (
+        ["run_chunk_gathers", "run_chunk_gathers_streams"] if gathers else [])
     assert ("acc", "int64_t") not in _fn(k).locals and ("acc", "double") in _fn(k).locals
 
 

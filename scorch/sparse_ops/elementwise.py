@@ -477,8 +477,10 @@ def mul_(self, other):
 
 
 def div_(self, other):
-    if not _scalar_like(other) and not isinstance(self, SparseTensor):
-        return NotImplemented         # a dense tensor divided in place by a sparse one
+    if not _scalar_like(other) and (not isinstance(self, SparseTensor) or is_sparse_operand(other)):
+        # a dense tensor divided by a sparse one, or by a sparse divisor (dense by nature;
+        # an optimizer step's same-pattern values go to optim_ops): not here
+        return NotImplemented
     if not (self.dtype.is_floating_point or self.dtype.is_complex):
         raise RuntimeError(f"div_: result type Float can't be cast to the desired output type "
                            f"{self.dtype}")
