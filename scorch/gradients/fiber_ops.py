@@ -16,7 +16,7 @@ The forward kernels live in ``sparse_ops/nonlinear.py``; it hands them here as c
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, Sequence, Tuple
 
 import torch
 
@@ -103,9 +103,9 @@ def _fiber_numbers(coords: torch.Tensor, shape: Sequence[int], keep: Sequence[in
 
 class _Extreme(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, t: SparseTensor, dims: Tuple[int, ...], run: Callable, extent) -> torch.Tensor:
+    def forward(ctx, t: SparseTensor, dims: Tuple[int, ...], run: Callable) -> torch.Tensor:
         m = run(t)
-        ctx.pattern, ctx.dims, ctx.extent = t._storage, dims, extent
+        ctx.pattern, ctx.dims = t._storage, dims
         ctx.save_for_backward(m)
         return m
 
@@ -121,20 +121,16 @@ class _Extreme(torch.autograd.Function):
         ties = torch.zeros(m_flat.numel(), dtype=m.dtype).index_add_(0, fiber, tie.to(m.dtype))
         stored = torch.zeros(m_flat.numel(), dtype=m.dtype).index_add_(
             0, fiber, torch.ones(P.nnz, dtype=m.dtype))
-        extent = math.prod(int(P.shape[d]) for d in dims) if ctx.extent is None else \
-            torch.broadcast_to(ctx.extent, m.shape).reshape(-1).to(m.dtype)
+        extent = math.prod(int(P.shape[d]) for d in dims)
         count = ties + torch.where(m_flat == 0, extent - stored, torch.zeros((), dtype=m.dtype))
         share = (g_flat / count.clamp(min=1))[fiber]
         vals = torch.where(tie, share, torch.zeros((), dtype=share.dtype))
-        return mark_gradient(from_values(P, vals.to(P.dtype))), None, None, None
+        return mark_gradient(from_values(P, vals.to(P.dtype))), None, None
 
 
-def extreme(t: SparseTensor, dims: Tuple[int, ...], run: Callable[[SparseTensor], torch.Tensor],
-            extent: Optional[torch.Tensor] = None):
+def extreme(t: SparseTensor, dims: Tuple[int, ...], run: Callable[[SparseTensor], torch.Tensor]):
     """``run(t)`` (amax or amin over ``dims``, without keepdim: dense over the kept dims),
-    differentiable in ``t``'s stored values when the graph is wanted. ``extent``: the
-    positions each fiber counts (broadcast over the kept dims; default all along ``dims``):
-    a pooling window's positions past the padding are no entries of it, not zeros."""
+    differentiable in ``t``'s stored values when the graph is wanted."""
     if needs_graph((t,)):
-        return _Extreme.apply(t, dims, run, extent)
+        return _Extreme.apply(t, dims, run)
     return run(t)

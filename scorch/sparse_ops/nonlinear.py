@@ -91,10 +91,7 @@ def _stored_count(t: SparseTensor, dims: Tuple[int, ...]) -> torch.Tensor:
                       out_format="dense" if keep else None)
 
 
-def _extreme(name: str, reduce: str, t: SparseTensor, dim, keepdim: bool,
-             real: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``real``: how many positions of each fiber are entries (broadcast over the kept
-    dims; default: all of them); the others (a pooling window's padding) are not zeros."""
+def _extreme(name: str, reduce: str, t: SparseTensor, dim, keepdim: bool) -> torch.Tensor:
     dims = _reduced_dims(dim if dim != () else None, t.dim(), name)
     extent = 1
     for d in dims:
@@ -107,10 +104,10 @@ def _extreme(name: str, reduce: str, t: SparseTensor, dim, keepdim: bool,
         count = _stored_count(x, dims)
         # torch's amax counts the implicit zeros: a fiber that does not store every entry has 0
         zero = torch.zeros((), dtype=m.dtype)
-        implicit = count < (extent if real is None else real)
+        implicit = count < extent
         return torch.where(implicit, torch.maximum(m, zero) if reduce == "max"
                            else torch.minimum(m, zero), m)
-    m = fiber_ops.extreme(t, dims, run, real)   # torch's backward: split among ties
+    m = fiber_ops.extreme(t, dims, run)   # torch's backward: split among ties
     if keepdim:
         for d in dims:
             m = m.unsqueeze(d)
@@ -119,12 +116,6 @@ def _extreme(name: str, reduce: str, t: SparseTensor, dim, keepdim: bool,
 
 def amax(t: SparseTensor, dim=(), keepdim: bool = False) -> torch.Tensor:
     return _extreme("amax", "max", t, dim, keepdim)
-
-
-def amax_within(t: SparseTensor, dims: Tuple[int, ...], real: torch.Tensor) -> torch.Tensor:
-    """amax over ``dims`` where only ``real`` positions of each fiber (a tensor broadcast over
-    the kept dims) are entries: a padded pooling window, whose padding is not a zero."""
-    return _extreme("amax", "max", t, dims, False, real)
 
 
 def amin(t: SparseTensor, dim=(), keepdim: bool = False) -> torch.Tensor:

@@ -35,6 +35,9 @@ from .._dispatch import register
 from ..tensor_type import SparseTensor
 from . import layout_ops, nonlinear
 from . import shape as _shape
+from ..gradients.values import from_values, grad_values, mark_gradient
+from ..gradients.functions import needs_graph
+from ..gradients.pattern import with_pattern_values
 from .einsum import einsum
 from .nonlinear import _sparse
 
@@ -191,15 +194,16 @@ register(F.conv_transpose3d)(_conv_transpose(3))
 
 
 def _out_size(size: int, k: int, step: int, pad: int, dil: int, ceil_mode: bool) -> int:
-    """torch's pooling output size: the last window may hang past the end in ``ceil_mode``
-    but must start inside the input or its left padding."""
-    num = size + 2 * pad - dil * (k - 1) - 1
-    if num < 0:
-        raise RuntimeError(f"Given input size {size} with padding {pad}, the kernel size {k} "
-                           f"(dilation {dil}) is larger than the input: output size would be non-positive")
-    out = (-(-num // step) if ceil_mode else num // step) + 1
+    """torch's pooling output size (``pooling_output_shape``: rounded toward -inf): the last
+    window may hang past the end in ``ceil_mode`` but must start inside the input or its
+    left padding."""
+    num = size + 2 * pad - dil * (k - 1) - 1 + (step - 1 if ceil_mode else 0)
+    out = num // step + 1
     if ceil_mode and (out - 1) * step >= size + pad:
         out -= 1
+    if out <= 0:
+        raise RuntimeError(f"Given input size {size} with padding {pad}, kernel size {k} and dilation "
+                           f"{dil}: the computed output size {out} is too small")
     return out
 
 
@@ -214,6 +218,68 @@ def _window_counts(sizes, kernel, stride, padding, dilation, outs, margin: bool)
         counts = ((pos >= lo) & (pos < hi)).sum(1)
         grid = grid.unsqueeze(-1) * counts
     return grid
+
+
+def _linear(coords: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    lin = torch.zeros(coords.shape[1], dtype=torch.int64)
+    for d, size in enumerate(shape):
+        lin = lin * int(size) + coords[d]
+    return lin
+
+
+def _window_max(u: SparseTensor, n: int, real: torch.Tensor):
+    """(the result's pattern, its values, each window's positions inside the input, its
+    stored entries): see ``window_max``."""
+    kept = u.dim() - n
+    m = nonlinear._wrap(nonlinear._reduce_stored(u, tuple(range(kept, u.dim())), "max", dense=False))
+    ones = nonlinear.with_values(u, torch.ones_like(u._storage.values, dtype=torch.int64))
+    tc = nonlinear._tc()
+    v = nonlinear._vars(u.dim())
+    count = nonlinear._wrap(tc.compute(tc.Assignment(v[:kept], tc.Access(0, v)), ones))
+    coords = layout_ops._coords(m)
+    if not torch.equal(coords, layout_ops._coords(count)):
+        raise RuntimeError("max pooling: the count of stored entries lost its windows' pattern")
+    at = real[tuple(coords[kept - real.dim() + k] for k in range(real.dim()))]
+    mv = m._storage.values
+    return m._storage, torch.where(count._storage.values < at, mv.clamp(min=0), mv), at, count._storage.values
+
+
+class _WindowMax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, u: SparseTensor, n: int, real: torch.Tensor) -> SparseTensor:
+        P, out, at, counts = _window_max(u, n, real)
+        ctx.save_for_backward(out)
+        ctx.pattern, ctx.u, ctx.at, ctx.counts, ctx.kept = P, u._storage, at, counts, u.dim() - n
+        return SparseTensor(with_pattern_values(P, out))
+
+    @staticmethod
+    def backward(ctx, g):
+        out, = ctx.saved_tensors
+        P, U, kept = ctx.pattern, ctx.u, ctx.kept
+        wanted = grad_values(P, g)
+        shape = U.shape[:kept]
+        ucoords = layout_ops._coords(SparseTensor(U))[:kept]
+        fiber = torch.searchsorted(_linear(layout_ops._coords(SparseTensor(P)), shape), _linear(ucoords, shape))
+        tie = U.values == out[fiber]
+        ties = torch.zeros(out.numel(), dtype=out.dtype).index_add_(0, fiber, tie.to(out.dtype))
+        implicit = torch.where(out == 0, (ctx.at - ctx.counts).to(out.dtype), torch.zeros((), dtype=out.dtype))
+        share = (wanted.to(out.dtype) / (ties + implicit).clamp(min=1))[fiber]
+        vals = torch.where(tie, share, torch.zeros((), dtype=share.dtype))
+        return mark_gradient(from_values(U, vals.to(U.values.dtype))), None, None
+
+
+def window_max(u: SparseTensor, n: int, real: torch.Tensor) -> SparseTensor:
+    """The max of each window of ``u`` (its last ``n`` dims the offsets in the window) as a
+    sparse tensor over the windows that store an entry: the max of their stored entries,
+    raised to 0 where the window also holds an implicit zero (fewer stored entries than
+    ``real``, its positions inside the input, given over the window grid's spatial dims).
+    Windows storing nothing are 0, not stored: the cost is the stored entries'. The
+    backward splits a window's gradient among its stored entries equal to the max and,
+    where the max is 0, its implicit zeros (as ``amax``)."""
+    if needs_graph((u,)):
+        return _WindowMax.apply(u, n, real)
+    P, out, _, _ = _window_max(u, n, real)
+    return SparseTensor(with_pattern_values(P, out))
 
 
 def pool(x: SparseTensor, n: int, kernel, stride, padding, dilation, reduce: str,
@@ -239,10 +305,7 @@ def pool(x: SparseTensor, n: int, kernel, stride, padding, dilation, reduce: str
     uneven = ceil_mode or any(padding)
     shape = (1,) * first + outs
     if reduce == "max":
-        if not uneven:
-            return torch.amax(u, dims)
-        real = _window_counts(sizes, kernel, stride, padding, dilation, outs, margin=False)
-        return nonlinear.amax_within(u, dims, real.reshape(shape))
+        return window_max(u, n, _window_counts(sizes, kernel, stride, padding, dilation, outs, margin=False))
     total = torch.sum(u, dims)
     if divisor:
         return total / divisor
