@@ -16,7 +16,7 @@ from report_opinfo import survey  # noqa: E402
 REFUSED = {"_batch_norm_with_update", "_native_batch_norm_legit", "cauchy", "exponential", "geometric",
            "log_normal", "normal.in_place", "resize_", "resize_as_", "uniform"}
 #: still on the dense fallback (docs/ops.md), for some or all of their samples: max pooling
-#: with indices, uneven adaptive windows,
+#: with indices (adaptive too),
 #: interpolation, non-constant pads, ``index_reduce``,
 #: ``as_strided`` (no meaning for sparse storage) and torch internals
 FALLBACK = {
@@ -24,8 +24,7 @@ FALLBACK = {
     "_unsafe_masked_index_put_accumulate", "_upsample_bilinear2d_aa", "as_strided", "as_strided.partial_views",
     "as_strided_copy", "as_strided_scatter", "grid_sampler_2d", "index_reduce.amax",
     "index_reduce.amin", "index_reduce.mean", "index_reduce.prod", "masked.normalize",
-    "max_pool2d_with_indices_backward", "native_dropout_backward", "nn.functional.adaptive_avg_pool1d",
-    "nn.functional.adaptive_avg_pool2d", "nn.functional.adaptive_avg_pool3d", "nn.functional.adaptive_max_pool1d",
+    "max_pool2d_with_indices_backward", "native_dropout_backward", "nn.functional.adaptive_max_pool1d",
     "nn.functional.adaptive_max_pool2d", "nn.functional.adaptive_max_pool3d",
     "nn.functional.grid_sample", "nn.functional.interpolate.area", "nn.functional.interpolate.bicubic",
     "nn.functional.interpolate.bilinear", "nn.functional.interpolate.linear", "nn.functional.interpolate.nearest",

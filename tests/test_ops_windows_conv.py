@@ -172,6 +172,29 @@ def test_padded_max_pooling_gradient_counts_only_real_ties():
     torch.testing.assert_close(X.grad.to_dense(), want)
 
 
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), n=st.integers(1, 3))
+def test_adaptive_pooling_with_uneven_windows(data, n):
+    """Output sizes that do not divide the input (torch's overlapping windows, larger than
+    the input too): each entry in every window covering it, the mean over each window's
+    size, the max over its stored entries and implicit zeros; gradients at the stored
+    entries as dense torch's (continuous values: no ties)."""
+    x, _ = data.draw(_input(n, 2))
+    outs = tuple(data.draw(st.integers(1, 8)) for _ in range(n))
+    avg, mx = getattr(F, f"adaptive_avg_pool{n}d"), getattr(F, f"adaptive_max_pool{n}d")
+    up = torch.rand(avg(x, outs).shape, dtype=F64)
+    for fn in (avg, mx):
+        X = scorch.sparse_tensor(x, format="coo", requires_grad=True)
+        D = x.clone().requires_grad_()
+        got = fn(X, outs)
+        assert isinstance(got, scorch.SparseTensor)
+        _close(got, fn(x, outs))
+        if X.nnz:
+            (got.to_dense() * up).sum().backward()
+            (fn(D, outs) * up).sum().backward()
+            grad_matches(X, D)
+
+
 def test_pooling_gradients_and_modules():
     x = torch.tensor([[[0.0, 2.0, -1.0, 0.0], [3.0, 0.0, 0.0, -4.0], [0.0, 0.0, 5.0, 1.0]]], dtype=F64)
     X = scorch.sparse_tensor(x, format="coo", requires_grad=True)

@@ -13,15 +13,15 @@ then the window's reduction is a sparse op:
   window's positions in the input are counted from its coordinates, and the stored-max kernel
   adds the zero only where the window holds an implicit one. Average pooling divides by the
   positions torch counts (``count_include_pad``, ``ceil_mode``'s clipped last window).
-  ``adaptive_*`` pools whose output divides the input are these pools;
+  ``adaptive_*`` pools whose output divides the input are these pools, the others move each
+  entry into every one of torch's overlapping windows covering it (``adaptive_windows``);
 - ``F.interpolate(mode="nearest")`` by whole factors: each spatial dim's entries repeated in
   place (``repeat_interleave``), a sparse result.
 
 - ``F.conv_transpose1d/2d/3d``: the convolution of the input spread by the stride (its
   coordinates scaled), padded, with the weight's channels swapped and taps flipped;
 
-Other forms (max-pool indices, uneven adaptive windows, padding modes other than zeros)
-take the dense fallback. Everything is differentiable through
+Other forms (max-pool indices, padding modes other than zeros) take the dense fallback. Everything is differentiable through
 ``unfold`` (values gathered) and the einsum."""
 from __future__ import annotations
 
@@ -347,6 +347,53 @@ for _n, (_avg, _max) in {1: (F.avg_pool1d, F.max_pool1d), 2: (F.avg_pool2d, F.ma
     register(_max)(_max_pool(_n))
 
 
+def _adaptive_bounds(size: int, out: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """torch's adaptive windows: window ``o`` covers ``floor(o L / O) .. ceil((o + 1) L / O)``."""
+    o = torch.arange(out)
+    return torch.div(o * size, out, rounding_mode="floor"), -torch.div(-(o + 1) * size, out, rounding_mode="floor")
+
+
+def adaptive_windows(t: SparseTensor, first: int, outs: Sequence[int]) -> Tuple[SparseTensor, torch.Tensor]:
+    """``t`` with each spatial dim from ``first`` split into torch's adaptive windows (the
+    window number, and a trailing offset in the window as long as the widest window): each
+    stored entry lands in each window covering it (``ceil(O / L) + 1`` at most, the
+    coordinates moved in one vectorized pass per rank). Also each window's size, over the
+    window grid."""
+    from ..gradients.values import values_of
+    coords, values = layout_ops._coords(t), values_of(t)
+    shape = list(t.shape)
+    grid = torch.ones((), dtype=torch.int64)
+    for k, out in enumerate(outs):
+        d = first + k
+        start, end = _adaptive_bounds(shape[d], out)
+        width = int((end - start).max()) if out else 0
+        c = coords[d]
+        size = max(shape[d], 1)
+        # the windows covering c: o from floor(c O / L) to ceil((c + 1) O / L) - 1
+        home = torch.div(c * out, size, rounding_mode="floor")
+        last = -torch.div(-(c + 1) * out, size, rounding_mode="floor") - 1
+        moved, picks = [], []
+        for step in range(-(-out // size) + 1):
+            w = home + step
+            wc = w.clamp(0, max(out - 1, 0))
+            pick = ((w <= last) & (w < out)).nonzero().squeeze(1)
+            m = coords[:, pick].clone()
+            m[d] = w[pick]
+            moved.append(torch.cat([m, (c - start[wc])[pick][None]]))
+            picks.append(pick)
+        pick = torch.cat(picks)
+        coords, values = torch.cat(moved, 1), values[pick]
+        shape[d] = out
+        shape.append(width)
+        # the offset dims trail in order: move this one past the spatial dims not yet split
+        order = list(range(len(shape) - 1))
+        order.insert(t.dim() + k, len(shape) - 1)
+        coords, shape = coords[order], [shape[i] for i in order]
+        grid = grid.unsqueeze(-1) * (end - start)
+    u = _shape._build(coords, values, shape)
+    return u, grid
+
+
 def _adaptive(n: int, reduce: str):
     def handler(input, output_size, return_indices=False):
         x = _sparse(input)
@@ -356,10 +403,18 @@ def _adaptive(n: int, reduce: str):
         wanted = (output_size,) * n if isinstance(output_size, numbers.Integral) or output_size is None \
             else tuple(output_size) * (n if len(tuple(output_size)) == 1 else 1)
         sizes = tuple(s if o is None else int(o) for o, s in zip(wanted, spatial))   # None: keep
-        if any(o <= 0 or s % o for o, s in zip(sizes, spatial)):
-            return NotImplemented          # uneven windows: the fallback's
-        kernel = tuple(s // o for o, s in zip(sizes, spatial))
-        return pool(x, n, kernel, kernel, 0, 1, reduce)
+        if any(o < 0 for o in sizes):
+            return NotImplemented          # torch's error
+        if all(o > 0 and s % o == 0 for o, s in zip(sizes, spatial)):
+            kernel = tuple(s // o for o, s in zip(sizes, spatial))
+            return pool(x, n, kernel, kernel, 0, 1, reduce)
+        u, grid = adaptive_windows(x, x.dim() - n, sizes)
+        if reduce == "max":
+            if any(s == 0 for s in spatial):
+                return NotImplemented      # empty windows: torch's error
+            return window_max(u, n, grid)
+        total = torch.sum(u, tuple(range(u.dim() - n, u.dim())))
+        return total / grid.reshape((1,) * (x.dim() - n) + tuple(sizes)).to(total.dtype)
     return handler
 
 
