@@ -17,7 +17,7 @@ REFUSED = {"_batch_norm_with_update", "_native_batch_norm_legit", "cauchy", "exp
            "log_normal", "normal.in_place", "resize_", "resize_as_", "uniform"}
 #: still on the dense fallback (docs/ops.md), for some or all of their samples: max pooling
 #: with indices (adaptive too),
-#: interpolation, non-constant pads, ``index_reduce``,
+#: interpolation, negative non-constant pads, ``index_reduce``,
 #: ``as_strided`` (no meaning for sparse storage) and torch internals
 FALLBACK = {
     "_segment_reduce.lengths", "_segment_reduce.offsets", "_unsafe_masked_index",
@@ -30,8 +30,7 @@ FALLBACK = {
     "nn.functional.interpolate.bilinear", "nn.functional.interpolate.linear", "nn.functional.interpolate.nearest",
     "nn.functional.interpolate.nearest-exact", "nn.functional.max_pool1d", "nn.functional.max_pool2d",
     "nn.functional.max_unpool1d", "nn.functional.max_unpool1d.grad", "nn.functional.max_unpool2d",
-    "nn.functional.max_unpool2d.grad", "nn.functional.pad.circular", "nn.functional.pad.reflect",
-    "nn.functional.pad.replicate", "nn.functional.pad.replicate_negative", "nn.functional.upsample_bilinear",
+    "nn.functional.max_unpool2d.grad", "nn.functional.pad.replicate_negative", "nn.functional.upsample_bilinear",
     "nn.functional.upsample_nearest", "torch.ops.aten._safe_softmax.default",
 }
 

@@ -68,6 +68,34 @@ def test_pad_with_zeros_grows_and_crops_as_torch(data, shape, density):
     assert_matches(F.pad(X, pads, value=0.0), F.pad(x, pads), sparse=True)
 
 
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), mode=st.sampled_from(["reflect", "replicate", "circular"]), k=st.integers(1, 3),
+       batched=st.booleans(), density=st.sampled_from([0.0, 0.4, 1.0]))
+def test_pad_by_mode_copies_entries_as_torch(data, mode, k, batched, density):
+    """reflect / replicate / circular: each padded position copies one stored entry (a
+    sparse result); the gradient sums over the copies, as dense torch's."""
+    shape = tuple(data.draw(st.integers(1, 4)) for _ in range(k + 1 + batched))
+    if len(shape) in FORMATS:
+        x, X = _pair(data, shape, F64, density)
+    else:
+        x = data.draw(dense_values(shape, F64, density=density)) + 0
+        X = scorch.sparse_tensor(x, format="coo")
+    most = {"reflect": lambda n: n - 1, "replicate": lambda n: 3, "circular": lambda n: n}[mode]
+    pads = []
+    for d in range(k):
+        n = shape[len(shape) - 1 - d]
+        pads += [data.draw(st.integers(0, most(n))), data.draw(st.integers(0, most(n)))]
+    got = F.pad(X, pads, mode)
+    assert_matches(got, F.pad(x, pads, mode), sparse=True)
+    if X.nnz:
+        S = scorch.sparse_tensor(x, format="coo", requires_grad=True)
+        D = x.clone().requires_grad_()
+        w = torch.rand(got.shape, dtype=F64)
+        (F.pad(S, pads, mode).to_dense() * w).sum().backward()
+        (F.pad(D, pads, mode) * w).sum().backward()
+        torch.testing.assert_close(S.grad.to_dense(), D.grad * (x != 0))
+
+
 @settings(max_examples=30, deadline=None)
 @given(data=st.data(), density=st.sampled_from([0.0, 0.4, 1.0]), offset=st.integers(-3, 3))
 def test_diagonals_match_dense(data, density, offset):

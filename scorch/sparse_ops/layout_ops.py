@@ -1,6 +1,6 @@
 """Shape and layout ops that move stored coordinates (never a dense copy), beside ``shape``'s
 views and indexing: ``select``, ``unbind`` / ``split`` / ``chunk`` (every piece in one pass
-over the entries), ``tile``, ``F.pad`` with 0,
+over the entries), ``tile``, ``F.pad`` with 0 or by ``reflect`` / ``replicate`` / ``circular``,
 ``block_diag``, ``diag_embed`` / ``diagflat`` / ``diag`` of a vector, ``diagonal`` at any
 offset and dims,
 ``unfold`` (windows: each entry in each window covering it), ``cartesian_prod``,
@@ -149,11 +149,76 @@ def pad_with_zeros(t: SparseTensor, pads: Sequence[int]) -> torch.Tensor:
     return _shape._build(coords[:, keep], values[keep], shape, _shape._unblocked(t._storage.format))
 
 
+def _mode_sources(size: int, before: int, after: int, mode: str, c: torch.Tensor):
+    """For padding one dim by ``mode``: (the stored entries each padded position copies,
+    their new coordinates), the original entries included. Each output position has one
+    source: ``reflect`` mirrors without the edge, ``replicate`` repeats the edge,
+    ``circular`` wraps around."""
+    picks, places = [torch.arange(c.numel())], [c + before]
+    if mode == "reflect":
+        left = ((c >= 1) & (c <= before)).nonzero().squeeze(1)
+        right = ((c >= size - 1 - after) & (c <= size - 2)).nonzero().squeeze(1)
+        picks += [left, right]
+        places += [before - c[left], before + size + (size - 2 - c[right])]
+    elif mode == "replicate":
+        for edge, count, first in ((0, before, 0), (size - 1, after, before + size)):
+            at = (c == edge).nonzero().squeeze(1)
+            picks.append(at.repeat_interleave(count))
+            places.append((first + torch.arange(count)).repeat(at.numel()))
+    else:                                  # circular
+        left = (c >= size - before).nonzero().squeeze(1)
+        right = (c < after).nonzero().squeeze(1)
+        picks += [left, right]
+        places += [c[left] - (size - before), before + size + c[right]]
+    return torch.cat(picks), torch.cat(places)
+
+
+def pad_by_mode(t: SparseTensor, pads: Sequence[int], mode: str) -> SparseTensor:
+    """``F.pad`` with ``reflect``, ``replicate`` or ``circular``: each padded position copies
+    one stored entry (or none), so the result stores each entry once plus its copies and
+    its gradient sums over them."""
+    coords, values = _coords(t), values_of(t)
+    src = torch.arange(coords.shape[1])
+    shape = list(t.shape)
+    for k in range(len(pads) // 2):
+        d = t.dim() - 1 - k
+        before, after = int(pads[2 * k]), int(pads[2 * k + 1])
+        pick, place = _mode_sources(shape[d], before, after, mode, coords[d])
+        coords = coords[:, pick].clone()
+        coords[d] = place
+        src = src[pick]
+        shape[d] += before + after
+    return _shape._build(coords, values[src], shape, _shape._unblocked(t._storage.format))
+
+
+def _mode_pad_ok(t: SparseTensor, pad, mode: str) -> bool:
+    """The pads torch accepts for ``mode`` (anything else: torch's own error, or its
+    negative-pad cropping, in the fallback)."""
+    k = len(pad) // 2
+    if len(pad) % 2 or not 1 <= k <= 3 or t.dim() not in (k + 1, k + 2):
+        return False
+    for j in range(k):
+        size, before, after = t.shape[t.dim() - 1 - j], int(pad[2 * j]), int(pad[2 * j + 1])
+        if before < 0 or after < 0 or size == 0:
+            return False
+        if mode == "reflect" and (before >= size or after >= size):
+            return False
+        if mode == "circular" and (before > size or after > size):
+            return False
+    return True
+
+
 @register(F.pad)
 def _pad(x, pad, mode="constant", value=None):
     t = _sparse(x)
-    if t is None or mode != "constant":
-        return NotImplemented              # reflect / replicate / circular: the fallback's
+    if t is None:
+        return NotImplemented
+    if mode in ("reflect", "replicate", "circular"):
+        if not _mode_pad_ok(t, pad, mode):
+            return NotImplemented          # torch's error, or negative pads: the fallback's
+        return pad_by_mode(t, pad, mode)
+    if mode != "constant":
+        return NotImplemented
     if value not in (None, 0):             # a non-zero fill is dense by nature
         check_dense_size("pad", t.shape, t.dtype)
         return F.pad(t.to_dense(), pad, mode, value)
