@@ -201,14 +201,14 @@ def test_coordinates_construction_sums_duplicates_and_gathers():
     assert torch.allclose(v.grad, torch.tensor([3.0, 4.0, 3.0], dtype=F64))
 
 
-@pytest.mark.filterwarnings("ignore:.*upsample_linear1d.*dense copy")
+@pytest.mark.filterwarnings("ignore:.*_upsample_bilinear2d_aa.*dense copy")
 def test_no_silent_detach():
     A = scorch.sparse_tensor(torch.rand(4, 4) * (torch.rand(4, 4) < 0.5), format="csr",
                              requires_grad=True)
-    with pytest.raises(RuntimeError, match="'upsample_linear1d'.*requires grad"):
-        F.interpolate(A[None], size=8, mode="linear")                            # no sparse backward: it says so
+    with pytest.raises(RuntimeError, match="'_upsample_bilinear2d_aa'.*requires grad"):
+        F.interpolate(A[None, None], size=(2, 8), mode="bilinear", antialias=True)                            # no sparse backward: it says so
     with torch.no_grad():
-        assert F.interpolate(A[None], size=8, mode="linear").grad_fn is None   # no graph wanted: it runs
+        assert F.interpolate(A[None, None], size=(2, 8), mode="bilinear", antialias=True).grad_fn is None   # no graph wanted: it runs
     from scorch import tensor_compiler         # the compiler's own entries record no graph
     with pytest.raises(RuntimeError, match="records no autograd graph"):
         tensor_compiler.compute(Assignment("ij", Access(0, "ij") * 2.0), A)

@@ -31,12 +31,12 @@ def test_default_limit_is_64_mib():
 
 def test_below_the_limit_runs_densely_and_warns_once_naming_the_op():
     x, s = small()
-    with pytest.warns(UserWarning, match="'upsample_linear1d' has no sparse kernel"):
-        out = F.interpolate(s[None], size=4, mode="linear")
-    assert torch.equal(out, F.interpolate(x[None], size=4, mode="linear"))
+    with pytest.warns(UserWarning, match="'_upsample_bilinear2d_aa' has no sparse kernel"):
+        out = F.interpolate(s[None, None], size=(1, 4), mode="bilinear", antialias=True)
+    assert torch.equal(out, F.interpolate(x[None, None], size=(1, 4), mode="bilinear", antialias=True))
     with warnings.catch_warnings():
         warnings.simplefilter("error")        # the second call is silent
-        assert torch.equal(F.interpolate(s[None], size=4, mode="linear"), F.interpolate(x[None], size=4, mode="linear"))
+        assert torch.equal(F.interpolate(s[None, None], size=(1, 4), mode="bilinear", antialias=True), F.interpolate(x[None, None], size=(1, 4), mode="bilinear", antialias=True))
 
 
 def test_past_the_limit_raises_naming_the_op_and_shapes():
@@ -51,12 +51,12 @@ def test_past_the_limit_raises_naming_the_op_and_shapes():
 def test_the_limit_is_settable():
     x, s = small()
     scorch.set_dense_fallback_limit(8)          # 16 bytes needed
-    with pytest.raises(RuntimeError, match="upsample_linear1d.*16 bytes.*8 bytes"):
-        F.interpolate(s[None], size=4, mode="linear")
+    with pytest.raises(RuntimeError, match="_upsample_bilinear2d_aa.*16 bytes.*8 bytes"):
+        F.interpolate(s[None, None], size=(1, 4), mode="bilinear", antialias=True)
     scorch.set_dense_fallback_limit(16)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")       # warned once already in this process, or now
-        assert torch.equal(F.interpolate(s[None], size=4, mode="linear"), F.interpolate(x[None], size=4, mode="linear"))
+        assert torch.equal(F.interpolate(s[None, None], size=(1, 4), mode="bilinear", antialias=True), F.interpolate(x[None, None], size=(1, 4), mode="bilinear", antialias=True))
     scorch.set_dense_fallback_limit(0)          # no fallback at all
     with pytest.raises(scorch.DenseFallbackError):
         torch.exp(s)

@@ -195,6 +195,34 @@ def test_adaptive_pooling_with_uneven_windows(data, n):
             grad_matches(X, D)
 
 
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), mode=st.sampled_from(["linear", "bilinear", "bicubic", "trilinear", "nearest",
+                                             "nearest-exact", "area"]),
+       by_size=st.booleans(), align=st.booleans(), dtype=st.sampled_from([torch.float32, F64]))
+def test_interpolation_is_one_product_per_axis(data, mode, by_size, align, dtype):
+    """Every mode torch has (but anti-aliasing), by size or by any scale factor, larger or
+    smaller: a sparse result equal to dense torch's, gradients at the stored entries."""
+    n = {"linear": 1, "bilinear": 2, "bicubic": 2, "trilinear": 3}.get(mode) or data.draw(st.integers(1, 3))
+    x, _ = data.draw(_input(n, 2))
+    x = (x if x.dim() == n + 2 else x[None]).to(dtype)
+    kw = ({"size": tuple(data.draw(st.integers(1, 8)) for _ in range(n))} if by_size else
+          {"scale_factor": tuple(data.draw(st.integers(2, 7)) / 2 for _ in range(n))})
+    if mode in ("linear", "bilinear", "bicubic", "trilinear"):
+        kw["align_corners"] = align
+    want = F.interpolate(x, mode=mode, **kw)
+    X = scorch.sparse_tensor(x, format="coo", requires_grad=True)
+    got = F.interpolate(X, mode=mode, **kw)
+    assert isinstance(got, scorch.SparseTensor)
+    tol = 1e-5 if dtype == torch.float32 else 1e-10
+    torch.testing.assert_close(got.to_dense(), want, rtol=tol, atol=tol)
+    if X.nnz and want.numel():
+        D = x.clone().requires_grad_()
+        up = torch.rand(want.shape, dtype=dtype)
+        (got.to_dense() * up).sum().backward()
+        (F.interpolate(D, mode=mode, **kw) * up).sum().backward()
+        torch.testing.assert_close(X.grad.to_dense(), D.grad * (x != 0), rtol=tol, atol=tol)
+
+
 def test_pooling_gradients_and_modules():
     x = torch.tensor([[[0.0, 2.0, -1.0, 0.0], [3.0, 0.0, 0.0, -4.0], [0.0, 0.0, 5.0, 1.0]]], dtype=F64)
     X = scorch.sparse_tensor(x, format="coo", requires_grad=True)

@@ -118,8 +118,8 @@ def test_unsupported_op_runs_dense_with_a_warning(monkeypatch):
     monkeypatch.setattr(_dispatch, "_warned", set())   # once per op per process: another test may have warned
     x, s = example()
     with pytest.warns(UserWarning, match="no sparse kernel"):
-        out = F.interpolate(s[None], size=4, mode="linear")
-    assert torch.equal(out, F.interpolate(x[None], size=4, mode="linear"))
+        out = F.interpolate(s[None, None], size=(1, 4), mode="bilinear", antialias=True)
+    assert torch.equal(out, F.interpolate(x[None, None], size=(1, 4), mode="bilinear", antialias=True))
     with pytest.raises(RuntimeError, match="in-place"):
         s.exp_()
     s.mul_(2)   # zero-preserving in-place ops update the stored values

@@ -16,12 +16,13 @@ then the window's reduction is a sparse op:
   ``adaptive_*`` pools whose output divides the input are these pools, the others move each
   entry into every one of torch's overlapping windows covering it (``adaptive_windows``);
 - ``F.interpolate(mode="nearest")`` by whole factors: each spatial dim's entries repeated in
-  place (``repeat_interleave``), a sparse result.
+  place (``repeat_interleave``), a sparse result; every other mode and factor (not
+  anti-aliased): one einsum per axis with its sparse weight matrix (``interpolate``);
 
 - ``F.conv_transpose1d/2d/3d``: the convolution of the input spread by the stride (its
   coordinates scaled), padded, with the weight's channels swapped and taps flipped;
 
-Other forms (max-pool indices, padding modes other than zeros) take the dense fallback. Everything is differentiable through
+Other forms (max-pool indices, anti-aliased interpolation) take the dense fallback. Everything is differentiable through
 ``unfold`` (values gathered) and the einsum."""
 from __future__ import annotations
 
@@ -425,29 +426,83 @@ for _n, (_avg, _max) in {1: (F.adaptive_avg_pool1d, F.adaptive_max_pool1d),
     register(_max)(_adaptive(_n, "max"))
 
 
+#: the input rank each interpolation mode takes (None: any of 3-5)
+_MODE_RANK = {"linear": 3, "bilinear": 4, "bicubic": 4, "trilinear": 5, "nearest": None,
+              "nearest-exact": None, "area": None}
+
+
+def _axis_weights(size: int, out: Optional[int], scale: Optional[float], mode: str, align_corners,
+                  recompute) -> torch.Tensor:
+    """torch's interpolation along one axis as an (input, output) weight matrix: torch's own
+    ``F.interpolate`` of the axis's unit vectors (every mode torch has is separable: linear /
+    bilinear / trilinear and bicubic are 1-D kernels per axis, area an adaptive mean,
+    nearest a pick), so the weights are torch's to the last bit of its formulas."""
+    basis = torch.eye(size, dtype=torch.float64)
+    if mode in ("nearest", "nearest-exact", "area"):
+        kw = dict(size=None if out is None else (out,), scale_factor=None if scale is None else (scale,))
+        y = F.interpolate(basis.reshape(size, 1, size), mode=mode, recompute_scale_factor=recompute, **kw)
+    else:                       # a 1-high image: the height axis maps 1 -> 1 unchanged
+        kw = dict(size=None if out is None else (1, out), scale_factor=None if scale is None else (1.0, scale))
+        y = F.interpolate(basis.reshape(size, 1, 1, size), mode="bicubic" if mode == "bicubic" else "bilinear",
+                          align_corners=align_corners, recompute_scale_factor=recompute, **kw)
+    return y.reshape(size, -1)
+
+
+def interpolate(x: SparseTensor, sizes, scales, mode: str, align_corners, recompute):
+    """``F.interpolate`` of a sparse input: one product per spatial axis with that axis's
+    sparse weight matrix (``_axis_weights``: 1-2 entries a column for linear and nearest, 4
+    for cubic), so each stored entry spreads to the outputs it weighs in and the cost
+    follows the stored entries; a sparse result, differentiable through the products."""
+    n = x.dim() - 2
+    letters = "abcdefgh"[:x.dim()]
+    y = x
+    for k in range(n):
+        d = 2 + k
+        w = _axis_weights(x.shape[d], None if sizes is None else sizes[k], None if scales is None else scales[k],
+                          mode, align_corners, recompute)
+        if w.shape[0] == w.shape[1] and torch.equal(w, torch.eye(w.shape[0], dtype=w.dtype)):
+            continue            # this axis keeps its size and positions
+        W = scorch_sparse(w.to(x.dtype))
+        out = letters[:d] + "Z" + letters[d + 1:]
+        y = einsum(f"{letters},{letters[d]}Z->{out}", y, W)
+    return y if y is not x else x.clone()
+
+
+def scorch_sparse(w: torch.Tensor) -> SparseTensor:
+    from ..constructors import sparse_tensor
+    return sparse_tensor(w, format="csr")
+
+
 @register(F.interpolate)
 def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
                  recompute_scale_factor=None, antialias=False):
     """``mode="nearest"`` by whole factors (``size`` a multiple of the input's, or an integer
-    ``scale_factor``): each spatial dim's entries repeated in place (``repeat_interleave``), a
-    sparse result. Other modes and fractional factors take the fallback."""
+    ``scale_factor``): each spatial dim's entries repeated in place (``repeat_interleave``).
+    Every other mode and factor: one product per axis with its weight matrix
+    (:func:`interpolate`). Both give a sparse result. Inputs torch refuses (a mode's rank,
+    both or neither of size and scale_factor) take the fallback, which raises torch's error."""
     x = _sparse(input)
-    if x is None or mode != "nearest" or antialias or x.dim() < 3:
+    if x is None or x.dim() < 3 or x.dim() > 5 or mode not in _MODE_RANK:
         return NotImplemented
+    if _MODE_RANK[mode] not in (None, x.dim()) or (size is None) == (scale_factor is None):
+        return NotImplemented
+    if antialias:
+        return NotImplemented      # torch's anti-aliased kernels: the fallback's
     n = x.dim() - 2
     spatial = x.shape[2:]
-    if size is not None:
-        sizes = _tuple(size, n, "size")
-        if any(s % i for s, i in zip(sizes, spatial)) or any(i == 0 for i in spatial):
-            return NotImplemented
-        factors = [s // i for s, i in zip(sizes, spatial)]
-    elif scale_factor is not None:
-        scales = (scale_factor,) * n if isinstance(scale_factor, numbers.Real) else tuple(scale_factor)
-        if len(scales) != n or any(float(f) != int(f) or f < 1 for f in scales):
-            return NotImplemented
-        factors = [int(f) for f in scales]
-    else:
+    sizes = _tuple(size, n, "size") if size is not None else None
+    scales = None if scale_factor is None else (
+        (float(scale_factor),) * n if isinstance(scale_factor, numbers.Real) else tuple(float(f) for f in scale_factor))
+    if scales is not None and len(scales) != n:
         return NotImplemented
+    if any(i == 0 for i in spatial) or (mode != "nearest" and not x.dtype.is_floating_point):
+        return NotImplemented
+    whole = mode == "nearest" and (
+        all(s % i == 0 for s, i in zip(sizes, spatial)) if sizes is not None
+        else all(f == int(f) and f >= 1 for f in scales))
+    if not whole:
+        return interpolate(x, sizes, scales, mode, align_corners, recompute_scale_factor)
+    factors = [s // i for s, i in zip(sizes, spatial)] if sizes is not None else [int(f) for f in scales]
     out = x
     for k, f in enumerate(factors):
         if f != 1:
