@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 import scorch
 from scorch.tensor_compiler import build, codegen, target
 from scorch.tensor_compiler.lower import short_rows_limit
-from scorch.tensor_compiler.lower.facts import (HW_GATHER_MIN_BYTES, ROWS_VARY_PERCENT, ROWS_VARY_SAMPLES,
+from scorch.tensor_compiler.lower.facts import (HW_GATHER_MIN_BYTES, PAIRED_ROWS_MIN, ROWS_VARY_PERCENT, ROWS_VARY_SAMPLES,
                                                 STREAM_BLOCK, STREAM_MIN_BYTES, STREAM_MIN_GATHER_BYTES)
 
 FAST = settings(max_examples=20, deadline=None)
@@ -173,7 +173,7 @@ def _run_forced(M, dtype, index, variant, threads=1, name="native", scalar_inner
 
 
 @FAST
-@given(data=st.data(), variant=st.sampled_from(["run_chunk_streams", "run_chunk_prefetch"]),
+@given(data=st.data(), variant=st.sampled_from(["run_chunk_streams", "run_chunk_prefetch", "run_chunk_pairs"]),
        threads=st.sampled_from([1, 2]))
 def test_stream_variants_match_dense(data, variant, threads):
     """Forced on small inputs (2 threads: chunks of rows from 64 rows up)."""
@@ -226,6 +226,12 @@ def test_short_rows_module_calls_the_runtime_row_loops():
     lines = short.split("\n")
     chunk = short[short.index("cdef void run_chunk("):short.index("cdef void run_chunk_streams")]
     assert "rows_dot_f32_i32(a.t0_pos1, a.t0_crd1, a.t0_vals, a.t1_vals, a.out_vals, a.out_st_i, clo, chi)" in chunk
+    # two sums a row from PAIRED_ROWS_MIN entries a row on average, chosen before the
+    # stream and prefetch variants (which override it past the cache)
+    select = lines[lines.index("        fn = run_chunk_pairs") - 1]
+    assert select == f"    if a.t0_pos1[a.N_i] - a.t0_pos1[0] >= {PAIRED_ROWS_MIN} * a.N_i:"
+    assert short.index("fn = run_chunk_pairs") < short.index("fn = run_chunk_streams")
+    assert "rows_dot_pairs_f32_i32(" in short
     select = lines[lines.index("        fn = run_chunk_gathers") - 1]
     assert f">= {HW_GATHER_MIN_BYTES}" in select
     assert f"rows_vary_i32(a.t0_pos1, a.N_i, {ROWS_VARY_SAMPLES}, {ROWS_VARY_PERCENT})" in select

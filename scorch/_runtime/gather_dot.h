@@ -2,7 +2,7 @@
 // rows lo..hi of one sparse level), called by the short-rows module's chunk functions
 // (``scorch/tensor_compiler/lower/gather_rows.py`` says when):
 //
-// - ``rows_dot_*``: the scalar row loop, two partial sums a row.
+// - ``rows_dot_*`` / ``rows_dot_pairs_*``: the scalar row loop, one or two partial sums a row.
 // - ``rows_gather_dot_*``: each row one ``gather_dot_*``: the CPU's gather instruction, 8
 //   lanes and a masked tail, so a row of up to 8 entries is one branch-free step. Rows of
 //   random lengths mispredict the scalar loop's exit about once a row; this has no
@@ -95,11 +95,25 @@ static inline double gather_dot_f64_i64(const int64_t* c, const double* v, const
 
 #define SCORCH_ROW_LOOP __attribute__((noinline, aligned(64)))
 
-// the scalar row loop: the row's end carried to the next row's start (one pos load a row),
-// two partial sums (a 6-entry row waits out 3 add latencies, not 6: 4elt 35.8 -> 31.5 us)
+// the scalar row loops: the row's end carried to the next row's start (one pos load a row);
+// ``rows_dot`` keeps one sum a row, ``rows_dot_pairs`` two (a 6-entry row waits out 3 add
+// latencies, not 6: 4elt 35.8 -> 31.5 us; but rows of 2 pay for the pairing: arrow 57 ->
+// 78 us), chosen by the average row length (``facts.PAIRED_ROWS_MIN``)
 template <class V, class I>
 SCORCH_ROW_LOOP static void rows_dot(const I* pos, const I* crd, const V* v, const V* x, V* out,
                                      int64_t ost, int64_t lo, int64_t hi) {
+    int64_t q = pos[lo];
+    for (int64_t i = lo; i < hi; i++) {
+        int64_t h = pos[i + 1];
+        V acc = 0;
+        for (; q < h; q++) acc += v[q] * x[crd[q]];
+        out[i * ost] = acc;
+    }
+}
+
+template <class V, class I>
+SCORCH_ROW_LOOP static void rows_dot_pairs(const I* pos, const I* crd, const V* v, const V* x, V* out,
+                                           int64_t ost, int64_t lo, int64_t hi) {
     int64_t q = pos[lo];
     for (int64_t i = lo; i < hi; i++) {
         int64_t h = pos[i + 1];
@@ -137,6 +151,11 @@ SCORCH_ROW_LOOP static void rows_gather_dot(const I* pos, const I* crd, const V*
     static inline void rows_dot_##VN##_##IN(const I* pos, const I* crd, const V* v, const V* x,  \
                                             V* out, int64_t ost, int64_t lo, int64_t hi) {     \
         rows_dot<V, I>(pos, crd, v, x, out, ost, lo, hi);                                      \
+    }                                                                                          \
+    static inline void rows_dot_pairs_##VN##_##IN(const I* pos, const I* crd, const V* v,      \
+                                                  const V* x, V* out, int64_t ost, int64_t lo,  \
+                                                  int64_t hi) {                                 \
+        rows_dot_pairs<V, I>(pos, crd, v, x, out, ost, lo, hi);                                \
     }                                                                                          \
     static inline void rows_gather_dot_##VN##_##IN(const I* pos, const I* crd, const V* v,      \
                                                    const V* x, V* out, int64_t ost, int64_t lo, \

@@ -15,15 +15,14 @@ then the window's reduction is a sparse op:
   positions torch counts (``count_include_pad``, ``ceil_mode``'s clipped last window).
   ``adaptive_*`` pools whose output divides the input are these pools, the others move each
   entry into every one of torch's overlapping windows covering it (``adaptive_windows``);
-- ``F.interpolate(mode="nearest")`` by whole factors: each spatial dim's entries repeated in
-  place (``repeat_interleave``), a sparse result; every other mode and factor (not
-  anti-aliased): one einsum per axis with its sparse weight matrix (``interpolate``);
-
 - ``F.conv_transpose1d/2d/3d``: the convolution of the input spread by the stride (its
   coordinates scaled), padded, with the weight's channels swapped and taps flipped;
+- ``F.interpolate(mode="nearest")`` by whole factors: each spatial dim's entries repeated in
+  place (``repeat_interleave``), a sparse result; every other mode and factor (not
+  anti-aliased): one einsum per axis with its sparse weight matrix (``interpolate``).
 
-Other forms (max-pool indices, anti-aliased interpolation) take the dense fallback. Everything is differentiable through
-``unfold`` (values gathered) and the einsum."""
+Other forms (max-pool indices, anti-aliased interpolation) take the dense fallback.
+Everything is differentiable through ``unfold`` (values gathered) and the einsum."""
 from __future__ import annotations
 
 import numbers
@@ -462,13 +461,13 @@ def interpolate(x: SparseTensor, sizes, scales, mode: str, align_corners, recomp
                           mode, align_corners, recompute)
         if w.shape[0] == w.shape[1] and torch.equal(w, torch.eye(w.shape[0], dtype=w.dtype)):
             continue            # this axis keeps its size and positions
-        W = scorch_sparse(w.to(x.dtype))
+        W = _sparse_weights(w.to(x.dtype))
         out = letters[:d] + "Z" + letters[d + 1:]
         y = einsum(f"{letters},{letters[d]}Z->{out}", y, W)
     return y if y is not x else x.clone()
 
 
-def scorch_sparse(w: torch.Tensor) -> SparseTensor:
+def _sparse_weights(w: torch.Tensor) -> SparseTensor:
     from ..constructors import sparse_tensor
     return sparse_tensor(w, format="csr")
 

@@ -16,7 +16,8 @@ from ..loop_ir import (ArgSpec, Assign, Call, ChunkFunction, Chunking, DenseOutp
                        RowsOutput, Stmt, TuplesOutput)
 from ..schedule import Schedule
 from ..target import value_bytes
-from .facts import (DENSE_WS_LIMIT, GATHER_DOT_LANES, HW_GATHER_MIN_BYTES, PREFETCH_DISTANCE, PREFETCH_MIN_BYTES,
+from .facts import (DENSE_WS_LIMIT, GATHER_DOT_LANES, HW_GATHER_MIN_BYTES, PAIRED_ROWS_MIN, PREFETCH_DISTANCE,
+                    PREFETCH_MIN_BYTES,
                     ROWS_VARY_PERCENT, ROWS_VARY_SAMPLES, STREAM_MIN_BYTES,
                     STREAM_MIN_GATHER_BYTES, UNPREDICTABLE_DECL, KernelFacts, dot_entries_type, fiber_products,
                     kernel_facts, math_functions, reads_strided,
@@ -105,7 +106,8 @@ def chunk_function(f: KernelFacts, variant: Variant) -> ChunkFunction:
         pre.append(Assign(n.decls.need("ok"), "0"))
     nest = loop_nest(n, 0, start)
     if variant.row_loop is not None:
-        nest = row_loop_call(row_loop(f, nest), variant.row_loop == "gather", variant.streams)
+        nest = row_loop_call(row_loop(f, nest), variant.row_loop == "gather", variant.streams,
+                             variant.row_loop == "pairs")
     elif variant.streams:
         nest = stream_blocks(f, nest, n.decls.need("qb"))
     body = tuple(pre) + nest + tuple(post)
@@ -156,6 +158,10 @@ def variants(f: KernelFacts, short_module: bool = False) -> Tuple[Variant, ...]:
     rl = _row_loop(f)
     if rl is not None and short_module:
         out[0] = Variant(row_loop="dot")
+        lv = f.loops[-1].iters[0]
+        # right after run_chunk: the stream and prefetch variants override it past the cache
+        out.insert(1, Variant("run_chunk_pairs", f"{lv.pos}[{_rows_extent(f)}] - {lv.pos}[0] >= "
+                                                 f"{PAIRED_ROWS_MIN} * {_rows_extent(f)}", row_loop="pairs"))
     if rl is not None and pipelined_gathers(f):
         # random row lengths past L1: one gathered dot a row (gather_rows), with the
         # stream requests where the streams outgrow the cache; in the vectorized module

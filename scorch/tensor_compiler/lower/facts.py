@@ -24,7 +24,7 @@ from ..target import Target, current as current_target, value_bytes, vector_type
 __all__ = ["UNPREDICTABLE", "UNPREDICTABLE_DECL", "CTYPES", "NPTYPES", "ITYPES", "DENSE_WS_LIMIT", "SHORT_ROWS",
            "SHORT_ROWS_BY_DTYPE", "PREFETCH_DISTANCE", "PREFETCH_MIN_BYTES", "STREAM_BLOCK", "STREAM_DISTANCE",
            "STREAM_MIN_BYTES", "STREAM_MIN_GATHER_BYTES", "GATHER_DOT_LANES", "HW_GATHER_TARGETS",
-           "HW_GATHER_MIN_BYTES", "ROWS_VARY_SAMPLES", "ROWS_VARY_PERCENT", "gathered", "short_rows_limit",
+           "HW_GATHER_MIN_BYTES", "PAIRED_ROWS_MIN", "ROWS_VARY_SAMPLES", "ROWS_VARY_PERCENT", "gathered", "short_rows_limit",
            "DOT_PREFETCH_BYTES", "dot_gathers", "dot_prefetch_distance", "DOT_ENTRIES", "dot_entries_type",
            "dot_row_shared", "SEGMENT_PREFETCH_DISTANCE", "chased_segments", "level_entries", "fiber_products",
            "reads_strided",
@@ -101,6 +101,10 @@ HW_GATHER_TARGETS = frozenset({"avx512"})
 #: sampled pairs (``gather_dot.h``'s ``rows_vary``: random and R-MAT rows 72-91 %, where
 #: gathers won 1.2-1.6x; meshes and banded rows 0-53 %, where they lost 1.2-2.6x)
 HW_GATHER_MIN_BYTES = 64 << 10
+#: the scalar SpMV row loop keeps two partial sums a row when the rows hold at least this
+#: many entries on average (``gather_dot.h``'s ``rows_dot_pairs``: 4elt, 5.9 a row, 35.8 ->
+#: 31.5 us; bcspwr10, 4.1 a row, 7.3 -> 8.3 us and arrow, 2 a row, 57 -> 78 us the other way)
+PAIRED_ROWS_MIN = 5
 ROWS_VARY_SAMPLES = 128
 ROWS_VARY_PERCENT = 60
 

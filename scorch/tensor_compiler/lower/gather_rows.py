@@ -6,8 +6,10 @@ Two loops, chosen per call like the other chunk variants:
 - ``rows_dot``: the scalar loop (``run_chunk``). Generated inline, the same loop ran
   bcspwr10 in 7.8 or 21 us (AVX-512 Zen 5, 1 thread) depending on code elsewhere in the
   kernel (a condition added to the variant choice was enough); out of line and aligned in
-  the header it runs 7.3-8.9 us whatever surrounds it. Two partial sums a row: 4elt (6 a
-  row) 35.8 -> 31.5 us.
+  the header it runs 7.3-8.9 us whatever surrounds it. ``rows_dot_pairs``
+  (``run_chunk_pairs``, rows of ``facts.PAIRED_ROWS_MIN`` entries and more on average): two
+  partial sums a row, 4elt (6 a row) 35.8 -> 31.5 us; rows of 2 pay for the pairing (arrow
+  57 -> 78 us), hence the choice by length.
 - ``rows_gather_dot`` (``run_chunk_gathers``): each row one gathered dot with the CPU's
   gather instruction, 8 lanes and a masked tail, so a row of up to 8 entries is one
   branch-free step. The scalar loop mispredicts its exit about once a row when the
@@ -95,13 +97,13 @@ def row_loop(f: KernelFacts, body: Tuple[Stmt, ...]) -> Optional[RowLoop]:
     return RowLoop(lv.pos, lv.crd, A, X, f"a.out_st_{i}", f"{_TYPES[f.vt]}_{_TYPES[it]}")
 
 
-def row_loop_call(r: RowLoop, gathers: bool, streams: bool) -> Tuple[Stmt, ...]:
+def row_loop_call(r: RowLoop, gathers: bool, streams: bool, pairs: bool = False) -> Tuple[Stmt, ...]:
     """The chunk function's body: one call of the header's row loop (see the module
     docstring); ``gathers``: the gathered-dot loop (targets in ``HW_GATHER_TARGETS``),
-    ``streams``: with its stream requests."""
+    ``streams``: with its stream requests; ``pairs``: the scalar loop with two sums a row."""
     args = f"{r.pos}, {r.crd}, {r.vals}, {r.x}, a.out_vals, {r.ostride}, clo, chi"
     if not gathers:
-        return (Call(f"rows_dot_{r.suffix}({args})"),)
+        return (Call(f"rows_dot{'_pairs' if pairs else ''}_{r.suffix}({args})"),)
     return (Call(f"rows_gather_dot_{r.suffix}({args}, {STREAM_DISTANCE if streams else 0})"),)
 
 
@@ -116,5 +118,6 @@ def extern_lines(f: KernelFacts, r: RowLoop) -> Tuple[str, ...]:
     arrays = f"const {it}*, const {it}*, const {vt}*, const {vt}*, {vt}*, int64_t, int64_t, int64_t"
     return (f'cdef extern from "{GATHER_DOT_HEADER}" namespace "scorch" nogil:',
             f"    void rows_dot_{r.suffix}({arrays})",
+            f"    void rows_dot_pairs_{r.suffix}({arrays})",
             f"    void rows_gather_dot_{r.suffix}({arrays}, int64_t)",
             f"    bint rows_vary_{r.suffix.split('_')[1]}(const {it}*, int64_t, int64_t, int64_t)")

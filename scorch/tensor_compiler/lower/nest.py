@@ -19,7 +19,8 @@ class Variant:
     ``facts.PREFETCH_MIN_BYTES``). ``streams``: the short-rows row loop in its stream form
     (``stream_rows``: index and value lines requested ahead, long rows in blocks).
     ``row_loop``: the chunk is SpMV's row loop as one call of the runtime's (``gather_rows``):
-    ``"dot"`` (scalar) or ``"gather"`` (a gathered dot a row); ``streams`` adds its requests.
+    ``"dot"`` (scalar), ``"pairs"`` (scalar, two sums a row) or ``"gather"`` (a gathered dot a
+    row); ``streams`` adds its requests.
     ``select``: the condition that picks it (None: ``run_chunk``).
     ``bound_only``: the bound pass of a rows output (the loops down to the last output
     level, adding up that loop's trip-count bounds). ``strided``: the accesses the innermost
