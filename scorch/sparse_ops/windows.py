@@ -77,15 +77,18 @@ def _padded(t: SparseTensor, padding: Sequence[Tuple[int, int]]) -> SparseTensor
     return layout_ops.pad_with_zeros(t, pads) if any(pads) else t
 
 
+def _conv_setup(x: SparseTensor, weight: torch.Tensor, stride, dilation):
+    """(spatial dims, whether ``x`` came batched, ``x`` batched, kernel, stride, dilation)."""
+    n = weight.dim() - 2
+    batched = x.dim() == n + 2
+    return (n, batched, x if batched else x.unsqueeze(0), tuple(weight.shape[2:]),
+            _tuple(stride, n, "stride"), _tuple(dilation, n, "dilation"))
+
+
 def convolution(x: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride, padding,
                 dilation, groups: int) -> torch.Tensor:
     """``F.conv{n}d`` of a sparse input (batched or not) with a dense weight."""
-    n = weight.dim() - 2
-    batched = x.dim() == n + 2
-    if not batched:
-        x = x.unsqueeze(0)
-    kernel = tuple(weight.shape[2:])
-    stride, dilation = _tuple(stride, n, "stride"), _tuple(dilation, n, "dilation")
+    n, batched, x, kernel, stride, dilation = _conv_setup(x, weight, stride, dilation)
     if isinstance(padding, str):
         if padding == "valid":
             pad = [(0, 0)] * n
@@ -152,12 +155,7 @@ def transposed_convolution(x: SparseTensor, weight: torch.Tensor, bias: Optional
     ``dilation * (k - 1) - padding`` (``output_padding`` more after), with the weight's in and
     out channels swapped per group and its taps flipped. Every step moves coordinates; the
     one einsum of ``convolution`` does the arithmetic."""
-    n = weight.dim() - 2
-    batched = x.dim() == n + 2
-    if not batched:
-        x = x.unsqueeze(0)
-    kernel = tuple(weight.shape[2:])
-    stride, dilation = _tuple(stride, n, "stride"), _tuple(dilation, n, "dilation")
+    n, batched, x, kernel, stride, dilation = _conv_setup(x, weight, stride, dilation)
     padding, extra = _tuple(padding, n, "padding"), _tuple(output_padding, n, "output_padding")
     c = x.shape[1]
     if c != weight.shape[0] or c % groups:
