@@ -104,6 +104,8 @@ def test_short_rows_module_has_stream_variants_chosen_by_size():
     assert "cdef void run_chunk_streams" in short
     select = short.split("\n")[short.split("\n").index("        fn = run_chunk_streams") - 1]
     assert f">= {STREAM_MIN_BYTES}" in select and f">= {STREAM_MIN_GATHER_BYTES}" in select
+    # and only where the row lengths vary (the mispredicted exits the requests make up for)
+    assert f"rows_vary_i32(a.t0_pos1, a.N_i, {ROWS_VARY_SAMPLES}, {ROWS_VARY_PERCENT})" in select
     assert "scorch_prefetch_stream(a.t0_crd1 + qb + " in short
     # the gather prefetch runs in the stream form too, and comes last (it wins when both hold)
     assert short.index("fn = run_chunk_streams") < short.index("fn = run_chunk_prefetch")

@@ -126,6 +126,12 @@ def _rows_extent(f: KernelFacts) -> str:
     return " * ".join(f"a.N_{v}" for v in short_rows(f.s)[1]) or "1"
 
 
+def _rows_vary(f: KernelFacts, rl) -> str:
+    """The C condition that the rows' lengths vary (``gather_dot.h``'s ``rows_vary``)."""
+    return (f"rows_vary_{rl.suffix.split('_')[1]}({rl.pos}, {_rows_extent(f)}, {ROWS_VARY_SAMPLES}, "
+            f"{ROWS_VARY_PERCENT})")
+
+
 def _row_loop(f: KernelFacts):
     """The row loop's arrays when the plain chunk is exactly SpMV's row loop
     (``gather_rows.row_loop``), else None."""
@@ -149,13 +155,18 @@ def variants(f: KernelFacts, short_module: bool = False) -> Tuple[Variant, ...]:
     out = [Variant()]
     L = s.loop_order[-1] if s.loop_order else None
     out += [Variant(f"run_chunk_w{W}", f"a.N_{L} == {W}", width=W) for W in f.widths]
+    rl = _row_loop(f)
+    vary = (f"{_rows_vary(f, rl)}" if rl is not None else "")
     if f.gathers and short_module:
+        # the stream requests make up for the row exits a varying row length mispredicts
+        # (stream_rows); where the lengths repeat they only cost (NotreDame, 58 % empty rows:
+        # 1136 -> 996 us without them, AVX-512 Zen 5; mdual equal), so SpMV asks rows_vary
         out.append(Variant("run_chunk_streams", f"{_streams_bytes(f)} >= {STREAM_MIN_BYTES} and "
-                                                f"({_gathers_span(f, STREAM_MIN_GATHER_BYTES)})", streams=True))
+                                                f"({_gathers_span(f, STREAM_MIN_GATHER_BYTES)})"
+                                                + (f" and {vary}" if vary else ""), streams=True))
     if f.gathers:
         out.append(Variant("run_chunk_prefetch", _gathers_span(f, PREFETCH_MIN_BYTES), prefetch=True,
                            streams=short_module))
-    rl = _row_loop(f)
     if rl is not None and short_module:
         out[0] = Variant(row_loop="dot")
         lv = f.loops[-1].iters[0]
@@ -166,7 +177,6 @@ def variants(f: KernelFacts, short_module: bool = False) -> Tuple[Variant, ...]:
         # random row lengths past L1: one gathered dot a row (gather_rows), with the
         # stream requests where the streams outgrow the cache; in the vectorized module
         # too (rows of 17 and more: uniform 2^18 x 24 a row 6.1 -> 3.9 ms)
-        vary = f"rows_vary_{rl.suffix.split('_')[1]}({rl.pos}, {_rows_extent(f)}, {ROWS_VARY_SAMPLES}, {ROWS_VARY_PERCENT})"
         out.append(Variant("run_chunk_gathers", f"({_gathers_span(f, HW_GATHER_MIN_BYTES)}) and {vary}",
                            row_loop="gather"))
         out.append(Variant("run_chunk_gathers_streams", f"fn == run_chunk_gathers and {_streams_bytes(f)} >= {STREAM_MIN_BYTES}",
