@@ -205,17 +205,25 @@ def _out_size(size: int, k: int, step: int, pad: int, dil: int, ceil_mode: bool)
     return out
 
 
-def _window_counts(sizes, kernel, stride, padding, dilation, outs, margin: bool) -> torch.Tensor:
+def _window_counts(sizes, kernel, stride, padding, dilation, outs, margin: bool) -> List[torch.Tensor]:
     """How many positions of each window lie in the input (``margin``: or in its padding),
-    the outer product over the spatial dims: shape ``outs``."""
-    grid = torch.ones((), dtype=torch.int64)
+    one vector per spatial dim (a window's count is their product: never the grid)."""
+    out_counts = []
     for size, k, step, pad, dil, out in zip(sizes, kernel, stride, padding, dilation, outs):
         start = torch.arange(out) * step - pad
         pos = start[:, None] + torch.arange(k) * dil
         lo, hi = (-pad, size + pad) if margin else (0, size)
-        counts = ((pos >= lo) & (pos < hi)).sum(1)
-        grid = grid.unsqueeze(-1) * counts
-    return grid
+        out_counts.append(((pos >= lo) & (pos < hi)).sum(1))
+    return out_counts
+
+
+def _divided(total, counts: Sequence[torch.Tensor], first: int):
+    """``total`` (sparse over its windows) divided by each window's count, one broadcast
+    vector per spatial dim from ``first``: only the stored windows are read."""
+    n = len(counts)
+    for k, c in enumerate(counts):
+        total = total / c.reshape((1,) * (first + k) + (-1,) + (1,) * (n - k - 1)).to(total.dtype)
+    return total
 
 
 def _linear(coords: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
@@ -225,7 +233,7 @@ def _linear(coords: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     return lin
 
 
-def _window_max(u: SparseTensor, n: int, real: torch.Tensor):
+def _window_max(u: SparseTensor, n: int, real: Sequence[torch.Tensor]):
     """(the result's pattern, its values, each window's positions inside the input, its
     stored entries): see ``window_max``."""
     kept = u.dim() - n
@@ -237,14 +245,16 @@ def _window_max(u: SparseTensor, n: int, real: torch.Tensor):
     coords = layout_ops._coords(m)
     if not torch.equal(coords, layout_ops._coords(count)):
         raise RuntimeError("max pooling: the count of stored entries lost its windows' pattern")
-    at = real[tuple(coords[kept - real.dim() + k] for k in range(real.dim()))]
+    at = torch.ones(coords.shape[1], dtype=torch.int64)
+    for k, c in enumerate(real):          # the window's positions inside the input
+        at = at * c[coords[kept - n + k]]
     mv = m._storage.values
     return m._storage, torch.where(count._storage.values < at, mv.clamp(min=0), mv), at, count._storage.values
 
 
 class _WindowMax(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, u: SparseTensor, n: int, real: torch.Tensor) -> SparseTensor:
+    def forward(ctx, u: SparseTensor, n: int, real: Sequence[torch.Tensor]) -> SparseTensor:
         P, out, at, counts = _window_max(u, n, real)
         ctx.save_for_backward(out)
         ctx.pattern, ctx.u, ctx.at, ctx.counts, ctx.kept = P, u._storage, at, counts, u.dim() - n
@@ -266,11 +276,11 @@ class _WindowMax(torch.autograd.Function):
         return mark_gradient(from_values(U, vals.to(U.values.dtype))), None, None
 
 
-def window_max(u: SparseTensor, n: int, real: torch.Tensor) -> SparseTensor:
+def window_max(u: SparseTensor, n: int, real: Sequence[torch.Tensor]) -> SparseTensor:
     """The max of each window of ``u`` (its last ``n`` dims the offsets in the window) as a
     sparse tensor over the windows that store an entry: the max of their stored entries,
     raised to 0 where the window also holds an implicit zero (fewer stored entries than
-    ``real``, its positions inside the input, given over the window grid's spatial dims).
+    ``real``, its positions inside the input: one vector per spatial dim, multiplied).
     Windows storing nothing are 0, not stored: the cost is the stored entries'. The
     backward splits a window's gradient among its stored entries equal to the max and,
     where the max is 0, its implicit zeros (as ``amax``)."""
@@ -301,7 +311,6 @@ def pool(x: SparseTensor, n: int, kernel, stride, padding, dilation, reduce: str
     u = u[(slice(None),) * first + tuple(slice(0, o) for o in outs)]
     dims = tuple(range(u.dim() - n, u.dim()))
     uneven = ceil_mode or any(padding)
-    shape = (1,) * first + outs
     if reduce == "max":
         return window_max(u, n, _window_counts(sizes, kernel, stride, padding, dilation, outs, margin=False))
     total = torch.sum(u, dims)
@@ -312,8 +321,8 @@ def pool(x: SparseTensor, n: int, kernel, stride, padding, dilation, reduce: str
         for k in kernel:
             size *= k
         return total / size
-    counts = _window_counts(sizes, kernel, stride, padding, dilation, outs, margin=count_include_pad)
-    return total / counts.reshape(shape).to(total.dtype)
+    return _divided(total, _window_counts(sizes, kernel, stride, padding, dilation, outs, margin=count_include_pad),
+                    first)
 
 
 def _avg_pool(n: int):
@@ -351,16 +360,16 @@ def _adaptive_bounds(size: int, out: int) -> Tuple[torch.Tensor, torch.Tensor]:
     return torch.div(o * size, out, rounding_mode="floor"), -torch.div(-(o + 1) * size, out, rounding_mode="floor")
 
 
-def adaptive_windows(t: SparseTensor, first: int, outs: Sequence[int]) -> Tuple[SparseTensor, torch.Tensor]:
+def adaptive_windows(t: SparseTensor, first: int, outs: Sequence[int]) -> Tuple[SparseTensor, List[torch.Tensor]]:
     """``t`` with each spatial dim from ``first`` split into torch's adaptive windows (the
     window number, and a trailing offset in the window as long as the widest window): each
     stored entry lands in each window covering it (``ceil(O / L) + 1`` at most, the
-    coordinates moved in one vectorized pass per rank). Also each window's size, over the
-    window grid."""
+    coordinates moved in one vectorized pass per rank). Also the windows' sizes, one vector
+    per dim."""
     from ..gradients.values import values_of
     coords, values = layout_ops._coords(t), values_of(t)
     shape = list(t.shape)
-    grid = torch.ones((), dtype=torch.int64)
+    widths = []
     for k, out in enumerate(outs):
         d = first + k
         start, end = _adaptive_bounds(shape[d], out)
@@ -387,9 +396,9 @@ def adaptive_windows(t: SparseTensor, first: int, outs: Sequence[int]) -> Tuple[
         order = list(range(len(shape) - 1))
         order.insert(t.dim() + k, len(shape) - 1)
         coords, shape = coords[order], [shape[i] for i in order]
-        grid = grid.unsqueeze(-1) * (end - start)
+        widths.append(end - start)
     u = _shape._build(coords, values, shape)
-    return u, grid
+    return u, widths
 
 
 def _adaptive(n: int, reduce: str):
@@ -406,13 +415,13 @@ def _adaptive(n: int, reduce: str):
         if all(o > 0 and s % o == 0 for o, s in zip(sizes, spatial)):
             kernel = tuple(s // o for o, s in zip(sizes, spatial))
             return pool(x, n, kernel, kernel, 0, 1, reduce)
-        u, grid = adaptive_windows(x, x.dim() - n, sizes)
+        u, widths = adaptive_windows(x, x.dim() - n, sizes)
         if reduce == "max":
             if any(s == 0 for s in spatial):
                 return NotImplemented      # empty windows: torch's error
-            return window_max(u, n, grid)
+            return window_max(u, n, widths)
         total = torch.sum(u, tuple(range(u.dim() - n, u.dim())))
-        return total / grid.reshape((1,) * (x.dim() - n) + tuple(sizes)).to(total.dtype)
+        return _divided(total, widths, x.dim() - n)
     return handler
 
 
@@ -428,21 +437,41 @@ _MODE_RANK = {"linear": 3, "bilinear": 4, "bicubic": 4, "trilinear": 5, "nearest
               "nearest-exact": None, "area": None}
 
 
-def _axis_weights(size: int, out: Optional[int], scale: Optional[float], mode: str, align_corners,
+def _interpolated(rows: torch.Tensor, out: Optional[int], scale: Optional[float], mode: str, align_corners,
                   recompute) -> torch.Tensor:
-    """torch's interpolation along one axis as an (input, output) weight matrix: torch's own
-    ``F.interpolate`` of the axis's unit vectors (every mode torch has is separable: linear /
-    bilinear / trilinear and bicubic are 1-D kernels per axis, area an adaptive mean,
-    nearest a pick), so the weights are torch's to the last bit of its formulas."""
-    basis = torch.eye(size, dtype=torch.float64)
+    """torch's ``F.interpolate`` of each row of ``rows`` along its length (a 1-high image for
+    the linear and cubic modes: its height maps 1 -> 1 unchanged)."""
+    b, size = rows.shape
     if mode in ("nearest", "nearest-exact", "area"):
         kw = dict(size=None if out is None else (out,), scale_factor=None if scale is None else (scale,))
-        y = F.interpolate(basis.reshape(size, 1, size), mode=mode, recompute_scale_factor=recompute, **kw)
-    else:                       # a 1-high image: the height axis maps 1 -> 1 unchanged
+        y = F.interpolate(rows.reshape(b, 1, size), mode=mode, recompute_scale_factor=recompute, **kw)
+    else:
         kw = dict(size=None if out is None else (1, out), scale_factor=None if scale is None else (1.0, scale))
-        y = F.interpolate(basis.reshape(size, 1, 1, size), mode="bicubic" if mode == "bicubic" else "bilinear",
+        y = F.interpolate(rows.reshape(b, 1, 1, size), mode="bicubic" if mode == "bicubic" else "bilinear",
                           align_corners=align_corners, recompute_scale_factor=recompute, **kw)
-    return y.reshape(size, -1)
+    return y.reshape(b, -1)
+
+
+def _axis_weights(size: int, out: Optional[int], scale: Optional[float], mode: str, align_corners,
+                  recompute) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """torch's interpolation along one axis as (input index, output index, weight) triples:
+    torch's own ``F.interpolate`` (every mode is separable: linear / bilinear / trilinear and
+    bicubic are 1-D kernels per axis, area an adaptive mean, nearest a pick), so the
+    weights are torch's (area, a mean over windows of any width, goes to adaptive pooling).
+    Not of every unit vector (O(size x out)): of ``P`` combs, comb ``r``
+    holding the inputs ``i = r mod P``, with ``P`` past the widest support, so each output
+    meets at most one input of a comb; a second comb holding ``i + 1`` there names it."""
+    probe = _interpolated(torch.zeros(1, size, dtype=torch.float64), out, scale, mode, align_corners, recompute)
+    n_out = probe.shape[1]
+    support = {"nearest": 1, "nearest-exact": 1, "bicubic": 4}.get(mode, 2)
+    P = min(size, support + 1)
+    i = torch.arange(size)
+    combs = (i[None, :] % P == torch.arange(P)[:, None]).to(torch.float64)
+    y = _interpolated(torch.cat([combs, combs * (i + 1)]), out, scale, mode, align_corners, recompute)
+    w, named = y[:P], y[P:]
+    r, o = (w != 0).nonzero(as_tuple=True)
+    src = torch.round(named[r, o] / w[r, o]).to(torch.int64) - 1
+    return src, o, w[r, o], n_out
 
 
 def interpolate(x: SparseTensor, sizes, scales, mode: str, align_corners, recompute):
@@ -451,23 +480,29 @@ def interpolate(x: SparseTensor, sizes, scales, mode: str, align_corners, recomp
     for cubic), so each stored entry spreads to the outputs it weighs in and the cost
     follows the stored entries; a sparse result, differentiable through the products."""
     n = x.dim() - 2
+    if mode == "area":          # torch's area is its adaptive mean: windows of any width
+        outs = [_interpolated(torch.zeros(1, x.shape[2 + k], dtype=torch.float64), None if sizes is None else sizes[k],
+                              None if scales is None else scales[k], mode, align_corners, recompute).shape[1]
+                for k in range(n)]
+        return getattr(F, f"adaptive_avg_pool{n}d")(x, outs)
     letters = "abcdefgh"[:x.dim()]
     y = x
     for k in range(n):
         d = 2 + k
-        w = _axis_weights(x.shape[d], None if sizes is None else sizes[k], None if scales is None else scales[k],
-                          mode, align_corners, recompute)
-        if w.shape[0] == w.shape[1] and torch.equal(w, torch.eye(w.shape[0], dtype=w.dtype)):
+        size = x.shape[d]
+        src, o, w, n_out = _axis_weights(size, None if sizes is None else sizes[k],
+                                         None if scales is None else scales[k], mode, align_corners, recompute)
+        if n_out == size and torch.equal(src, o) and bool((w == 1).all()) and src.numel() == size:
             continue            # this axis keeps its size and positions
-        W = _sparse_weights(w.to(x.dtype))
+        W = _sparse_weights(src, o, w.to(x.dtype), (size, n_out))
         out = letters[:d] + "Z" + letters[d + 1:]
         y = einsum(f"{letters},{letters[d]}Z->{out}", y, W)
     return y if y is not x else x.clone()
 
 
-def _sparse_weights(w: torch.Tensor) -> SparseTensor:
+def _sparse_weights(src: torch.Tensor, o: torch.Tensor, w: torch.Tensor, shape) -> SparseTensor:
     from ..constructors import sparse_tensor
-    return sparse_tensor(w, format="csr")
+    return sparse_tensor((torch.stack([src, o]), w), size=shape, format="csr")
 
 
 @register(F.interpolate)
