@@ -273,6 +273,17 @@ def test_in_place_by_a_tensor_under_autograd_rebases_the_history(op, partner):
     torch.testing.assert_close(og, Od.grad * ((o != 0) if partner != "dense" else 1.0))
 
 
+def test_in_place_by_a_dense_tensor_changed_before_the_backward_raises_as_torch():
+    X = scorch.sparse_tensor(torch.tensor([[1.0, 0.0], [-2.0, 3.0]], dtype=F64), format="csr", requires_grad=True)
+    W = torch.full((2, 2), 5.0, dtype=F64, requires_grad=True)
+    w = W * 1.0
+    Y = X * 1.0
+    Y.mul_(w)
+    w.add_(1.0)                                   # the saved factor changes
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        Y.to_dense().sum().backward()
+
+
 def test_in_place_by_a_tensor_on_a_leaf_raises_before_writing():
     x = torch.tensor([[1.0, 0.0], [-2.0, 3.0]], dtype=F64)
     X = scorch.sparse_tensor(x, format="csr", requires_grad=True)

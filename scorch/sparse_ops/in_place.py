@@ -79,20 +79,21 @@ class _InPlaceWith(torch.autograd.Function):
     """``s op= other`` (``add_``/``sub_``/``mul_``/``div_`` by a tensor) under autograd: the
     result of ``op`` out of place is written into ``s``'s values (``store``: it must lie on
     ``s``'s pattern) and ``s``'s history rebased (``mark_dirty``). The backward replays ``op``
-    on the values before the change and on ``other``; ``other`` is read as it is then (keep
-    it unchanged until the backward, as torch asks of saved tensors)."""
+    on the values before the change and on ``other``, saved as torch saves tensors (a later
+    in-place change of a dense ``other`` raises torch's "modified by an inplace operation")."""
     @staticmethod
     def forward(ctx, s: SparseTensor, other, op: Callable, store: Callable) -> SparseTensor:
-        ctx.save_for_backward(s._storage.values.clone())
-        ctx.op, ctx.pattern, ctx.other = op, s._storage, other
+        dense_other = isinstance(other, torch.Tensor) and not isinstance(other, SparseTensor)
+        ctx.save_for_backward(s._storage.values.clone(), *((other,) if dense_other else ()))
+        ctx.op, ctx.pattern, ctx.other = op, s._storage, None if dense_other else other
         store(s, op(s, other))
         ctx.mark_dirty(s)
         return s
 
     @staticmethod
     def backward(ctx, g):
-        before, = ctx.saved_tensors
-        P, other = ctx.pattern, ctx.other
+        before, *saved = ctx.saved_tensors
+        P, other = ctx.pattern, (saved[0] if saved else ctx.other)
         wanted = grad_values(P, g)
         tracked = isinstance(other, torch.Tensor) and other.requires_grad
         with torch.enable_grad():

@@ -35,7 +35,7 @@ from .._dispatch import register
 from ..tensor_type import SparseTensor
 from . import layout_ops, nonlinear
 from . import shape as _shape
-from ..gradients.values import from_values, grad_values, mark_gradient
+from ..gradients.values import from_values, grad_values, mark_gradient, values_of
 from ..gradients.functions import needs_graph
 from ..gradients.pattern import with_pattern_values
 from .einsum import einsum
@@ -139,7 +139,6 @@ def _dilated(x: SparseTensor, first: int, stride: Sequence[int]) -> SparseTensor
     ``first``: the stored coordinates scaled, nothing else moves."""
     if all(s == 1 for s in stride):
         return x
-    from ..gradients.values import values_of
     coords = layout_ops._coords(x).clone()
     shape = list(x.shape)
     for k, step in enumerate(stride):
@@ -366,7 +365,6 @@ def adaptive_windows(t: SparseTensor, first: int, outs: Sequence[int]) -> Tuple[
     stored entry lands in each window covering it (``ceil(O / L) + 1`` at most, the
     coordinates moved in one vectorized pass per rank). Also the windows' sizes, one vector
     per dim."""
-    from ..gradients.values import values_of
     coords, values = layout_ops._coords(t), values_of(t)
     shape = list(t.shape)
     widths = []

@@ -128,7 +128,7 @@ def _rows_extent(f: KernelFacts) -> str:
 
 def _rows_vary(f: KernelFacts, rl) -> str:
     """The C condition that the rows' lengths vary (``gather_dot.h``'s ``rows_vary``)."""
-    return (f"rows_vary_{rl.suffix.split('_')[1]}({rl.pos}, {_rows_extent(f)}, {ROWS_VARY_SAMPLES}, "
+    return (f"{rl.rows_vary}({rl.pos}, {_rows_extent(f)}, {ROWS_VARY_SAMPLES}, "
             f"{ROWS_VARY_PERCENT})")
 
 
@@ -156,7 +156,7 @@ def variants(f: KernelFacts, short_module: bool = False) -> Tuple[Variant, ...]:
     L = s.loop_order[-1] if s.loop_order else None
     out += [Variant(f"run_chunk_w{W}", f"a.N_{L} == {W}", width=W) for W in f.widths]
     rl = _row_loop(f)
-    vary = (f"{_rows_vary(f, rl)}" if rl is not None else "")
+    vary = _rows_vary(f, rl) if rl is not None else ""
     if f.gathers and short_module:
         # the stream requests make up for the row exits a varying row length mispredicts
         # (stream_rows); where the lengths repeat they only cost (NotreDame, 58 % empty rows:

@@ -34,7 +34,7 @@ from ..loop_ir import AddTo, Assign, Call, For, LevelCode, Stmt
 from .facts import HW_GATHER_TARGETS, KernelFacts, short_rows
 from .stream_rows import STREAM_DISTANCE
 
-__all__ = ["GATHER_DOT_HEADER", "RowLoop", "row_loop", "row_loop_call", "extern_lines"]
+__all__ = ["GATHER_DOT_HEADER", "RowLoop", "row_loop", "row_loop_call", "extern_lines", "pipelined_gathers"]
 
 #: the runtime header with the row loops (``scorch/_runtime/gather_dot.h``)
 GATHER_DOT_HEADER = "gather_dot.h"
@@ -53,6 +53,11 @@ class RowLoop:
     x: str
     ostride: str
     suffix: str
+
+    @property
+    def rows_vary(self) -> str:
+        """The header's ``rows_vary`` for this loop's index type."""
+        return f"rows_vary_{self.suffix.split('_')[1]}"
 
 
 def row_loop(f: KernelFacts, body: Tuple[Stmt, ...]) -> Optional[RowLoop]:
@@ -120,4 +125,4 @@ def extern_lines(f: KernelFacts, r: RowLoop) -> Tuple[str, ...]:
             f"    void rows_dot_{r.suffix}({arrays})",
             f"    void rows_dot_pairs_{r.suffix}({arrays})",
             f"    void rows_gather_dot_{r.suffix}({arrays}, int64_t)",
-            f"    bint rows_vary_{r.suffix.split('_')[1]}(const {it}*, int64_t, int64_t, int64_t)")
+            f"    bint {r.rows_vary}(const {it}*, int64_t, int64_t, int64_t)")
