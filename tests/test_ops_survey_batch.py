@@ -174,6 +174,45 @@ def test_region_writes_replace_only_their_region(data, shape, sparse_src):
         _close(torch.put(X, flat, vals), torch.put(x, flat, vals))
 
 
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), shape=st.sampled_from([(4, 5), (6,), (3, 4, 2), (1, 3)]),
+       reduce=st.sampled_from(["prod", "mean", "amax", "amin"]), include_self=st.booleans(),
+       sparse_src=st.booleans())
+def test_index_reduce_reduces_only_the_indexed_slices(data, shape, reduce, include_self, sparse_src):
+    """Repeated and unsorted indices; the input's other slices keep their stored entries (a
+    sparse result); gradients for the stored entries and the source as dense torch's."""
+    x, _ = _pair(data, shape)
+    d = data.draw(st.integers(0, len(shape) - 1))
+    idx = torch.tensor(data.draw(st.lists(st.integers(0, shape[d] - 1), max_size=5)), dtype=torch.int64)
+    s = data.draw(dense_values(shape[:d] + (idx.numel(),) + shape[d + 1:], F64)) + 0
+    X = scorch.sparse_tensor(x, format="coo", requires_grad=True)
+    S = (scorch.sparse_tensor(s, format="coo") if sparse_src and s.dim() else s.clone()).requires_grad_()
+    D, Sd = x.clone().requires_grad_(), s.clone().requires_grad_()
+    got, want = X.index_reduce(d, idx, S, reduce, include_self=include_self), \
+        D.index_reduce(d, idx, Sd, reduce, include_self=include_self)
+    assert isinstance(got, scorch.SparseTensor)
+    _close(got, want.detach())
+    up = torch.rand(shape, dtype=F64)
+    (got.to_dense() * up).sum().backward()
+    (want * up).sum().backward()
+    if X.nnz:
+        _close(X.grad, D.grad * (x != 0))
+    grad_s = S.grad.to_dense() if isinstance(S.grad, scorch.SparseTensor) else S.grad
+    _close(grad_s, Sd.grad * (s != 0) if isinstance(S, scorch.SparseTensor) else Sd.grad)
+
+
+def test_index_reduce_refuses_what_torch_refuses():
+    X = scorch.sparse_tensor(torch.eye(3), format="coo")
+    with pytest.raises(IndexError, match="out of range"):
+        X.index_reduce(0, torch.tensor([3]), torch.ones(1, 3), "prod")
+    with pytest.raises(IndexError, match="out of range"):
+        X.index_reduce(0, torch.tensor([-1]), torch.ones(1, 3), "prod")
+    with pytest.raises(RuntimeError, match="reduce"):
+        X.index_reduce(0, torch.tensor([1]), torch.ones(1, 3), "sum")
+    with pytest.raises(RuntimeError, match="shape"):
+        X.index_reduce(0, torch.tensor([1]), torch.ones(1, 2), "amax")
+
+
 # --- statistics, normalisation, repeats -------------------------------------------------------
 
 @settings(max_examples=40, deadline=None)

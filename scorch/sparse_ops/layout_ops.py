@@ -183,7 +183,12 @@ def pad_by_mode(t: SparseTensor, pads: Sequence[int], mode: str) -> SparseTensor
     for k in range(len(pads) // 2):
         d = t.dim() - 1 - k
         before, after = int(pads[2 * k]), int(pads[2 * k + 1])
-        pick, place = _mode_sources(shape[d], before, after, mode, coords[d])
+        pick, place = _mode_sources(shape[d], max(before, 0), max(after, 0), mode, coords[d])
+        # a negative pad crops what the padding of the other side made (``replicate``,
+        # ``reflect``: torch pads from the whole input, then crops)
+        padded = shape[d] + max(before, 0) + max(after, 0)
+        inside = (place >= -min(before, 0)) & (place < padded + min(after, 0))
+        pick, place = pick[inside], place[inside] + min(before, 0)
         coords = coords[:, pick].clone()
         coords[d] = place
         src = src[pick]
@@ -192,14 +197,14 @@ def pad_by_mode(t: SparseTensor, pads: Sequence[int], mode: str) -> SparseTensor
 
 
 def _mode_pad_ok(t: SparseTensor, pad, mode: str) -> bool:
-    """The pads torch accepts for ``mode`` (anything else: torch's own error, or its
-    negative-pad cropping, in the fallback)."""
+    """The pads torch accepts for ``mode`` (anything else: torch's own error, or circular
+    padding's negative-pad cropping, in the fallback)."""
     k = len(pad) // 2
     if len(pad) % 2 or not 1 <= k <= 3 or t.dim() not in (k + 1, k + 2):
         return False
     for j in range(k):
         size, before, after = t.shape[t.dim() - 1 - j], int(pad[2 * j]), int(pad[2 * j + 1])
-        if before < 0 or after < 0 or size == 0:
+        if size == 0 or size + before + after < 0 or ((before < 0 or after < 0) and mode == "circular"):
             return False
         if mode == "reflect" and (before >= size or after >= size):
             return False

@@ -1,5 +1,5 @@
 """Out-of-place writes of a region: ``select_scatter``, ``slice_scatter``, ``diagonal_scatter``,
-``index_copy``, ``index_fill`` with a non-zero value, ``put``. Each names a region of the input
+``index_copy``, ``index_fill`` with a non-zero value, ``put``, ``index_reduce``. Each names a region of the input
 (a slice, a diagonal, the slices of an index) and what goes there (a source tensor, a value).
 On a sparse input the result is the input's stored entries outside the region plus the
 source's entries moved into it (a sparse source: its stored ones; a dense one: all, as the
@@ -132,6 +132,33 @@ def _index_copy(input, dim, index, source):
     moved[d] = idx[moved[d]]
     inside = torch.isin(_coords(t)[d], idx)
     return replace_region(t, inside, moved, v[keep])
+
+
+@register(torch.index_reduce, torch.Tensor.index_reduce)
+def _index_reduce(input, dim, index, source, reduce, *, include_self=True):
+    """The slices ``index`` names, reduced with ``source``'s: those slices of the input made
+    dense (as many as ``source`` has, at most), torch's own ``index_reduce`` on them, put
+    back; the input's other slices keep their stored entries."""
+    t = _sparse(input)
+    if t is None:
+        if _sparse(source) is None:
+            return NotImplemented
+        return _dense_input(torch.index_reduce, input, dim, index, source, reduce, include_self=include_self)
+    if t.dim() == 0:
+        return NotImplemented
+    d = _dim(dim, t.dim())
+    n = t.shape[d]
+    idx = index.reshape(-1).to(torch.int64)
+    if idx.numel() and bool(((idx < 0) | (idx >= n)).any()):     # (torch takes no negative index here)
+        raise IndexError("index_reduce: index out of range in self")
+    rows = torch.unique(idx)
+    block = torch.index_select(t, d, rows).to_dense()
+    src = source.to_dense() if isinstance(source, SparseTensor) else source
+    out = block.index_reduce(d, torch.searchsorted(rows, idx), src, reduce, include_self=include_self)
+    c, v = _entries(out, out.shape)
+    moved = c.clone()
+    moved[d] = rows[c[d]]
+    return replace_region(t, torch.isin(_coords(t)[d], rows), moved, v)
 
 
 @register(torch.Tensor.index_fill, torch.index_fill)

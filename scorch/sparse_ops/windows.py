@@ -8,7 +8,7 @@ then the window's reduction is a sparse op:
   entries times the kernel size, with a dense result (every output channel of a touched
   window);
 - ``F.avg_pool1d/2d/3d`` and ``F.max_pool1d/2d/3d`` (padding, ``ceil_mode``, max pooling's
-  dilation; no indices): the window's mean / ``amax`` over the offset dims, the implicit
+  dilation, indices): the window's mean / ``amax`` over the offset dims, the implicit
   zeros counted. Max pooling's padding is no entry of a window (torch pads with -inf): each
   window's positions in the input are counted from its coordinates, and the stored-max kernel
   adds the zero only where the window holds an implicit one. Average pooling divides by the
@@ -21,10 +21,11 @@ then the window's reduction is a sparse op:
   place (``repeat_interleave``), a sparse result; every other mode and factor (not
   anti-aliased): one einsum per axis with its sparse weight matrix (``interpolate``).
 
-Other forms (max-pool indices, anti-aliased interpolation) take the dense fallback.
+Max pooling's indices are ``pool_indices``'; anti-aliased interpolation takes the dense fallback.
 Everything is differentiable through ``unfold`` (values gathered) and the einsum."""
 from __future__ import annotations
 
+import math
 import numbers
 from typing import List, Optional, Sequence, Tuple
 
@@ -40,6 +41,7 @@ from ..gradients.functions import needs_graph
 from ..gradients.pattern import with_pattern_values
 from .einsum import einsum
 from .nonlinear import _sparse
+from .pool_indices import adaptive_tables, max_indices, pool_tables
 
 __all__ = ["convolution", "pool"]
 
@@ -253,14 +255,19 @@ def _window_max(u: SparseTensor, n: int, real: Sequence[torch.Tensor]):
 
 class _WindowMax(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, u: SparseTensor, n: int, real: Sequence[torch.Tensor]) -> SparseTensor:
+    def forward(ctx, u: SparseTensor, n: int, real: Sequence[torch.Tensor], indices):
         P, out, at, counts = _window_max(u, n, real)
         ctx.save_for_backward(out)
         ctx.pattern, ctx.u, ctx.at, ctx.counts, ctx.kept = P, u._storage, at, counts, u.dim() - n
-        return SparseTensor(with_pattern_values(P, out))
+        result = SparseTensor(with_pattern_values(P, out))
+        if indices is None:
+            return result
+        where = max_indices(u._storage, P, out, at, counts, n, *indices)
+        ctx.mark_non_differentiable(where)
+        return result, where
 
     @staticmethod
-    def backward(ctx, g):
+    def backward(ctx, g, *_):
         out, = ctx.saved_tensors
         P, U, kept = ctx.pattern, ctx.u, ctx.kept
         wanted = grad_values(P, g)
@@ -272,30 +279,35 @@ class _WindowMax(torch.autograd.Function):
         implicit = torch.where(out == 0, (ctx.at - ctx.counts).to(out.dtype), torch.zeros((), dtype=out.dtype))
         share = (wanted.to(out.dtype) / (ties + implicit).clamp(min=1))[fiber]
         vals = torch.where(tie, share, torch.zeros((), dtype=share.dtype))
-        return mark_gradient(from_values(U, vals.to(U.values.dtype))), None, None
+        return mark_gradient(from_values(U, vals.to(U.values.dtype))), None, None, None
 
 
-def window_max(u: SparseTensor, n: int, real: Sequence[torch.Tensor]) -> SparseTensor:
+def window_max(u: SparseTensor, n: int, real: Sequence[torch.Tensor], indices=None):
     """The max of each window of ``u`` (its last ``n`` dims the offsets in the window) as a
     sparse tensor over the windows that store an entry: the max of their stored entries,
     raised to 0 where the window also holds an implicit zero (fewer stored entries than
     ``real``, its positions inside the input: one vector per spatial dim, multiplied).
     Windows storing nothing are 0, not stored: the cost is the stored entries'. The
     backward splits a window's gradient among its stored entries equal to the max and,
-    where the max is 0, its implicit zeros (as ``amax``)."""
+    where the max is 0, its implicit zeros (as ``amax``). ``indices``: (position tables,
+    input sizes) to also return torch's max indices (``pool_indices.max_indices``)."""
     if needs_graph((u,)):
-        return _WindowMax.apply(u, n, real)
-    P, out, _, _ = _window_max(u, n, real)
-    return SparseTensor(with_pattern_values(P, out))
+        return _WindowMax.apply(u, n, real, indices)
+    P, out, at, counts = _window_max(u, n, real)
+    result = SparseTensor(with_pattern_values(P, out))
+    if indices is None:
+        return result
+    return result, max_indices(u._storage, P, out, at, counts, n, *indices)
 
 
 def pool(x: SparseTensor, n: int, kernel, stride, padding, dilation, reduce: str,
-         divisor: Optional[int] = None, ceil_mode: bool = False, count_include_pad: bool = True) -> torch.Tensor:
+         divisor: Optional[int] = None, ceil_mode: bool = False, count_include_pad: bool = True,
+         return_indices: bool = False):
     """Mean (``avg``) or ``amax`` (``max``) over each window of the last ``n`` dims, with
     torch's padding rules: max pooling's padding is no entry of a window (-inf), average
     pooling divides by the window's positions in the padded input (``count_include_pad``) or
     in the input, and ``ceil_mode``'s last window, hanging past the end, counts only what it
-    covers of those."""
+    covers of those. ``return_indices`` (max): also torch's indices of the maxima."""
     kernel = _tuple(kernel, n, "kernel_size")
     stride = _tuple(stride if stride not in (None, ()) else kernel, n, "stride")
     padding, dilation = _tuple(padding, n, "padding"), _tuple(dilation, n, "dilation")
@@ -311,7 +323,8 @@ def pool(x: SparseTensor, n: int, kernel, stride, padding, dilation, reduce: str
     dims = tuple(range(u.dim() - n, u.dim()))
     uneven = ceil_mode or any(padding)
     if reduce == "max":
-        return window_max(u, n, _window_counts(sizes, kernel, stride, padding, dilation, outs, margin=False))
+        tables = (pool_tables(sizes, kernel, stride, padding, dilation, outs), sizes) if return_indices else None
+        return window_max(u, n, _window_counts(sizes, kernel, stride, padding, dilation, outs, margin=False), tables)
     total = torch.sum(u, dims)
     if divisor:
         return total / divisor
@@ -339,18 +352,22 @@ def _max_pool(n: int):
     def handler(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
                 return_indices=False):
         x = _sparse(input)
-        if x is None or return_indices or x.dim() not in (n + 1, n + 2):
-            return NotImplemented          # indices: the fallback's
-        return pool(x, n, kernel_size, stride, padding, dilation, "max", ceil_mode=bool(ceil_mode))
+        if x is None or x.dim() not in (n + 1, n + 2):
+            return NotImplemented
+        return pool(x, n, kernel_size, stride, padding, dilation, "max", ceil_mode=bool(ceil_mode),
+                    return_indices=bool(return_indices))
     return handler
 
 
 # ``F.max_pool2d`` (torch's boolean_dispatch on ``return_indices``) hands a subclass to
-# ``__torch_function__`` under its own public name
-for _n, (_avg, _max) in {1: (F.avg_pool1d, F.max_pool1d), 2: (F.avg_pool2d, F.max_pool2d),
-                         3: (F.avg_pool3d, F.max_pool3d)}.items():
+# ``__torch_function__`` under its own public name, ``F.max_pool2d_with_indices`` with them
+for _n, (_avg, _max, _with) in {
+        1: (F.avg_pool1d, F.max_pool1d, F.max_pool1d_with_indices),
+        2: (F.avg_pool2d, F.max_pool2d, F.max_pool2d_with_indices),
+        3: (F.avg_pool3d, F.max_pool3d, F.max_pool3d_with_indices)}.items():
     register(_avg)(_avg_pool(_n))
     register(_max)(_max_pool(_n))
+    register(_with)(_max_pool(_n))
 
 
 def _adaptive_bounds(size: int, out: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -402,7 +419,7 @@ def adaptive_windows(t: SparseTensor, first: int, outs: Sequence[int]) -> Tuple[
 def _adaptive(n: int, reduce: str):
     def handler(input, output_size, return_indices=False):
         x = _sparse(input)
-        if x is None or return_indices or x.dim() not in (n + 1, n + 2):
+        if x is None or x.dim() not in (n + 1, n + 2) or (return_indices and reduce != "max"):
             return NotImplemented
         spatial = x.shape[x.dim() - n:]
         wanted = (output_size,) * n if isinstance(output_size, numbers.Integral) or output_size is None \
@@ -412,22 +429,28 @@ def _adaptive(n: int, reduce: str):
             return NotImplemented          # torch's error
         if all(o > 0 and s % o == 0 for o, s in zip(sizes, spatial)):
             kernel = tuple(s // o for o, s in zip(sizes, spatial))
-            return pool(x, n, kernel, kernel, 0, 1, reduce)
+            return pool(x, n, kernel, kernel, 0, 1, reduce, return_indices=bool(return_indices))
         u, widths = adaptive_windows(x, x.dim() - n, sizes)
         if reduce == "max":
             if any(s == 0 for s in spatial):
                 return NotImplemented      # empty windows: torch's error
-            return window_max(u, n, widths)
+            tables = None
+            if return_indices:
+                starts = [_adaptive_bounds(s, o)[0] for s, o in zip(spatial, sizes)]
+                tables = (adaptive_tables(starts, widths), tuple(spatial))
+            return window_max(u, n, widths, tables)
         total = torch.sum(u, tuple(range(u.dim() - n, u.dim())))
         return _divided(total, widths, x.dim() - n)
     return handler
 
 
-for _n, (_avg, _max) in {1: (F.adaptive_avg_pool1d, F.adaptive_max_pool1d),
-                         2: (F.adaptive_avg_pool2d, F.adaptive_max_pool2d),
-                         3: (F.adaptive_avg_pool3d, F.adaptive_max_pool3d)}.items():
+for _n, (_avg, _max, _with) in {
+        1: (F.adaptive_avg_pool1d, F.adaptive_max_pool1d, F.adaptive_max_pool1d_with_indices),
+        2: (F.adaptive_avg_pool2d, F.adaptive_max_pool2d, F.adaptive_max_pool2d_with_indices),
+        3: (F.adaptive_avg_pool3d, F.adaptive_max_pool3d, F.adaptive_max_pool3d_with_indices)}.items():
     register(_avg)(_adaptive(_n, "avg"))
     register(_max)(_adaptive(_n, "max"))
+    register(_with)(_adaptive(_n, "max"))
 
 
 #: the input rank each interpolation mode takes (None: any of 3-5)
@@ -436,7 +459,7 @@ _MODE_RANK = {"linear": 3, "bilinear": 4, "bicubic": 4, "trilinear": 5, "nearest
 
 
 def _interpolated(rows: torch.Tensor, out: Optional[int], scale: Optional[float], mode: str, align_corners,
-                  recompute) -> torch.Tensor:
+                  recompute, antialias: bool = False) -> torch.Tensor:
     """torch's ``F.interpolate`` of each row of ``rows`` along its length (a 1-high image for
     the linear and cubic modes: its height maps 1 -> 1 unchanged)."""
     b, size = rows.shape
@@ -446,33 +469,38 @@ def _interpolated(rows: torch.Tensor, out: Optional[int], scale: Optional[float]
     else:
         kw = dict(size=None if out is None else (1, out), scale_factor=None if scale is None else (1.0, scale))
         y = F.interpolate(rows.reshape(b, 1, 1, size), mode="bicubic" if mode == "bicubic" else "bilinear",
-                          align_corners=align_corners, recompute_scale_factor=recompute, **kw)
+                          align_corners=align_corners, recompute_scale_factor=recompute, antialias=antialias, **kw)
     return y.reshape(b, -1)
 
 
 def _axis_weights(size: int, out: Optional[int], scale: Optional[float], mode: str, align_corners,
-                  recompute) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+                  recompute, antialias: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """torch's interpolation along one axis as (input index, output index, weight) triples:
     torch's own ``F.interpolate`` (every mode is separable: linear / bilinear / trilinear and
     bicubic are 1-D kernels per axis, area an adaptive mean, nearest a pick), so the
     weights are torch's (area, a mean over windows of any width, goes to adaptive pooling).
     Not of every unit vector (O(size x out)): of ``P`` combs, comb ``r``
     holding the inputs ``i = r mod P``, with ``P`` past the widest support, so each output
-    meets at most one input of a comb; a second comb holding ``i + 1`` there names it."""
+    meets at most one input of a comb; a second comb holding ``i + 1`` there names it.
+    Anti-aliased (downscaling by ``s``), the kernel widens by ``s``: ~2s + 1 taps."""
     probe = _interpolated(torch.zeros(1, size, dtype=torch.float64), out, scale, mode, align_corners, recompute)
     n_out = probe.shape[1]
     support = {"nearest": 1, "nearest-exact": 1, "bicubic": 4}.get(mode, 2)
+    if antialias:       # torch's aa support: ceil(interp_size / 2 * scale) * 2 + 1 taps
+        shrink = max(1.0, size / max(n_out, 1), 1.0 / scale if scale else 1.0,
+                     (size - 1) / (n_out - 1) if align_corners and n_out > 1 else 1.0)
+        support = math.ceil(support / 2 * shrink) * 2 + 3
     P = min(size, support + 1)
     i = torch.arange(size)
     combs = (i[None, :] % P == torch.arange(P)[:, None]).to(torch.float64)
-    y = _interpolated(torch.cat([combs, combs * (i + 1)]), out, scale, mode, align_corners, recompute)
+    y = _interpolated(torch.cat([combs, combs * (i + 1)]), out, scale, mode, align_corners, recompute, antialias)
     w, named = y[:P], y[P:]
     r, o = (w != 0).nonzero(as_tuple=True)
     src = torch.round(named[r, o] / w[r, o]).to(torch.int64) - 1
     return src, o, w[r, o], n_out
 
 
-def interpolate(x: SparseTensor, sizes, scales, mode: str, align_corners, recompute):
+def interpolate(x: SparseTensor, sizes, scales, mode: str, align_corners, recompute, antialias: bool = False):
     """``F.interpolate`` of a sparse input: one product per spatial axis with that axis's
     sparse weight matrix (``_axis_weights``: 1-2 entries a column for linear and nearest, 4
     for cubic), so each stored entry spreads to the outputs it weighs in and the cost
@@ -489,7 +517,8 @@ def interpolate(x: SparseTensor, sizes, scales, mode: str, align_corners, recomp
         d = 2 + k
         size = x.shape[d]
         src, o, w, n_out = _axis_weights(size, None if sizes is None else sizes[k],
-                                         None if scales is None else scales[k], mode, align_corners, recompute)
+                                         None if scales is None else scales[k], mode, align_corners, recompute,
+                                         antialias)
         if n_out == size and torch.equal(src, o) and bool((w == 1).all()) and src.numel() == size:
             continue            # this axis keeps its size and positions
         W = _sparse_weights(src, o, w.to(x.dtype), (size, n_out))
@@ -516,8 +545,8 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
         return NotImplemented
     if _MODE_RANK[mode] not in (None, x.dim()) or (size is None) == (scale_factor is None):
         return NotImplemented
-    if antialias:
-        return NotImplemented      # torch's anti-aliased kernels: the fallback's
+    if antialias and (mode not in ("bilinear", "bicubic") or x.dim() != 4):
+        return NotImplemented      # torch's error
     n = x.dim() - 2
     spatial = x.shape[2:]
     sizes = _tuple(size, n, "size") if size is not None else None
@@ -531,7 +560,13 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
         all(s % i == 0 for s, i in zip(sizes, spatial)) if sizes is not None
         else all(f == int(f) and f >= 1 for f in scales))
     if not whole:
-        return interpolate(x, sizes, scales, mode, align_corners, recompute_scale_factor)
+        if antialias and any(_interpolated(torch.zeros(1, spatial[k]), None if sizes is None else sizes[k],
+                                           None if scales is None else scales[k], mode, align_corners,
+                                           recompute_scale_factor).shape[1] == 1 for k in range(n)):
+            # torch's anti-aliased kernels give an output 1 wide every row the first row's
+            # weights (not separable per axis): its own result, through the fallback
+            return NotImplemented
+        return interpolate(x, sizes, scales, mode, align_corners, recompute_scale_factor, bool(antialias))
     factors = [s // i for s, i in zip(sizes, spatial)] if sizes is not None else [int(f) for f in scales]
     out = x
     for k, f in enumerate(factors):
