@@ -105,6 +105,30 @@ def test_declines_go_to_the_python_path():
     assert FC.dispatch(C._fast, "ij,jk->ki", (A, X)) is NotImplemented   # no plan yet
 
 
+@pytest.mark.parametrize("fmt", ["csr", "csc"])
+def test_pattern_outputs_are_served_in_c(fmt):
+    """SDDMM's result on S's pattern: the C plan allocates the values, runs the kernel and
+    has ``pattern_storage`` wrap them (the pattern's arrays shared, its signature kept); an
+    empty reduction (K = 0 stores nothing) declines to the Python path."""
+    d, S = _matrix(30, 20, 0.3, torch.float64, 6, fmt)
+    B, Ct = torch.rand(30, 8, dtype=torch.float64), torch.rand(20, 8, dtype=torch.float64)
+    want = d * (B @ Ct.t())
+    scorch.einsum("ij,ik,kj->ij", S, B, Ct.t())
+    plan = _entry("ij,ik,kj->ij", S, B, Ct.t()).runner
+    assert isinstance(plan, FC.Plan)
+    before = FC.hits()
+    got = scorch.einsum("ij,ik,kj->ij", S, B, Ct.t())
+    assert FC.hits() == before + 1
+    assert isinstance(got, scorch.SparseTensor) and got._storage.shares_pattern(S._storage)
+    torch.testing.assert_close(got.to_dense(), want)
+    st = plan.try_fast([S._storage, B, Ct.t()])
+    assert st._sig == S._storage._sig and st.levels is S._storage.levels
+    torch.testing.assert_close(C.einsum("ij,ik,kj->ij", S._storage, B, Ct.t()).values, st.values)
+    empty = torch.zeros(30, 0, dtype=torch.float64), torch.zeros(0, 20, dtype=torch.float64)
+    assert plan.try_fast([S._storage, *empty]) is None
+    torch.testing.assert_close(scorch.einsum("ij,ik,kj->ij", S, *empty).to_dense(), torch.zeros(30, 20, dtype=torch.float64))
+
+
 def test_short_rows_variant_found_after_the_first_call():
     """The short-rows module is built by the general path on first need; the C plan picks
     it up from then on."""

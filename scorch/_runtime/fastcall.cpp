@@ -67,6 +67,8 @@ struct Spec {
   int panel_var = -1;
   int64_t panel_max = 0;
   std::vector<int> panel_rows;
+  int pattern_op = -1;               // a pattern output: the operand whose pattern it takes
+  std::vector<int> nonempty;         // ... written only when these variables are non-empty
 };
 
 struct Plan {
@@ -78,6 +80,7 @@ struct Plan {
   PyObject* widths;
   PyObject* pointers;   // storage_pointers(storage) when not cached yet
   PyObject* short_getter;   // () -> the short-rows variant's capsule, or None (not built yet)
+  PyObject* finish;         // a pattern output: (pattern storage, values, sizes) -> Storage
 };
 
 PyTypeObject PlanType = {PyVarObject_HEAD_INIT(nullptr, 0)};
@@ -201,6 +204,14 @@ bool parse_spec(PyObject* d, Spec* s) {
       goto missing;
     s->panel_var = (int)v; s->panel_max = m;
   }
+  if ((o = PyDict_GetItemString(d, "pattern")) && o != Py_None) {
+    // (operand, variables that must be non-empty): the output's values on its pattern
+    int64_t op;
+    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 2 || !as_int(PyTuple_GET_ITEM(o, 0), &op) ||
+        !int_list(PyTuple_GET_ITEM(o, 1), &s->nonempty))
+      goto missing;
+    s->pattern_op = (int)op;
+  }
   if ((int)s->ops.size() > kMaxOps || s->nvars > kMaxVars || (int)s->args.size() > kMaxArgs ||
       (int)s->out_vars.size() > kMaxVars) {
     PyErr_SetString(PyExc_ValueError, "fastcall: plan too large");
@@ -249,6 +260,15 @@ bool parse_spec(PyObject* d, Spec* s) {
     PyErr_SetString(PyExc_ValueError, "fastcall: short-rows operand is not sparse");
     return false;
   }
+  if (s->pattern_op >= 0 && (s->pattern_op >= (int)s->ops.size() || s->ops[s->pattern_op].kind != kSparse)) {
+    PyErr_SetString(PyExc_ValueError, "fastcall: pattern operand is not sparse");
+    return false;
+  }
+  for (int v : s->nonempty)
+    if (v < 0 || v >= s->nvars) {
+      PyErr_SetString(PyExc_ValueError, "fastcall: non-empty variable out of range");
+      return false;
+    }
   for (int v : s->out_vars)
     if (v < 0 || v >= s->nvars) {
       PyErr_SetString(PyExc_ValueError, "fastcall: output variable out of range");
@@ -270,6 +290,7 @@ int plan_traverse(PyObject* self, visitproc visit, void* arg) {
   Py_VISIT(p->widths);
   Py_VISIT(p->pointers);
   Py_VISIT(p->short_getter);
+  Py_VISIT(p->finish);
   return 0;
 }
 
@@ -281,6 +302,7 @@ int plan_clear(PyObject* self) {
   Py_CLEAR(p->widths);
   Py_CLEAR(p->pointers);
   Py_CLEAR(p->short_getter);
+  Py_CLEAR(p->finish);
   return 0;
 }
 
@@ -304,6 +326,13 @@ int plan_init(PyObject* self, PyObject* args, PyObject* kwargs) {
   s->kernel = kernel_of(kernel);
   if (!s->kernel) return -1;
   if (!parse_spec(spec, s.get())) return -1;
+  PyObject* finish = PyDict_GetItemString(spec, "finish");   // borrowed
+  if (s->pattern_op >= 0 && (!finish || !PyCallable_Check(finish))) {
+    PyErr_SetString(PyExc_ValueError, "fastcall: a pattern output needs a callable 'finish'");
+    return -1;
+  }
+  Py_XINCREF(finish);
+  Py_XSETREF(p->finish, finish);
   delete p->spec;
   p->spec = s.release();
   PyObject** slots[] = {&p->fallback, &p->threads, &p->choose, &p->widths, &p->pointers,
@@ -396,9 +425,16 @@ PyObject* try_fast(Plan* self, PyObject* list) {
     if (t.stride(u.second) != 1 && t.size(u.second) > 1) return nullptr;   // re-layout first
   }
   int64_t out_sizes[kMaxVars];
-  const int out_rank = (int)s.out_vars.size();
+  int out_rank = (int)s.out_vars.size();
   for (int d = 0; d < out_rank; d++) out_sizes[d] = vars[s.out_vars[d]];
-  if (product(vars, s.out_vars) >= s.out_max) return nullptr;
+  if (s.pattern_op >= 0) {   // the values of the pattern operand's entries
+    for (int v : s.nonempty)
+      if (vars[v] == 0) return nullptr;   // an empty reduction stores nothing: Python runner
+    out_rank = 1;
+    out_sizes[0] = ptr_item(ptrs[s.pattern_op], -1);
+    if (PyErr_Occurred()) { PyErr_Clear(); return nullptr; }
+  }
+  if ((s.pattern_op >= 0 ? out_sizes[0] : product(vars, s.out_vars)) >= s.out_max) return nullptr;
   int nthreads = 1;
   if (work >= s.min_work) {
     PyObject* r = PyObject_CallFunction(self->threads, "L", (long long)work);
@@ -459,7 +495,16 @@ PyObject* try_fast(Plan* self, PyObject* list) {
   Py_BEGIN_ALLOW_THREADS
   kernel(values, nthreads, panel);
   Py_END_ALLOW_THREADS
-  return THPVariable_Wrap(std::move(out));
+  PyObject* result = THPVariable_Wrap(std::move(out));
+  if (s.pattern_op < 0 || !result) return result;
+  PyObject* sizes = PyTuple_New(s.nvars);
+  if (!sizes) { Py_DECREF(result); return nullptr; }
+  for (int v = 0; v < s.nvars; v++) PyTuple_SET_ITEM(sizes, v, PyLong_FromLongLong(vars[v]));
+  PyObject* storage = PyObject_CallFunctionObjArgs(self->finish, PyList_GET_ITEM(list, s.pattern_op),
+                                                   result, sizes, nullptr);
+  Py_DECREF(sizes);
+  Py_DECREF(result);
+  return storage;
 }
 
 PyObject* guarded_try(Plan* self, PyObject* ops) {

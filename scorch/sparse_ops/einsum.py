@@ -82,7 +82,7 @@ def einsum(*args: Any, out_format: Optional[FormatLike] = None, sorted: bool = T
         if dispatch is not None:
             result = dispatch(compiler._fast, equation, operands)
             if result is not NotImplemented:
-                return result
+                return SparseTensor(result) if type(result) is Storage else result
     # the compiler reads torch's sparse layouts itself and hands dense-only calls to
     # torch.einsum, so a call goes straight there (each extra check cost ~1 us)
     result = compiler.einsum_declined(equation, tuple(operands), out_format, sorted)

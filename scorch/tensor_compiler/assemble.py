@@ -76,6 +76,8 @@ def pattern_storage(entry: PlanEntry, P: Storage, values: torch.Tensor, sizes) -
     s = entry.schedule
     out = s.output
     ap = s.accesses[out.pattern]
+    if tuple(out.vars) == tuple(ap.indices) and out.format == P.format:
+        return P.on_pattern(values)      # the same dims in the same order (SDDMM)
     levels = [Level(lv.kind, out.vars.index(ap.indices[lv.dim]), lv.size, lv.pos, lv.crd,
                     ordered=lv.ordered)
               for lv in P.levels]

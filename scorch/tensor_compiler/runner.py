@@ -199,11 +199,12 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
 def _c_plan(entry, module, args, fallback, env, seen, sparse, by_tensor):
     """The same checks and arguments as the Python runner above, as a C plan
     (``scorch/_runtime/fastcall.cpp``) that falls back to it; None where the kernel has no
-    C entry (outputs assembled from appended entries, pattern outputs) or the C module is
-    unavailable."""
+    C entry (outputs assembled from appended entries) or the C module is unavailable. A
+    pattern output (SDDMM's values on ``S``'s pattern) is finished by ``pattern_storage``
+    (~2 us), which the C plan calls."""
     s = entry.schedule
     out = s.output
-    if not out.dense or not hasattr(module, "KERNEL_C"):
+    if not (out.dense or out.pattern >= 0) or not hasattr(module, "KERNEL_C"):
         return None
     if any(idx and n not in by_tensor for n, idx in enumerate(entry.operand_indices)):
         return None
@@ -237,7 +238,14 @@ def _c_plan(entry, module, args, fallback, env, seen, sparse, by_tensor):
     spec = {"operands": operands, "dims": [x for t in dims for x in t],
             "unit": [x for t in unit for x in t], "args": c_args, "nvars": len(var),
             "min_work": threads.PARALLEL_MIN_WORK, "out_max": EMPTY_NUMPY_MIN, "out_dtype": vt,
-            "out_vars": [var[v] for v in out.vars], "short": None, "panel": None}
+            "out_vars": [var[v] for v in out.vars], "short": None, "panel": None, "pattern": None}
+    if out.pattern >= 0:
+        names = sorted(var, key=var.get)     # the C plan's variable numbering
+
+        def finish(P, values, sizes):
+            return pattern_storage(entry, P, values, dict(zip(names, sizes)))
+        spec["pattern"] = (s.accesses[out.pattern].tensor, [var[v] for v in entry.assignment.reduction])
+        spec["finish"] = finish
     short_getter = None
     if entry.short_rows is not None:
         acc, rows = entry.short_rows
