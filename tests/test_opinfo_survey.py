@@ -23,7 +23,6 @@ FALLBACK = {
     "_segment_reduce.lengths", "_segment_reduce.offsets", "_unsafe_masked_index",
     "_unsafe_masked_index_put_accumulate", "_upsample_bilinear2d_aa", "as_strided", "as_strided.partial_views",
     "as_strided_copy", "as_strided_scatter", "grid_sampler_2d",
-    "masked.normalize",
     "native_dropout_backward", "nn.functional.grid_sample",
     "torch.ops.aten._safe_softmax.default",
 }

@@ -170,6 +170,10 @@ def test_reductions_over_every_element_count_the_implicit_zeros(data, shape, den
                 continue
             assert_matches(torch.linalg.vector_norm(X, ord, dim=1), torch.linalg.vector_norm(x, ord, dim=1))
         assert_matches(torch.norm(X, dim=0, keepdim=True), torch.norm(x, dim=0, keepdim=True))
+    # dtype= casts the input first (a float32 input's norm in float64)
+    X32, x32 = X.to(torch.float32), x.to(torch.float32)
+    assert_matches(torch.linalg.vector_norm(X32, 2, dtype=F64), torch.linalg.vector_norm(x32, 2, dtype=F64))
+    assert_matches(torch.norm(X32, 1, dtype=F64), torch.norm(x32, 1, dtype=F64))
 
 
 def test_norm_gradient_matches_dense():

@@ -353,18 +353,29 @@ def _shape_dense(x):
     return x.to_dense() if isinstance(x, SparseTensor) else x
 
 
+def _cast_for_norm(x, dtype):
+    """The sparse input of a norm, cast to ``dtype`` first as torch does (None: keep; an
+    integer ``dtype``: None, torch's error through the fallback)."""
+    t = _sparse(x)
+    if t is None or dtype is None:
+        return t
+    if not (dtype.is_floating_point or dtype.is_complex):
+        return None
+    return t.to(dtype)
+
+
 @register(torch.linalg.vector_norm)
 def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
-    t = _sparse(x)
-    if t is None or out is not None or dtype is not None or not isinstance(ord, numbers.Real):
+    t = _cast_for_norm(x, dtype)
+    if t is None or out is not None or not isinstance(ord, numbers.Real):
         return NotImplemented
     return vector_norm(t, ord, dim, keepdim)
 
 
 @register(torch.norm, torch.Tensor.norm)
 def _norm(x, p="fro", dim=None, keepdim=False, out=None, dtype=None):
-    t = _sparse(x)
-    if t is None or out is not None or dtype is not None:
+    t = _cast_for_norm(x, dtype)
+    if t is None or out is not None:
         return NotImplemented
     if p == "fro" or p is None:
         p = 2
