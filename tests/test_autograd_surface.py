@@ -818,6 +818,13 @@ CASES = [
                            F.adaptive_max_pool1d(s[None], 3, return_indices=True)[0],
                            F.adaptive_max_pool2d(s[None], (3, 2), return_indices=True)[0],
                            F.adaptive_max_pool3d(s[None, None], (1, 3, 2), return_indices=True)[0])),
+    Case("grid_sample", [F.grid_sample, torch.grid_sampler, torch.grid_sampler_2d, torch.grid_sampler_3d],
+         lambda s, x: _sum_of(F.grid_sample(s[None, None], x[None, :, :4, None].expand(1, 4, 4, 2) * 0.9,
+                                            align_corners=False),
+                              torch.grid_sampler(s[None, None], x[None, :3, :4, None].expand(1, 3, 4, 2) - 0.5, 1, 1, True),
+                              torch.grid_sampler_2d(s[None, None], x[None, :2, :2, None].expand(1, 2, 2, 2), 0, 2, False),
+                              torch.grid_sampler_3d(s[None, None, None], x[None, None, :2, :3, None].expand(1, 1, 2, 3, 3) * 0.5,
+                                                    0, 0, True)), [SHAPE]),
     Case("index_reduce", [torch.index_reduce, _T.index_reduce],
          lambda s, x: torch.index_reduce(s, 0, torch.tensor([3, 0, 3]), x[:3], "prod")
          + s.index_reduce(1, torch.tensor([4, 1]), x[:, :2], "amax", include_self=False)

@@ -1,0 +1,150 @@
+"""``F.grid_sample`` of a sparse input (``bilinear`` / ``nearest``, every padding mode,
+``align_corners``; 4-D and 5-D inputs): one sparse product.
+
+Each output position reads at most ``2**n`` input positions (the corners around its source
+point), with weights that depend on the grid only. Those weights, computed from the grid
+with torch's formulas (``GridSampler.h``: unnormalize, clip or reflect, floor, the corner
+products), are a sparse sampling matrix ``M[n, p, q]`` (output position ``p``, input
+position ``q``), and the result is ``einsum("npq,ncq->ncp", M, X)``: its cost follows the
+grid (dense, given) and the stored entries each corner meets; the result is sparse and
+differentiable in the input's stored values. A grid that requires grad (a spatial
+transformer learning it) runs torch's own sampling on a dense copy, said once; bicubic
+sampling takes the dense fallback."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from .._dispatch import register
+from .. import _dispatch, conversion
+from ..formats import Format, LevelKind
+from ..level_storage import Level, Storage, index_dtype_for
+from ..tensor_type import SparseTensor
+from .einsum import einsum
+from .nonlinear import _sparse
+
+__all__ = ["grid_sample"]
+
+_MODES = {"bilinear": 0, "nearest": 1, "bicubic": 2}
+_PADDINGS = {"zeros": 0, "border": 1, "reflection": 2}
+
+
+def _unnormalized(coord: torch.Tensor, size: int, align_corners: bool) -> torch.Tensor:
+    if align_corners:
+        return (coord + 1) / 2 * (size - 1)
+    return ((coord + 1) * size - 1) / 2
+
+
+def _reflected(x: torch.Tensor, twice_low: int, twice_high: int) -> torch.Tensor:
+    if twice_low == twice_high:
+        return torch.zeros_like(x)
+    low, span = twice_low / 2, (twice_high - twice_low) / 2
+    x = (x - low).abs()
+    extra = torch.fmod(x, span)
+    flips = torch.floor(x / span)
+    return torch.where(flips % 2 == 0, extra + low, span - extra + low)
+
+
+def _source_index(coord: torch.Tensor, size: int, padding: int, align_corners: bool) -> torch.Tensor:
+    """torch's ``grid_sampler_compute_source_index``."""
+    x = _unnormalized(coord, size, align_corners)
+    if padding == 2:       # reflection, then clipped
+        x = _reflected(x, 0, 2 * (size - 1)) if align_corners else _reflected(x, -1, 2 * size - 1)
+    if padding in (1, 2):  # border
+        x = x.clamp(0, size - 1)
+    return x
+
+
+def _sampling_matrix(grid: torch.Tensor, sizes, mode: int, padding: int, align_corners: bool,
+                     dtype: torch.dtype) -> Storage:
+    """The sampling matrix ``M[n, p, q]`` (``q`` as the input's spatial dims) as a Storage
+    stored input-position major (levels n and q's dims dense, p compressed): per output position its corners inside the input
+    (``nearest``: the one rounded to, halves to even). The corners come out in (n, p, corner)
+    order, so a stable counting sort by (n, q) (``O(entries)``, no comparison sort) leaves
+    each q's output positions sorted."""
+    n = len(sizes)                               # sizes: (D,) H, W; grid's last dim: x, y(, z)
+    batch = grid.shape[0]
+    points = math.prod(grid.shape[1:-1])
+    plane = math.prod(sizes)
+    g = grid.reshape(batch, points, n)
+    src = [_source_index(g[..., n - 1 - d], sizes[d], padding, align_corners) for d in range(n)]
+    if mode == 1:
+        corners = [((torch.round(s),), (torch.ones_like(s),)) for s in src]
+    else:
+        corners = []
+        for s in src:
+            lo = torch.floor(s)
+            corners.append(((lo, lo + 1), (lo + 1 - s, s - lo)))
+    picks = 2 ** n if mode == 0 else 1
+    q = torch.zeros((batch, points, picks), dtype=torch.int64)
+    w = torch.ones((batch, points, picks), dtype=grid.dtype)
+    inside = torch.ones((batch, points, picks), dtype=torch.bool)
+    for d in range(n):
+        at = torch.stack([corners[d][0][(k >> (n - 1 - d)) & 1 if mode == 0 else 0] for k in range(picks)], -1)
+        wt = torch.stack([corners[d][1][(k >> (n - 1 - d)) & 1 if mode == 0 else 0] for k in range(picks)], -1)
+        inside &= (at >= 0) & (at <= sizes[d] - 1)
+        q = q * sizes[d] + torch.nan_to_num(at, nan=-1.0).clamp(-1, sizes[d]).to(torch.int64)
+        w = w * wt
+    keep = inside.reshape(-1).nonzero().squeeze(1)
+    out_pos = torch.arange(points).repeat_interleave(picks).repeat(batch)[keep]
+    key = (torch.arange(batch).repeat_interleave(points * picks)[keep] * plane + q.reshape(-1)[keep])
+    idt = index_dtype_for((batch, points, plane), max(keep.numel(), batch * plane))
+    dest, starts = conversion._k_counting_sort(key.to(idt), batch * plane)
+    crd = conversion._k_scatter(dest, out_pos.to(idt))
+    vals = conversion._k_scatter(dest, w.reshape(-1)[keep].to(dtype))
+    # the input position's dims as dense levels (n, then the input's dims, then p): the
+    # input is read in its own shape, never reshaped
+    levels = ([Level(LevelKind.DENSE, 0, batch)] + [Level(LevelKind.DENSE, 2 + d, sizes[d]) for d in range(n)]
+              + [Level(LevelKind.COMPRESSED, 1, points, starts, crd)])
+    fmt = Format("d" * (n + 1) + "c", (0,) + tuple(range(2, 2 + n)) + (1,))
+    return Storage(fmt, (batch, points) + tuple(sizes), levels, vals, idt)
+
+
+def grid_sample(x: SparseTensor, grid: torch.Tensor, mode: int, padding: int, align_corners: bool):
+    """torch's grid sampling (enum modes, as ``torch.grid_sampler``) of a sparse input."""
+    n = x.dim() - 2
+    batch, channels = x.shape[0], x.shape[1]
+    sizes = tuple(x.shape[2:])
+    # input-position major: the product walks the input's stored entries and, for each, the
+    # output positions it weighs in (a scatter into the output's row), never the output
+    # positions against the input's rows
+    M = SparseTensor(_sampling_matrix(grid, sizes, mode, padding, align_corners, x.dtype))
+    dims = "hwd"[:n] if n == 2 else "dhw"
+    y = einsum(f"np{dims},nc{dims}->ncp", M, x)
+    return y.reshape(batch, channels, *grid.shape[1:1 + n])
+
+
+def _handler(input, grid, interpolation_mode, padding_mode, align_corners):
+    x = _sparse(input)
+    if (x is None or isinstance(grid, SparseTensor) or x.dim() not in (4, 5) or grid.dim() != x.dim()
+            or grid.shape[-1] != x.dim() - 2 or grid.shape[0] != x.shape[0] or interpolation_mode not in (0, 1)
+            or padding_mode not in (0, 1, 2) or grid.dtype != x.dtype or not x.dtype.is_floating_point
+            or any(s == 0 for s in x.shape[2:])):
+        return NotImplemented        # torch's checks and errors, bicubic: the fallback
+    if grid.requires_grad and torch.is_grad_enabled():
+        # a grid that learns (a spatial transformer): torch's own sampling of the dense
+        # input, differentiable in the stored values and in the grid, under the dense
+        # limit and said once
+        _dispatch.check_dense_size("grid_sample", x.shape, x.dtype)
+        if "grid_sample" not in _dispatch._warned:
+            _dispatch._warned.add("grid_sample")
+            warnings.warn("scorch: grid_sample with a grid that requires grad runs torch's own on a "
+                          "dense copy of the sparse input (correct, but memory and time follow the "
+                          "dense size)", stacklevel=3)
+        return torch.grid_sampler(x.to_dense(), grid, interpolation_mode, padding_mode, align_corners)
+    return grid_sample(x, grid, int(interpolation_mode), int(padding_mode), bool(align_corners))
+
+
+@register(torch.grid_sampler, torch.grid_sampler_2d, torch.grid_sampler_3d)
+def _grid_sampler(input, grid, interpolation_mode, padding_mode, align_corners):
+    return _handler(input, grid, interpolation_mode, padding_mode, align_corners)
+
+
+@register(F.grid_sample)
+def _grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corners=None):
+    if mode not in _MODES or padding_mode not in _PADDINGS:
+        return NotImplemented
+    return _handler(input, grid, _MODES[mode], _PADDINGS[padding_mode], bool(align_corners))
