@@ -5,7 +5,8 @@ Each output position reads at most ``2**n`` input positions (the corners around 
 point), with weights that depend on the grid only. Those weights, computed from the grid
 with torch's formulas (``GridSampler.h``: unnormalize, clip or reflect, floor, the corner
 products), are a sparse sampling matrix ``M[n, p, q]`` (output position ``p``, input
-position ``q``), and the result is ``einsum("npq,ncq->ncp", M, X)``: its cost follows the
+position ``q``, each as its spatial dims), and the result is ``einsum("npq,ncq->ncp", M,
+X)``: its cost follows the
 grid (dense, given) and the stored entries each corner meets; the result is sparse and
 differentiable in the input's stored values. A grid that requires grad (a spatial
 transformer learning it) runs torch's own sampling on a dense copy, said once; bicubic
@@ -95,26 +96,59 @@ def _sampling_matrix(grid: torch.Tensor, sizes, mode: int, padding: int, align_c
     dest, starts = conversion._k_counting_sort(key.to(idt), batch * plane)
     crd = conversion._k_scatter(dest, out_pos.to(idt))
     vals = conversion._k_scatter(dest, w.reshape(-1)[keep].to(dtype))
-    # the input position's dims as dense levels (n, then the input's dims, then p): the
-    # input is read in its own shape, never reshaped
-    levels = ([Level(LevelKind.DENSE, 0, batch)] + [Level(LevelKind.DENSE, 2 + d, sizes[d]) for d in range(n)]
-              + [Level(LevelKind.COMPRESSED, 1, points, starts, crd)])
-    fmt = Format("d" * (n + 1) + "c", (0,) + tuple(range(2, 2 + n)) + (1,))
-    return Storage(fmt, (batch, points) + tuple(sizes), levels, vals, idt)
+    # the input position's dims as dense levels (n, then the input's dims), the output
+    # position's dims compressed below them: the product reads the input in its own shape
+    # and writes the output in its own (no reshape on either side)
+    out = tuple(grid.shape[1:-1])
+    k = len(out)
+    levels = ([Level(LevelKind.DENSE, 0, batch)] + [Level(LevelKind.DENSE, 1 + k + d, sizes[d]) for d in range(n)]
+              + _compressed_levels(starts, crd, out, idt))
+    fmt = Format("d" * (n + 1) + "c" * k, (0,) + tuple(range(1 + k, 1 + k + n)) + tuple(range(1, 1 + k)))
+    return Storage(fmt, (batch,) + out + tuple(sizes), levels, vals, idt)
+
+
+def _compressed_levels(starts: torch.Tensor, flat: torch.Tensor, sizes, idt) -> list:
+    """Compressed levels over the dims ``sizes`` (dims 1, 2, ... of the tensor) for entries
+    whose row-major flat coordinates ``flat`` are sorted within each parent segment
+    (``starts``): a level's entries are the runs of equal leading coordinates."""
+    E = flat.numel()
+    first = torch.zeros(E, dtype=torch.bool)
+    heads = starts[:-1][starts[:-1] < starts[1:]].to(torch.int64)
+    first[heads] = True
+    parents = starts.to(torch.int64)         # where each parent's entries begin (level above)
+    levels, run = [], first
+    stride = 1
+    for size in sizes[1:]:
+        stride *= size
+    rest = flat.to(torch.int64)
+    for j, size in enumerate(sizes):
+        coord = torch.div(rest, stride, rounding_mode="floor")
+        rest = rest - coord * stride
+        if j + 1 < len(sizes):
+            stride //= sizes[j + 1]
+            if E:
+                run = run.clone()
+                run[1:] |= coord[1:] != coord[:-1]
+        else:
+            run = torch.ones(E, dtype=torch.bool)
+        before = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(run, 0)])
+        pos = before[parents]
+        at = run.nonzero().squeeze(1)
+        levels.append(Level(LevelKind.COMPRESSED, 1 + j, size, pos.to(idt), coord[at].to(idt)))
+        parents = torch.cat([at, torch.tensor([E])])
+    return levels
 
 
 def grid_sample(x: SparseTensor, grid: torch.Tensor, mode: int, padding: int, align_corners: bool):
     """torch's grid sampling (enum modes, as ``torch.grid_sampler``) of a sparse input."""
     n = x.dim() - 2
-    batch, channels = x.shape[0], x.shape[1]
     sizes = tuple(x.shape[2:])
     # input-position major: the product walks the input's stored entries and, for each, the
     # output positions it weighs in (a scatter into the output's row), never the output
     # positions against the input's rows
     M = SparseTensor(_sampling_matrix(grid, sizes, mode, padding, align_corners, x.dtype))
-    dims = "hwd"[:n] if n == 2 else "dhw"
-    y = einsum(f"np{dims},nc{dims}->ncp", M, x)
-    return y.reshape(batch, channels, *grid.shape[1:1 + n])
+    ins, outs = "ijk"[:n], "xyz"[:n]
+    return einsum(f"n{outs}{ins},nc{ins}->nc{outs}", M, x)
 
 
 def _handler(input, grid, interpolation_mode, padding_mode, align_corners):
