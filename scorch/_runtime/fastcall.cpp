@@ -1,5 +1,7 @@
 // The warm-call path in C: one call checks the operands against what a kernel reads,
-// allocates the output and runs the kernel's C entry (``kernel_c`` in the generated module).
+// allocates the output and runs the kernel's C entry (``kernel_c`` in the generated module);
+// a pattern output's values are then handed to the plan's ``finish`` (a Storage on the
+// pattern operand's levels).
 //
 // Why: a warm SpMV on a small matrix spends as long in Python (reading sizes, strides and
 // addresses through torch's Python API, torch.empty) as in the kernel. Here each of those

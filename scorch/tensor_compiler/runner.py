@@ -10,9 +10,10 @@ makes it return ``None`` and the caller takes the general path, which handles (o
 it. A dense operand streamed by the innermost loop with a stride other than 1 is re-laid
 out here, as the general path would.
 
-Where the kernel writes a preallocated dense output and the C module is built, the same
-checks and arguments also go into a ``fastcall.Plan`` (``scorch/_runtime/fastcall.cpp``) that
-does them on the ``at::Tensor`` and falls back to this function whenever it declines.
+Where the kernel writes a preallocated dense output, or the values of a pattern output (an
+SDDMM's, on S's pattern), and the C module is built, the same checks and arguments also go
+into a ``fastcall.Plan`` (``scorch/_runtime/fastcall.cpp``) that does them on the
+``at::Tensor`` and falls back to this function whenever it declines.
 """
 from __future__ import annotations
 
