@@ -9,10 +9,7 @@ output position); the work beyond filling them follows the windows that store an
 
 Unpooling writes each stored entry at its index in the output plane: a sparse result. torch
 writes every input position in order, zeros too, so where a later position shares the
-index the entry is overwritten (with a zero: not stored).
-Unpooling writes each stored entry at its index in the output plane: a sparse result with
-the input's stored entries (a later entry wins where two share an index, as torch's loop
-writes them)."""
+index the entry is overwritten (with a zero: not stored)."""
 from __future__ import annotations
 
 import math
@@ -31,10 +28,11 @@ from . import layout_ops
 from . import shape as _shape
 from .nonlinear import _sparse
 
-__all__ = ["pool_tables", "adaptive_tables", "max_indices", "max_unpool"]
+__all__ = ["pool_tables", "adaptive_tables", "max_indices", "max_unpool", "linear_keys"]
 
 
-def _linear(coords: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+def linear_keys(coords: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """Row-major flat keys of ``coords`` (ndim x n) in ``shape``."""
     lin = torch.zeros(coords.shape[1], dtype=torch.int64)
     for d, size in enumerate(shape):
         lin = lin * int(size) + coords[d]
@@ -79,8 +77,8 @@ def max_indices(U: Storage, P: Storage, out: torch.Tensor, at: torch.Tensor, cou
         return result
     coords = layout_ops._coords(SparseTensor(U))
     pc = layout_ops._coords(SparseTensor(P))
-    window = _linear(pc, shape)
-    fiber = torch.searchsorted(window, _linear(coords[:kept], shape))
+    window = linear_keys(pc, shape)
+    fiber = torch.searchsorted(window, linear_keys(coords[:kept], shape))
     at_input = torch.zeros(coords.shape[1], dtype=torch.int64)
     for k, t in enumerate(tables):
         at_input = at_input * sizes[k] + t[coords[lead + k], coords[kept + k]]
@@ -110,7 +108,7 @@ def max_indices(U: Storage, P: Storage, out: torch.Tensor, at: torch.Tensor, cou
     return result
 
 
-def _unpool_handler(n: int, public):
+def _unpool_handler(n: int):
     def handler(input, indices, kernel_size, stride=None, padding=0, output_size=None):
         x = _sparse(input)
         if x is None or isinstance(indices, SparseTensor) or x.dim() not in (n + 1, n + 2):
@@ -169,7 +167,7 @@ def _at_indices(x: SparseTensor, indices: torch.Tensor, sizes: Sequence[int], ac
         raise RuntimeError(f"Found an invalid max index: {int(flat[bad[0, 0]])} (output volumes are "
                            f"of size {'x'.join(str(s) for s in sizes)})")
     coords = layout_ops._coords(x)
-    here = _linear(coords, x.shape)                      # the stored entries' input positions
+    here = linear_keys(coords, x.shape)              # the stored entries' input positions
     written = torch.arange(flat.numel()) // max(math.prod(x.shape[lead:]), 1) * plane + flat
     values = values_of(x)
     if accumulate:
@@ -198,7 +196,7 @@ def _at_indices(x: SparseTensor, indices: torch.Tensor, sizes: Sequence[int], ac
 
 
 for _n, _fn in {1: F.max_unpool1d, 2: F.max_unpool2d, 3: F.max_unpool3d}.items():
-    register(_fn)(_unpool_handler(_n, _fn))
+    register(_fn)(_unpool_handler(_n))
 
 
 def _pool_backward(op, n: int):

@@ -41,7 +41,7 @@ from ..gradients.functions import needs_graph
 from ..gradients.pattern import with_pattern_values
 from .einsum import einsum
 from .nonlinear import _sparse
-from .pool_indices import adaptive_tables, max_indices, pool_tables
+from .pool_indices import adaptive_tables, linear_keys, max_indices, pool_tables
 
 __all__ = ["convolution", "pool"]
 
@@ -227,13 +227,6 @@ def _divided(total, counts: Sequence[torch.Tensor], first: int):
     return total
 
 
-def _linear(coords: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-    lin = torch.zeros(coords.shape[1], dtype=torch.int64)
-    for d, size in enumerate(shape):
-        lin = lin * int(size) + coords[d]
-    return lin
-
-
 def _window_max(u: SparseTensor, n: int, real: Sequence[torch.Tensor]):
     """(the result's pattern, its values, each window's positions inside the input, its
     stored entries): see ``window_max``."""
@@ -273,7 +266,7 @@ class _WindowMax(torch.autograd.Function):
         wanted = grad_values(P, g)
         shape = U.shape[:kept]
         ucoords = layout_ops._coords(SparseTensor(U))[:kept]
-        fiber = torch.searchsorted(_linear(layout_ops._coords(SparseTensor(P)), shape), _linear(ucoords, shape))
+        fiber = torch.searchsorted(linear_keys(layout_ops._coords(SparseTensor(P)), shape), linear_keys(ucoords, shape))
         tie = U.values == out[fiber]
         ties = torch.zeros(out.numel(), dtype=out.dtype).index_add_(0, fiber, tie.to(out.dtype))
         implicit = torch.where(out == 0, (ctx.at - ctx.counts).to(out.dtype), torch.zeros((), dtype=out.dtype))
