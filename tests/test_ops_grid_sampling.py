@@ -51,6 +51,9 @@ def test_grid_sampler_aten_names_and_the_fallback_cases():
         got = fn(X, grid, 0, 2, True)
         assert isinstance(got, scorch.SparseTensor)
         torch.testing.assert_close(got.to_dense(), fn(x, grid, 0, 2, True))
+    empty = torch.zeros(1, 0, 3, 2, dtype=F64)                # an empty output
+    got = F.grid_sample(X, empty, align_corners=False)
+    assert isinstance(got, scorch.SparseTensor) and got.shape == (1, 2, 0, 3)
     scorch._dispatch._warned.discard("grid_sampler_2d")
     with pytest.warns(UserWarning, match="no sparse kernel"):     # bicubic: the dense fallback
         got = F.grid_sample(X, grid, mode="bicubic", align_corners=False)

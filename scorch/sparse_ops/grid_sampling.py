@@ -24,7 +24,9 @@ from .. import _dispatch, conversion
 from ..formats import Format, LevelKind
 from ..level_storage import Level, Storage, index_dtype_for
 from ..tensor_type import SparseTensor
+from . import shape as _shape
 from .einsum import einsum
+from ..gradients.values import values_of
 from .nonlinear import _sparse
 
 __all__ = ["grid_sample"]
@@ -61,11 +63,12 @@ def _source_index(coord: torch.Tensor, size: int, padding: int, align_corners: b
 
 def _sampling_matrix(grid: torch.Tensor, sizes, mode: int, padding: int, align_corners: bool,
                      dtype: torch.dtype) -> Storage:
-    """The sampling matrix ``M[n, p, q]`` (``q`` as the input's spatial dims) as a Storage
-    stored input-position major (levels n and q's dims dense, p compressed): per output position its corners inside the input
-    (``nearest``: the one rounded to, halves to even). The corners come out in (n, p, corner)
-    order, so a stable counting sort by (n, q) (``O(entries)``, no comparison sort) leaves
-    each q's output positions sorted."""
+    """The sampling matrix ``M[n, p, q]`` (``p`` and ``q`` as the output's and the input's
+    spatial dims) as a Storage stored input-position major (levels n and q's dims dense,
+    p's dims compressed): per output position its corners inside the input (``nearest``:
+    the one rounded to, halves to even). The corners come out in (n, p, corner) order, so
+    a stable counting sort by (n, q) (``O(entries)``, no comparison sort) leaves each q's
+    output positions sorted."""
     n = len(sizes)                               # sizes: (D,) H, W; grid's last dim: x, y(, z)
     batch = grid.shape[0]
     points = math.prod(grid.shape[1:-1])
@@ -146,6 +149,9 @@ def grid_sample(x: SparseTensor, grid: torch.Tensor, mode: int, padding: int, al
     # input-position major: the product walks the input's stored entries and, for each, the
     # output positions it weighs in (a scatter into the output's row), never the output
     # positions against the input's rows
+    if grid.numel() == 0:      # an empty output
+        shape = (x.shape[0], x.shape[1]) + tuple(grid.shape[1:-1])
+        return _shape._build(torch.zeros((len(shape), 0), dtype=torch.int64), values_of(x)[:0], shape)
     M = SparseTensor(_sampling_matrix(grid, sizes, mode, padding, align_corners, x.dtype))
     ins, outs = "ijk"[:n], "xyz"[:n]
     return einsum(f"n{outs}{ins},nc{ins}->nc{outs}", M, x)
