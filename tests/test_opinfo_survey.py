@@ -21,7 +21,7 @@ REFUSED = {"_batch_norm_with_update", "_native_batch_norm_legit", "cauchy", "exp
 #: ``as_strided`` (no meaning for sparse storage) and torch internals
 FALLBACK = {
     "_segment_reduce.lengths", "_segment_reduce.offsets", "_unsafe_masked_index",
-    "_unsafe_masked_index_put_accumulate", "_upsample_bilinear2d_aa", "as_strided", "as_strided.partial_views",
+    "_unsafe_masked_index_put_accumulate", "as_strided", "as_strided.partial_views",
     "as_strided_copy", "as_strided_scatter",
     "native_dropout_backward",
     "torch.ops.aten._safe_softmax.default",

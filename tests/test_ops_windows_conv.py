@@ -229,6 +229,22 @@ def test_interpolation_is_one_product_per_axis(data, mode, by_size, align, dtype
         torch.testing.assert_close(X.grad.to_dense(), D.grad * (x != 0), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("packet", ["_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa"])
+def test_aten_antialiased_upsampling_by_size_and_by_scales(packet):
+    """aten's ops themselves (``.vec`` by scale factors decomposes to ``.default`` with the
+    size and the scales): the same sparse interpolation as ``F.interpolate``."""
+    op = getattr(torch.ops.aten, packet)
+    g = torch.Generator().manual_seed(4)
+    x = torch.rand(2, 3, 10, 20, dtype=F64, generator=g) * (torch.rand(2, 3, 10, 20, generator=g) < 0.4)
+    X = scorch.sparse_tensor(x, format="coo")
+    for kw in ({"output_size": [3, 7], "align_corners": False, "scale_factors": None},
+               {"output_size": None, "align_corners": True, "scale_factors": [1.7, 0.9]},
+               {"output_size": [4, 5], "align_corners": False}):
+        got = op(X, **kw)
+        assert isinstance(got, scorch.SparseTensor)
+        torch.testing.assert_close(got.to_dense(), op(x, **kw))
+
+
 def test_pooling_gradients_and_modules():
     x = torch.tensor([[[0.0, 2.0, -1.0, 0.0], [3.0, 0.0, 0.0, -4.0], [0.0, 0.0, 5.0, 1.0]]], dtype=F64)
     X = scorch.sparse_tensor(x, format="coo", requires_grad=True)

@@ -32,7 +32,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from .._dispatch import register
+from .._dispatch import dense_fallback, register, register_aten
 from ..tensor_type import SparseTensor
 from . import layout_ops, nonlinear
 from . import shape as _shape
@@ -523,6 +523,42 @@ def interpolate(x: SparseTensor, sizes, scales, mode: str, align_corners, recomp
 def _sparse_weights(src: torch.Tensor, o: torch.Tensor, w: torch.Tensor, shape) -> SparseTensor:
     from ..constructors import sparse_tensor
     return sparse_tensor((torch.stack([src, o]), w), size=shape, format="csr")
+
+
+def _aa_aten(op, mode: str):
+    """aten's anti-aliased upsampling (``_upsample_bilinear2d_aa``, bicubic's; ``.vec``:
+    size or scale factors, ``.default``: size, and scales read only beside it): the
+    interpolation above; the rest (scales beside a size, an output 1 wide) through the
+    dense fallback."""
+    def handler(input, output_size, align_corners, scale_factors=None, scales_w=None):
+        args = (input, output_size, align_corners, scale_factors) + ((scales_w,) if default else ())
+        if default and (scale_factors is not None or scales_w is not None):
+            # (output_size, align_corners, scales_h, scales_w), what ``.vec`` by scale factors
+            # decomposes to: the scales where they give this size (floor(size x scale))
+            x = _sparse(input)
+            scales = (scale_factors, scales_w)
+            if x is None or None in scales or any(
+                    math.floor(x.shape[2 + k] * scales[k]) != int(output_size[k]) for k in range(2)):
+                return dense_fallback(op, args, {})
+            output_size, scale_factors = None, scales
+        x = _sparse(input)
+        sizes = None if output_size is None else tuple(int(v) for v in output_size)
+        scales = None if scale_factors is None else tuple(float(f) for f in scale_factors)
+        if x is not None and x.dim() == 4 and x.dtype.is_floating_point and (sizes is None) != (scales is None):
+            outs = [_interpolated(torch.zeros(1, x.shape[2 + k]), None if sizes is None else sizes[k],
+                                  None if scales is None else scales[k], mode, align_corners, None).shape[1]
+                    for k in range(2)]
+            if 1 not in outs and 0 not in x.shape[2:]:
+                return interpolate(x, sizes, scales, mode, align_corners, None, True)
+        return dense_fallback(op, args, {})
+    default = op._overloadname == "default"
+    return handler
+
+
+for _packet, _mode in ((torch.ops.aten._upsample_bilinear2d_aa, "bilinear"),
+                       (torch.ops.aten._upsample_bicubic2d_aa, "bicubic")):
+    for _op in (_packet.vec, _packet.default):
+        register_aten(_op)(_aa_aten(_op, _mode))
 
 
 @register(F.interpolate)
