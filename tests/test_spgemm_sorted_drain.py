@@ -2,7 +2,8 @@
 read out (``workspace.h``: dense_ws_drain): on AVX2 without AVX-512 the sorting network
 (rows of up to kNetSortMax = 128 entries: one, two, four, eight or sixteen registers of
 keys), the marks scan of the whole extent without a touched list (``run_chunk_scan``:
-fibers dense in the extent on average), the
+fibers dense in the extent on average), the bitmap of a narrow range (rows whose span has
+no more 64-bit words than entries: meshes, banded matrices), the
 marker scan (rows dense in their span), the rank sort (short spread-out rows, up to
 kRankSortMax = 128 entries) and the radix sort (longer spread-out rows). Oracle: dense torch; the sorted promise is checked on the stored
 coordinates, and the result feeds another kernel and the conversions."""
@@ -228,3 +229,28 @@ def test_row_prefetch_and_scan_over_many_rows(m, inner, n, density_a, density_b,
     tol = 1e-4 if dtype == torch.float32 else 1e-10
     torch.testing.assert_close(C.to_dense(), a @ b, rtol=tol, atol=tol)
     assert_rows_sorted_unique(C)
+
+
+@pytest.mark.parametrize("band", [1, 3, 40, 200])
+def test_banded_rows_read_out_through_the_bitmap_and_past_it(band):
+    """A banded A @ A^T over 6000 columns: each row's columns span ~2 x band (a few 64-bit
+    words against ~2 x band entries: the bitmap read-out), plus rows with one far entry
+    (a span past the bitmap's limit: the other read-outs), against dense torch."""
+    rng = np.random.default_rng(band)
+    n = 6000
+    rows = np.repeat(np.arange(n), 2 * band + 1)
+    cols = np.clip(rows + np.tile(np.arange(-band, band + 1), n), 0, n - 1)
+    far = rng.choice(n, 60, replace=False)
+    rows = np.concatenate([rows, far])
+    cols = np.concatenate([cols, (far + n // 2) % n])
+    a = sp.coo_array((rng.standard_normal(rows.size), (rows, cols)), shape=(n, n)).tocsr()
+    a.sum_duplicates()
+    A = scorch.from_scipy(a)
+    At = scorch.from_scipy(a.T.tocsr())
+    C = scorch.einsum("ij,jk->ik", A, At)
+    want = (a @ a.T).tocsr()
+    want.sort_indices()
+    got = C.to_scipy().tocsr()
+    assert_rows_sorted_unique(C)
+    assert np.array_equal(got.indptr, want.indptr) and np.array_equal(got.indices, want.indices)
+    np.testing.assert_allclose(got.data, want.data, rtol=1e-10, atol=1e-10)

@@ -292,10 +292,46 @@ inline int64_t dense_ws_drain_scan(V* values, uint8_t* mark, int64_t lo, int64_t
   return out;
 }
 
+// The sorted read-out through a bitmap of the fiber's range, where that range spans no more
+// 64-bit words than the fiber has entries (and at most kBitmapWords): one bit set an entry,
+// then the words read back in order. A mesh's or a banded matrix's rows touch a narrow
+// range (4elt A @ A^T: 18 entries a row within ~5 words), where this costs a few steps an
+// entry, below any comparison sort of the k keys and below a scan of the byte marks.
+// Returns false (nothing done) where the range is wider.
+constexpr int64_t kBitmapWords = 64;   // ranges up to 4096 coordinates
+template <typename K, typename I, typename V>
+inline bool bitmap_drain(const K* touched, int64_t k, int64_t lo, int64_t hi, V* values,
+                         uint8_t* mark, I* crd, V* vals) {
+  const int64_t base = lo & ~int64_t(63);
+  const int64_t words = ((hi - base) >> 6) + 1;
+  if (words > kBitmapWords || words > k) return false;
+  uint64_t bits[kBitmapWords];
+  for (int64_t w = 0; w < words; ++w) bits[w] = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    const int64_t c = static_cast<int64_t>(touched[i]) - base;
+    bits[c >> 6] |= uint64_t(1) << (c & 63);
+  }
+  int64_t out = 0;
+  for (int64_t w = 0; w < words; ++w) {
+    uint64_t word = bits[w];
+    while (word) {
+      const int64_t c = base + (w << 6) + __builtin_ctzll(word);
+      crd[out] = static_cast<I>(c);
+      vals[out] = values[c];
+      values[c] = V(0);
+      mark[c] = 0;
+      ++out;
+      word &= word - 1;
+    }
+  }
+  return true;
+}
+
 template <typename K, typename I, typename V>
 inline void dense_ws_drain(K* touched, int64_t k, int64_t lo, int64_t hi, V* values,
                            uint8_t* mark, I* crd, V* vals, K* tmp) {
   if (k == 0) return;
+  if (bitmap_drain(touched, k, lo, hi, values, mark, crd, vals)) return;
   const int64_t c0 = lo & ~int64_t(7);
   bool scan;
 #if defined(SCORCH_NET_SORT)
