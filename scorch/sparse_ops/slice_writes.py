@@ -1,6 +1,7 @@
 """Out-of-place writes of a region: ``select_scatter``, ``slice_scatter``, ``diagonal_scatter``,
-``index_copy``, ``index_fill`` with a non-zero value, ``put``, ``index_reduce``. Each names a region of the input
-(a slice, a diagonal, the slices of an index) and what goes there (a source tensor, a value).
+``index_copy``, ``index_fill`` with a non-zero value, ``put``, ``index_reduce``. Each names a
+region of the input (a slice, a diagonal, the slices of an index) and what goes there (a
+source tensor, a value).
 On a sparse input the result is the input's stored entries outside the region plus the
 source's entries moved into it (a sparse source: its stored ones; a dense one: all, as the
 region is its size); cost follows those entries, never the input's dense size. A dense input
