@@ -245,6 +245,20 @@ def test_aten_antialiased_upsampling_by_size_and_by_scales(packet):
         torch.testing.assert_close(got.to_dense(), op(x, **kw))
 
 
+def test_antialiased_downscaling_past_the_probe_budget_takes_torchs_kernel():
+    """Downscaling 8192 -> 8 probes ~2 x 1024 combs of the axis (past ``AA_PROBE_MAX``):
+    torch's own kernel through the fallback, said so."""
+    from scorch.sparse_ops import windows
+    g = torch.Generator().manual_seed(6)
+    x = torch.rand(1, 1, 4, 8192, dtype=F64, generator=g) * (torch.rand(1, 1, 4, 8192, generator=g) < 0.01)
+    scorch._dispatch._warned.discard("_upsample_bilinear2d_aa")
+    assert not windows._antialias_runs((4, 8192), (4, 8), None, "bilinear", False, None)
+    with pytest.warns(UserWarning, match="no sparse kernel"):
+        got = F.interpolate(scorch.sparse_tensor(x, format="coo"), size=(4, 8), mode="bilinear", antialias=True)
+    torch.testing.assert_close(got, F.interpolate(x, size=(4, 8), mode="bilinear", antialias=True))
+    assert windows._antialias_runs((4, 512), (4, 8), None, "bilinear", False, None)
+
+
 def test_pooling_gradients_and_modules():
     x = torch.tensor([[[0.0, 2.0, -1.0, 0.0], [3.0, 0.0, 0.0, -4.0], [0.0, 0.0, 5.0, 1.0]]], dtype=F64)
     X = scorch.sparse_tensor(x, format="coo", requires_grad=True)

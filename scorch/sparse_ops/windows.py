@@ -466,6 +466,40 @@ def _interpolated(rows: torch.Tensor, out: Optional[int], scale: Optional[float]
     return y.reshape(b, -1)
 
 
+def _out_length(size: int, out: Optional[int], scale: Optional[float], mode: str, align_corners,
+                recompute) -> int:
+    """The length torch's interpolation gives one axis."""
+    return _interpolated(torch.zeros(1, size, dtype=torch.float64), out, scale, mode, align_corners,
+                         recompute).shape[1]
+
+
+def _comb_count(size: int, n_out: int, scale: Optional[float], mode: str, align_corners, antialias: bool) -> int:
+    """How many combs ``_axis_weights`` probes one axis with: past the widest support."""
+    support = {"nearest": 1, "nearest-exact": 1, "bicubic": 4}.get(mode, 2)
+    if antialias:       # torch's aa support: ceil(interp_size / 2 * scale) * 2 + 1 taps
+        shrink = max(1.0, size / max(n_out, 1), 1.0 / scale if scale else 1.0,
+                     (size - 1) / (n_out - 1) if align_corners and n_out > 1 else 1.0)
+        support = math.ceil(support / 2 * shrink) * 2 + 3
+    return min(size, support + 1)
+
+
+#: anti-aliased downscaling by ``s`` probes ~2s combs of the axis: past this many probed
+#: values (combs x length) the fallback runs torch's own kernel instead
+AA_PROBE_MAX = 1 << 22
+
+
+def _antialias_runs(spatial, sizes, scales, mode: str, align_corners, recompute) -> bool:
+    """Whether the sparse anti-aliased interpolation takes these axes: no output 1 wide
+    (torch's own kernels then give every row the first row's weights: not separable per
+    axis) and every axis's probe within ``AA_PROBE_MAX``."""
+    for k, size in enumerate(spatial):
+        scale = None if scales is None else scales[k]
+        n_out = _out_length(size, None if sizes is None else sizes[k], scale, mode, align_corners, recompute)
+        if n_out == 1 or 2 * _comb_count(size, n_out, scale, mode, align_corners, True) * size > AA_PROBE_MAX:
+            return False
+    return True
+
+
 def _axis_weights(size: int, out: Optional[int], scale: Optional[float], mode: str, align_corners,
                   recompute, antialias: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """torch's interpolation along one axis as (input index, output index, weight) triples:
@@ -476,14 +510,8 @@ def _axis_weights(size: int, out: Optional[int], scale: Optional[float], mode: s
     holding the inputs ``i = r mod P``, with ``P`` past the widest support, so each output
     meets at most one input of a comb; a second comb holding ``i + 1`` there names it.
     Anti-aliased (downscaling by ``s``), the kernel widens by ``s``: ~2s + 1 taps."""
-    probe = _interpolated(torch.zeros(1, size, dtype=torch.float64), out, scale, mode, align_corners, recompute)
-    n_out = probe.shape[1]
-    support = {"nearest": 1, "nearest-exact": 1, "bicubic": 4}.get(mode, 2)
-    if antialias:       # torch's aa support: ceil(interp_size / 2 * scale) * 2 + 1 taps
-        shrink = max(1.0, size / max(n_out, 1), 1.0 / scale if scale else 1.0,
-                     (size - 1) / (n_out - 1) if align_corners and n_out > 1 else 1.0)
-        support = math.ceil(support / 2 * shrink) * 2 + 3
-    P = min(size, support + 1)
+    n_out = _out_length(size, out, scale, mode, align_corners, recompute)
+    P = _comb_count(size, n_out, scale, mode, align_corners, antialias)
     i = torch.arange(size)
     combs = (i[None, :] % P == torch.arange(P)[:, None]).to(torch.float64)
     y = _interpolated(torch.cat([combs, combs * (i + 1)]), out, scale, mode, align_corners, recompute, antialias)
@@ -544,12 +572,9 @@ def _aa_aten(op, mode: str):
         x = _sparse(input)
         sizes = None if output_size is None else tuple(int(v) for v in output_size)
         scales = None if scale_factors is None else tuple(float(f) for f in scale_factors)
-        if x is not None and x.dim() == 4 and x.dtype.is_floating_point and (sizes is None) != (scales is None):
-            outs = [_interpolated(torch.zeros(1, x.shape[2 + k]), None if sizes is None else sizes[k],
-                                  None if scales is None else scales[k], mode, align_corners, None).shape[1]
-                    for k in range(2)]
-            if 1 not in outs and 0 not in x.shape[2:]:
-                return interpolate(x, sizes, scales, mode, align_corners, None, True)
+        if (x is not None and x.dim() == 4 and x.dtype.is_floating_point and (sizes is None) != (scales is None)
+                and 0 not in x.shape[2:] and _antialias_runs(x.shape[2:], sizes, scales, mode, align_corners, None)):
+            return interpolate(x, sizes, scales, mode, align_corners, None, True)
         return dense_fallback(op, args, {})
     default = op._overloadname == "default"
     return handler
@@ -589,12 +614,8 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
         all(s % i == 0 for s, i in zip(sizes, spatial)) if sizes is not None
         else all(f == int(f) and f >= 1 for f in scales))
     if not whole:
-        if antialias and any(_interpolated(torch.zeros(1, spatial[k]), None if sizes is None else sizes[k],
-                                           None if scales is None else scales[k], mode, align_corners,
-                                           recompute_scale_factor).shape[1] == 1 for k in range(n)):
-            # torch's anti-aliased kernels give an output 1 wide every row the first row's
-            # weights (not separable per axis): its own result, through the fallback
-            return NotImplemented
+        if antialias and not _antialias_runs(spatial, sizes, scales, mode, align_corners, recompute_scale_factor):
+            return NotImplemented       # torch's own, through the fallback
         return interpolate(x, sizes, scales, mode, align_corners, recompute_scale_factor, bool(antialias))
     factors = [s // i for s, i in zip(sizes, spatial)] if sizes is not None else [int(f) for f in scales]
     out = x
