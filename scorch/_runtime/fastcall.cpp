@@ -501,7 +501,11 @@ PyObject* try_fast(Plan* self, PyObject* list) {
   if (s.pattern_op < 0 || !result) return result;
   PyObject* sizes = PyTuple_New(s.nvars);
   if (!sizes) { Py_DECREF(result); return nullptr; }
-  for (int v = 0; v < s.nvars; v++) PyTuple_SET_ITEM(sizes, v, PyLong_FromLongLong(vars[v]));
+  for (int v = 0; v < s.nvars; v++) {
+    PyObject* size = PyLong_FromLongLong(vars[v]);
+    if (!size) { Py_DECREF(sizes); Py_DECREF(result); return nullptr; }
+    PyTuple_SET_ITEM(sizes, v, size);   // steals
+  }
   PyObject* storage = PyObject_CallFunctionObjArgs(self->finish, PyList_GET_ITEM(list, s.pattern_op),
                                                    result, sizes, nullptr);
   Py_DECREF(sizes);
