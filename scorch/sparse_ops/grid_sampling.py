@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 from .._dispatch import register
 from .. import _dispatch, conversion
-from ..formats import Format, LevelKind
-from ..level_storage import Level, Storage, index_dtype_for
+from ..formats import Format
+from ..level_storage import Storage
 from ..tensor_type import SparseTensor
 from . import shape as _shape
 from .einsum import einsum
@@ -95,51 +95,25 @@ def _sampling_matrix(grid: torch.Tensor, sizes, mode: int, padding: int, align_c
     keep = inside.reshape(-1).nonzero().squeeze(1)
     out_pos = torch.arange(points).repeat_interleave(picks).repeat(batch)[keep]
     key = (torch.arange(batch).repeat_interleave(points * picks)[keep] * plane + q.reshape(-1)[keep])
-    idt = index_dtype_for((batch, points, plane), max(keep.numel(), batch * plane))
-    dest, starts = conversion._k_counting_sort(key.to(idt), batch * plane)
-    crd = conversion._k_scatter(dest, out_pos.to(idt))
-    vals = conversion._k_scatter(dest, w.reshape(-1)[keep].to(dtype))
     # the input position's dims as dense levels (n, then the input's dims), the output
     # position's dims compressed below them: the product reads the input in its own shape
-    # and writes the output in its own (no reshape on either side)
+    # and writes the output in its own (no reshape on either side). The counting sort's
+    # bucket starts are the dense levels' entry offsets; the runtime's level builder makes
+    # the compressed levels from the output coordinates (sorted within each bucket).
     out = tuple(grid.shape[1:-1])
     k = len(out)
-    levels = ([Level(LevelKind.DENSE, 0, batch)] + [Level(LevelKind.DENSE, 1 + k + d, sizes[d]) for d in range(n)]
-              + _compressed_levels(starts, crd, out, idt))
+    shape = (batch,) + out + tuple(sizes)
     fmt = Format("d" * (n + 1) + "c" * k, (0,) + tuple(range(1 + k, 1 + k + n)) + tuple(range(1, 1 + k)))
-    return Storage(fmt, (batch,) + out + tuple(sizes), levels, vals, idt)
-
-
-def _compressed_levels(starts: torch.Tensor, flat: torch.Tensor, sizes, idt) -> list:
-    """Compressed levels over the dims ``sizes`` (dims 1, 2, ... of the tensor) for entries
-    whose row-major flat coordinates ``flat`` are sorted within each parent segment
-    (``starts``): a level's entries are the runs of equal leading coordinates."""
-    E = flat.numel()
-    first = torch.zeros(E, dtype=torch.bool)
-    heads = starts[:-1][starts[:-1] < starts[1:]].to(torch.int64)
-    first[heads] = True
-    parents = starts.to(torch.int64)         # where each parent's entries begin (level above)
-    levels, run = [], first
-    stride = 1
-    for size in sizes[1:]:
-        stride *= size
-    rest = flat.to(torch.int64)
-    for j, size in enumerate(sizes):
-        coord = torch.div(rest, stride, rounding_mode="floor")
-        rest = rest - coord * stride
-        if j + 1 < len(sizes):
-            stride //= sizes[j + 1]
-            if E:
-                run = run.clone()
-                run[1:] |= coord[1:] != coord[:-1]
-        else:
-            run = torch.ones(E, dtype=torch.bool)
-        before = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(run, 0)])
-        pos = before[parents]
-        at = run.nonzero().squeeze(1)
-        levels.append(Level(LevelKind.COMPRESSED, 1 + j, size, pos.to(idt), coord[at].to(idt)))
-        parents = torch.cat([at, torch.tensor([E])])
-    return levels
+    wdt = conversion._work_dtype(shape, fmt, keep.numel())
+    dest, starts = conversion._k_counting_sort(key.to(wdt), batch * plane)
+    flat = conversion._k_scatter(dest, out_pos.to(wdt))
+    vals = conversion._k_scatter(dest, w.reshape(-1)[keep].to(dtype).contiguous())
+    keys = [None] * (n + 1)
+    for size in reversed(out):
+        keys.insert(n + 1, (flat % size).to(wdt).contiguous())
+        flat = torch.div(flat, size, rounding_mode="floor")
+    return conversion._build(shape, fmt, keys, vals, keep.numel(), unique=True, start=n + 1,
+                             eoff=starts, parents=batch * plane)
 
 
 def grid_sample(x: SparseTensor, grid: torch.Tensor, mode: int, padding: int, align_corners: bool):

@@ -13,20 +13,17 @@ index the entry is overwritten (with a zero: not stored)."""
 from __future__ import annotations
 
 import math
-import numbers
 from typing import List, Sequence
 
 import torch
-import torch.nn.functional as F
 
-from .._dispatch import dense_fallback, register, register_aten
+from .._dispatch import dense_fallback, register_aten
 from ..level_storage import Storage
 from ..constructors import sparse_tensor
 from ..tensor_type import SparseTensor
 from ..gradients.values import values_of
 from . import layout_ops
 from . import shape as _shape
-from .nonlinear import _sparse
 
 __all__ = ["pool_tables", "adaptive_tables", "max_indices", "max_unpool", "linear_keys"]
 
@@ -108,22 +105,6 @@ def max_indices(U: Storage, P: Storage, out: torch.Tensor, at: torch.Tensor, cou
     return result
 
 
-def _unpool_handler(n: int):
-    def handler(input, indices, kernel_size, stride=None, padding=0, output_size=None):
-        x = _sparse(input)
-        if x is None or isinstance(indices, SparseTensor) or x.dim() not in (n + 1, n + 2):
-            return NotImplemented
-        kernel = _ntuple(kernel_size, n)
-        step = kernel if stride is None else _ntuple(stride, n)
-        sizes = F._unpool_output_size(x, list(kernel), list(step), list(_ntuple(padding, n)), output_size)
-        return max_unpool(x, indices, tuple(int(s) for s in sizes))
-    return handler
-
-
-def _ntuple(v, n: int):
-    return (int(v),) * n if isinstance(v, numbers.Integral) else tuple(int(a) for a in v) * (n if len(tuple(v)) == 1 else 1)
-
-
 def max_unpool(x: SparseTensor, indices: torch.Tensor, sizes: Sequence[int]) -> SparseTensor:
     """Each stored entry of ``x`` written at its ``indices`` (flat in an output plane of
     ``sizes``); differentiable in ``x``'s values (the gradient gathers at the indices, an
@@ -193,10 +174,6 @@ def _at_indices(x: SparseTensor, indices: torch.Tensor, sizes: Sequence[int], ac
         out_coords.insert(0, rest % size)
         rest = rest // size
     return _shape._build(torch.stack(out_coords), values, shape)
-
-
-for _n, _fn in {1: F.max_unpool1d, 2: F.max_unpool2d, 3: F.max_unpool3d}.items():
-    register(_fn)(_unpool_handler(_n))
 
 
 def _pool_backward(op, n: int):

@@ -41,7 +41,7 @@ from ..gradients.functions import needs_graph
 from ..gradients.pattern import with_pattern_values
 from .einsum import einsum
 from .nonlinear import _sparse
-from .pool_indices import adaptive_tables, linear_keys, max_indices, pool_tables
+from .pool_indices import adaptive_tables, linear_keys, max_indices, max_unpool, pool_tables
 
 __all__ = ["convolution", "pool"]
 
@@ -361,6 +361,22 @@ for _n, (_avg, _max, _with) in {
     register(_avg)(_avg_pool(_n))
     register(_max)(_max_pool(_n))
     register(_with)(_max_pool(_n))
+
+
+def _max_unpool(n: int):
+    def handler(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+        x = _sparse(input)
+        if x is None or isinstance(indices, SparseTensor) or x.dim() not in (n + 1, n + 2):
+            return NotImplemented
+        kernel = _tuple(kernel_size, n, "kernel_size")
+        step = kernel if stride is None else _tuple(stride, n, "stride")
+        sizes = F._unpool_output_size(x, list(kernel), list(step), list(_tuple(padding, n, "padding")), output_size)
+        return max_unpool(x, indices, tuple(int(s) for s in sizes))
+    return handler
+
+
+for _n, _fn in {1: F.max_unpool1d, 2: F.max_unpool2d, 3: F.max_unpool3d}.items():
+    register(_fn)(_max_unpool(_n))
 
 
 def _adaptive_bounds(size: int, out: int) -> Tuple[torch.Tensor, torch.Tensor]:
