@@ -4,7 +4,7 @@
   arrays directly), over shapes with 0 and 1 sized dimensions, empty and full densities,
   dtypes and strided (non-contiguous) inputs;
 - ``F.linear`` of a sparse batch through a sparse weight as ONE autograd node
-  (``matmul._SparseBatchLinear``): values, the weight's gradient on its own pattern, the
+  (``sparse_linear._SparseBatchLinear``): values, the weight's gradient on its own pattern, the
   bias's and the batch's, double backward, and a weight updated in place between steps.
 """
 import pytest
@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 import scorch
 from scorch.formats import Format
 from scorch.nn import functional as F
-from scorch.sparse_ops import matmul
+from scorch.sparse_ops import sparse_linear
 
 DTYPES = [torch.float32, torch.float64]
 
@@ -98,9 +98,11 @@ def test_sparse_batch_linear_matches_dense(batch, inputs, outputs, x_density, w_
          "parameter": torch.nn.Parameter(torch.rand(outputs, dtype=dtype))}[bias]
     G = torch.rand(batch, outputs, dtype=dtype)
     y = F.linear(X, W, b)
-    fused = matmul._fills_up(X, W, inputs)
-    if fused:   # one graph node for the layer
-        assert type(y.grad_fn).__name__ == "_SparseBatchLinearBackward"
+    if sparse_linear._fills_up(X, W, inputs):   # one graph node for the layer
+        expanded = not input_grad and sparse_linear.expand_pays(X._storage.nnz, batch, inputs,
+                                                                W._storage.nnz, outputs)
+        assert type(y.grad_fn).__name__ == ("_ColumnBatchLinearBackward" if expanded
+                                            else "_SparseBatchLinearBackward")
     y = y.to_dense() if isinstance(y, scorch.SparseTensor) else y
     (y * G).sum().backward()
 
@@ -123,21 +125,35 @@ def _dense_layer(seed=0, dtype=torch.float64):
     return wd, xd
 
 
-def test_sparse_batch_linear_is_one_node_with_the_leaves_behind_it():
-    wd, xd = _dense_layer()
+def _wide_layer(seed=0, dtype=torch.float64):
+    """A batch too wide and sparse to expand (2 x 2000 at 1 %) whose product still fills up."""
+    wd = _sparse_dense((3, 2000), 0.05, dtype, seed)
+    xd = _sparse_dense((2, 2000), 0.01, dtype, seed + 1)
+    return wd, xd
+
+
+@pytest.mark.parametrize("layer,node", [(_dense_layer, "_ColumnBatchLinearBackward"),
+                                        (_wide_layer, "_SparseBatchLinearBackward")])
+def test_sparse_batch_linear_is_one_node_with_the_leaves_behind_it(layer, node):
+    wd, xd = layer()
     W = scorch.sparse_tensor(wd, format="csr", requires_grad=True)
-    b = torch.rand(5, dtype=torch.float64, requires_grad=True)
-    y = F.linear(scorch.sparse_tensor(xd, format="csr"), W, b)
-    assert type(y.grad_fn).__name__ == "_SparseBatchLinearBackward"
+    b = torch.rand(wd.shape[0], dtype=torch.float64, requires_grad=True)
+    X = scorch.sparse_tensor(xd, format="csr")
+    assert sparse_linear._fills_up(X, W, wd.shape[1])
+    y = F.linear(X, W, b)
+    assert type(y.grad_fn).__name__ == node
     behind = [type(f).__name__ for f, _ in y.grad_fn.next_functions if f is not None]
     assert behind == ["AccumulateGrad", "AccumulateGrad"]
+    y.backward(torch.ones_like(y))
+    torch.testing.assert_close(W.grad.to_dense(), xd.sum(0).expand_as(wd) * (wd != 0))
 
 
-def test_sparse_batch_linear_double_backward():
+@pytest.mark.parametrize("layer", [_dense_layer, _wide_layer])
+def test_sparse_batch_linear_double_backward(layer):
     """create_graph through the node: the bias's gradient is differentiated again."""
-    wd, xd = _dense_layer(3)
+    wd, xd = layer(3)
     W = scorch.sparse_tensor(wd, format="csr", requires_grad=True)
-    b = torch.rand(5, dtype=torch.float64, requires_grad=True)
+    b = torch.rand(wd.shape[0], dtype=torch.float64, requires_grad=True)
     y = F.linear(scorch.sparse_tensor(xd, format="csr"), W, b)
     gb, = torch.autograd.grad((y ** 2).sum(), b, create_graph=True)
     (gb ** 2).sum().backward()
@@ -192,5 +208,5 @@ def test_sparse_batch_linear_unusual_bias_takes_the_composed_path(bias):
             F.linear(X, W, bias)
         return
     y = F.linear(X, W, bias)
-    assert type(y.grad_fn).__name__ != "_SparseBatchLinearBackward"
+    assert type(y.grad_fn).__name__ not in ("_SparseBatchLinearBackward", "_ColumnBatchLinearBackward")
     torch.testing.assert_close(y.to(ref.dtype), ref, rtol=1e-5, atol=1e-5)

@@ -140,15 +140,17 @@ def test_partner_with_a_compressed_level_on_the_pattern_is_not_a_pattern_output(
 
 
 def test_training_steps_transpose_neither_weight_nor_batch_twice(monkeypatch):
-    """Per step of ``F.linear(X_csr, W_csr)`` (new batch, values of W updated in place):
-    the weight's pattern is never converted again after the first step, and the batch once
-    (to the column-major form the weight gradient reads)."""
+    """Per step of ``F.linear(X_csr, W_csr)`` with a batch kept sparse (too wide and sparse
+    to expand: 6 x 2000 at 1 %; new batch, values of W updated in place): the weight's
+    pattern is never converted again after the first step, and the batch once (to the
+    column-major form the weight gradient reads)."""
     from scorch._runtime import convert as runtime
     torch.manual_seed(2)
-    W = scorch.sparse_tensor(torch.rand(12, 20) * (torch.rand(12, 20) < 0.3), format="csr",
+    W = scorch.sparse_tensor(torch.rand(12, 2000) * (torch.rand(12, 2000) < 0.05), format="csr",
                              requires_grad=True)
-    batches = [scorch.sparse_tensor(torch.rand(6, 20) * (torch.rand(6, 20) < 0.4), format="csr")
+    batches = [scorch.sparse_tensor(torch.rand(6, 2000) * (torch.rand(6, 2000) < 0.01), format="csr")
                for _ in range(3)]
+    assert type(F.linear(batches[0], W).grad_fn).__name__ == "_SparseBatchLinearBackward"
     (F.linear(batches[0], W) ** 2).sum().backward()
     anchors = {id(a) for lv in W._storage.levels for a in (lv.pos, lv.crd) if a is not None}
     weight_conversions, batch_conversions = [], []
@@ -176,6 +178,32 @@ def test_training_steps_transpose_neither_weight_nor_batch_twice(monkeypatch):
     Wr = W.detach().to_dense().requires_grad_()
     (torch.nn.functional.linear(fixed.to_dense(), Wr) ** 2).sum().backward()
     torch.testing.assert_close(W.grad.to_dense(), Wr.grad * (Wr.detach() != 0), rtol=1e-5, atol=1e-5)
+
+
+def test_expanded_batch_steps_convert_nothing(monkeypatch):
+    """A batch worth expanding (its transpose written dense, ``sparse_linear.expand_pays``):
+    no step converts the weight or the batch to another sparse format."""
+    from scorch._runtime import convert as runtime
+    torch.manual_seed(2)
+    W = scorch.sparse_tensor(torch.rand(12, 20) * (torch.rand(12, 20) < 0.3), format="csr",
+                             requires_grad=True)
+    batches = [scorch.sparse_tensor(torch.rand(6, 20) * (torch.rand(6, 20) < 0.4), format="csr")
+               for _ in range(3)]
+    assert type(F.linear(batches[0], W).grad_fn).__name__ == "_ColumnBatchLinearBackward"
+    conversions = []
+    real = runtime.convert
+
+    def counting(st_, fmt, *args, **kwargs):
+        conversions.append(fmt)
+        return real(st_, fmt, *args, **kwargs)
+    monkeypatch.setattr(runtime, "convert", counting)
+    for X in batches:
+        W.grad = None
+        (F.linear(X, W) ** 2).sum().backward()
+        Wr = W.detach().to_dense().requires_grad_()
+        (torch.nn.functional.linear(X.to_dense(), Wr) ** 2).sum().backward()
+        torch.testing.assert_close(W.grad.to_dense(), Wr.grad * (Wr.detach() != 0), rtol=1e-5, atol=1e-5)
+    assert conversions == []
 
 
 @pytest.mark.parametrize("fmt", ["csr", "coo"])

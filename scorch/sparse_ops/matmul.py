@@ -1,26 +1,24 @@
-"""The matmul family on sparse operands: ``@``, ``mm``, ``mv``, ``bmm``, ``matmul``, ``addmm``
-and ``F.linear``, each lowered to ONE ``scorch.einsum`` call (so each is one generated kernel
-and inherits einsum's gradients); ``addmm`` and a biased ``linear`` add one elementwise step.
+"""The matmul family on sparse operands: ``@``, ``mm``, ``mv``, ``bmm``, ``matmul``, ``addmm``,
+each lowered to ONE ``scorch.einsum`` call (so each is one generated kernel and inherits
+einsum's gradients); ``addmm`` adds one elementwise step. ``F.linear`` (a sparse layer, with
+its own fused graph nodes) lives in ``sparse_linear``.
 
 Result layouts follow torch: sparse @ dense and dense @ sparse give dense tensors, sparse @
 sparse gives a sparse tensor (its format comes from format inference).
 """
 from __future__ import annotations
 
-import math
-from typing import Optional
-
 import torch
 
 from .._dispatch import register
 from .. import tensor_type
 from ..gradients import pattern as _pattern
-from ..gradients.values import from_values, mark_gradient, values_of
+from ..gradients.values import from_values, values_of
 from ..tensor_type import SparseTensor, is_sparse_operand
 from . import elementwise
 from . import einsum as _einsum_entry
 
-__all__ = ["matmul", "mm", "mv", "bmm", "addmm", "linear", "hspmm"]
+__all__ = ["matmul", "mm", "mv", "bmm", "addmm", "hspmm"]
 
 _BATCH_LETTERS = "abcdefgh"
 
@@ -47,28 +45,6 @@ def _contract(equation: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if is_sparse_operand(a) != is_sparse_operand(b) and not equation.endswith("->"):
         return _einsum_entry.einsum(equation, a, b, out_format="dense")
     return _einsum_entry.einsum(equation, a, b)
-
-
-#: sparse @ sparse products expected to store at least this fraction of their entries are
-#: computed dense (see linear)
-DENSE_PRODUCT_FILL = 0.25
-
-
-def _fills_up(a, b, inner: int) -> bool:
-    """Whether ``a @ b^T`` (both sparse, reduction extent ``inner``) is expected to store at
-    least ``DENSE_PRODUCT_FILL`` of its entries, for uniformly spread stored entries:
-    1 - (1 - da * db) ** inner."""
-    if not (is_sparse_operand(a) and is_sparse_operand(b)) or inner == 0:
-        return False
-    da, db = _density(a), _density(b)
-    return 1.0 - (1.0 - da * db) ** inner >= DENSE_PRODUCT_FILL
-
-
-def _density(x) -> float:
-    st = getattr(x, "_storage", None)
-    nnz = st.nnz if st is not None else x._nnz()
-    size = math.prod(_shape(x))
-    return nnz / size if size else 0.0
 
 
 def _check_dtypes(name: str, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -177,165 +153,6 @@ def _scaled_sum(input, product, beta, alpha):
         torch.broadcast_shapes(_shape(input), _shape(prod))
         return prod
     return elementwise.add(input if beta == 1 else elementwise.mul(input, beta), prod)
-
-
-def _input_major(weight: SparseTensor) -> SparseTensor:
-    """A sparse weight (out, in) stored input-major (CSR -> CSC), for ``x @ W^T`` with a
-    sparse ``x``: the kernel walks each input row's stored features and, for each, the
-    weights that read it (a scatter into the output row); handed over as stored, the weight
-    would be transposed by the compiler on every call. The converted pattern and the
-    permutation of positions are kept while the weight's pattern lives
-    (``pattern.reformat_permutation``), so a step only gathers the current values,
-    differentiably: the weight's gradient is computed on this pattern (an SDDMM that walks
-    each input feature's weights, reading the batch by columns) and flows back through the
-    gather to the weight's own positions."""
-    got = _input_major_kept(weight)
-    if got is None:
-        return weight
-    st = weight._storage
-    conv, perm = got
-    if torch.is_grad_enabled() and weight.requires_grad:
-        return from_values(conv, _pattern.permuted(values_of(weight), perm))
-    return SparseTensor(_pattern.reformatted(st, conv.format))
-
-
-def _input_major_kept(weight: SparseTensor):
-    """The weight's input-major pattern and permutation (``pattern.reformat_permutation``),
-    or None where it is already input-major, blocked or not a matrix. Memoized on the
-    weight for its current storage: a training step asks once per forward, and a lookup
-    here costs less than the kept conversion's key."""
-    st = weight._storage
-    if st.ndim != 2 or st.format.block is not None or st.format.mode_order[0] == 1:
-        return None
-    memo = weight.__dict__.get("_input_major")
-    if memo is not None and memo[0] is st:
-        return memo[1]
-    kept = _pattern.reformat_permutation(st, st.format.transposed_copy((1, 0)))
-    weight.__dict__["_input_major"] = (st, kept)
-    return kept
-
-
-def _dense_product_linear(equation: str, input: SparseTensor, weight: SparseTensor) -> torch.Tensor:
-    """``input @ weight^T`` (both sparse) as a dense result, through the differentiable
-    pieces: the input-major weight (a gather node) and the einsum (its Function)."""
-    return _einsum_entry.einsum(equation, input, _input_major(weight), out_format="dense")
-
-
-def _sparse_batch_linear(equation: str, input, weight, bias) -> Optional[torch.Tensor]:
-    """``F.linear`` of a sparse batch through a sparse weight with a dense result, as ONE
-    autograd node (``_SparseBatchLinear``) where the weight is a SparseTensor with a kept
-    input-major permutation and the bias is absent or a dense vector; None otherwise (the
-    caller composes the differentiable pieces)."""
-    if type(input) is not SparseTensor or type(weight) is not SparseTensor:
-        return None
-    if bias is not None and not (isinstance(bias, torch.Tensor) and not is_sparse_operand(bias)
-                                 and bias.dim() <= 1 and bias.dtype == weight._storage.values.dtype):
-        return None
-    kept = _input_major_kept(weight)
-    if kept is None:
-        return None
-    return _SparseBatchLinear.apply(equation, kept, input, weight, bias)
-
-
-class _SparseBatchLinear(torch.autograd.Function):
-    """``input @ weight^T + bias`` for a sparse batch and a sparse weight (the sparse
-    autoencoder's encoder) in one graph node: the forward gathers the weight's values into
-    its kept input-major pattern, runs the one kernel and adds the bias in place; the
-    backward runs the gradient einsums (``einsum_grad``, as ``scorch.einsum``'s own
-    backward does) on that pattern and gathers the weight's gradient back to its own
-    positions. The same work as the composed graph (gather node, einsum Function, bias
-    add) without three nodes' Python per step. Double backward re-runs the composed
-    graph."""
-
-    @staticmethod
-    def forward(ctx, equation: str, kept, input: SparseTensor, weight: SparseTensor, bias):
-        ctx.equation, ctx.kept = equation, kept
-        ctx.input_major = _pattern.through_permutation(weight._storage, kept)
-        out = _einsum_entry._compiler().einsum(equation, input._storage, ctx.input_major,
-                                               out_format="dense")
-        if bias is not None:
-            out.add_(bias)
-        ctx.save_for_backward(input, weight, bias)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        input, weight, bias = ctx.saved_tensors
-        needs = ctx.needs_input_grad[2:]
-        if torch.is_grad_enabled():   # create_graph: the composed, differentiable graph
-            return (None, None) + _composed_gradients(ctx.equation, (input, weight, bias), needs, grad)
-        from ..gradients import einsum_grad, functions
-        P, shapes = ctx.input_major, (_shape(input), ctx.input_major.shape)
-        grads = [None, None]
-        if needs[1]:   # the weight's: on its input-major pattern, then gathered back
-            plan = einsum_grad.gradient_plan(ctx.equation, shapes, 1, True)
-            vals = einsum_grad.pattern_gradient_values(plan, P, grad, input._storage, _einsum_entry._compiler())
-            if vals is None:
-                vals = einsum_grad.operand_gradient(plan, functions.einsum, grad,
-                                                    (input, SparseTensor(P)))._storage.values
-            vals = _pattern.inverse_permuted(vals, ctx.kept[1])
-            grads[1] = SparseTensor(_pattern.with_pattern_values(weight._storage, vals))
-        if needs[0]:
-            plan = einsum_grad.gradient_plan(ctx.equation, shapes, 0, True)
-            grads[0] = einsum_grad.operand_gradient(plan, functions.einsum, grad, (input, SparseTensor(P)))
-        bias_grad = grad.sum_to_size(bias.shape) if needs[2] else None
-        return None, None, mark_gradient(grads[0]), mark_gradient(grads[1]), bias_grad
-
-
-def _composed_gradients(equation: str, inputs: tuple, needs: tuple, grad: torch.Tensor) -> tuple:
-    """The gradients of ``_SparseBatchLinear``'s inputs through the composed graph, built
-    again with ``create_graph`` (double backward)."""
-    x, w, b = inputs
-    with torch.enable_grad():
-        out = _dense_product_linear(equation, x, w)
-        if b is not None:
-            out = out + b
-    wanted = [t for t, need in zip(inputs, needs) if need]
-    got = iter(torch.autograd.grad(out, wanted, grad, create_graph=True, allow_unused=True))
-    return tuple(next(got) if need else None for need in needs)
-
-
-def linear(input: torch.Tensor, weight: torch.Tensor,
-           bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``F.linear``: ``input @ weight.T + bias`` with the transpose folded into the einsum
-    (no copy), sparse weight or sparse input."""
-    si, sw = _shape(input), _shape(weight)
-    if len(sw) not in (1, 2):
-        raise RuntimeError(f"linear: weight must be 1-D or 2-D, got shape {sw}")
-    if len(si) == 0:
-        raise RuntimeError("linear: input must have at least 1 dimension")
-    if si[-1] != sw[-1]:
-        raise RuntimeError(f"linear: input shape {si} and weight shape {sw} cannot be "
-                           f"multiplied ({si[-1]} != {sw[-1]})")
-    _check_dtypes("linear", input, weight)
-    if bias is not None and _dtype(bias) != _dtype(weight):
-        raise RuntimeError(f"linear: bias must have the dtype of input and weight ({_dtype(weight)}), "
-                           f"got {_dtype(bias)}")
-    lead = _BATCH_LETTERS[:len(si) - 1]
-    if len(lead) != len(si) - 1:
-        raise RuntimeError("linear: too many leading dimensions")
-    if len(sw) == 2 and len(si) >= 2 and is_sparse_operand(weight) \
-            and not is_sparse_operand(input):
-        # a dense batch through a sparse weight is SpMM with the batch as the dense
-        # columns: W @ x^T streams x^T's rows (x^T is re-laid out once, B*J values) and
-        # writes contiguous output rows; "aj,oj->ao" as written would read x and write the
-        # output with a stride in the innermost loop (90x slower at 64 x 784 x 256)
-        x2 = input.reshape(math.prod(si[:-1]), si[-1])
-        out = _contract("oj,ja->oa", weight, x2.t()).t().contiguous().view(*si[:-1], sw[0])
-    elif len(sw) == 2 and _fills_up(input, weight, si[-1]):
-        # sparse @ sparse whose product stores (nearly) every entry (a sparse autoencoder's
-        # CSR batch through a CSR weight): a dense result, so the layer stays a dense
-        # activation and the weight's gradient an SDDMM on its pattern, not a three-way
-        # intersection; the weight input-major (see _input_major), in one graph node
-        fused = _sparse_batch_linear(f"{lead}j,oj->{lead}o", input, weight, bias)
-        if fused is not None:
-            return fused
-        out = _dense_product_linear(f"{lead}j,oj->{lead}o", input, weight)
-    elif len(sw) == 2:
-        out = _contract(f"{lead}j,oj->{lead}o", input, weight)
-    else:
-        out = _contract(f"{lead}j,j->{lead}", input, weight)
-    return out if bias is None else elementwise.add(out, bias)
 
 
 # --- registration --------------------------------------------------------------------------
@@ -561,9 +378,3 @@ def _sampled_addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
         return NotImplemented
     return sampled_addmm(input, tensor_type.as_scorch(mat1), tensor_type.as_scorch(mat2), beta=beta,
                          alpha=alpha)
-
-
-@register(torch.nn.functional.linear)
-@_sparse_only
-def _linear(input, weight, bias=None):
-    return linear(input, weight, bias)

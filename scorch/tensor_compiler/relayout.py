@@ -20,7 +20,7 @@ import torch
 
 from .allocate import empty_output
 
-__all__ = ["relayout", "relayout_pays", "gather_pays", "COPY_PER_READ"]
+__all__ = ["relayout", "transposed", "relayout_pays", "gather_pays", "COPY_PER_READ"]
 
 #: a kernel that can read the operand with its own strides (``lower.facts.reads_strided``:
 #: SDDMM's C as K x n, a cache line per value read) re-lays it out only when the copy moves
@@ -202,6 +202,19 @@ def gather_pays(entries: int, stored: int, extent: int) -> bool:
     the sparse operand stores at least ``extent / COPY_PER_READ`` entries. The MoE expert
     gradient (1024 x 784 ``x``, 2048 stored gates) copies; a gate of a few entries does not."""
     return extent > 0 and relayout_pays(entries, stored * (entries // extent))
+
+
+def transposed(x: torch.Tensor, threads_for: Optional[Callable[[int], int]] = None) -> torch.Tensor:
+    """A fresh contiguous ``x.t()`` of a 2-D tensor (any strides): through the tiled kernel
+    for float32 / float64 (a 64 x 784 batch: 6 vs 21 us for ``x.t().contiguous()``), torch
+    for other dtypes. Unlike :func:`relayout` the result is the caller's to keep."""
+    if x.dtype not in _CTYPES or x.numel() == 0:
+        return x.t().contiguous()
+    R, C = x.shape
+    d = torch.empty((C, R), dtype=x.dtype)
+    nt = threads_for(R * C) if threads_for is not None else 1
+    _kernel(x.dtype)(x.data_ptr(), d.data_ptr(), R, C, x.stride(0), x.stride(1), nt)
+    return d
 
 
 def relayout(x: torch.Tensor, perm: Sequence[int], inv: Sequence[int],

@@ -1,0 +1,148 @@
+"""``F.linear`` through a sparse weight with the batch as the SpMM's dense columns
+(``sparse_linear._ColumnBatchLinear``), against dense torch: values, the weight's gradient
+on its own pattern, the batch's and the bias's, over batch shapes (empty, 3-D, strided),
+weight formats (a blocked one takes the general einsum) and densities, dtypes and bias kinds; when a sparse batch is expanded
+(``expand_pays``); and the runtime's one-pass ``to_dense`` of CSR / CSC storages (also seen
+transposed) that the expansion writes ``x^T`` with.
+"""
+import torch
+from hypothesis import given, settings, strategies as st
+
+import scorch
+from scorch import conversion
+from scorch.nn import functional as F
+from scorch.sparse_ops import sparse_linear
+
+from compiler_helpers import sparse
+
+_COLUMN = "_ColumnBatchLinearBackward"
+
+
+def _tol(dtype):
+    return dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else \
+        dict(rtol=1e-9, atol=1e-9)
+
+
+def _sparse_dense(shape, density, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(shape, generator=g, dtype=torch.float64) * (torch.rand(shape, generator=g) < density)
+    return x.to(dtype)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(lead=st.sampled_from([(0,), (1,), (5,), (2, 3)]), inputs=st.integers(1, 9),
+       outputs=st.integers(1, 6), w_density=st.sampled_from([0.0, 0.3, 1.0]),
+       w_fmt=st.sampled_from(["csr", "csc", "coo", "dcsr", "dcsc"]),
+       dtype=st.sampled_from([torch.float32, torch.float64]),
+       bias=st.sampled_from([None, "vector", "scalar", "matrix"]), x_grad=st.booleans(),
+       layout=st.sampled_from(["contiguous", "transposed"]), seed=st.integers(0, 2**16))
+def test_dense_batch_through_a_sparse_weight_matches_dense(lead, inputs, outputs, w_density, w_fmt,
+                                                           dtype, bias, x_grad, layout, seed):
+    wd = _sparse_dense((outputs, inputs), w_density, dtype, seed)
+    W = scorch.sparse_tensor(wd, format=w_fmt, requires_grad=True)
+    xd = _sparse_dense((*lead, inputs), 0.7, dtype, seed + 1)
+    if layout == "transposed" and len(lead) == 1:
+        xd = xd.t().contiguous().t()
+    x = xd.clone().requires_grad_(x_grad)
+    b = {None: None, "vector": torch.rand(outputs, dtype=dtype, requires_grad=True),
+         "scalar": torch.rand((), dtype=dtype, requires_grad=True),
+         "matrix": torch.rand(*lead, outputs, dtype=dtype, requires_grad=True)}[bias]
+    y = F.linear(x, W, b)
+    column = bias != "matrix"
+    node = y.grad_fn
+    if len(lead) > 1 and type(node).__name__ == "ViewBackward0":   # the batch's shape restored
+        node = node.next_functions[0][0]
+    assert (type(node).__name__ == _COLUMN) == column
+    G = torch.rand(y.shape, dtype=dtype)
+    (y * G).sum().backward()
+
+    xr, wr = xd.clone().requires_grad_(x_grad), wd.clone().requires_grad_()
+    br = b.detach().clone().requires_grad_() if b is not None else None
+    yr = torch.nn.functional.linear(xr, wr, br)
+    (yr * G).sum().backward()
+    torch.testing.assert_close(y.detach(), yr.detach(), **_tol(dtype))
+    assert y.is_contiguous()
+    assert W.grad._storage.shares_pattern(W._storage)   # on W's own pattern
+    torch.testing.assert_close(W.grad.to_dense(), wr.grad * (wd != 0), **_tol(dtype))
+    if x_grad:
+        torch.testing.assert_close(x.grad, xr.grad, **_tol(dtype))
+    if b is not None:
+        torch.testing.assert_close(b.grad, br.grad, **_tol(dtype))
+
+
+def test_blocked_weight_takes_the_general_einsum():
+    wd = _sparse_dense((4, 6), 0.5, torch.float64, 2)
+    W = scorch.sparse_tensor(wd, format=scorch.Format("dc", block=(2, 2)), requires_grad=True)
+    x = torch.rand(3, 6, dtype=torch.float64)
+    y = F.linear(x, W)
+    assert type(y.grad_fn).__name__ != _COLUMN
+    torch.testing.assert_close(y, x @ wd.t())
+    y.sum().backward()
+    wr = wd.clone().requires_grad_()
+    (x @ wr.t()).sum().backward()
+    torch.testing.assert_close(W.grad.to_dense() * (wd != 0), wr.grad * (wd != 0))
+
+
+def test_column_form_under_no_grad_builds_no_node():
+    wd = _sparse_dense((6, 8), 0.5, torch.float32, 1)
+    W = scorch.sparse_tensor(wd, format="csr", requires_grad=True)
+    x, b = torch.rand(4, 8), torch.rand(6)
+    with torch.no_grad():
+        y = F.linear(x, W, b)
+    assert y.grad_fn is None
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, wd, b))
+    frozen = scorch.sparse_tensor(wd, format="csr")   # nothing requires grad: no node either
+    assert F.linear(x, frozen).grad_fn is None
+
+
+def test_column_form_double_backward():
+    """create_graph through the node: the composed graph gives the second derivatives."""
+    wd = _sparse_dense((5, 7), 0.6, torch.float64, 3)
+    W = scorch.sparse_tensor(wd, format="csr", requires_grad=True)
+    x = torch.rand(4, 7, dtype=torch.float64, requires_grad=True)
+    gx, = torch.autograd.grad((F.linear(x, W) ** 2).sum(), x, create_graph=True)
+    (gx ** 2).sum().backward()
+    wr, xr = wd.clone().requires_grad_(), x.detach().clone().requires_grad_()
+    gxr, = torch.autograd.grad((torch.nn.functional.linear(xr, wr) ** 2).sum(), xr, create_graph=True)
+    (gxr ** 2).sum().backward()
+    torch.testing.assert_close(gx, gxr)
+    torch.testing.assert_close(W.grad.to_dense(), wr.grad * (wd != 0))
+
+
+def test_optimizer_update_is_read_by_the_next_step():
+    wd = _sparse_dense((5, 7), 0.6, torch.float32, 4)
+    W = torch.nn.Parameter(scorch.sparse_tensor(wd, format="csr"))
+    opt = torch.optim.SGD([W], lr=0.5)
+    x = torch.rand(3, 7)
+    F.linear(x, W).sum().backward()
+    opt.step()
+    want = wd - 0.5 * (x.sum(0).expand_as(wd) * (wd != 0))
+    torch.testing.assert_close(F.linear(x, W), x @ want.t())
+
+
+def test_expand_pays_at_the_measured_points():
+    # MNIST: 64 x 784 at 18 % through a 784 -> 256 weight at 10 %, or 1 %
+    assert sparse_linear.expand_pays(9000, 64, 784, 20000, 256)
+    assert sparse_linear.expand_pays(9000, 64, 784, 2000, 256)
+    # a 64 x 100k bag-of-words batch at 0.1 % through a 1 % weight stays sparse
+    assert not sparse_linear.expand_pays(6400, 64, 100_000, 256_000, 256)
+    assert sparse_linear.expand_pays(0, 0, 5, 0, 3)   # an empty batch: nothing to write
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(rows=st.integers(0, 7), cols=st.integers(0, 9), density=st.sampled_from([0.0, 0.3, 1.0]),
+       fmt=st.sampled_from(["csr", "csc"]), transpose=st.booleans(),
+       dtype=st.sampled_from([torch.float32, torch.float64, torch.int64, torch.bool, torch.complex128,
+                              torch.float16]),
+       index=st.sampled_from([torch.int32, torch.int64]), seed=st.integers(0, 2**16))
+def test_compressed_matrix_to_dense(rows, cols, density, fmt, transpose, dtype, index, seed):
+    x = _sparse_dense((rows, cols), density, torch.float64, seed) * 3
+    x = x.to(dtype) if dtype != torch.bool else x != 0
+    st_ = sparse(x, fmt, index_dtype=index)
+    want = x
+    if transpose:
+        st_ = st_.permuted((1, 0))
+        want = x.t()
+    got = conversion.to_dense(st_)
+    assert got.is_contiguous() and got.dtype == want.dtype
+    assert torch.equal(got, want)
