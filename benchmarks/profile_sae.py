@@ -8,8 +8,10 @@ time per call, so machine load from other processes weighs less than in wall tim
 
 Phases of a step: the batch to CSR (scorch only; the paper counts it), the encoder's forward
 (``F.linear``), the decoder's forward with the loss, the backward. Kernels: the encoder's
-forward ``x @ W^T`` and its weight gradient (an SDDMM on W's pattern) as F.linear runs them,
-the batch's conversion to column-major that the gradient reads, the dense batch's
+forward and its weight gradient (an SDDMM on W's pattern) in the column form F.linear runs
+for this batch (``sparse_linear._ColumnBatchLinear``: the CSR batch expanded into ``x^T``,
+``W @ x^T``, the gradient from ``g^T`` and ``x^T``) and in the kept-sparse form (X CSR
+through the input-major weight, the gradient reading X as CSC), the dense batch's
 conversion to CSR (against torch's ``to_sparse_csr``), and torch's counterparts.
 """
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import scorch  # noqa: E402
+from scorch.conversion import to_dense  # noqa: E402
 from scorch.formats import Format  # noqa: E402
 from scorch.gradients import pattern  # noqa: E402
 
@@ -82,14 +85,23 @@ def kernels(xs, model, calls: int) -> dict:
     csc = Format("dc", (1, 0))
     Wc = scorch.SparseTensor(pattern.reformatted(W._storage, W._storage.format.transposed_copy((1, 0))))
     ones = scorch.SparseTensor(pattern.pattern_ones(Wc._storage, torch.float32))
+    ones_w = scorch.SparseTensor(pattern.pattern_ones(W._storage, torch.float32))
     X = [scorch.sparse_tensor(x, format="csr") for x in xs]
     Xc = [scorch.SparseTensor(scorch._runtime.convert.convert(x._storage, csc)) for x in X]
     g = torch.rand(xs[0].shape[0], W.shape[0])
     wt = W.to_torch()
+    XT = [to_dense(x._storage.permuted((1, 0))) for x in X]
+    gt = g.t().contiguous()
     fns = {
-        "scorch: forward kernel aj,oj->ao (X CSR, W input-major)":
+        "scorch: the CSR batch expanded into x^T (column form)":
+            lambda i: to_dense(X[i]._storage.permuted((1, 0))),
+        "scorch: forward kernel oj,ja->oa (W CSR, x^T dense; column form)":
+            lambda i: scorch.einsum("oj,ja->oa", W, XT[i]),
+        "scorch: weight gradient oj,oa,ja->oj on W's pattern (column form)":
+            lambda i: scorch.einsum("oj,oa,ja->oj", ones_w, gt, XT[i]),
+        "scorch: forward kernel aj,oj->ao (X CSR, W input-major; kept sparse)":
             lambda i: scorch.einsum("aj,oj->ao", X[i], Wc, out_format="dense"),
-        "scorch: weight gradient oj,ao,aj->oj on W's pattern (X CSC)":
+        "scorch: weight gradient oj,ao,aj->oj on W's pattern (X CSC; kept sparse)":
             lambda i: scorch.einsum("oj,ao,aj->oj", ones, g, Xc[i]),
         "scorch: the batch CSR -> CSC": lambda i: scorch._runtime.convert.convert(X[i]._storage, csc),
         "scorch: the dense batch -> CSR (scorch.sparse_tensor)": lambda i: scorch.sparse_tensor(xs[i], format="csr"),
