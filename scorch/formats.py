@@ -37,6 +37,10 @@ def _letters() -> str:
     return "".join(k.letter for k in registered())
 
 
+#: Format.permuted's answers, per (format key, dims)
+_PERMUTED: dict = {}
+
+
 class Format:
     """A storage format: ``levels[k]`` is the kind of level ``k``, which stores dimension
     ``mode_order[k]``. ``block`` (one size per dimension) stores dense blocks: the levels
@@ -174,12 +178,20 @@ class Format:
         return Format(kinds, mode_order, self._block)
 
     def permuted(self, dims: Sequence[int]) -> "Format":
-        """The format of ``t.permute(dims)`` when ``t`` has this format (same storage)."""
-        inverse = [0] * self.rank
-        for new, old in enumerate(dims):
-            inverse[old] = new
-        blk = None if self._block is None else tuple(self._block[d] for d in dims)
-        return Format(self._levels, tuple(inverse[m] for m in self._mode_order), blk)
+        """The format of ``t.permute(dims)`` when ``t`` has this format (same storage). Kept
+        per (format, dims): a layer's batch is seen transposed on every step."""
+        key = (self._key(), tuple(dims))
+        got = _PERMUTED.get(key)
+        if got is None:
+            inverse = [0] * self.rank
+            for new, old in enumerate(dims):
+                inverse[old] = new
+            blk = None if self._block is None else tuple(self._block[d] for d in dims)
+            got = Format(self._levels, tuple(inverse[m] for m in self._mode_order), blk)
+            if len(_PERMUTED) >= 1024:
+                _PERMUTED.clear()
+            _PERMUTED[key] = got
+        return got
 
     def _key(self):
         return (self._levels, self._mode_order, self._block)

@@ -146,3 +146,40 @@ def test_compressed_matrix_to_dense(rows, cols, density, fmt, transpose, dtype, 
     got = conversion.to_dense(st_)
     assert got.is_contiguous() and got.dtype == want.dtype
     assert torch.equal(got, want)
+
+
+def test_warm_steps_run_both_kernels_through_the_c_call(monkeypatch):
+    """After a first step, the column form's SpMM and the weight gradient's SDDMM take the
+    warm call in C: the Python runner (``einsum_declined``) is never reached. The gradient's
+    pattern factor is the same kept Storage each step (``pattern.pattern_ones``), whose
+    plan signature is computed once."""
+    from scorch.gradients import pattern
+    from scorch.tensor_compiler import api
+    wd = _sparse_dense((16, 40), 0.3, torch.float32, 5)
+    W = scorch.sparse_tensor(wd, format="csr", requires_grad=True)
+    b = torch.rand(16, requires_grad=True)
+    batches = [scorch.sparse_tensor(_sparse_dense((8, 40), 0.4, torch.float32, s), format="csr")
+               for s in range(3)]
+    F.linear(batches[0], W, b).sum().backward()
+    assert pattern.pattern_ones(W._storage, torch.float32) is pattern.pattern_ones(W._storage, torch.float32)
+    calls = []
+    real = api.einsum_declined
+
+    def counting(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(api, "einsum_declined", counting)
+    for X in batches[1:]:
+        W.grad = None
+        y = F.linear(X, W, b)
+        assert type(y.grad_fn).__name__ == _COLUMN
+        y.sum().backward()
+        torch.testing.assert_close(W.grad.to_dense(), X.to_dense().sum(0).expand_as(wd) * (wd != 0))
+    assert calls == []
+
+
+def test_permuted_format_is_kept_and_equal():
+    fmt = scorch.as_format("csr", 2)
+    assert fmt.permuted((1, 0)) is fmt.permuted((1, 0))
+    assert fmt.permuted((1, 0)) == scorch.as_format("csc", 2)
+    assert fmt.permuted((0, 1)) == fmt
