@@ -16,9 +16,16 @@ from .tensor_type import SparseTensor, _TORCH_SPARSE_LAYOUTS
 __all__ = ["sparse_tensor", "tensor", "from_scipy"]
 
 
+_CONVERSION: list = []
+
+
 def _convert():
-    from . import conversion
-    return conversion
+    """``scorch.conversion``, imported on first use (an import statement per call costs ~1 us,
+    and a training step converts its batch on every call)."""
+    if not _CONVERSION:
+        from . import conversion
+        _CONVERSION.append(conversion)
+    return _CONVERSION[0]
 
 
 def _check_size(size: Any, name: str = "size") -> tuple:

@@ -19,14 +19,23 @@ from .level_storage import Level, Storage, index_dtype_for, materialized
 __all__ = ["convert", "from_dense", "from_coords", "coords", "to_dense", "runtime_builds"]
 
 
+_RUNTIME: list = []
+_BUILDS: dict = {}   # Format -> runtime_builds(Format)
+
+
 def _runtime():
-    from ._runtime import convert as rt   # compiled at install time; imported on first use
-    return rt
+    if not _RUNTIME:
+        from ._runtime import convert as rt   # compiled at install time; imported on first use
+        _RUNTIME.append(rt)
+    return _RUNTIME[0]
 
 
 def runtime_builds(fmt: Format) -> bool:
     """Whether the Cython runtime builds every level of ``fmt`` itself."""
-    return all(k.runtime for k in fmt.levels)
+    got = _BUILDS.get(fmt)
+    if got is None:
+        got = _BUILDS[fmt] = all(k.runtime for k in fmt.levels)
+    return got
 
 
 def _sorted_coordinates(fmt: Format) -> Format:
