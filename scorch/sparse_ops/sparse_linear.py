@@ -28,7 +28,9 @@ import torch
 from .._dispatch import register
 from ..conversion import to_dense
 from ..gradients import pattern as _pattern
+from ..gradients.einsum_grad import dense_to_pattern
 from ..gradients.values import from_values, mark_gradient, values_of
+from ..level_storage import Storage
 from ..tensor_compiler.relayout import transposed
 from ..tensor_compiler.threads import threads_for
 from ..tensor_type import SparseTensor, is_sparse_operand
@@ -140,8 +142,11 @@ class _ColumnBatchLinear(torch.autograd.Function):
         if needs[1]:   # on W's pattern: dot products of two contiguous rows
             gt = transposed(grad, threads_for)
             R = compiler.einsum("oj,oa,ja->oj", _pattern.pattern_ones(W, gt.dtype), gt, xt)
-            vals = R.values if _pattern.shares_arrays(W, R) else _pattern.values_on_pattern(W, R, R.values)
-            grad_w = mark_gradient(SparseTensor(_pattern.with_pattern_values(W, vals)))
+            if type(R) is not Storage:   # a dense product (the compiler's choice): on W's pattern
+                grad_w = mark_gradient(dense_to_pattern(W, R))
+            else:
+                vals = R.values if _pattern.shares_arrays(W, R) else _pattern.values_on_pattern(W, R, R.values)
+                grad_w = mark_gradient(SparseTensor(_pattern.with_pattern_values(W, vals)))
         grad_b = grad.sum_to_size(bias.shape) if needs[2] else None
         return grad_x, grad_w, grad_b
 
