@@ -609,8 +609,11 @@ def test_sddmm_compile_time_dot_widths(fmt, dt):
 
 @pytest.mark.parametrize("dt", [torch.float32, torch.float64])
 def test_relayout_tiled_transpose(dt):
-    from scorch.tensor_compiler.relayout import relayout
-    for shape in [(3, 5), (8, 8), (4, 12), (16, 257), (130, 300), (1, 7), (600, 2100)]:
+    from scorch.tensor_compiler.relayout import relayout, transposed
+    # (512, 40), (256, 33), (1024, 20): destination rows a multiple of 2 KB apart, the
+    # tall narrow tile (ALIASED_TILE_R) with partial tiles in both directions
+    for shape in [(3, 5), (8, 8), (4, 12), (16, 257), (130, 300), (1, 7), (600, 2100), (512, 40),
+                  (256, 33), (1024, 20)]:
         x = torch.randn(shape, dtype=dt)
         wide = torch.randn(shape[0], shape[1] + 3, dtype=dt)[:, 2:shape[1] + 2]   # row stride > width
         for src in (x, x.t().contiguous().t(), wide, x[:, ::2]):
@@ -622,6 +625,8 @@ def test_relayout_tiled_transpose(dt):
                 z = relayout(view, (0, 1), (0, 1), lambda w: threads)
                 assert z.is_contiguous() and torch.equal(z, view)
                 assert relayout(view, (1, 0), (1, 0), lambda w: threads).stride(0) == 1
+                kept = transposed(src, lambda w: threads)   # the caller's own copy
+                assert kept.is_contiguous() and torch.equal(kept, src.t())
 
 
 def test_blocked_operand_read_natively():
