@@ -80,3 +80,25 @@ def test_work_per_thread_caps_the_threads(monkeypatch):
         assert readings[-1] == 2
     finally:
         torch.set_num_threads(old)
+
+
+def test_passive_workers_need_more_work_to_wake(monkeypatch):
+    """Under OMP_WAIT_POLICY=PASSIVE a parallel region wakes sleeping workers (tens of us),
+    so work between PARALLEL_MIN_WORK and PASSIVE_MIN_WORK stays on one thread there, and
+    goes parallel with spinning workers."""
+    clock = [50.0]
+    _fresh(monkeypatch, clock, free=2)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        threads.threads_for(10 ** 7)
+        clock[0] += 1.0
+        middle = (threads.PARALLEL_MIN_WORK + threads.PASSIVE_MIN_WORK) // 2
+        assert threads.PARALLEL_MIN_WORK < middle < threads.PASSIVE_MIN_WORK
+        monkeypatch.setattr(threads, "PASSIVE", False)
+        assert threads.threads_for(middle) == 2
+        monkeypatch.setattr(threads, "PASSIVE", True)
+        assert threads.threads_for(middle) == 1
+        assert threads.threads_for(threads.PASSIVE_MIN_WORK) == 2
+    finally:
+        torch.set_num_threads(old)

@@ -8,7 +8,7 @@ import torch
 
 from ..level_storage import Storage
 
-__all__ = ["PARALLEL_MIN_WORK", "WORK_PER_THREAD", "threads_for", "work_of"]
+__all__ = ["PARALLEL_MIN_WORK", "PASSIVE_MIN_WORK", "PASSIVE", "WORK_PER_THREAD", "threads_for", "work_of"]
 
 
 PARALLEL_MIN_WORK = int(os.environ.get("SCORCH_PARALLEL_MIN_WORK", 10_000))
@@ -17,6 +17,15 @@ PARALLEL_MIN_WORK = int(os.environ.get("SCORCH_PARALLEL_MIN_WORK", 10_000))
 #: than on 8 (0.76x torch there); the next measurement there sets a default
 #: (``benchmarks/device_kernels.sh OUT 3``), until then it is off
 WORK_PER_THREAD = int(os.environ.get("SCORCH_WORK_PER_THREAD", 0))
+#: under ``OMP_WAIT_POLICY=PASSIVE`` idle OpenMP workers sleep, and every parallel region
+#: wakes them: 40-80 us a region on the 2-core VMs (with spinning workers, a few us). A call
+#: then needs this much work to go parallel. A sparse layer's step (784 -> 256, 1 % stored,
+#: batch 32, fwd + bwd, 2 threads) ran 253 us with PARALLEL_MIN_WORK, 74 us with this, and
+#: 78 us on 1 thread
+PASSIVE_MIN_WORK = int(os.environ.get("SCORCH_PASSIVE_MIN_WORK", 200_000))
+#: whether this process's OpenMP workers sleep when idle (libgomp reads OMP_WAIT_POLICY once,
+#: when it loads)
+PASSIVE = os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE"
 #: the load estimate averages the machine's busy time over windows of at least this long
 #: (``convert._runnable_others``); its first reading only opens the first window
 LOAD_WINDOW_S = 0.1
@@ -39,7 +48,7 @@ def threads_for(work: int) -> int:
     T = torch.get_num_threads()
     if WORK_PER_THREAD:
         T = min(T, work // WORK_PER_THREAD)
-    if T <= 1 or work < PARALLEL_MIN_WORK:
+    if T <= 1 or work < PARALLEL_MIN_WORK or (PASSIVE and work < PASSIVE_MIN_WORK):
         return 1
     if _free_cores is None:
         from .._runtime.convert import free_cores
