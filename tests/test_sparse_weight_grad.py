@@ -139,17 +139,23 @@ def test_partner_with_a_compressed_level_on_the_pattern_is_not_a_pattern_output(
                                else R.to_dense(), (G.t() @ xd) * (wd != 0))
 
 
+def _weight_and_batches(inputs: int, w_density: float, x_density: float):
+    """A 12 x ``inputs`` CSR weight that requires grad and three 6-row CSR batches."""
+    torch.manual_seed(2)
+    W = scorch.sparse_tensor(torch.rand(12, inputs) * (torch.rand(12, inputs) < w_density), format="csr",
+                             requires_grad=True)
+    batches = [scorch.sparse_tensor(torch.rand(6, inputs) * (torch.rand(6, inputs) < x_density), format="csr")
+               for _ in range(3)]
+    return W, batches
+
+
 def test_training_steps_transpose_neither_weight_nor_batch_twice(monkeypatch):
     """Per step of ``F.linear(X_csr, W_csr)`` with a batch kept sparse (too wide and sparse
     to expand: 6 x 2000 at 1 %; new batch, values of W updated in place): the weight's
     pattern is never converted again after the first step, and the batch once (to the
     column-major form the weight gradient reads)."""
     from scorch._runtime import convert as runtime
-    torch.manual_seed(2)
-    W = scorch.sparse_tensor(torch.rand(12, 2000) * (torch.rand(12, 2000) < 0.05), format="csr",
-                             requires_grad=True)
-    batches = [scorch.sparse_tensor(torch.rand(6, 2000) * (torch.rand(6, 2000) < 0.01), format="csr")
-               for _ in range(3)]
+    W, batches = _weight_and_batches(2000, 0.05, 0.01)
     assert type(F.linear(batches[0], W).grad_fn).__name__ == "_SparseBatchLinearBackward"
     (F.linear(batches[0], W) ** 2).sum().backward()
     anchors = {id(a) for lv in W._storage.levels for a in (lv.pos, lv.crd) if a is not None}
@@ -184,11 +190,7 @@ def test_expanded_batch_steps_convert_nothing(monkeypatch):
     """A batch worth expanding (its transpose written dense, ``sparse_linear.expand_pays``):
     no step converts the weight or the batch to another sparse format."""
     from scorch._runtime import convert as runtime
-    torch.manual_seed(2)
-    W = scorch.sparse_tensor(torch.rand(12, 20) * (torch.rand(12, 20) < 0.3), format="csr",
-                             requires_grad=True)
-    batches = [scorch.sparse_tensor(torch.rand(6, 20) * (torch.rand(6, 20) < 0.4), format="csr")
-               for _ in range(3)]
+    W, batches = _weight_and_batches(20, 0.3, 0.4)
     assert type(F.linear(batches[0], W).grad_fn).__name__ == "_ColumnBatchLinearBackward"
     conversions = []
     real = runtime.convert

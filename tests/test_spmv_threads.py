@@ -88,17 +88,13 @@ def test_passive_workers_need_more_work_to_wake(monkeypatch):
     goes parallel with spinning workers."""
     clock = [50.0]
     _fresh(monkeypatch, clock, free=2)
-    old = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        threads.threads_for(10 ** 7)
-        clock[0] += 1.0
-        middle = (threads.PARALLEL_MIN_WORK + threads.PASSIVE_MIN_WORK) // 2
-        assert threads.PARALLEL_MIN_WORK < middle < threads.PASSIVE_MIN_WORK
-        monkeypatch.setattr(threads, "PASSIVE", False)
-        assert threads.threads_for(middle) == 2
-        monkeypatch.setattr(threads, "PASSIVE", True)
-        assert threads.threads_for(middle) == 1
-        assert threads.threads_for(threads.PASSIVE_MIN_WORK) == 2
-    finally:
-        torch.set_num_threads(old)
+    monkeypatch.setattr(threads.torch, "get_num_threads", lambda: 2)
+    threads.threads_for(10 ** 7)
+    clock[0] += 1.0
+    middle = (threads.PARALLEL_MIN_WORK + threads.PASSIVE_MIN_WORK) // 2
+    assert threads.PARALLEL_MIN_WORK < middle < threads.PASSIVE_MIN_WORK
+    monkeypatch.setattr(threads, "PASSIVE", False)
+    assert threads.threads_for(middle) == 2
+    monkeypatch.setattr(threads, "PASSIVE", True)
+    assert threads.threads_for(middle) == 1
+    assert threads.threads_for(threads.PASSIVE_MIN_WORK) == 2
