@@ -183,3 +183,22 @@ def test_permuted_format_is_kept_and_equal():
     assert fmt.permuted((1, 0)) is fmt.permuted((1, 0))
     assert fmt.permuted((1, 0)) == scorch.as_format("csc", 2)
     assert fmt.permuted((0, 1)) == fmt
+
+
+def test_a_batch_past_the_dense_limit_stays_sparse():
+    """A sparse batch whose dense transpose would pass the dense limit is not expanded (the
+    kept-sparse node runs) and the result is the same."""
+    from scorch import _dispatch
+    wd = _sparse_dense((6, 50), 0.5, torch.float64, 8)
+    xd = _sparse_dense((4, 50), 0.5, torch.float64, 9)
+    W = scorch.sparse_tensor(wd, format="csr", requires_grad=True)
+    X = scorch.sparse_tensor(xd, format="csr")
+    assert type(F.linear(X, W).grad_fn).__name__ == _COLUMN
+    old = _dispatch.get_dense_fallback_limit()
+    _dispatch.set_dense_fallback_limit(4 * 50 * 8 - 1)
+    try:
+        y = F.linear(X, W)
+    finally:
+        _dispatch.set_dense_fallback_limit(old)
+    assert type(y.grad_fn).__name__ == "_SparseBatchLinearBackward"
+    torch.testing.assert_close(y, xd @ wd.t())

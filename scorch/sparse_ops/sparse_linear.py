@@ -25,6 +25,7 @@ from typing import Optional
 
 import torch
 
+from .. import _dispatch
 from .._dispatch import register
 from ..conversion import to_dense
 from ..gradients import pattern as _pattern
@@ -76,6 +77,12 @@ def expand_pays(batch_nnz: int, batch: int, inputs: int, weight_nnz: int, output
     dense transpose (see :data:`EXPAND_PER_WORK`)."""
     scattered = batch_nnz * weight_nnz / inputs if inputs else 0.0
     return batch * inputs <= EXPAND_PER_WORK * (scattered + batch * outputs)
+
+
+def _expansion_fits(shape, itemsize: int) -> bool:
+    """Whether a sparse batch's dense transpose stays under the dense limit (the one the
+    dense fallback and dense-by-nature results keep to)."""
+    return shape[0] * shape[1] * itemsize <= _dispatch.get_dense_fallback_limit()
 
 
 # --- the batch as columns --------------------------------------------------------------------
@@ -312,7 +319,8 @@ def linear(input: torch.Tensor, weight: torch.Tensor,
         # intersection
         if len(si) == 2 and _column_weight(weight) and type(input) is SparseTensor \
                 and not input.requires_grad and _plain_bias(bias, weight._storage.values.dtype) \
-                and expand_pays(input._storage.nnz, si[0], si[1], weight._storage.nnz, sw[0]):
+                and expand_pays(input._storage.nnz, si[0], si[1], weight._storage.nnz, sw[0]) \
+                and _expansion_fits(si, weight._storage.values.element_size()):
             return _column_batch_linear(input, weight, bias, si[:-1])
         fused = _sparse_batch_linear(f"{lead}j,oj->{lead}o", input, weight, bias)
         if fused is not None:
