@@ -67,3 +67,69 @@ def test_grid_sampler_aten_names_and_the_fallback_cases():
     (F.grid_sample(xd, D, align_corners=False) ** 2).sum().backward()
     torch.testing.assert_close(learned.grad, D.grad)
     torch.testing.assert_close(S.grad.to_dense(), xd.grad * (x != 0))
+
+
+def _reference_corners(grid, sizes, mode, padding, align):
+    """The corners as torch ops with GridSampler.h's formulas, in the grid's dtype: (key,
+    point, weight) of the corners inside the input, in (batch, point, corner) order."""
+    n = len(sizes)
+    batch, points = grid.shape[0], grid[0, ..., 0].numel()
+    g = grid.reshape(batch, points, n)
+    src = []
+    for d in range(n):
+        size, c = sizes[d], g[..., n - 1 - d]
+        x = (c + 1) / 2 * (size - 1) if align else ((c + 1) * size - 1) / 2
+        if padding == 2:
+            lo2, hi2 = (0, 2 * (size - 1)) if align else (-1, 2 * size - 1)
+            if lo2 == hi2:
+                x = torch.zeros_like(x)
+            else:
+                low, span = lo2 / 2, (hi2 - lo2) / 2
+                x = (x - low).abs()
+                extra, flips = torch.fmod(x, span), torch.floor(x / span)
+                x = torch.where(flips % 2 == 0, extra + low, span - extra + low)
+        if padding in (1, 2):
+            x = x.clamp(0, size - 1)
+        src.append(x)
+    picks = 2 ** n if mode == 0 else 1
+    q = torch.zeros((batch, points, picks), dtype=torch.int64)
+    w = torch.ones((batch, points, picks), dtype=grid.dtype)
+    inside = torch.ones((batch, points, picks), dtype=torch.bool)
+    for d in range(n):
+        s = src[d]
+        lo = torch.floor(s) if mode == 0 else torch.round(s)
+        upper = [(k >> (n - 1 - d)) & 1 if mode == 0 else 0 for k in range(picks)]
+        at = torch.stack([lo + 1 if u else lo for u in upper], -1)
+        wt = torch.stack([(s - lo) if u else (lo + 1 - s) for u in upper], -1) if mode == 0 \
+            else torch.ones_like(at)
+        inside &= (at >= 0) & (at <= sizes[d] - 1)
+        q = q * sizes[d] + torch.nan_to_num(at, nan=-1.0).clamp(-1, sizes[d]).to(torch.int64)
+        w = w * wt
+    keep = inside.reshape(-1)
+    point = torch.arange(points).repeat_interleave(picks).repeat(batch)
+    key = torch.arange(batch).repeat_interleave(points * picks) * int(torch.tensor(sizes).prod()) + q.reshape(-1)
+    return key[keep], point[keep], w.reshape(-1)[keep]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("n", [2, 3])
+def test_runtime_corners_are_torch_formulas_bit_for_bit(dtype, n):
+    """The runtime's one-pass corners (``_runtime.sampling``) equal the formulas written as
+    torch ops, bit for bit, in float32 too (no double rounding in between): grids past the
+    input, NaN, exact halves and corners, every mode, padding and ``align_corners``."""
+    from scorch._runtime import sampling
+    sizes = (5, 7) if n == 2 else (3, 4, 5)
+    gen = torch.Generator().manual_seed(n)
+    for trial in range(6):
+        grid = torch.rand((2,) + (6, 5, 3)[:n] + (n,), dtype=dtype, generator=gen) * 3 - 1.5
+        if trial % 3 == 0:
+            grid.view(-1)[::7] = float("nan")
+        if trial % 3 == 1:
+            grid = torch.round(grid * 4) / 4
+        for mode in (0, 1):
+            for padding in (0, 1, 2):
+                for align in (False, True):
+                    got = sampling.sampling_corners(grid, sizes, mode, padding, align)
+                    want = _reference_corners(grid, sizes, mode, padding, align)
+                    for a, b in zip(got, want):
+                        assert torch.equal(a, b), (trial, mode, padding, align)
