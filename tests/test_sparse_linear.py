@@ -151,8 +151,8 @@ def test_compressed_matrix_to_dense(rows, cols, density, fmt, transpose, dtype, 
 def test_warm_steps_run_both_kernels_through_the_c_call(monkeypatch):
     """After a first step, the column form's SpMM and the weight gradient's SDDMM take the
     warm call in C: the Python runner (``einsum_declined``) is never reached. The gradient's
-    pattern factor is the same kept Storage each step (``pattern.pattern_ones``), whose
-    plan signature is computed once."""
+    pattern factor (``pattern.pattern_ones``) carries the weight's plan signature and the
+    kept ones."""
     from scorch.gradients import pattern
     from scorch.tensor_compiler import api
     wd = _sparse_dense((16, 40), 0.3, torch.float32, 5)
@@ -161,7 +161,9 @@ def test_warm_steps_run_both_kernels_through_the_c_call(monkeypatch):
     batches = [scorch.sparse_tensor(_sparse_dense((8, 40), 0.4, torch.float32, s), format="csr")
                for s in range(3)]
     F.linear(batches[0], W, b).sum().backward()
-    assert pattern.pattern_ones(W._storage, torch.float32) is pattern.pattern_ones(W._storage, torch.float32)
+    ones = pattern.pattern_ones(W._storage, torch.float32)
+    assert ones._sig is not None and ones._sig == W._storage._sig   # W's plan signature
+    assert ones.values is pattern.pattern_ones(W._storage, torch.float32).values   # kept
     calls = []
     real = api.einsum_declined
 
@@ -202,3 +204,17 @@ def test_a_batch_past_the_dense_limit_stays_sparse():
         _dispatch.set_dense_fallback_limit(old)
     assert type(y.grad_fn).__name__ == "_SparseBatchLinearBackward"
     torch.testing.assert_close(y, xd @ wd.t())
+
+
+def test_kept_ones_go_with_their_pattern():
+    """``pattern_ones`` keeps only the values: once the pattern's arrays are freed, so is
+    the cache entry (a kept Storage would hold the arrays, and so itself, alive)."""
+    import gc
+    from scorch.gradients import pattern
+    before = len(pattern._ONES)
+    W = scorch.sparse_tensor(_sparse_dense((30, 20), 0.3, torch.float32, 6), format="csr")
+    pattern.pattern_ones(W._storage, torch.float32)
+    assert len(pattern._ONES) == before + 1
+    del W
+    gc.collect()
+    assert len(pattern._ONES) == before

@@ -75,18 +75,18 @@ _ONES = TensorKeyedCache()
 def pattern_ones(P: Storage, dtype: torch.dtype) -> Storage:
     """``P``'s pattern with every stored value 1: multiplied into an einsum, it restricts
     the einsum to ``P``'s stored entries. The ones are kept while the pattern lives (a
-    backward step would otherwise allocate and fill nnz values for them), and so is the
-    Storage holding them while ``P``'s levels are the same objects: its plan signature,
-    computed once, then lets the warm call in C take the gradient's SDDMM (a fresh Storage
-    has none, and the call goes through Python: 31 -> 25 us for a 20k-entry weight, K = 64)."""
+    backward step would otherwise allocate and fill nnz values for them). The Storage is
+    ``P.on_pattern``: it carries ``P``'s plan signature where the dtypes agree, so the
+    warm call in C takes the gradient's SDDMM (a Storage without one goes through the
+    Python runner: 31 -> 25 us for a 20k-entry weight, K = 64). Only the values are kept:
+    a kept Storage would hold ``P``'s arrays, the cache's own key, alive for good."""
     anchor = _key_array(P)
     if anchor is None:
         return with_pattern_values(P, torch.ones(P.nnz, dtype=dtype))
-    kept = _ONES.get(anchor, dtype, P.nnz)
-    if kept is not None and kept.levels is P.levels:
-        return kept
-    ones = kept.values if kept is not None else torch.ones(P.nnz, dtype=dtype)
-    return _ONES.put(anchor, with_pattern_values(P, ones), dtype, P.nnz)
+    ones = _ONES.get(anchor, dtype, P.nnz)
+    if ones is None:
+        ones = _ONES.put(anchor, torch.ones(P.nnz, dtype=dtype), dtype, P.nnz)
+    return P.on_pattern(ones)
 
 
 def _linear_keys(coords: torch.Tensor, shape, mode_order) -> torch.Tensor:
