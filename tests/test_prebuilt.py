@@ -1,6 +1,6 @@
 """Standard kernels are compiled at install time: a fresh process with an empty kernel
 cache runs them without compiling, through einsum and through the torch ops (``@``,
-``F.linear``) alike, and a kernel it does compile uses the install's precompiled header;
+``F.linear`` and a sparse layer's backward) alike, and a kernel it does compile uses the install's precompiled header;
 a source checkout without built extensions says so on import."""
 import json
 import os
@@ -35,6 +35,9 @@ for fmt in ["csr", "csc", "coo"]:
         ok &= torch.allclose(A @ X, d.to(dtype) @ X, atol=1e-5)
         ok &= torch.allclose(A @ X[:, 0], d.to(dtype) @ X[:, 0], atol=1e-5)
         ok &= torch.allclose(torch.nn.functional.linear(X.t(), A), X.t() @ d.to(dtype).t(), atol=1e-5)
+        W = scorch.sparse_tensor(A, requires_grad=True)   # a sparse layer's training step
+        torch.nn.functional.linear(X.t(), W).sum().backward()
+        ok &= torch.allclose(W.grad.to_dense(), X.sum(1).expand(50, 40).to(dtype) * (d != 0), atol=1e-4)
         res[f"{fmt}-{dtype}"] = bool(ok)
 csr64 = d.to_sparse_csr()
 res["torch-csr-spmm"] = bool(torch.allclose(scorch.einsum("ij,jk->ik", csr64, torch.ones(40, 3)), d @ torch.ones(40, 3), atol=1e-5))

@@ -1,7 +1,7 @@
 """Standard kernels compiled at install time, so their first call pays no compile.
 
 SpMV and SpMM (as einsums and as the ops ``@`` and ``F.linear``, which ask for other
-kernels), SDDMM, SpGEMM and elementwise add/mul, for CSR, CSC and COO operands in
+kernels, with a sparse layer's weight gradient), SDDMM, SpGEMM and elementwise add/mul, for CSR, CSC and COO operands in
 float32 and float64 (int32 indices, as scorch builds them, plus int64 CSR, as torch's own
 CSR tensors arrive), are produced by running each operation once on small operands: the
 kernels come out of the ordinary compiler path (nothing is written by hand) and land in a
@@ -30,7 +30,7 @@ from typing import Callable, List, Tuple
 __all__ = ["standard_cases", "build_prebuilt"]
 
 FORMATS = ("csr", "csc", "coo")
-CASE_NAMES = ("spmv", "spmm", "mv", "mm", "linear", "sddmm", "spgemm", "mul", "add")
+CASE_NAMES = ("spmv", "spmm", "mv", "mm", "linear", "linear-step", "sddmm", "spgemm", "mul", "add")
 
 
 def standard_cases() -> List[Tuple[str, Callable[[], object]]]:
@@ -60,12 +60,23 @@ def standard_cases() -> List[Tuple[str, Callable[[], object]]]:
                 (f"mv-{tag}", lambda A=A, x=x: A @ x),
                 (f"mm-{tag}", lambda A=A, X=X: A @ X),
                 (f"linear-{tag}", lambda A=A, X=X: torch.nn.functional.linear(X.t(), A)),
+                # a sparse layer's training step: its weight gradient (an SDDMM on the
+                # weight's pattern, ``sparse_linear._ColumnBatchLinear``) is its own kernel
+                (f"linear-step-{tag}", lambda A=A, X=X: _linear_step(A, X.t())),
                 (f"sddmm-{tag}", lambda A=A, B=B, C=C: scorch.einsum("ij,ik,kj->ij", A, B, C)),
                 (f"spgemm-{tag}", lambda A=A: scorch.einsum("ij,jk->ik", A, A)),
                 (f"mul-{tag}", lambda A=A: scorch.einsum("ij,ij->ij", A, A)),
                 (f"add-{tag}", lambda A=A: compute(add, _storage_of(A), _storage_of(A))),
             ]
     return cases
+
+
+def _linear_step(A, x) -> None:
+    """``F.linear(x, W)`` and its backward, for a sparse weight ``W`` with ``A``'s values."""
+    import torch
+    import scorch
+    W = scorch.sparse_tensor(A, requires_grad=True)
+    torch.nn.functional.linear(x, W).sum().backward()
 
 
 def _storage_of(x):
