@@ -155,3 +155,30 @@ def test_random_problems_train_as_dense_restricted_to_the_pattern(name, seed, de
             o.step()
     assert W.nnz == int(mask.sum()) and isinstance(W, scorch.SparseTensor)
     torch.testing.assert_close(W.to_dense().detach(), (Wd * mask).detach(), rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("name", ["adam", "rmsprop", "adagrad"])
+def test_step_square_roots_run_on_the_stored_values(name, monkeypatch):
+    """An optimizer step's ``sqrt`` of a sparse state runs on its stored values with torch's
+    own function, not through the compiler's elementwise path (which a step has no use
+    for); the step still matches dense training on the pattern."""
+    from scorch.sparse_ops import nonlinear
+    make = dict(OPTIMIZERS)[name]
+    mask, w0, X, T = _problem("csr", seed=3)
+    W = torch.nn.Parameter(scorch.sparse_tensor(w0, format="csr"))
+    Wd = torch.nn.Parameter(w0.clone())
+    opt, opt_d = make([W]), make([Wd])
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("an optimizer step's sqrt went through the compiler")
+    for _ in range(3):
+        for param, o in ((W, opt), (Wd, opt_d)):
+            o.zero_grad()
+            mm = _dense(scorch.einsum("ij,jk->ik", param, X)) if param is W else param @ X
+            ((mm - T) ** 2).sum().backward()
+            if param is Wd:
+                param.grad.mul_(mask)
+            with monkeypatch.context() as m:
+                m.setattr(nonlinear, "differentiable_compute", refuse)
+                o.step()
+    torch.testing.assert_close(W.to_dense().detach(), (Wd * mask).detach(), rtol=1e-10, atol=1e-12)

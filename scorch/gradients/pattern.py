@@ -37,8 +37,8 @@ def _arrays(st: Storage) -> tuple:
 
 def same_pattern(a: Storage, b: Storage) -> bool:
     """Same format, shape and level arrays (the same objects, or equal contents)."""
-    if a is b:
-        return True
+    if a is b or (a.levels is b.levels and a.shape == b.shape and a.format is b.format):
+        return True   # one pattern's storages (``on_pattern``): an optimizer step's every op
     if a.format != b.format or a.shape != b.shape or a.nnz != b.nnz:
         return False
     return _equal_arrays(_arrays(a), _arrays(b))

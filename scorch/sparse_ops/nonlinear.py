@@ -27,6 +27,7 @@ from .._dispatch import check_dense_size, register
 from ..compiler_access import compiler
 from ..gradients import compute as differentiable_compute
 from ..gradients import fiber_ops
+from ..gradients.optimizer_step import values_level
 from ..gradients.values import from_values, values_of, with_dtype
 from ..level_storage import Storage
 from ..tensor_type import SparseTensor, as_scorch, with_values
@@ -57,10 +58,20 @@ def _vars(rank: int) -> str:
     return _LETTERS[:rank]
 
 
+#: functions an optimizer step applies to a sparse parameter's state (Adam's, RMSprop's,
+#: Adagrad's ``sqrt``): inside a step they run on the stored values with torch's own
+#: function (``optimizer_step.values_level``): 95 -> 4 us of Adam's step on a 20k-entry
+#: weight, which went through the compiler's differentiable elementwise path
+_STEP_FUNCTIONS = {"sqrt": torch.sqrt}
+
+
 def apply(fn: str, t: SparseTensor, p: Optional[float] = None) -> torch.Tensor:
     """``fn`` elementwise on a sparse tensor, one generated kernel."""
     from ..tensor_compiler.functions import function
     from ..tensor_compiler.index_notation import Apply
+    step_fn = _STEP_FUNCTIONS.get(fn)
+    if step_fn is not None and p is None and t.dtype.is_floating_point and values_level():
+        return SparseTensor(t._storage.on_pattern(step_fn(t._storage.values)))
     tc = _tc()
     f = function(fn)
     if fn in _FLOATING and not t.dtype.is_floating_point:
