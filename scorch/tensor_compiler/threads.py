@@ -11,7 +11,12 @@ from ..level_storage import Storage
 __all__ = ["PARALLEL_MIN_WORK", "PASSIVE_MIN_WORK", "PASSIVE", "WORK_PER_THREAD", "threads_for", "work_of"]
 
 
-PARALLEL_MIN_WORK = int(os.environ.get("SCORCH_PARALLEL_MIN_WORK", 10_000))
+#: below this much work (stored entries + dense elements) a call runs on one thread: waking
+#: a second costs more than it saves. SpMV on G51 (12k entries, work 13.8k) took 6.7 us at
+#: 2 threads against 6.9 at 1 on an earlier machine, and 7.2 against 5.1 on the Zen 5
+#: (libgomp's default wait policy lets the worker sleep between calls); bcspwr10 (work 32k)
+#: still gains from the second thread on both (8.7 -> 6.8 us here)
+PARALLEL_MIN_WORK = int(os.environ.get("SCORCH_PARALLEL_MIN_WORK", 20_000))
 #: the least work each thread gets (0: none, every free core for any call past
 #: PARALLEL_MIN_WORK). On the 16-core Xeon a 25 us SpMV (4elt) ran no faster on 16 threads
 #: than on 8 (0.76x torch there); the next measurement there sets a default
