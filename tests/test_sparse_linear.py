@@ -218,3 +218,20 @@ def test_kept_ones_go_with_their_pattern():
     del W
     gc.collect()
     assert len(pattern._ONES) == before
+
+
+def test_weight_gradient_through_the_general_path_where_the_fast_one_declines(monkeypatch):
+    """Where ``einsum_grad.pattern_gradient_values`` declines (None), the column form's
+    weight gradient comes from ``operand_gradient``: the same values, on W's own pattern."""
+    from scorch.gradients import einsum_grad
+    monkeypatch.setattr(einsum_grad, "pattern_gradient_values", lambda *a, **k: None)
+    wd = _sparse_dense((6, 9), 0.5, torch.float64, 10)
+    x = torch.rand(4, 9, dtype=torch.float64)
+    W = scorch.sparse_tensor(wd, format="csr", requires_grad=True)
+    y = F.linear(x, W)
+    assert type(y.grad_fn).__name__ == _COLUMN
+    (y ** 2).sum().backward()
+    wr = wd.clone().requires_grad_()
+    (torch.nn.functional.linear(x, wr) ** 2).sum().backward()
+    assert W.grad._storage.shares_pattern(W._storage)
+    torch.testing.assert_close(W.grad.to_dense(), wr.grad * (wd != 0))

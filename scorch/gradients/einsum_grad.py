@@ -293,22 +293,23 @@ def _located_factors(plan: GradientPlan, Q: Storage, terms: Sequence[str], facto
     return out
 
 
-def pattern_gradient_values(plan: GradientPlan, P: Storage, grad: torch.Tensor, partner: Storage,
+def pattern_gradient_values(plan: GradientPlan, P: Storage, grad: torch.Tensor, partner,
                             compiler) -> Optional[torch.Tensor]:
     """The values at ``P``'s positions of sparse operand ``plan.n``'s gradient, for the
-    common two-operand case (a dense ``grad``, one sparse partner, no graph to record), run
-    on storages through ``compiler.einsum``: what ``operand_gradient`` does there (the
-    partner located, the kernel writing ``P``'s pattern), without its tensor wrappers and
-    general checks (a training step's backward calls it once per sparse layer). None where
-    the general path is needed."""
+    common two-operand case (a dense ``grad``, one partner: a Storage or a dense tensor, no
+    graph to record), run on storages through ``compiler.einsum``: what ``operand_gradient``
+    does there (a sparse partner located, the kernel writing ``P``'s pattern), without its
+    tensor wrappers and general checks (a training step's backward calls it once per sparse
+    layer). None where the general path is needed."""
     if plan.repeated or len(plan.other_terms) != 1 or type(grad) is not torch.Tensor \
             or grad.layout is not torch.strided:
         return None
-    level_vars = "".join(plan.pattern_term[d] for d in P.format.mode_order)
-    fmt = _pattern.located_format(partner.format, partner.shape, partner.nnz, plan.other_terms[0],
-                                  level_vars, P.nnz)
-    if fmt is not None:
-        partner = _pattern.converted_partner(partner, fmt)
+    if type(partner) is Storage:
+        level_vars = "".join(plan.pattern_term[d] for d in P.format.mode_order)
+        fmt = _pattern.located_format(partner.format, partner.shape, partner.nnz, plan.other_terms[0],
+                                      level_vars, P.nnz)
+        if fmt is not None:
+            partner = _pattern.converted_partner(partner, fmt)
     dtype = torch.promote_types(grad.dtype, partner.dtype)
     R = compiler.einsum(plan.equation(), _pattern.pattern_ones(P, dtype), grad, partner)
     if type(R) is not Storage:

@@ -29,9 +29,7 @@ from .. import _dispatch
 from .._dispatch import register
 from ..conversion import to_dense
 from ..gradients import pattern as _pattern
-from ..gradients.einsum_grad import dense_to_pattern
 from ..gradients.values import from_values, mark_gradient, values_of
-from ..level_storage import Storage
 from ..tensor_compiler.relayout import transposed
 from ..tensor_compiler.threads import threads_for
 from ..tensor_type import SparseTensor, is_sparse_operand
@@ -88,6 +86,8 @@ def _expansion_fits(shape, itemsize: int) -> bool:
 # --- the batch as columns --------------------------------------------------------------------
 
 _COLUMN_DTYPES = (torch.float32, torch.float64)
+#: the column form's product, ``y^T = W @ x^T``, whose gradient plans the backward asks for
+_COLUMN_EQUATION = "oj,ja->oa"
 
 
 def _column_weight(weight) -> bool:
@@ -116,7 +116,7 @@ def _column_forward(xt: torch.Tensor, weight: SparseTensor, bias) -> torch.Tenso
     for a dense output, which goes through the Python runner."""
     out_t = _sparse_dense(weight, xt)
     if out_t is None:
-        out_t = _einsum_entry._compiler().einsum("oj,ja->oa", weight._storage, xt, out_format="dense")
+        out_t = _einsum_entry._compiler().einsum(_COLUMN_EQUATION, weight._storage, xt, out_format="dense")
     out = transposed(out_t, threads_for)
     if bias is not None:
         out.add_(bias)
@@ -141,19 +141,19 @@ class _ColumnBatchLinear(torch.autograd.Function):
         needs = ctx.needs_input_grad
         if torch.is_grad_enabled():   # create_graph: the composed, differentiable graph
             return _composed_gradients("aj,oj->ao", (x, weight, bias), needs, grad)
+        from ..gradients import einsum_grad, functions
         compiler = _einsum_entry._compiler()
         W = weight._storage
         grad_x = grad_w = None
         if needs[0]:   # a dense batch's: g @ W, each output row a sum of W's rows
             grad_x = compiler.einsum("ao,oj->aj", grad.contiguous(), W, out_format="dense")
-        if needs[1]:   # on W's pattern: dot products of two contiguous rows
+        if needs[1]:   # on W's pattern ("oj,oa,ja->oj"): dot products of two contiguous rows
             gt = transposed(grad, threads_for)
-            R = compiler.einsum("oj,oa,ja->oj", _pattern.pattern_ones(W, gt.dtype), gt, xt)
-            if type(R) is not Storage:   # a dense product (the compiler's choice): on W's pattern
-                grad_w = mark_gradient(dense_to_pattern(W, R))
-            else:
-                vals = R.values if _pattern.shares_arrays(W, R) else _pattern.values_on_pattern(W, R, R.values)
-                grad_w = mark_gradient(SparseTensor(_pattern.with_pattern_values(W, vals)))
+            plan = einsum_grad.gradient_plan(_COLUMN_EQUATION, (W.shape, tuple(xt.shape)), 0, True)
+            vals = einsum_grad.pattern_gradient_values(plan, W, gt, xt, compiler)
+            grad_w = mark_gradient(
+                SparseTensor(_pattern.with_pattern_values(W, vals)) if vals is not None
+                else einsum_grad.operand_gradient(plan, functions.einsum, gt, (weight.detach(), xt)))
         grad_b = grad.sum_to_size(bias.shape) if needs[2] else None
         return grad_x, grad_w, grad_b
 
