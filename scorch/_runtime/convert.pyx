@@ -1262,8 +1262,7 @@ def from_dense(x: torch.Tensor, fmt: Format) -> Storage:
     shape = tuple(x.shape)
     _check_format(fmt, shape)
     _check_values_dtype(x.dtype)
-    kinds = fmt.levels
-    if len(kinds) == 2 and kinds[0] is _DENSE and kinds[1] is _COMPRESSED and fmt.block is None:
+    if fmt.block is None and fmt.levels == _DENSE_COMPRESSED:   # CSR, CSC
         return _compressed_rows_from_dense(x, fmt, shape)
     kinds = level_kinds(fmt)
     sizes = [s for _, s, _ in level_sizes(shape, fmt)]
