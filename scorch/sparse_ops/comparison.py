@@ -69,11 +69,12 @@ def _dense_size_check(name: str, terms, dt: torch.dtype) -> None:
 
 
 def _run(name: str, terms: List[object], expr: Callable, dense_by_nature: bool, dt,
-         differentiable: bool = False):
+         differentiable: bool = False, key=None):
     """One kernel over ``terms`` (None entries: the constant 0); the expression gets one
     access per tensor term and ``Scalar(0)`` for each None. ``differentiable``: through the
     differentiable ``compute`` (``where``: its backward is the same expression's gradient,
-    ``scorch.gradients.expr_grad``), else without autograd (bool results)."""
+    ``scorch.gradients.expr_grad``), else without autograd (bool results). ``key``: what
+    names ``expr`` (with the None entries), so ``elementwise._build`` keeps its plan."""
     ir = _ir()
     tensors = [t for t in terms if t is not None]
     if dense_by_nature:
@@ -82,10 +83,12 @@ def _run(name: str, terms: List[object], expr: Callable, dense_by_nature: bool, 
     def rhs(*accesses):
         it = iter(accesses)
         return expr(*[ir.Scalar(0) if t is None else next(it) for t in terms])
+    if key is not None:
+        key = ("comparison", key, tuple(t is None for t in terms))
     if differentiable and torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors):
-        return _build(tensors, rhs)
+        return _build(tensors, rhs, key=key)
     with torch.no_grad():
-        return _build(tensors, rhs, compiler().compute)
+        return _build(tensors, rhs, compiler().compute, key=key)
 
 
 def compare(op: str, a, b) -> torch.Tensor:
@@ -112,10 +115,10 @@ def compare(op: str, a, b) -> torch.Tensor:
                     else (lambda s, t: _ir().Where(t, node(s, t), _ir().Scalar(0))))
         else:
             expr = node
-        r = _run(op, [x, y], expr, not keeps, dt)
+        r = _run(op, [x, y], expr, not keeps, dt, key=(op, keeps, tensor_first))
     else:
         dense = not (is_sparse_operand(a) and is_sparse_operand(b)) or node.holds(0, 0)
-        r = _run(op, [x, y], node, dense, dt)
+        r = _run(op, [x, y], node, dense, dt, key=op)
     return as_bool(r)
 
 
@@ -138,7 +141,8 @@ def where(cond, x, y, name: str = "where") -> torch.Tensor:
     terms = [_in(cond, dt), _term(x, dt), _term(y, dt)]
     zy = terms[2] is None or is_sparse_operand(y)
     dense = not (is_sparse_operand(cond) or is_sparse_operand(x)) or not zy
-    r = _run(name, terms, _ir().Where, dense, dt, differentiable=out_dt != torch.bool)
+    r = _run(name, terms, _ir().Where, dense, dt, differentiable=out_dt != torch.bool,
+             key="where")
     if out_dt == torch.bool:
         return as_bool(r)
     return r
@@ -172,7 +176,7 @@ def logical(op: str, a, b) -> torch.Tensor:
     sparse_a, sparse_b = is_sparse_operand(a), is_sparse_operand(b)
     dense = not (sparse_a and sparse_b) and not (op == "and" and (sparse_a or sparse_b))
     return as_bool(_run(f"logical_{op}", [_in(a, dt), _in(b, dt)],
-                         lambda x, y: _LOGICAL[op](ir, x, y), dense, dt))
+                         lambda x, y: _LOGICAL[op](ir, x, y), dense, dt, key=("logical", op)))
 
 
 # --- registration ----------------------------------------------------------------------------
@@ -235,7 +239,8 @@ def extremum(op: str, a, b) -> torch.Tensor:
     else:       # no NaN, no gradient: the winner or, at a tie, either
         def expr(x, y):
             return ir.Where(wins(x, y), x, y)
-    r = _run(op, [_in(a, dt), _in(b, dt)], expr, dense, dt, differentiable=dt.is_floating_point)
+    r = _run(op, [_in(a, dt), _in(b, dt)], expr, dense, dt, differentiable=dt.is_floating_point,
+             key=("extreme", op, dt.is_floating_point))
     return as_bool(r) if out_dt == torch.bool else r
 
 

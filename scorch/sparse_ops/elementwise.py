@@ -86,8 +86,22 @@ def _stand_in(x):
     return torch.empty((1,) if x.dim() else (), dtype=x.dtype)
 
 
+def _promotion_kind(x):
+    """What torch's type promotion reads of an operand: a number's Python type, a tensor's
+    dtype and whether it is 0-d (a 0-d tensor ranks below a dimensioned one)."""
+    if _is_scalar(x):
+        return type(x)
+    return x.dtype, x.dim() > 0
+
+
+_RESULT_TYPES: dict = {}   # (kind, kind) -> torch.result_type of such operands
+
+
 def result_dtype(a, b, true_division: bool = False) -> torch.dtype:
-    dt = torch.result_type(_stand_in(a), _stand_in(b))
+    key = (_promotion_kind(a), _promotion_kind(b))
+    dt = _RESULT_TYPES.get(key)
+    if dt is None:
+        dt = _RESULT_TYPES[key] = torch.result_type(_stand_in(a), _stand_in(b))
     if true_division and not (dt.is_floating_point or dt.is_complex):
         dt = torch.get_default_dtype()
     return dt
@@ -113,22 +127,56 @@ def _wrap(result):
     return SparseTensor(result) if isinstance(result, Storage) else result
 
 
-def _build(terms, op, compute=None) -> torch.Tensor:
+#: (op, each term's kind and sizes) -> how ``_build`` runs them: the broadcast shape, each
+#: term's stretched dims, the Assignment and the output format. One Assignment object per
+#: kind of call lets the compiler's warm path find its plan by identity: ``s * d`` of a
+#: small matrix went 55 -> 14 us (a new expression each call was printed and keyed).
+_BUILDS: dict = {}
+
+
+def _build(terms, op, compute=None, key=None) -> torch.Tensor:
     """Run the expression ``_EXPRESSIONS[op]`` (or ``op`` itself: a function of the accesses)
     over ``terms`` (operands already in the result dtype) with torch's broadcasting; returns
-    the kernel's result. ``compute``: the compiler entry (default: the differentiable one)."""
+    the kernel's result. ``compute``: the compiler entry (default: the differentiable one).
+    ``key``: what names a callable ``op``'s expression, so that its plan is remembered (a
+    string ``op`` names itself)."""
+    if key is None and isinstance(op, str):
+        key = op
+    if key is not None:
+        memo = (key, *[(isinstance(t, SparseTensor), _shape_of(t)) for t in terms])
+        hit = _BUILDS.get(memo)
+        if hit is None:
+            hit = _plan_build(terms, op)
+            if len(_BUILDS) > 4096:
+                _BUILDS.clear()
+            _BUILDS[memo] = hit
+    else:
+        hit = _plan_build(terms, op)
+    shape, stretches, assignment, out_format = hit
+    operands = [x if not stretch else
+                (_shape.squeeze_dims(x, stretch) if isinstance(x, SparseTensor)
+                 else x.reshape([n for d, n in enumerate(x.shape) if d not in stretch]))
+                for x, stretch in zip(terms, stretches)]
+    result = _wrap((compute or _compute())(assignment, *operands, out_format=out_format))
+    if tuple(result.shape) != shape:
+        raise RuntimeError(f"elementwise: kernel gave shape {tuple(result.shape)}, expected {shape}")
+    return result
+
+
+def _plan_build(terms, op):
+    """``_build``'s plan for these terms: (shape, stretched dims per term, assignment,
+    output format)."""
     shape = tuple(torch.broadcast_shapes(*[_shape_of(t) for t in terms]))
     rank = len(shape)
     if rank > len(_LETTERS):
         raise RuntimeError(f"elementwise ops support at most {len(_LETTERS)} dimensions")
     out_vars = _LETTERS[:rank]
-    operands: List[object] = []
+    stretches: List[list] = []
     accesses: list = []
     ir = _compiler().index_notation
     partial_sparse = False   # a sparse operand that does not index every output dimension
-    for x in terms:
-        was_sparse = isinstance(x, SparseTensor)
-        sizes = x._storage.shape if was_sparse else tuple(x.shape)
+    for n, x in enumerate(terms):
+        sizes = _shape_of(x)
         r = len(sizes)
         vars_ = list(out_vars[rank - r:])
         # a size-1 dimension that broadcasts is dropped from the operand and not indexed:
@@ -137,14 +185,10 @@ def _build(terms, op, compute=None) -> torch.Tensor:
         stretch = [d for d in range(r) if sizes[d] == 1 and shape[rank - r + d] != 1]
         if stretch:
             vars_ = [v for d, v in enumerate(vars_) if d not in stretch]
-            if isinstance(x, SparseTensor):
-                x = _shape.squeeze_dims(x, stretch)
-            else:
-                x = x.reshape([s for d, s in enumerate(sizes) if d not in stretch])
-        if was_sparse:
+        if isinstance(x, SparseTensor):
             partial_sparse |= len(vars_) < rank
-        operands.append(x)
-        accesses.append(ir.Access(len(operands) - 1, vars_))
+        stretches.append(stretch)
+        accesses.append(ir.Access(n, vars_))
     rhs = (_EXPRESSIONS[op] if isinstance(op, str) else op)(*accesses)
     missing = [v for v in out_vars if v not in rhs.vars()]
     if missing:
@@ -154,11 +198,7 @@ def _build(terms, op, compute=None) -> torch.Tensor:
         # a product with a sparse operand is sparse; where the sparse operand is broadcast,
         # format inference alone would make the stretched dimensions dense
         out_format = "coo"
-    result = _wrap((compute or _compute())(ir.Assignment(out_vars, rhs), *operands,
-                                           out_format=out_format))
-    if tuple(result.shape) != shape:
-        raise RuntimeError(f"elementwise: kernel gave shape {tuple(result.shape)}, expected {shape}")
-    return result
+    return shape, stretches, ir.Assignment(out_vars, rhs), out_format
 
 
 _SAME_SHAPE: dict = {}   # (op, rank) -> the Assignment of _same_shape

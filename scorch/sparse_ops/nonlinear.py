@@ -65,41 +65,86 @@ def _vars(rank: int) -> str:
 _STEP_FUNCTIONS = {"sqrt": torch.sqrt}
 
 
+#: the functions' table entries by name, read on first use (the table's module is the
+#: compiler package's, imported on first use)
+_FUNCTION_TABLE: dict = {}
+
+
+def _function(name: str):
+    f = _FUNCTION_TABLE.get(name)
+    if f is None:
+        from ..tensor_compiler.functions import function
+        f = _FUNCTION_TABLE[name] = function(name)
+    return f
+
+
 def apply(fn: str, t: SparseTensor, p: Optional[float] = None) -> torch.Tensor:
     """``fn`` elementwise on a sparse tensor, one generated kernel."""
-    from ..tensor_compiler.functions import function
-    from ..tensor_compiler.index_notation import Apply
     step_fn = _STEP_FUNCTIONS.get(fn)
     if step_fn is not None and p is None and t.dtype.is_floating_point and values_level():
         return SparseTensor(t._storage.on_pattern(step_fn(t._storage.values)))
-    tc = _tc()
-    f = function(fn)
+    f = _function(fn)
     if fn in _FLOATING and not t.dtype.is_floating_point:
         t = with_values(t, t._storage.values.to(torch.get_default_dtype()))
-    if not f.preserves_zero(p):
+    if f.preserves_zero(p):
+        if f.torch_op is not None and t.dtype.is_floating_point:
+            # on the pattern, one op on the values: torch's own function (and its derivative
+            # under autograd), as the shared-pattern runner computes it, without building and
+            # keying an expression for the compiler on every call (25 -> 4 us on a small one)
+            values = values_of(t)
+            values = f.torch_op(values, f.param(p)) if f.parameter else f.torch_op(values)
+            return from_values(t._storage, values)
+    else:
         check_dense_size(fn, t.shape, t.dtype)   # dense by nature: say when it is big
-    v = _vars(t.dim())
     # the differentiable compute: f'(x) on x's pattern (scorch.gradients.derivatives)
-    return _wrap(differentiable_compute(tc.Assignment(v, Apply(fn, tc.Access(0, v), p)), t))
+    return _wrap(differentiable_compute(_assignment(fn, t.dim(), p), t))
+
+
+#: the assignments of this module's kernels, one object per kind of call ((function, rank,
+#: parameter) for ``apply``; reductions and softmax by rank and dims), so that the compiler's
+#: warm path finds the plan by the assignment's identity (25 -> 9 us for ``exp`` of a small
+#: matrix) instead of printing and keying a new expression each call
+_ASSIGNMENTS: dict = {}
+
+
+def _assignment(fn: str, rank: int, p: Optional[float]):
+    key = (fn, rank, p)
+    a = _ASSIGNMENTS.get(key)
+    if a is None:
+        from ..tensor_compiler.index_notation import Apply
+        tc = _tc()
+        v = _vars(rank)
+        if len(_ASSIGNMENTS) > 1024:     # many parameters (a swept slope): start over
+            _ASSIGNMENTS.clear()
+        a = _ASSIGNMENTS[key] = tc.Assignment(v, Apply(fn, tc.Access(0, v), p))
+    return a
+
+
+def _reduction(rank: int, dims: Tuple[int, ...], reduce: str):
+    """``out(kept) = reduce over dims of T0``, one object per kind (see ``_assignment``),
+    with the kept variables."""
+    key = ("reduce", rank, dims, reduce)
+    a = _ASSIGNMENTS.get(key)
+    if a is None:
+        tc = _tc()
+        v = _vars(rank)
+        keep = "".join(c for d, c in enumerate(v) if d not in dims)
+        a = _ASSIGNMENTS[key] = (tc.Assignment(keep, tc.Access(0, v), reduce), keep)
+    return a
 
 
 def _reduce_stored(t: SparseTensor, dims: Tuple[int, ...], reduce: str, dense: bool = True):
     """max/min over the stored entries along ``dims`` (an empty fiber: -inf / +inf)."""
-    tc = _tc()
-    v = _vars(t.dim())
-    keep = "".join(c for d, c in enumerate(v) if d not in dims)
+    assignment, keep = _reduction(t.dim(), tuple(dims), reduce)
     out_format = "dense" if (dense and keep) else None
-    return tc.compute(tc.Assignment(keep, tc.Access(0, v), reduce), t, out_format=out_format)
+    return _tc().compute(assignment, t, out_format=out_format)
 
 
 def _stored_count(t: SparseTensor, dims: Tuple[int, ...]) -> torch.Tensor:
     """How many entries each fiber along ``dims`` stores (dense, over the kept dims)."""
     ones = with_values(t, torch.ones_like(t._storage.values, dtype=torch.int64))
-    v = _vars(t.dim())
-    keep = "".join(c for d, c in enumerate(v) if d not in dims)
-    tc = _tc()
-    return tc.compute(tc.Assignment(keep, tc.Access(0, v)), ones,
-                      out_format="dense" if keep else None)
+    assignment, keep = _reduction(t.dim(), tuple(dims), "sum")
+    return _tc().compute(assignment, ones, out_format="dense" if keep else None)
 
 
 def _extreme(name: str, reduce: str, t: SparseTensor, dim, keepdim: bool) -> torch.Tensor:
@@ -151,21 +196,38 @@ def _softmax(t: SparseTensor, dim: int, log: bool, dtype: Optional[torch.dtype])
     return fiber_ops.softmax(t, dim, log, lambda x: _softmax_kernels(x, dim, log))
 
 
+def _softmax_assignments(rank: int, dim: int, log: bool):
+    """The exponentials on the pattern, their sums and the result, over T0 = x,
+    T1 = the fibers' max, T2 = x's pattern as ones (T3 = the sums, for log): one set of
+    objects per kind of call (see ``_assignment``)."""
+    key = ("softmax", rank, dim, log)
+    a = _ASSIGNMENTS.get(key)
+    if a is None:
+        from ..tensor_compiler.index_notation import Apply, Div
+        tc = _tc()
+        v = _vars(rank)
+        keep = "".join(c for d, c in enumerate(v) if d != dim)
+        A, M, P = tc.Access(0, v), tc.Access(1, keep), tc.Access(2, v)
+        exps = tc.Assignment(v, P * Apply("exp", A - M))
+        sums = tc.Assignment(keep, tc.Access(0, v))
+        if log:
+            result = tc.Assignment(v, P * (A - M - Apply("log", tc.Access(3, keep))))
+        else:
+            result = tc.Assignment(v, Div(tc.Access(0, v), tc.Access(1, keep)))
+        a = _ASSIGNMENTS[key] = (exps, sums, result, keep)
+    return a
+
+
 def _softmax_kernels(t: SparseTensor, dim: int, log: bool) -> SparseTensor:
-    from ..tensor_compiler.index_notation import Apply, Div
     tc = _tc()
-    v = _vars(t.dim())
-    keep = "".join(c for d, c in enumerate(v) if d != dim)
-    A, M = tc.Access(0, v), tc.Access(1, keep)
+    exps, sums, result, keep = _softmax_assignments(t.dim(), dim, log)
     ones = with_values(t, torch.ones_like(t._storage.values))   # carries the pattern
-    P = tc.Access(2, v)
     m = _reduce_stored(t, (dim,), "max")                       # -inf on empty fibers
-    e = _wrap(tc.compute(tc.Assignment(v, P * Apply("exp", A - M)), t, m, ones))
-    s = tc.compute(tc.Assignment(keep, tc.Access(0, v)), e, out_format="dense" if keep else None)
+    e = _wrap(tc.compute(exps, t, m, ones))
+    s = tc.compute(sums, e, out_format="dense" if keep else None)
     if not log:
-        return _wrap(tc.compute(tc.Assignment(v, Div(tc.Access(0, v), tc.Access(1, keep))), e, s))
-    S = tc.Access(3, keep)
-    return _wrap(tc.compute(tc.Assignment(v, P * (A - M - Apply("log", S))), t, m, ones, s))
+        return _wrap(tc.compute(result, e, s))
+    return _wrap(tc.compute(result, t, m, ones, s))
 
 
 def softmax(t: SparseTensor, dim: int, dtype: Optional[torch.dtype] = None) -> SparseTensor:

@@ -33,6 +33,7 @@ from ..formats import Format, LevelKind, as_format
 from ..gradients.values import from_values, values_of, view_of
 from ..level_storage import Level, Storage
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, permute_view
+from .outer_level import cat_outer, select_outer
 
 __all__ = ["reshape", "flatten", "unflatten", "unsqueeze", "squeeze", "squeeze_dims", "cat",
            "stack", "getitem", "index_select", "embedding"]
@@ -400,6 +401,9 @@ def cat(tensors: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
                 raise RuntimeError(f"cat(): sizes of tensors must match except in dimension "
                                    f"{d}: expected size {tensors[0].shape[k]} but got size "
                                    f"{x.shape[k]} for tensor number {n} in the list")
+    outer = cat_outer(tensors, d, dtype)   # one format, along its first level: arrays joined
+    if outer is not None:
+        return outer
     coords, values, offset = [], [], 0
     for x in tensors:
         c = _coords(x)
@@ -517,6 +521,9 @@ def getitem(t: SparseTensor, index) -> torch.Tensor:
     st = t._storage
     rank = st.ndim
     items = _expand_index(index, rank)
+    outer = select_outer(t, items)   # along the first stored level: its entries only
+    if outer is not None:
+        return outer
     c = _convert().coords(st)
     values = values_of(t)
     keep = None                       # mask over the entries

@@ -47,16 +47,22 @@ class Expr:
 
     def children(self) -> Tuple["Expr", ...]:
         """The sub-expressions (what a traversal visits)."""
-        return tuple(getattr(self, f) for f in ("c", "a", "b") if isinstance(getattr(self, f, None), Expr))
+        fields = self.__dict__     # nodes are frozen dataclasses: their fields live here
+        return tuple(fields[f] for f in ("c", "a", "b") if isinstance(fields.get(f), Expr))
 
     def vars(self) -> List[str]:
-        """Index variables in first-appearance order."""
-        out: List[str] = []
-        for a in accesses(self):
-            for v in a.indices:
-                if v not in out:
-                    out.append(v)
-        return out
+        """Index variables in first-appearance order (walked once per node: nodes are
+        immutable, and the op layer asks an expression's variables several times a call)."""
+        known = self.__dict__.get("_vars")
+        if known is None:
+            out: List[str] = []
+            for a in accesses(self):
+                for v in a.indices:
+                    if v not in out:
+                        out.append(v)
+            known = tuple(out)
+            object.__setattr__(self, "_vars", known)
+        return list(known)
 
 
 def _wrap(x) -> Expr:
@@ -227,7 +233,8 @@ class Assignment:
         object.__setattr__(self, "reduce", reduce)
         if reduce not in REDUCTIONS:
             raise ValueError(f"unknown reduction {reduce!r}; expected one of {', '.join(REDUCTIONS)}")
-        missing = [v for v in self.output if v not in rhs.vars()]
+        rhs_vars = rhs.vars()
+        missing = [v for v in self.output if v not in rhs_vars]
         if missing:
             raise ValueError(f"output index {missing[0]!r} does not appear on the right-hand side")
         if len(set(self.output)) != len(self.output):
