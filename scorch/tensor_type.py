@@ -420,22 +420,31 @@ _PY_SCALARS = (int, float, bool)
 
 def _scalar_op(fn, t: "SparseTensor", scalar):
     """``fn(t, scalar)`` on the stored values for a Python number (torch's type promotion,
-    as the dense op), or None."""
-    if type(scalar) not in _PY_SCALARS or (_grad_enabled() and _any_requires_grad(t)) \
-            or _deferred(t):
+    as the dense op), or None. Under autograd, torch's op on the differentiable values:
+    its gradient is torch's, on the pattern (165 -> ~50 us for ``(A * 2).sum()`` and its
+    backward on a small matrix, which went through the compiler both ways)."""
+    if type(scalar) not in _PY_SCALARS or _deferred(t):
         return None   # a deferred operand goes to the handler, which fuses it
+    if _grad_enabled() and _any_requires_grad(t):
+        if _is_compiling():
+            return None
+        return _AUTOGRAD["from_values"](t._storage, fn(_AUTOGRAD["values"](t), scalar))
     return with_values(t, fn(t._storage.values, scalar))
 
 
 def _pattern_op(fn, a: "SparseTensor", b):
     """``fn(a, b)`` on the stored values when ``b`` is a SparseTensor over the very same
-    level arrays (same format and shape), or None."""
-    if type(b) is not SparseTensor or (_grad_enabled() and _any_requires_grad(a, b)) \
-            or _deferred(a) or _deferred(b):
+    level arrays (same format and shape), or None; under autograd as ``_scalar_op``."""
+    if type(b) is not SparseTensor or _deferred(a) or _deferred(b):
         return None   # a deferred operand goes to the handler, which fuses it
     sa, sb = a._storage, b._storage
     if not (_same_index_arrays(sa, sb) if _is_compiling() else sa.shares_pattern(sb)):
         return None
+    if _grad_enabled() and _any_requires_grad(a, b):
+        if _is_compiling():
+            return None
+        values = _AUTOGRAD["values"]
+        return _AUTOGRAD["from_values"](sa, fn(values(a), values(b)))
     return with_values(a, fn(sa.values, sb.values))
 
 

@@ -596,3 +596,21 @@ def test_zero_gradients_without_memory_reach_no_kernel():
     x = torch.rand(4, 5, requires_grad=True)           # dense dropout's backward of such a gradient
     torch.sgn(scorch.nn.functional.dropout(x, 0.5, True)).sum().backward()
     assert torch.equal(x.grad, torch.zeros(4, 5))
+
+
+def test_broadcast_gradients_of_the_values_are_laid_out():
+    """``A.values().sum()`` hands back one 1 expanded over every entry (a stride-0 view); a
+    gradient storage holding it as its values read garbage (entries beyond the first came
+    from unrelated memory). Gradient storages now hold contiguous values."""
+    d = torch.tensor([[3.0, 0.0, 1.0], [0.0, 2.0, 0.0], [4.0, 0.0, 5.0]], dtype=F64)
+    stored = (d != 0).to(F64)
+    X = torch.rand(3, 2, dtype=F64)
+    cases = [(lambda A: A.values().sum(), 1.0), (lambda A: A.sum(), 1.0),
+             (lambda A: (A * 2).sum(), 2.0), (lambda A: A.values().mean(), 1.0 / 5)]
+    for fmt in ("csr", "coo", "csf"):
+        for loss, slope in cases:
+            A = scorch.sparse_tensor(d, format=fmt, requires_grad=True)
+            loss(A).backward()
+            assert A.grad._storage.values.is_contiguous()
+            torch.testing.assert_close(A.grad.to_dense(), slope * stored)
+            torch.testing.assert_close(A.grad @ X, (slope * stored) @ X)   # a kernel reads them

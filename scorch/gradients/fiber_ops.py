@@ -54,24 +54,44 @@ class _Softmax(torch.autograd.Function):
             y = dense_to_pattern(ctx.pattern, y)
         Ys = y._storage
         G = _on_pattern(Ys, g)
-        rank = len(Ys.shape)
+        steps, dense = _softmax_backward(len(Ys.shape), ctx.dim, ctx.log)
+        if ctx.log:
+            sums, grad = steps
+            s = compute(sums, G, out_format=dense)
+            ones = SparseTensor(_pattern.pattern_ones(Ys, Ys.dtype))
+            gx = compute(grad, y, G, s, ones)
+        else:
+            sums, scaled, grad = steps
+            s = compute(sums, y, G, out_format=dense)
+            ys = compute(scaled, y, G, s)
+            gx = compute(grad, y, G, s, ys)
+        return mark_gradient(_on_input_pattern(ctx.pattern, gx)), None, None, None
+
+
+#: (rank, dim, log) -> the backward's assignments and the sums' format: one object each per
+#: kind of call, so the compiler's warm path finds their plans by identity
+_BACKWARDS: dict = {}
+
+
+def _softmax_backward(rank: int, dim: int, log: bool):
+    key = (rank, dim, log)
+    found = _BACKWARDS.get(key)
+    if found is None:
         v = _LETTERS[:rank]
-        keep = "".join(c for d, c in enumerate(v) if d != ctx.dim)
+        keep = "".join(c for d, c in enumerate(v) if d != dim)
         dense = "d" * len(keep) if keep else None
         Yv, Gv, Sk = Access(0, v), Access(1, v), Access(2, keep)
-        if ctx.log:
-            s = compute(Assignment(keep, Access(0, v)), G, out_format=dense)
-            ones = SparseTensor(_pattern.pattern_ones(Ys, Ys.dtype))
-            gx = compute(Assignment(v, Mul(Access(3, v), Sub(Gv, Mul(Apply("exp", Yv), Sk)))),
-                         y, G, s, ones)
+        if log:
+            steps = (Assignment(keep, Access(0, v)),
+                     Assignment(v, Mul(Access(3, v), Sub(Gv, Mul(Apply("exp", Yv), Sk)))))
         else:
             # y * g - y * s, not y * (g - s): the product with the dense s alone is a kernel
             # that writes on y's pattern (shared arrays); g - s would be a union with a dense
             # operand, assembled entry by entry (140-300 ms against 5 ms at BigBird's n = 4096)
-            s = compute(Assignment(keep, Mul(Yv, Gv)), y, G, out_format=dense)
-            ys = compute(Assignment(v, Mul(Yv, Sk)), y, G, s)
-            gx = compute(Assignment(v, Sub(Mul(Yv, Gv), Access(3, v))), y, G, s, ys)
-        return mark_gradient(_on_input_pattern(ctx.pattern, gx)), None, None, None
+            steps = (Assignment(keep, Mul(Yv, Gv)), Assignment(v, Mul(Yv, Sk)),
+                     Assignment(v, Sub(Mul(Yv, Gv), Access(3, v))))
+        found = _BACKWARDS[key] = (steps, dense)
+    return found
 
 
 def _on_input_pattern(P: Storage, gx) -> SparseTensor:

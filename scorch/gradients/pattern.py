@@ -64,8 +64,10 @@ def shares_arrays(a: Storage, b: Storage) -> bool:
 
 
 def with_pattern_values(P: Storage, values: torch.Tensor) -> Storage:
-    """``P``'s level arrays (shared) holding ``values``."""
-    return Storage(P.format, P.shape, P.levels, materialized(values), P.index_dtype)
+    """``P``'s level arrays (shared) holding ``values`` (made contiguous: the gradient of
+    ``values().sum()`` arrives as one 1 expanded over every entry, a stride-0 view that a
+    kernel reading the array by its address would misread)."""
+    return Storage(P.format, P.shape, P.levels, materialized(values).contiguous(), P.index_dtype)
 
 
 #: the pattern's key array (and dtype) -> its ones

@@ -19,7 +19,7 @@ import torch
 
 from .._dispatch import check_dense_size, register
 from ..formats import Format
-from ..gradients.values import with_dtype
+from ..gradients.values import values_of, with_dtype
 from ..level_storage import Level, Storage, index_dtype_for
 from ..tensor_cache import TensorKeyedCache
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand
@@ -142,10 +142,11 @@ def sum(t: SparseTensor, dim: Dims = None, keepdim: bool = False,
     t = as_scorch(t)
     rank = len(t._storage.shape)   # the storage's: each tensor attribute is a torch call
     dims = _reduced_dims(dim, rank, "sum")
-    if len(dims) == rank and not keepdim and not (_grad_enabled() and _any_requires_grad(t)):
+    if len(dims) == rank and not keepdim:
         # every dimension: the sum of the stored values (dense-level fill is zeros), one
-        # vectorized pass with no walk over the levels
-        values = t._storage.values
+        # vectorized pass with no walk over the levels; under autograd torch's own sum of
+        # the differentiable values (its gradient: ones on the pattern)
+        values = values_of(t)
         return values.sum(dtype=dtype or _accumulate_dtype(values.dtype))
     t = _in_dtype(t, dtype)
     result = None
