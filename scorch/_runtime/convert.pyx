@@ -1127,6 +1127,8 @@ def _assemble(shape, fmt: Format, keys: List[torch.Tensor], values: torch.Tensor
     """Sort by the first ``need`` keys where the data is not already in order, then build."""
     kinds = level_kinds(fmt)
     sizes = [s for _, s, _ in level_sizes(shape, fmt)]
+    if need > 0 and _k_unsorted_at(keys) == values.numel():
+        need = 0    # already in level order (a reshape's or a selection's entries): no sort
     while need > 0 and _k_unsorted_at(keys[need - 1:]) == values.numel():
         need -= 1
     keep_first = kinds[0] is _COORDINATE or reject_duplicates
