@@ -526,6 +526,26 @@ def test_expression_matches_dense_torch(cfg: ExprConfig, data):
     assert_matches(got, want, cfg.dtype)
 
 
+def test_an_empty_max_min_stores_nothing_on_a_pattern():
+    """Found by this suite (session 23): ``out(j) = min_i (T0(i,j) + T2(i)) * T1(j)`` wrote
+    its output on T1's pattern, so a j whose reduction found no stored entry kept min's
+    identity (int64 max) as a stored value. A sparse result stores no empty fiber."""
+    empty = scorch.sparse_tensor(torch.zeros(3, 3, dtype=torch.int64), format=scorch.Format("dq"))
+    row = scorch.sparse_tensor(torch.zeros(3, dtype=torch.int64), format="coo")
+    weights = scorch.sparse_tensor(torch.tensor([0, -1, 0]), format="coo")
+    for reduce in ("min", "max"):
+        asg = Assignment("j", Mul(Add(Access(0, "ij"), Access(2, "i")), Access(1, "j")), reduce)
+        got = C.compute(asg, empty, weights, row)
+        assert isinstance(got, Storage)          # sparse: an empty fiber is not stored
+        assert_matches(got, torch.zeros(3, dtype=torch.int64), torch.int64)
+    x = torch.tensor([[1.0, 0.0], [2.0, 0.0]])         # a stored fiber keeps its extreme
+    asg = Assignment("j", Mul(Access(0, "ij"), Access(1, "j")), "max")
+    got = C.compute(asg, scorch.sparse_tensor(x, format=scorch.Format("dq")),
+                    scorch.sparse_tensor(torch.tensor([3.0, 4.0]), format="coo"))
+    assert isinstance(got, Storage)
+    assert_matches(got, torch.tensor([6.0, 0.0]), torch.float32)
+
+
 def test_max_min_propagate_nan():
     """Found by this suite: max/min over stored entries skipped NaN; torch.amax propagates it."""
     x = torch.tensor([[float("nan"), 1.0], [2.0, 0.0]])

@@ -67,6 +67,11 @@ UNARY: List[Unary] = [
     ("index_fill_value", lambda x: x.index_fill(0, torch.tensor([0]), 1.5) if x.shape[0] and _float(x) else x),
     ("pow_tensor", lambda x: torch.pow(x, torch.full(x.shape[-1:], 2.0, dtype=x.dtype)) if _float(x) else x),
     ("index_put_rows", lambda x: x.index_put((torch.tensor([0]),), torch.tensor(1, dtype=x.dtype)) if x.shape[0] else x),
+    # session 23: selections and cat along the first stored level, values-level autograd
+    ("rows_from_1", lambda x: x[1:]), ("row_0", lambda x: x[0] if x.dim() > 1 and x.shape[0] else x),
+    ("cols_to_2", lambda x: x[:, :2] if x.dim() > 1 else x),
+    ("cat_relu", lambda x: torch.cat([x, x.relu()], -1)), ("sqrt_abs", lambda x: x.abs().sqrt()),
+    ("scaled_sum", lambda x: x * 0.5 + x if _float(x) else x),
 ]
 
 
@@ -241,3 +246,20 @@ def test_random_op_chains_match_dense_torch(seed, dtype):
 @given(seed=st.integers(0, 2**31 - 1))
 def test_random_integer_op_chains_match_dense_torch(seed):
     run_chain(seed, torch.int64)
+
+
+def test_where_backward_selects_the_incoming_gradient():
+    """Found by the chains (session 23): ``where -> abs().sqrt() -> amax``. sqrt's backward
+    sends 0 * inf = NaN to an entry ``where`` had set to 0; torch's where backward selects
+    the gradient of the branch taken (0 there), scorch's multiplied it by the condition
+    (NaN). The gradient expression now carries the incoming gradient into the branches."""
+    d = torch.tensor([0.3, -0.1, 0.0], dtype=torch.float64)
+    S = scorch.sparse_tensor(d, format="coo", requires_grad=True)
+    D = d.clone().requires_grad_()
+
+    def chain(x):
+        return torch.where(x > 0.1, x, 0.0).abs().sqrt().amax()
+    chain(S).backward()
+    chain(D).backward()
+    assert torch.isfinite(S.grad.values()).all()
+    torch.testing.assert_close(S.grad.to_dense(), D.grad * (d != 0))

@@ -78,6 +78,26 @@ def test_int_along_the_first_level(monkeypatch, case, data):
 
 
 @FAST
+@given(outer_case(), st.data())
+def test_index_along_the_first_level(no_coordinate_walk, case, data):
+    """``index_select`` and ``t[index]`` along the first stored dimension (a minibatch of
+    rows): any order, repeats, negatives."""
+    x, s = case
+    d0 = s.format.mode_order[0]
+    n = x.shape[d0]
+    picks = data.draw(st.lists(st.integers(-n, n - 1), max_size=6)) if n else []
+    index = torch.tensor(picks, dtype=torch.int64)
+    got = s.index_select(d0, index)
+    _valid(got)
+    expected = x.index_select(d0, torch.where(index < 0, index + n, index))
+    assert_matches(got, expected, sparse=True)
+    assert got.format == s.format
+    by_item = s[(slice(None),) * d0 + (picks,)]
+    _valid(by_item)
+    assert_matches(by_item, x[(slice(None),) * d0 + (picks,)], sparse=True)
+
+
+@FAST
 @given(st.data())
 def test_cat_along_the_first_level(no_coordinate_walk, data):
     rank = data.draw(st.integers(1, 3))

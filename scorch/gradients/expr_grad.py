@@ -90,6 +90,21 @@ def derivative(e: Expr, k: int) -> Optional[Expr]:
     return d(e)
 
 
+def _times(g: Expr, D: Expr) -> Expr:
+    """``g * D`` with ``g`` carried into the branches of a ``where`` (and the terms of a sum
+    of them): torch's where backward selects the incoming gradient, so a NaN or inf arriving
+    for the branch an entry did not take stays out (``0 * NaN`` would not)."""
+    if isinstance(D, Scalar) and D.value == 1:
+        return g
+    if isinstance(D, Scalar) and D.value == 0:
+        return D
+    if isinstance(D, Where):
+        return Where(D.c, _times(g, D.a), _times(g, D.b))
+    if isinstance(D, Add) and (isinstance(D.a, Where) or isinstance(D.b, Where)):
+        return Add(_times(g, D.a), _times(g, D.b))
+    return Mul(g, D)
+
+
 def _expr_vars(e: Optional[Expr]) -> List[str]:
     return [] if e is None else e.vars()
 
@@ -114,8 +129,7 @@ def _occurrence(asg: Assignment, a: Access, D: Expr, grad, operands: Sequence, c
     ops = list(operands) + [grad]
     scale = None
     if asg.output:
-        rhs = Mul(Access(gid, asg.output), D) if not (isinstance(D, Scalar) and D.value == 1) \
-            else Access(gid, asg.output)
+        rhs = _times(Access(gid, asg.output), D)
     else:                       # a 0-d result: its gradient is one number, applied at the end
         rhs, scale = D, grad
     sizes = _sizes(asg, operands, grad)

@@ -33,7 +33,7 @@ from ..formats import Format, LevelKind, as_format
 from ..gradients.values import from_values, values_of, view_of
 from ..level_storage import Level, Storage
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, permute_view
-from .outer_level import cat_outer, select_outer
+from .outer_level import cat_outer, gather_outer, select_outer
 
 __all__ = ["reshape", "flatten", "unflatten", "unsqueeze", "squeeze", "squeeze_dims", "cat",
            "stack", "getitem", "index_select", "embedding"]
@@ -461,7 +461,8 @@ def _stack(tensors, dim=0, *, out=None):
 def _index_tensor(ix, size: int, dim: int) -> torch.Tensor:
     """A 1-D int64 index tensor (bool masks become the positions they select)."""
     if not isinstance(ix, torch.Tensor):
-        ix = torch.as_tensor(ix)
+        # an empty list indexes nothing (torch reads it as int64, not as float)
+        ix = torch.as_tensor(ix) if len(ix) else torch.zeros(0, dtype=torch.int64)
     if is_sparse_operand(ix):
         raise IndexError("indexing with a sparse index tensor is not supported")
     if ix.dtype == torch.bool:
@@ -522,6 +523,15 @@ def getitem(t: SparseTensor, index) -> torch.Tensor:
     rank = st.ndim
     items = _expand_index(index, rank)
     outer = select_outer(t, items)   # along the first stored level: its entries only
+    if outer is None and st.ndim and st.format.block is None and len(items) == st.ndim:
+        d0 = st.levels[0].dim
+        ix = items[d0]
+        if (isinstance(ix, (list, torch.Tensor)) and not is_sparse_operand(ix)
+                and (not isinstance(ix, torch.Tensor) or ix.dim() == 1)
+                and all(d == d0 or (isinstance(i, slice) and i == slice(None))
+                        for d, i in enumerate(items))):
+            # an index (a minibatch of rows) along the first stored level: their entries only
+            outer = gather_outer(t, d0, _index_tensor(ix, st.shape[d0], d0))
     if outer is not None:
         return outer
     c = _convert().coords(st)

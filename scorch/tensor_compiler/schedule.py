@@ -142,6 +142,11 @@ def _pattern_access(asg: Assignment, plans: List[AccessPlan], out: OutputPlan,
     ``pos``/``crd`` arrays: no coordinate buffers, no assembly pass."""
     if out.dense or out.mode not in ("acc", "direct") or out.final_format is not None:
         return -1
+    if asg.reduce != "sum" and asg.reduction:
+        # a max/min whose reduction finds no stored entry has no value (a sparse result
+        # stores no such fiber); on P's pattern it would store the reduction's identity
+        # (found by tests/test_fuzz.py: ``min_i (... + T0(i,j)) * T1(j)`` with T0 empty)
+        return -1
     for P in (ap for ap in plans if ap.sparse):
         if _is_output_pattern(asg, plans, P, out, order):
             return P.id
