@@ -111,10 +111,13 @@ def large_cases() -> List[Case]:
     coo = torch.sparse_coo_tensor(idx, torch.rand(nnz, generator=g), (n, n)).coalesce()
     s = scorch.sparse_tensor(coo, format="csr")
     sc = scorch.sparse_tensor(coo, format="csc")
+    rows = torch.randperm(n, generator=g)[:1000]     # a minibatch of rows, in any order
     return [
         ("A[i] (2M entries)", lambda: s[123], lambda: coo[123], None),
         ("A[:, j] of CSC", lambda: sc[:, 123], lambda: coo.select(1, 123), None),
         ("A[1000:2000]", lambda: s[1000:2000], lambda: coo.narrow_copy(0, 1000, 1000), None),
+        ("A.index_select(0, 1000 rows)", lambda: s.index_select(0, rows),
+         lambda: coo.index_select(0, rows), None),
         ("cat([A, A])", lambda: torch.cat([s, s]), lambda: torch.cat([coo, coo]), None),
     ]
 

@@ -42,7 +42,7 @@ __all__ = ["select_outer", "gather_outer", "cat_outer"]
 
 def _outer_index(items: list, d0: int):
     """The index along ``d0`` when every other item is a full slice: an int, or a
-    ``(start, stop)`` of a unit-step slice; None otherwise."""
+    unit-step slice; None otherwise."""
     for d, ix in enumerate(items):
         if d != d0 and not (isinstance(ix, slice) and ix == slice(None)):
             return None
@@ -238,9 +238,7 @@ def gather_outer(t: SparseTensor, d: int, index: torch.Tensor) -> Optional[torch
     format stores ``d`` first; None where the general path must answer."""
     st = t._storage
     fmt = st.format
-    if fmt.block is None and st.ndim and st.levels[0].dim == d and _walkable(st):
-        pass
-    else:
+    if fmt.block is not None or not st.ndim or st.levels[0].dim != d or not _walkable(st):
         return None
     kinds, levels = fmt.levels, st.levels
     first = levels[0]
@@ -277,8 +275,7 @@ def gather_outer(t: SparseTensor, d: int, index: torch.Tensor) -> Optional[torch
                 starts = lv.pos[parents].to(torch.int64)
                 lengths = lv.pos[parents + 1].to(torch.int64) - starts
                 pos = torch.zeros(parents.numel() + 1, dtype=index_dtype)
-                torch.cumsum(lengths, 0, out=pos[1:]) if index_dtype == torch.int64 else \
-                    pos[1:].copy_(torch.cumsum(lengths, 0))
+                pos[1:] = torch.cumsum(lengths, 0)
                 parents = _segments(starts, lengths)
             elif kind.has_pos(prev):
                 return None
