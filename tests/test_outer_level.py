@@ -138,8 +138,9 @@ def test_cat_mixes_dtypes_and_keeps_int32_indices():
 
 
 def test_a_row_of_a_large_matrix_reads_that_row():
-    """One row out of 2M entries: the selection's arrays are that row's, views of the
-    matrix's, and its values a copy (as the general path's gather)."""
+    """One row out of 2M entries: the selection's arrays are that row's, copied (a view
+    would keep, and torch.save would write, the whole matrix's arrays), values too (as the
+    general path's gather)."""
     n = 200_000
     g = torch.Generator().manual_seed(0)
     idx = torch.randint(0, n, (2, 2_000_000), generator=g)
@@ -147,7 +148,10 @@ def test_a_row_of_a_large_matrix_reads_that_row():
     row = s[123]
     crd = s._storage.levels[1].crd
     lo = int(s._storage.levels[1].pos[123])
-    assert row._storage.levels[0].crd.data_ptr() == crd[lo:].data_ptr()
+    hi = int(s._storage.levels[1].pos[124])
+    assert torch.equal(row._storage.levels[0].crd, crd[lo:hi])
+    assert row._storage.levels[0].crd.data_ptr() != crd[lo:].data_ptr()
+    assert row._storage.levels[0].crd.untyped_storage().nbytes() == (hi - lo) * crd.element_size()
     assert row.values().data_ptr() != s.values()[lo:].data_ptr()
     dense_row = torch.zeros(n)
     mask = idx[0] == 123

@@ -12,8 +12,9 @@ level kind only what it can do (TACO's mode-format capabilities, as the compiler
 * a level with ``pos`` maps them to ``[pos[lo], pos[hi])``;
 * a level without ``pos`` (inside a coordinate run, a singleton) shares its parent's.
 
-The result keeps every level's arrays over its range (``pos`` rebased to 0), so ``A[i]`` of
-a CSR matrix reads one row's entries, not the whole matrix: the general ``getitem`` filters
+The result copies every level's arrays over its range (``pos`` rebased to 0; a copy, not a
+view, so a few rows saved with ``torch.save`` do not carry the whole matrix's arrays), so
+``A[i]`` of a CSR matrix reads one row's entries, not the whole matrix: the general ``getitem`` filters
 every stored coordinate (2.4 ms for one row of a 1M-entry matrix, against microseconds).
 An index tensor along that dimension walks the same way with position lists instead of
 ranges: each selected parent's segment, in the order (and with the repeats) of the index.
@@ -142,7 +143,8 @@ def select_outer(t: SparseTensor, items: list) -> Optional[torch.Tensor]:
                 lo, hi = first, last
             else:
                 pos = None
-            crd = lv.crd[lo:hi] if lv.crd is not None else None
+            # a copy: a view would keep (and torch.save would write) the whole tensor's array
+            crd = lv.crd[lo:hi].clone() if lv.crd is not None else None
             wants_pos = kind.has_pos(prev)
             if wants_pos and pos is None:      # a run's inner level that now heads it
                 pos = torch.tensor([0, hi - lo], dtype=crd.dtype)
