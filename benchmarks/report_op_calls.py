@@ -115,6 +115,7 @@ def large_cases() -> List[Case]:
     return [
         ("A[i] (2M entries)", lambda: s[123], lambda: coo[123], None),
         ("A[:, j] of CSC", lambda: sc[:, 123], lambda: coo.select(1, 123), None),
+        ("A[:, j] of CSR", lambda: s[:, 123], lambda: coo.select(1, 123), None),
         ("A[1000:2000]", lambda: s[1000:2000], lambda: coo.narrow_copy(0, 1000, 1000), None),
         ("A.index_select(0, 1000 rows)", lambda: s.index_select(0, rows),
          lambda: coo.index_select(0, rows), None),

@@ -33,6 +33,7 @@ from ..formats import Format, LevelKind, as_format
 from ..gradients.values import from_values, values_of, view_of
 from ..level_storage import Level, Storage
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, permute_view
+from .inner_filter import filter_inner
 from .outer_level import cat_outer, gather_outer, select_outer
 
 __all__ = ["reshape", "flatten", "unflatten", "unsqueeze", "squeeze", "squeeze_dims", "cat",
@@ -532,6 +533,8 @@ def getitem(t: SparseTensor, index) -> torch.Tensor:
                         for d, i in enumerate(items))):
             # an index (a minibatch of rows) along the first stored level: their entries only
             outer = gather_outer(t, d0, _index_tensor(ix, st.shape[d0], d0))
+    if outer is None:
+        outer = filter_inner(t, items)   # a column of CSR: one pass over the column indices
     if outer is not None:
         return outer
     c = _convert().coords(st)
