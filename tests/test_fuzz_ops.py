@@ -72,6 +72,8 @@ UNARY: List[Unary] = [
     ("cols_to_2", lambda x: x[:, :2] if x.dim() > 1 else x),
     ("cat_relu", lambda x: torch.cat([x, x.relu()], -1)), ("sin_times", lambda x: torch.sin(x) * x),
     ("scaled_sum", lambda x: x * 0.5 + x if _float(x) else x),
+    ("col_0", lambda x: x[:, 0] if x.dim() == 2 and x.shape[1] else x),
+    ("relu_chain", lambda x: (x * 2).relu().sin()), ("inplace_then_relu", lambda x: (x * 1).mul_(2).relu()),
 ]
 
 

@@ -154,3 +154,20 @@ def test_bernoulli_of_sparse_probabilities_draws_only_where_stored():
     assert isinstance(torch.bernoulli(P), scorch.SparseTensor)
     assert bool((draws[:, p == 0] == 0).all()) and bool((draws[:, p == 1] == 1).all())
     assert 0.35 < float(draws[:, 1, 2].mean()) < 0.65
+
+
+@pytest.mark.parametrize("shape", [(3, 0), (0, 3), (0, 0), (2, 3, 0)])
+@pytest.mark.parametrize("ord", [1, -1, float("inf"), float("-inf")])
+def test_matrix_norm_of_an_empty_matrix_is_torchs(shape, ord):
+    """Found by the op chains (session 23): the 1 / inf norms of a matrix with no columns
+    (rows) raised where torch gives 0; the -1 / -inf ones raise as torch's do."""
+    x = torch.zeros(shape, dtype=torch.float64)
+    X = scorch.sparse_tensor(x, format="coo")
+    try:
+        want = torch.linalg.matrix_norm(x, ord)
+    except (RuntimeError, IndexError):
+        with pytest.raises((RuntimeError, IndexError)):
+            torch.linalg.matrix_norm(X, ord)
+        return
+    got = torch.linalg.matrix_norm(X, ord)
+    assert got.shape == want.shape and torch.equal(got, want)

@@ -103,16 +103,27 @@ def _tracked(x: torch.Tensor) -> bool:
 
 
 def values_of(s: SparseTensor) -> torch.Tensor:
-    """``s.values()``: differentiable when ``s`` requires grad."""
+    """``s.values()``: differentiable when ``s`` requires grad. A tensor ``from_values``
+    made hands back the values it was made of (while its history is that one: an in-place
+    op rebases it), so a chain of values-level ops (``A.relu().sum()``) records no
+    to-sparse-and-back pair of nodes between them."""
     if _tracked(s):
+        made = s.__dict__.get("_made_of")
+        if made is not None and made[1] is _GRAD_FN(s):
+            return made[0]
         return _Values.apply(s)
     return s._storage.values
+
+
+_GRAD_FN = torch._C.TensorBase.grad_fn.__get__
 
 
 def from_values(P: Storage, values: torch.Tensor) -> SparseTensor:
     """A SparseTensor with ``P``'s pattern and ``values``: differentiable in ``values``."""
     if _tracked(values):
-        return _FromValues.apply(values, P)
+        out = _FromValues.apply(values, P)
+        out._made_of = (values, _GRAD_FN(out))
+        return out
     return SparseTensor(_pattern.with_pattern_values(P, values))
 
 

@@ -73,7 +73,11 @@ def matrix_norm(t: SparseTensor, ord, dim=(-2, -1), keepdim: bool = False, dtype
         inner, outer = (d0, d1) if ord in (1, -1) else (d1, d0)   # 1: sum a column (over d0)
         pick = torch.amax if ord > 0 else torch.amin
         sums = torch.sum(torch.abs(t if dtype is None else t.to(dtype)), inner, keepdim=True)
-        out = _dense(pick(sums, outer, keepdim=True))     # the sums stay sparse: no O(extent) array
+        if t.shape[outer] == 0 and ord > 0:
+            # torch: the largest of no sums is 0 (the smallest raises, as amin)
+            out = torch.zeros(sums.shape[:outer] + (1,) + sums.shape[outer + 1:], dtype=sums.dtype)
+        else:
+            out = _dense(pick(sums, outer, keepdim=True))     # the sums stay sparse: no O(extent) array
         return out if keepdim else out.squeeze(max(d0, d1)).squeeze(min(d0, d1))
     check_dense_size("matrix_norm", t.shape, t.dtype)
     return torch.linalg.matrix_norm(t.to_dense(), ord, dim=(d0, d1), keepdim=keepdim, dtype=dtype)
