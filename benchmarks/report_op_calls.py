@@ -120,6 +120,9 @@ def large_cases() -> List[Case]:
         ("A.index_select(0, 1000 rows)", lambda: s.index_select(0, rows),
          lambda: coo.index_select(0, rows), None),
         ("cat([A, A])", lambda: torch.cat([s, s]), lambda: torch.cat([coo, coo]), None),
+        # side by side: torch's COO cat leaves the entries unsorted; coalesced, as scorch's
+        ("cat([A, A], 1), sorted", lambda: torch.cat([s, s], 1),
+         lambda: torch.cat([coo, coo], 1).coalesce(), None),
     ]
 
 

@@ -33,7 +33,7 @@ from ..formats import Format, LevelKind, as_format
 from ..gradients.values import from_values, values_of, view_of
 from ..level_storage import Level, Storage
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, permute_view
-from .inner_filter import filter_inner
+from .inner_level import cat_inner, filter_inner
 from .outer_level import cat_outer, gather_outer, select_outer
 
 __all__ = ["reshape", "flatten", "unflatten", "unsqueeze", "squeeze", "squeeze_dims", "cat",
@@ -403,6 +403,8 @@ def cat(tensors: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
                                    f"{d}: expected size {tensors[0].shape[k]} but got size "
                                    f"{x.shape[k]} for tensor number {n} in the list")
     outer = cat_outer(tensors, d, dtype)   # one format, along its first level: arrays joined
+    if outer is None:
+        outer = cat_inner(tensors, d, dtype)   # CSR side by side: rows' segments placed
     if outer is not None:
         return outer
     coords, values, offset = [], [], 0

@@ -1,6 +1,8 @@
-"""``A[:, j]`` and ``A[:, a:b]`` of a matrix whose second stored level holds the indexed
-dimension (a column of CSR, a row of CSC, the same for DCSR / DCSC / COO): one comparison
-pass over that level's coordinates and a gather of the kept entries.
+"""Ops along a matrix's second stored level. ``A[:, j]`` and ``A[:, a:b]`` when that level
+holds the indexed dimension (a column of CSR, a row of CSC, the same for DCSR / DCSC / COO):
+one comparison pass over that level's coordinates and a gather of the kept entries
+(``filter_inner``). ``torch.cat`` along that dimension (CSR matrices side by side): each
+row's segments placed one after the other, no coordinate sorted (``cat_inner``).
 
 The general ``getitem`` builds every entry's coordinates, masks them and rebuilds a storage
 (12 ms for a column of a 2M-entry CSR matrix; torch's COO select takes 3.6). Here the kept
@@ -17,10 +19,10 @@ import torch
 
 from ..formats import as_format
 from ..gradients.values import from_values, values_of
-from ..level_storage import Level, Storage
+from ..level_storage import INT32_MAX, Level, Storage
 from ..tensor_type import SparseTensor
 
-__all__ = ["filter_inner"]
+__all__ = ["filter_inner", "cat_inner"]
 
 
 def _parent_positions(inner: Level, kept: torch.Tensor) -> torch.Tensor:
@@ -89,3 +91,53 @@ def filter_inner(t: SparseTensor, items: list) -> Optional[torch.Tensor]:
         return None                 # DCSR / DCSC: rows left empty would have to go
     out = Storage(fmt, shape, levels, values.detach(), index_dtype)
     return from_values(out, values)
+
+
+def cat_inner(tensors, d: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
+    """``torch.cat(tensors, d)`` of matrices of one format with a dense first level and a
+    compressed second one storing ``d`` (CSR along columns, CSC along rows): row ``r`` of
+    the result is row ``r`` of each operand in turn, its coordinates shifted by the
+    extents before. Each entry's place is computed from the per-row counts (O(nnz), no
+    sort); None where the general path answers."""
+    stores = [x._storage for x in tensors]
+    first = stores[0]
+    fmt, index_dtype = first.format, first.index_dtype
+    if (first.ndim != 2 or fmt.block is not None or not fmt.levels[0].full
+            or first.levels[1].dim != d or first.levels[1].pos is None):
+        return None
+    for st in stores:
+        if not (st.format is fmt or st.format == fmt) or st.index_dtype != index_dtype or \
+                not all(lv.ordered for lv in st.levels):
+            return None
+    rows = first.levels[0].size
+    lengths = [st.levels[1].pos[1:].to(torch.int64) - st.levels[1].pos[:-1].to(torch.int64)
+               for st in stores]
+    counts = torch.stack(lengths).sum(0)
+    starts = torch.zeros(rows + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=starts[1:])
+    total = int(starts[-1])
+    extent = sum(st.shape[d] for st in stores)
+    if index_dtype == torch.int32 and max(total, extent) > INT32_MAX:
+        return None
+    before = torch.zeros(rows, dtype=torch.int64)     # this row's entries of the operands before
+    shift = 0                                          # this operand's first coordinate
+    places, crds = [], []
+    for st, length in zip(stores, lengths):
+        inner = st.levels[1]
+        n = inner.crd.numel()
+        row = torch.repeat_interleave(torch.arange(rows), length)
+        within = torch.arange(n, dtype=torch.int64) - inner.pos[:-1].to(torch.int64)[row]
+        places.append(starts[:-1][row] + before[row] + within)
+        crds.append(inner.crd.to(torch.int64) + shift)
+        before += length
+        shift += st.shape[d]
+    place = torch.cat(places)
+    order = torch.empty(total, dtype=torch.int64)
+    order[place] = torch.arange(total)                 # the concatenated entry each place takes
+    crd = torch.cat(crds)[order].to(index_dtype)
+    values = torch.cat([values_of(x).to(dtype) for x in tensors])[order]
+    shape = list(first.shape)
+    shape[d] = extent
+    levels = [Level(fmt.levels[0], first.levels[0].dim, rows),
+              Level(fmt.levels[1], d, extent, starts.to(index_dtype), crd)]
+    return from_values(Storage(fmt, shape, levels, values.detach(), index_dtype), values)

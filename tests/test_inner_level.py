@@ -1,7 +1,8 @@
-"""``A[:, j]`` and ``A[:, a:b]`` along a matrix's second stored level
-(``scorch.sparse_ops.inner_filter``), over every 2-level format and mode order: equal to dense
-torch, a valid storage, and no walk over every entry's coordinates where the format allows
-the filter (a sparse second level; for a range, a dense first level or COO)."""
+"""Ops along a matrix's second stored level (``scorch.sparse_ops.inner_level``): ``A[:, j]``
+and ``A[:, a:b]`` over every 2-level format and mode order, and ``cat`` of CSR / CSC along
+that level: equal to dense torch, a valid storage, and no walk over every entry's
+coordinates where the format allows (a sparse second level; for a range, a dense first
+level or COO; for cat, a dense first level over a compressed one)."""
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -69,3 +70,37 @@ def test_a_column_of_csr_under_autograd():
     A[:, 1:3].sum().backward()
     assert torch.equal(A.grad.to_dense(), torch.tensor([[0.0, 0, 1], [0, 1, 1], [0, 0, 0]],
                                                        dtype=torch.float64))
+
+
+@FAST
+@given(st.data())
+def test_cat_along_the_second_level(monkeypatch, data):
+    fmt = data.draw(st.sampled_from(["csr", "csc"]))
+    d = 1 if fmt == "csr" else 0
+    rows = data.draw(side(0, 4))
+    xs = []
+    for _ in range(data.draw(st.integers(1, 3))):
+        shape = [rows, data.draw(side(0, 4))]
+        if d == 0:
+            shape.reverse()
+        xs.append(data.draw(dense_values(tuple(shape), data.draw(st.sampled_from([torch.float64, torch.float32])))))
+    ss = [sparse(x, fmt) for x in xs]
+    walked = []
+    real = shape_ops._coords
+    monkeypatch.setattr(shape_ops, "_coords", lambda t: walked.append(1) or real(t))
+    got = torch.cat(ss, d)
+    monkeypatch.setattr(shape_ops, "_coords", real)
+    check_storage(got._storage, "the result")
+    assert_matches(got, torch.cat(xs, d), sparse=True)
+    assert got.format == ss[0].format and not walked
+
+
+def test_cat_along_the_second_level_carries_gradients():
+    a = torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=torch.float64)
+    b = torch.tensor([[0.0, 3.0, 4.0], [5.0, 0.0, 0.0]], dtype=torch.float64)
+    A = scorch.sparse_tensor(a, format="csr", requires_grad=True)
+    B = scorch.sparse_tensor(b, format="csr", requires_grad=True)
+    w = torch.arange(10.0, dtype=torch.float64).reshape(2, 5)
+    (torch.cat([A, B], 1).to_dense() * w).sum().backward()
+    assert torch.equal(A.grad.to_dense(), w[:, :2] * (a != 0))
+    assert torch.equal(B.grad.to_dense(), w[:, 2:] * (b != 0))
