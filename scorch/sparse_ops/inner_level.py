@@ -12,7 +12,6 @@ the format with ``pos`` rebuilt from the per-parent counts.
 """
 from __future__ import annotations
 
-import numbers
 from typing import Optional
 
 import torch
@@ -21,6 +20,7 @@ from ..formats import as_format
 from ..gradients.values import from_values, values_of
 from ..level_storage import INT32_MAX, Level, Storage
 from ..tensor_type import SparseTensor
+from .outer_level import int_or_range
 
 __all__ = ["filter_inner", "cat_inner"]
 
@@ -47,18 +47,15 @@ def filter_inner(t: SparseTensor, items: list) -> Optional[torch.Tensor]:
     d0, d1 = first.dim, inner.dim
     if not (isinstance(items[d0], slice) and items[d0] == slice(None)):
         return None
-    ix = items[d1]
-    if isinstance(ix, torch.Tensor) and ix.dim() == 0 and not (
-            ix.dtype.is_floating_point or ix.dtype.is_complex or ix.dtype == torch.bool):
-        ix = int(ix)
+    ix = int_or_range(items[d1])
     size = st.shape[d1]
     crd = inner.crd
-    if isinstance(ix, numbers.Integral) and not isinstance(ix, bool):
+    if isinstance(ix, int):
         if not -size <= ix < size:
             raise IndexError(f"index {ix} is out of bounds for dimension {d1} with size {size}")
         keep = crd == (ix % size)
         start = None
-    elif isinstance(ix, slice) and ix.step in (None, 1):
+    elif isinstance(ix, slice):
         start, stop, _ = ix.indices(size)
         stop = max(stop, start)
         keep = (crd >= start) & (crd < stop)

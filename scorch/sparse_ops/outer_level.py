@@ -41,13 +41,9 @@ from ..tensor_type import SparseTensor
 __all__ = ["select_outer", "gather_outer", "cat_outer"]
 
 
-def _outer_index(items: list, d0: int):
-    """The index along ``d0`` when every other item is a full slice: an int, or a
-    unit-step slice; None otherwise."""
-    for d, ix in enumerate(items):
-        if d != d0 and not (isinstance(ix, slice) and ix == slice(None)):
-            return None
-    ix = items[d0]
+def int_or_range(ix):
+    """An index item as an int (a 0-d integer tensor too) or a unit-step slice; None for
+    anything else."""
     if isinstance(ix, torch.Tensor) and ix.dim() == 0 and not (
             ix.dtype.is_floating_point or ix.dtype.is_complex or ix.dtype == torch.bool):
         ix = int(ix)
@@ -56,6 +52,14 @@ def _outer_index(items: list, d0: int):
     if isinstance(ix, slice) and ix.step in (None, 1):
         return ix
     return None
+
+
+def _outer_index(items: list, d0: int):
+    """The index along ``d0`` (``int_or_range``) when every other item is a full slice."""
+    for d, ix in enumerate(items):
+        if d != d0 and not (isinstance(ix, slice) and ix == slice(None)):
+            return None
+    return int_or_range(items[d0])
 
 
 def _root_range(level: Level, kind, start: int, stop: int) -> Optional[Tuple[int, int]]:
