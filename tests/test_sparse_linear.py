@@ -5,6 +5,7 @@ weight formats (a blocked one takes the general einsum) and densities, dtypes an
 (``expand_pays``); and the runtime's one-pass ``to_dense`` of CSR / CSC storages (also seen
 transposed) that the expansion writes ``x^T`` with.
 """
+import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
@@ -235,3 +236,50 @@ def test_weight_gradient_through_the_general_path_where_the_fast_one_declines(mo
     (torch.nn.functional.linear(x, wr) ** 2).sum().backward()
     assert W.grad._storage.shares_pattern(W._storage)
     torch.testing.assert_close(W.grad.to_dense(), wr.grad * (wd != 0))
+
+
+def test_batch_panel_choice_at_the_measured_points(monkeypatch):
+    """``_batch_panel`` with a 1 MiB L2 (the machine it was measured on): panels for the
+    4096 -> 4096 layers and the 10 % 1024 -> 1024 one at batch 512, none where they lost."""
+    from scorch.tensor_compiler import tiling
+    monkeypatch.setattr(tiling, "l2_cache_bytes", lambda: 1 << 20)
+    panel = sparse_linear._batch_panel
+    assert panel(512, 4096, 4096, 167_772, 4) == 64
+    assert panel(512, 4096, 4096, 1_677_722, 4) == 64
+    assert panel(512, 1024, 1024, 104_858, 4) == 128
+    assert panel(512, 1024, 1024, 10_486, 4) is None       # 5M multiply-adds: panels lost
+    assert panel(512, 784, 256, 20_070, 4) is None
+    assert panel(64, 4096, 4096, 1_677_722, 4) is None     # the batch fits: no panels
+
+
+@pytest.mark.parametrize("sparse_batch", [False, True])
+@pytest.mark.parametrize("x_grad", [False, True])
+def test_batch_panels_match_dense(monkeypatch, sparse_batch, x_grad):
+    """The column form over batch panels (forced: 16 rows, the last one shorter) gives the
+    dense results and gradients, the weight's summed over the panels."""
+    monkeypatch.setattr(sparse_linear, "_batch_panel", lambda *a: 16)
+    dtype = torch.float64
+    wd = _sparse_dense((7, 11), 0.4, dtype, 3)
+    xd = _sparse_dense((70, 11), 0.5, dtype, 4)
+    W = scorch.sparse_tensor(wd, format="csr", requires_grad=True)
+    b = torch.rand(7, dtype=dtype, requires_grad=True)
+    if sparse_batch:
+        x = scorch.sparse_tensor(xd, format="csr")
+        x_grad = False
+    else:
+        x = xd.clone().requires_grad_(x_grad)
+    y = F.linear(x, W, b)
+    assert type(y.grad_fn).__name__ == _COLUMN
+    assert len(y.grad_fn.saved_tensors) == 3 + 5        # x, W, b and five panels' x^T
+    G = torch.rand(y.shape, dtype=dtype)
+    (y * G).sum().backward()
+    xr, wr, br = xd.clone().requires_grad_(x_grad), wd.clone().requires_grad_(), b.detach().clone().requires_grad_()
+    yr = torch.nn.functional.linear(xr, wr, br)
+    (yr * G).sum().backward()
+    torch.testing.assert_close(y.detach(), yr.detach())
+    torch.testing.assert_close(W.grad.to_dense(), wr.grad * (wd != 0))
+    torch.testing.assert_close(b.grad, br.grad)
+    if x_grad:
+        torch.testing.assert_close(x.grad, xr.grad)
+    with torch.no_grad():
+        torch.testing.assert_close(F.linear(x, W, b), yr.detach())
