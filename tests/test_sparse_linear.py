@@ -241,8 +241,7 @@ def test_weight_gradient_through_the_general_path_where_the_fast_one_declines(mo
 def test_batch_panel_choice_at_the_measured_points(monkeypatch):
     """``_batch_panel`` with a 1 MiB L2 (the machine it was measured on): panels for the
     4096 -> 4096 layers and the 10 % 1024 -> 1024 one at batch 512, none where they lost."""
-    from scorch.tensor_compiler import tiling
-    monkeypatch.setattr(tiling, "l2_cache_bytes", lambda: 1 << 20)
+    monkeypatch.setattr(sparse_linear, "l2_cache_bytes", lambda: 1 << 20)
     panel = sparse_linear._batch_panel
     assert panel(512, 4096, 4096, 167_772, 4) == 64
     assert panel(512, 4096, 4096, 1_677_722, 4) == 64

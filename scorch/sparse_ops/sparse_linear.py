@@ -32,6 +32,7 @@ from ..gradients import pattern as _pattern
 from ..gradients.values import from_values, mark_gradient, values_of
 from ..tensor_compiler.relayout import transposed
 from ..tensor_compiler.threads import threads_for
+from ..tensor_compiler.tiling import l2_cache_bytes
 from ..tensor_type import SparseTensor, is_sparse_operand
 from . import elementwise
 from . import einsum as _einsum_entry
@@ -132,10 +133,11 @@ def _batch_panel(batch: int, inputs: int, outputs: int, weight_nnz: int, itemsiz
     784 -> 256 at 10 % panels lose (0.38 -> 0.45 ms): below ``PANEL_MIN_WORK``. The width
     fills one L2 with the two panels, at least ``PANEL_MIN_ROWS`` rows (4096 -> 4096: 64,
     better than 32 or 128 there; 1024 -> 1024: 128, better than 64 or 256)."""
-    from ..tensor_compiler.tiling import l2_cache_bytes
+    if weight_nnz * batch < PANEL_MIN_WORK:
+        return None
     l2 = l2_cache_bytes()
     per_row = (inputs + outputs) * itemsize
-    if weight_nnz * batch < PANEL_MIN_WORK or batch * per_row <= PANEL_MIN_L2 * l2:
+    if batch * per_row <= PANEL_MIN_L2 * l2:
         return None
     rows = max(PANEL_MIN_ROWS, (l2 // per_row) // 16 * 16)
     return rows if rows < batch else None
@@ -144,7 +146,8 @@ def _batch_panel(batch: int, inputs: int, outputs: int, weight_nnz: int, itemsiz
 def _column_panel(x, weight: SparseTensor) -> Optional[int]:
     """``_batch_panel`` for this batch and weight."""
     W = weight._storage
-    return _batch_panel(x.shape[0], W.shape[1], W.shape[0], W.nnz, W.values.element_size())
+    values = W.values
+    return _batch_panel(x.shape[0], W.shape[1], W.shape[0], values.numel(), values.element_size())
 
 
 def _panels(batch: int, rows: Optional[int]):
@@ -212,7 +215,7 @@ class _ColumnBatchLinear(torch.autograd.Function):
         if needs[1]:   # on W's pattern ("oj,oa,ja->oj"): dot products of two contiguous rows
             vals = None    # summed over the batch's panels (one panel: the whole batch)
             for (lo, hi), xt in zip(_panels(grad.shape[0], ctx.rows), xts):
-                gt = transposed(grad[lo:hi], threads_for)
+                gt = transposed(grad if ctx.rows is None else grad[lo:hi], threads_for)
                 plan = einsum_grad.gradient_plan(_COLUMN_EQUATION, (W.shape, tuple(xt.shape)), 0, True)
                 part = einsum_grad.pattern_gradient_values(plan, W, gt, xt, compiler)
                 if part is None:      # declined: the general gradient, over the whole batch
