@@ -190,7 +190,8 @@ def _column_forward(xt: torch.Tensor, weight: SparseTensor, bias) -> torch.Tenso
 class _ColumnBatchLinear(torch.autograd.Function):
     """``x @ W^T + b`` for a sparse weight, the batch as the SpMM's dense columns (see the
     module docstring). ``x`` is a dense 2-D batch or a SparseTensor that needs no
-    gradient; only ``x^T`` is kept for the backward. Double backward re-runs the composed
+    gradient; only ``x^T`` is kept for the backward (one per batch panel where the batch
+    runs in panels: ``_batch_panel``). Double backward re-runs the composed
     graph."""
 
     @staticmethod
