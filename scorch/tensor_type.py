@@ -31,6 +31,25 @@ def _convert_module():
     return conversion
 
 
+_NO_SUBCLASS_DISPATCH = torch._C.DisableTorchFunctionSubclass
+_TB = torch._C.TensorBase
+
+
+def _slot_property(slot, settable: bool = False) -> property:
+    """A property reading (and writing) torch's own ``slot`` of the tensor with the
+    subclass's ``__torch_function__`` off (see ``SparseTensor``'s metadata)."""
+    get, put = slot.__get__, slot.__set__
+
+    def read(self):
+        with _NO_SUBCLASS_DISPATCH():
+            return get(self)
+
+    def write(self, value) -> None:
+        with _NO_SUBCLASS_DISPATCH():
+            put(self, value)
+    return property(read, write if settable else None, doc=slot.__doc__)
+
+
 class SparseTensor(torch.Tensor):
     """A sparse tensor in any level format (see ``scorch.Format``)."""
 
@@ -60,48 +79,20 @@ class SparseTensor(torch.Tensor):
     # ``__torch_function__``: ~1 us each, and an op reads them many times (``relu`` of a small
     # matrix spent a third of its time there). These read torch's own slots with that
     # dispatch off: 0.2 us.
-    @property
-    def dtype(self) -> torch.dtype:
-        with _NO_SUBCLASS_DISPATCH():
-            return _TB_DTYPE(self)
-
-    @property
-    def shape(self) -> torch.Size:
-        with _NO_SUBCLASS_DISPATCH():
-            return _TB_SHAPE(self)
-
-    @property
-    def ndim(self) -> int:
-        with _NO_SUBCLASS_DISPATCH():
-            return _TB_NDIM(self)
-
-    @property
-    def device(self) -> torch.device:
-        with _NO_SUBCLASS_DISPATCH():
-            return _TB_DEVICE(self)
-
-    @property
-    def layout(self) -> torch.layout:
-        with _NO_SUBCLASS_DISPATCH():
-            return _TB_LAYOUT(self)
-
-    @property
-    def requires_grad(self) -> bool:
-        with _NO_SUBCLASS_DISPATCH():
-            return _TB_REQUIRES_GRAD(self)
-
-    @requires_grad.setter
-    def requires_grad(self, value: bool) -> None:
-        with _NO_SUBCLASS_DISPATCH():
-            _TB_SET_REQUIRES_GRAD(self, value)
+    dtype = _slot_property(_TB.dtype)
+    shape = _slot_property(_TB.shape)
+    ndim = _slot_property(_TB.ndim)
+    device = _slot_property(_TB.device)
+    layout = _slot_property(_TB.layout)
+    requires_grad = _slot_property(_TB.requires_grad, settable=True)
 
     def dim(self) -> int:
         with _NO_SUBCLASS_DISPATCH():
-            return _TB_DIM(self)
+            return _TB.dim(self)
 
     def size(self, dim=None):
         with _NO_SUBCLASS_DISPATCH():
-            return _TB_SIZE(self) if dim is None else _TB_SIZE(self, dim)
+            return _TB.size(self) if dim is None else _TB.size(self, dim)
 
     # --- sparse-specific attributes -------------------------------------------------------
     @property
@@ -345,17 +336,6 @@ class SparseTensor(torch.Tensor):
 # ``UnsupportedOperatorException``, which Dynamo turns into a graph break: the op then runs
 # eagerly on the real tensor.
 _is_compiling = torch.compiler.is_compiling
-_NO_SUBCLASS_DISPATCH = torch._C.DisableTorchFunctionSubclass
-_TB = torch._C.TensorBase
-_TB_DTYPE = _TB.dtype.__get__
-_TB_SHAPE = _TB.shape.__get__
-_TB_NDIM = _TB.ndim.__get__
-_TB_DEVICE = _TB.device.__get__
-_TB_LAYOUT = _TB.layout.__get__
-_TB_REQUIRES_GRAD = _TB.requires_grad.__get__
-_TB_SET_REQUIRES_GRAD = _TB.requires_grad.__set__
-_TB_DIM = _TB.dim
-_TB_SIZE = _TB.size
 
 
 def _unsupported_under_compile(method, args, kwargs):
