@@ -21,6 +21,7 @@ from typing import Callable, Sequence, Tuple
 import torch
 
 from ..level_storage import Storage
+from ..tensor_compiler.api import kept_assignment
 from ..tensor_compiler.index_notation import Access, Apply, Assignment, Mul, Sub
 from ..tensor_type import SparseTensor
 from . import pattern as _pattern
@@ -68,15 +69,10 @@ class _Softmax(torch.autograd.Function):
         return mark_gradient(_on_input_pattern(ctx.pattern, gx)), None, None, None
 
 
-#: (rank, dim, log) -> the backward's assignments and the sums' format: one object each per
-#: kind of call, so the compiler's warm path finds their plans by identity
-_BACKWARDS: dict = {}
-
-
 def _softmax_backward(rank: int, dim: int, log: bool):
-    key = (rank, dim, log)
-    found = _BACKWARDS.get(key)
-    if found is None:
+    """The backward's assignments and the sums' format, one object each per kind of call
+    (``tensor_compiler.kept_assignment``)."""
+    def build():
         v = _LETTERS[:rank]
         keep = "".join(c for d, c in enumerate(v) if d != dim)
         dense = "d" * len(keep) if keep else None
@@ -90,8 +86,8 @@ def _softmax_backward(rank: int, dim: int, log: bool):
             # operand, assembled entry by entry (140-300 ms against 5 ms at BigBird's n = 4096)
             steps = (Assignment(keep, Mul(Yv, Gv)), Assignment(v, Mul(Yv, Sk)),
                      Assignment(v, Sub(Mul(Yv, Gv), Access(3, v))))
-        found = _BACKWARDS[key] = (steps, dense)
-    return found
+        return steps, dense
+    return kept_assignment(("softmax backward", rank, dim, log), build)
 
 
 def _on_input_pattern(P: Storage, gx) -> SparseTensor:

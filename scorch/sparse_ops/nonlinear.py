@@ -100,37 +100,25 @@ def apply(fn: str, t: SparseTensor, p: Optional[float] = None) -> torch.Tensor:
     return _wrap(differentiable_compute(_assignment(fn, t.dim(), p), t))
 
 
-#: the assignments of this module's kernels, one object per kind of call ((function, rank,
-#: parameter) for ``apply``; reductions and softmax by rank and dims), so that the compiler's
-#: warm path finds the plan by the assignment's identity (25 -> 9 us for ``exp`` of a small
-#: matrix) instead of printing and keying a new expression each call
-_ASSIGNMENTS: dict = {}
-
-
 def _assignment(fn: str, rank: int, p: Optional[float]):
-    key = (fn, rank, p)
-    a = _ASSIGNMENTS.get(key)
-    if a is None:
+    """``out = fn(T0)`` elementwise, one object per kind of call
+    (``tensor_compiler.kept_assignment``: 25 -> 9 us for ``exp`` of a small matrix)."""
+    def build():
         from ..tensor_compiler.index_notation import Apply
         tc = _tc()
         v = _vars(rank)
-        if len(_ASSIGNMENTS) > 1024:     # many parameters (a swept slope): start over
-            _ASSIGNMENTS.clear()
-        a = _ASSIGNMENTS[key] = tc.Assignment(v, Apply(fn, tc.Access(0, v), p))
-    return a
+        return tc.Assignment(v, Apply(fn, tc.Access(0, v), p))
+    return _tc().kept_assignment(("apply", fn, rank, p), build)
 
 
 def _reduction(rank: int, dims: Tuple[int, ...], reduce: str):
-    """``out(kept) = reduce over dims of T0``, one object per kind (see ``_assignment``),
-    with the kept variables."""
-    key = ("reduce", rank, dims, reduce)
-    a = _ASSIGNMENTS.get(key)
-    if a is None:
+    """``out(kept) = reduce over dims of T0`` with the kept variables, one object per kind."""
+    def build():
         tc = _tc()
         v = _vars(rank)
         keep = "".join(c for d, c in enumerate(v) if d not in dims)
-        a = _ASSIGNMENTS[key] = (tc.Assignment(keep, tc.Access(0, v), reduce), keep)
-    return a
+        return tc.Assignment(keep, tc.Access(0, v), reduce), keep
+    return _tc().kept_assignment(("reduce", rank, dims, reduce), build)
 
 
 def _reduce_stored(t: SparseTensor, dims: Tuple[int, ...], reduce: str, dense: bool = True):
@@ -199,10 +187,8 @@ def _softmax(t: SparseTensor, dim: int, log: bool, dtype: Optional[torch.dtype])
 def _softmax_assignments(rank: int, dim: int, log: bool):
     """The exponentials on the pattern, their sums and the result, over T0 = x,
     T1 = the fibers' max, T2 = x's pattern as ones (T3 = the sums, for log): one set of
-    objects per kind of call (see ``_assignment``)."""
-    key = ("softmax", rank, dim, log)
-    a = _ASSIGNMENTS.get(key)
-    if a is None:
+    objects per kind of call."""
+    def build():
         from ..tensor_compiler.index_notation import Apply, Div
         tc = _tc()
         v = _vars(rank)
@@ -214,8 +200,8 @@ def _softmax_assignments(rank: int, dim: int, log: bool):
             result = tc.Assignment(v, P * (A - M - Apply("log", tc.Access(3, keep))))
         else:
             result = tc.Assignment(v, Div(tc.Access(0, v), tc.Access(1, keep)))
-        a = _ASSIGNMENTS[key] = (exps, sums, result, keep)
-    return a
+        return exps, sums, result, keep
+    return _tc().kept_assignment(("softmax", rank, dim, log), build)
 
 
 def _softmax_kernels(t: SparseTensor, dim: int, log: bool) -> SparseTensor:

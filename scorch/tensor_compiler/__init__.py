@@ -17,8 +17,9 @@ Stages (docs/compiler.md draws them with the data between them):
 
 Entry points: :func:`einsum`, :func:`compute`, :func:`explain`, :func:`read_formats`, :func:`result_is_dense` (``api``).
 """
-from .api import (_DISPATCH, compute, einsum, einsum_declined, explain, plan_cache_clear,  # noqa: F401
-                  plan_cache_info, read_formats, result_is_dense, set_sparse_tensor_type)
+from .api import (_DISPATCH, compute, einsum, einsum_declined, explain, kept_assignment,  # noqa: F401
+                  plan_cache_clear, plan_cache_info, read_formats, result_is_dense,
+                  set_sparse_tensor_type)
 from .index_notation import Access, Assignment  # noqa: F401
 from .plans import COMPILER_VERSION, Plan, _fast  # noqa: F401
 

@@ -184,6 +184,22 @@ def einsum_declined(equation: str, operands: tuple, out_format=None, sorted: boo
 
 _EXPR_FAST: Dict[tuple, tuple] = {}   # front cache of compute's plans (see compute)
 
+#: the op layer's assignments, one object per kind of call (``kept_assignment``)
+_KEPT: Dict[tuple, object] = {}
+
+
+def kept_assignment(key: tuple, build):
+    """``build()``'s assignment (or a tuple holding assignments), made once per ``key``: the
+    warm path of ``compute`` finds a plan by the assignment's identity, so an op that made
+    a new expression each call had it printed and keyed every time (``A * D`` of a small
+    matrix 55 -> 15 us). ``key`` names the op and everything its expression depends on."""
+    found = _KEPT.get(key)
+    if found is None:
+        if len(_KEPT) >= 8192:       # many kinds (a swept parameter, many shapes): start over
+            _KEPT.clear()
+        found = _KEPT[key] = build()
+    return found
+
 
 def _sorted_operand(st: Storage) -> Tuple[Storage, int]:
     """A Storage operand as a kernel reads it, with its signature: its sorted form when it
