@@ -142,3 +142,16 @@ def segments(parent: torch.Tensor, parent_count: int) -> torch.Tensor:
     pos = torch.zeros(parent_count + 1, dtype=torch.int64)
     torch.cumsum(counts, 0, out=pos[1:])
     return pos
+
+
+def segment_positions(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``segments``' question: the positions ``starts[k] .. starts[k] +
+    lengths[k] - 1`` of every segment k, one after the other (int64). What a selection of
+    segments gathers (rows of CSR picked by an index) and where a segment lands when the
+    segments of several levels interleave (CSR matrices side by side)."""
+    total = int(lengths.sum())
+    if total == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    first = torch.cumsum(lengths, 0) - lengths          # where each segment starts in the output
+    shift = torch.repeat_interleave(starts - first, lengths)
+    return torch.arange(total, dtype=torch.int64) + shift

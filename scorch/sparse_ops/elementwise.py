@@ -191,7 +191,6 @@ def _plan_build(terms, op):
     return shape, stretches, ir.Assignment(out_vars, rhs), out_format
 
 
-_SAME_SHAPE: dict = {}   # (op, rank) -> the Assignment of _same_shape
 
 
 def _same_shape(a, b, op: str):
@@ -205,11 +204,11 @@ def _same_shape(a, b, op: str):
     if sa.shape != sb.shape or sa.values.dtype != sb.values.dtype or not 0 < rank <= len(_LETTERS) \
             or sa.values.dtype == torch.bool:   # bool + and * are or / and (_bool_op)
         return None
-    asg = _SAME_SHAPE.get((op, rank))
-    if asg is None:
+    def build():
         ir = _compiler().index_notation
         v = _LETTERS[:rank]
-        asg = _SAME_SHAPE[op, rank] = ir.Assignment(v, _EXPRESSIONS[op](ir.Access(0, v), ir.Access(1, v)))
+        return ir.Assignment(v, _EXPRESSIONS[op](ir.Access(0, v), ir.Access(1, v)))
+    asg = _compiler().kept_assignment(("same shape", op, rank), build)
     if _grad_enabled() and _any_requires_grad(a, b):
         return _wrap(_compute()(asg, a, b))
     if consumer_follows((a, b), sa.values.numel() + sb.values.numel(), product=op == "mul"):

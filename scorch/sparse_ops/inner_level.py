@@ -18,6 +18,7 @@ import torch
 
 from ..formats import as_format
 from ..gradients.values import from_values, values_of
+from ..level_kinds.base import segment_positions, segments
 from ..level_storage import INT32_MAX, Level, Storage
 from ..tensor_type import SparseTensor
 from .outer_level import int_or_range
@@ -80,9 +81,7 @@ def filter_inner(t: SparseTensor, items: list) -> Optional[torch.Tensor]:
                         first.crd[kept]),
                   Level(kinds[1], d1, stop - start, None, new_crd)]
     elif kinds[0].full:             # CSR / CSC: pos from the per-row counts
-        counts = torch.bincount(parents, minlength=first.size)
-        pos = torch.zeros(first.size + 1, dtype=index_dtype)
-        pos[1:] = torch.cumsum(counts, 0)
+        pos = segments(parents, first.size).to(index_dtype)    # from the per-row counts
         levels = [Level(kinds[0], d0, first.size), Level(kinds[1], d1, stop - start, pos, new_crd)]
     else:
         return None                 # DCSR / DCSC: rows left empty would have to go
@@ -121,10 +120,8 @@ def cat_inner(tensors, d: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
     places, crds = [], []
     for st, length in zip(stores, lengths):
         inner = st.levels[1]
-        n = inner.crd.numel()
-        row = torch.repeat_interleave(torch.arange(rows), length)
-        within = torch.arange(n, dtype=torch.int64) - inner.pos[:-1].to(torch.int64)[row]
-        places.append(starts[:-1][row] + before[row] + within)
+        # each row's segment lands after the same row's segments of the operands before
+        places.append(segment_positions(starts[:-1] + before, length))
         crds.append(inner.crd.to(torch.int64) + shift)
         before += length
         shift += st.shape[d]

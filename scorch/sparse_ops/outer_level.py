@@ -35,6 +35,7 @@ import torch
 
 from ..formats import Format
 from ..gradients.values import from_values, values_of
+from ..level_kinds.base import segment_positions
 from ..level_storage import INT32_MAX, Level, Storage
 from ..tensor_type import SparseTensor
 
@@ -66,7 +67,7 @@ def _root_range(level: Level, kind, start: int, stop: int) -> Optional[Tuple[int
     """The positions of the first level whose coordinates lie in ``[start, stop)``."""
     if kind.full:
         return start, stop
-    if level.pos is None or level.crd is None or not (kind.ordered and level.ordered):
+    if level.pos is None or level.crd is None:
         return None
     lo, hi = int(level.pos[0]), int(level.pos[1])
     seg = level.crd[lo:hi]
@@ -87,13 +88,18 @@ def _format(kinds: tuple, mode_order: tuple) -> Optional[Format]:
     return _FORMATS[key]
 
 
+def _walkable(st: Storage) -> bool:
+    """Unblocked with every level's coordinates in order: what the walks rely on."""
+    return st.format.block is None and all(lv.ordered and lv.kind.ordered for lv in st.levels)
+
+
 def select_outer(t: SparseTensor, items: list) -> Optional[torch.Tensor]:
     """``t[items]`` (items as ``shape.getitem`` expands them) when it selects an int or a
     unit-step range along the first stored level's dimension and keeps every other
     dimension whole; None where the general path must answer."""
     st = t._storage
     fmt = st.format
-    if fmt.block is not None or len(items) != st.ndim or st.ndim == 0:
+    if len(items) != st.ndim or st.ndim == 0 or not _walkable(st):
         return None
     kinds = fmt.levels
     levels = st.levels
@@ -130,8 +136,6 @@ def select_outer(t: SparseTensor, items: list) -> Optional[torch.Tensor]:
     prev = None if isinstance(ix, int) else kinds[0]
     for k in range(1, len(levels)):
         lv, kind = levels[k], kinds[k]
-        if not (kind.ordered and lv.ordered):
-            return None
         dim = lv.dim - 1 if isinstance(ix, int) and lv.dim > d0 else lv.dim
         if kind.full:
             lo, hi = lo * lv.size, hi * lv.size
@@ -168,10 +172,6 @@ def select_outer(t: SparseTensor, items: list) -> Optional[torch.Tensor]:
     values = values_of(t)[lo:hi].clone()     # a copy, as the general path's gather
     pattern = Storage(new_fmt, shape, new_levels, values.detach(), st.index_dtype)
     return from_values(pattern, values)
-
-
-def _walkable(st: Storage) -> bool:
-    return st.format.block is None and all(lv.ordered and lv.kind.ordered for lv in st.levels)
 
 
 def cat_outer(tensors: List[SparseTensor], d: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
@@ -229,16 +229,6 @@ def cat_outer(tensors: List[SparseTensor], d: int, dtype: torch.dtype) -> Option
     return from_values(pattern, values)
 
 
-def _segments(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """The positions ``starts[k] .. starts[k] + lengths[k] - 1`` of every k, in order."""
-    total = int(lengths.sum())
-    if total == 0:
-        return torch.zeros(0, dtype=torch.int64)
-    first = torch.cumsum(lengths, 0) - lengths          # where each segment starts in the output
-    shift = torch.repeat_interleave(starts - first, lengths)
-    return torch.arange(total, dtype=torch.int64) + shift
-
-
 def gather_outer(t: SparseTensor, d: int, index: torch.Tensor) -> Optional[torch.Tensor]:
     """``t.index_select(d, index)`` (``index``: 1-D int64, in range, non-negative) when the
     format stores ``d`` first; None where the general path must answer."""
@@ -263,7 +253,7 @@ def gather_outer(t: SparseTensor, d: int, index: torch.Tensor) -> Optional[torch
         # level heading a run repeats a coordinate once per entry below it)
         left = torch.searchsorted(seg, index)
         lengths = torch.searchsorted(seg, index, right=True) - left
-        parents = _segments(left + lo, lengths)
+        parents = segment_positions(left + lo, lengths)
         crd = torch.repeat_interleave(torch.arange(m, dtype=index_dtype), lengths)
         new_levels.append(Level(kinds[0], d, m, torch.tensor([0, crd.numel()], dtype=index_dtype),
                                 crd))
@@ -282,7 +272,7 @@ def gather_outer(t: SparseTensor, d: int, index: torch.Tensor) -> Optional[torch
                 lengths = lv.pos[parents + 1].to(torch.int64) - starts
                 pos = torch.zeros(parents.numel() + 1, dtype=index_dtype)
                 pos[1:] = torch.cumsum(lengths, 0)
-                parents = _segments(starts, lengths)
+                parents = segment_positions(starts, lengths)
             elif kind.has_pos(prev):
                 return None
             new_levels.append(Level(kind, lv.dim, lv.size, pos, lv.crd[parents]))

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from .._dispatch import register, register_aten
 from ..formats import Format, LevelKind, as_format
 from ..gradients.values import from_values, values_of, view_of
+from ..level_kinds.base import segment_positions
 from ..level_storage import Level, Storage
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, permute_view
 from .inner_level import cat_inner, filter_inner
@@ -494,9 +495,7 @@ def _join(coord: torch.Tensor, index: torch.Tensor):
     hi = torch.searchsorted(sorted_ix, coord, right=True)
     counts = hi - lo
     entry = torch.repeat_interleave(torch.arange(coord.numel()), counts)
-    starts = torch.cumsum(counts, 0) - counts
-    within = torch.arange(entry.numel()) - torch.repeat_interleave(starts, counts)
-    return entry, perm[lo[entry] + within]
+    return entry, perm[segment_positions(lo, counts)]
 
 
 def _expand_index(index, rank: int) -> list:
