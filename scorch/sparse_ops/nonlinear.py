@@ -3,7 +3,8 @@
 plus torch's implicit zeros) and ``softmax``/``log_softmax`` over stored entries, as
 ``torch.sparse.softmax`` defines them (an unstored entry counts as minus infinity).
 
-Every op is one or a few generated kernels; none densifies a sparse operand. Each is
+Every op is one or a few generated kernels (a zero-preserving function of floating values:
+torch's function on the stored values); none densifies a sparse operand. Each is
 differentiable in the stored values (``scorch.gradients``: the derivative table for the
 functions, ``fiber_ops`` for softmax and amax/amin). A function that
 keeps 0 at 0 (relu, abs, sqrt, sin, tanh, sign, square, pow with a positive exponent, expm1,
@@ -79,7 +80,8 @@ def _function(name: str):
 
 
 def apply(fn: str, t: SparseTensor, p: Optional[float] = None) -> torch.Tensor:
-    """``fn`` elementwise on a sparse tensor, one generated kernel."""
+    """``fn`` elementwise on a sparse tensor: torch's function on the stored values where it
+    keeps 0 at 0 (floating values), else one generated kernel (dense by nature, integers)."""
     step_fn = _STEP_FUNCTIONS.get(fn)
     if step_fn is not None and p is None and t.dtype.is_floating_point and values_level():
         return SparseTensor(t._storage.on_pattern(step_fn(t._storage.values)))
