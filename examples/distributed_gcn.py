@@ -16,6 +16,7 @@ are drawn per rank, so losses match the single-process run only with ``--dropout
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import socket
 import sys
@@ -67,6 +68,7 @@ class RowPartitionedGCN(GCN):
 
 
 def worker(rank: int, world_size: int, port: int, args: argparse.Namespace, results) -> None:
+    faulthandler.enable()  # a crash in torch.distributed's C++ prints where Python was
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,17 @@ def test_distributed_gcn_equals_single_process():
     args = argparse.Namespace(dataset="cora", matrix="dwt_992", features=64, feature_density=0.05,
                               classes=4, hidden=16, epochs=6, lr=0.01, dropout=0.0, seed=0,
                               threads=1, data_dir=None, quiet=True)
-    losses = distributed_gcn.train_distributed(args, world_size=2)
+    try:
+        losses = distributed_gcn.train_distributed(args, world_size=2)
+    except torch.multiprocessing.ProcessExitedException as e:
+        # torch.distributed's C++ (gloo / the TCP store) aborted a rank twice in ~35 CI runs
+        # ("terminate called without an active exception", rank 0), never in 220 runs under
+        # load here; the rank's faulthandler printed where. A rank that dies by a signal
+        # gets one more run; an exception in the training itself, or a second abort, fails.
+        if e.signal_name is None:
+            raise
+        warnings.warn(f"distributed GCN: {e}; running it once more")
+        losses = distributed_gcn.train_distributed(args, world_size=2)
     single = gcn.train(gcn.load_graph(**TINY_GRAPH), hidden=16, epochs=6, dropout=0.0,
                        quiet=True)["losses"]
     assert len(losses) == 6
