@@ -10,7 +10,8 @@ from hypothesis import given, settings, strategies as st
 import scorch
 from scorch.tensor_compiler import Access, Assignment, compute
 from scorch.tensor_compiler.functions import FUNCTIONS
-from scorch.tensor_compiler.index_notation import Apply, Div
+from scorch.tensor_compiler.index_notation import Apply, Div, Mul, Scalar, Sub
+from scorch import conversion
 from scorch.tensor_type import SparseTensor
 from ops_helpers import TORCH_FUNCTIONS
 
@@ -30,10 +31,35 @@ def _matrix(m, n, density, dtype, seed):
     return d
 
 
+OF_VALUES = {f for f in FUNCTIONS if not FUNCTIONS[f].of_pattern}
+
+
 def test_every_torch_function_has_a_row_in_the_table():
-    assert set(TORCH) | {"pow"} == set(FUNCTIONS)
-    assert {f for f in FUNCTIONS if FUNCTIONS[f].zero_preserving and f != "pow"} == {
+    assert set(TORCH) | {"pow"} == OF_VALUES
+    assert {f for f in OF_VALUES if FUNCTIONS[f].zero_preserving and f != "pow"} == {
         f for f in TORCH if float(TORCH[f](torch.zeros(1))) == 0}
+
+
+@settings(max_examples=30, deadline=None)
+@given(fmt=st.sampled_from(["csr", "coo", "dense_rows", "dcsr"]), m=st.integers(0, 6),
+       n=st.integers(1, 6), density=st.sampled_from([0.0, 0.3, 1.0]), seed=st.integers(0, 99))
+def test_stored_is_one_on_the_pattern(fmt, m, n, density, seed):
+    # stored(x): 1 at every stored entry (a stored 0 too), absent elsewhere; times exp(x - 1)
+    # it is computed on x's pattern alone (a pattern output, no assembly)
+    d = _matrix(m, n, density, torch.float64, seed)
+    d[:, 0] = 0.0
+    fmt = {"dense_rows": scorch.Format("dd")}.get(fmt, fmt)
+    S = scorch.sparse_tensor(d, format=fmt)
+    if S.nnz:
+        S._storage.values[0] = 0.0                 # a stored zero stays stored
+    dense = S.to_dense()
+    mask = torch.zeros_like(dense, dtype=torch.bool)
+    if S.nnz:
+        mask[tuple(conversion.coords(S._storage))] = True
+    ones = compute(Assignment("ij", Apply("stored", A)), S)
+    torch.testing.assert_close(_dense(ones), mask.double())
+    r = compute(Assignment("ij", Mul(Apply("stored", A), Apply("exp", Sub(A, Scalar(1.0))))), S)
+    torch.testing.assert_close(_dense(r), torch.where(mask, torch.exp(dense - 1), 0.0))
 
 
 @settings(max_examples=30, deadline=None)

@@ -113,6 +113,7 @@ DERIVATIVES: Dict[str, Rule] = {
     "sin": lambda x, p: Apply("cos", x),
     "tanh": _one_minus_tanh_squared,
     "sign": lambda x, p: None,
+    "stored": lambda x, p: None,     # constant on the pattern
     "pow": _pow,
     "square": lambda x, p: Mul(Scalar(2.0), x),
     "exp": lambda x, p: Apply("exp", x),

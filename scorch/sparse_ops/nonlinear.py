@@ -188,18 +188,21 @@ def _softmax(t: SparseTensor, dim: int, log: bool, dtype: Optional[torch.dtype])
 
 def _softmax_assignments(rank: int, dim: int, log: bool):
     """The exponentials on the pattern, their sums and the result, over T0 = x,
-    T1 = the fibers' max, T2 = x's pattern as ones (T3 = the sums, for log): one set of
-    objects per kind of call."""
+    T1 = the fibers' max (T2 = the sums, for log): one set of objects per kind of call.
+    ``stored(x)`` keeps each on x's pattern, one sparse operand: the kernel writes the
+    values at x's positions on its arrays (a tensor of ones on the pattern, co-iterated with
+    x, made the result an assembled one: 75 of 80 ms at BigBird's n = 4096)."""
     def build():
         from ..tensor_compiler.index_notation import Apply, Div
         tc = _tc()
         v = _vars(rank)
         keep = "".join(c for d, c in enumerate(v) if d != dim)
-        A, M, P = tc.Access(0, v), tc.Access(1, keep), tc.Access(2, v)
+        A, M = tc.Access(0, v), tc.Access(1, keep)
+        P = Apply("stored", A)
         exps = tc.Assignment(v, P * Apply("exp", A - M))
         sums = tc.Assignment(keep, tc.Access(0, v))
         if log:
-            result = tc.Assignment(v, P * (A - M - Apply("log", tc.Access(3, keep))))
+            result = tc.Assignment(v, P * (A - M - Apply("log", tc.Access(2, keep))))
         else:
             result = tc.Assignment(v, Div(tc.Access(0, v), tc.Access(1, keep)))
         return exps, sums, result, keep
@@ -209,13 +212,12 @@ def _softmax_assignments(rank: int, dim: int, log: bool):
 def _softmax_kernels(t: SparseTensor, dim: int, log: bool) -> SparseTensor:
     tc = _tc()
     exps, sums, result, keep = _softmax_assignments(t.dim(), dim, log)
-    ones = with_values(t, torch.ones_like(t._storage.values))   # carries the pattern
     m = _reduce_stored(t, (dim,), "max")                       # -inf on empty fibers
-    e = _wrap(tc.compute(exps, t, m, ones))
+    e = _wrap(tc.compute(exps, t, m))
     s = tc.compute(sums, e, out_format="dense" if keep else None)
     if not log:
         return _wrap(tc.compute(result, e, s))
-    return _wrap(tc.compute(result, t, m, ones, s))
+    return _wrap(tc.compute(result, t, m, s))
 
 
 def softmax(t: SparseTensor, dim: int, dtype: Optional[torch.dtype] = None) -> SparseTensor:

@@ -81,4 +81,6 @@ def pattern_storage(entry: PlanEntry, P: Storage, values: torch.Tensor, sizes) -
     levels = [Level(lv.kind, out.vars.index(ap.indices[lv.dim]), lv.size, lv.pos, lv.crd,
                     ordered=lv.ordered)
               for lv in P.levels]
+    levels += [Level(kind, out.vars.index(v), sizes[v], None, None)   # pattern_suffix's
+               for kind, v in zip(out.format.levels[len(levels):], out.level_vars[len(levels):])]
     return Storage(out.format, tuple(sizes[v] for v in out.vars), levels, values, P.index_dtype)

@@ -3,9 +3,12 @@ the kernel for their index widths built or loaded; arguments bound; the output a
 and the warm runner it installs after the first call (``runner.py``, ``fastcall``)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..formats import Format
+from ..kept_conversions import converted_partner
 from . import build, codegen
 from .arguments import arg_table, arg_values
 from .allocate import empty_output
@@ -16,6 +19,7 @@ from .plans import PlanEntry
 from .relayout import gather_pays, relayout, relayout_pays
 from .rewrite import inner_var, outer_var, split_operand
 from .runner import make_runner
+from .schedule import pattern_suffix
 from .shared_pattern import run_values, values_plan
 from . import threads
 from .threads import work_of
@@ -44,7 +48,9 @@ def prepare_operands(entry: PlanEntry, ops, sizes, orig=None):
                 grid = ap.format.mode_order[:o.ndim]
                 st = split_operand(entry.split, entry.orig_indices, ap.tensor, convert_storage(o, Format(o.format.levels, grid, o.format.block)))
             elif ap.transposed:
-                st = convert_storage(st, ap.format)
+                # seen again (a fixed pattern: a training step's attention scores, an
+                # adjacency), the transpose is a kept permutation and one gather
+                st = converted_partner(st, ap.format)
             data[ap.id] = cast_storage(st, vt)
         else:
             if x.dtype != vt:
@@ -195,7 +201,8 @@ def run_general(entry: PlanEntry, ops):
             return assemble(entry, (np.empty(0, dtype=np.int64),
                                      np.empty(0, dtype=codegen.NPTYPES[entry.value_dtype])), sizes)
         P = data[out_plan.pattern]
-        out = empty_output((P.values.numel(),), entry.value_dtype)
+        out = empty_output((P.values.numel() * math.prod(sizes[v] for v in pattern_suffix(entry.schedule)),),
+                           entry.value_dtype)
         mod.kernel(arg_values(arg_table(args, entry.schedule), data, sizes, out),
                    threads.threads_for(work_of(data)))
         return pattern_storage(entry, P, out, sizes)

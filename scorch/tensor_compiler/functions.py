@@ -28,6 +28,9 @@ class Function:
     #: operands on one pattern with it); None: only the kernel computes it
     torch_op: Optional[Callable] = None
     default: Optional[float] = None    # the parameter when none is given (leaky_relu's slope)
+    #: a function of where its argument is stored, not of its value (``stored``): no torch
+    #: function of a dense tensor computes it
+    of_pattern: bool = False
 
     def param(self, p: Optional[float]) -> Optional[float]:
         return self.default if p is None else p
@@ -39,6 +42,11 @@ class Function:
 
 
 _TABLE = [
+    # 1 at every stored entry of its argument (a stored 0 too), nothing elsewhere: a kernel
+    # that computes an expression on exactly its operand's pattern (softmax's exponentials,
+    # exp(x - max) * stored(x)) reads one operand, where multiplying by a tensor of ones on
+    # the same pattern co-iterated two and assembled the result
+    Function("stored", "1", True, torch_op=torch.ones_like, of_pattern=True),
     # maps 0 to 0: stays sparse
     Function("abs", "({x} if {x} >= 0 else -({x}))", True, torch_op=torch.abs),   # any value type (fabs: doubles)
     Function("relu", "(0 if {x} <= 0 else {x})", True, torch_op=torch.relu),     # NaN stays NaN, as torch

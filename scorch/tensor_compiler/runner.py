@@ -27,6 +27,7 @@ from .assemble import assemble, pattern_storage
 from .codegen import reads_strided, short_rows_limit
 from .plans import storage_pointers, storage_signature
 from .relayout import gather_pays, relayout, relayout_pays
+from .schedule import pattern_suffix
 from . import threads
 from .tiling import choose_panel, gathers_cleared, panel_chooser, relaid_panel_narrower
 
@@ -122,7 +123,8 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
         P = s.accesses[out.pattern].tensor
         for v in entry.assignment.reduction:
             w(f"    if {seen[v]} == 0: return None")
-        w(f"    out = EMPTY((p{P}[-1],), VT)  # P's pattern, written by the kernel")
+        block = "".join(f" * {seen[v]}" for v in pattern_suffix(s))   # dense levels under P's
+        w(f"    out = EMPTY((p{P}[-1]{block},), VT)  # P's pattern, written by the kernel")
     if out.dense:
         # written (or zeroed) by the kernel; torch.empty with int sizes is the cheapest call
         # (~0.9 us, a tuple costs 0.5 us more), big outputs go through numpy (huge pages)
@@ -207,6 +209,8 @@ def _c_plan(entry, module, args, fallback, env, seen, sparse, by_tensor):
     out = s.output
     if not (out.dense or out.pattern >= 0) or not hasattr(module, "KERNEL_C"):
         return None
+    if out.pattern >= 0 and pattern_suffix(s):
+        return None    # the C plan sizes a pattern output by the pattern's values alone
     if any(idx and n not in by_tensor for n, idx in enumerate(entry.operand_indices)):
         return None
     from .fastcall import load

@@ -28,7 +28,7 @@ from .levels import LevelPlan, level_plans
 from .cost_model import OrderProblem, concordant_dims, order_cost
 from .loop_order import CycleRemoval, Move, NoValidOrder, PricedOrder, algorithm1
 
-__all__ = ["AccessPlan", "CacheTile", "OutputPlan", "Schedule", "schedule", "NoValidOrder"]
+__all__ = ["AccessPlan", "CacheTile", "OutputPlan", "Schedule", "schedule", "NoValidOrder", "pattern_suffix"]
 
 
 @dataclass
@@ -153,15 +153,26 @@ def _pattern_access(asg: Assignment, plans: List[AccessPlan], out: OutputPlan,
     return -1
 
 
+def pattern_suffix(s: "Schedule") -> Tuple[str, ...]:
+    """The output's variables after the pattern operand's: dense levels the output adds
+    under each of its entries (a broadcast SDDMM ``ij,bhid,bhjd->bhij`` stored as the
+    pattern's levels over dense heads), each entry's values one block of them."""
+    out = s.output
+    return tuple(out.level_vars[len(s.accesses[out.pattern].levels):])
+
+
 def _is_output_pattern(asg: Assignment, plans: List[AccessPlan], P: AccessPlan,
                        out: OutputPlan, order: Sequence[str]) -> bool:
-    """``_pattern_access`` for one candidate ``P``. Other sparse accesses may take part (the
+    """``_pattern_access`` for one candidate ``P``. The output may add dense levels under
+    P's (``pattern_suffix``). Other sparse accesses may take part (the
     weight gradient of a sparse batch through a sparse weight, ``oj,ao,aj->oj``) when their
     levels on output variables only locate (dense levels): then no output loop is filtered
     by them, every entry of ``P`` is still visited once, and one whose reduction finds
     nothing stores 0."""
-    if (P.level_vars != out.level_vars or len(set(P.indices)) != len(P.indices)
-            or tuple(P.format.levels) != tuple(out.format.levels)
+    k = len(P.levels)
+    if (P.level_vars != out.level_vars[:k] or len(set(P.indices)) != len(P.indices)
+            or tuple(P.format.levels) != tuple(out.format.levels[:k])
+            or any(kind != LevelKind.DENSE for kind in out.format.levels[k:])
             or any(lv.grouped for lv in P.levels)
             or tuple(order[:len(out.level_vars)]) != tuple(out.level_vars)):
         return False

@@ -15,6 +15,7 @@ from .. import merge_lattice as ml
 from ..functions import function
 from ..index_notation import Access, Add, Apply, Compare, Div, Expr, Mul, Neg, Scalar, Sub, Where
 from ..loop_ir import AddTo, AppendEntry, Assign, Call, For, If, RowEnd, Stmt, While
+from ..schedule import pattern_suffix
 from .facts import UNPREDICTABLE, cvar, reduce_identity, reduce_into
 from .nest import Cursor, Nest
 
@@ -150,6 +151,15 @@ def _decode_key(n: Nest) -> List[Stmt]:
     return out
 
 
+def pattern_slot(n: Nest, st: Cursor) -> str:
+    """A pattern output's value index: the pattern operand's position, then the dense
+    levels the output adds under it (``schedule.pattern_suffix``)."""
+    slot = st.pos[n.facts.s.output.pattern]
+    for v in pattern_suffix(n.facts.s):
+        slot = f"({slot}) * a.N_{v} + {cvar(v)}"
+    return slot
+
+
 def leaf(n: Nest, st: Cursor) -> Tuple[Stmt, ...]:
     """The innermost statement: the right-hand side's value added, stored or appended."""
     f, d = n.facts, n.decls
@@ -176,7 +186,7 @@ def leaf(n: Nest, st: Cursor) -> Tuple[Stmt, ...]:
     elif mode == "dense":
         body = pre + [into(f"a.out_vals[{st.oo}]")]
     elif mode == "direct" and out.pattern >= 0:
-        body = [Assign(f"a.out_vals[{st.pos[out.pattern]}]", val)]
+        body = [Assign(f"a.out_vals[{pattern_slot(n, st)}]", val)]
     elif mode == "direct":
         body = [_append(n, val)]
     elif mode == "acc" and out.pattern >= 0:
@@ -450,7 +460,7 @@ def after_loop(n: Nest, depth: int, st: Cursor) -> List[Stmt]:
     if out.mode == "acc" and depth == out.acc_depth and out.pattern >= 0:
         # every stored entry of the pattern operand is one output entry (the caller runs
         # this kernel only when the reductions are non-empty)
-        stmts.append(Assign(f"a.out_vals[{st.pos[out.pattern]}]", "acc"))
+        stmts.append(Assign(f"a.out_vals[{pattern_slot(n, st)}]", "acc"))
     elif out.mode == "acc" and depth == out.acc_depth:
         stmts.append(If("hit", (_append(n, "acc"),)))
     if out.mode == "dense" and depth == out.acc_depth:
