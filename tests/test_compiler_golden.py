@@ -1,4 +1,4 @@
-"""Golden tests of the generated Cython for SpMM, SDDMM and SpGEMM, and of the C++ that
+"""Golden tests of the generated Cython for SpMM, SDDMM (also per attention head) and SpGEMM, and of the C++ that
 SpMM's and SDDMM's (dense or in-place outputs: a C entry) are built from.
 
 Regenerate after an intended codegen change with
@@ -25,10 +25,12 @@ def _cases():
         "spmm": ("ij,jk->ik", a, d),
         "sddmm": ("ij,ik,kj->ij", a, torch.randn(6, 3), torch.randn(3, 5)),
         "spgemm": ("ij,jk->ik", a, b),
+        # attention scores per head on the pattern: values at (pattern position, b, h)
+        "sddmm_heads": ("ij,bhid,bhjd->bhij", a, torch.randn(1, 2, 6, 3), torch.randn(1, 2, 5, 3)),
     }
 
 
-@pytest.mark.parametrize("name", ["spmm", "sddmm", "spgemm"])
+@pytest.mark.parametrize("name", ["spmm", "sddmm", "spgemm", "sddmm_heads"])
 def test_golden_source(name):
     eq, *ops = _cases()[name]
     with use_target("avx512"):   # the golden files are the AVX-512 build's, on any machine

@@ -1,0 +1,107 @@
+"""Results written on an operand's pattern, and transposes kept across calls.
+
+- A broadcast SDDMM (``ij,bhid,bhjd->bhij``: BigBird's scores) stores the pattern's levels
+  over dense ``b, h`` levels: the kernel writes each entry's block of values at the pattern's
+  position, and the result shares the pattern's arrays (no coordinates, no assembly).
+- ``stored(x)`` (1 at every stored entry of ``x``) keeps an expression on ``x``'s pattern
+  with ``x`` as its only sparse operand: softmax's exponentials share ``x``'s arrays.
+- A plan that reads a sparse operand transposed keeps the transpose (the converted pattern
+  and a permutation) once it sees the same pattern again: later calls only gather values.
+Every result is checked against dense torch."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import scorch
+from scorch import kept_conversions
+from scorch.tensor_type import SparseTensor
+
+F64 = torch.float64
+
+
+def _pattern(m, n, density, fmt, seed, dtype=F64):
+    g = torch.Generator().manual_seed(seed)
+    d = torch.rand(m, n, generator=g, dtype=dtype) * (torch.rand(m, n, generator=g) < density)
+    return d, scorch.sparse_tensor(d, format=fmt)
+
+
+def _shares_levels(result: SparseTensor, pattern: SparseTensor) -> bool:
+    got = [a for lv in result._storage.levels for a in (lv.pos, lv.crd) if a is not None]
+    want = [a for lv in pattern._storage.levels for a in (lv.pos, lv.crd) if a is not None]
+    return len(want) > 0 and all(any(a is w for a in got) for w in want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(0, 9), n=st.integers(1, 9), density=st.sampled_from([0.0, 0.3, 1.0]),
+       fmt=st.sampled_from(["csr", "csc", "dcsr", "coo"]), b=st.integers(1, 3), h=st.integers(1, 3),
+       d=st.integers(0, 5), dtype=st.sampled_from([torch.float32, F64]), seed=st.integers(0, 99))
+def test_broadcast_sddmm_writes_on_the_pattern(m, n, density, fmt, b, h, d, dtype, seed):
+    dense, S = _pattern(m, n, density, fmt, seed, dtype)
+    g = torch.Generator().manual_seed(seed + 1)
+    q = torch.randn(b, h, m, d, generator=g, dtype=dtype)
+    k = torch.randn(b, h, n, d, generator=g, dtype=dtype)
+    out = scorch.einsum("ij,bhid,bhjd->bhij", S, q, k)
+    want = torch.einsum("ij,bhid,bhjd->bhij", dense, q, k)
+    got = out.to_dense() if isinstance(out, SparseTensor) else out
+    torch.testing.assert_close(got, want)
+    if fmt in ("csr", "dcsr") and d > 0 and S.nnz:
+        # the pattern's levels, then b and h dense: every value block at the pattern's position
+        assert _shares_levels(out, S)
+        assert out._storage.values.numel() == S.nnz * b * h
+
+
+def test_broadcast_sddmm_values_follow_the_pattern_positions():
+    # a kernel that wrote each entry's (b, h) block at the pattern's position alone (no
+    # b, h offset) would leave all but one head's values zero or overwritten
+    dense, S = _pattern(6, 7, 0.4, "csr", 3)
+    q, k = torch.randn(2, 3, 6, 4, dtype=F64), torch.randn(2, 3, 7, 4, dtype=F64)
+    out = scorch.einsum("ij,bhid,bhjd->bhij", S, q, k)
+    assert _shares_levels(out, S)
+    torch.testing.assert_close(out.to_dense(), torch.einsum("ij,bhid,bhjd->bhij", dense, q, k))
+
+
+def test_broadcast_sddmm_gradients():
+    dense, S = _pattern(5, 6, 0.5, "csr", 4)
+    q = torch.randn(1, 2, 5, 3, dtype=F64, requires_grad=True)
+    k = torch.randn(1, 2, 6, 3, dtype=F64, requires_grad=True)
+
+    def f(q, k):
+        return (scorch.einsum("ij,bhid,bhjd->bhij", S, q, k) * 1.5).to_dense()
+    assert torch.autograd.gradcheck(f, (q, k))
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_of_broadcast_scores_shares_their_arrays(log):
+    dense, S = _pattern(8, 8, 0.4, "csr", 5)
+    q, k = torch.randn(1, 2, 8, 4, dtype=F64), torch.randn(1, 2, 8, 4, dtype=F64)
+    scores = scorch.einsum("ij,bhid,bhjd->bhij", S, q, k)
+    fn = torch.log_softmax if log else torch.softmax
+    y = fn(scores, dim=-1)
+    assert _shares_levels(y, S)
+    full = torch.einsum("ij,bhid,bhjd->bhij", dense, q, k).masked_fill(dense == 0, float("-inf"))
+    want = fn(full, dim=-1)
+    mask = (dense != 0).expand_as(want)
+    torch.testing.assert_close(y.to_dense()[mask], want[mask])
+    assert (y.to_dense()[~mask] == 0).all()
+
+
+def test_a_transposed_operand_is_converted_once_then_gathered():
+    _, A = _pattern(30, 30, 0.2, "csr", 6)
+    dB, B = _pattern(30, 30, 0.2, "csr", 7)
+    infos = []
+    for _ in range(3):
+        out = scorch.einsum("ij,ji->ij", A, B)       # B read as CSC
+        infos.append(kept_conversions.reformat_cache_info())
+        torch.testing.assert_close(out.to_dense(), A.to_dense() * B.to_dense().T)
+    # the first call converts, the second keeps the permutation, the third only gathers
+    assert infos[1]["misses"] == infos[0]["misses"] + 1
+    assert infos[2]["hits"] == infos[1]["hits"] + 1
+    assert infos[2]["misses"] == infos[1]["misses"]
+    # new values on the same pattern (an optimizer step): gathered afresh
+    with torch.no_grad():
+        B.mul_(3.0)
+    out = scorch.einsum("ij,ji->ij", A, B)
+    torch.testing.assert_close(out.to_dense(), A.to_dense() * B.to_dense().T)
+    torch.testing.assert_close(B.to_dense(), 3.0 * dB)
