@@ -105,3 +105,25 @@ def test_a_transposed_operand_is_converted_once_then_gathered():
     out = scorch.einsum("ij,ji->ij", A, B)
     torch.testing.assert_close(out.to_dense(), A.to_dense() * B.to_dense().T)
     torch.testing.assert_close(B.to_dense(), 3.0 * dB)
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_of_broadcast_scores_gradients_match_dense(log):
+    # the backward's kernels on the scores' pattern (softmax: y*g - y*s; log_softmax:
+    # exp(y)*s on y's pattern, then g minus it) against dense masked attention
+    dense, S = _pattern(9, 9, 0.4, "csr", 8)
+    dense[torch.arange(9), torch.arange(9)] = 1.0      # no empty row (-inf everywhere)
+    S = scorch.sparse_tensor(dense, format="csr")
+    g = torch.Generator().manual_seed(9)
+    q0, k0 = torch.randn(1, 2, 9, 4, generator=g, dtype=F64), torch.randn(1, 2, 9, 4, generator=g, dtype=F64)
+    w = torch.randn(1, 2, 9, 9, generator=g, dtype=F64)
+    mask = (dense != 0).expand_as(w)
+    fn = torch.log_softmax if log else torch.softmax
+    q, k = q0.clone().requires_grad_(), k0.clone().requires_grad_()
+    y = fn(scorch.einsum("ij,bhid,bhjd->bhij", S, q, k), dim=-1)
+    (y.to_dense() * w * mask).sum().backward()
+    qd, kd = q0.clone().requires_grad_(), k0.clone().requires_grad_()
+    full = torch.einsum("ij,bhid,bhjd->bhij", dense, qd, kd).masked_fill(~mask, float("-inf"))
+    (torch.where(mask, fn(full, dim=-1), 0.0) * w).sum().backward()
+    torch.testing.assert_close(q.grad, qd.grad)
+    torch.testing.assert_close(k.grad, kd.grad)

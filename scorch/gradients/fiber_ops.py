@@ -57,10 +57,10 @@ class _Softmax(torch.autograd.Function):
         G = _on_pattern(Ys, g)
         steps, dense = _softmax_backward(len(Ys.shape), ctx.dim, ctx.log)
         if ctx.log:
-            sums, grad = steps
+            sums, scaled, grad = steps
             s = compute(sums, G, out_format=dense)
-            ones = SparseTensor(_pattern.pattern_ones(Ys, Ys.dtype))
-            gx = compute(grad, y, G, s, ones)
+            es = compute(scaled, y, s)
+            gx = compute(grad, es, G)
         else:
             sums, scaled, grad = steps
             s = compute(sums, y, G, out_format=dense)
@@ -78,8 +78,14 @@ def _softmax_backward(rank: int, dim: int, log: bool):
         dense = "d" * len(keep) if keep else None
         Yv, Gv, Sk = Access(0, v), Access(1, v), Access(2, keep)
         if log:
+            # g - exp(y) * s as two kernels: exp(y) * s on y's pattern (``stored(y)``: y its
+            # only sparse operand, written on its arrays), then g minus that (two operands
+            # on one pattern: values only); in one expression with a tensor of ones on the
+            # pattern, three sparse operands co-iterated into an assembled result (200 ->
+            # 60 ms for BigBird's forward and backward at n = 4096)
             steps = (Assignment(keep, Access(0, v)),
-                     Assignment(v, Mul(Access(3, v), Sub(Gv, Mul(Apply("exp", Yv), Sk)))))
+                     Assignment(v, Mul(Apply("stored", Yv), Mul(Apply("exp", Yv), Access(1, keep)))),
+                     Assignment(v, Sub(Access(1, v), Access(0, v))))
         else:
             # y * g - y * s, not y * (g - s): the product with the dense s alone is a kernel
             # that writes on y's pattern (shared arrays); g - s would be a union with a dense
