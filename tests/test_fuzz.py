@@ -546,6 +546,27 @@ def test_an_empty_max_min_stores_nothing_on_a_pattern():
     assert_matches(got, torch.tensor([6.0, 0.0]), torch.float32)
 
 
+@pytest.mark.parametrize("fmt", ["csr", "dcsr", "coo"])
+@pytest.mark.parametrize("c_density", [0.0, 0.5])
+def test_a_sum_of_products_sharing_an_operand_keeps_every_product(fmt, c_density):
+    """Found by this suite (session 24): ``A * B + A * C + B`` has presence ``B or (A and
+    C)``, so the kernel merged the streams ``B`` and ``A and C``; A was then found only
+    where C matched too, and ``A * B`` was lost wherever C held nothing. The streams are
+    only taken where every product of the expression lies within one of them."""
+    g = torch.Generator().manual_seed(0)
+
+    def m(density):
+        return torch.randn(6, 5, generator=g, dtype=torch.float64) * (torch.rand(6, 5, generator=g) < density)
+    a, b, c = m(0.5), m(0.5), m(c_density)
+    ops = [scorch.sparse_tensor(x, format=fmt) for x in (a, b, c)]
+    A, B, Cx = Access(0, "ij"), Access(1, "ij"), Access(2, "ij")
+    got = C.compute(Assignment("ij", Add(Add(Mul(A, B), Mul(A, Cx)), B)), *ops)
+    assert_matches(got, a * b + a * c + b, torch.float64)
+    # the streams still serve a sum of disjoint products
+    got = C.compute(Assignment("ij", Add(Mul(A, B), Cx)), *ops)
+    assert_matches(got, a * b + c, torch.float64)
+
+
 def test_max_min_propagate_nan():
     """Found by this suite: max/min over stored entries skipped NaN; torch.amax propagates it."""
     x = torch.tensor([[float("nan"), 1.0], [2.0, 0.0]])

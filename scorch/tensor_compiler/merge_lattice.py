@@ -252,4 +252,26 @@ def conjunct_groups(f, iterators: Sequence[int], present: Callable[[int], bool])
     if (len(minimal) < 2 or max(len(m) for m in minimal) < 2
             or len(covered) != len(set(covered)) or sorted(covered) != sorted(its)):
         return None
+    # every product of the expression must lie within one group: a stream finds an
+    # iterator only where its whole group matches, so ``A * B + A * C + B`` (groups (B,)
+    # and (A, C): presence absorbs A * B into B) would read A as absent where B and A
+    # hold and C does not, and lose A * B (found by tests/test_fuzz.py, session 24)
+    for term in _products(f):
+        if all(i in its or present(i) for i in term) and \
+                not any({i for i in term if i in its} <= set(m) for m in minimal):
+            return None
     return minimal
+
+
+def _products(f) -> List[frozenset]:
+    """The formula as written, multiplied out into its products (no absorption): the sets
+    of accesses whose values one term of the expression reads together."""
+    if f is True:
+        return [frozenset()]
+    if f is False:
+        return []
+    if f[0] == "var":
+        return [frozenset((f[1],))]
+    if f[0] == "or":
+        return _products(f[1]) + _products(f[2])
+    return [a | b for a in _products(f[1]) for b in _products(f[2])]
