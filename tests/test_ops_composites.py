@@ -369,6 +369,28 @@ def test_sparse_mask_gathers_the_dense_values_differentiably():
     torch.testing.assert_close(x.grad, (s != 0).to(F64))
 
 
+@settings(max_examples=30, deadline=None)
+@given(shape=st.sampled_from([(0, 3), (1, 4), (5, 6), (3,), (2, 3, 2)]),
+       fmt=st.sampled_from(["csr", "csc", "coo", "dcsr"]), density=st.sampled_from([0.0, 0.4, 1.0]),
+       xdtype=st.sampled_from([torch.float32, F64, torch.int32]), seed=st.integers(0, 99))
+def test_sparse_mask_on_any_pattern_keeps_it(shape, fmt, density, xdtype, seed):
+    # a kernel stored(mask) * x on the mask's arrays: its stored zeros stay stored, the
+    # result takes x's dtype, as torch's
+    g = torch.Generator().manual_seed(seed)
+    s = (torch.rand(shape, generator=g) < density).to(F64)
+    if len(shape) != 2:
+        fmt = "coo"
+    S = _sparse(s, fmt)
+    if S.nnz:
+        S._storage.values[0] = 0.0
+    x = (torch.randn(shape, generator=g) * 10).to(xdtype)
+    m = x.sparse_mask(S)
+    assert m.dtype == xdtype and m.nnz == S.nnz
+    if S.nnz and len(shape) == 2 and fmt != "coo":
+        assert m._storage.shares_pattern(S._storage)
+    torch.testing.assert_close(m.to_dense(), torch.where(s != 0, x, torch.zeros((), dtype=xdtype)))
+
+
 # --- session 17: the ops that still took the fallback ----------------------------------------
 
 @settings(max_examples=25, deadline=None)

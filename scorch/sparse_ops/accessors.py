@@ -128,15 +128,35 @@ register(torch.Tensor.to_sparse_bsc)(_to_blocked(torch.sparse_bsc))
 
 @register(torch.Tensor.sparse_mask)
 def _sparse_mask(x, mask):
-    """``x`` (dense) at ``mask``'s stored entries, on ``mask``'s pattern: a gather,
-    differentiable in ``x``."""
+    """``x`` (dense) at ``mask``'s stored entries, on ``mask``'s pattern, differentiable in
+    ``x``: one kernel ``stored(mask) * x`` that walks the mask and writes on its arrays
+    (gathering ``x`` at the mask's coordinates built them first: 31 -> ~4 ms for 1.6M
+    entries; torch's COO takes ~18)."""
     if not isinstance(mask, SparseTensor) or isinstance(x, SparseTensor):
         return NotImplemented
     if tuple(x.shape) != tuple(mask.shape):
         raise RuntimeError(f"sparse_mask(): expected the dense tensor and the mask to have the same "
                            f"shape, got {tuple(x.shape)} and {tuple(mask.shape)}")
-    coords = mask.indices()
-    return from_values(mask._storage, x[tuple(coords)] if coords.shape[1] else x.new_zeros(0))
+    if mask.dim() == 0 or mask._storage.format.block is not None:
+        coords = mask.indices()
+        return from_values(mask._storage, x[tuple(coords)] if coords.shape[1] else x.new_zeros(0))
+    from ..gradients import compute
+    r = compute(_masked_assignment(mask.dim()), mask.detach(), x)
+    if isinstance(r, SparseTensor) and r._storage.shares_pattern(mask._storage):
+        vals = values_of(r)
+    else:       # a result the compiler assembled (a mask with unordered levels)
+        dense = r.to_dense() if isinstance(r, SparseTensor) else r
+        vals = dense[tuple(mask.indices())] if mask.nnz else x.new_zeros(0)
+    return from_values(mask._storage, vals if vals.dtype == x.dtype else vals.to(x.dtype))
+
+
+def _masked_assignment(rank: int):
+    """``out = stored(T0) * T1`` over ``rank`` dimensions, one object per rank."""
+    from ..tensor_compiler import Access, Assignment, kept_assignment
+    from ..tensor_compiler.index_notation import Apply, Mul
+    v = "abcdefghijklmnopqrstuvwxyz"[:rank]
+    return kept_assignment(("sparse_mask", rank),
+                           lambda: Assignment(v, Mul(Apply("stored", Access(0, v)), Access(1, v))))
 
 
 # --- casts that autograd records ---------------------------------------------------------
