@@ -15,6 +15,7 @@ dimension raising.
 """
 from __future__ import annotations
 
+import math
 import random
 import warnings
 from typing import Callable, List, Optional, Tuple
@@ -74,7 +75,18 @@ UNARY: List[Unary] = [
     ("scaled_sum", lambda x: x * 0.5 + x if _float(x) else x),
     ("col_0", lambda x: x[:, 0] if x.dim() == 2 and x.shape[1] else x),
     ("relu_chain", lambda x: (x * 2).relu().sin()), ("inplace_then_relu", lambda x: (x * 1).mul_(2).relu()),
+    # session 24: products per head written on the pattern's arrays (its levels over a dense b)
+    ("heads_sddmm", lambda x: torch.einsum("ij,bi,bj->bij", x, _ramp((2, x.shape[0]), x.dtype),
+                                           _ramp((2, x.shape[1]), x.dtype)) if x.dim() == 2 else x),
+    ("heads_scale", lambda x: torch.einsum("ij,bij->bij", x, _ramp((3,) + tuple(x.shape), x.dtype))
+                              if x.dim() == 2 else x),
 ]
+
+
+def _ramp(shape, dtype: torch.dtype) -> torch.Tensor:
+    """A fixed dense operand of ``shape``: values from -2 to 2, in ``dtype``."""
+    n = max(1, math.prod(shape))
+    return torch.linspace(-2.0, 2.0, n, dtype=torch.float64).reshape(shape).to(dtype)
 
 
 def _float(x) -> bool:
@@ -195,7 +207,10 @@ def run_chain(seed: int, dtype: torch.dtype) -> None:
             args_s, args_d = (xs,), (xd,)
         names.append(name)
         try:
-            nd = f(*args_d)
+            # the reference in memory of its own: torch's slice_scatter of an unfold (rows
+            # shared by two windows) wrote through the alias and doubled the other window's
+            # copy of the row (session 24's chains: unfold -> slice_scatter)
+            nd = f(*args_d).contiguous()
         except (RuntimeError, IndexError, TypeError, ValueError):
             return                                    # dense torch refuses (an op ints lack)
         xs, xd = f(*args_s), nd
