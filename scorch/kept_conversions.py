@@ -143,7 +143,7 @@ def inverse_permuted(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """``out`` with ``out[perm] = values``: values on a converted pattern (``perm`` from
     ``reformat_permutation``) back at the source's positions, by a gather through the kept
     inverse (no scatter)."""
-    return values.index_select(0, _inverse(perm))
+    return _gather(values, _inverse(perm))
 
 
 #: a permutation -> (weak reference to the values, the gathered values), while the values'
@@ -157,7 +157,7 @@ def _gathered(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     hit = _GATHERED.get(perm, stamp=values._version)
     if hit is not None and hit[0]() is values:
         return hit[1]
-    out = values.index_select(0, perm)   # (advanced indexing ``values[perm]``: 6x slower)
+    out = _gather(values, perm)   # (advanced indexing ``values[perm]``: 6x slower)
     _GATHERED.put(perm, (weakref.ref(values), out), stamp=values._version)
     return out
 
@@ -215,7 +215,7 @@ class _Permuted(torch.autograd.Function):
     @staticmethod
     def forward(ctx, values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
         ctx.perm = perm
-        return values.index_select(0, perm)
+        return _gather(values, perm)
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
@@ -226,8 +226,44 @@ def permuted(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """``values[perm]`` for a permutation of positions, differentiable in ``values``."""
     if torch.is_grad_enabled() and values.requires_grad:
         return _Permuted.apply(values, perm)
-    return values.index_select(0, perm)
+    return _gather(values, perm)
 
 
 def reformat_cache_info() -> Dict[str, int]:
     return {"patterns": len(_REFORMATTED), **_stats}
+
+
+# --- gathers through a permutation ---------------------------------------------------------
+
+#: a permutation -> (k, the permutation of its blocks) where it moves blocks of k consecutive
+#: positions together, else (1, None)
+_BLOCKS = TensorKeyedCache()
+
+
+def _gather(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """``values[perm]``, by blocks where ``perm`` moves whole blocks: a pattern transposed
+    over dense levels (attention heads under the pattern, 'dcdd') keeps each entry's block
+    of values together, and gathering 16-byte blocks is ~6x faster than single values
+    (2.3M values: 9.5 -> 1.6 ms, 1 thread)."""
+    got = _BLOCKS.get(perm)
+    if got is None:
+        got = _BLOCKS.put(perm, _blocks(perm))
+    k, blocks = got
+    if k == 1 or values.dim() != 1:
+        return values.index_select(0, perm)
+    return values.reshape(-1, k).index_select(0, blocks).reshape(-1)
+
+
+def _blocks(perm: torch.Tensor) -> Tuple[int, Optional[torch.Tensor]]:
+    """The largest block size k (16, 8, 4, 2) such that ``perm`` moves aligned blocks of k
+    consecutive positions as wholes, and the permutation of those blocks."""
+    n = perm.numel()
+    for k in (16, 8, 4, 2):
+        if n % k or n < 2 * k:
+            continue
+        rows = perm.view(-1, k)
+        first = rows[:, 0]
+        if bool((first % k == 0).all()) and \
+                bool((rows == first[:, None] + torch.arange(k, dtype=perm.dtype)).all()):
+            return k, torch.div(first, k, rounding_mode="floor")
+    return 1, None

@@ -127,3 +127,17 @@ def test_softmax_of_broadcast_scores_gradients_match_dense(log):
     (torch.where(mask, fn(full, dim=-1), 0.0) * w).sum().backward()
     torch.testing.assert_close(q.grad, qd.grad)
     torch.testing.assert_close(k.grad, kd.grad)
+
+
+@pytest.mark.parametrize("k,aligned", [(4, True), (2, True), (4, False), (1, True)])
+def test_gathers_through_a_permutation_by_blocks(k, aligned):
+    # a transpose over dense heads moves each entry's k values together: gathered as blocks
+    g = torch.Generator().manual_seed(k)
+    rows = torch.randperm(50, generator=g)
+    perm = (rows[:, None] * k + torch.arange(k)).reshape(-1)
+    if not aligned:              # blocks that start off the k grid: gathered value by value
+        perm = torch.roll(perm, 1)
+    values = torch.randn(perm.numel(), dtype=F64, generator=g)
+    torch.testing.assert_close(kept_conversions._gather(values, perm), values[perm], rtol=0, atol=0)
+    found, _ = kept_conversions._blocks(perm)
+    assert found == (k if aligned and k > 1 else 1) or (aligned and found % k == 0)
