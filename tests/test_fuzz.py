@@ -434,6 +434,14 @@ def _dense_eval(e, ops, full):
         return torch.where(ma & mb, a * b, zero), ma & mb
     if isinstance(e, Div):
         return torch.where(ma, a / b, zero), ma | torch.zeros_like(mb)
+    # a constant side equal to 0 adds no stored entry (``A + 0`` stores what A stores,
+    # ``merge_lattice.zero_analysis``; a max over it skips A's unstored entries); any other
+    # constant makes the sum present everywhere. Found by seed 4242 (session 24):
+    # ``max_j (-(-1 - -1)) * -1 + T0(i,j)`` with T0 empty
+    if not accesses(e.a) and bool((a == 0).all()):
+        ma = torch.zeros_like(ma)
+    if not accesses(e.b) and bool((b == 0).all()):
+        mb = torch.zeros_like(mb)
     return (a + b if isinstance(e, Add) else a - b), ma | mb
 
 
