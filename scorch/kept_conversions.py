@@ -243,15 +243,27 @@ _BLOCKS = TensorKeyedCache()
 def _gather(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """``values[perm]``, by blocks where ``perm`` moves whole blocks: a pattern transposed
     over dense levels (attention heads under the pattern, 'dcdd') keeps each entry's block
-    of values together, and gathering 16-byte blocks is ~6x faster than single values
-    (2.3M values: 9.5 -> 1.6 ms, 1 thread)."""
+    of values together, and gathering 16-byte blocks is ~8x faster than single values
+    (2.3M values: 7.4 -> 0.9 ms, 1 thread)."""
     got = _BLOCKS.get(perm)
     if got is None:
         got = _BLOCKS.put(perm, _blocks(perm))
     k, blocks = got
     if k == 1 or values.dim() != 1:
         return values.index_select(0, perm)
+    wide = _WIDE.get(k * values.element_size())
+    if wide is not None and values.is_contiguous():
+        # one element of a wider type per block: torch's 1-D gather (a 2-D one copies each
+        # 16-byte row on its own: 1.7 against 0.9 ms for 580k blocks)
+        try:
+            return values.view(wide).index_select(0, blocks).view(values.dtype)
+        except RuntimeError:    # a storage offset off the wider type's alignment
+            pass
     return values.reshape(-1, k).index_select(0, blocks).reshape(-1)
+
+
+#: bytes of a block -> a type of that size to gather it as one element
+_WIDE = {2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.complex128}
 
 
 def _blocks(perm: torch.Tensor) -> Tuple[int, Optional[torch.Tensor]]:

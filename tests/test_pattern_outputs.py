@@ -137,7 +137,9 @@ def test_gathers_through_a_permutation_by_blocks(k, aligned):
     perm = (rows[:, None] * k + torch.arange(k)).reshape(-1)
     if not aligned:              # blocks that start off the k grid: gathered value by value
         perm = torch.roll(perm, 1)
-    values = torch.randn(perm.numel(), dtype=F64, generator=g)
-    torch.testing.assert_close(kept_conversions._gather(values, perm), values[perm], rtol=0, atol=0)
+    for dtype in (F64, torch.float32, torch.int16):
+        values = (torch.randn(perm.numel() + 1, dtype=F64, generator=g) * 100).to(dtype)
+        for v in (values[:-1], values[1:]):     # the second off a 16-byte alignment
+            torch.testing.assert_close(kept_conversions._gather(v, perm), v[perm], rtol=0, atol=0)
     found, _ = kept_conversions._blocks(perm)
     assert found == (k if aligned and k > 1 else 1) or (aligned and found % k == 0)
