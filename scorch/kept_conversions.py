@@ -65,10 +65,14 @@ def _reformat_entry(st: Storage, fmt: Format, build: bool = True) -> Optional[Tu
     anchor = _key_array(st)
     if anchor is None:
         return None
+    # one entry per set of arrays on the anchor: the attention scores (the pattern's
+    # arrays under dense heads) and the pattern itself share its crd array, and one entry
+    # stamped by either set's ids made each step's two views evict each other (every
+    # lookup then fell to the O(stored entries) content comparison)
     ids = tuple(id(a) for a in _arrays(st))
-    per_format = _REFORMATTED.get(anchor, stamp=ids)
+    per_format = _REFORMATTED.get(anchor, ids, stamp=ids)
     if per_format is None:
-        per_format = _REFORMATTED.put(anchor, {}, stamp=ids)
+        per_format = _REFORMATTED.put(anchor, {}, ids, stamp=ids)
     # the same arrays can be seen through another view (a permute: other shape and dims),
     # so the view is part of the key, not only the target format
     key = (fmt, st.format, st.shape, tuple(lv.dim for lv in st.levels))

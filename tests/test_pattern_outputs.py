@@ -143,3 +143,28 @@ def test_gathers_through_a_permutation_by_blocks(k, aligned):
             torch.testing.assert_close(kept_conversions._gather(v, perm), v[perm], rtol=0, atol=0)
     found, _ = kept_conversions._blocks(perm)
     assert found == (k if aligned and k > 1 else 1) or (aligned and found % k == 0)
+
+
+def test_an_attention_training_step_converts_nothing_after_the_second():
+    # scores on the pattern's arrays, softmax on theirs, every transpose the backward reads
+    # kept: from the third step on, no conversion runs (only gathers of the current values)
+    dense, S = _pattern(12, 12, 0.3, "csr", 10)
+    dense[torch.arange(12), torch.arange(12)] = 1.0
+    S = scorch.sparse_tensor(dense, format="csr")
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 2, 12, 4, generator=g, dtype=F64, requires_grad=True) for _ in range(3))
+    infos = []
+    for _ in range(4):
+        for t in (q, k, v):
+            t.grad = None
+        probs = torch.softmax(scorch.einsum("ij,bhid,bhjd->bhij", S, q, k), dim=-1)
+        (probs @ v).pow(2).sum().backward()
+        infos.append(kept_conversions.reformat_cache_info())
+    assert infos[3]["misses"] == infos[2]["misses"]
+    assert infos[3]["hits"] > infos[2]["hits"]
+    full = torch.einsum("ij,bhid,bhjd->bhij", dense, q, k).masked_fill(dense == 0, float("-inf"))
+    qd, kd, vd = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    full = torch.einsum("ij,bhid,bhjd->bhij", dense, qd, kd).masked_fill(dense == 0, float("-inf"))
+    (torch.softmax(full, -1) @ vd).pow(2).sum().backward()
+    for got, want in ((q, qd), (k, kd), (v, vd)):
+        torch.testing.assert_close(got.grad, want.grad)
