@@ -253,7 +253,7 @@ def _gather(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     if got is None:
         got = _BLOCKS.put(perm, _blocks(perm))
     k, blocks = got
-    if k == 1 or values.dim() != 1:
+    if k == 1 or values.dim() != 1 or values.requires_grad:   # (a dtype view is not differentiable)
         return values.index_select(0, perm)
     wide = _WIDE.get(k * values.element_size())
     if wide is not None and values.is_contiguous():
