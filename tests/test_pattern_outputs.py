@@ -168,3 +168,20 @@ def test_an_attention_training_step_converts_nothing_after_the_second():
     (torch.softmax(full, -1) @ vd).pow(2).sum().backward()
     for got, want in ((q, qd), (k, kd), (v, vd)):
         torch.testing.assert_close(got.grad, want.grad)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, 3])
+def test_reductions_of_heads_under_a_pattern_are_laid_out_as_torchs(dim):
+    # max / softmax sums are computed in the order the scores store their dimensions
+    # (i, then b, h) and read back in dimension order: values as torch's, amax contiguous
+    dense, S = _pattern(7, 6, 0.5, "csr", 12)
+    q, k = torch.randn(2, 3, 7, 4, dtype=F64), torch.randn(2, 3, 6, 4, dtype=F64)
+    scores = scorch.einsum("ij,bhid,bhjd->bhij", S, q, k)
+    full = scores.to_dense()
+    got = torch.amax(scores, dim)
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, torch.amax(full, dim))
+    mask = (dense != 0).expand_as(full)
+    y = torch.softmax(scores, dim).to_dense()
+    want = torch.softmax(full.masked_fill(~mask, float("-inf")), dim).nan_to_num(0.0)
+    torch.testing.assert_close(y, torch.where(mask, want, 0.0))

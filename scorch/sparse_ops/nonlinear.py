@@ -113,21 +113,27 @@ def _assignment(fn: str, rank: int, p: Optional[float]):
     return _tc().kept_assignment(("apply", fn, rank, p), build)
 
 
-def _reduction(rank: int, dims: Tuple[int, ...], reduce: str):
-    """``out(kept) = reduce over dims of T0`` with the kept variables, one object per kind."""
+def _reduction(rank: int, dims: Tuple[int, ...], reduce: str, kept: Optional[Tuple[int, ...]] = None):
+    """``out(kept) = reduce over dims of T0`` with the kept variables (in ``kept``'s order
+    when given), one object per kind."""
     def build():
         tc = _tc()
         v = _vars(rank)
-        keep = "".join(c for d, c in enumerate(v) if d not in dims)
+        order = kept if kept is not None else [d for d in range(rank) if d not in dims]
+        keep = "".join(v[d] for d in order)
         return tc.Assignment(keep, tc.Access(0, v), reduce), keep
-    return _tc().kept_assignment(("reduce", rank, dims, reduce), build)
+    return _tc().kept_assignment(("reduce", rank, dims, reduce, kept), build)
 
 
 def _reduce_stored(t: SparseTensor, dims: Tuple[int, ...], reduce: str, dense: bool = True):
-    """max/min over the stored entries along ``dims`` (an empty fiber: -inf / +inf)."""
-    assignment, keep = _reduction(t.dim(), tuple(dims), reduce)
+    """max/min over the stored entries along ``dims`` (an empty fiber: -inf / +inf); a
+    dense result is computed in the order t stores the kept dimensions and read back in
+    dimension order (``fiber_ops.kept_in_storage_order``)."""
+    kept = fiber_ops.kept_in_storage_order(t._storage, dims) if dense else None
+    assignment, keep = _reduction(t.dim(), tuple(dims), reduce, kept)
     out_format = "dense" if (dense and keep) else None
-    return _tc().compute(assignment, t, out_format=out_format)
+    r = _tc().compute(assignment, t, out_format=out_format)
+    return fiber_ops.to_dimension_order(r, kept) if kept is not None else r
 
 
 def _stored_count(t: SparseTensor, dims: Tuple[int, ...]) -> torch.Tensor:
@@ -152,7 +158,7 @@ def _extreme(name: str, reduce: str, t: SparseTensor, dim, keepdim: bool) -> tor
         zero = torch.zeros((), dtype=m.dtype)
         implicit = count < extent
         return torch.where(implicit, torch.maximum(m, zero) if reduce == "max"
-                           else torch.minimum(m, zero), m)
+                           else torch.minimum(m, zero), m).contiguous()   # (m: in storage order)
     m = fiber_ops.extreme(t, dims, run)   # torch's backward: split among ties
     if keepdim:
         for d in dims:
@@ -186,7 +192,7 @@ def _softmax(t: SparseTensor, dim: int, log: bool, dtype: Optional[torch.dtype])
     return fiber_ops.softmax(t, dim, log, lambda x: _softmax_kernels(x, dim, log))
 
 
-def _softmax_assignments(rank: int, dim: int, log: bool):
+def _softmax_assignments(rank: int, dim: int, log: bool, kept: Tuple[int, ...]):
     """The exponentials on the pattern, their sums and the result, over T0 = x,
     T1 = the fibers' max (T2 = the sums, for log): one set of objects per kind of call.
     ``stored(x)`` keeps each on x's pattern, one sparse operand: the kernel writes the
@@ -200,21 +206,23 @@ def _softmax_assignments(rank: int, dim: int, log: bool):
         A, M = tc.Access(0, v), tc.Access(1, keep)
         P = Apply("stored", A)
         exps = tc.Assignment(v, P * Apply("exp", A - M))
-        sums = tc.Assignment(keep, tc.Access(0, v))
+        # the sums laid out as x stores the kept dimensions (fiber_ops.kept_in_storage_order)
+        sums = tc.Assignment("".join(v[d] for d in kept), tc.Access(0, v))
         if log:
             result = tc.Assignment(v, P * (A - M - Apply("log", tc.Access(2, keep))))
         else:
             result = tc.Assignment(v, Div(tc.Access(0, v), tc.Access(1, keep)))
         return exps, sums, result, keep
-    return _tc().kept_assignment(("softmax", rank, dim, log), build)
+    return _tc().kept_assignment(("softmax", rank, dim, log, kept), build)
 
 
 def _softmax_kernels(t: SparseTensor, dim: int, log: bool) -> SparseTensor:
     tc = _tc()
-    exps, sums, result, keep = _softmax_assignments(t.dim(), dim, log)
+    kept = fiber_ops.kept_in_storage_order(t._storage, (dim,))
+    exps, sums, result, keep = _softmax_assignments(t.dim(), dim, log, kept)
     m = _reduce_stored(t, (dim,), "max")                       # -inf on empty fibers
     e = _wrap(tc.compute(exps, t, m))
-    s = tc.compute(sums, e, out_format="dense" if keep else None)
+    s = fiber_ops.to_dimension_order(tc.compute(sums, e, out_format="dense" if keep else None), kept)
     if not log:
         return _wrap(tc.compute(result, e, s))
     return _wrap(tc.compute(result, t, m, s))
