@@ -152,6 +152,14 @@ class Format:
     def with_mode_order(self, mode_order: Sequence[int]) -> "Format":
         return Format(self._levels, mode_order, self._block)
 
+    def dense_tail(self) -> Tuple[int, ...]:
+        """The dimensions stored in full below the last sparse level, in level order
+        (attention scores 'dcdd' (i, j, b, h): b, h): independent of the pattern."""
+        tail = len(self._levels)
+        while tail > 0 and self._levels[tail - 1].full:
+            tail -= 1
+        return tuple(self._mode_order[tail:])
+
     def transposed_copy(self, mode_order: Sequence[int]) -> "Format":
         """The format of a copy of a tensor in this format stored in ``mode_order``.
 
@@ -163,10 +171,7 @@ class Format:
         there would get one slot per stored parent position (a b x h x n x n blow-up for
         attention scores 'dcdd' (i, j, b, h) stored as (b, h, j, i)) and is compressed."""
         by_dim = dict(zip(self._mode_order, self._levels))
-        tail = len(self._levels)
-        while tail > 0 and self._levels[tail - 1].full:
-            tail -= 1
-        free = set(self._mode_order[tail:])
+        free = set(self.dense_tail())
         kinds, sparse_above = [], False
         for k, d in zip(self._levels, mode_order):
             kind = k.output_kind()

@@ -66,14 +66,6 @@ def _read_torch_layouts(what: str, operands) -> tuple:
 
 # --- the transposes a gradient kernel reads, kept on the tensor -----------------------------
 
-def _dense_tail(fmt) -> tuple:
-    """The dimensions of ``fmt``'s dense levels below its last sparse one, in level order."""
-    k = len(fmt.levels)
-    while k > 0 and fmt.levels[k - 1].full:
-        k -= 1
-    return tuple(fmt.mode_order[k:])
-
-
 def _output_first(equation: str, ops: list) -> list:
     """A dense operand's gradient einsum (``A^T @ grad_C`` for SpMM) reads a sparse operand
     whose outer stored level is summed: left as it is, the kernel scatters into the output
@@ -97,7 +89,7 @@ def _output_first(equation: str, ops: list) -> list:
         # 12.6 -> 6.7 ms, no second transpose); alone, each head's rows come first, so
         # the kernel sums an output row in registers (v's gradient: 2.6 ms, 6.5 ms without)
         partners = [o for m, o in enumerate(ops) if m != n and isinstance(o, SparseTensor)]
-        tail = _dense_tail(fmt) if partners else ()
+        tail = fmt.dense_tail() if partners else ()
         first = sorted((d for d in range(len(term)) if term[d] in out and d not in tail),
                        key=lambda d: out.index(term[d]))
         if not first:
