@@ -137,17 +137,16 @@ def _sparse_mask(x, mask):
     if tuple(x.shape) != tuple(mask.shape):
         raise RuntimeError(f"sparse_mask(): expected the dense tensor and the mask to have the same "
                            f"shape, got {tuple(x.shape)} and {tuple(mask.shape)}")
-    if mask.dim() == 0 or mask._storage.format.block is not None:
-        coords = mask.indices()
-        return from_values(mask._storage, x[tuple(coords)] if coords.shape[1] else x.new_zeros(0))
-    from ..gradients import compute
-    r = compute(_masked_assignment(mask.dim()), mask.detach(), x)
-    if isinstance(r, SparseTensor) and r._storage.shares_pattern(mask._storage):
-        vals = values_of(r)
-    else:       # a result the compiler assembled (a mask with unordered levels)
-        dense = r.to_dense() if isinstance(r, SparseTensor) else r
-        vals = dense[tuple(mask.indices())] if mask.nnz else x.new_zeros(0)
-    return from_values(mask._storage, vals if vals.dtype == x.dtype else vals.to(x.dtype))
+    if mask.dim() and mask._storage.format.block is None:
+        from ..gradients import compute
+        r = compute(_masked_assignment(mask.dim()), mask.detach(), x)
+        if isinstance(r, SparseTensor) and r._storage.shares_pattern(mask._storage):
+            vals = values_of(r)
+            return from_values(mask._storage, vals if vals.dtype == x.dtype else vals.to(x.dtype))
+    # a 0-d or blocked mask, or a result the compiler did not write on the mask's arrays:
+    # x gathered at the mask's coordinates (O(stored entries))
+    coords = mask.indices()
+    return from_values(mask._storage, x[tuple(coords)] if coords.shape[1] else x.new_zeros(0))
 
 
 def _masked_assignment(rank: int):
