@@ -15,6 +15,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <array>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -58,6 +59,7 @@ struct Spec {
   std::vector<Dim> dims;             // the first occurrence of a variable defines its size
   int nvars = 0;
   std::vector<std::pair<int, int>> unit;   // (op, dim) read with stride 1
+  std::vector<std::array<int, 3>> order;   // (op, u, w): dim w not nested outside dim u
   std::vector<Arg> args;
   int64_t min_work = 0;
   at::ScalarType out_dtype = at::kFloat;
@@ -164,6 +166,12 @@ bool parse_spec(PyObject* d, Spec* s) {
     for (size_t i = 0; i + 2 <= flat.size(); i += 2)
       s->unit.push_back({flat[i], flat[i + 1]});
   }
+  if ((o = PyDict_GetItemString(d, "order"))) {   // optional
+    std::vector<int> flat;
+    if (!int_list(o, &flat)) return false;
+    for (size_t i = 0; i + 3 <= flat.size(); i += 3)
+      s->order.push_back({flat[i], flat[i + 1], flat[i + 2]});
+  }
   if (!(o = PyDict_GetItemString(d, "args"))) goto missing;
   {
     PyObject* fast = PySequence_Fast(o, "args");
@@ -243,6 +251,12 @@ bool parse_spec(PyObject* d, Spec* s) {
     if (u.first < 0 || u.first >= (int)s->ops.size() || s->ops[u.first].kind != kDense ||
         u.second < 0 || u.second >= s->ops[u.first].ndim) {
       PyErr_SetString(PyExc_ValueError, "fastcall: unit-stride entry names no dense operand");
+      return false;
+    }
+  for (auto& u : s->order)
+    if (u[0] < 0 || u[0] >= (int)s->ops.size() || s->ops[u[0]].kind != kDense ||
+        u[1] < 0 || u[1] >= s->ops[u[0]].ndim || u[2] < 0 || u[2] >= s->ops[u[0]].ndim) {
+      PyErr_SetString(PyExc_ValueError, "fastcall: loop-order entry names no dense operand");
       return false;
     }
   for (const Arg& a : s->args) {
@@ -425,6 +439,10 @@ PyObject* try_fast(Plan* self, PyObject* list) {
   for (auto& u : s.unit) {
     const at::Tensor& t = *dense[u.first];
     if (t.stride(u.second) != 1 && t.size(u.second) > 1) return nullptr;   // re-layout first
+  }
+  for (auto& u : s.order) {   // nested against the loops (relayout.out_of_order): Python runner
+    const at::Tensor& t = *dense[u[0]];
+    if (t.stride(u[2]) > t.stride(u[1]) && t.size(u[2]) > 1 && t.size(u[1]) > 1) return nullptr;
   }
   int64_t out_sizes[kMaxVars];
   int out_rank = (int)s.out_vars.size();

@@ -15,7 +15,7 @@ from ..formats import Format
 from ..level_storage import Storage
 from .codegen import print_kernel
 from .lower import lower_kernel
-from .execute import gathered_relayout, run, stored_entries, strided_reads
+from .execute import gathered_relayout, ordered_relayout, run, stored_entries, strided_reads
 from .frontend import bind_sizes, check_equation
 from .index_notation import Assignment, accesses
 from .operands import as_operand
@@ -380,7 +380,13 @@ def _relayouts(entry, ops) -> list:
             continue     # blocked operands split into grid and block variables: not shown
         var = ap.indices[d]
         if x.stride(d) == 1 or x.shape[d] <= 1:
-            out.append(f"operand {ap.tensor} ({var} has stride 1): read in place")
+            if ordered_relayout(entry, ops, ap, x):
+                order = ", ".join(ap.indices[k] for k in _perm)
+                out.append(f"operand {ap.tensor} ({var} has stride 1; a sparse loop separates "
+                           f"dimensions it nests the other way): copied to loop order ({order}) "
+                           f"once per call, {x.numel()} entries")
+            else:
+                out.append(f"operand {ap.tensor} ({var} has stride 1): read in place")
             continue
         reads = strided_reads(entry, ops, x.shape[d])   # the copy against the kernel's reads
         if reads is not None:

@@ -21,8 +21,8 @@ def arg_table(args, s) -> List[tuple]:
     """Per field ``(kind, a, b)``: SIZE (variable, 0); STORAGE (access, index into the
     storage's ``storage_pointers``: ``2 * level + (crd)``, or -2 for the values); DATA (dense
     access, 0); STRIDE (access, its dimensions indexed by the variable: strides summed); OUT;
-    OUT_STRIDE (0, the output variables after it: sizes multiplied, the output is fresh and
-    contiguous)."""
+    OUT_STRIDE (0, the output variables after it in memory order: sizes multiplied, the
+    output is fresh and contiguous in that order)."""
     out = s.output
     table = []
     for _, _, what in args:
@@ -39,7 +39,8 @@ def arg_table(args, s) -> List[tuple]:
         elif tag == "out":
             table.append((OUT, 0, 0))
         elif tag == "ostride":
-            table.append((OUT_STRIDE, 0, tuple(out.vars[out.vars.index(what[1]) + 1:])))
+            mem = out.memory_order
+            table.append((OUT_STRIDE, 0, tuple(mem[mem.index(what[1]) + 1:])))
         else:
             raise ValueError(f"unknown kernel argument {what!r}")
     return table

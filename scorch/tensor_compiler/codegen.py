@@ -53,14 +53,14 @@ import torch
 from .loop_ir import (AddTo, ArgSpec, AppendEntry, Assign, Call, ChunkFunction, DenseOutput, For, If,
                       Kernel, LevelCode, RowEnd, RowsOutput, Stmt, While)
 from .lower import (CTYPES, DENSE_WS_LIMIT, ITYPES, NPTYPES, SHORT_ROWS, SHORT_ROWS_BY_DTYPE,
-                    kernel_facts, lower_kernel, reads_strided, relayouts, gather_relayouts, short_rows, short_rows_limit,
+                    kernel_facts, lower_kernel, reads_strided, relayouts, order_relayouts, gather_relayouts, short_rows, short_rows_limit,
                     unit_stride_accesses)
 from .lower.register_tile import has_tile
 from .schedule import Schedule
 from .target import MIN_VECTOR_BYTES, SOURCE_TAG, value_bytes, vector_type_name
 
 # the type tables and schedule analyses live with the lowering; the compiler reads them here
-__all__ = ["generate", "print_kernel", "print_stmts", "panel_widths", "cache_panels", "tiled_widths", "reads_strided", "relayouts", "gather_relayouts",
+__all__ = ["generate", "print_kernel", "print_stmts", "panel_widths", "cache_panels", "tiled_widths", "reads_strided", "relayouts", "order_relayouts", "gather_relayouts",
            "short_rows", "short_rows_limit", "unit_stride_accesses", "CTYPES", "NPTYPES", "ITYPES", "ArgSpec",
            "SHORT_ROWS", "SHORT_ROWS_BY_DTYPE", "SHORT_ROWS_CFLAGS", "DENSE_WS_LIMIT", "CODEGEN_VERSION",
            "KERNEL_C_CAPSULE"]

@@ -16,10 +16,10 @@ from .assemble import assemble, pattern_ready, pattern_storage
 from .frontend import bind_sizes
 from .operands import cast_storage, convert_storage, unblocked
 from .plans import PlanEntry
-from .relayout import gather_pays, relayout, relayout_pays
+from .relayout import gather_pays, order_pays, out_of_order, relayout, relayout_pays
 from .rewrite import inner_var, outer_var, split_operand
 from .runner import make_runner
-from .schedule import pattern_suffix
+from .schedule import dimension_permutation, pattern_suffix
 from .shared_pattern import run_values, values_plan
 from . import threads
 from .threads import work_of
@@ -66,6 +66,8 @@ def prepare_operands(entry: PlanEntry, ops, sizes, orig=None):
                     x = x.expand(tuple(full[k] if k == d else s for k, s in enumerate(x.shape)))
                 if x.stride(d) != 1 and full[d] > 1 and _relayout_pays(entry, ops, x, full[d]):
                     x = relayout(x, rl[1], rl[2], threads.threads_for, ap.id)  # scratch: this call only
+                elif ordered_relayout(entry, ops, ap, x):
+                    x = relayout(x, rl[1], rl[2], threads.threads_for, ap.id)
             elif gathered_relayout(entry, ops, ap, x, sizes):
                 rl = entry.gather_relayout[ap.id]
                 x = relayout(x, rl[1], rl[2], threads.threads_for, ap.id)  # scratch: this call only
@@ -84,6 +86,16 @@ def strided_reads(entry: PlanEntry, ops, extent: int):
 
 def stored_entries(entry: PlanEntry, ops) -> int:
     return sum(ops[t].values.numel() for t in {ap.tensor for ap in entry.schedule.accesses if ap.sparse})
+
+
+def ordered_relayout(entry: PlanEntry, ops, ap, x) -> bool:
+    """Whether the streamed dense operand ``x`` (stride 1 where the innermost loop reads
+    it) of access ``ap`` is copied to loop order for this call: it nests a dimension below
+    a sparse loop outside one above (``codegen.order_relayouts``) and the copy pays. One
+    rule for the run and ``explain``."""
+    pairs = entry.order_relayout.get(ap.id)
+    return (pairs is not None and entry.split is None and x.dim() == len(ap.indices)
+            and out_of_order(x, pairs) and order_pays(x.numel(), stored_entries(entry, ops)))
 
 
 def gathered_relayout(entry: PlanEntry, ops, ap, x, sizes) -> bool:
@@ -206,11 +218,15 @@ def run_general(entry: PlanEntry, ops):
         mod.kernel(arg_values(arg_table(args, entry.schedule), data, sizes, out),
                    threads.threads_for(work_of(data)))
         return pattern_storage(entry, P, out, sizes)
-    if out_plan.dense:
-        out = empty_output(tuple(sizes[v] for v in out_plan.vars), entry.value_dtype)  # kernel zeroes it
+    if out_plan.dense:   # (the kernel zeroes it)
+        out = empty_output(tuple(sizes[v] for v in out_plan.memory_order), entry.value_dtype)
     res = (short or mod).kernel(arg_values(arg_table(args, entry.schedule), data, sizes, out),
                                 threads.threads_for(work_of(data)), panel_for(entry, data, sizes))
     if out_plan.dense:
+        if out_plan.layout:   # laid out in loop order (schedule.dense_layout)
+            out = out.permute(dimension_permutation(out_plan))
+            if entry.split is None:
+                out = out.contiguous()
         if entry.split is not None:
             bs = entry.split
             out = out.reshape(tuple(sizes[outer_var(v)] * sizes[inner_var(v)] if v in bs else sizes[v]

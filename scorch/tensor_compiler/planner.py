@@ -112,6 +112,9 @@ def make_entry(asg: Assignment, operand_indices, ops, out_format: Optional[Forma
     # specialized for it): when its layout does not give that, the kernel reads a copy laid
     # out in loop order (e.g. SDDMM's C, read along k)
     entry.relayout.update(codegen.relayouts(sched))
+    # ... and in loop order above it too where a sparse loop separates its variables
+    # (relayout.out_of_order: per call, from its strides)
+    entry.order_relayout.update(codegen.order_relayouts(sched))
     # a dense operand a sparse loop gathers below a loop over its other indices is read
     # with its strides; copied to loop order per call where that pays (relayout.gather_pays)
     entry.gather_relayout.update(codegen.gather_relayouts(sched))

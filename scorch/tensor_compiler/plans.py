@@ -51,9 +51,12 @@ class Plan:
     relayouts: List[str] = field(default_factory=list)   # dense operands copied per call
 
     def __str__(self) -> str:
+        out = self.schedule.output if self.schedule is not None else None
+        laid = (f" (written in loop order {', '.join(out.layout)}, returned in dimension order)"
+                if out is not None and out.layout else "")
         lines = [f"expression:   {self.assignment}",
                  f"loop order:   {', '.join(self.loop_order)}",
-                 f"output:       {self.output_format}",
+                 f"output:       {self.output_format}{laid}",
                  f"workspaces:   {', '.join(self.workspaces) or 'none'}",
                  f"tiled:        {', '.join(self.tiled) or 'none'}"]
         for n, a, b in self.transposes:
@@ -94,6 +97,7 @@ class PlanEntry:
     short_rows: Any = None                                     # codegen.short_rows of the schedule
     relayout: Dict[int, tuple] = field(default_factory=dict)   # dense access -> (dim, perm, inverse)
     gather_relayout: Dict[int, tuple] = field(default_factory=dict)  # the same, gathered operands
+    order_relayout: Dict[int, tuple] = field(default_factory=dict)   # relayout's, by order: dim pairs
     split: Optional[Dict[str, int]] = None   # blocked operands read natively: var -> block size
     runner: Any = None            # warm-call fast path (runner.py), once a kernel is loaded
     shared: Any = None            # shared_pattern.values_plan, decided on the first run (False: none)

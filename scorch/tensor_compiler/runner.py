@@ -26,8 +26,8 @@ from .allocate import EMPTY_NUMPY_MIN, empty_output
 from .assemble import assemble, pattern_storage
 from .codegen import reads_strided, short_rows_limit
 from .plans import storage_pointers, storage_signature
-from .relayout import gather_pays, relayout, relayout_pays
-from .schedule import pattern_suffix
+from .relayout import gather_pays, order_pays, out_of_order, relayout, relayout_pays
+from .schedule import dimension_permutation, pattern_suffix
 from . import threads
 from .tiling import choose_panel, gathers_cleared, panel_chooser, relaid_panel_narrower
 
@@ -54,7 +54,8 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
     env = {"torch": torch, "VT": vt, "KERNEL": module.kernel, "THREADS": threads.threads_for,
            "ASSEMBLE": assemble, "ENTRY": entry, "PATTERN": pattern_storage, "PTRS": storage_pointers,
            "TEMPTY": torch.empty, "RELAYOUT": relayout, "EMPTY": empty_output,
-           "PAYS": relayout_pays, "GPAYS": gather_pays, "NARROWER": relaid_panel_narrower}
+           "PAYS": relayout_pays, "GPAYS": gather_pays, "NARROWER": relaid_panel_narrower,
+           "OUT_OF_ORDER": out_of_order, "ORDER_PAYS": order_pays}
     sparse = set()
     for n, aps in by_tensor.items():
         if aps[0].sparse:
@@ -103,6 +104,12 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
             pays = f" and PAYS({x}.numel(), ({nnz}) * {x}.shape[{d}])"
         w(f"    if {x}.stride({d}) != 1 and {x}.shape[{d}] > 1{pays}:")
         w(f"        {x} = RELAYOUT({x}, {tuple(perm)!r}, {tuple(inv)!r}, THREADS, {ap.id})")
+        pairs = entry.order_relayout.get(i)
+        if pairs:
+            # ... and in loop order above it where a sparse loop separates its variables
+            nnz = " + ".join(f"p{n}[-1]" for n in sorted(sparse)) or "0"
+            w(f"    elif OUT_OF_ORDER({x}, {pairs!r}) and ORDER_PAYS({x}.numel(), {nnz}):")
+            w(f"        {x} = RELAYOUT({x}, {tuple(perm)!r}, {tuple(inv)!r}, THREADS, {ap.id})")
     for i, (d, perm, inv) in entry.gather_relayout.items():
         # a dense operand gathered by a sparse loop: copied to loop order where that pays
         ap = s.accesses[i]
@@ -128,7 +135,7 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
     if out.dense:
         # written (or zeroed) by the kernel; torch.empty with int sizes is the cheapest call
         # (~0.9 us, a tuple costs 0.5 us more), big outputs go through numpy (huge pages)
-        dims = [seen[v] for v in out.vars]
+        dims = [seen[v] for v in out.memory_order]
         shape = ", ".join(dims)
         w(f"    if {' * '.join(dims) or '1'} < {EMPTY_NUMPY_MIN}:")
         w(f"        out = TEMPTY({shape + ', ' if dims else '(), '}dtype=VT)")
@@ -183,7 +190,10 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
         w(f"    res = kern([{', '.join(vals)}], nt, {panel})")
     else:
         w(f"    res = KERNEL([{', '.join(vals)}], nt, {panel})")
-    if out.dense:
+    if out.dense and out.layout:
+        # laid out in loop order (schedule.dense_layout): the result in dimension order
+        w(f"    return out.permute({dimension_permutation(out)!r}).contiguous()")
+    elif out.dense:
         w("    return out")
     elif out.pattern >= 0:
         sizes = ", ".join(f"{v!r}: {seen[v]}" for v in s.loop_order)
@@ -209,6 +219,8 @@ def _c_plan(entry, module, args, fallback, env, seen, sparse, by_tensor):
     out = s.output
     if not (out.dense or out.pattern >= 0) or not hasattr(module, "KERNEL_C"):
         return None
+    if out.layout:
+        return None    # the C plan returns the output as allocated (in dimension order)
     if out.pattern >= 0 and pattern_suffix(s):
         return None    # the C plan sizes a pattern output by the pattern's values alone
     if any(idx and n not in by_tensor for n, idx in enumerate(entry.operand_indices)):
@@ -230,6 +242,8 @@ def _c_plan(entry, module, args, fallback, env, seen, sparse, by_tensor):
     dims = [(n, d, var[v]) for n, idx in enumerate(entry.operand_indices) for d, v in enumerate(idx)]
     # the C plan runs operands at stride 1 there only (else the Python runner re-lays out)
     unit = [(s.accesses[i].tensor, d) for i, (d, _, _) in list(entry.relayout.items()) + list(entry.gather_relayout.items())]
+    # ... and declines operands nested against the loops (out_of_order: the runner copies)
+    order = [(s.accesses[i].tensor, u, w) for i, pairs in sorted(entry.order_relayout.items()) for u, w in pairs]
     c_args = []
     for kind, a, b in by_operand(arg_table(args, s), s):
         if kind == SIZE:
@@ -241,7 +255,7 @@ def _c_plan(entry, module, args, fallback, env, seen, sparse, by_tensor):
         else:
             c_args.append((kind, a, b))
     spec = {"operands": operands, "dims": [x for t in dims for x in t],
-            "unit": [x for t in unit for x in t], "args": c_args, "nvars": len(var),
+            "unit": [x for t in unit for x in t], "order": [x for t in order for x in t], "args": c_args, "nvars": len(var),
             "min_work": threads.PARALLEL_MIN_WORK, "out_max": EMPTY_NUMPY_MIN, "out_dtype": vt,
             "out_vars": [var[v] for v in out.vars], "short": None, "panel": None, "pattern": None}
     if out.pattern >= 0:

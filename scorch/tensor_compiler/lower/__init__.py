@@ -15,9 +15,9 @@ The pieces, each a pure function of its inputs:
 """
 from .entry import kernel_args, lower_kernel
 from .facts import (CTYPES, DENSE_WS_LIMIT, ITYPES, NPTYPES, SHORT_ROWS, SHORT_ROWS_BY_DTYPE,
-                    kernel_facts, reads_strided, relayouts, gather_relayouts, short_rows, short_rows_limit,
+                    kernel_facts, reads_strided, relayouts, order_relayouts, gather_relayouts, short_rows, short_rows_limit,
                     unit_stride_accesses)
 
 __all__ = ["lower_kernel", "kernel_args", "kernel_facts", "CTYPES", "NPTYPES", "ITYPES",
            "DENSE_WS_LIMIT", "SHORT_ROWS", "SHORT_ROWS_BY_DTYPE", "short_rows", "short_rows_limit",
-           "reads_strided", "relayouts", "gather_relayouts", "unit_stride_accesses"]
+           "reads_strided", "relayouts", "order_relayouts", "gather_relayouts", "unit_stride_accesses"]

@@ -18,7 +18,7 @@ from .. import merge_lattice as ml
 from ..functions import function
 from ..index_notation import Apply, Compare, Where
 from ..levels import LevelPlan
-from ..schedule import Schedule
+from ..schedule import Schedule, separated, sparse_loop_ranks
 from ..target import Target, current as current_target, value_bytes, vector_type_name
 
 __all__ = ["UNPREDICTABLE", "UNPREDICTABLE_DECL", "CTYPES", "NPTYPES", "ITYPES", "DENSE_WS_LIMIT", "SHORT_ROWS",
@@ -151,6 +151,28 @@ def relayouts(s: Schedule) -> Dict[int, Tuple[int, Tuple[int, ...], Tuple[int, .
         for n, d in enumerate(perm):
             inv[d] = n
         out[ap.id] = (ap.indices.index(s.loop_order[-1]), tuple(perm), tuple(inv))
+    return out
+
+
+def order_relayouts(s: Schedule) -> Dict[int, Tuple[Tuple[int, int], ...]]:
+    """Streamed dense accesses (:func:`relayouts`) whose layout also matters above the
+    innermost loop: the pairs of dimensions ``(u, w)`` with ``u`` looped at or above a
+    sparse loop and ``w`` below it (``schedule.separated``). An operand that arrives with
+    ``w`` outside ``u`` (a larger stride) is read at rows that far apart for every stored
+    entry: BigBird's scores at batch 8, ``ij,bhid,bhjd->bhij`` in loops ``i, j, b, h, d``,
+    read 32 head rows of ``q`` and of ``k`` 256 KB apart per entry (38 ms; 18 ms with both
+    in ``i, b, h, d`` order, a 0.5 ms copy each). The caller copies such an operand to
+    loop order where that pays (``relayout.order_pays``)."""
+    rank = {v: n for n, v in enumerate(s.loop_order)}
+    sparse = sparse_loop_ranks(s.loop_order, s.accesses)
+    out = {}
+    for i in sorted(unit_stride_accesses(s)):
+        idx = s.accesses[i].indices
+        pairs = tuple((du, dw) for du, u in enumerate(idx) for dw, w in enumerate(idx)
+                      if w != s.loop_order[-1]    # (its stride is 1: relayouts)
+                      and separated(rank[u], rank[w], sparse, inclusive=True))
+        if pairs:
+            out[i] = pairs
     return out
 
 
