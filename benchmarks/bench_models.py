@@ -36,14 +36,14 @@ import scorch  # noqa: E402
 CASES = {
     "gcn": ["cora", "pubmed", "arxiv", "cora-nodropout"],
     "sae": ["mnist", "fashion-mnist"],
-    "bigbird": ["n4096"],
+    "bigbird": ["n4096", "n2048-b8"],
     "moe": ["mnist-b1024", "mnist-b1024-h128"],
 }
 LABELS = {"scorch": "scorch", "scorch_dense_x": "scorch (dense input)", "scorch_wxt": "scorch (W @ x^T)", "torch_csr": "torch.sparse CSR",
           "torch_coo": "torch.sparse COO", "pyg": "PyG GCNConv", "dense_masked": "dense masked",
           "dense_gate": "dense-gate einsum"}
 # diagnostic variants, left out of the target means
-DIAGNOSTIC = {"cora-nodropout", "mnist-b1024-h128"}
+DIAGNOSTIC = {"cora-nodropout", "mnist-b1024-h128", "n2048-b8"}
 # (model, peer) -> the issue's target for peer time / scorch time of a training step
 TARGETS = {("gcn", "torch_csr"): 2.5, ("gcn", "pyg"): 1.5, ("sae", "torch_csr"): 2.0,
            ("bigbird", "dense_masked"): 1.5, ("moe", "dense_gate"): 2.0}
@@ -240,13 +240,17 @@ def sae_case(dataset: str, batch: int = 64, density: float = 0.1, batches: int =
 
 # --------------------------------------------------------------------------- BigBird attention
 
-def bigbird_case(dataset: str, n: int = 4096, heads: int = 4, head_dim: int = 32, block: int = 16) -> Case:
+def bigbird_case(dataset: str, heads: int = 4, head_dim: int = 32, block: int = 16) -> Case:
+    """``dataset``: ``n<tokens>`` (batch 1), or ``n<tokens>-b<batch>`` (a diagnostic: the
+    batch and the heads as dense levels under the pattern)."""
     import sparse_attention as sa
+    n, _, batch = dataset[1:].partition("-b")
+    n, batch = int(n), int(batch or 1)
     pattern = sa.bigbird_pattern(n, block, generator=torch.Generator().manual_seed(0))
-    case = Case("bigbird", dataset, f"attention fwd(+bwd): 1 x {heads} heads x {n} tokens x {head_dim}, "
+    case = Case("bigbird", dataset, f"attention fwd(+bwd): {batch} x {heads} heads x {n} tokens x {head_dim}, "
                 f"BigBird pattern (block {block}) {pattern.nnz / n ** 2:.1%} stored")
     gen = torch.Generator().manual_seed(0)
-    qkv = [torch.randn(1, heads, n, head_dim, generator=gen).requires_grad_() for _ in range(3)]
+    qkv = [torch.randn(batch, heads, n, head_dim, generator=gen).requires_grad_() for _ in range(3)]
     scale = 1 / math.sqrt(head_dim)
 
     def attention_impl(attend) -> Impl:
