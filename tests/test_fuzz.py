@@ -93,6 +93,8 @@ def random_kind(rng: random.Random, rank: int, repeats: bool) -> Kind:
     choices = ["dense"] * 3 + ["levels"] * 4 + ["named"] * 2
     if rank >= 1:
         choices += ["torch_coo"]
+    if rank >= 2:   # a dense tensor laid out in another order (a permuted view)
+        choices += ["dense_strided"]
     if rank == 2:
         choices += ["torch_csr", "blocked"] * (not repeats) + ["singleton"]
     if rank == 3:
@@ -103,6 +105,8 @@ def random_kind(rng: random.Random, rank: int, repeats: bool) -> Kind:
     idx = rng.choice([None, None, None, torch.int64])
     if what in ("dense", "torch_coo", "torch_csr"):
         return Kind(what)
+    if what == "dense_strided":
+        return Kind(what, Format("d" * rank, order))
     if what == "levels":
         return Kind("format", Format("".join(rng.choice("dcq") for _ in range(rank)), order), idx)
     if what == "named":
@@ -118,6 +122,9 @@ def random_kind(rng: random.Random, rank: int, repeats: bool) -> Kind:
 def make_operand(x: torch.Tensor, kind: Kind):
     if kind.name == "dense":
         return x
+    if kind.name == "dense_strided":   # the same values, stored in the kind's mode order
+        order = list(kind.fmt.mode_order)
+        return x.permute(*order).contiguous().permute(*[order.index(d) for d in range(x.dim())])
     if kind.name == "torch_coo":
         return x.to_sparse()
     if kind.name == "torch_csr":
@@ -236,7 +243,7 @@ def random_einsum(rng: random.Random) -> EinsumConfig:
 
 
 def kind_features(kind: Kind) -> set:
-    if kind.fmt is None:
+    if kind.fmt is None or kind.name == "dense_strided":
         return {kind.name}
     f = kind.fmt
     tags = {f"levels {f.level_string}", f"level kind {'+'.join(sorted(set(f.level_string)))}"}
@@ -265,7 +272,7 @@ def einsum_features(cfg: EinsumConfig) -> set:
 
 EINSUM_FEATURES = {"1 operands", "2 operands", "3 operands", "torch.float32", "torch.float64",
                    "torch.int64", "implicit output", "scalar output", "ellipsis", "broadcast",
-                   "public api", "diagonal", "reduction", "dense", "torch_coo", "torch_csr",
+                   "public api", "diagonal", "reduction", "dense", "dense_strided", "torch_coo", "torch_csr",
                    "blocked", "mode order permuted", "int64 indices", "rank 0", "rank 3",
                    "levels cs", "levels qs", "levels ds", "format csr", "format csc",
                    "format coo", "format dcsr", "format dcsc", "format csf", "level kind c+d+q"}
