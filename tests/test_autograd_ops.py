@@ -160,6 +160,7 @@ def test_softmax_gradients_match_torch_sparse(shape, density, log, seed, dtype, 
 def test_double_backward_softmax_and_unary():
     make, idx, v = _parts((4, 5), "csr")
     assert gradgradcheck(lambda v: _dense(torch.sparse.softmax(make(v), 1)), (v,))
+    assert gradgradcheck(lambda v: _dense(torch.sparse.log_softmax(make(v), 1)), (v,))
     assert gradgradcheck(lambda v: _dense(torch.tanh(make(v))), (v,))
 
 

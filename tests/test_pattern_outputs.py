@@ -185,3 +185,29 @@ def test_reductions_of_heads_under_a_pattern_are_laid_out_as_torchs(dim):
     y = torch.softmax(scores, dim).to_dense()
     want = torch.softmax(full.masked_fill(~mask, float("-inf")), dim).nan_to_num(0.0)
     torch.testing.assert_close(y, torch.where(mask, want, 0.0))
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_backward_finishes_in_its_own_result(monkeypatch, log):
+    """The backward's last step writes into the values of the result it has just computed
+    (``fiber_ops._own_values``: no fresh array), and the gradient equals dense torch's."""
+    from scorch.gradients import fiber_ops
+    taken = []
+    real = fiber_ops._own_values
+
+    def spy(*args):
+        taken.append(real(*args) is not None)
+        return None if taken[-1] is False else real(*args)
+    monkeypatch.setattr(fiber_ops, "_own_values", spy)
+    dense, S = _pattern(9, 8, 0.5, "csr", 11)
+    q = torch.randn(2, 3, 9, 4, dtype=F64, requires_grad=True)
+    k = torch.randn(2, 3, 8, 4, dtype=F64)
+    fn = torch.log_softmax if log else torch.softmax
+    w = torch.randn(2, 3, 9, 8, dtype=F64)
+    (fn(scorch.einsum("ij,bhid,bhjd->bhij", S, q, k), dim=-1).to_dense() * w).sum().backward()
+    got, q.grad = q.grad, None
+    s = torch.einsum("ij,bhid,bhjd->bhij", dense, q, k).masked_fill(dense == 0, float("-inf"))
+    p = torch.nan_to_num(fn(s, dim=-1), neginf=0.0) * (dense != 0)
+    (p * w).sum().backward()
+    torch.testing.assert_close(got, q.grad)
+    assert taken == [True]
