@@ -82,18 +82,39 @@ def test_layout_choice():
     from scorch.tensor_compiler.schedule import dense_layout, separated
     # a sparse loop j between i (above) and b, h (below): loop order
     assert separated(0, 2, (1,)) and not separated(0, 1, (1,)) and separated(1, 2, (1,), inclusive=True)
-    # SpMM over a batch into (i, b, k) with loops b, i, j, k: no sparse loop between b and i
     dense, S = _pattern(6, 7, 0.5, "csr", 3)
-    A = scorch.einsum("ij,b->bij", S, torch.ones(3, dtype=F64))   # (b, i, j), b outermost
-    x = torch.randn(3, 7, 4, dtype=F64)
-    plan = scorch.explain("bij,bjk->ibk", A, x)
-    if plan.loop_order[0] == "b":
-        assert plan.schedule.output.layout == ()
-    torch.testing.assert_close(scorch.einsum("bij,bjk->ibk", A, x),
-                               torch.einsum("bij,bjk->ibk", A.to_dense(), x))
-    # the unit-stride variable stays last, or the dimension order is kept
+    x = torch.randn(7, 4, dtype=F64)
+    # SpMM into a transposed result: rows of k written in loop order, then transposed
+    plan = scorch.explain("ij,jk->ki", S, x)
+    assert plan.loop_order == ["i", "j", "k"] and plan.schedule.output.layout == ("i", "k")
+    for _ in range(2):
+        out = scorch.einsum("ij,jk->ki", S, x)
+        assert out.is_contiguous()
+        torch.testing.assert_close(out, (dense @ x).t())
+    # a dense result of a transpose: no sparse loop between i and j, dimension order stays
+    assert scorch.explain("ij->ji", S).schedule.output.layout == ()
+    # the reduction of attention scores over j (loops i, j, b, h): a vector loop over b, h
+    P, Pd = _scores(S, dense, 2, 3, 4, F64, 5)
+    plan = scorch.explain("bhij->bhi", P)
+    assert plan.loop_order == ["i", "j", "b", "h"] and plan.schedule.output.layout == ("i", "b", "h")
+    torch.testing.assert_close(scorch.einsum("bhij->bhi", P), Pd.sum(-1))
     s = plan.schedule
-    assert dense_layout(["i", "j", "k", "b"], s.accesses, ("b", "i", "k")) == ()
+    assert dense_layout(["i", "j", "k", "b"], s.accesses, ("b", "i", "k")) == ("i", "k", "b")
+    assert dense_layout(["b", "i", "j", "k"], s.accesses, ("i", "b", "k")) == ()
+
+
+def test_amax_of_scores_counts_stored_entries_without_a_tensor_of_ones():
+    """amax over the pattern's columns: the implicit zeros of a fiber that stores fewer
+    entries than its extent count (torch's meaning), found by ``sum stored(x)``."""
+    dense, S = _pattern(9, 7, 0.5, "csr", 8)
+    dense[0] = torch.rand(7, dtype=F64) + 0.5    # a full row: its maximum may be negative
+    S = scorch.sparse_tensor(dense, format="csr")
+    P, Pd = _scores(S, dense, 2, 3, 4, F64, 9)
+    stored = (dense != 0).expand_as(Pd)
+    for fn, fill in ((torch.amax, float("-inf")), (torch.amin, float("inf"))):
+        want = fn(torch.where(stored, Pd, torch.zeros(())), dim=-1)
+        torch.testing.assert_close(fn(P, dim=-1), want)
+    torch.testing.assert_close(torch.amax(P, dim=(2, 3)), torch.amax(torch.where(stored, Pd, torch.zeros(())), dim=(2, 3)))
 
 
 # --- operands ----------------------------------------------------------------------------

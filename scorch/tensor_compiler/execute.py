@@ -16,7 +16,7 @@ from .assemble import assemble, pattern_ready, pattern_storage
 from .frontend import bind_sizes
 from .operands import cast_storage, convert_storage, unblocked
 from .plans import PlanEntry
-from .relayout import gather_pays, order_pays, out_of_order, relayout, relayout_pays
+from .relayout import gather_pays, in_dimension_order, order_pays, out_of_order, relayout, relayout_pays
 from .rewrite import inner_var, outer_var, split_operand
 from .runner import make_runner
 from .schedule import dimension_permutation, pattern_suffix
@@ -224,9 +224,10 @@ def run_general(entry: PlanEntry, ops):
                                 threads.threads_for(work_of(data)), panel_for(entry, data, sizes))
     if out_plan.dense:
         if out_plan.layout:   # laid out in loop order (schedule.dense_layout)
-            out = out.permute(dimension_permutation(out_plan))
             if entry.split is None:
-                out = out.contiguous()
+                out = in_dimension_order(out, dimension_permutation(out_plan), threads.threads_for)
+            else:
+                out = out.permute(dimension_permutation(out_plan))
         if entry.split is not None:
             bs = entry.split
             out = out.reshape(tuple(sizes[outer_var(v)] * sizes[inner_var(v)] if v in bs else sizes[v]

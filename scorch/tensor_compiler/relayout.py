@@ -21,6 +21,7 @@ import torch
 from .allocate import empty_output
 
 __all__ = ["relayout", "transposed", "relayout_pays", "gather_pays", "out_of_order", "order_pays",
+           "in_dimension_order",
            "COPY_PER_READ"]
 
 #: a kernel that can read the operand with its own strides (``lower.facts.reads_strided``:
@@ -216,6 +217,15 @@ def gather_pays(entries: int, stored: int, extent: int) -> bool:
     the sparse operand stores at least ``extent / COPY_PER_READ`` entries. The MoE expert
     gradient (1024 x 784 ``x``, 2048 stored gates) copies; a gate of a few entries does not."""
     return extent > 0 and relayout_pays(entries, stored * (entries // extent))
+
+
+def in_dimension_order(out: torch.Tensor, perm: Sequence[int],
+                       threads_for: Optional[Callable[[int], int]] = None) -> torch.Tensor:
+    """A fresh contiguous ``out.permute(perm)``: an output the kernel wrote in loop order, as
+    torch returns results (a matrix through the tiled transpose)."""
+    if out.dim() == 2 and tuple(perm) == (1, 0):
+        return transposed(out, threads_for)
+    return out.permute(tuple(perm)).contiguous()
 
 
 def out_of_order(x: torch.Tensor, pairs) -> bool:

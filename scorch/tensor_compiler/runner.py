@@ -26,7 +26,7 @@ from .allocate import EMPTY_NUMPY_MIN, empty_output
 from .assemble import assemble, pattern_storage
 from .codegen import reads_strided, short_rows_limit
 from .plans import storage_pointers, storage_signature
-from .relayout import gather_pays, order_pays, out_of_order, relayout, relayout_pays
+from .relayout import gather_pays, in_dimension_order, order_pays, out_of_order, relayout, relayout_pays
 from .schedule import dimension_permutation, pattern_suffix
 from . import threads
 from .tiling import choose_panel, gathers_cleared, panel_chooser, relaid_panel_narrower
@@ -55,7 +55,7 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
            "ASSEMBLE": assemble, "ENTRY": entry, "PATTERN": pattern_storage, "PTRS": storage_pointers,
            "TEMPTY": torch.empty, "RELAYOUT": relayout, "EMPTY": empty_output,
            "PAYS": relayout_pays, "GPAYS": gather_pays, "NARROWER": relaid_panel_narrower,
-           "OUT_OF_ORDER": out_of_order, "ORDER_PAYS": order_pays}
+           "OUT_OF_ORDER": out_of_order, "ORDER_PAYS": order_pays, "IN_DIMENSION_ORDER": in_dimension_order}
     sparse = set()
     for n, aps in by_tensor.items():
         if aps[0].sparse:
@@ -192,7 +192,7 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
         w(f"    res = KERNEL([{', '.join(vals)}], nt, {panel})")
     if out.dense and out.layout:
         # laid out in loop order (schedule.dense_layout): the result in dimension order
-        w(f"    return out.permute({dimension_permutation(out)!r}).contiguous()")
+        w(f"    return IN_DIMENSION_ORDER(out, {dimension_permutation(out)!r}, THREADS)")
     elif out.dense:
         w("    return out")
     elif out.pattern >= 0:

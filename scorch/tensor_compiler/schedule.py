@@ -361,15 +361,17 @@ def dense_layout(order: Sequence[str], plans: List[AccessPlan], out_vars: Tuple[
     that the dimension order nests the other way (:func:`separated`). BigBird's ``probs @
     v`` at batch 8 (loops ``i, j, b, h, d``, output ``b, h, i, d``) adds every stored entry
     into 32 head rows 256 KB apart; written in ``i, b, h, d`` order they are one 4 KB block
-    (1 thread: 74 -> 25 ms, plus 3 ms to copy the result to dimension order). The
-    innermost (unit-stride) variable stays last, so the copy moves whole rows; with no
-    sparse loop in between (SpMM over a batch ``b, i, j, k`` into ``i, b, k``) each row is
-    finished before the next, and dimension order stays."""
+    (1 thread: 74 -> 25 ms, plus 3 ms to copy the result to dimension order). A reduction
+    over the pattern's columns (``amax`` of the scores over ``j``: loops ``i, j, b, h``, output
+    ``b, h, i``) so becomes a vector loop over ``b, h``. The copy to dimension order is one
+    pass over the output, which the kernel writes at least once; with no sparse loop in
+    between (SpMM over a batch ``b, i, j, k`` into ``i, b, k``; a transpose into a dense
+    result) each row is finished before the next, and dimension order stays."""
     rank = {v: n for n, v in enumerate(order)}
     if len(out_vars) < 2 or len(set(out_vars)) != len(out_vars) or any(v not in rank for v in out_vars):
         return ()
     by_loop = tuple(sorted(out_vars, key=rank.get))
-    if by_loop == tuple(out_vars) or by_loop[-1] != out_vars[-1]:
+    if by_loop == tuple(out_vars):
         return ()
     sparse = sparse_loop_ranks(order, plans)
     if any(separated(rank[inner], rank[outer], sparse)

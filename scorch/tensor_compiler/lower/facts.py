@@ -655,7 +655,7 @@ def reduce_into(reduce: str, target: str, val: str) -> str:
         return f"{target} + {val}"
     op = ">" if reduce == "max" else "<"
     # NaN wins, as in torch.amax (x != x only for NaN; a NaN target stays: no x > NaN)
-    return f"{val} if ({val} {op} {target} or {val} != {val}) else {target}"
+    return f"{val} if (({val} {op} {target}) | ({val} != {val})) else {target}"
 
 
 def kernel_facts(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, torch.dtype],
@@ -669,7 +669,7 @@ def kernel_facts(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, 
     out, order = s.output, s.loop_order
     unit = frozenset(unit_stride_accesses(s))
     last = order[-1] if order else None
-    out_unit = last if (out.dense and out.vars and out.vars[-1] == last) else None
+    out_unit = last if (out.dense and out.vars and out.memory_order[-1] == last) else None
     rt_ws = out.mode == "ws" and not out.ws_dense and vt in ("float", "double", "int32_t", "int64_t")
     summed = s.assignment.reduce == "sum"   # register rows and vector dots add, nothing else
     row_depth = _row_accumulation_depth(s, out_unit) if summed else -1
