@@ -97,3 +97,44 @@ def test_explain_names_the_route():
     s = rand((300, 40), 0.2, torch.float32, 1)
     text = str(C.explain("ij,ik->jk", sparse(s, "csr"), torch.randn(300, 16)))
     assert "dense route" in text
+
+
+@settings(**SETTINGS)
+@given(i=st.integers(1, 30), j=st.integers(1, 20), k=st.integers(1, 12), b=st.integers(1, 3),
+       density=st.sampled_from([0.0, 0.05, 0.3, 1.0]),
+       fmt=st.sampled_from(["coo", "dcsr", "csf", "ccd"]),
+       dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 2**20))
+def test_spmm_with_sparse_rows_matches_dense(i, j, k, b, density, fmt, dtype, seed):
+    """SpMM of an operand whose rows are sparse (COO, DCSR, CSF) gives a result with those
+    rows sparse and dense columns (``qd``, ``cd``, ``ccd``): several sparse levels over
+    dense ones take the route too."""
+    g = torch.Generator().manual_seed(seed)
+    d = torch.randn(b, j, k, dtype=dtype, generator=g)
+    if fmt in ("csf", "ccd"):
+        s = torch.stack([rand((i, j), density, dtype, seed + n) for n in range(b)])
+        S = scorch.sparse_tensor(s, format=fmt if fmt == "csf" else scorch.formats.Format("ccc"))
+        got, want = scorch.einsum("bij,bjk->bik", S, d), torch.einsum("bij,bjk->bik", s, d)
+    else:
+        s = rand((i, j), density, dtype, seed)
+        S = scorch.sparse_tensor(s, format=fmt)
+        got, want = scorch.einsum("ij,jk->ik", S, d[0]), s @ d[0]
+    if isinstance(got, scorch.SparseTensor):
+        check_storage(got._storage)
+        got = got.to_dense()
+    torch.testing.assert_close(got, want)
+
+
+def test_several_sparse_levels_take_the_route(routes):
+    s = torch.stack([rand((60, 50), 0.2, torch.float32, n) for n in range(2)])
+    s[1, 7] = 0   # an empty row
+    S = scorch.sparse_tensor(s, format="csf")
+    d = torch.randn(2, 50, 8)
+    got = scorch.einsum("bij,bjk->bik", S, d)
+    assert [f.level_string for f in routes] == ["ccd"]
+    assert got._storage.format.level_string == "ccd"
+    check_storage(got._storage)
+    torch.testing.assert_close(got.to_dense(), torch.einsum("bij,bjk->bik", s, d))
+    assert route_mod.sparse_prefix(scorch.formats.Format("ccd")) == 2
+    assert route_mod.sparse_prefix(scorch.formats.Format("qd")) == 1
+    assert route_mod.sparse_prefix(scorch.formats.Format("cdc")) == 0
+    assert route_mod.sparse_prefix(scorch.formats.Format("csd")) == 0

@@ -1,5 +1,5 @@
-"""A sparse result whose one compressed level sits over dense levels (``cd``, ``cdd``),
-computed into a dense array and compressed afterwards.
+"""A sparse result whose sparse levels sit over dense levels (``cd``, ``cdd``; CSF's and
+COO's SpMM results ``ccd``, ``qd``), computed into a dense array and compressed afterwards.
 
 Why: format inference gives ``S^T @ D`` (``einsum("ij,ik->jk", S, D)``) a result with a
 compressed ``j`` and a dense ``k``, and the MoE's expert gradient ``bd,bh,bn->ndh`` one with a
@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..formats import Format, LevelKind
+from ..level_kinds.assembly import build_levels
 from ..level_storage import Level, Storage, index_dtype_for
 from .loop_order import NoValidOrder
 
@@ -62,8 +63,7 @@ def dense_route(entry, make_dense) -> Optional[DenseRoute]:
     fmt = out.format
     if (out.dense or out.mode != "ws" or out.final_format is not None or out.unsorted
             or s.assignment.reduce != "sum" or entry.split is not None or fmt is None
-            or fmt.block is not None or fmt.rank < 2 or fmt.levels[0] is not LevelKind.COMPRESSED
-            or any(k is not LevelKind.DENSE for k in fmt.levels[1:])):
+            or fmt.block is not None or fmt.rank < 2 or sparse_prefix(fmt) == 0):
         return None
     top = out.level_vars[0]
     where = {}
@@ -85,18 +85,47 @@ def dense_route(entry, make_dense) -> Optional[DenseRoute]:
     return DenseRoute(dense_entry, fmt, [where[v] for v in output], witnesses)
 
 
+#: the level kinds a sparse prefix of a routed result may have (built from sorted, unique
+#: coordinates; a singleton level promises one entry per parent, which a dense array cannot)
+_PREFIX_KINDS = (LevelKind.COMPRESSED, LevelKind.COORDINATE)
+
+
+def sparse_prefix(fmt: Format) -> int:
+    """How many sparse levels ``fmt`` stores above its dense ones (``cd``, ``cdd``: 1; CSF's
+    SpMM result ``ccd`` or COO's ``qd``: 2 and 1), or 0 when it is not that shape."""
+    k = 0
+    while k < len(fmt.levels) and fmt.levels[k] in _PREFIX_KINDS:
+        k += 1
+    if k == 0 or k == len(fmt.levels) or any(kind is not LevelKind.DENSE for kind in fmt.levels[k:]):
+        return 0
+    return k
+
+
 def compress_rows(dense: torch.Tensor, fmt: Format) -> Storage:
-    """``dense`` as a storage of ``fmt`` (compressed first level, dense levels after):
-    the first level keeps the coordinates whose slice holds a non-zero (NaN counts)."""
+    """``dense`` as a storage of ``fmt`` (sparse levels, then dense ones: ``sparse_prefix``):
+    the sparse levels keep the coordinates whose dense block holds a non-zero (NaN counts)."""
     y = dense.permute(fmt.mode_order)
-    n0 = y.shape[0]
-    flat = y.reshape(n0, math.prod(y.shape[1:]))
+    k = sparse_prefix(fmt)
+    lead = y.shape[:k]
+    n0 = math.prod(lead)
+    flat = y.reshape(n0, math.prod(y.shape[k:]))
     keep = flat.ne(0).any(1)
     rows = keep.nonzero().view(-1)
     vals = flat.index_select(0, rows).reshape(-1) if rows.numel() < n0 else flat.reshape(-1)
     idt = index_dtype_for(tuple(dense.shape), max(vals.numel(), n0))
     sizes = [dense.shape[d] for d in fmt.mode_order]
-    levels = [Level(LevelKind.COMPRESSED, fmt.mode_order[0], sizes[0],
-                    torch.tensor([0, rows.numel()], dtype=idt), rows.to(idt))]
-    levels += [Level(LevelKind.DENSE, d, s) for d, s in zip(fmt.mode_order[1:], sizes[1:])]
+    if k == 1:
+        levels = [Level(fmt.levels[0], fmt.mode_order[0], sizes[0],
+                        torch.tensor([0, rows.numel()], dtype=idt), rows.to(idt))]
+    else:   # the kept blocks' coordinates, row-major: sorted and unique
+        coords = torch.empty(rows.numel(), k, dtype=torch.int64)
+        rest = rows
+        for d in range(k - 1, -1, -1):
+            coords[:, d] = rest % lead[d]
+            rest = rest // lead[d]
+        built, _, _ = build_levels(fmt.levels[:k], coords, torch.empty(rows.numel()), sizes[:k])
+        levels = [Level(kind, fmt.mode_order[d], sizes[d], None if pos is None else pos.to(idt),
+                        None if crd is None else crd.to(idt))
+                  for d, (kind, (pos, crd)) in enumerate(zip(fmt.levels[:k], built))]
+    levels += [Level(LevelKind.DENSE, d, s) for d, s in zip(fmt.mode_order[k:], sizes[k:])]
     return Storage(fmt, tuple(dense.shape), levels, vals.contiguous(), idt)
