@@ -611,3 +611,36 @@ def test_broadcast_against_a_blocked_operand():
     B = torch.arange(4.0).reshape(2, 2)
     got = scorch.einsum("ij,ij->", torch.ones(1, 2), scorch.sparse_tensor(B, format=Format("dc", block=(2, 2))))
     assert_matches(got, torch.tensor(6.0), torch.float32)
+
+
+@pytest.mark.parametrize("equation", ["jij,kik->kj", "jij,kik->jk"])
+@pytest.mark.parametrize("out_format", [None, "dense"])
+def test_a_diagonal_operand_along_the_innermost_loop(equation, out_format):
+    """``x[j, i, j]`` read along the innermost loop ``j`` has stride x.stride(0) + x.stride(2):
+    an output row summed in registers read it as if at stride 1 (found by the fuzzer, seed
+    2514; wrong since register rows, in more plans once outputs could be laid out in loop
+    order)."""
+    for seed in range(6):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(2, 3, 2, generator=g, dtype=torch.float64)
+        y = torch.randn(3, 3, 3, generator=g, dtype=torch.float64) * (torch.rand(3, 3, 3, generator=g) < 0.3)
+        got = scorch.einsum(equation, x, scorch.sparse_tensor(y, format=Format("ccc")), out_format=out_format)
+        got = got.to_dense() if isinstance(got, SparseTensor) else got
+        torch.testing.assert_close(got, torch.einsum(equation, x, y))
+
+
+@pytest.mark.parametrize("rows", [1, 4, 8, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_vector_dot_whose_merge_tail_holds_no_streamed_operand(rows, dtype):
+    """``sum_i (x(j) * 1.5 * A(i, j) + y(j))`` with x and y sparse: the merge over j ends
+    with y alone, where the vector dot over i held only a scalar, which the kernel could
+    not sum as a vector (a compile error; found by this suite, seed 2514)."""
+    asg = Assignment("j", Add(Mul(Mul(Access(1, ("j",)), Scalar(1.5)), Access(0, ("i", "j"))),
+                              Access(2, ("j",))), "sum")
+    g = torch.Generator().manual_seed(rows)
+    a = torch.randn(rows, 6, generator=g, dtype=dtype)
+    x = torch.randn(6, generator=g, dtype=dtype) * torch.tensor([1, 0, 1, 0, 0, 1], dtype=dtype)
+    y = torch.randn(6, generator=g, dtype=dtype) * torch.tensor([0, 1, 1, 0, 1, 1], dtype=dtype)
+    got = C.compute(asg, a, sparse(x, Format("q")), sparse(y, Format("q")))
+    want = (x * 1.5 * a + y).sum(0) * ((x != 0) | (y != 0))
+    torch.testing.assert_close(dense(got), want)

@@ -396,6 +396,11 @@ def _row_accumulation_depth(s: Schedule, out_unit: Optional[str]) -> int:
         return -1
     if any(ap.sparse and L in ap.level_vars for ap in s.accesses):
         return -1
+    # the row's vector leaves read every dense operand along L with stride 1: an operand
+    # indexed by L twice (``jij,kik->kj``'s diagonal) is not (it summed x[j, i, j + lane])
+    if any(not ap.sparse and L in ap.indices and len(set(ap.indices)) != len(ap.indices)
+           for ap in s.accesses):
+        return -1
     red = set(s.assignment.reduction)
     # reduction loops may also sit above the output loops (the MoE forward read
     # expert-major, n, b, d, h): the row is then added to the output, not stored

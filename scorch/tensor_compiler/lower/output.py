@@ -235,6 +235,11 @@ def vector_leaf(n: Nest, st: Cursor) -> Tuple[Stmt, ...]:
     rhs = _scalars_first(n, rhs)
     if f.row_depth < 0:   # vector dot product
         terms = " + ".join(value(n, rhs, st, c * lanes) for c in regs)
+        if f"<{vtype}*>" not in terms:
+            # where only terms the loop does not stream are present (a merge's tail of an
+            # operand not indexed by it: ``sum_i (x(j) * A(i, j) + y(j))``), the value is a
+            # scalar: broadcast, it is summed over the row's lanes as the loop would
+            terms = f"({vtype}_zero() + ({terms}))"
         body: List[Stmt] = [Assign("acc", f"acc + {vtype}_hsum({terms})")]
         if f.s.output.mode == "acc" and f.s.output.pattern < 0:
             body.append(Assign("hit", "1"))
