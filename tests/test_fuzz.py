@@ -644,3 +644,19 @@ def test_a_vector_dot_whose_merge_tail_holds_no_streamed_operand(rows, dtype):
     got = C.compute(asg, a, sparse(x, Format("q")), sparse(y, Format("q")))
     want = (x * 1.5 * a + y).sum(0) * ((x != 0) | (y != 0))
     torch.testing.assert_close(dense(got), want)
+
+
+@pytest.mark.parametrize("fmt", [Format("dc", (1, 0)), Format("dc"), Format("cc")])
+def test_a_product_absent_through_a_difference_is_not_computed(fmt):
+    """``-2 * log(A) * (A - A) + B``: where A stores nothing the product is absent (its
+    factor ``A - A`` is 0 there), so the result is B; the kernel computed ``log(0) * 0``
+    (NaN) wherever B alone was stored (found by this suite, seed 2515: the product's
+    presence came only from factors that are accesses)."""
+    A_ = Access(0, ("i", "j"))
+    asg = Assignment(("i", "j"), Add(Mul(Scalar(-2.0), Mul(Apply("log", A_, None), Sub(A_, A_))),
+                                     Access(1, ("i", "j"))), "sum")
+    a = torch.tensor([[0.0, 2.0, 0.0], [0.5, 0.0, 0.0], [0.0, 0.0, 3.0]])
+    b = torch.tensor([[1.0, 0.0, 0.0], [0.0, -2.0, 0.0], [4.0, 0.0, 5.0]])
+    got = dense(C.compute(asg, sparse(a, fmt), sparse(b, Format("qd"))))
+    want = torch.where(a != 0, -2 * torch.log(a) * (a - a), torch.zeros(())) + b
+    torch.testing.assert_close(got, want)

@@ -23,17 +23,15 @@ __all__ = ["value", "presence", "leaf", "vector_leaf", "before_loop", "after_loo
            "product_split", "product_of"]
 
 
-def _factor_presence(n: Nest, e: Expr, st: Cursor) -> List[str]:
-    """Presence codes of the sparse accesses that are factors of the product ``e``
-    (through products, negations and numerators)."""
-    if isinstance(e, Access):
-        i = n.facts.ids[e]
-        return [st.pres[i]] if n.facts.s.accesses[i].sparse else []
-    if isinstance(e, Mul):
-        return _factor_presence(n, e.a, st) + _factor_presence(n, e.b, st)
-    if isinstance(e, (Neg, Div)):
-        return _factor_presence(n, e.a, st)
-    return []
+def _product_presence(n: Nest, e: Mul, st: Cursor) -> str:
+    """Where the product ``e`` may be nonzero at the cursor, as a presence code ("1", "0" or
+    a condition): the support of its zero analysis (``merge_lattice.zero_analysis``), so a
+    factor that is 0 wherever a sparse access is absent counts as that access's presence
+    (``log(A) * (A - A)``: A's, not only factors that are accesses)."""
+    z, support = ml.zero_analysis(e, n.facts.ids)
+    if z is ml.UNKNOWN or z != 0:
+        return "1"
+    return ml.to_code(support, lambda i: st.pres[i])
 
 
 def value(n: Nest, e: Expr, st: Cursor, vec_at: Optional[int] = None,
@@ -47,13 +45,12 @@ def value(n: Nest, e: Expr, st: Cursor, vec_at: Optional[int] = None,
     as a whole (``in_product``: inside such a product already)."""
     f = n.facts
     if isinstance(e, Mul) and not in_product:
-        codes = _factor_presence(n, e, st)
-        if "0" in codes:
+        cond = _product_presence(n, e, st)
+        if cond == "0":
             return "0"
-        conds = list(dict.fromkeys(c for c in codes if c != "1"))
-        if conds and vec_at is None:
+        if cond != "1" and vec_at is None:
             inner = value(n, e, st, vec_at, True)
-            return f"({inner} if {' and '.join(conds)} else 0)"
+            return f"({inner} if {cond} else 0)"
     if isinstance(e, Access):
         i = f.ids[e]
         ap = f.s.accesses[i]
