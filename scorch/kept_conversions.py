@@ -325,12 +325,8 @@ def _block_move(perm: torch.Tensor) -> BlockMove:
     if m == 0 or n % m or n // m > _MAX_BLOCK:
         return _NO_BLOCKS
     k = n // m
-    rows = perm.view(k, m)
-    first = rows[0]
-    if bool((first % k == 0).all()) and \
-            bool((rows == first[None, :] + torch.arange(k, dtype=perm.dtype)[:, None]).all()):
-        return BlockMove(k, torch.div(first, k, rounding_mode="floor"), True)
-    return _NO_BLOCKS
+    blocks = _aligned_blocks(perm.view(k, m).t(), k)
+    return _NO_BLOCKS if blocks is None else BlockMove(k, blocks, True)
 
 
 def _blocks(perm: torch.Tensor) -> Tuple[int, Optional[torch.Tensor]]:
@@ -347,21 +343,17 @@ def _blocks(perm: torch.Tensor) -> Tuple[int, Optional[torch.Tensor]]:
     for k in range(run, 1, -1):   # (the first run may span blocks that happen to follow)
         if run % k or n % k or n < 2 * k:
             continue
-        rows = perm.view(-1, k)
-        first = rows[:, 0]
-        if bool((first % k == 0).all()) and \
-                bool((rows == first[:, None] + torch.arange(k, dtype=perm.dtype)).all()):
-            return k, torch.div(first, k, rounding_mode="floor")
+        blocks = _aligned_blocks(perm.view(-1, k), k)
+        if blocks is not None:
+            return k, blocks
     return 1, None
-    head = perm[:_MAX_BLOCK + 1]
-    steps = (head[1:] - head[:-1]) != 1
-    run = int(steps.int().argmax()) + 1 if bool(steps.any()) else head.numel()
-    for k in range(run, 1, -1):   # (the first run may span blocks that happen to follow)
-        if run % k or n % k or n < 2 * k:
-            continue
-        rows = perm.view(-1, k)
-        first = rows[:, 0]
-        if bool((first % k == 0).all()) and \
-                bool((rows == first[:, None] + torch.arange(k, dtype=perm.dtype)).all()):
-            return k, torch.div(first, k, rounding_mode="floor")
-    return 1, None
+
+
+def _aligned_blocks(rows: torch.Tensor, k: int) -> Optional[torch.Tensor]:
+    """The block numbers where every row of ``rows`` (blocks x k, any strides) is an
+    aligned block of k consecutive positions, else None."""
+    first = rows[:, 0]
+    if bool((first % k == 0).all()) and \
+            bool((rows == first[:, None] + torch.arange(k, dtype=rows.dtype)).all()):
+        return torch.div(first, k, rounding_mode="floor")
+    return None
