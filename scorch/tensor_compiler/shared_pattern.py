@@ -91,9 +91,11 @@ def _evaluate(e: Expr, ops, vt: torch.dtype) -> Tuple[torch.Tensor, bool]:
         x, temp = _evaluate(e.a, ops, vt)
         return torch.neg(x, out=x if temp else _fresh(x.shape, vt)), True
     if isinstance(e, Apply):
-        x, _ = _evaluate(e.a, ops, vt)
+        x, temp = _evaluate(e.a, ops, vt)
         f = FUNCTIONS[e.fn]
-        return (f.torch_op(x, f.param(e.p)) if f.parameter else f.torch_op(x)), True
+        r = f.torch_op(x, f.param(e.p)) if f.parameter else f.torch_op(x)
+        # (a torch op may hand back its argument: an operand's values are never a temporary)
+        return r, temp or (r is not x and r.data_ptr() != x.data_ptr())
     (a, a_temp), (b, b_temp) = _evaluate(e.a, ops, vt), _evaluate(e.b, ops, vt)
     shape = torch.broadcast_shapes(a.shape, b.shape)
     out = a if a_temp and a.shape == shape else b if b_temp and b.shape == shape else _fresh(shape, vt)
