@@ -92,6 +92,7 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
             else:
                 w(f"    if s{n}[{d}] != {seen[v]}: return None")
     strided = reads_strided(s)
+    nnz = " + ".join(f"p{n}[-1]" for n in sorted(sparse)) or "0"   # the stored entries
     for i, (d, perm, inv) in entry.relayout.items():
         # a dense operand the innermost loop streams is read with stride 1: re-laid out
         # here when it is not (SDDMM's C), as the general path does; a kernel that can read
@@ -100,21 +101,18 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
         x = f"x{ap.tensor}"
         pays = ""
         if strided:
-            nnz = " + ".join(f"p{n}[-1]" for n in sorted(sparse)) or "0"
             pays = f" and PAYS({x}.numel(), ({nnz}) * {x}.shape[{d}])"
         w(f"    if {x}.stride({d}) != 1 and {x}.shape[{d}] > 1{pays}:")
         w(f"        {x} = RELAYOUT({x}, {tuple(perm)!r}, {tuple(inv)!r}, THREADS, {ap.id})")
         pairs = entry.order_relayout.get(i)
         if pairs:
             # ... and in loop order above it where a sparse loop separates its variables
-            nnz = " + ".join(f"p{n}[-1]" for n in sorted(sparse)) or "0"
             w(f"    elif OUT_OF_ORDER({x}, {pairs!r}) and ORDER_PAYS({x}.numel(), {nnz}):")
             w(f"        {x} = RELAYOUT({x}, {tuple(perm)!r}, {tuple(inv)!r}, THREADS, {ap.id})")
     for i, (d, perm, inv) in entry.gather_relayout.items():
         # a dense operand gathered by a sparse loop: copied to loop order where that pays
         ap = s.accesses[i]
         x = f"x{ap.tensor}"
-        nnz = " + ".join(f"p{n}[-1]" for n in sorted(sparse)) or "0"
         narrower = ""
         if gathers_cleared(entry) is not None:
             sz = ", ".join(f"{v!r}: {seen[v]}" for v in s.loop_order)
@@ -164,7 +162,6 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
         env.update({"CHOOSE": choose, "WIDTHS": first})
         L_ = s.loop_order[-1]
         rows = " * ".join(seen[v] for v in rows_vars) or "1"
-        nnz = " + ".join(f"p{n}[-1]" for n in sorted(by_tensor) if n in sparse) or "0"
         widths = "WIDTHS"
         cleared = gathers_cleared(entry)
         if cleared is not None:

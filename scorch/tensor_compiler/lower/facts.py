@@ -660,7 +660,7 @@ def reduce_into(reduce: str, target: str, val: str) -> str:
         return f"{target} + {val}"
     op = ">" if reduce == "max" else "<"
     # NaN wins, as in torch.amax (x != x only for NaN; a NaN target stays: no x > NaN)
-    return f"{val} if (({val} {op} {target}) | ({val} != {val})) else {target}"
+    return f"{val} if ({val} {op} {target} or {val} != {val}) else {target}"
 
 
 def kernel_facts(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, torch.dtype],
