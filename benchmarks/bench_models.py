@@ -41,7 +41,9 @@ CASES = {
 }
 LABELS = {"scorch": "scorch", "scorch_dense_x": "scorch (dense input)", "scorch_wxt": "scorch (W @ x^T)", "torch_csr": "torch.sparse CSR",
           "torch_coo": "torch.sparse COO", "pyg": "PyG GCNConv", "dense_masked": "dense masked",
-          "dense_gate": "dense-gate einsum"}
+          "dense_gate": "dense-gate einsum", "shared_dense": "dense part both run"}
+# ``shared_*`` implementations time the part of a step that scorch and its peers run alike
+# (plain torch): peer ms / shared ms bounds the ratio any scorch step can reach.
 # diagnostic variants, left out of the target means
 DIAGNOSTIC = {"cora-nodropout", "mnist-b1024-h128", "n2048-b8"}
 # (model, peer) -> the target for peer time / scorch time of a training step
@@ -235,6 +237,23 @@ def sae_case(dataset: str, batch: int = 64, density: float = 0.1, batches: int =
         with torch.no_grad():
             return torch_step(next_batch("torch_csr"))
     case.impls["torch_csr"] = Impl(train, infer)
+
+    # the paper's dense decoder, loss and their backward: the same torch calls on both sides
+    hidden = torch.rand(batch, 256, generator=torch.Generator().manual_seed(1)).requires_grad_()
+
+    def shared_step(x):
+        return F.mse_loss(torch.sigmoid(dec(hidden)), x)
+
+    def train_shared():
+        _zero([hidden, *dec.parameters()])
+        loss = shared_step(next_batch("shared_dense"))
+        loss.backward()
+        return loss
+
+    def infer_shared():
+        with torch.no_grad():
+            return shared_step(next_batch("shared_dense"))
+    case.impls["shared_dense"] = Impl(train_shared, infer_shared)
     return case
 
 
@@ -338,9 +357,10 @@ if pytest is not None and "pytest" in sys.modules and __name__ != "__main__":
     pytest.importorskip("pytest_benchmark")
     _CASES: Dict[tuple, Case] = {}
     _THREADS = [int(t) for t in os.environ.get("SCORCH_BENCH_THREADS", "1 2").split()]
-    _PARAMS = [(m, d, impl) for m, ds in CASES.items() for d in ds[:1]
-               for impl in {"gcn": ["scorch", "torch_csr", "pyg"], "sae": ["scorch", "scorch_dense_x", "scorch_wxt", "torch_csr"],
-                            "bigbird": ["scorch", "dense_masked"], "moe": ["scorch", "dense_gate"]}[m]]
+    _IMPLS = {"gcn": ["scorch", "torch_csr", "pyg"],
+              "sae": ["scorch", "scorch_dense_x", "scorch_wxt", "torch_csr", "shared_dense"],
+              "bigbird": ["scorch", "dense_masked"], "moe": ["scorch", "dense_gate"]}
+    _PARAMS = [(m, d, impl) for m, ds in CASES.items() for d in ds[:1] for impl in _IMPLS[m]]
 
     def _case(model: str, dataset: str) -> Case:
         if (model, dataset) not in _CASES:

@@ -103,6 +103,28 @@ def test_layout_choice():
     assert dense_layout(["b", "i", "j", "k"], s.accesses, ("i", "b", "k")) == ()
 
 
+@pytest.mark.parametrize("equation,shape,order,layout", [
+    # each stored entry adds into b rows of k: laid out (i, b, k), read and written at stride 1
+    ("ij,bjk->ikb", (3, 9, 16), ["i", "b", "j", "k"], ("i", "b", "k")),
+    ("ij,jkl->ilk", (9, 3, 16), ["i", "k", "j", "l"], ("i", "k", "l")),
+])
+def test_loop_orders_are_priced_with_the_output_in_loop_order(equation, shape, order, layout):
+    """Without pricing the layout, the cost model counted the output as strided and chose
+    an order that walks each sparse row once per value of the innermost output variable
+    but one (``ij,bjk->ikb`` as ``i, k, j, b``: 2.2 ms at 2000^2, 1 %, 3 x 16; now 0.16 ms)."""
+    from scorch.tensor_compiler import cost_model
+    dense, S = _pattern(8, 9, 0.3, "csr", 4)
+    x = torch.randn(*shape, dtype=F64)
+    plan = scorch.explain(equation, S, x)
+    assert plan.loop_order == order and plan.schedule.output.layout == layout
+    assert cost_model.loop_order_layout(order, (2,), equation.split("->")[1]) == layout
+    assert cost_model.loop_order_layout(order, (), equation.split("->")[1]) == ()
+    for _ in range(2):
+        out = scorch.einsum(equation, S, x)
+        assert out.is_contiguous()
+        torch.testing.assert_close(out, torch.einsum(equation, dense, x))
+
+
 def test_amax_of_scores_counts_stored_entries_without_a_tensor_of_ones():
     """amax over the pattern's columns: the implicit zeros of a fiber that stores fewer
     entries than its extent count (torch's meaning), found by ``sum stored(x)``."""

@@ -25,7 +25,7 @@ from . import merge_lattice as ml
 from .format_inference import infer_output_kinds
 from .index_notation import Access, Assignment, Div, accesses
 from .levels import LevelPlan, level_plans
-from .cost_model import OrderProblem, concordant_dims, order_cost
+from .cost_model import OrderProblem, concordant_dims, loop_order_layout, order_cost, separated
 from .loop_order import CycleRemoval, Move, NoValidOrder, PricedOrder, algorithm1
 
 __all__ = ["AccessPlan", "CacheTile", "OutputPlan", "Schedule", "schedule", "NoValidOrder", "pattern_suffix",
@@ -346,38 +346,20 @@ def sparse_loop_ranks(order: Sequence[str], plans: List[AccessPlan]) -> Tuple[in
                          if lv.kind.is_sparse}))
 
 
-def separated(above: int, below: int, sparse: Sequence[int], inclusive: bool = False) -> bool:
-    """Whether a sparse loop lies between the loops at depths ``above`` < ``below`` (or is
-    ``above`` itself, ``inclusive``): below it, a dense array whose layout nests ``below``'s
-    variable outside ``above``'s is touched at rows that far apart for every stored entry
-    (32 attention heads 256 KB apart: one L1 set, 4 KB aliasing), where laid out in loop
-    order they are one block."""
-    return above < below and any(above < n < below or (inclusive and n == above) for n in sparse)
-
-
 def dense_layout(order: Sequence[str], plans: List[AccessPlan], out_vars: Tuple[str, ...]) -> Tuple[str, ...]:
     """The loop order of a dense output's variables where the kernel should write it so,
     else ``()`` (dimension order): where a sparse loop sits between two output variables
-    that the dimension order nests the other way (:func:`separated`). BigBird's ``probs @
-    v`` at batch 8 (loops ``i, j, b, h, d``, output ``b, h, i, d``) adds every stored entry
-    into 32 head rows 256 KB apart; written in ``i, b, h, d`` order they are one 4 KB block
-    (1 thread: 74 -> 25 ms, plus 3 ms to copy the result to dimension order). A reduction
-    over the pattern's columns (``amax`` of the scores over ``j``: loops ``i, j, b, h``, output
-    ``b, h, i``) so becomes a vector loop over ``b, h``. The copy to dimension order is one
-    pass over the output, which the kernel writes at least once; with no sparse loop in
-    between (SpMM over a batch ``b, i, j, k`` into ``i, b, k``; a transpose into a dense
-    result) each row is finished before the next, and dimension order stays."""
-    rank = {v: n for n, v in enumerate(order)}
-    if len(out_vars) < 2 or len(set(out_vars)) != len(out_vars) or any(v not in rank for v in out_vars):
-        return ()
-    by_loop = tuple(sorted(out_vars, key=rank.get))
-    if by_loop == tuple(out_vars):
-        return ()
-    sparse = sparse_loop_ranks(order, plans)
-    if any(separated(rank[inner], rank[outer], sparse)
-           for d, outer in enumerate(out_vars) for inner in out_vars[d + 1:]):
-        return by_loop
-    return ()
+    that the dimension order nests the other way (``cost_model.loop_order_layout``, which
+    the cost model prices orders with too). BigBird's ``probs @ v`` at batch 8 (loops ``i, j,
+    b, h, d``, output ``b, h, i, d``) adds every stored entry into 32 head rows 256 KB
+    apart; written in ``i, b, h, d`` order they are one 4 KB block (1 thread: 74 -> 25 ms,
+    plus 3 ms to copy the result to dimension order). A reduction over the pattern's
+    columns (``amax`` of the scores over ``j``: loops ``i, j, b, h``, output ``b, h, i``) so
+    becomes a vector loop over ``b, h``. The copy to dimension order is one pass over the
+    output, which the kernel writes at least once; with no sparse loop in between (SpMM
+    over a batch ``b, i, j, k`` into ``i, b, k``; a transpose into a dense result) each row
+    is finished before the next, and dimension order stays."""
+    return loop_order_layout(order, sparse_loop_ranks(order, plans), out_vars)
 
 
 def dimension_permutation(out: OutputPlan) -> Tuple[int, ...]:
