@@ -418,7 +418,7 @@ def _vector_dot(s: Schedule, unit) -> bool:
     ``k``), dense in every operand: at a compile-time width it becomes vector products
     summed lane-wise, then one horizontal sum (no loop, no remainder)."""
     out, order = s.output, s.loop_order
-    if not order or not 0 <= out.acc_depth < len(order) or out.mode not in ("acc", "dense"):
+    if not order or not 0 <= out.acc_depth < len(order) or out.mode not in ("acc", "dense", "ws"):
         return False
     L = order[-1]
     # the accumulator may wrap more reduction loops than the innermost (the MoE gate

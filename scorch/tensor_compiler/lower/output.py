@@ -188,9 +188,18 @@ def leaf(n: Nest, st: Cursor) -> Tuple[Stmt, ...]:
         body = [_append(n, val)]
     elif mode == "acc" and out.pattern >= 0:
         body = pre + [into("acc")]
-    elif mode == "acc":
+    elif mode == "acc" or (mode == "ws" and out.acc_depth >= 0):
         body = pre + [into("acc"), Assign("hit", "1")]
-    elif out.ws_dense:
+    else:
+        body = _workspace_add(n, val)
+    return _guarded(n, st, body)
+
+
+def _workspace_add(n: Nest, val: str) -> List[Stmt]:
+    """``val`` added into the workspace at the output coordinates of the current loops."""
+    f, d = n.facts, n.decls
+    out = f.s.output
+    if out.ws_dense:
         d.need("wkey")
         body = [Assign("wkey", _ws_key(n)), Assign("wsv[wkey]", f"wsv[wkey] + {val}"),
                 Assign("wsf[wkey]", "1")]
@@ -218,7 +227,7 @@ def leaf(n: Nest, st: Cursor) -> Tuple[Stmt, ...]:
         d.need("wref", f.vt + "*")
         body = [Assign("wkey", _ws_key(n)), Assign("wref", "&ws[wkey]"),
                 Assign("wref[0]", f"wref[0] + {val}")]
-    return _guarded(n, st, body)
+    return body
 
 
 def vector_leaf(n: Nest, st: Cursor) -> Tuple[Stmt, ...]:
@@ -238,7 +247,7 @@ def vector_leaf(n: Nest, st: Cursor) -> Tuple[Stmt, ...]:
             # scalar: broadcast, it is summed over the row's lanes as the loop would
             terms = f"({vtype}_zero() + ({terms}))"
         body: List[Stmt] = [Assign("acc", f"acc + {vtype}_hsum({terms})")]
-        if f.s.output.mode == "acc" and f.s.output.pattern < 0:
+        if f.s.output.mode in ("acc", "ws") and f.s.output.pattern < 0:
             body.append(Assign("hit", "1"))
         return _guarded(n, st, body)
     held = row_factors(n)
@@ -369,10 +378,10 @@ def before_loop(n: Nest, depth: int, st: Cursor) -> List[Stmt]:
     if out.mode == "ws" and depth == out.ws_depth and f.rt_ws and not n.variant.ws_map:
         # a new fiber: values and marks are already clear (the drain cleared them)
         stmts.append(Assign("wc", "0"))
-    if out.mode in ("acc", "dense") and depth == out.acc_depth:
+    if out.mode in ("acc", "dense", "ws") and depth == out.acc_depth:
         d.need("acc", f.vt)
         stmts.append(Assign("acc", reduce_identity(f.s.assignment.reduce, f.vt)))
-        if out.mode == "acc" and out.pattern < 0:
+        if out.mode in ("acc", "ws") and out.pattern < 0:
             d.need("hit", "int")
             stmts.append(Assign("hit", "0"))
     if depth == f.row_depth:
@@ -465,6 +474,8 @@ def after_loop(n: Nest, depth: int, st: Cursor) -> List[Stmt]:
         stmts.append(Assign(f"a.out_vals[{pattern_slot(n, st)}]", "acc"))
     elif out.mode == "acc" and depth == out.acc_depth:
         stmts.append(If("hit", (_append(n, "acc"),)))
+    elif out.mode == "ws" and depth == out.acc_depth:
+        stmts.append(If("hit", tuple(_workspace_add(n, "acc"))))
     if out.mode == "dense" and depth == out.acc_depth:
         target = f"a.out_vals[{st.oo}]"
         reduce = f.s.assignment.reduce
