@@ -355,11 +355,11 @@ def dense_layout(order: Sequence[str], plans: List[AccessPlan], out_vars: Tuple[
     """The loop order of a dense output's variables where the kernel should write it so,
     else ``()`` (dimension order): where a sparse loop sits between two output variables
     that the dimension order nests the other way, or is the outer of the two
-    (``cost_model.loop_order_layout``, which
-    the cost model prices orders with too). BigBird's ``probs @ v`` at batch 8 (loops ``i, j,
-    b, h, d``, output ``b, h, i, d``) adds every stored entry into 32 head rows 256 KB
-    apart; written in ``i, b, h, d`` order they are one 4 KB block (1 thread: 74 -> 25 ms,
-    plus 3 ms to copy the result to dimension order). A reduction over the pattern's
+    (``cost_model.loop_order_layout``, by which the cost model prices orders too).
+    BigBird's ``probs @ v`` at batch 8 (loops ``i, j, b, h, d``, output ``b, h, i, d``)
+    adds every stored entry into 32 head rows 256 KB apart; written in ``i, b, h, d`` order
+    they are one 4 KB block (1 thread: 74 -> 25 ms, plus 3 ms to copy the result to
+    dimension order). A reduction over the pattern's
     columns (``amax`` of the scores over ``j``: loops ``i, j, b, h``, output ``b, h, i``) so
     becomes a vector loop over ``b, h``. The copy to dimension order is one pass over the
     output, which the kernel writes at least once; with no sparse loop in between (SpMM

@@ -25,8 +25,8 @@ __all__ = ["Statistics", "Estimate", "estimate", "TRANSPOSE_PASSES", "VECTOR_VIS
 TRANSPOSE_PASSES = 3.0
 
 #: body visits of a dense innermost loop per estimated visit: the kernel runs it in vector
-#: registers (4 is below every target's lanes for float32 and float64 on AVX2 and AVX-512,
-#: so no machine's width is assumed). Without it, ``A^T X`` at 2 threads (``ij,ik->jk``
+#: registers (4: a float64 vector on AVX2, the fewest lanes of any target and value type,
+#: so no machine's own width is assumed). Without it, ``A^T X`` at 2 threads (``ij,ik->jk``
 #: over CSR) ran ``k, i, j``, its dense ``k`` split over the threads and each thread
 #: adding every stored entry into a workspace one value at a time: 0.89 ms, where ``i, j,
 #: k`` on one thread adds 32-value rows (0.21 ms at 3000^2, 0.5 %, K = 32).
