@@ -160,3 +160,34 @@ def test_a_dense_innermost_loop_is_priced_in_vectors(equation, fmt):
             torch.testing.assert_close(got, torch.einsum(equation, A.to_dense(), X))
     finally:
         torch.set_num_threads(threads)
+
+
+def test_an_output_major_candidate_is_priced():
+    """Algorithm 1 keeps CSC's own order for ``A @ X`` over a batch (``j, i, b, k``: each
+    stored entry scatters a block of the result). The estimate also prices the order with
+    ``A`` read output-major (``loop_order.output_major_order``: as CSR, ``i`` first), whose
+    rows accumulate in registers and whose outer loop runs in parallel: at 2 threads 0.55 ->
+    0.23 ms (3000^2 at 0.5 %, 4 x 16)."""
+    from scorch.tensor_compiler.loop_order import output_major_order
+    A = matrix(3000, 3000, 45000, 0, fmt="csc", dtype=torch.float32)
+    X = torch.randn(4, 3000, 16)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        plan = scorch.explain("ij,bjk->bik", A, X)
+        assert plan.loop_order[0] == "i", plan.loop_order
+        assert any(p.order[0] == "i" for p in plan.schedule.estimates)
+        for _ in range(2):
+            got = scorch.einsum("ij,bjk->bik", A, X)
+            got = got.to_dense() if isinstance(got, scorch.SparseTensor) else got
+            torch.testing.assert_close(got, torch.einsum("ij,bjk->bik", A.to_dense(), X))
+    finally:
+        torch.set_num_threads(threads)
+    # every operand already output-major: no candidate
+    spec = parse_einsum("ij,jk->ik", [(5, 6), (6, 7)])
+    C = matrix(5, 6, 10, 0)._storage
+    from scorch.tensor_compiler import merge_lattice as ml
+    from scorch.tensor_compiler.cost_model import OrderProblem
+    ids = ml.access_ids(spec.assignment.rhs)
+    p = OrderProblem(spec.assignment, ids, [C.format, None], ml.formula(spec.assignment.rhs, ids), False)
+    assert output_major_order(p) is None

@@ -388,6 +388,37 @@ def choose_by_estimate(p: OrderProblem, order: Sequence[str], candidates: Sequen
 
 
 # ------------------------------------------------------------------------ Algorithm 1
+def output_major_order(p: OrderProblem) -> Optional[List[str]]:
+    """Algorithm 1's greedy order with every sparse operand read output-major (its output
+    variables first, in the output's order): a candidate for the estimate, which prices the
+    transposes it takes. Algorithm 1 keeps an operand's own mode order unless a cycle forces
+    a transpose, so it never proposes, for CSC ``A`` times a batch ``ij,bjk->bik``, the rows
+    of ``A`` accumulated in registers (``i, b, j, k`` over ``A`` as CSR) against scattering
+    them in CSC's ``j, i, b, k``. None when every operand already is output-major (or is
+    blocked, or read twice)."""
+    out_rank = {v: n for n, v in enumerate(p.asg.output)}
+    formats = list(p.formats)
+    seen, changed = set(), False
+    for acc, _i, fmt in p.sparse_accesses:
+        if acc.tensor in seen or p.fixed_tail.get(acc.tensor) or fmt.block is not None:
+            return None
+        seen.add(acc.tensor)
+        dims = tuple(sorted(fmt.mode_order, key=lambda d: (acc.indices[d] not in out_rank,
+                                                           out_rank.get(acc.indices[d], 0),
+                                                           fmt.mode_order.index(d))))
+        if dims != tuple(fmt.mode_order):
+            formats[acc.tensor] = fmt.transposed_copy(dims)
+            changed = True
+    if not changed:
+        return None
+    q = OrderProblem(p.asg, p.ids, formats, p.f, p.out_sparse, p.out_mode_vars, p.fixed_tail,
+                     small_blocks=p.small_blocks)
+    sorted_vars, _sp = sort_by_sparsity(q)
+    order, _moves = greedy_moves(_stable_topological(sorted_vars, _mandatory_edges(q)), sorted_vars,
+                                 q, record=False)
+    return order
+
+
 def algorithm1(p: OrderProblem, threads: int = 1) -> LoopOrder:
     """Loop order by Algorithm 1: sort by sparsity, greedy cost moves, removal of mode-order
     cycles by the cheapest transposes. Raises :class:`NoValidOrder` when no order fits the
@@ -397,8 +428,10 @@ def algorithm1(p: OrderProblem, threads: int = 1) -> LoopOrder:
     order, moves = greedy_moves(init, sorted_vars, p)
     greedy = list(order)
     order, cycles, removals = remove_mode_order_cycles(p, order, sorted_vars)
-    order, priced = choose_by_estimate(p, order, [greedy, init] + [c.order for c in removals],
-                                       threads)
+    candidates = [greedy, init] + [c.order for c in removals]
+    if p.stats:
+        candidates += [o for o in [output_major_order(p)] if o is not None]
+    order, priced = choose_by_estimate(p, order, candidates, threads)
     terms = cost_terms(order, p)
     if terms is None:
         raise NoValidOrder("no loop order is concordant with the blocked operands")
