@@ -181,13 +181,11 @@ def sae_case(dataset: str, batch: int = 64, density: float = 0.1, batches: int =
     torch.manual_seed(0)
     model = sae.SparseAutoencoder(784, 256, density, torch.Generator().manual_seed(0))
 
-    def scorch_impl(name: str, sparse_input: bool) -> Impl:
-        def step(x):
-            inp = scorch.sparse_tensor(x, format="csr") if sparse_input else x
-            return F.mse_loss(model(inp), x)
-
+    def loss_impl(name: str, step, params) -> Impl:
+        """A training step (the loss of ``step`` on the next batch, backward) and an
+        inference pass of an implementation with parameters ``params``."""
         def train():
-            _zero(model.parameters())
+            _zero(params)
             loss = step(next_batch(name))
             loss.backward()
             return loss
@@ -197,23 +195,19 @@ def sae_case(dataset: str, batch: int = 64, density: float = 0.1, batches: int =
                 return step(next_batch(name))
         return Impl(train, infer)
 
-    case.impls["scorch"] = scorch_impl("scorch", True)
-    case.impls["scorch_dense_x"] = scorch_impl("scorch_dense_x", False)
+    def scorch_step(sparse_input: bool):
+        def step(x):
+            inp = scorch.sparse_tensor(x, format="csr") if sparse_input else x
+            return F.mse_loss(model(inp), x)
+        return step
+
+    case.impls["scorch"] = loss_impl("scorch", scorch_step(True), list(model.parameters()))
+    case.impls["scorch_dense_x"] = loss_impl("scorch_dense_x", scorch_step(False), list(model.parameters()))
 
     def wxt_step(x):  # diagnostic: the encoder as torch.sparse users write it
         h = F.relu((model.encoder.weight @ x.t()).t() + model.encoder.bias)
         return F.mse_loss(torch.sigmoid(model.decoder(h)), x)
-
-    def train_wxt():
-        _zero(model.parameters())
-        loss = wxt_step(next_batch("scorch_wxt"))
-        loss.backward()
-        return loss
-
-    def infer_wxt():
-        with torch.no_grad():
-            return wxt_step(next_batch("scorch_wxt"))
-    case.impls["scorch_wxt"] = Impl(train_wxt, infer_wxt)
+    case.impls["scorch_wxt"] = loss_impl("scorch_wxt", wxt_step, list(model.parameters()))
 
     # torch.sparse: a CSR weight; torch multiplies it with a dense input (sparse x sparse CSR
     # products have no backward in torch), W @ x^T through torch.sparse.mm
@@ -226,34 +220,14 @@ def sae_case(dataset: str, batch: int = 64, density: float = 0.1, batches: int =
     def torch_step(x):
         h = F.relu(torch.sparse.mm(w, x.t()).t() + b)
         return F.mse_loss(torch.sigmoid(dec(h)), x)
-
-    def train():
-        _zero(params)
-        loss = torch_step(next_batch("torch_csr"))
-        loss.backward()
-        return loss
-
-    def infer():
-        with torch.no_grad():
-            return torch_step(next_batch("torch_csr"))
-    case.impls["torch_csr"] = Impl(train, infer)
+    case.impls["torch_csr"] = loss_impl("torch_csr", torch_step, params)
 
     # the paper's dense decoder, loss and their backward: the same torch calls on both sides
     hidden = torch.rand(batch, 256, generator=torch.Generator().manual_seed(1)).requires_grad_()
 
     def shared_step(x):
         return F.mse_loss(torch.sigmoid(dec(hidden)), x)
-
-    def train_shared():
-        _zero([hidden, *dec.parameters()])
-        loss = shared_step(next_batch("shared_dense"))
-        loss.backward()
-        return loss
-
-    def infer_shared():
-        with torch.no_grad():
-            return shared_step(next_batch("shared_dense"))
-    case.impls["shared_dense"] = Impl(train_shared, infer_shared)
+    case.impls["shared_dense"] = loss_impl("shared_dense", shared_step, [hidden, *dec.parameters()])
     return case
 
 
