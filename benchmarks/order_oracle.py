@@ -5,6 +5,7 @@ best is marked ``<==``.
 
     python benchmarks/order_oracle.py                    # every case, 1 thread
     python benchmarks/order_oracle.py --threads 2 --only csc
+    python benchmarks/order_oracle.py --wider --only csf  # also CSF, sparse x sparse, sums
 
 Each order is forced by replacing Algorithm 1's result (``schedule.algorithm1``), the plan
 cache cleared before each, so every other choice (tiling, layouts, transposes, the output
@@ -116,6 +117,29 @@ def cases(n: int, density: float) -> List[Tuple[str, str, tuple, tuple]]:
     return out
 
 
+def wider_cases(n: int, density: float) -> List[Tuple[str, str, tuple, tuple]]:
+    """More kinds of products: a CSF 3-D tensor (TTV, TTM, MTTKRP), sparse x sparse
+    (elementwise, SpGEMM, a chain with a dense matrix) and sums over one dimension."""
+    g = torch.Generator().manual_seed(0)
+    Td, T = _sparse((200, 200, 200), 0.002, "csf", 3)
+    X, Y, v = torch.randn(200, 16, generator=g), torch.randn(200, 16, generator=g), torch.randn(200, generator=g)
+    Ad, A = _sparse((n, n), density, "csr", 1)
+    Bd, B = _sparse((n, n), density, "csr", 2)
+    Cd, C = _sparse((n, n), density, "csc", 2)
+    D = torch.randn(n, max(1, n // 100), generator=g)
+    return [("csf ijk,k->ij", "ijk,k->ij", (T, v), (Td, v)),
+            ("csf ijk,jr,kr->ir", "ijk,jr,kr->ir", (T, X, Y), (Td, X, Y)),
+            ("csf ijk,kr->ijr", "ijk,kr->ijr", (T, Y), (Td, Y)),
+            ("csf ijk,ir,jr->kr", "ijk,ir,jr->kr", (T, X, Y), (Td, X, Y)),
+            ("csr*csr ij,ij->ij", "ij,ij->ij", (A, B), (Ad, Bd)),
+            ("csr*csc ij,ij->ij", "ij,ij->ij", (A, C), (Ad, Cd)),
+            ("csr@csr ij,jk->ik", "ij,jk->ik", (A, B), (Ad, Bd)),
+            ("csr@csc ij,jk->ik", "ij,jk->ik", (A, C), (Ad, Cd)),
+            ("csr@csr@dense ij,jk,kl->il", "ij,jk,kl->il", (A, B, D), (Ad, Bd, D)),
+            ("csr ij->j", "ij->j", (A,), (Ad,)),
+            ("csc ij->i", "ij->i", (C,), (Cd,))]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
@@ -123,11 +147,14 @@ def main() -> None:
     parser.add_argument("--density", type=float, default=0.005)
     parser.add_argument("--only", default="", help="only cases whose label contains this")
     parser.add_argument("--flag", type=float, default=1.3, help="mark choices this much slower than the best")
+    parser.add_argument("--wider", action="store_true",
+                        help="also CSF tensors, sparse x sparse products and sums (slow: some orders iterate densely)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"{args.n} x {args.n} at {args.density:.2%}, {args.threads} thread(s); median ms per call")
     print(f"| case | chosen | ms | best | ms | chosen / best |\n|---|---|---:|---|---:|---:|")
-    for label, eq, ops, dense_ops in cases(args.n, args.density):
+    todo = cases(args.n, args.density) + (wider_cases(args.n, args.density) if args.wider else [])
+    for label, eq, ops, dense_ops in todo:
         if args.only not in label:
             continue
         chosen, chosen_ms, times = orders(eq, ops, dense_ops)
