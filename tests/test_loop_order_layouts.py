@@ -79,7 +79,8 @@ def test_the_output_is_written_in_loop_order():
 
 
 def test_layout_choice():
-    from scorch.tensor_compiler.schedule import dense_layout, separated
+    from scorch.tensor_compiler.cost_model import separated
+    from scorch.tensor_compiler.schedule import dense_layout
     # a sparse loop j between i (above) and b, h (below): loop order
     assert separated(0, 2, (1,)) and not separated(0, 1, (1,)) and separated(1, 2, (1,), inclusive=True)
     dense, S = _pattern(6, 7, 0.5, "csr", 3)

@@ -16,7 +16,7 @@ from .assemble import assemble, pattern_ready, pattern_storage
 from .frontend import bind_sizes
 from .operands import cast_storage, convert_storage, unblocked
 from .plans import PlanEntry
-from .relayout import gather_pays, in_dimension_order, order_pays, out_of_order, relayout, relayout_pays
+from .relayout import gather_pays, in_dimension_order, out_of_order, relayout, relayout_pays
 from .rewrite import inner_var, outer_var, split_operand
 from .runner import make_runner
 from .schedule import dimension_permutation, pattern_suffix
@@ -95,7 +95,7 @@ def ordered_relayout(entry: PlanEntry, ops, ap, x) -> bool:
     rule for the run and ``explain``."""
     pairs = entry.order_relayout.get(ap.id)
     return (pairs is not None and entry.split is None and x.dim() == len(ap.indices)
-            and out_of_order(x, pairs) and order_pays(x.numel(), stored_entries(entry, ops)))
+            and out_of_order(x, pairs) and relayout_pays(x.numel(), stored_entries(entry, ops)))
 
 
 def gathered_relayout(entry: PlanEntry, ops, ap, x, sizes) -> bool:

@@ -20,9 +20,8 @@ import torch
 
 from .allocate import empty_output
 
-__all__ = ["relayout", "transposed", "relayout_pays", "gather_pays", "out_of_order", "order_pays",
-           "in_dimension_order",
-           "COPY_PER_READ"]
+__all__ = ["relayout", "transposed", "relayout_pays", "gather_pays", "out_of_order",
+           "in_dimension_order", "COPY_PER_READ"]
 
 #: a kernel that can read the operand with its own strides (``lower.facts.reads_strided``:
 #: SDDMM's C as K x n, a cache line per value read) re-lays it out only when the copy moves
@@ -232,12 +231,6 @@ def out_of_order(x: torch.Tensor, pairs) -> bool:
     """Whether ``x`` nests a dimension ``w`` outside ``u`` for one of the pairs ``(u, w)``
     (``lower.facts.order_relayouts``: ``u`` looped above a sparse loop, ``w`` below it)."""
     return any(x.stride(w) > x.stride(u) and x.shape[w] > 1 and x.shape[u] > 1 for u, w in pairs)
-
-
-def order_pays(entries: int, stored: int) -> bool:
-    """Whether copying an operand of ``entries`` entries to loop order pays for a kernel
-    over ``stored`` stored entries, each of which reads at least one of its rows."""
-    return relayout_pays(entries, stored)
 
 
 def transposed(x: torch.Tensor, threads_for: Optional[Callable[[int], int]] = None) -> torch.Tensor:

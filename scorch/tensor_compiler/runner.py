@@ -26,7 +26,7 @@ from .allocate import EMPTY_NUMPY_MIN, empty_output
 from .assemble import assemble, pattern_storage
 from .codegen import reads_strided, short_rows_limit
 from .plans import storage_pointers, storage_signature
-from .relayout import gather_pays, in_dimension_order, order_pays, out_of_order, relayout, relayout_pays
+from .relayout import gather_pays, in_dimension_order, out_of_order, relayout, relayout_pays
 from .schedule import dimension_permutation, pattern_suffix
 from . import threads
 from .tiling import choose_panel, gathers_cleared, panel_chooser, relaid_panel_narrower
@@ -55,7 +55,7 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
            "ASSEMBLE": assemble, "ENTRY": entry, "PATTERN": pattern_storage, "PTRS": storage_pointers,
            "TEMPTY": torch.empty, "RELAYOUT": relayout, "EMPTY": empty_output,
            "PAYS": relayout_pays, "GPAYS": gather_pays, "NARROWER": relaid_panel_narrower,
-           "OUT_OF_ORDER": out_of_order, "ORDER_PAYS": order_pays, "IN_DIMENSION_ORDER": in_dimension_order}
+           "OUT_OF_ORDER": out_of_order, "IN_DIMENSION_ORDER": in_dimension_order}
     sparse = set()
     for n, aps in by_tensor.items():
         if aps[0].sparse:
@@ -107,7 +107,7 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
         pairs = entry.order_relayout.get(i)
         if pairs:
             # ... and in loop order above it where a sparse loop separates its variables
-            w(f"    elif OUT_OF_ORDER({x}, {pairs!r}) and ORDER_PAYS({x}.numel(), {nnz}):")
+            w(f"    elif OUT_OF_ORDER({x}, {pairs!r}) and PAYS({x}.numel(), {nnz}):")
             w(f"        {x} = RELAYOUT({x}, {tuple(perm)!r}, {tuple(inv)!r}, THREADS, {ap.id})")
     for i, (d, perm, inv) in entry.gather_relayout.items():
         # a dense operand gathered by a sparse loop: copied to loop order where that pays

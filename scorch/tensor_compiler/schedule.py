@@ -25,11 +25,11 @@ from . import merge_lattice as ml
 from .format_inference import infer_output_kinds
 from .index_notation import Access, Assignment, Div, accesses
 from .levels import LevelPlan, level_plans
-from .cost_model import OrderProblem, concordant_dims, loop_order_layout, order_cost, separated
+from .cost_model import OrderProblem, concordant_dims, loop_order_layout, order_cost
 from .loop_order import CycleRemoval, Move, NoValidOrder, PricedOrder, algorithm1
 
 __all__ = ["AccessPlan", "CacheTile", "OutputPlan", "Schedule", "schedule", "NoValidOrder", "pattern_suffix",
-           "dense_layout", "dimension_permutation", "separated", "sparse_loop_ranks"]
+           "dense_layout", "dimension_permutation", "sparse_loop_ranks"]
 
 
 @dataclass

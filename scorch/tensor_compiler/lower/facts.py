@@ -15,10 +15,11 @@ from typing import Dict, FrozenSet, Optional, Sequence, Tuple
 import torch
 
 from .. import merge_lattice as ml
+from ..cost_model import separated
 from ..functions import function
 from ..index_notation import Apply, Compare, Where
 from ..levels import LevelPlan
-from ..schedule import Schedule, separated, sparse_loop_ranks
+from ..schedule import Schedule, sparse_loop_ranks
 from ..target import Target, current as current_target, value_bytes, vector_type_name
 
 __all__ = ["UNPREDICTABLE", "UNPREDICTABLE_DECL", "CTYPES", "NPTYPES", "ITYPES", "DENSE_WS_LIMIT", "SHORT_ROWS",
@@ -157,12 +158,12 @@ def relayouts(s: Schedule) -> Dict[int, Tuple[int, Tuple[int, ...], Tuple[int, .
 def order_relayouts(s: Schedule) -> Dict[int, Tuple[Tuple[int, int], ...]]:
     """Streamed dense accesses (:func:`relayouts`) whose layout also matters above the
     innermost loop: the pairs of dimensions ``(u, w)`` with ``u`` looped at or above a
-    sparse loop and ``w`` below it (``schedule.separated``). An operand that arrives with
+    sparse loop and ``w`` below it (``cost_model.separated``). An operand that arrives with
     ``w`` outside ``u`` (a larger stride) is read at rows that far apart for every stored
     entry: BigBird's scores at batch 8, ``ij,bhid,bhjd->bhij`` in loops ``i, j, b, h, d``,
     read 32 head rows of ``q`` and of ``k`` 256 KB apart per entry (38 ms; 18 ms with both
     in ``i, b, h, d`` order, a 0.5 ms copy each). The caller copies such an operand to
-    loop order where that pays (``relayout.order_pays``)."""
+    loop order where that pays (``relayout.relayout_pays``: each stored entry reads at least one of its rows)."""
     rank = {v: n for n, v in enumerate(s.loop_order)}
     sparse = sparse_loop_ranks(s.loop_order, s.accesses)
     out = {}
