@@ -69,7 +69,9 @@ def orders(equation: str, ops: Sequence, dense_ops: Sequence) -> Tuple[List[str]
         _FORCED = None
         tc.plan_cache_clear()
         want = torch.einsum(equation, *dense_ops)
-        chosen = scorch.explain(equation, *ops).loop_order
+        plan = scorch.explain(equation, *ops)
+        # the order repeated calls run: the reuse plan's where it has one (transposes kept)
+        chosen = (plan.reused or plan).loop_order
         chosen_ms = median_ms(lambda: scorch.einsum(equation, *ops))
         times = {}
         names = sorted(set(equation.split("->")[0].replace(",", "")))

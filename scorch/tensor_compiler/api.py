@@ -315,7 +315,10 @@ def explain(equation: str, *operands, out_format=None) -> Plan:
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     ops = _keyed_operands(operands)[0]
-    entry = einsum_entry(equation, ops, out_format)
+    return _plan_of(einsum_entry(equation, ops, out_format), ops)
+
+
+def _plan_of(entry, ops) -> Plan:
     s = entry.schedule
     idx = {}
     for ap in s.accesses:
@@ -333,7 +336,8 @@ def explain(equation: str, *operands, out_format=None) -> Plan:
         workspaces.append("or the dense route where the dense result is at most the product's "
                           "work (computed dense, its touched rows kept: dense_route.py)")
     return Plan(list(s.loop_order), workspaces, list(s.tiled), ofmt, print_kernel(kernel),
-                transposes, s.assignment, s, kernel, _relayouts(entry, ops))
+                transposes, s.assignment, s, kernel, _relayouts(entry, ops),
+                _plan_of(entry.reuse, ops) if entry.reuse is not None else None)
 
 
 def result_is_dense(equation: str, *operands, out_format=None) -> bool:

@@ -81,6 +81,9 @@ class OrderProblem:
     fixed_tail: Mapping[int, int] = field(default_factory=dict)
     # relative cost of transposing each access (stored entries / their mean; default 1)
     transpose_weights: Mapping[Hashable, float] = field(default_factory=dict)
+    # accesses whose transposes are kept from earlier calls (work_estimate prices them as
+    # a gather of the values; the additive model, which has no statistics, as any other)
+    kept_transposes: FrozenSet[Hashable] = frozenset()
     # the operands' statistics (sparse access id -> operand_stats.OperandStats) and the
     # extent of every index variable, when the planner has them: work_estimate prices
     # the candidate orders with them

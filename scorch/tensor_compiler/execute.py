@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ..formats import Format
-from ..kept_conversions import converted_partner
+from ..kept_conversions import converted_partner, reformatted, seen_again
 from . import build, codegen
 from .arguments import arg_table, arg_values
 from .allocate import empty_output
@@ -49,8 +49,9 @@ def prepare_operands(entry: PlanEntry, ops, sizes, orig=None):
                 st = split_operand(entry.split, entry.orig_indices, ap.tensor, convert_storage(o, Format(o.format.levels, grid, o.format.block)))
             elif ap.transposed:
                 # seen again (a fixed pattern: a training step's attention scores, an
-                # adjacency), the transpose is a kept permutation and one gather
-                st = converted_partner(st, ap.format)
+                # adjacency), the transpose is a kept permutation and one gather; a
+                # reuse plan runs only on a pattern seen again: kept at once
+                st = reformatted(st, ap.format) if entry.kept_transposes else converted_partner(st, ap.format)
             data[ap.id] = cast_storage(st, vt)
         else:
             if x.dtype != vt:
@@ -170,7 +171,11 @@ def run(entry: PlanEntry, ops):
     """Run a plan: values only when its sparse operands share one pattern
     (``shared_pattern``), else its warm runner when it takes the call, else the general path;
     a result of one compressed level over dense ones is computed dense where that pays
-    (``dense_route``)."""
+    (``dense_route``). A plan with a reuse alternative (``planner.reuse_entry``) hands
+    a call whose transposed operands were seen before to it."""
+    alt = entry.reuse
+    if alt is not None and all([seen_again(ops[n]) for n in _transposed_operands(alt)]):
+        return run(alt, ops)
     route = entry.dense_route
     if route is not None and route.pays(ops):
         return route.run(ops, run)
@@ -187,6 +192,10 @@ def run(entry: PlanEntry, ops):
         if r is not None:
             return r
     return run_general(entry, ops)
+
+
+def _transposed_operands(entry: PlanEntry) -> tuple:
+    return tuple(sorted({ap.tensor for ap in entry.schedule.accesses if ap.sparse and ap.transposed}))
 
 
 def run_general(entry: PlanEntry, ops):
@@ -206,6 +215,9 @@ def run_general(entry: PlanEntry, ops):
             entry.runner = make_runner(entry, mod, args, idx, ops)
         except Exception:  # the general path always works
             entry.runner = None
+        if entry.reuse is not None and entry.runner is not None:
+            # no C warm call: every call goes through run(), which sees the reuse
+            entry.runner = getattr(entry.runner, "fallback", entry.runner)
     out_plan = entry.schedule.output
     out = None
     if out_plan.pattern >= 0:

@@ -42,11 +42,14 @@ from .work_estimate import Estimate, estimate
 __all__ = ["Move", "CycleRemoval", "PricedOrder", "LoopOrder", "NoValidOrder", "sparsity_levels",
            "sort_by_sparsity", "greedy_moves", "mode_order_constraints", "find_cycles",
            "remove_mode_order_cycles", "choose_by_estimate", "algorithm1", "exhaustive_order",
-           "ESTIMATE_MARGIN"]
+           "output_major_order", "reductions_inside",
+           "ESTIMATE_MARGIN", "ESTIMATE_TIE"]
 
 #: an order the statistics price at most this fraction of the additive model's choice
 #: replaces it (estimates are rough: a near tie keeps the structural choice)
 ESTIMATE_MARGIN = 0.8
+#: estimates this close (relative) to the lowest tie: the lowest additive cost wins
+ESTIMATE_TIE = 0.05
 
 class NoValidOrder(Exception):
     """No loop order is concordant with every access, even after transposes (only possible
@@ -380,7 +383,13 @@ def choose_by_estimate(p: OrderProblem, order: Sequence[str], candidates: Sequen
             continue
         e = estimate(o, p, threads)
         priced[key] = PricedOrder(key, total_cost(cost_terms(o, p)), e)
-    best = min(priced.values(), key=lambda c: c.estimate.total)
+    low = min(c.estimate.total for c in priced.values())
+    # near ties (ESTIMATE_TIE) go to the additive model: the estimate counts visits, not
+    # where the operands stream from (``ij,bjk->ikb`` over CSC read as CSR: ``b, i, j, k``
+    # re-reads A per batch, ``i, b, j, k`` once, 0.3 % apart in visits; the additive
+    # model's ``restreamed`` tells them apart)
+    best = min((c for c in priced.values() if c.estimate.total <= low * (1 + ESTIMATE_TIE)),
+               key=lambda c: (c.cost, c.estimate.total))
     pick = best.order if best.estimate.total <= ESTIMATE_MARGIN * base.total else tuple(order)
     out = [PricedOrder(pick, priced[pick].cost, priced[pick].estimate, True)]
     out += sorted((c for k, c in priced.items() if k != pick), key=lambda c: c.estimate.total)
@@ -419,6 +428,32 @@ def output_major_order(p: OrderProblem) -> Optional[List[str]]:
     return order
 
 
+def reductions_inside(order: Optional[Sequence[str]], p: OrderProblem) -> List[List[str]]:
+    """Candidates for the estimate with the reductions of ``order`` (in its order) just
+    above one of its output loops, innermost, the other output loops above them as
+    ``order`` nests them: the result's row along the innermost loop is then summed in
+    registers over every reduction and written once (the estimate's ``updates``).
+    Algorithm 1's greedy moves leave a reduction above other output loops where the
+    additive terms tie (CSC ``A`` read as CSR times a batch, ``ij,bjk->bik``: ``i, j, b,
+    k`` adds each entry into ``b`` rows in memory, ``i, b, j, k`` sums ``k`` in a
+    register), and the output-major order nests the output's loops in its dimension order
+    (``->ikb``: ``i, k, j, b``, where ``i, b, j, k`` writes the result in loop order,
+    stride 1). The outer output loops keep their order: a sparse result's format follows
+    the loop order (Algorithm 4), and ``b, i, j, k`` would make it ``dcd``."""
+    if not order:
+        return []
+    outs = [v for v in order if v not in p.reductions]
+    reds = [v for v in order if v in p.reductions]
+    if not reds or not outs:
+        return []
+    out = []
+    for inner in outs:
+        o = [v for v in outs if v != inner] + reds + [inner]
+        if o != list(order):
+            out.append(o)
+    return out
+
+
 def algorithm1(p: OrderProblem, threads: int = 1) -> LoopOrder:
     """Loop order by Algorithm 1: sort by sparsity, greedy cost moves, removal of mode-order
     cycles by the cheapest transposes. Raises :class:`NoValidOrder` when no order fits the
@@ -430,7 +465,8 @@ def algorithm1(p: OrderProblem, threads: int = 1) -> LoopOrder:
     order, cycles, removals = remove_mode_order_cycles(p, order, sorted_vars)
     candidates = [greedy, init] + [c.order for c in removals]
     if p.stats:
-        candidates += [o for o in [output_major_order(p)] if o is not None]
+        om = output_major_order(p)
+        candidates += ([om] if om is not None else []) + reductions_inside(om or order, p)
     order, priced = choose_by_estimate(p, order, candidates, threads)
     terms = cost_terms(order, p)
     if terms is None:

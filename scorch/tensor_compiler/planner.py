@@ -4,8 +4,9 @@ dense operands must be re-laid out, panel widths, the short-rows variant), kept 
 ``PlanEntry`` of the plan cache."""
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 
@@ -19,10 +20,11 @@ from .rewrite import block_split, rename_broadcast
 from .operand_stats import STATS_MIN_NNZ, operand_stats, stats_class
 from .schedule import NoValidOrder, schedule
 from .tiling import block_class
-from .work_estimate import Statistics
+from .work_estimate import KEPT_TRANSPOSE_PASSES, TRANSPOSE_PASSES, Statistics
 
 __all__ = ["value_dtype", "kernel_formats", "make_entry", "resolve_out_format", "einsum_entry",
-           "broadcast_key", "operand_statistics", "stats_key", "block_key", "small_blocks"]
+           "broadcast_key", "operand_statistics", "stats_key", "block_key", "small_blocks",
+           "reuse_entry"]
 
 
 def value_dtype(ops) -> torch.dtype:
@@ -173,8 +175,59 @@ def einsum_entry(equation: str, ops, out_format, ordered: bool = True) -> PlanEn
                 entry.orig_indices = [tuple(i) for i in op_idx]
                 return entry
         stats, small = operand_statistics(op_idx, ops), small_blocks(blocks)
-        entry = make_entry(asg, op_idx, ops, fmt, ordered=ordered, statistics=stats, small=small)
-        entry.dense_route = dense_route(entry, lambda: make_entry(
-            asg, op_idx, ops, Format("d" * len(asg.output)), statistics=stats, small=small))
+
+        def planned(st: Optional[Statistics], fmt: Optional[Format] = fmt) -> PlanEntry:
+            e = make_entry(asg, op_idx, ops, fmt, ordered=ordered, statistics=st, small=small)
+            e.dense_route = dense_route(e, lambda: make_entry(
+                asg, op_idx, ops, Format("d" * len(asg.output)), statistics=st, small=small))
+            return e
+        entry = planned(stats)
+        entry.reuse = reuse_entry(entry, stats, lambda st, f: planned(st, fmt if fmt is not None else f))
         return entry
     return cached_entry(key, make)
+
+
+#: the least saving (estimated visits, ~0.15 ns each) a reuse plan must promise: it runs
+#: through the general path (its kept transposes are looked up per call), ~15 us more a
+#: call than the C warm call of a plan without transposes (70 x 70 CSC @ X, 2 threads:
+#: 9.5 us, 27 us through a reuse plan that saved nothing measurable)
+REUSE_MIN_SAVING = 100_000
+
+
+def _kept_transposes_may_pay(priced) -> bool:
+    """Whether a priced order that transposes costs less than the chosen one once its
+    transposes are priced as kept (an upper bound of the saving: the output's own
+    conversion, not kept, is priced so too): else planning again cannot change the order."""
+    if not priced:
+        return False
+    cut = 1.0 - KEPT_TRANSPOSE_PASSES / TRANSPOSE_PASSES
+    chosen = priced[0].estimate.total - cut * priced[0].estimate.transposes
+    return any(c.estimate.transposes > 0 and c.estimate.total - cut * c.estimate.transposes < chosen
+               for c in priced[1:])
+
+
+def reuse_entry(entry: PlanEntry, stats: Optional[Statistics],
+                planned: Callable[[Statistics, Optional[Format]], PlanEntry]) -> Optional[PlanEntry]:
+    """The plan a call switches to once its sparse operands' patterns are seen again
+    (``execute.run``), where it differs: priced with their transposes kept across calls
+    (``work_estimate.KEPT_TRANSPOSE_PASSES``), a transposed order can pay over many calls
+    where one call's conversion would not (CSC ``A @ X``, 3000^2, 0.5 %, K = 32: 0.092 ->
+    0.065 ms at 1 thread, 0.047 at 2; converting and keeping the transpose costs ~0.6 ms,
+    once, on the call ``kept_conversions.REUSED_AFTER`` says reuses the pattern). None
+    where no priced order transposes, the order stays, or the saving is below
+    :data:`REUSE_MIN_SAVING`. ``planned(statistics, out_format)`` plans the expression."""
+    if stats is None or not _kept_transposes_may_pay(entry.schedule.estimates):
+        return None
+    kept = dataclasses.replace(stats, kept=frozenset(stats.operands))
+    # the result's format is the first plan's (inferred from its loop order, Algorithm 4):
+    # a call's result does not change format with how often its operands were seen
+    out = entry.schedule.output
+    same = (Format("d" * len(out.vars)) if out.vars else None) if out.dense else (out.final_format or out.format)
+    alt = planned(kept, same)
+    if alt.schedule.loop_order == entry.schedule.loop_order or \
+            not any(ap.transposed for ap in alt.schedule.accesses) or not alt.schedule.estimates:
+        return None
+    if entry.schedule.estimates[0].estimate.total - alt.schedule.estimates[0].estimate.total < REUSE_MIN_SAVING:
+        return None
+    alt.kept_transposes = True
+    return alt

@@ -49,6 +49,9 @@ class Plan:
     schedule: Schedule = field(repr=False, default=None)
     loop_ir: Kernel = field(repr=False, default=None)
     relayouts: List[str] = field(default_factory=list)   # dense operands copied per call
+    # the plan calls switch to once their sparse operands' patterns are reused
+    # (``planner.reuse_entry``: transposes kept across calls), where it differs
+    reused: Optional["Plan"] = field(repr=False, default=None)
 
     def __str__(self) -> str:
         out = self.schedule.output if self.schedule is not None else None
@@ -75,6 +78,12 @@ class Plan:
                 lines.append(f"statistics:   operand {n}: {st.summary()}")
             lines.append(f"estimate:     {s.estimates[0]}")
             lines.extend(f"  runner-up:  {c}" for c in s.estimates[1:])
+        if self.reused is not None:
+            r = self.reused
+            lines.append(f"on reuse:     loop order {', '.join(r.loop_order)} from the call that "
+                         f"sees the pattern again (kept_conversions.REUSED_AFTER), transposes kept: "
+                         f"{r.schedule.estimates[0] if r.schedule.estimates else ''}")
+            lines.extend(f"  transpose:  operand {n}: {a} -> {b}" for n, a, b in r.transposes)
         if self.loop_ir is not None:
             lines.append("loop IR:")
             lines.extend("  " + ln for ln in outline(self.loop_ir).splitlines())
@@ -105,6 +114,8 @@ class PlanEntry:
     orig_output: Tuple[str, ...] = ()
     orig_indices: List[Tuple[str, ...]] = field(default_factory=list)
     dense_route: Any = None       # dense_route.DenseRoute: a 'cd...d' result computed dense
+    reuse: Any = None             # the PlanEntry for operands seen again (planner.reuse_entry)
+    kept_transposes: bool = False  # a reuse plan: its transposes are kept from the first call
 
 
 

@@ -11,18 +11,40 @@ chunks write disjoint output; the chunks are balanced by stored entries, so what
 threads is the heaviest single row: a row holding a fraction ``s`` of the entries caps the
 speedup at ``1 / s`` (a power-law graph's hub row, where a uniform matrix of the same size
 scales to every thread).
+
+Two costs follow from where the loops sit, not from how often they run: the output's
+accumulator (a register across the reductions below the output's loops, else the output in
+memory, read and written by every leaf: :data:`UPDATE_VISITS`), and a transpose the
+compiler keeps across calls (``kept_conversions``: once the operand's pattern is seen
+again, a gather of its values at most, :data:`KEPT_TRANSPOSE_PASSES`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Sequence
+from typing import Dict, FrozenSet, List, Optional, Sequence
 
 from .cost_model import OrderProblem, concordant_dims, measure
 
-__all__ = ["Statistics", "Estimate", "estimate", "TRANSPOSE_PASSES", "VECTOR_VISITS"]
+__all__ = ["Statistics", "Estimate", "estimate", "TRANSPOSE_PASSES", "KEPT_TRANSPOSE_PASSES",
+           "VECTOR_VISITS", "UPDATE_VISITS"]
 
-#: entry passes a transpose costs (count, prefix sum, scatter of coordinates and values)
-TRANSPOSE_PASSES = 3.0
+#: entry visits a transpose costs on a call that converts (count, prefix sum, scatter of
+#: coordinates and values, fresh arrays): CSC -> CSR of 45k entries takes 70 us warm and
+#: 250 us into fresh memory, where a visit of a nest takes ~0.15 ns (``i, j, k`` SpMM,
+#: 3000^2, 0.5 %, K = 32: 409k visits, 62 us; 1 thread, Zen 5)
+TRANSPOSE_PASSES = 10.0
+
+#: entry passes of a transpose kept across calls (``kept_conversions``): the operand seen
+#: again, its converted pattern and permutation are kept and the values gathered once
+#: while they stay the same (an optimizer step changes them: one gather per step)
+KEPT_TRANSPOSE_PASSES = 1.0
+
+#: body visits per vector of the output read and written in memory (a leaf below a
+#: reduction loop that is not held in registers). CSC ``A @ X`` (3000^2, 0.5 %, K = 32,
+#: 1 thread): ``j, i, k`` adds each stored entry's row into ``out[i]`` in memory, 0.092 ms;
+#: ``i, j, k`` over the kept transpose sums each row in registers, 0.062 ms, the same
+#: visits; batched (``ij,bjk->bik``, b = 4, K = 16) 0.35 against 0.14 ms.
+UPDATE_VISITS = 0.5
 
 #: body visits of a dense innermost loop per estimated visit: the kernel runs it in vector
 #: registers (4: a float64 vector on AVX2, the fewest lanes of any target and value type,
@@ -40,6 +62,9 @@ class Statistics:
     operands: Dict[int, object] = field(default_factory=dict)
     extents: Dict[str, int] = field(default_factory=dict)
     threads: int = 1
+    #: operands (by number) whose transposes are kept from earlier calls (the plan calls
+    #: on a pattern seen again switch to: ``planner.reuse_entry``)
+    kept: FrozenSet[int] = frozenset()
 
     def problem_fields(self, ids) -> dict:
         """``OrderProblem`` keyword arguments for these accesses: the statistics per access
@@ -47,22 +72,27 @@ class Statistics:
         stats = {i: self.operands[a.tensor] for a, i in ids.items() if a.tensor in self.operands}
         mean = sum(s.nnz for s in stats.values()) / max(len(stats), 1)
         weights = {i: max(s.nnz / mean, 0.01) for i, s in stats.items()} if mean > 0 else {}
-        return {"stats": stats, "extents": dict(self.extents), "transpose_weights": weights}
+        kept = frozenset(i for a, i in ids.items() if a.tensor in self.kept)
+        return {"stats": stats, "extents": dict(self.extents), "transpose_weights": weights,
+                "kept_transposes": kept}
 
 
 @dataclass(frozen=True)
 class Estimate:
-    """``work``: loop-body visits of the nest; ``transposes``: entries moved re-formatting
-    discordant operands (times :data:`TRANSPOSE_PASSES`); ``threads``: the speedup the
-    parallel outer loop can reach (1: one chunk); ``total`` = work / threads + transposes."""
+    """``work``: loop-body visits of the nest; ``updates``: output vectors read and written
+    in memory (times :data:`UPDATE_VISITS` in the total); ``transposes``: entries moved
+    re-formatting discordant operands (times :data:`TRANSPOSE_PASSES`, or
+    :data:`KEPT_TRANSPOSE_PASSES` where kept); ``threads``: the speedup the parallel outer
+    loop can reach (1: one chunk); ``total`` = (work + updates) / threads + transposes."""
     work: float
     transposes: float
     threads: float
     total: float
+    updates: float = 0.0
 
     def __str__(self) -> str:
-        return (f"{self.total:.4g} (work {self.work:.4g} on {self.threads:.3g} threads, "
-                f"transposes {self.transposes:.4g})")
+        return (f"{self.total:.4g} (work {self.work:.4g}, updates {self.updates:.4g} on "
+                f"{self.threads:.3g} threads, transposes {self.transposes:.4g})")
 
 
 def _fanout(p: OrderProblem, acc, i: int, fmt, var: str, order: Sequence[str]) -> Optional[float]:
@@ -113,7 +143,9 @@ def estimate(order: Sequence[str], p: OrderProblem, threads: int = 1) -> Optiona
     if m is None:
         return None
     iters, work = 1.0, 0.0
+    entered: List[float] = []          # iterations reaching each depth
     for depth, v in enumerate(order):
+        entered.append(iters)
         if m.dense_pattern[depth]:
             fans = [float(p.extents.get(v, 1))]
             if depth == len(order) - 1:
@@ -128,9 +160,33 @@ def estimate(order: Sequence[str], p: OrderProblem, threads: int = 1) -> Optiona
     moved = 0.0
     for i in m.transposed:   # an operand's stored entries; the output's: the nest's leaves
         st = p.stats.get(i)
-        moved += TRANSPOSE_PASSES * (st.nnz if st is not None else iters)
+        passes = KEPT_TRANSPOSE_PASSES if i in p.kept_transposes else TRANSPOSE_PASSES
+        moved += passes * (st.nnz if st is not None else iters)
+    updates = UPDATE_VISITS * _memory_updates(order, m, p, entered, iters)
     par = 1.0
     if order and order[0] in p.asg.output and threads > 1:   # chunked outer loop
         share = _heaviest_row_share(p, order[0])
         par = float(threads) if share <= 0 else max(1.0, min(float(threads), 1.0 / share))
-    return Estimate(work, moved, par, work / par + moved)
+    return Estimate(work, moved, par, (work + updates) / par + moved, updates)
+
+
+def _memory_updates(order: Sequence[str], m, p: OrderProblem, entered: Sequence[float],
+                    leaves: float) -> float:
+    """Output values (vectors, along a row) read and written in memory. The deepest output
+    loop's body updates the output once per iteration, summing the reductions below it
+    in registers; so does the loop above an innermost dense output loop, whose row the
+    kernel holds in vector registers across the reductions between them (``i, j, k``
+    SpMM). A reduction above that loop makes every one of its iterations read and write
+    the output again (``j, i, k`` over CSC adds each entry's row into ``out[i]``);
+    without one, each result is written once. No reduction: every order writes each
+    result once (0)."""
+    if not any(v in p.reductions for v in order):
+        return 0.0
+    last = len(order) - 1
+    outs = [d for d, v in enumerate(order) if v not in p.reductions]
+    row = 1.0
+    if outs and outs[-1] == last and m.dense_pattern[last]:
+        row = max(1.0, float(p.extents.get(order[last], 1)) / VECTOR_VISITS)
+        outs = outs[:-1]
+    eff = outs[-1] if outs else -1
+    return (entered[eff + 1] if eff + 1 <= last else leaves) * row
