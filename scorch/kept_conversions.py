@@ -136,12 +136,23 @@ def _through_entry(st: Storage, fmt: Format, got: Optional[Tuple[Storage, torch.
     return through_permutation(st, got)
 
 
+#: a permutation -> the Storage of its last gathered values (``through_permutation``)
+_THROUGH = TensorKeyedCache()
+
+
 def through_permutation(st: Storage, kept: Tuple[Storage, torch.Tensor]) -> Storage:
     """``st``'s current values in the converted pattern of ``kept`` (``reformat_permutation``):
-    one gather, reused while the values are unchanged."""
+    one gather, reused while the values are unchanged, and the same Storage object then (a
+    warm runner checks its cached signature and pointers, ``tensor_compiler.runner``)."""
     conv, perm = kept
-    return Storage(conv.format, conv.shape, conv.levels, _gathered(st.values, perm),
-                   conv.index_dtype)
+    vals = _gathered(st.values, perm)
+    stamp = (id(vals), id(conv))
+    hit = _THROUGH.get(perm, stamp=stamp)
+    if hit is not None and hit.values is vals and hit.levels is conv.levels:
+        return hit
+    out = Storage(conv.format, conv.shape, conv.levels, vals, conv.index_dtype)
+    _THROUGH.put(perm, out, stamp=stamp)
+    return out
 
 
 def inverse_permuted(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:

@@ -187,10 +187,10 @@ def einsum_entry(equation: str, ops, out_format, ordered: bool = True) -> PlanEn
     return cached_entry(key, make)
 
 
-#: the least saving (estimated visits, ~0.15 ns each) a reuse plan must promise: it runs
-#: through the general path (its kept transposes are looked up per call), ~15 us more a
-#: call than the C warm call of a plan without transposes (70 x 70 CSC @ X, 2 threads:
-#: 9.5 us, 27 us through a reuse plan that saved nothing measurable)
+#: the least saving (estimated visits, ~0.15 ns each) a reuse plan must promise: its calls
+#: take the Python warm runner (the kept conversion looked up per call), not the C warm
+#: call of a plan without transposes; with no minimum, small operands lost (70 x 70 CSC,
+#: fully stored, 2 threads: ``einsum`` into a sparse result 31 -> 54 us)
 REUSE_MIN_SAVING = 100_000
 
 
@@ -211,9 +211,9 @@ def reuse_entry(entry: PlanEntry, stats: Optional[Statistics],
     """The plan a call switches to once its sparse operands' patterns are seen again
     (``execute.run``), where it differs: priced with their transposes kept across calls
     (``work_estimate.KEPT_TRANSPOSE_PASSES``), a transposed order can pay over many calls
-    where one call's conversion would not (CSC ``A @ X``, 3000^2, 0.5 %, K = 32: 0.092 ->
-    0.065 ms at 1 thread, 0.047 at 2; converting and keeping the transpose costs ~0.6 ms,
-    once, on the call ``kept_conversions.REUSED_AFTER`` says reuses the pattern). None
+    where one call's conversion would not (CSC ``A @ X``, 3000^2, 0.5 %, K = 32: 0.090 ->
+    0.052 ms at 1 thread, 0.093 -> 0.032 at 2; converting and keeping the transpose costs
+    ~0.7 ms, once, on the call ``kept_conversions.REUSED_AFTER`` says reuses the pattern). None
     where no priced order transposes, the order stays, or the saving is below
     :data:`REUSE_MIN_SAVING`. ``planned(statistics, out_format)`` plans the expression."""
     if stats is None or not _kept_transposes_may_pay(entry.schedule.estimates):

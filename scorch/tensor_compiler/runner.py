@@ -25,6 +25,7 @@ from .arguments import DATA, OUT, OUT_STRIDE, SIZE, STORAGE, STRIDE, arg_table, 
 from .allocate import EMPTY_NUMPY_MIN, empty_output
 from .assemble import assemble, pattern_storage
 from .codegen import reads_strided, short_rows_limit
+from ..kept_conversions import reformatted
 from .plans import storage_pointers, storage_signature
 from .relayout import gather_pays, in_dimension_order, out_of_order, relayout, relayout_pays
 from .schedule import dimension_permutation, pattern_suffix
@@ -41,12 +42,17 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
     format, dtypes, size-1 dimensions, contiguity) and read through their cached
     addresses (``storage_pointers``)."""
     s = entry.schedule
-    if entry.split is not None or any(ap.transposed for ap in s.accesses):
+    if entry.split is not None:
         return None
     nops = len(entry.operand_indices)
     by_tensor: Dict[int, List] = {}
     for ap in s.accesses:
         by_tensor.setdefault(ap.tensor, []).append(ap)
+    # a reuse plan's transposes are kept across calls (``planner.reuse_entry``): the runner
+    # reads each through its kept conversion, the same Storage while the values stay
+    kept = {n: aps[0].format for n, aps in by_tensor.items() if any(ap.transposed for ap in aps)}
+    if kept and (not entry.kept_transposes or any(len(by_tensor[n]) > 1 for n in kept)):
+        return None
     relaid = set(entry.relayout) | set(entry.gather_relayout)
     if any(len(aps) > 1 and any(ap.id in relaid for ap in aps) for aps in by_tensor.values()):
         return None   # one dense tensor read twice (T(i,j) * T(j,i)), re-laid out for one read only
@@ -55,15 +61,18 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
            "ASSEMBLE": assemble, "ENTRY": entry, "PATTERN": pattern_storage, "PTRS": storage_pointers,
            "TEMPTY": torch.empty, "RELAYOUT": relayout, "EMPTY": empty_output,
            "PAYS": relayout_pays, "GPAYS": gather_pays, "NARROWER": relaid_panel_narrower,
-           "OUT_OF_ORDER": out_of_order, "IN_DIMENSION_ORDER": in_dimension_order}
+           "OUT_OF_ORDER": out_of_order, "IN_DIMENSION_ORDER": in_dimension_order,
+           "KEPT": reformatted, "SIG": storage_signature}
     sparse = set()
     for n, aps in by_tensor.items():
         if aps[0].sparse:
-            x = ops[n]
+            x = ops[n] if n not in kept else reformatted(ops[n], kept[n])
             if (x.values.dtype != vt or x.index_dtype != index_dtypes[aps[0].id]
                     or x.format.block is not None or not x.values.is_contiguous()):
                 return None
             env[f"S{n}"] = storage_signature(x)
+            if n in kept:
+                env[f"S{n}_SOURCE"] = storage_signature(ops[n])
             sparse.add(n)
     L: List[str] = []
     w = L.append
@@ -71,8 +80,14 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
     w(f"    if len(ops) != {nops}: return None")
     for n in range(nops):
         w(f"    x{n} = ops[{n}]")
-        if n in sparse:
+        if n in kept:
+            env[f"F{n}"] = kept[n]
+            w(f"    if x{n}._sig != S{n}_SOURCE: return None")
+            w(f"    x{n} = KEPT(x{n}, F{n})")
+            w(f"    if SIG(x{n}) != S{n}: return None")
+        elif n in sparse:
             w(f"    if x{n}._sig != S{n}: return None")
+        if n in sparse:
             w(f"    p{n} = x{n}._ptrs")
             w(f"    if p{n} is None: p{n} = PTRS(x{n})")
         elif n in by_tensor:
@@ -202,7 +217,7 @@ def make_runner(entry, module, args, index_dtypes: Dict[int, torch.dtype], ops):
     exec(compile(src, f"<scorch runner {'_'.join(s.loop_order)}>", "exec"), env)
     run = env["run"]
     run.source = src
-    plan = _c_plan(entry, module, args, run, env, seen, sparse, by_tensor)
+    plan = None if kept else _c_plan(entry, module, args, run, env, seen, sparse, by_tensor)
     return plan if plan is not None else run
 
 
