@@ -204,7 +204,7 @@ def converted_partner(st: Storage, fmt: Format) -> Storage:
 _SIGHTED = TensorKeyedCache()
 
 #: calls on a pattern before ``seen_again`` says it is reused: its conversion, kept at the
-#: switch, costs several calls (CSC ``A @ X``, 3000^2, 0.5 %, K = 32, 1 thread: ~0.6 ms
+#: switch, costs several calls (CSC ``A @ X``, 3000^2, 0.5 %, K = 32, 1 thread: ~0.7 ms
 #: against 0.09 per call), so a pattern used twice never pays it and one used three
 #: times or more (a training loop's adjacency, a solver's matrix) pays it once
 REUSED_AFTER = 2
