@@ -174,7 +174,7 @@ def run(entry: PlanEntry, ops):
     (``dense_route``). A plan with a reuse alternative (``planner.reuse_entry``) hands
     a call whose transposed operands were seen before to it."""
     alt = entry.reuse
-    if alt is not None and all([seen_again(ops[n]) for n in _transposed_operands(alt)]):
+    if alt is not None and all([seen_again(ops[n]) for n in alt.kept_transposes]):
         return run(alt, ops)
     route = entry.dense_route
     if route is not None and route.pays(ops):
@@ -192,10 +192,6 @@ def run(entry: PlanEntry, ops):
         if r is not None:
             return r
     return run_general(entry, ops)
-
-
-def _transposed_operands(entry: PlanEntry) -> tuple:
-    return tuple(sorted({ap.tensor for ap in entry.schedule.accesses if ap.sparse and ap.transposed}))
 
 
 def run_general(entry: PlanEntry, ops):

@@ -224,10 +224,10 @@ def reuse_entry(entry: PlanEntry, stats: Optional[Statistics],
     out = entry.schedule.output
     same = (Format("d" * len(out.vars)) if out.vars else None) if out.dense else (out.final_format or out.format)
     alt = planned(kept, same)
-    if alt.schedule.loop_order == entry.schedule.loop_order or \
-            not any(ap.transposed for ap in alt.schedule.accesses) or not alt.schedule.estimates:
+    transposed = tuple(sorted({ap.tensor for ap in alt.schedule.accesses if ap.sparse and ap.transposed}))
+    if alt.schedule.loop_order == entry.schedule.loop_order or not transposed or not alt.schedule.estimates:
         return None
     if entry.schedule.estimates[0].estimate.total - alt.schedule.estimates[0].estimate.total < REUSE_MIN_SAVING:
         return None
-    alt.kept_transposes = True
+    alt.kept_transposes = transposed
     return alt

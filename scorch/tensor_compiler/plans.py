@@ -115,7 +115,7 @@ class PlanEntry:
     orig_indices: List[Tuple[str, ...]] = field(default_factory=list)
     dense_route: Any = None       # dense_route.DenseRoute: a 'cd...d' result computed dense
     reuse: Any = None             # the PlanEntry for operands seen again (planner.reuse_entry)
-    kept_transposes: bool = False  # a reuse plan: its transposes converted once and kept
+    kept_transposes: Tuple[int, ...] = ()  # a reuse plan: the operands it reads transposed, kept
 
 
 
