@@ -111,8 +111,9 @@ def test_double_dot_on_avx2_sums_4_lane_vectors():
     """float64 on AVX2: 4 doubles a register, the 4 results one register (scorch_vd)."""
     w32 = _function(_source("avx2", torch.float64), "run_chunk_w32")
     assert "(<scorch_vd*>(a.out_vals + q0_1))[0] = scorch_vd_hsum4(dv0, dv1, dv2, dv3)" in w32
-    # 256-byte rows: 16 entries ahead, 4 cache lines each
-    assert "scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 16] * a.t2_st_j + 24)" in w32
+    # 256-byte rows: 16 entries ahead (32 where C spans 16 MB), 4 cache lines each
+    assert "pfd = 32 if (a.N_j * a.t2_st_j * sizeof(double) >= 16777216) else 16" in w32
+    assert "scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 3] * a.t2_st_j + 24)" in w32
 
 
 def test_no_4_entry_steps_where_the_output_is_not_the_pattern():

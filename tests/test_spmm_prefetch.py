@@ -1,7 +1,8 @@
 """SpMM's register rows prefetch the dense rows they gather (``B[crd[q + D], :]``, every
 cache line of the row width, ``facts.dot_prefetch_distance`` entries ahead, up to the last
-stored entry), as SDDMM's vector dot does: at K = 128 float32 the row loop is bound by
-gathering B's rows from L3, not by its 16 FMAs. Oracle: dense torch, over K 1..200 (narrow
+stored entry, or ``dot_far_prefetch_distance`` where B spans ``DOT_FAR_PREFETCH_MIN_BYTES``),
+as SDDMM's vector dot does: at K = 128 float32 the row loop is bound by gathering B's rows
+from L3 or memory, not by its 16 FMAs. Oracle: dense torch, over K 1..200 (narrow
 rows without prefetch, every register width, panels past the widest), formats, dtypes,
 empty and full rows, 1 and 2 threads, on every target this CPU runs."""
 from __future__ import annotations
@@ -13,7 +14,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from compiler_helpers import dense, sparse
 import scorch.tensor_compiler as C
 from scorch.tensor_compiler import target as T
-from scorch.tensor_compiler.lower.facts import dot_prefetch_distance
+from scorch.tensor_compiler.lower.facts import (DOT_FAR_PREFETCH_MIN_BYTES, dot_far_prefetch_distance,
+                                                dot_prefetch_distance)
 
 EQ = "ij,jk->ik"
 RUNNABLE = ["native"] + [n for n in ("avx2", "sse") if T.runnable(T.target_named(n))
@@ -44,22 +46,29 @@ def _source(target: str, dtype=torch.float32) -> str:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_row_variants_prefetch_the_gathered_rows(target, dtype):
     """Every row variant of a cache line or more prefetches each line of B's row the given
-    distance ahead (K = 128 float32: 8 entries, 8 lines); narrower rows do not."""
+    distance ahead (K = 128 float32: 8 entries, 8 lines, or 32 entries where B spans 16 MB
+    or more: chosen at run time, ``pfd``); narrower rows do not."""
     src = _source(target, dtype)
     size = dtype.itemsize
+    vt = "float" if size == 4 else "double"
     assert "#define scorch_prefetch(p)" in src
-    for W in T.target_named(target).row_widths("float" if size == 4 else "double"):
+    for W in T.target_named(target).row_widths(vt):
         body = _function(src, f"run_chunk_w{W}")
-        D = dot_prefetch_distance(W, "float" if size == 4 else "double")
+        near, far = dot_prefetch_distance(W, vt), dot_far_prefetch_distance(W, vt)
+        D = str(near) if near == far else "pfd"
         lines = [f"scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + {D}] * a.t1_st_j"
                  + (f" + {c})" if c else ")") for c in range(0, W, 64 // size)]
         if W * size < 64:
-            assert D == 0 and "scorch_prefetch" not in body
+            assert near == far == 0 and "scorch_prefetch" not in body
             continue
+        if near != far:
+            assert (f"pfd = {far} if (a.N_j * a.t1_st_j * sizeof({vt}) >= "
+                    f"{DOT_FAR_PREFETCH_MIN_BYTES}) else {near}") in body
         assert f"pfe = <int64_t>a.t0_pos1[a.N_i] - {D}" in body
         assert "if q0_1 < pfe:" in body
         assert all(ln in body for ln in lines) and body.count("scorch_prefetch(") == len(lines)
-    assert dot_prefetch_distance(128, "float") == 8
+    assert dot_prefetch_distance(128, "float") == 8 and dot_far_prefetch_distance(128, "float") == 32
+    assert dot_prefetch_distance(32, "float") == dot_far_prefetch_distance(32, "float") == 32
     # the run-time-width loop (other K) is left as it was
     assert "scorch_prefetch" not in _function(src, "run_chunk")
 
@@ -90,3 +99,27 @@ def test_spmm_equals_dense(name, K, m, n, density, dtype, fmt, threads, seed):
             got = dense(C.einsum(EQ, S, b))
             tol = 1e-4 if dtype == torch.float32 else 1e-10
             torch.testing.assert_close(got, a @ b, rtol=tol, atol=tol * max(n, 1))
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo"])
+@pytest.mark.parametrize("K", [64, 128])
+def test_far_prefetch_past_the_threshold(fmt, K):
+    """A dense factor of 16 MB or more (the far distance, 32 entries ahead) gives the same
+    product as dense torch, with fewer stored entries than the distance and more, and the
+    last rows' prefetches stopping at the last entry; SpMM and SDDMM."""
+    n = DOT_FAR_PREFETCH_MIN_BYTES // (4 * K) + 7
+    g = torch.Generator().manual_seed(K)
+    for nnz in (5, 300):
+        rows = torch.randint(0, 40, (nnz,), generator=g)
+        cols = torch.randint(0, n, (nnz,), generator=g)
+        a = torch.zeros(40, n)
+        a[rows, cols] = torch.randn(nnz, generator=g)
+        b = torch.randn(n, K, generator=g)
+        S = sparse(a, fmt)
+        for _ in range(2):
+            torch.testing.assert_close(dense(C.einsum(EQ, S, b)), a @ b, rtol=1e-4, atol=1e-3)
+        x = torch.randn(40, K, generator=g)
+        want = a * (x @ b.t())
+        for _ in range(2):
+            got = dense(C.einsum("ij,ik,jk->ij", S, x, b))
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)

@@ -314,6 +314,7 @@ cdef void run_chunk_w64(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
     cdef int64_t q0_1
     cdef int64_t h0_1
     cdef int64_t e0_1
+    cdef int64_t pfd
     cdef int64_t pfe
     cdef int64_t o2_1_0
     cdef scorch_vf dv0
@@ -331,25 +332,26 @@ cdef void run_chunk_w64(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
         o1_0 = c_i * a.t1_st_i
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
-        pfe = <int64_t>a.t0_pos1[a.N_i] - 16
+        pfd = 32 if (a.N_j * a.t2_st_j * sizeof(float) >= 16777216) else 16
+        pfe = <int64_t>a.t0_pos1[a.N_i] - pfd
         while q0_1 + 3 < h0_1:
             if q0_1 < pfe - 3:
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 16] * a.t2_st_j)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 16] * a.t2_st_j + 16)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 16] * a.t2_st_j + 32)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 16] * a.t2_st_j + 48)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 17] * a.t2_st_j)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 17] * a.t2_st_j + 16)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 17] * a.t2_st_j + 32)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 17] * a.t2_st_j + 48)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 18] * a.t2_st_j)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 18] * a.t2_st_j + 16)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 18] * a.t2_st_j + 32)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 18] * a.t2_st_j + 48)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 19] * a.t2_st_j)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 19] * a.t2_st_j + 16)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 19] * a.t2_st_j + 32)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 19] * a.t2_st_j + 48)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j + 16)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j + 32)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j + 48)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 1] * a.t2_st_j)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 1] * a.t2_st_j + 16)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 1] * a.t2_st_j + 32)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 1] * a.t2_st_j + 48)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 2] * a.t2_st_j)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 2] * a.t2_st_j + 16)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 2] * a.t2_st_j + 32)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 2] * a.t2_st_j + 48)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 3] * a.t2_st_j)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 3] * a.t2_st_j + 16)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 3] * a.t2_st_j + 32)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 3] * a.t2_st_j + 48)
             o2_1_0 = a.t0_crd1[q0_1] * a.t2_st_j
             dv0 = ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 0))[0]) * (<scorch_vf*>(a.t2_vals + o2_1_0 + 0))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 16))[0]) * (<scorch_vf*>(a.t2_vals + o2_1_0 + 16))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 32))[0]) * (<scorch_vf*>(a.t2_vals + o2_1_0 + 32))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 48))[0]) * (<scorch_vf*>(a.t2_vals + o2_1_0 + 48))[0])
             o2_1_1 = a.t0_crd1[q0_1 + 1] * a.t2_st_j
@@ -363,10 +365,10 @@ cdef void run_chunk_w64(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
         for q0_1 in range(q0_1, h0_1):
             c_j = a.t0_crd1[q0_1]
             if q0_1 < pfe:
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 16] * a.t2_st_j)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 16] * a.t2_st_j + 16)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 16] * a.t2_st_j + 32)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 16] * a.t2_st_j + 48)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j + 16)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j + 32)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j + 48)
             o2_1 = c_j * a.t2_st_j
             acc = 0
             acc = acc + scorch_vf_hsum(((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 0))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 0))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 16))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 16))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 32))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 32))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 48))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 48))[0]))
@@ -381,6 +383,7 @@ cdef void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* oc
     cdef int64_t q0_1
     cdef int64_t h0_1
     cdef int64_t e0_1
+    cdef int64_t pfd
     cdef int64_t pfe
     cdef int64_t o2_1_0
     cdef scorch_vf dv0
@@ -398,41 +401,42 @@ cdef void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* oc
         o1_0 = c_i * a.t1_st_i
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
-        pfe = <int64_t>a.t0_pos1[a.N_i] - 8
+        pfd = 32 if (a.N_j * a.t2_st_j * sizeof(float) >= 16777216) else 8
+        pfe = <int64_t>a.t0_pos1[a.N_i] - pfd
         while q0_1 + 3 < h0_1:
             if q0_1 < pfe - 3:
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 8] * a.t2_st_j)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 8] * a.t2_st_j + 16)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 8] * a.t2_st_j + 32)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 8] * a.t2_st_j + 48)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 8] * a.t2_st_j + 64)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 8] * a.t2_st_j + 80)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 8] * a.t2_st_j + 96)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 8] * a.t2_st_j + 112)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 9] * a.t2_st_j)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 9] * a.t2_st_j + 16)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 9] * a.t2_st_j + 32)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 9] * a.t2_st_j + 48)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 9] * a.t2_st_j + 64)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 9] * a.t2_st_j + 80)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 9] * a.t2_st_j + 96)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 9] * a.t2_st_j + 112)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 10] * a.t2_st_j)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 10] * a.t2_st_j + 16)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 10] * a.t2_st_j + 32)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 10] * a.t2_st_j + 48)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 10] * a.t2_st_j + 64)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 10] * a.t2_st_j + 80)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 10] * a.t2_st_j + 96)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 10] * a.t2_st_j + 112)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 11] * a.t2_st_j)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 11] * a.t2_st_j + 16)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 11] * a.t2_st_j + 32)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 11] * a.t2_st_j + 48)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 11] * a.t2_st_j + 64)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 11] * a.t2_st_j + 80)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 11] * a.t2_st_j + 96)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 11] * a.t2_st_j + 112)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j + 16)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j + 32)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j + 48)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j + 64)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j + 80)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j + 96)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j + 112)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 1] * a.t2_st_j)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 1] * a.t2_st_j + 16)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 1] * a.t2_st_j + 32)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 1] * a.t2_st_j + 48)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 1] * a.t2_st_j + 64)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 1] * a.t2_st_j + 80)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 1] * a.t2_st_j + 96)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 1] * a.t2_st_j + 112)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 2] * a.t2_st_j)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 2] * a.t2_st_j + 16)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 2] * a.t2_st_j + 32)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 2] * a.t2_st_j + 48)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 2] * a.t2_st_j + 64)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 2] * a.t2_st_j + 80)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 2] * a.t2_st_j + 96)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 2] * a.t2_st_j + 112)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 3] * a.t2_st_j)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 3] * a.t2_st_j + 16)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 3] * a.t2_st_j + 32)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 3] * a.t2_st_j + 48)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 3] * a.t2_st_j + 64)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 3] * a.t2_st_j + 80)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 3] * a.t2_st_j + 96)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd + 3] * a.t2_st_j + 112)
             o2_1_0 = a.t0_crd1[q0_1] * a.t2_st_j
             dv0 = ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 0))[0]) * (<scorch_vf*>(a.t2_vals + o2_1_0 + 0))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 16))[0]) * (<scorch_vf*>(a.t2_vals + o2_1_0 + 16))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 32))[0]) * (<scorch_vf*>(a.t2_vals + o2_1_0 + 32))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 48))[0]) * (<scorch_vf*>(a.t2_vals + o2_1_0 + 48))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 64))[0]) * (<scorch_vf*>(a.t2_vals + o2_1_0 + 64))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 80))[0]) * (<scorch_vf*>(a.t2_vals + o2_1_0 + 80))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 96))[0]) * (<scorch_vf*>(a.t2_vals + o2_1_0 + 96))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 112))[0]) * (<scorch_vf*>(a.t2_vals + o2_1_0 + 112))[0])
             o2_1_1 = a.t0_crd1[q0_1 + 1] * a.t2_st_j
@@ -446,14 +450,14 @@ cdef void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* oc
         for q0_1 in range(q0_1, h0_1):
             c_j = a.t0_crd1[q0_1]
             if q0_1 < pfe:
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 8] * a.t2_st_j)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 8] * a.t2_st_j + 16)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 8] * a.t2_st_j + 32)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 8] * a.t2_st_j + 48)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 8] * a.t2_st_j + 64)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 8] * a.t2_st_j + 80)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 8] * a.t2_st_j + 96)
-                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 8] * a.t2_st_j + 112)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j + 16)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j + 32)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j + 48)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j + 64)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j + 80)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j + 96)
+                scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j + 112)
             o2_1 = c_j * a.t2_st_j
             acc = 0
             acc = acc + scorch_vf_hsum(((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 0))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 0))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 16))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 16))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 32))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 32))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 48))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 48))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 64))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 64))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 80))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 80))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 96))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 96))[0]) + ((a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_0 + 112))[0]) * (<scorch_vf*>(a.t2_vals + o2_1 + 112))[0]))

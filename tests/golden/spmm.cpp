@@ -270,6 +270,7 @@ static void run_chunk_w64(Args* pa, int64_t clo, int64_t chi, std::vector<int64_
     int64_t q0_1;
     int64_t h0_1;
     int64_t e0_1;
+    int64_t pfd;
     int64_t pfe;
     int64_t o1_1;
     a = pa[0];
@@ -285,17 +286,18 @@ static void run_chunk_w64(Args* pa, int64_t clo, int64_t chi, std::vector<int64_
             wv3 = scorch_vf_zero();
             q0_1 = a.t0_pos1[p0_0];
             h0_1 = a.t0_pos1[(p0_0 + 1)];
-            pfe = (((int64_t)a.t0_pos1[a.N_i]) - 16);
+            pfd = ((((((a.N_j * a.t1_st_j) * sizeof(float)) >= 16777216))) ? (32) : (16));
+            pfe = (((int64_t)a.t0_pos1[a.N_i]) - pfd);
             {
                 int64_t scorch_end1 = h0_1;
                 for (int64_t scorch_i1 = q0_1; scorch_i1 < scorch_end1; scorch_i1 += 1) {
                     q0_1 = scorch_i1;
                     c_j = a.t0_crd1[q0_1];
                     if ((q0_1 < pfe)) {
-                        scorch_prefetch((a.t1_vals + (a.t0_crd1[(q0_1 + 16)] * a.t1_st_j)));
-                        scorch_prefetch(((a.t1_vals + (a.t0_crd1[(q0_1 + 16)] * a.t1_st_j)) + 16));
-                        scorch_prefetch(((a.t1_vals + (a.t0_crd1[(q0_1 + 16)] * a.t1_st_j)) + 32));
-                        scorch_prefetch(((a.t1_vals + (a.t0_crd1[(q0_1 + 16)] * a.t1_st_j)) + 48));
+                        scorch_prefetch((a.t1_vals + (a.t0_crd1[(q0_1 + pfd)] * a.t1_st_j)));
+                        scorch_prefetch(((a.t1_vals + (a.t0_crd1[(q0_1 + pfd)] * a.t1_st_j)) + 16));
+                        scorch_prefetch(((a.t1_vals + (a.t0_crd1[(q0_1 + pfd)] * a.t1_st_j)) + 32));
+                        scorch_prefetch(((a.t1_vals + (a.t0_crd1[(q0_1 + pfd)] * a.t1_st_j)) + 48));
                     }
                     o1_1 = (c_j * a.t1_st_j);
                     wv0 = (wv0 + ((a.t0_vals[q0_1] * (((scorch_vf*)(((a.t1_vals + o1_1) + 0))))[0])));
@@ -330,6 +332,7 @@ static void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, std::vector<int64
     int64_t q0_1;
     int64_t h0_1;
     int64_t e0_1;
+    int64_t pfd;
     int64_t pfe;
     int64_t o1_1;
     a = pa[0];
@@ -349,21 +352,22 @@ static void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, std::vector<int64
             wv7 = scorch_vf_zero();
             q0_1 = a.t0_pos1[p0_0];
             h0_1 = a.t0_pos1[(p0_0 + 1)];
-            pfe = (((int64_t)a.t0_pos1[a.N_i]) - 8);
+            pfd = ((((((a.N_j * a.t1_st_j) * sizeof(float)) >= 16777216))) ? (32) : (8));
+            pfe = (((int64_t)a.t0_pos1[a.N_i]) - pfd);
             {
                 int64_t scorch_end1 = h0_1;
                 for (int64_t scorch_i1 = q0_1; scorch_i1 < scorch_end1; scorch_i1 += 1) {
                     q0_1 = scorch_i1;
                     c_j = a.t0_crd1[q0_1];
                     if ((q0_1 < pfe)) {
-                        scorch_prefetch((a.t1_vals + (a.t0_crd1[(q0_1 + 8)] * a.t1_st_j)));
-                        scorch_prefetch(((a.t1_vals + (a.t0_crd1[(q0_1 + 8)] * a.t1_st_j)) + 16));
-                        scorch_prefetch(((a.t1_vals + (a.t0_crd1[(q0_1 + 8)] * a.t1_st_j)) + 32));
-                        scorch_prefetch(((a.t1_vals + (a.t0_crd1[(q0_1 + 8)] * a.t1_st_j)) + 48));
-                        scorch_prefetch(((a.t1_vals + (a.t0_crd1[(q0_1 + 8)] * a.t1_st_j)) + 64));
-                        scorch_prefetch(((a.t1_vals + (a.t0_crd1[(q0_1 + 8)] * a.t1_st_j)) + 80));
-                        scorch_prefetch(((a.t1_vals + (a.t0_crd1[(q0_1 + 8)] * a.t1_st_j)) + 96));
-                        scorch_prefetch(((a.t1_vals + (a.t0_crd1[(q0_1 + 8)] * a.t1_st_j)) + 112));
+                        scorch_prefetch((a.t1_vals + (a.t0_crd1[(q0_1 + pfd)] * a.t1_st_j)));
+                        scorch_prefetch(((a.t1_vals + (a.t0_crd1[(q0_1 + pfd)] * a.t1_st_j)) + 16));
+                        scorch_prefetch(((a.t1_vals + (a.t0_crd1[(q0_1 + pfd)] * a.t1_st_j)) + 32));
+                        scorch_prefetch(((a.t1_vals + (a.t0_crd1[(q0_1 + pfd)] * a.t1_st_j)) + 48));
+                        scorch_prefetch(((a.t1_vals + (a.t0_crd1[(q0_1 + pfd)] * a.t1_st_j)) + 64));
+                        scorch_prefetch(((a.t1_vals + (a.t0_crd1[(q0_1 + pfd)] * a.t1_st_j)) + 80));
+                        scorch_prefetch(((a.t1_vals + (a.t0_crd1[(q0_1 + pfd)] * a.t1_st_j)) + 96));
+                        scorch_prefetch(((a.t1_vals + (a.t0_crd1[(q0_1 + pfd)] * a.t1_st_j)) + 112));
                     }
                     o1_1 = (c_j * a.t1_st_j);
                     wv0 = (wv0 + ((a.t0_vals[q0_1] * (((scorch_vf*)(((a.t1_vals + o1_1) + 0))))[0])));

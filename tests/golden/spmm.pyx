@@ -208,6 +208,7 @@ cdef void run_chunk_w64(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
     cdef int64_t q0_1
     cdef int64_t h0_1
     cdef int64_t e0_1
+    cdef int64_t pfd
     cdef int64_t pfe
     cdef int64_t o1_1
     for c_i in range(clo, chi):
@@ -219,14 +220,15 @@ cdef void run_chunk_w64(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
         wv3 = scorch_vf_zero()
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
-        pfe = <int64_t>a.t0_pos1[a.N_i] - 16
+        pfd = 32 if (a.N_j * a.t1_st_j * sizeof(float) >= 16777216) else 16
+        pfe = <int64_t>a.t0_pos1[a.N_i] - pfd
         for q0_1 in range(q0_1, h0_1):
             c_j = a.t0_crd1[q0_1]
             if q0_1 < pfe:
-                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 16] * a.t1_st_j)
-                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 16] * a.t1_st_j + 16)
-                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 16] * a.t1_st_j + 32)
-                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 16] * a.t1_st_j + 48)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + pfd] * a.t1_st_j)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + pfd] * a.t1_st_j + 16)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + pfd] * a.t1_st_j + 32)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + pfd] * a.t1_st_j + 48)
             o1_1 = c_j * a.t1_st_j
             wv0 = wv0 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 0))[0])
             wv1 = wv1 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 16))[0])
@@ -255,6 +257,7 @@ cdef void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* oc
     cdef int64_t q0_1
     cdef int64_t h0_1
     cdef int64_t e0_1
+    cdef int64_t pfd
     cdef int64_t pfe
     cdef int64_t o1_1
     for c_i in range(clo, chi):
@@ -270,18 +273,19 @@ cdef void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* oc
         wv7 = scorch_vf_zero()
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
-        pfe = <int64_t>a.t0_pos1[a.N_i] - 8
+        pfd = 32 if (a.N_j * a.t1_st_j * sizeof(float) >= 16777216) else 8
+        pfe = <int64_t>a.t0_pos1[a.N_i] - pfd
         for q0_1 in range(q0_1, h0_1):
             c_j = a.t0_crd1[q0_1]
             if q0_1 < pfe:
-                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 8] * a.t1_st_j)
-                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 8] * a.t1_st_j + 16)
-                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 8] * a.t1_st_j + 32)
-                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 8] * a.t1_st_j + 48)
-                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 8] * a.t1_st_j + 64)
-                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 8] * a.t1_st_j + 80)
-                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 8] * a.t1_st_j + 96)
-                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + 8] * a.t1_st_j + 112)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + pfd] * a.t1_st_j)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + pfd] * a.t1_st_j + 16)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + pfd] * a.t1_st_j + 32)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + pfd] * a.t1_st_j + 48)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + pfd] * a.t1_st_j + 64)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + pfd] * a.t1_st_j + 80)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + pfd] * a.t1_st_j + 96)
+                scorch_prefetch(a.t1_vals + a.t0_crd1[q0_1 + pfd] * a.t1_st_j + 112)
             o1_1 = c_j * a.t1_st_j
             wv0 = wv0 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 0))[0])
             wv1 = wv1 + (a.t0_vals[q0_1] * (<scorch_vf*>(a.t1_vals + o1_1 + 16))[0])

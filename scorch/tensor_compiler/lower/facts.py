@@ -26,7 +26,8 @@ __all__ = ["UNPREDICTABLE", "UNPREDICTABLE_DECL", "CTYPES", "NPTYPES", "ITYPES",
            "SHORT_ROWS_BY_DTYPE", "PREFETCH_DISTANCE", "PREFETCH_MIN_BYTES", "STREAM_BLOCK", "STREAM_DISTANCE",
            "STREAM_MIN_BYTES", "STREAM_MIN_GATHER_BYTES", "GATHER_DOT_LANES", "HW_GATHER_TARGETS",
            "HW_GATHER_MIN_BYTES", "PAIRED_ROWS_MIN", "ROWS_VARY_SAMPLES", "ROWS_VARY_PERCENT", "gathered", "short_rows_limit",
-           "DOT_PREFETCH_BYTES", "dot_gathers", "dot_prefetch_distance", "DOT_ENTRIES", "dot_entries_type",
+           "DOT_PREFETCH_BYTES", "DOT_FAR_PREFETCH_ENTRIES", "DOT_FAR_PREFETCH_MIN_BYTES", "dot_gathers",
+           "dot_prefetch_distance", "dot_far_prefetch_distance", "DOT_ENTRIES", "dot_entries_type",
            "dot_row_shared", "SEGMENT_PREFETCH_DISTANCE", "chased_segments", "level_entries", "fiber_products",
            "reads_strided",
            "short_rows", "unit_stride_accesses", "relayouts", "gather_relayouts", "LoopLevels",
@@ -261,6 +262,17 @@ def gathered(s: Schedule) -> Tuple[int, ...]:
 DOT_PREFETCH_BYTES = 4096
 #: the fewest and most entries ahead a vector dot prefetches
 DOT_PREFETCH_MIN, DOT_PREFETCH_MAX = 8, 64
+#: where the gathered rows span at least DOT_FAR_PREFETCH_MIN_BYTES (past most of L3: they
+#: come from memory) a vector dot prefetches at least DOT_FAR_PREFETCH_ENTRIES entries
+#: ahead: K = 128 float32 8 -> 32 entries. In-process A/B, same operands, 1 thread, AVX-512
+#: Zen 5 (32 MB L3), C as n x K / SpMM, ratio old / new time: copter2 (gathered 28 MB)
+#: 1.25x / 1.31x, arrow_spqr (24 MB) 1.07x / 1.13x, uniform 100k (51 MB) 1.08x / 1.09x,
+#: NotreDame (166 MB) 1.09x / 1.06x; rows that stay in L2 or L3 lose 3-8 % with the far
+#: distance (G51 0.5 MB 0.92x, bcspwr10 2.7 MB 0.96x, 4elt 8 MB 0.95x), so they keep the
+#: near one. K = 32 (32 entries either way) is best at 32 on both sides
+#: (``benchmarks/results/issue15/zen5-s28-dot-prefetch/``).
+DOT_FAR_PREFETCH_ENTRIES = 32
+DOT_FAR_PREFETCH_MIN_BYTES = 16 << 20
 CACHE_LINE = 64
 
 
@@ -280,11 +292,19 @@ def dot_gathers(s: Schedule) -> Tuple[int, ...]:
 
 def dot_prefetch_distance(width: int, vt: str) -> int:
     """How many stored entries ahead a vector dot of ``width`` values prefetches its
-    gathered rows (0: not at all, rows narrower than a cache line)."""
+    gathered rows while they stay in cache (0: not at all, rows narrower than a cache
+    line)."""
     row = width * value_bytes(vt)
     if row < CACHE_LINE:
         return 0
     return max(DOT_PREFETCH_MIN, min(DOT_PREFETCH_MAX, DOT_PREFETCH_BYTES // row))
+
+
+def dot_far_prefetch_distance(width: int, vt: str) -> int:
+    """The same where the gathered rows span ``DOT_FAR_PREFETCH_MIN_BYTES`` or more (they
+    come from memory: the prefetch has to run further ahead)."""
+    near = dot_prefetch_distance(width, vt)
+    return max(near, DOT_FAR_PREFETCH_ENTRIES) if near else 0
 
 
 #: a vector dot whose results are the sparse operand's stored values (SDDMM) runs this many

@@ -34,6 +34,7 @@ from ..loop_ir import AddTo, Assign, Call, For, If, LevelCode, Stmt, While
 from ..target import value_bytes
 from .facts import (CACHE_LINE, DOT_ENTRIES, PREFETCH_DISTANCE, SEGMENT_PREFETCH_DISTANCE, UNPREDICTABLE,
                     LoopLevels, chased_segments, cvar, level_entries, dot_entries_type, dot_prefetch_distance,
+                    dot_far_prefetch_distance, DOT_FAR_PREFETCH_MIN_BYTES,
                     dot_row_shared)
 from .nest import Cursor, Nest
 from .pack_rows import pack_rows
@@ -199,12 +200,28 @@ def _dot_prefetch(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor) -> Tuple[L
     W = n.variant.width
     if not _above_vector(n, lp) or lv.grouped:
         return [], []
-    D = dot_prefetch_distance(W, f.vt)
-    if not D:
+    setup, D = _dot_distance(n, lp)
+    if D == "0":
         return [], []
     pfe = n.decls.need("pfe")
-    return ([Assign(pfe, f"{level_entries(n.facts, lv)} - {D}")],
+    return (setup + [Assign(pfe, f"{level_entries(n.facts, lv)} - {D}")],
             [If(f"{lv.q} < pfe", tuple(_dot_gather_rows(n, lp, st, f"{lv.q} + {D}")))])
+
+
+def _dot_distance(n: Nest, lp: LoopLevels) -> Tuple[List[Stmt], str]:
+    """How far ahead (in stored entries) the vector dot's gathered rows are prefetched: the
+    near distance while they fit in cache, the far one (``pfd``, set by the statements
+    returned) where one of them spans ``DOT_FAR_PREFETCH_MIN_BYTES`` ("0": none)."""
+    f = n.facts
+    near = dot_prefetch_distance(n.variant.width, f.vt)
+    far = dot_far_prefetch_distance(n.variant.width, f.vt)
+    if far == near or not f.row_gathers:
+        return [], str(near)
+    v = lp.var
+    span = " or ".join(f"a.N_{v} * a.t{i}_st_{v} * sizeof({f.vt}) >= {DOT_FAR_PREFETCH_MIN_BYTES}"
+                       for i in f.row_gathers)
+    pfd = n.decls.need("pfd")
+    return [Assign(pfd, f"{far} if ({span}) else {near}")], pfd
 
 
 def _segment_prefetch(n: Nest, lp: LoopLevels, lv: LevelPlan) -> Tuple[List[Stmt], List[Stmt]]:
@@ -242,11 +259,11 @@ def _dot_entries(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor, hi: str) ->
     quad = dot_entries_type(f.s, f.vt, lanes, f.target)
     if quad is None:
         return []
-    U, q, D = DOT_ENTRIES, lv.q, dot_prefetch_distance(W, f.vt)
+    U, q, D = DOT_ENTRIES, lv.q, _dot_distance(n, lp)[1]
     body: List[Stmt] = []
-    if D and f.row_gathers:
+    if D != "0" and f.row_gathers:
         body.append(If(f"{q} < pfe - {U - 1}", tuple(
-            c for u in range(U) for c in _dot_gather_rows(n, lp, st, f"{q} + {D + u}"))))
+            c for u in range(U) for c in _dot_gather_rows(n, lp, st, _ahead(q, D, u)))))
     sums, cursors, offsets = [], [], []
     for u in range(U):
         at = f"{q} + {u}" if u else q
@@ -267,6 +284,13 @@ def _dot_entries(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor, hi: str) ->
     body += [Assign(f"(<{quad}*>(a.out_vals + {q}))[0]", f"{vtype}_hsum4({', '.join(sums)})"),
              AddTo(q, str(U))]
     return [While(f"{q} + {U - 1} < {hi}", tuple(body), "dot entries")]
+
+
+def _ahead(q: str, distance: str, u: int) -> str:
+    """The position ``distance + u`` entries past ``q`` (distance: a number or a local)."""
+    if distance.isdigit():
+        return f"{q} + {int(distance) + u}"
+    return f"{q} + {distance}" + (f" + {u}" if u else "")
 
 
 def _entry_dots(n: Nest, cursors: List[Cursor], sums: List[str], offsets: List[List[Stmt]],

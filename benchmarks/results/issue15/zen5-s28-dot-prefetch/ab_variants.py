@@ -1,0 +1,129 @@
+"""In-process A/B of kernel variants: each variant's kernel is generated (codegen constants
+patched per variant) and run on the same operands in the same process, interleaved, so
+page placement (which moves a case 10-30 % from process to process on this VM) falls on
+every variant alike.
+
+    SCORCH_DATA_DIR=../shared/data python ab_variants.py --threads 1 \
+        --cases sddmm_nk:copter2:128 spmm:G51:128 ...
+
+Variants are listed in VARIANTS below (name -> {module attribute: value})."""
+import argparse, statistics, sys, time, warnings
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+warnings.filterwarnings("ignore")
+import numpy as np, torch
+import scorch
+import kernels as K
+from scorch.tensor_compiler import build, codegen, threads
+from scorch.tensor_compiler.api import _keyed_operands, einsum_entry
+from scorch.tensor_compiler.arguments import arg_table, arg_values
+from scorch.tensor_compiler.allocate import empty_output
+from scorch.tensor_compiler.execute import prepare_operands
+from scorch.tensor_compiler.frontend import bind_sizes
+from scorch.tensor_compiler.schedule import pattern_suffix
+from scorch.tensor_compiler.tiling import panel_for
+from scorch.tensor_compiler.lower import facts as F
+import scorch.tensor_compiler.lower.loops as LOOPS
+
+VARIANTS = {}
+
+
+def patched(settings):
+    """Set codegen constants (in ``lower.facts`` and in ``lower.loops`` where it imported
+    them by name); returns the old values."""
+    saved = {k: getattr(F, k) for k in settings}
+    for k, v in settings.items():
+        for mod in (F, LOOPS):
+            if hasattr(mod, k):
+                setattr(mod, k, v)
+    return saved
+
+
+def operands_of(case):
+    ops = K.operands(case)
+    As = scorch.from_scipy(ops.A)
+    if case.kernel in ("spmv", "spmm"):
+        return [As, torch.from_numpy(ops.x)]
+    return [As, torch.from_numpy(ops.Bd), K._dense_c(ops, case.kernel)]
+
+
+def run_case(case, nthreads, rounds, variants):
+    torch.set_num_threads(nthreads)
+    operands = operands_of(case)
+    ops = _keyed_operands(tuple(operands))[0]
+    entry = einsum_entry(case.equation, ops, None)
+    sizes = bind_sizes(entry.operand_indices, [x.shape for x in ops])
+    data = prepare_operands(entry, ops, sizes)
+    idx = {ap.id: data[ap.id].index_dtype for ap in entry.schedule.accesses if ap.sparse}
+    out_plan = entry.schedule.output
+    calls = {}
+    for name, settings in variants.items():
+        import os
+        env = {k: settings.pop(k) for k in [k for k in settings if k.startswith("SCORCH_")]}
+        for k, v in env.items():
+            os.environ[k] = str(v)
+        saved = patched(settings)
+        try:
+            src, args = codegen.generate(entry.schedule, entry.value_dtype, idx)
+        finally:
+            patched(saved)
+            for k in env:
+                os.environ.pop(k)
+        mod = build.load_kernel(src, name_hint="ab_" + name)
+        if out_plan.pattern >= 0:
+            P = data[out_plan.pattern]
+            out = empty_output((P.values.numel() * int(np.prod([sizes[v] for v in pattern_suffix(entry.schedule)] or [1])),),
+                               entry.value_dtype)
+        else:
+            out = empty_output(tuple(sizes[v] for v in out_plan.memory_order), entry.value_dtype)
+        argv = arg_values(arg_table(args, entry.schedule), data, sizes, out)
+        panel = panel_for(entry, data, sizes)
+        calls[name] = (lambda m=mod, a=argv, p=panel: m.kernel(a, nthreads, p), out, src)
+    ref = None
+    for name, (fn, out, _) in calls.items():
+        fn()
+        got = out.clone()
+        if ref is None:
+            ref = got
+        else:
+            err = (got - ref).abs().max().item() / max(1e-30, ref.abs().max().item())
+            assert err < 1e-4, (name, err)
+    times = {n: [] for n in calls}
+    for r in range(rounds):
+        for name, (fn, _, _) in calls.items():
+            fn()
+            t_end, ts = time.perf_counter() + 0.15, []
+            while time.perf_counter() < t_end or len(ts) < 3:
+                t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
+            times[name].append(statistics.median(ts))
+    med = {n: statistics.median(v) for n, v in times.items()}
+    base = next(iter(med))
+    nnz = K.operands(case).A.nnz
+    print(f"{case.kernel:9s} {case.matrix:20s} K={case.k:<4} T={nthreads} " + "  ".join(
+        f"{n} {med[n] * 1e3:8.4f} ms ({med[n] * 1e9 / nnz:5.2f} ns/e, {med[base] / med[n]:.3f}x)" for n in med), flush=True)
+    return {n: med[base] / med[n] for n in med}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", nargs="+", required=True)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--variants", nargs="+", default=None, help="NAME:ATTR=VALUE,ATTR=VALUE")
+    a = ap.parse_args()
+    variants = {}
+    for spec in a.variants:
+        name, _, rest = spec.partition(":")
+        variants[name] = {k: eval(v) for k, v in (kv.split("=") for kv in rest.split(",") if kv)}
+    ratios = {n: [] for n in variants}
+    for c in a.cases:
+        kernel, matrix, k = c.split(":")
+        r = run_case(K.Case(kernel, matrix, int(k)), a.threads, a.rounds, variants)
+        for n in r:
+            ratios[n].append(r[n])
+    for n, v in ratios.items():
+        print(f"{n}: geomean vs first {np.exp(np.mean(np.log(v))):.3f} (min {min(v):.3f}, max {max(v):.3f})")
+
+
+if __name__ == "__main__":
+    main()
