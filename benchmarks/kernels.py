@@ -270,6 +270,21 @@ def _seed(case: Case) -> int:
     return zlib.crc32(case.id.encode())
 
 
+#: dense operands live in torch's memory (64-byte aligned, as a PyTorch user's tensors are)
+#: unless SCORCH_BENCH_NUMPY_OPERANDS is set: then in numpy's, whose large arrays start 16
+#: bytes past a cache line, so a row of 32 float32 spans 3 lines instead of 2 (sessions
+#: before 28 measured that way; scorch's gathered-row kernels ran 8-43 % slower on it,
+#: ``results/issue15/zen5-s28-dot-prefetch/alignment_before_t1.txt``)
+NUMPY_OPERANDS = os.environ.get("SCORCH_BENCH_NUMPY_OPERANDS", "") not in ("", "0", "false", "False")
+
+
+def _dense(a: np.ndarray) -> np.ndarray:
+    """``a`` as a C-contiguous array in torch's memory (numpy's, with NUMPY_OPERANDS)."""
+    if NUMPY_OPERANDS:
+        return np.ascontiguousarray(a)
+    return torch.from_numpy(np.ascontiguousarray(a)).clone().numpy()
+
+
 @functools.lru_cache(maxsize=1)
 def operands(case: Case) -> Operands:
     """Operands of a case, deterministic (seeded by the case id). Only the latest case is
@@ -278,9 +293,9 @@ def operands(case: Case) -> Operands:
     rng = np.random.default_rng(_seed(case))
     m, n = A.shape
     if case.kernel == "spmv":
-        return Operands(case, A, x=rng.standard_normal(n, dtype=np.float32))
+        return Operands(case, A, x=_dense(rng.standard_normal(n, dtype=np.float32)))
     if case.kernel == "spmm":
-        return Operands(case, A, x=rng.standard_normal((n, case.k), dtype=np.float32))
+        return Operands(case, A, x=_dense(rng.standard_normal((n, case.k), dtype=np.float32)))
     if case.kernel == "spgemm":
         if m != n:  # paper E.1: truncate non-square matrices to square
             s = min(m, n)
@@ -293,8 +308,8 @@ def operands(case: Case) -> Operands:
         return Operands(case, A, B=B)
     if case.kernel in ("sddmm", "sddmm_nk"):
         rows = np.repeat(np.arange(m, dtype=np.int32), np.diff(A.indptr))
-        return Operands(case, A, Bd=rng.standard_normal((m, case.k), dtype=np.float32),
-                        Cd=rng.standard_normal((case.k, n), dtype=np.float32), rows=rows)
+        return Operands(case, A, Bd=_dense(rng.standard_normal((m, case.k), dtype=np.float32)),
+                        Cd=_dense(rng.standard_normal((case.k, n), dtype=np.float32)), rows=rows)
     raise ValueError(case.kernel)
 
 
@@ -308,7 +323,7 @@ def _torch_csr(M: sp.csr_array, index_dtype: torch.dtype = torch.int32) -> torch
 def _dense_c(ops: Operands, kernel: str) -> torch.Tensor:
     """SDDMM's C (K x n): row-major, or (sddmm_nk) the transpose of an n x K array."""
     if kernel == "sddmm_nk":
-        return torch.from_numpy(np.ascontiguousarray(ops.Cd.T)).t()
+        return torch.from_numpy(_dense(ops.Cd.T)).t()
     return torch.from_numpy(ops.Cd)
 
 

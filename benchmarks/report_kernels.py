@@ -431,6 +431,11 @@ def write_markdown(path: Path, rows, summary, streams, meta, args) -> None:
              "(3 rounds for calls over 1 s; `(1x)`: first and warm-up calls both over "
              "--max-call s, not repeated, the faster of the two); every result was checked against a "
              "float64 reference before timing (`WRONG`: timed, no ratio)")
+    L.append("- dense operands (x, X, B, C) are " + (
+        # (runs before session 28 saved no such field: theirs were numpy's)
+        "numpy arrays (16 bytes past a cache line)" if meta.get("dense_operands", "numpy") == "numpy"
+        else "in torch's memory (64-byte aligned, as a PyTorch user's tensors are)")
+        + ", the same arrays for every implementation")
     L.append("- ratio = best peer / scorch, best peer = the fastest of torch CSR (int32 and "
              "int64 indices) and scipy (> 1: scorch is faster); torch COO is shown for "
              "context only")
@@ -640,6 +645,7 @@ def _meta(argv, matrices) -> Dict[str, Any]:
     return {"argv": argv, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu": cpu,
             "cores": os.cpu_count(), "torch": torch.__version__, "scipy": scipy.__version__,
             "numpy": np.__version__, "git": git,
+            "dense_operands": "numpy" if K.NUMPY_OPERANDS else "torch",
             "matrices": [K.describe_matrix(m) for m in matrices]}
 
 

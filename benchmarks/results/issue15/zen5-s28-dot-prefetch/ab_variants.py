@@ -31,7 +31,7 @@ VARIANTS = {}
 def patched(settings):
     """Set codegen constants (in ``lower.facts`` and in ``lower.loops`` where it imported
     them by name); returns the old values."""
-    saved = {k: getattr(F, k) for k in settings}
+    saved = {k: getattr(F, k) if hasattr(F, k) else getattr(LOOPS, k) for k in settings}
     for k, v in settings.items():
         for mod in (F, LOOPS):
             if hasattr(mod, k):
@@ -114,7 +114,7 @@ def main():
     variants = {}
     for spec in a.variants:
         name, _, rest = spec.partition(":")
-        variants[name] = {k: eval(v) for k, v in (kv.split("=") for kv in rest.split(",") if kv)}
+        variants[name] = {k: eval(v, globals()) for k, v in (kv.split("=", 1) for kv in rest.split(",") if kv)}
     ratios = {n: [] for n in variants}
     for c in a.cases:
         kernel, matrix, k = c.split(":")

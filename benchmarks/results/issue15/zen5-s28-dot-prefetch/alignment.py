@@ -1,0 +1,96 @@
+"""The same generated kernel on the same operands, with the gathered dense factor (SDDMM's C
+as n x K, SpMM's B) starting on a cache line or 16 bytes past one (where numpy's large
+arrays start: the benchmark's operands come from numpy, torch's allocator aligns to 64):
+rows of K = 32 float32 then span 3 cache lines instead of 2.
+
+    SCORCH_DATA_DIR=../shared/data python alignment.py [--threads=2] sddmm_nk:random_uniform:32 ..."""
+import statistics, sys, time, warnings
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[3])); sys.path.insert(0, str(Path(__file__).resolve().parent))
+warnings.filterwarnings("ignore")
+import torch
+import kernels as K
+import ab_variants as AB
+from scorch.tensor_compiler import build, codegen
+from scorch.tensor_compiler.api import _keyed_operands, einsum_entry
+from scorch.tensor_compiler.arguments import arg_table, arg_values
+from scorch.tensor_compiler.allocate import empty_output
+from scorch.tensor_compiler.execute import prepare_operands
+from scorch.tensor_compiler.frontend import bind_sizes
+from scorch.tensor_compiler.tiling import panel_for
+
+
+def at_offset(x: torch.Tensor, offset: int) -> torch.Tensor:
+    """A copy of ``x`` (same strides) whose data starts ``offset`` bytes past a 64-byte line."""
+    n = x.numel() * x.element_size()
+    raw = torch.empty(n + 128, dtype=torch.uint8)
+    skip = (offset - raw.data_ptr()) % 64
+    flat = raw[skip:skip + n].view(x.dtype)
+    out = torch.as_strided(flat, x.shape, x.stride())
+    out.copy_(x)
+    assert out.data_ptr() % 64 == offset
+    return out
+
+
+def timed(case, operands, threads, env=None):
+    import os
+    for k, v in (env or {}).items():
+        os.environ[k] = v
+    ops = _keyed_operands(tuple(operands))[0]
+    entry = einsum_entry(case.equation, ops, None)
+    sizes = bind_sizes(entry.operand_indices, [x.shape for x in ops])
+    data = prepare_operands(entry, ops, sizes)
+    idx = {ap.id: data[ap.id].index_dtype for ap in entry.schedule.accesses if ap.sparse}
+    src, args = codegen.generate(entry.schedule, entry.value_dtype, idx)
+    for k in (env or {}):
+        os.environ.pop(k)
+    mod = build.load_kernel(src)
+    plan = entry.schedule.output
+    if plan.pattern >= 0:
+        out = empty_output((data[plan.pattern].values.numel(),), entry.value_dtype)
+    else:
+        out = empty_output(tuple(sizes[v] for v in plan.memory_order), entry.value_dtype)
+    argv = arg_values(arg_table(args, entry.schedule), data, sizes, out)
+    panel = panel_for(entry, data, sizes)
+    for _ in range(3):
+        mod.kernel(argv, threads, panel)
+    ts, t_end = [], time.perf_counter() + 0.5
+    while time.perf_counter() < t_end or len(ts) < 5:
+        t0 = time.perf_counter(); mod.kernel(argv, threads, panel); ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def run(spec: str, threads: int) -> None:
+    kernel, matrix, k = spec.split(":")
+    case = K.Case(kernel, matrix, int(k))
+    torch.set_num_threads(threads)
+    base = AB.operands_of(case)
+    gi = 1 if kernel in ("spmm", "spmv") else 2
+    best = {}
+    variants = VARIANTS or {"": {}}
+    for r in range(3):
+        for off in (0, 16):
+            operands = list(base)
+            operands[gi] = at_offset(base[gi], off)
+            for name, env in variants.items():
+                t = timed(case, operands, threads, env)
+                best[name, off] = min(best.get((name, off), 1e9), t)
+    nnz = K.operands(case).A.nnz
+    ref = best[next(iter(variants)), 0]
+    print(f"{spec:30s} T={threads} ns/entry (time / first variant on a line): " + "  ".join(
+        f"{name or 'kernel'} {'on a line' if off == 0 else '16 B past'} {t * 1e9 / nnz:5.2f} ({t / ref:.2f})"
+        for (name, off), t in best.items()), flush=True)
+
+
+VARIANTS = {}
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    threads = 1
+    if args and args[0].startswith("--threads="):
+        threads = int(args.pop(0).split("=")[1])
+    while args and args[0].startswith("--variant="):
+        name, _, env = args.pop(0).split("=", 1)[1].partition(":")
+        VARIANTS[name] = dict(kv.split("=") for kv in env.split(",") if kv)
+    for spec in args:
+        run(spec, threads)
