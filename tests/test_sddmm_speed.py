@@ -98,7 +98,8 @@ def test_dot_code_shape(target, lanes):
     assert "while q0_1 + 3 < h0_1:" in w32
     assert f"(<scorch_vf16*>(a.out_vals + q0_1))[0] = {vtype}_hsum4(dv0, dv1, dv2, dv3)" in w32
     assert w32.count(f"(<{vtype}*>(a.t2_vals + o2_1_3 + ") == 32 // lanes
-    assert "pfe = <int64_t>a.t0_pos1[a.N_i] - 32" in w32
+    assert ("pfe = 0 if (a.N_j * a.t2_st_j * sizeof(float) <= scorch_l2_bytes()) "
+            "else <int64_t>a.t0_pos1[a.N_i] - 32") in w32
     assert "scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 35] * a.t2_st_j + 16)" in w32
     assert "for q0_1 in range(q0_1, h0_1):" in w32          # the rest of the row
     # the strided variant is chosen last, whenever a streamed stride is not 1

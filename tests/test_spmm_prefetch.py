@@ -47,7 +47,8 @@ def _source(target: str, dtype=torch.float32) -> str:
 def test_row_variants_prefetch_the_gathered_rows(target, dtype):
     """Every row variant of a cache line or more prefetches each line of B's row the given
     distance ahead (K = 128 float32: 8 entries, 8 lines, or 32 entries where B spans 16 MB
-    or more: chosen at run time, ``pfd``); narrower rows do not."""
+    or more: chosen at run time, ``pfd``), none where B fits in L2 (``pfe`` = 0); narrower
+    rows do not."""
     src = _source(target, dtype)
     size = dtype.itemsize
     vt = "float" if size == 4 else "double"
@@ -64,7 +65,8 @@ def test_row_variants_prefetch_the_gathered_rows(target, dtype):
         if near != far:
             assert (f"pfd = {far} if (a.N_j * a.t1_st_j * sizeof({vt}) >= "
                     f"{DOT_FAR_PREFETCH_MIN_BYTES}) else {near}") in body
-        assert f"pfe = <int64_t>a.t0_pos1[a.N_i] - {D}" in body
+        assert (f"pfe = 0 if (a.N_j * a.t1_st_j * sizeof({vt}) <= scorch_l2_bytes()) "
+                f"else <int64_t>a.t0_pos1[a.N_i] - {D}") in body
         assert "if q0_1 < pfe:" in body
         assert all(ln in body for ln in lines) and body.count("scorch_prefetch(") == len(lines)
     assert dot_prefetch_distance(128, "float") == 8 and dot_far_prefetch_distance(128, "float") == 32
@@ -101,13 +103,28 @@ def test_spmm_equals_dense(name, K, m, n, density, dtype, fmt, threads, seed):
             torch.testing.assert_close(got, a @ b, rtol=tol, atol=tol * max(n, 1))
 
 
+def test_l2_size_is_known():
+    """The generated kernels ask the C library for the L2 size; the planner reads sysfs.
+    Where both answer they agree (no answer: 512 KB in the kernels)."""
+    import os
+    from scorch.tensor_compiler.tiling import l2_cache_bytes
+    try:
+        sc = os.sysconf("SC_LEVEL2_CACHE_SIZE")
+    except (ValueError, OSError):
+        sc = 0
+    if sc > 0:
+        assert sc == l2_cache_bytes()
+
+
 @pytest.mark.parametrize("fmt", ["csr", "coo"])
 @pytest.mark.parametrize("K", [64, 128])
-def test_far_prefetch_past_the_threshold(fmt, K):
-    """A dense factor of 16 MB or more (the far distance, 32 entries ahead) gives the same
-    product as dense torch, with fewer stored entries than the distance and more, and the
-    last rows' prefetches stopping at the last entry; SpMM and SDDMM."""
-    n = DOT_FAR_PREFETCH_MIN_BYTES // (4 * K) + 7
+@pytest.mark.parametrize("span", ["near", "far"])
+def test_prefetch_distances_past_the_thresholds(fmt, K, span):
+    """A dense factor past any L2 (4 MB: the near distance) or of 16 MB or more (the far
+    distance, 32 entries ahead) gives the same product as dense torch, with fewer stored
+    entries than the distance and more, and the last rows' prefetches stopping at the last
+    entry; SpMM and SDDMM. (The small operands of the other tests run without prefetch.)"""
+    n = (DOT_FAR_PREFETCH_MIN_BYTES if span == "far" else 4 << 20) // (4 * K) + 7
     g = torch.Generator().manual_seed(K)
     for nnz in (5, 300):
         rows = torch.randint(0, 40, (nnz,), generator=g)

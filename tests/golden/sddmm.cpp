@@ -21,6 +21,18 @@ template <class A, class B> static inline typename std::common_type<A, B>::type
 scorch_max(A a, B b) { return b > a ? b : a; }
 
 #define scorch_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)
+#include <unistd.h>
+static long scorch_l2_bytes(void) {
+    static long cached = 0;
+    if (cached == 0) {
+        long s = 0;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+        s = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+        cached = s > 0 ? s : (512L << 10);
+    }
+    return cached;
+}
 typedef float scorch_vf16 __attribute__((vector_size(16), aligned(4), may_alias));
 static inline scorch_vf16 scorch_vf16_zero(void) { scorch_vf16 z = {0}; return z; }
 static inline float scorch_vf16_hsum(scorch_vf16 v) { float s = 0; for (int i = 0; i < 4; i++) s += v[i]; return s; }
@@ -256,7 +268,7 @@ static void run_chunk_w16(Args* pa, int64_t clo, int64_t chi, std::vector<int64_
             o1_0 = (c_i * a.t1_st_i);
             q0_1 = a.t0_pos1[p0_0];
             h0_1 = a.t0_pos1[(p0_0 + 1)];
-            pfe = (((int64_t)a.t0_pos1[a.N_i]) - 64);
+            pfe = ((((((a.N_j * a.t2_st_j) * sizeof(float)) <= scorch_l2_bytes()))) ? (0) : ((((int64_t)a.t0_pos1[a.N_i]) - 64)));
             while (((q0_1 + 3) < h0_1)) {
                 if ((q0_1 < (pfe - 3))) {
                     scorch_prefetch((a.t2_vals + (a.t0_crd1[(q0_1 + 64)] * a.t2_st_j)));
@@ -323,7 +335,7 @@ static void run_chunk_w32(Args* pa, int64_t clo, int64_t chi, std::vector<int64_
             o1_0 = (c_i * a.t1_st_i);
             q0_1 = a.t0_pos1[p0_0];
             h0_1 = a.t0_pos1[(p0_0 + 1)];
-            pfe = (((int64_t)a.t0_pos1[a.N_i]) - 32);
+            pfe = ((((((a.N_j * a.t2_st_j) * sizeof(float)) <= scorch_l2_bytes()))) ? (0) : ((((int64_t)a.t0_pos1[a.N_i]) - 32)));
             while (((q0_1 + 3) < h0_1)) {
                 if ((q0_1 < (pfe - 3))) {
                     scorch_prefetch((a.t2_vals + (a.t0_crd1[(q0_1 + 32)] * a.t2_st_j)));
@@ -397,7 +409,7 @@ static void run_chunk_w64(Args* pa, int64_t clo, int64_t chi, std::vector<int64_
             q0_1 = a.t0_pos1[p0_0];
             h0_1 = a.t0_pos1[(p0_0 + 1)];
             pfd = ((((((a.N_j * a.t2_st_j) * sizeof(float)) >= 16777216))) ? (32) : (16));
-            pfe = (((int64_t)a.t0_pos1[a.N_i]) - pfd);
+            pfe = ((((((a.N_j * a.t2_st_j) * sizeof(float)) <= scorch_l2_bytes()))) ? (0) : ((((int64_t)a.t0_pos1[a.N_i]) - pfd)));
             while (((q0_1 + 3) < h0_1)) {
                 if ((q0_1 < (pfe - 3))) {
                     scorch_prefetch((a.t2_vals + (a.t0_crd1[(q0_1 + pfd)] * a.t2_st_j)));
@@ -481,7 +493,7 @@ static void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, std::vector<int64
             q0_1 = a.t0_pos1[p0_0];
             h0_1 = a.t0_pos1[(p0_0 + 1)];
             pfd = ((((((a.N_j * a.t2_st_j) * sizeof(float)) >= 16777216))) ? (32) : (8));
-            pfe = (((int64_t)a.t0_pos1[a.N_i]) - pfd);
+            pfe = ((((((a.N_j * a.t2_st_j) * sizeof(float)) <= scorch_l2_bytes()))) ? (0) : ((((int64_t)a.t0_pos1[a.N_i]) - pfd)));
             while (((q0_1 + 3) < h0_1)) {
                 if ((q0_1 < (pfe - 3))) {
                     scorch_prefetch((a.t2_vals + (a.t0_crd1[(q0_1 + pfd)] * a.t2_st_j)));

@@ -13,8 +13,21 @@ from libcpp.vector cimport vector
 cdef extern from *:
     """
     #define scorch_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)
+    #include <unistd.h>
+    static long scorch_l2_bytes(void) {
+        static long cached = 0;
+        if (cached == 0) {
+            long s = 0;
+    #ifdef _SC_LEVEL2_CACHE_SIZE
+            s = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    #endif
+            cached = s > 0 ? s : (512L << 10);
+        }
+        return cached;
+    }
     """
     void scorch_prefetch(const void*) noexcept nogil
+    long scorch_l2_bytes() noexcept nogil
 from cython.operator cimport dereference as deref, preincrement as inc
 from cython.parallel cimport prange
 
@@ -222,7 +235,7 @@ cdef void run_chunk_w16(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
         o1_0 = c_i * a.t1_st_i
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
-        pfe = <int64_t>a.t0_pos1[a.N_i] - 64
+        pfe = 0 if (a.N_j * a.t2_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - 64
         while q0_1 + 3 < h0_1:
             if q0_1 < pfe - 3:
                 scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 64] * a.t2_st_j)
@@ -274,7 +287,7 @@ cdef void run_chunk_w32(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
         o1_0 = c_i * a.t1_st_i
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
-        pfe = <int64_t>a.t0_pos1[a.N_i] - 32
+        pfe = 0 if (a.N_j * a.t2_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - 32
         while q0_1 + 3 < h0_1:
             if q0_1 < pfe - 3:
                 scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 32] * a.t2_st_j)
@@ -333,7 +346,7 @@ cdef void run_chunk_w64(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
         pfd = 32 if (a.N_j * a.t2_st_j * sizeof(float) >= 16777216) else 16
-        pfe = <int64_t>a.t0_pos1[a.N_i] - pfd
+        pfe = 0 if (a.N_j * a.t2_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - pfd
         while q0_1 + 3 < h0_1:
             if q0_1 < pfe - 3:
                 scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j)
@@ -402,7 +415,7 @@ cdef void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* oc
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
         pfd = 32 if (a.N_j * a.t2_st_j * sizeof(float) >= 16777216) else 8
-        pfe = <int64_t>a.t0_pos1[a.N_i] - pfd
+        pfe = 0 if (a.N_j * a.t2_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - pfd
         while q0_1 + 3 < h0_1:
             if q0_1 < pfe - 3:
                 scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j)

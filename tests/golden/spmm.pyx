@@ -12,8 +12,21 @@ from libcpp.vector cimport vector
 cdef extern from *:
     """
     #define scorch_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)
+    #include <unistd.h>
+    static long scorch_l2_bytes(void) {
+        static long cached = 0;
+        if (cached == 0) {
+            long s = 0;
+    #ifdef _SC_LEVEL2_CACHE_SIZE
+            s = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    #endif
+            cached = s > 0 ? s : (512L << 10);
+        }
+        return cached;
+    }
     """
     void scorch_prefetch(const void*) noexcept nogil
+    long scorch_l2_bytes() noexcept nogil
 from cython.operator cimport dereference as deref, preincrement as inc
 from cython.parallel cimport prange
 
@@ -152,7 +165,7 @@ cdef void run_chunk_w16(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
         wv0 = scorch_vf_zero()
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
-        pfe = <int64_t>a.t0_pos1[a.N_i] - 64
+        pfe = 0 if (a.N_j * a.t1_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - 64
         for q0_1 in range(q0_1, h0_1):
             c_j = a.t0_crd1[q0_1]
             if q0_1 < pfe:
@@ -182,7 +195,7 @@ cdef void run_chunk_w32(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
         wv1 = scorch_vf_zero()
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
-        pfe = <int64_t>a.t0_pos1[a.N_i] - 32
+        pfe = 0 if (a.N_j * a.t1_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - 32
         for q0_1 in range(q0_1, h0_1):
             c_j = a.t0_crd1[q0_1]
             if q0_1 < pfe:
@@ -221,7 +234,7 @@ cdef void run_chunk_w64(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
         pfd = 32 if (a.N_j * a.t1_st_j * sizeof(float) >= 16777216) else 16
-        pfe = <int64_t>a.t0_pos1[a.N_i] - pfd
+        pfe = 0 if (a.N_j * a.t1_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - pfd
         for q0_1 in range(q0_1, h0_1):
             c_j = a.t0_crd1[q0_1]
             if q0_1 < pfe:
@@ -274,7 +287,7 @@ cdef void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* oc
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
         pfd = 32 if (a.N_j * a.t1_st_j * sizeof(float) >= 16777216) else 8
-        pfe = <int64_t>a.t0_pos1[a.N_i] - pfd
+        pfe = 0 if (a.N_j * a.t1_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - pfd
         for q0_1 in range(q0_1, h0_1):
             c_j = a.t0_crd1[q0_1]
             if q0_1 < pfe:

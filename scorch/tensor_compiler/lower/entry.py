@@ -19,7 +19,8 @@ from ..target import value_bytes
 from .facts import (DENSE_WS_LIMIT, GATHER_DOT_LANES, HW_GATHER_MIN_BYTES, PAIRED_ROWS_MIN, PREFETCH_DISTANCE,
                     PREFETCH_MIN_BYTES,
                     ROWS_VARY_PERCENT, ROWS_VARY_SAMPLES, STREAM_MIN_BYTES,
-                    STREAM_MIN_GATHER_BYTES, UNPREDICTABLE_DECL, KernelFacts, dot_entries_type, fiber_products,
+                    STREAM_MIN_GATHER_BYTES, UNPREDICTABLE_DECL, L2_BYTES_DECL, KernelFacts, dot_entries_type,
+                    dot_prefetch_skips_in_l2, fiber_products,
                     kernel_facts, math_functions, reads_strided,
                     reduce_identity, short_rows, ws_size)
 from .loops import loop_nest
@@ -228,7 +229,11 @@ def _imports(f: KernelFacts, short_module: bool) -> Tuple[str, ...]:
                   "    #define scorch_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)"]
         if short_module:
             lines += list(STREAM_PREFETCH_DECL)
+        if f.row_gathers and dot_prefetch_skips_in_l2():
+            lines += list(L2_BYTES_DECL)
         lines += ['    """', "    void scorch_prefetch(const void*) noexcept nogil"]
+        if f.row_gathers and dot_prefetch_skips_in_l2():
+            lines.append("    long scorch_l2_bytes() noexcept nogil")
         if short_module:
             lines.append(f"    void {STREAM_PREFETCH}(const void*) noexcept nogil")
     if out.mode == "ws" and f.rt_ws:

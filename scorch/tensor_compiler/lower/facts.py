@@ -27,6 +27,7 @@ __all__ = ["UNPREDICTABLE", "UNPREDICTABLE_DECL", "CTYPES", "NPTYPES", "ITYPES",
            "STREAM_MIN_BYTES", "STREAM_MIN_GATHER_BYTES", "GATHER_DOT_LANES", "HW_GATHER_TARGETS",
            "HW_GATHER_MIN_BYTES", "PAIRED_ROWS_MIN", "ROWS_VARY_SAMPLES", "ROWS_VARY_PERCENT", "gathered", "short_rows_limit",
            "DOT_PREFETCH_BYTES", "DOT_FAR_PREFETCH_ENTRIES", "DOT_FAR_PREFETCH_MIN_BYTES", "dot_gathers",
+           "DOT_PREFETCH_SKIP_IN_L2", "dot_prefetch_skips_in_l2", "L2_BYTES_DECL",
            "dot_prefetch_distance", "dot_far_prefetch_distance", "DOT_ENTRIES", "dot_entries_type",
            "dot_row_shared", "SEGMENT_PREFETCH_DISTANCE", "chased_segments", "level_entries", "fiber_products",
            "reads_strided",
@@ -273,6 +274,38 @@ DOT_PREFETCH_MIN, DOT_PREFETCH_MAX = 8, 64
 #: (``benchmarks/results/issue15/zen5-s28-dot-prefetch/``).
 DOT_FAR_PREFETCH_ENTRIES = 32
 DOT_FAR_PREFETCH_MIN_BYTES = 16 << 20
+#: gathered rows that all fit in this core's L2 (``scorch_l2_bytes()``: sysconf at run time,
+#: 512 KB where it says nothing) are not prefetched: the requests only cost there. Zen 5
+#: (1 MB L2), in-process, same operands, 1 thread, SDDMM C as n x K / SpMM, no prefetch
+#: against prefetch: K = 32 G51 (C 0.13 MB) 1.26x / 1.19x, Franz6 (0.39 MB) 1.49x /
+#: 1.29x, bcspwr10 (0.68 MB) 1.28x / 1.08x, K = 128 G51 (0.5 MB) 1.03x / 1.04x. An AVX2 Zen 3
+#: (512 KB L2) had gained from the prefetch on bcspwr10 K = 32 (0.060 -> 0.051 ms): its rows
+#: do not fit there. (Rows in L3 with column locality, meshes, lose too, 1.1-1.4x, but
+#: random ones gain: that needs the columns' locality, not only the span.)
+DOT_PREFETCH_SKIP_IN_L2 = True
+
+
+def dot_prefetch_skips_in_l2() -> bool:
+    """Whether vector dots skip their prefetch where the gathered rows fit in L2 (the
+    switch is read when a kernel is generated, so an A/B can flip it)."""
+    return DOT_PREFETCH_SKIP_IN_L2
+
+
+#: the C helper the generated code asks for the L2 size (cached after the first call)
+L2_BYTES_DECL = (
+    "    #include <unistd.h>",
+    "    static long scorch_l2_bytes(void) {",
+    "        static long cached = 0;",
+    "        if (cached == 0) {",
+    "            long s = 0;",
+    "    #ifdef _SC_LEVEL2_CACHE_SIZE",
+    "            s = sysconf(_SC_LEVEL2_CACHE_SIZE);",
+    "    #endif",
+    "            cached = s > 0 ? s : (512L << 10);",
+    "        }",
+    "        return cached;",
+    "    }",
+)
 CACHE_LINE = 64
 
 

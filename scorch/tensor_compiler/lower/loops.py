@@ -34,7 +34,7 @@ from ..loop_ir import AddTo, Assign, Call, For, If, LevelCode, Stmt, While
 from ..target import value_bytes
 from .facts import (CACHE_LINE, DOT_ENTRIES, PREFETCH_DISTANCE, SEGMENT_PREFETCH_DISTANCE, UNPREDICTABLE,
                     LoopLevels, chased_segments, cvar, level_entries, dot_entries_type, dot_prefetch_distance,
-                    dot_far_prefetch_distance, DOT_FAR_PREFETCH_MIN_BYTES,
+                    dot_far_prefetch_distance, dot_prefetch_skips_in_l2, DOT_FAR_PREFETCH_MIN_BYTES,
                     dot_row_shared)
 from .nest import Cursor, Nest
 from .pack_rows import pack_rows
@@ -204,7 +204,14 @@ def _dot_prefetch(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor) -> Tuple[L
     if D == "0":
         return [], []
     pfe = n.decls.need("pfe")
-    return (setup + [Assign(pfe, f"{level_entries(n.facts, lv)} - {D}")],
+    last = f"{level_entries(n.facts, lv)} - {D}"
+    if f.row_gathers and dot_prefetch_skips_in_l2():
+        # rows that all fit in L2 are not prefetched (pfe = 0: no entry is before it)
+        v = lp.var
+        fits = " and ".join(f"a.N_{v} * a.t{i}_st_{v} * sizeof({f.vt}) <= scorch_l2_bytes()"
+                            for i in f.row_gathers)
+        last = f"0 if ({fits}) else {last}"
+    return (setup + [Assign(pfe, last)],
             [If(f"{lv.q} < pfe", tuple(_dot_gather_rows(n, lp, st, f"{lv.q} + {D}")))])
 
 
