@@ -193,25 +193,24 @@ def _dot_gather_rows(n: Nest, lp: LoopLevels, st: Cursor, entry: str) -> List[St
 def _dot_prefetch(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor) -> Tuple[List[Stmt], List[Stmt]]:
     """The segment loop above a vector dot (SDDMM's loop over a row's stored ``j``) asks for
     the gathered rows (``C[j, :]``, every cache line of the dot's width) of the entry
-    ``dot_prefetch_distance`` positions ahead, up to the level's last entry (``pfe``: a
-    row's prefetches run into the next rows' entries). Returns (before the loop, in its
-    body); nothing outside the fixed-width dot variants."""
+    ``_dot_distance`` positions ahead, up to the level's last entry (``pfe``: a row's
+    prefetches run into the next rows' entries; 0 where the gathered rows fit in L2).
+    Returns (before the loop, in its body); nothing outside the fixed-width dot variants."""
     f = n.facts
-    W = n.variant.width
     if not _above_vector(n, lp) or lv.grouped:
         return [], []
     setup, D = _dot_distance(n, lp)
     if D == "0":
         return [], []
     pfe = n.decls.need("pfe")
-    last = f"{level_entries(n.facts, lv)} - {D}"
+    end = f"{level_entries(n.facts, lv)} - {D}"
     if f.row_gathers and dot_prefetch_skips_in_l2():
         # rows that all fit in L2 are not prefetched (pfe = 0: no entry is before it)
         v = lp.var
         fits = " and ".join(f"a.N_{v} * a.t{i}_st_{v} * sizeof({f.vt}) <= scorch_l2_bytes()"
                             for i in f.row_gathers)
-        last = f"0 if ({fits}) else {last}"
-    return (setup + [Assign(pfe, last)],
+        end = f"0 if ({fits}) else {end}"
+    return (setup + [Assign(pfe, end)],
             [If(f"{lv.q} < pfe", tuple(_dot_gather_rows(n, lp, st, f"{lv.q} + {D}")))])
 
 
