@@ -7,14 +7,14 @@ every variant alike.
         --cases sddmm_nk:copter2:128 spmm:G51:128 ...
 
 Variants are listed in VARIANTS below (name -> {module attribute: value})."""
-import argparse, statistics, sys, time, warnings
+import argparse, os, statistics, sys, time, warnings
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 warnings.filterwarnings("ignore")
 import numpy as np, torch
 import scorch
 import kernels as K
-from scorch.tensor_compiler import build, codegen, threads
+from scorch.tensor_compiler import build, codegen
 from scorch.tensor_compiler.api import _keyed_operands, einsum_entry
 from scorch.tensor_compiler.arguments import arg_table, arg_values
 from scorch.tensor_compiler.allocate import empty_output
@@ -47,38 +47,56 @@ def operands_of(case):
     return [As, torch.from_numpy(ops.Bd), K._dense_c(ops, case.kernel)]
 
 
-def run_case(case, nthreads, rounds, variants):
-    torch.set_num_threads(nthreads)
-    operands = operands_of(case)
+def kernel_call(case, operands, nthreads, settings=None, name="ab"):
+    """The generated kernel of ``case`` on ``operands`` as a call with its arguments bound
+    (codegen constants ``settings`` patched while it is generated; ``SCORCH_*`` keys are
+    set as environment variables instead): returns (call, output tensor, source)."""
+    settings = dict(settings or {})
     ops = _keyed_operands(tuple(operands))[0]
     entry = einsum_entry(case.equation, ops, None)
     sizes = bind_sizes(entry.operand_indices, [x.shape for x in ops])
     data = prepare_operands(entry, ops, sizes)
     idx = {ap.id: data[ap.id].index_dtype for ap in entry.schedule.accesses if ap.sparse}
+    env = {k: settings.pop(k) for k in [k for k in settings if k.startswith("SCORCH_")]}
+    for k, v in env.items():
+        os.environ[k] = str(v)
+    saved = patched(settings)
+    try:
+        src, args = codegen.generate(entry.schedule, entry.value_dtype, idx)
+    finally:
+        patched(saved)
+        for k in env:
+            os.environ.pop(k)
+    mod = build.load_kernel(src, name_hint="ab_" + name)
     out_plan = entry.schedule.output
-    calls = {}
-    for name, settings in variants.items():
-        import os
-        env = {k: settings.pop(k) for k in [k for k in settings if k.startswith("SCORCH_")]}
-        for k, v in env.items():
-            os.environ[k] = str(v)
-        saved = patched(settings)
-        try:
-            src, args = codegen.generate(entry.schedule, entry.value_dtype, idx)
-        finally:
-            patched(saved)
-            for k in env:
-                os.environ.pop(k)
-        mod = build.load_kernel(src, name_hint="ab_" + name)
-        if out_plan.pattern >= 0:
-            P = data[out_plan.pattern]
-            out = empty_output((P.values.numel() * int(np.prod([sizes[v] for v in pattern_suffix(entry.schedule)] or [1])),),
-                               entry.value_dtype)
-        else:
-            out = empty_output(tuple(sizes[v] for v in out_plan.memory_order), entry.value_dtype)
-        argv = arg_values(arg_table(args, entry.schedule), data, sizes, out)
-        panel = panel_for(entry, data, sizes)
-        calls[name] = (lambda m=mod, a=argv, p=panel: m.kernel(a, nthreads, p), out, src)
+    if out_plan.pattern >= 0:
+        P = data[out_plan.pattern]
+        out = empty_output((P.values.numel() * int(np.prod([sizes[v] for v in pattern_suffix(entry.schedule)] or [1])),),
+                           entry.value_dtype)
+    else:
+        out = empty_output(tuple(sizes[v] for v in out_plan.memory_order), entry.value_dtype)
+    argv = arg_values(arg_table(args, entry.schedule), data, sizes, out)
+    panel = panel_for(entry, data, sizes)
+    keep = (out, data, ops, operands)   # the kernel reads and writes these by address
+
+    def call(_keep=keep):
+        mod.kernel(argv, nthreads, panel)
+    return call, out, src
+
+
+def median_time(fn, budget: float = 0.15) -> float:
+    """Median seconds of ``fn()`` over at least ``budget`` seconds (and 3 calls), warm."""
+    fn()
+    t_end, ts = time.perf_counter() + budget, []
+    while time.perf_counter() < t_end or len(ts) < 3:
+        t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def run_case(case, nthreads, rounds, variants):
+    torch.set_num_threads(nthreads)
+    operands = operands_of(case)
+    calls = {name: kernel_call(case, operands, nthreads, settings, name) for name, settings in variants.items()}
     ref = None
     for name, (fn, out, _) in calls.items():
         fn()
@@ -91,11 +109,7 @@ def run_case(case, nthreads, rounds, variants):
     times = {n: [] for n in calls}
     for r in range(rounds):
         for name, (fn, _, _) in calls.items():
-            fn()
-            t_end, ts = time.perf_counter() + 0.15, []
-            while time.perf_counter() < t_end or len(ts) < 3:
-                t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
-            times[name].append(statistics.median(ts))
+            times[name].append(median_time(fn))
     med = {n: statistics.median(v) for n, v in times.items()}
     base = next(iter(med))
     nnz = K.operands(case).A.nnz

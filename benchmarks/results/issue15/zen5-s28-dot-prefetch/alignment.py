@@ -4,20 +4,13 @@ arrays start: the benchmark's operands come from numpy, torch's allocator aligns
 rows of K = 32 float32 then span 3 cache lines instead of 2.
 
     SCORCH_DATA_DIR=../shared/data python alignment.py [--threads=2] sddmm_nk:random_uniform:32 ..."""
-import statistics, sys, time, warnings
+import sys, warnings
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3])); sys.path.insert(0, str(Path(__file__).resolve().parent))
 warnings.filterwarnings("ignore")
 import torch
 import kernels as K
 import ab_variants as AB
-from scorch.tensor_compiler import build, codegen
-from scorch.tensor_compiler.api import _keyed_operands, einsum_entry
-from scorch.tensor_compiler.arguments import arg_table, arg_values
-from scorch.tensor_compiler.allocate import empty_output
-from scorch.tensor_compiler.execute import prepare_operands
-from scorch.tensor_compiler.frontend import bind_sizes
-from scorch.tensor_compiler.tiling import panel_for
 
 
 def at_offset(x: torch.Tensor, offset: int) -> torch.Tensor:
@@ -33,31 +26,8 @@ def at_offset(x: torch.Tensor, offset: int) -> torch.Tensor:
 
 
 def timed(case, operands, threads, env=None):
-    import os
-    for k, v in (env or {}).items():
-        os.environ[k] = v
-    ops = _keyed_operands(tuple(operands))[0]
-    entry = einsum_entry(case.equation, ops, None)
-    sizes = bind_sizes(entry.operand_indices, [x.shape for x in ops])
-    data = prepare_operands(entry, ops, sizes)
-    idx = {ap.id: data[ap.id].index_dtype for ap in entry.schedule.accesses if ap.sparse}
-    src, args = codegen.generate(entry.schedule, entry.value_dtype, idx)
-    for k in (env or {}):
-        os.environ.pop(k)
-    mod = build.load_kernel(src)
-    plan = entry.schedule.output
-    if plan.pattern >= 0:
-        out = empty_output((data[plan.pattern].values.numel(),), entry.value_dtype)
-    else:
-        out = empty_output(tuple(sizes[v] for v in plan.memory_order), entry.value_dtype)
-    argv = arg_values(arg_table(args, entry.schedule), data, sizes, out)
-    panel = panel_for(entry, data, sizes)
-    for _ in range(3):
-        mod.kernel(argv, threads, panel)
-    ts, t_end = [], time.perf_counter() + 0.5
-    while time.perf_counter() < t_end or len(ts) < 5:
-        t0 = time.perf_counter(); mod.kernel(argv, threads, panel); ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+    fn, _, _ = AB.kernel_call(case, operands, threads, env)
+    return AB.median_time(fn, 0.5)
 
 
 def run(spec: str, threads: int) -> None:

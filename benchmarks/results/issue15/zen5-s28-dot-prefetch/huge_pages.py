@@ -5,20 +5,13 @@ random row gathers, and why a case's time moves 10-40 % from process to process 
 the kernel grants them depends on free memory at the time).
 
     SCORCH_DATA_DIR=../shared/data python huge_pages.py sddmm_nk:random_uniform:32 ..."""
-import mmap, statistics, sys, time, warnings
+import mmap, sys, warnings
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3])); sys.path.insert(0, str(Path(__file__).resolve().parent))
 warnings.filterwarnings("ignore")
 import numpy as np, torch
 import kernels as K
 import ab_variants as AB
-from scorch.tensor_compiler import build, codegen
-from scorch.tensor_compiler.api import _keyed_operands, einsum_entry
-from scorch.tensor_compiler.arguments import arg_table, arg_values
-from scorch.tensor_compiler.allocate import empty_output
-from scorch.tensor_compiler.execute import prepare_operands
-from scorch.tensor_compiler.frontend import bind_sizes
-from scorch.tensor_compiler.tiling import panel_for
 
 HUGE = 2 << 20
 
@@ -64,30 +57,9 @@ def run(spec: str, threads: int) -> None:
     for huge in (False, True, False, True):
         operands = list(base)
         operands[gi] = on_pages(base[gi], huge)
-        ops = _keyed_operands(tuple(operands))[0]
-        entry = einsum_entry(case.equation, ops, None)
-        sizes = bind_sizes(entry.operand_indices, [x.shape for x in ops])
-        data = prepare_operands(entry, ops, sizes)
-        idx = {ap.id: data[ap.id].index_dtype for ap in entry.schedule.accesses if ap.sparse}
-        src, args = codegen.generate(entry.schedule, entry.value_dtype, idx)
-        mod = build.load_kernel(src)
-        plan = entry.schedule.output
-        if plan.pattern >= 0:
-            out = empty_output((data[plan.pattern].values.numel(),), entry.value_dtype)
-        else:
-            out = empty_output(tuple(sizes[v] for v in plan.memory_order), entry.value_dtype)
-        argv = arg_values(arg_table(args, entry.schedule), data, sizes, out)
-        panel = panel_for(entry, data, sizes)
-        for _ in range(3):
-            mod.kernel(argv, threads, panel)
-        ts = []
-        t_end = time.perf_counter() + 1.0
-        while time.perf_counter() < t_end or len(ts) < 5:
-            t0 = time.perf_counter(); mod.kernel(argv, threads, panel); ts.append(time.perf_counter() - t0)
-        key = "huge" if huge else "4k"
-        times.setdefault(key, []).append(statistics.median(ts))
-        kb = huge_pages_of(operands[gi].data_ptr())
-        times.setdefault(key + "_kb", []).append(kb)
+        fn, _, _ = AB.kernel_call(case, operands, threads)
+        times.setdefault("huge" if huge else "4k", []).append(AB.median_time(fn, 1.0))
+        times.setdefault(("huge" if huge else "4k") + "_kb", []).append(huge_pages_of(operands[gi].data_ptr()))
     nnz = K.operands(case).A.nnz
     t4, th = min(times["4k"]), min(times["huge"])
     print(f"{spec:32s} T={threads} gathered {base[gi].numel() * base[gi].element_size() / 1e6:6.1f} MB: "

@@ -1,9 +1,9 @@
 """Each implementation on numpy-allocated vs torch-allocated dense operands, same process:
     SCORCH_DATA_DIR=../shared/data python peers_alignment.py THREADS sddmm_nk:G51:32 ..."""
-import os, sys, time, statistics, warnings, importlib
+import sys, time, statistics, warnings
 warnings.filterwarnings("ignore")
 from pathlib import Path; sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-import torch, numpy as np
+import torch
 import kernels as K
 torch.set_num_threads(int(sys.argv[1]))
 for spec in sys.argv[2:]:
