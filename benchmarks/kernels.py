@@ -274,7 +274,7 @@ def _seed(case: Case) -> int:
 #: unless SCORCH_BENCH_NUMPY_OPERANDS is set: then in numpy's, whose large arrays start 16
 #: bytes past a cache line, so a row of 32 float32 spans 3 lines instead of 2 (sessions
 #: before 28 measured that way; scorch's gathered-row kernels ran 8-43 % slower on it,
-#: ``results/issue15/zen5-s28-dot-prefetch/alignment_before_t1.txt``)
+#: ``results/issue15/zen5-s28-dot-prefetch/alignment_t1.txt``)
 NUMPY_OPERANDS = os.environ.get("SCORCH_BENCH_NUMPY_OPERANDS", "") not in ("", "0", "false", "False")
 
 
