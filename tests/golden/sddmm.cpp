@@ -22,16 +22,16 @@ scorch_max(A a, B b) { return b > a ? b : a; }
 
 #define scorch_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)
 #include <unistd.h>
-static long scorch_l2_bytes(void) {
-    static long cached = 0;
-    if (cached == 0) {
-        long s = 0;
+static long scorch_l2_query(void) {
+    long s = 0;
 #ifdef _SC_LEVEL2_CACHE_SIZE
-        s = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    s = sysconf(_SC_LEVEL2_CACHE_SIZE);
 #endif
-        cached = s > 0 ? s : (512L << 10);
-    }
-    return cached;
+    return s > 0 ? s : (512L << 10);
+}
+static long scorch_l2_bytes(void) {
+    static const long bytes = scorch_l2_query();   /* once, thread-safe (C++11) */
+    return bytes;
 }
 typedef float scorch_vf16 __attribute__((vector_size(16), aligned(4), may_alias));
 static inline scorch_vf16 scorch_vf16_zero(void) { scorch_vf16 z = {0}; return z; }

@@ -14,16 +14,16 @@ cdef extern from *:
     """
     #define scorch_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)
     #include <unistd.h>
-    static long scorch_l2_bytes(void) {
-        static long cached = 0;
-        if (cached == 0) {
-            long s = 0;
+    static long scorch_l2_query(void) {
+        long s = 0;
     #ifdef _SC_LEVEL2_CACHE_SIZE
-            s = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        s = sysconf(_SC_LEVEL2_CACHE_SIZE);
     #endif
-            cached = s > 0 ? s : (512L << 10);
-        }
-        return cached;
+        return s > 0 ? s : (512L << 10);
+    }
+    static long scorch_l2_bytes(void) {
+        static const long bytes = scorch_l2_query();   /* once, thread-safe (C++11) */
+        return bytes;
     }
     """
     void scorch_prefetch(const void*) noexcept nogil

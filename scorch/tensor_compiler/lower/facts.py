@@ -291,19 +291,19 @@ def dot_prefetch_skips_in_l2() -> bool:
     return DOT_PREFETCH_SKIP_IN_L2
 
 
-#: the C helper the generated code asks for the L2 size (cached after the first call)
+#: the C++ helper the generated code asks for the L2 size (queried once)
 L2_BYTES_DECL = (
     "    #include <unistd.h>",
-    "    static long scorch_l2_bytes(void) {",
-    "        static long cached = 0;",
-    "        if (cached == 0) {",
-    "            long s = 0;",
+    "    static long scorch_l2_query(void) {",
+    "        long s = 0;",
     "    #ifdef _SC_LEVEL2_CACHE_SIZE",
-    "            s = sysconf(_SC_LEVEL2_CACHE_SIZE);",
+    "        s = sysconf(_SC_LEVEL2_CACHE_SIZE);",
     "    #endif",
-    "            cached = s > 0 ? s : (512L << 10);",
-    "        }",
-    "        return cached;",
+    "        return s > 0 ? s : (512L << 10);",
+    "    }",
+    "    static long scorch_l2_bytes(void) {",
+    "        static const long bytes = scorch_l2_query();   /* once, thread-safe (C++11) */",
+    "        return bytes;",
     "    }",
 )
 CACHE_LINE = 64
