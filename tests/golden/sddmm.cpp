@@ -260,6 +260,7 @@ static void run_chunk_w16(Args* pa, int64_t clo, int64_t chi, std::vector<int64_
     float acc;
     int64_t c_k;
     a = pa[0];
+    pfe = ((((((a.N_j * a.t2_st_j) * sizeof(float)) <= scorch_l2_bytes()))) ? (0) : ((((int64_t)a.t0_pos1[a.N_i]) - 64)));
     {
         int64_t scorch_end0 = chi;
         for (int64_t scorch_i0 = clo; scorch_i0 < scorch_end0; scorch_i0 += 1) {
@@ -268,7 +269,6 @@ static void run_chunk_w16(Args* pa, int64_t clo, int64_t chi, std::vector<int64_
             o1_0 = (c_i * a.t1_st_i);
             q0_1 = a.t0_pos1[p0_0];
             h0_1 = a.t0_pos1[(p0_0 + 1)];
-            pfe = ((((((a.N_j * a.t2_st_j) * sizeof(float)) <= scorch_l2_bytes()))) ? (0) : ((((int64_t)a.t0_pos1[a.N_i]) - 64)));
             while (((q0_1 + 3) < h0_1)) {
                 if ((q0_1 < (pfe - 3))) {
                     scorch_prefetch((a.t2_vals + (a.t0_crd1[(q0_1 + 64)] * a.t2_st_j)));
@@ -327,6 +327,7 @@ static void run_chunk_w32(Args* pa, int64_t clo, int64_t chi, std::vector<int64_
     float acc;
     int64_t c_k;
     a = pa[0];
+    pfe = ((((((a.N_j * a.t2_st_j) * sizeof(float)) <= scorch_l2_bytes()))) ? (0) : ((((int64_t)a.t0_pos1[a.N_i]) - 32)));
     {
         int64_t scorch_end0 = chi;
         for (int64_t scorch_i0 = clo; scorch_i0 < scorch_end0; scorch_i0 += 1) {
@@ -335,7 +336,6 @@ static void run_chunk_w32(Args* pa, int64_t clo, int64_t chi, std::vector<int64_
             o1_0 = (c_i * a.t1_st_i);
             q0_1 = a.t0_pos1[p0_0];
             h0_1 = a.t0_pos1[(p0_0 + 1)];
-            pfe = ((((((a.N_j * a.t2_st_j) * sizeof(float)) <= scorch_l2_bytes()))) ? (0) : ((((int64_t)a.t0_pos1[a.N_i]) - 32)));
             while (((q0_1 + 3) < h0_1)) {
                 if ((q0_1 < (pfe - 3))) {
                     scorch_prefetch((a.t2_vals + (a.t0_crd1[(q0_1 + 32)] * a.t2_st_j)));
@@ -400,6 +400,8 @@ static void run_chunk_w64(Args* pa, int64_t clo, int64_t chi, std::vector<int64_
     float acc;
     int64_t c_k;
     a = pa[0];
+    pfd = ((((((a.N_j * a.t2_st_j) * sizeof(float)) >= 16777216))) ? (32) : (16));
+    pfe = ((((((a.N_j * a.t2_st_j) * sizeof(float)) <= scorch_l2_bytes()))) ? (0) : ((((int64_t)a.t0_pos1[a.N_i]) - pfd)));
     {
         int64_t scorch_end0 = chi;
         for (int64_t scorch_i0 = clo; scorch_i0 < scorch_end0; scorch_i0 += 1) {
@@ -408,8 +410,6 @@ static void run_chunk_w64(Args* pa, int64_t clo, int64_t chi, std::vector<int64_
             o1_0 = (c_i * a.t1_st_i);
             q0_1 = a.t0_pos1[p0_0];
             h0_1 = a.t0_pos1[(p0_0 + 1)];
-            pfd = ((((((a.N_j * a.t2_st_j) * sizeof(float)) >= 16777216))) ? (32) : (16));
-            pfe = ((((((a.N_j * a.t2_st_j) * sizeof(float)) <= scorch_l2_bytes()))) ? (0) : ((((int64_t)a.t0_pos1[a.N_i]) - pfd)));
             while (((q0_1 + 3) < h0_1)) {
                 if ((q0_1 < (pfe - 3))) {
                     scorch_prefetch((a.t2_vals + (a.t0_crd1[(q0_1 + pfd)] * a.t2_st_j)));
@@ -484,6 +484,8 @@ static void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, std::vector<int64
     float acc;
     int64_t c_k;
     a = pa[0];
+    pfd = ((((((a.N_j * a.t2_st_j) * sizeof(float)) >= 16777216))) ? (32) : (8));
+    pfe = ((((((a.N_j * a.t2_st_j) * sizeof(float)) <= scorch_l2_bytes()))) ? (0) : ((((int64_t)a.t0_pos1[a.N_i]) - pfd)));
     {
         int64_t scorch_end0 = chi;
         for (int64_t scorch_i0 = clo; scorch_i0 < scorch_end0; scorch_i0 += 1) {
@@ -492,8 +494,6 @@ static void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, std::vector<int64
             o1_0 = (c_i * a.t1_st_i);
             q0_1 = a.t0_pos1[p0_0];
             h0_1 = a.t0_pos1[(p0_0 + 1)];
-            pfd = ((((((a.N_j * a.t2_st_j) * sizeof(float)) >= 16777216))) ? (32) : (8));
-            pfe = ((((((a.N_j * a.t2_st_j) * sizeof(float)) <= scorch_l2_bytes()))) ? (0) : ((((int64_t)a.t0_pos1[a.N_i]) - pfd)));
             while (((q0_1 + 3) < h0_1)) {
                 if ((q0_1 < (pfe - 3))) {
                     scorch_prefetch((a.t2_vals + (a.t0_crd1[(q0_1 + pfd)] * a.t2_st_j)));

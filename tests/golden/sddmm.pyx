@@ -230,12 +230,12 @@ cdef void run_chunk_w16(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
     cdef int64_t o2_1
     cdef float acc
     cdef int64_t c_k
+    pfe = 0 if (a.N_j * a.t2_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - 64
     for c_i in range(clo, chi):
         p0_0 = c_i
         o1_0 = c_i * a.t1_st_i
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
-        pfe = 0 if (a.N_j * a.t2_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - 64
         while q0_1 + 3 < h0_1:
             if q0_1 < pfe - 3:
                 scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 64] * a.t2_st_j)
@@ -282,12 +282,12 @@ cdef void run_chunk_w32(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
     cdef int64_t o2_1
     cdef float acc
     cdef int64_t c_k
+    pfe = 0 if (a.N_j * a.t2_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - 32
     for c_i in range(clo, chi):
         p0_0 = c_i
         o1_0 = c_i * a.t1_st_i
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
-        pfe = 0 if (a.N_j * a.t2_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - 32
         while q0_1 + 3 < h0_1:
             if q0_1 < pfe - 3:
                 scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + 32] * a.t2_st_j)
@@ -340,13 +340,13 @@ cdef void run_chunk_w64(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
     cdef int64_t o2_1
     cdef float acc
     cdef int64_t c_k
+    pfd = 32 if (a.N_j * a.t2_st_j * sizeof(float) >= 16777216) else 16
+    pfe = 0 if (a.N_j * a.t2_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - pfd
     for c_i in range(clo, chi):
         p0_0 = c_i
         o1_0 = c_i * a.t1_st_i
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
-        pfd = 32 if (a.N_j * a.t2_st_j * sizeof(float) >= 16777216) else 16
-        pfe = 0 if (a.N_j * a.t2_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - pfd
         while q0_1 + 3 < h0_1:
             if q0_1 < pfe - 3:
                 scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j)
@@ -409,13 +409,13 @@ cdef void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* oc
     cdef int64_t o2_1
     cdef float acc
     cdef int64_t c_k
+    pfd = 32 if (a.N_j * a.t2_st_j * sizeof(float) >= 16777216) else 8
+    pfe = 0 if (a.N_j * a.t2_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - pfd
     for c_i in range(clo, chi):
         p0_0 = c_i
         o1_0 = c_i * a.t1_st_i
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
-        pfd = 32 if (a.N_j * a.t2_st_j * sizeof(float) >= 16777216) else 8
-        pfe = 0 if (a.N_j * a.t2_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - pfd
         while q0_1 + 3 < h0_1:
             if q0_1 < pfe - 3:
                 scorch_prefetch(a.t2_vals + a.t0_crd1[q0_1 + pfd] * a.t2_st_j)

@@ -195,6 +195,7 @@ static void run_chunk_w16(Args* pa, int64_t clo, int64_t chi, std::vector<int64_
     int64_t pfe;
     int64_t o1_1;
     a = pa[0];
+    pfe = ((((((a.N_j * a.t1_st_j) * sizeof(float)) <= scorch_l2_bytes()))) ? (0) : ((((int64_t)a.t0_pos1[a.N_i]) - 64)));
     {
         int64_t scorch_end0 = chi;
         for (int64_t scorch_i0 = clo; scorch_i0 < scorch_end0; scorch_i0 += 1) {
@@ -204,7 +205,6 @@ static void run_chunk_w16(Args* pa, int64_t clo, int64_t chi, std::vector<int64_
             wv0 = scorch_vf_zero();
             q0_1 = a.t0_pos1[p0_0];
             h0_1 = a.t0_pos1[(p0_0 + 1)];
-            pfe = ((((((a.N_j * a.t1_st_j) * sizeof(float)) <= scorch_l2_bytes()))) ? (0) : ((((int64_t)a.t0_pos1[a.N_i]) - 64)));
             {
                 int64_t scorch_end1 = h0_1;
                 for (int64_t scorch_i1 = q0_1; scorch_i1 < scorch_end1; scorch_i1 += 1) {
@@ -237,6 +237,7 @@ static void run_chunk_w32(Args* pa, int64_t clo, int64_t chi, std::vector<int64_
     int64_t pfe;
     int64_t o1_1;
     a = pa[0];
+    pfe = ((((((a.N_j * a.t1_st_j) * sizeof(float)) <= scorch_l2_bytes()))) ? (0) : ((((int64_t)a.t0_pos1[a.N_i]) - 32)));
     {
         int64_t scorch_end0 = chi;
         for (int64_t scorch_i0 = clo; scorch_i0 < scorch_end0; scorch_i0 += 1) {
@@ -247,7 +248,6 @@ static void run_chunk_w32(Args* pa, int64_t clo, int64_t chi, std::vector<int64_
             wv1 = scorch_vf_zero();
             q0_1 = a.t0_pos1[p0_0];
             h0_1 = a.t0_pos1[(p0_0 + 1)];
-            pfe = ((((((a.N_j * a.t1_st_j) * sizeof(float)) <= scorch_l2_bytes()))) ? (0) : ((((int64_t)a.t0_pos1[a.N_i]) - 32)));
             {
                 int64_t scorch_end1 = h0_1;
                 for (int64_t scorch_i1 = q0_1; scorch_i1 < scorch_end1; scorch_i1 += 1) {
@@ -286,6 +286,8 @@ static void run_chunk_w64(Args* pa, int64_t clo, int64_t chi, std::vector<int64_
     int64_t pfe;
     int64_t o1_1;
     a = pa[0];
+    pfd = ((((((a.N_j * a.t1_st_j) * sizeof(float)) >= 16777216))) ? (32) : (16));
+    pfe = ((((((a.N_j * a.t1_st_j) * sizeof(float)) <= scorch_l2_bytes()))) ? (0) : ((((int64_t)a.t0_pos1[a.N_i]) - pfd)));
     {
         int64_t scorch_end0 = chi;
         for (int64_t scorch_i0 = clo; scorch_i0 < scorch_end0; scorch_i0 += 1) {
@@ -298,8 +300,6 @@ static void run_chunk_w64(Args* pa, int64_t clo, int64_t chi, std::vector<int64_
             wv3 = scorch_vf_zero();
             q0_1 = a.t0_pos1[p0_0];
             h0_1 = a.t0_pos1[(p0_0 + 1)];
-            pfd = ((((((a.N_j * a.t1_st_j) * sizeof(float)) >= 16777216))) ? (32) : (16));
-            pfe = ((((((a.N_j * a.t1_st_j) * sizeof(float)) <= scorch_l2_bytes()))) ? (0) : ((((int64_t)a.t0_pos1[a.N_i]) - pfd)));
             {
                 int64_t scorch_end1 = h0_1;
                 for (int64_t scorch_i1 = q0_1; scorch_i1 < scorch_end1; scorch_i1 += 1) {
@@ -348,6 +348,8 @@ static void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, std::vector<int64
     int64_t pfe;
     int64_t o1_1;
     a = pa[0];
+    pfd = ((((((a.N_j * a.t1_st_j) * sizeof(float)) >= 16777216))) ? (32) : (8));
+    pfe = ((((((a.N_j * a.t1_st_j) * sizeof(float)) <= scorch_l2_bytes()))) ? (0) : ((((int64_t)a.t0_pos1[a.N_i]) - pfd)));
     {
         int64_t scorch_end0 = chi;
         for (int64_t scorch_i0 = clo; scorch_i0 < scorch_end0; scorch_i0 += 1) {
@@ -364,8 +366,6 @@ static void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, std::vector<int64
             wv7 = scorch_vf_zero();
             q0_1 = a.t0_pos1[p0_0];
             h0_1 = a.t0_pos1[(p0_0 + 1)];
-            pfd = ((((((a.N_j * a.t1_st_j) * sizeof(float)) >= 16777216))) ? (32) : (8));
-            pfe = ((((((a.N_j * a.t1_st_j) * sizeof(float)) <= scorch_l2_bytes()))) ? (0) : ((((int64_t)a.t0_pos1[a.N_i]) - pfd)));
             {
                 int64_t scorch_end1 = h0_1;
                 for (int64_t scorch_i1 = q0_1; scorch_i1 < scorch_end1; scorch_i1 += 1) {

@@ -159,13 +159,13 @@ cdef void run_chunk_w16(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
     cdef int64_t e0_1
     cdef int64_t pfe
     cdef int64_t o1_1
+    pfe = 0 if (a.N_j * a.t1_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - 64
     for c_i in range(clo, chi):
         p0_0 = c_i
         oo_0 = c_i * a.out_st_i
         wv0 = scorch_vf_zero()
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
-        pfe = 0 if (a.N_j * a.t1_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - 64
         for q0_1 in range(q0_1, h0_1):
             c_j = a.t0_crd1[q0_1]
             if q0_1 < pfe:
@@ -188,6 +188,7 @@ cdef void run_chunk_w32(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
     cdef int64_t e0_1
     cdef int64_t pfe
     cdef int64_t o1_1
+    pfe = 0 if (a.N_j * a.t1_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - 32
     for c_i in range(clo, chi):
         p0_0 = c_i
         oo_0 = c_i * a.out_st_i
@@ -195,7 +196,6 @@ cdef void run_chunk_w32(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
         wv1 = scorch_vf_zero()
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
-        pfe = 0 if (a.N_j * a.t1_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - 32
         for q0_1 in range(q0_1, h0_1):
             c_j = a.t0_crd1[q0_1]
             if q0_1 < pfe:
@@ -224,6 +224,8 @@ cdef void run_chunk_w64(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
     cdef int64_t pfd
     cdef int64_t pfe
     cdef int64_t o1_1
+    pfd = 32 if (a.N_j * a.t1_st_j * sizeof(float) >= 16777216) else 16
+    pfe = 0 if (a.N_j * a.t1_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - pfd
     for c_i in range(clo, chi):
         p0_0 = c_i
         oo_0 = c_i * a.out_st_i
@@ -233,8 +235,6 @@ cdef void run_chunk_w64(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* ocr
         wv3 = scorch_vf_zero()
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
-        pfd = 32 if (a.N_j * a.t1_st_j * sizeof(float) >= 16777216) else 16
-        pfe = 0 if (a.N_j * a.t1_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - pfd
         for q0_1 in range(q0_1, h0_1):
             c_j = a.t0_crd1[q0_1]
             if q0_1 < pfe:
@@ -273,6 +273,8 @@ cdef void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* oc
     cdef int64_t pfd
     cdef int64_t pfe
     cdef int64_t o1_1
+    pfd = 32 if (a.N_j * a.t1_st_j * sizeof(float) >= 16777216) else 8
+    pfe = 0 if (a.N_j * a.t1_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - pfd
     for c_i in range(clo, chi):
         p0_0 = c_i
         oo_0 = c_i * a.out_st_i
@@ -286,8 +288,6 @@ cdef void run_chunk_w128(Args* pa, int64_t clo, int64_t chi, vector[int64_t]* oc
         wv7 = scorch_vf_zero()
         q0_1 = a.t0_pos1[p0_0]
         h0_1 = a.t0_pos1[p0_0 + 1]
-        pfd = 32 if (a.N_j * a.t1_st_j * sizeof(float) >= 16777216) else 8
-        pfe = 0 if (a.N_j * a.t1_st_j * sizeof(float) <= scorch_l2_bytes()) else <int64_t>a.t0_pos1[a.N_i] - pfd
         for q0_1 in range(q0_1, h0_1):
             c_j = a.t0_crd1[q0_1]
             if q0_1 < pfe:

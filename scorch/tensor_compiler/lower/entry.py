@@ -111,7 +111,7 @@ def chunk_function(f: KernelFacts, variant: Variant) -> ChunkFunction:
                              variant.row_loop == "pairs")
     elif variant.streams:
         nest = stream_blocks(f, nest, n.decls.need("qb"))
-    body = tuple(pre) + nest + tuple(post)
+    body = tuple(pre) + tuple(n.setup) + nest + tuple(post)
     return ChunkFunction(variant.name, variant.select, n.decls.items(), body,
                          "ok" if f.row_room else None, variant.width)
 

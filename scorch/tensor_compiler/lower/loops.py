@@ -194,8 +194,10 @@ def _dot_prefetch(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor) -> Tuple[L
     """The segment loop above a vector dot (SDDMM's loop over a row's stored ``j``) asks for
     the gathered rows (``C[j, :]``, every cache line of the dot's width) of the entry
     ``_dot_distance`` positions ahead, up to the level's last entry (``pfe``: a row's
-    prefetches run into the next rows' entries; 0 where the gathered rows fit in L2).
-    Returns (before the loop, in its body); nothing outside the fixed-width dot variants."""
+    prefetches run into the next rows' entries; 0 where the gathered rows fit in L2). The
+    distance and end are loop-invariant: set once in the chunk function's set-up
+    (``Nest.setup``), not per row. Returns (before the loop, in its body); nothing outside
+    the fixed-width dot variants."""
     f = n.facts
     if not _above_vector(n, lp) or lv.grouped:
         return [], []
@@ -210,8 +212,9 @@ def _dot_prefetch(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor) -> Tuple[L
         fits = " and ".join(f"a.N_{v} * a.t{i}_st_{v} * sizeof({f.vt}) <= scorch_l2_bytes()"
                             for i in f.row_gathers)
         end = f"0 if ({fits}) else {end}"
-    return (setup + [Assign(pfe, end)],
-            [If(f"{lv.q} < pfe", tuple(_dot_gather_rows(n, lp, st, f"{lv.q} + {D}")))])
+    if not any(isinstance(x, Assign) and x.target == pfe for x in n.setup):
+        n.setup.extend(setup + [Assign(pfe, end)])
+    return [], [If(f"{lv.q} < pfe", tuple(_dot_gather_rows(n, lp, st, f"{lv.q} + {D}")))]
 
 
 def _dot_distance(n: Nest, lp: LoopLevels) -> Tuple[List[Stmt], str]:

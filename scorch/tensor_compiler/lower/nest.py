@@ -3,8 +3,9 @@ the declarations it collects, and the cursor handed from a loop to the loops ins
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
+from ..loop_ir import Stmt
 from .facts import KernelFacts
 
 __all__ = ["Variant", "Decls", "Nest", "Cursor"]
@@ -58,6 +59,9 @@ class Nest:
     facts: KernelFacts
     variant: Variant
     decls: Decls
+    #: loop-invariant statements a loop asks the chunk function to run once, before its
+    #: loops (the vector dot's prefetch distance and end, ``loops._dot_prefetch``)
+    setup: List[Stmt] = field(default_factory=list)
 
 
 @dataclass

@@ -93,6 +93,15 @@ def median_time(fn, budget: float = 0.15) -> float:
     return statistics.median(ts)
 
 
+def gathered_case(spec: str, nthreads: int):
+    """``KERNEL:MATRIX:K`` -> (case, its operands, the position of the operand whose rows
+    the kernel gathers: SpMM's B, SDDMM's C), with ``nthreads`` set."""
+    kernel, matrix, k = spec.split(":")
+    case = K.Case(kernel, matrix, int(k))
+    torch.set_num_threads(nthreads)
+    return case, operands_of(case), 1 if kernel in ("spmm", "spmv") else 2
+
+
 def run_case(case, nthreads, rounds, variants):
     torch.set_num_threads(nthreads)
     operands = operands_of(case)

@@ -31,11 +31,7 @@ def timed(case, operands, threads, env=None):
 
 
 def run(spec: str, threads: int) -> None:
-    kernel, matrix, k = spec.split(":")
-    case = K.Case(kernel, matrix, int(k))
-    torch.set_num_threads(threads)
-    base = AB.operands_of(case)
-    gi = 1 if kernel in ("spmm", "spmv") else 2
+    case, base, gi = AB.gathered_case(spec, threads)
     best = {}
     variants = VARIANTS or {"": {}}
     for r in range(3):

@@ -48,11 +48,7 @@ def on_pages(x: torch.Tensor, huge: bool) -> torch.Tensor:
 
 
 def run(spec: str, threads: int) -> None:
-    kernel, matrix, k = spec.split(":")
-    case = K.Case(kernel, matrix, int(k))
-    torch.set_num_threads(threads)
-    base = AB.operands_of(case)
-    gi = 1 if kernel in ("spmm", "spmv") else 2
+    case, base, gi = AB.gathered_case(spec, threads)
     times = {}
     for huge in (False, True, False, True):
         operands = list(base)
