@@ -379,3 +379,59 @@ def test_int64_coo_to_csr_large():
         assert np.array_equal(got.levels[1].pos.numpy(), a.indptr)
         assert np.array_equal(got.levels[1].crd.numpy(), a.indices)
         assert got.values.data_ptr() == src.values.data_ptr()
+
+
+def _sorted_within_reference(keys) -> bool:
+    last = {}
+    for i in range(len(keys[0])):
+        tail = tuple(int(k[i]) for k in keys[1:])
+        g = int(keys[0][i])
+        if g in last and tail < last[g]:
+            return False
+        last[g] = tail
+    return True
+
+
+@settings(max_examples=200, **SETTINGS)
+@given(data=st.data(), seed=st.integers(0, 2**31), n=st.integers(0, 40),
+       index_dtype=st.sampled_from([torch.int32, torch.int64]), swap=st.booleans())
+def test_from_coords_groups_out_of_order(data, seed, n, index_dtype, swap):
+    """Entries in level order inside each group of the first level's coordinate, the
+    groups in any order (a flip, a roll, rows picked in any order), and sometimes two
+    entries swapped: ``_k_sorted_within`` agrees with a plain check, and the storage (built
+    with one counting pass where it says so) is the reference's."""
+    fmt = data.draw(formats(allow_block=False))
+    shape = data.draw(shapes_for(fmt))
+    n = n if 0 not in shape else 0
+    rng = np.random.default_rng(seed)
+    idx = np.stack([rng.integers(0, max(s, 1), size=n) for s in shape]) if n \
+        else np.zeros((len(shape), 0), np.int64)
+    keys = idx[list(fmt.mode_order)]
+    order = np.lexsort(keys[::-1]) if n else np.zeros(0, np.int64)
+    groups = rng.permutation(max(shape[fmt.mode_order[0]], 1))   # new place of each group
+    order = order[np.argsort(groups[keys[0][order]], kind="stable")]
+    if swap and n >= 2:
+        i = rng.integers(0, n - 1)
+        order[[i, i + 1]] = order[[i + 1, i]]
+    idx = np.ascontiguousarray(idx[:, order])
+    vals = torch.from_numpy(rng.normal(size=n))
+    level_keys = [torch.from_numpy(idx[d]).to(index_dtype) for d in fmt.mode_order]
+    if n:
+        assert C._k_sorted_within(level_keys, shape[fmt.mode_order[0]]) == \
+            _sorted_within_reference(level_keys)
+    for sum_duplicates in (True, False):
+        unique = n == 0 or len({tuple(c) for c in idx.T}) == n
+        if not sum_duplicates and not unique:
+            continue
+        got = C.from_coords(torch.from_numpy(idx).to(index_dtype), vals, shape, fmt,
+                            sum_duplicates=sum_duplicates)
+        assert_same_storage(got, reference_from_coords(idx, vals, shape, fmt))
+
+
+def test_sorted_within_groups():
+    k = lambda *xs: torch.tensor(xs)    # noqa: E731
+    assert C._k_sorted_within([k(1, 1, 0, 0), k(2, 5, 0, 3)], 2)          # rows 1, 0 swapped
+    assert not C._k_sorted_within([k(1, 1, 0, 0), k(5, 2, 0, 3)], 2)      # 5 before 2 in row 1
+    assert C._k_sorted_within([k(0, 1, 0), k(4, 0, 4), k(1, 0, 2)], 2)    # (4, 1) then (4, 2)
+    assert not C._k_sorted_within([k(0, 1, 0), k(4, 0, 4), k(2, 0, 1)], 2)
+    assert C._k_sorted_within([k(0, 0), k(3, 3)], 1)                      # ties keep their order

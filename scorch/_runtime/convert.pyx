@@ -283,6 +283,27 @@ cdef int64_t _unsorted_at(idx_t** keys, int m, int64_t n, bint strict) noexcept 
     return n
 
 
+cdef bint _sorted_within(idx_t** keys, int m, int64_t n, idx_t* last) noexcept nogil:
+    """Whether, among the entries of each value of keys[0], the tuples keys[1:m] come in
+    order (ties allowed); ``last`` holds each group's latest tuple, m - 1 entries a group,
+    all -1 on entry."""
+    cdef int64_t i, base
+    cdef int j
+    cdef idx_t a, b
+    for i in range(n):
+        base = <int64_t>keys[0][i] * (m - 1)
+        for j in range(1, m):
+            a = last[base + j - 1]
+            b = keys[j][i]
+            if a < b:
+                break
+            if a > b:
+                return False
+        for j in range(1, m):
+            last[base + j - 1] = keys[j][i]
+    return True
+
+
 cdef inline int64_t _next_row_start(kdx_t* key, int64_t n, int64_t i) noexcept nogil:
     """First entry at or after i whose key differs from key[i-1] (n if none); keys sorted."""
     cdef int64_t lo = i, hi = n, mid
@@ -793,6 +814,27 @@ def _k_unsorted_at(keys, bint strict=False):
     return _unsorted_at(<int32_t**>pl.p, m, n, strict)
 
 
+def _k_sorted_within(keys, int64_t s):
+    """Whether the entries are in order by keys[1:] within each group of equal keys[0] (whose
+    values are below ``s``): then one stable pass on keys[0] sorts them all (rows moved as
+    wholes: a flip, a roll, rows picked in any order)."""
+    cdef int m = len(keys)
+    cdef int64_t n = keys[0].numel()
+    if m < 2 or n == 0:
+        return True
+    cdef _PtrList pl = _PtrList([k.contiguous() for k in keys])
+    last = torch.full((s * (m - 1),), -1, dtype=keys[0].dtype)
+    cdef bint ok
+    cdef void* lp = _ptr(last)
+    if _is64(keys[0]):
+        with nogil:
+            ok = _sorted_within(<int64_t**>pl.p, m, n, <int64_t*>lp)
+    else:
+        with nogil:
+            ok = _sorted_within(<int32_t**>pl.p, m, n, <int32_t*>lp)
+    return ok
+
+
 def _k_dense_level(eoff, int64_t P, key, int64_t s, out_dtype=None, int threads=0):
     """Entry offsets below a dense level of size s under P parents (pos of the level after it);
     for P == 1 the result may have another index dtype than ``key`` (``out_dtype``).
@@ -1157,6 +1199,9 @@ def _assemble(shape, fmt: Format, keys: List[torch.Tensor], values: torch.Tensor
         need = 0    # already in level order (a reshape's or a selection's entries): no sort
     while need > 0 and _k_unsorted_at(keys[need - 1:]) == values.numel():
         need -= 1
+    if need > 1 and sizes[0] * (len(keys) - 1) <= 4 * values.numel() + (1 << 16) \
+            and _k_sorted_within(keys, sizes[0]):
+        need = 1    # whole groups out of place, each in order inside: one counting pass
     keep_first = kinds[0] is _COORDINATE or reject_duplicates
     keys, values, offsets0 = _sort(keys, values, sizes, need, keep_first)
     if reject_duplicates:

@@ -168,7 +168,10 @@ def to_format(s: SparseTensor, fmt: Format) -> SparseTensor:
 def from_coordinates(st: Storage, indices: torch.Tensor, values: torch.Tensor) -> SparseTensor:
     """The tensor ``st`` built from ``(indices, values)``, differentiable in ``values``:
     duplicates were summed, so each stored value is the sum of its inputs (index_add) and
-    the backward gathers."""
+    the backward gathers. Untracked ``values`` need none of that: ``st`` holds their sums
+    already (finding each input's position costs a sort and a search, 4x the build)."""
+    if not _tracked(values):
+        return SparseTensor(st)
     pos, _ = _pattern.positions_in_pattern(st, indices.to(torch.int64).reshape(st.ndim, -1))
     vals = torch.zeros(st.nnz, dtype=st.dtype).index_add(0, pos, values.to(st.dtype))
     return from_values(st, vals)

@@ -31,6 +31,7 @@ from ..gradients.optimizer_step import values_level
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, with_values
 from .elementwise import (_build, _cast, _is_scalar, _scalar_like, _shape_of, as_bool, bool_as_uint8,
                           result_dtype)
+from ..broadcasting import broadcast_shapes
 
 __all__ = ["compare", "where", "masked_fill", "logical", "extremum"]
 
@@ -64,7 +65,7 @@ def _scalar_value(x) -> Optional[float]:
 
 
 def _dense_size_check(name: str, terms, dt: torch.dtype) -> None:
-    shape = torch.broadcast_shapes(*[_shape_of(t) for t in terms])
+    shape = broadcast_shapes(*[_shape_of(t) for t in terms])
     check_dense_size(name, shape, dt)
 
 

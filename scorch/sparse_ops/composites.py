@@ -30,6 +30,7 @@ from ..tensor_type import SparseTensor, as_scorch
 from . import elementwise, nonlinear, reductions
 from .nonlinear import _sparse
 from . import shape as _shape
+from ..broadcasting import broadcast_shapes
 
 __all__ = ["clamp", "nan_to_num", "lerp", "count_nonzero", "vector_norm", "var", "tril", "triu"]
 
@@ -576,7 +577,7 @@ def _allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
     vals = [x._storage.values if isinstance(x, SparseTensor) else x for x in (a, b)]
     if equal_nan or not all(bool(torch.isfinite(v).all()) for v in vals if v.is_floating_point()):
         return NotImplemented
-    torch.broadcast_shapes(tuple(a.shape), tuple(b.shape))
+    broadcast_shapes(tuple(a.shape), tuple(b.shape))
     if _sparse(a) is None or _sparse(b) is None:   # dense by nature: compare the dense forms
         return torch.allclose(*(x.detach().to_dense() if isinstance(x, SparseTensor) else x
                                 for x in (a, b)), rtol=rtol, atol=atol)

@@ -29,6 +29,7 @@ from ..level_storage import Storage
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, make_pending, with_values
 from . import shape as _shape
 from .fusion import Pending, consumer_follows, fused, pending_of, register_dispatch_frames
+from ..broadcasting import broadcast_shapes
 
 __all__ = ["add", "sub", "mul", "div", "divide_by_sparse", "neg", "addcmul", "addcdiv", "bool_as_uint8", "as_bool"]
 
@@ -156,7 +157,7 @@ def _build(terms, op, compute=None, key=None) -> torch.Tensor:
 def _plan_build(terms, op):
     """``_build``'s plan for these terms: (shape, stretched dims per term, assignment,
     output format)."""
-    shape = tuple(torch.broadcast_shapes(*[_shape_of(t) for t in terms]))
+    shape = tuple(broadcast_shapes(*[_shape_of(t) for t in terms]))
     rank = len(shape)
     if rank > len(_LETTERS):
         raise RuntimeError(f"elementwise ops support at most {len(_LETTERS)} dimensions")
@@ -360,7 +361,7 @@ def divide_by_sparse(a, divisor) -> torch.Tensor:
         raise RuntimeError("scorch: 'div' by a sparse tensor that requires grad (or of one) "
                            "has no backward yet; call it under torch.no_grad() or on .detach()")
     dt = result_dtype(a, divisor, true_division=True)
-    shape = torch.broadcast_shapes(_shape_of(a), _shape_of(divisor))
+    shape = broadcast_shapes(_shape_of(a), _shape_of(divisor))
     check_dense_size("div", shape, dt)
     ir = _compiler().index_notation
     one = torch.tensor(1, dtype=dt)
@@ -588,7 +589,7 @@ def _other_at_stored(t: SparseTensor, other):
     if other.dim() == 0:
         return other
     try:
-        if torch.broadcast_shapes(t.shape, other.shape) != t.shape:
+        if broadcast_shapes(t.shape, other.shape) != t.shape:
             return None
     except RuntimeError:
         return None
@@ -624,7 +625,7 @@ def on_stored_values(op, x, other, *, strict_zero: bool = False, **kwargs):
         return NotImplemented
     if isinstance(other, torch.Tensor) and not isinstance(other, SparseTensor) and other.dim() > 0:
         try:
-            shape = torch.broadcast_shapes(x.shape, other.shape)
+            shape = broadcast_shapes(x.shape, other.shape)
         except RuntimeError:
             return NotImplemented          # torch's error, from the fallback
         if shape != x.shape:

@@ -25,6 +25,7 @@ from .._dispatch import register
 from ..gradients.optimizer_step import values_level
 from ..gradients.values import from_values, grad_values, mark_gradient
 from ..tensor_type import SparseTensor
+from ..broadcasting import broadcast_shapes
 
 __all__ = ["run_in_place", "write_values", "record_in_place"]
 
@@ -207,7 +208,7 @@ def _mask_at_stored(s: SparseTensor, mask: torch.Tensor):
         keys = _row_major_keys(_stored_coords(s), s.shape)
         return values_at(mask, keys).bool(), int(mask._storage.values.bool().sum())
     try:
-        fits = torch.broadcast_shapes(mask.shape, s.shape) == s.shape
+        fits = broadcast_shapes(mask.shape, s.shape) == s.shape
     except RuntimeError:
         fits = False
     if not fits:

@@ -17,6 +17,7 @@ from ..gradients.values import from_values, values_of
 from ..tensor_type import SparseTensor, is_sparse_operand
 from . import elementwise
 from . import einsum as _einsum_entry
+from ..broadcasting import broadcast_shapes
 
 __all__ = ["matmul", "mm", "mv", "bmm", "addmm", "hspmm"]
 
@@ -150,7 +151,7 @@ def _scaled_sum(input, product, beta, alpha):
     (even NaN) when beta is 0, but broadcasts its shape."""
     prod = product if alpha == 1 else elementwise.mul(product, alpha)
     if beta == 0:
-        torch.broadcast_shapes(_shape(input), _shape(prod))
+        broadcast_shapes(_shape(input), _shape(prod))
         return prod
     return elementwise.add(input if beta == 1 else elementwise.mul(input, beta), prod)
 

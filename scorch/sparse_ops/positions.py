@@ -23,6 +23,7 @@ from .._dispatch import register
 from ..formats import as_format
 from ..gradients.values import from_coordinates, values_of
 from ..tensor_type import SparseTensor, as_scorch
+from ..broadcasting import broadcast_shapes
 
 __all__ = ["values_at", "gather", "take", "take_along_dim", "masked_select", "index_add",
            "scatter_add", "index_keys", "index_put", "masked_scatter"]
@@ -155,7 +156,7 @@ def masked_select(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     located among its stored entries)."""
     if mask.dtype != torch.bool:
         raise RuntimeError("masked_select: expected BoolTensor for mask")
-    out_shape = tuple(torch.broadcast_shapes(x.shape, mask.shape))
+    out_shape = tuple(broadcast_shapes(x.shape, mask.shape))
     coords = torch.nonzero(mask).t()
     if tuple(mask.shape) != out_shape:
         coords = _broadcast_coords(coords, tuple(mask.shape), out_shape)
@@ -327,7 +328,7 @@ def masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Tensor) ->
     own op with the positions and values read from a sparse mask or source."""
     # torch's checks of the dtypes (mask bool, source like x), on one element each
     torch.zeros(1, dtype=x.dtype).masked_scatter(torch.zeros(1, dtype=mask.dtype), torch.zeros(1, dtype=source.dtype))
-    out_shape = tuple(torch.broadcast_shapes(x.shape, mask.shape))
+    out_shape = tuple(broadcast_shapes(x.shape, mask.shape))
     coords = torch.nonzero(mask).t()
     if tuple(mask.shape) != out_shape:
         coords = _broadcast_coords(coords, tuple(mask.shape), out_shape)
@@ -393,7 +394,7 @@ def _masked_select(input, mask, *, out=None):
         return NotImplemented
     if (x is None and m is None) or input.dim() == 0 or mask.dim() == 0:
         return NotImplemented
-    if not _keyable(torch.broadcast_shapes(input.shape, mask.shape)):
+    if not _keyable(broadcast_shapes(input.shape, mask.shape)):
         return NotImplemented
     return masked_select(x if x is not None else input, m if m is not None else mask)
 
@@ -463,7 +464,7 @@ def _masked_scatter(input, mask, source):
     operands = (input, mask, source)
     if not all(isinstance(a, torch.Tensor) for a in operands) or all(_sparse(a) is None for a in operands):
         return NotImplemented
-    if input.dim() == 0 or not _keyable(torch.broadcast_shapes(input.shape, mask.shape)):
+    if input.dim() == 0 or not _keyable(broadcast_shapes(input.shape, mask.shape)):
         return NotImplemented
     if mask.dim() == 0:                    # one flag for every position
         mask = _scorch(mask).expand(input.shape) if _sparse(mask) is None else mask.to_dense().expand(input.shape)
@@ -478,6 +479,6 @@ def _index_put(input, indices, values, accumulate=False):
     keys = index_keys(t.shape, indices)
     if keys is None:
         return NotImplemented                  # slices and masks: the fallback's
-    if isinstance(values, torch.Tensor) and torch.broadcast_shapes(values.shape, keys.shape) != keys.shape:
+    if isinstance(values, torch.Tensor) and broadcast_shapes(values.shape, keys.shape) != keys.shape:
         return NotImplemented
     return index_put(t, keys, values, accumulate)

@@ -19,6 +19,7 @@ from ..gradients.values import from_values, values_of
 from ..tensor_type import SparseTensor
 from .nonlinear import _sparse
 from .shape import _coords
+from ..broadcasting import broadcast_shapes
 
 __all__ = ["renorm", "cross", "rms_norm"]
 
@@ -59,7 +60,7 @@ def cross(a: torch.Tensor, b: torch.Tensor, dim: int) -> torch.Tensor:
     rank = max(a.dim(), b.dim())
     torch.linalg.cross(_stand_in(a, rank, dim), _stand_in(b, rank, dim), dim=dim)
     d = dim % rank
-    shape = torch.broadcast_shapes(a.shape, b.shape)
+    shape = broadcast_shapes(a.shape, b.shape)
     a, b = a.expand(shape), b.expand(shape)
     ai, bi = torch.unbind(a, d), torch.unbind(b, d)
     parts = [ai[(k + 1) % 3] * bi[(k + 2) % 3] - ai[(k + 2) % 3] * bi[(k + 1) % 3] for k in range(3)]
@@ -78,7 +79,7 @@ def _cross_dim(a: torch.Tensor, b: torch.Tensor, dim: Optional[int]) -> int:
     """torch.cross's default dim: the first dim of size 3 of the broadcast shape."""
     if dim is not None:
         return int(dim)
-    shape = torch.broadcast_shapes(a.shape, b.shape)
+    shape = broadcast_shapes(a.shape, b.shape)
     for k, n in enumerate(shape):
         if n == 3:
             return k

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from .._dispatch import check_dense_size, register
 from ..tensor_type import SparseTensor
 from .nonlinear import _sparse
+from ..broadcasting import broadcast_shapes
 
 __all__ = ["implicit_zeros"]
 
@@ -200,7 +201,7 @@ def _sum_to_size(x, *size):
     if t is None:
         return NotImplemented
     size = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
-    if torch.broadcast_shapes(size, t.shape) != t.shape:
+    if broadcast_shapes(size, t.shape) != t.shape:
         raise RuntimeError(f"size {list(size)} is not expandable to size {list(t.shape)}")
     lead = t.dim() - len(size)
     dims = list(range(lead)) + [lead + k for k, n in enumerate(size) if n == 1 and t.shape[lead + k] != 1]

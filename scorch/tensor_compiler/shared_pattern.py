@@ -23,6 +23,7 @@ from .allocate import empty_output
 from .functions import FUNCTIONS
 from .index_notation import Access, Add, Apply, Div, Expr, Mul, Neg, Scalar, Sub
 from .plans import PlanEntry
+from ..broadcasting import broadcast_shapes
 
 __all__ = ["ValuesPlan", "values_plan", "run_values"]
 
@@ -97,7 +98,7 @@ def _evaluate(e: Expr, ops, vt: torch.dtype) -> Tuple[torch.Tensor, bool]:
         # (a torch op may hand back its argument: an operand's values are never a temporary)
         return r, temp or (r is not x and r.data_ptr() != x.data_ptr())
     (a, a_temp), (b, b_temp) = _evaluate(e.a, ops, vt), _evaluate(e.b, ops, vt)
-    shape = torch.broadcast_shapes(a.shape, b.shape)
+    shape = broadcast_shapes(a.shape, b.shape)
     out = a if a_temp and a.shape == shape else b if b_temp and b.shape == shape else empty_output(tuple(shape), vt)
     return _BINARY[type(e)](a, b, out=out), True
 
