@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from typing import Optional
+from typing import Tuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -640,9 +640,18 @@ def _fibers(coords: torch.Tensor, shape, dim: int):
 def arg_extreme(t: SparseTensor, dim: Optional[int], keepdim: bool, largest: bool) -> torch.Tensor:
     """``argmax`` / ``argmin`` as torch's: per fiber along ``dim`` (or over every element,
     row-major), the first index holding the extreme, NaN first; an unstored 0 wins where 0
-    is the extreme. From the coordinates: a sort of the stored entries by (fiber, index),
-    segment reductions, and each fiber's first unstored index (where the sorted indices
-    first skip one). Cost follows the stored entries plus the dense result."""
+    is the extreme. Cost follows the stored entries plus the dense result."""
+    return arg_extreme_entries(t, dim, keepdim, largest)[0]
+
+
+def arg_extreme_entries(t: SparseTensor, dim: Optional[int], keepdim: bool,
+                        largest: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``arg_extreme``'s indices and, per fiber, the stored entry at that index (``nnz``
+    where it is an unstored zero): ``max(dim)`` takes its values from there. The entries in
+    (fiber, index) order (a sort, skipped where the storage is in that order already: CSR
+    along its rows), segment reductions over their ranks (the first rank in a fiber that
+    holds the extreme is its first index), and each fiber's first unstored index (where its
+    sorted indices first skip one)."""
     shape = tuple(t.shape)
     st = t._storage
     coords = _convert().coords(st)
@@ -658,14 +667,19 @@ def arg_extreme(t: SparseTensor, dim: Optional[int], keepdim: bool, largest: boo
         fiber, _, rest_shape = _fibers(coords, shape, d)
         pos, extent, nfib = coords[d], shape[d], math.prod(rest_shape)
         out_shape = tuple(1 if k == d else n for k, n in enumerate(shape)) if keepdim else tuple(rest_shape)
+    nnz = pos.numel()
     key = fiber * extent + pos
-    order = torch.argsort(key)
-    fiber, pos, vals = fiber[order], pos[order], vals[order]
+    order = None
+    if nnz > 1 and not bool((key[1:] >= key[:-1]).all()):
+        order = torch.argsort(key)
+        fiber, pos, vals = fiber[order], pos[order], vals[order]
     count = torch.bincount(fiber, minlength=nfib)
     start = torch.cumsum(count, 0) - count
-    rank = torch.arange(pos.numel(), dtype=torch.int64) - start[fiber]
+    ranks = torch.arange(nnz, dtype=torch.int64)
+    rank = ranks - start[fiber]
     # the first unstored index of each fiber: the first rank its sorted indices skip
-    gap = count.clone().scatter_reduce_(0, fiber[pos != rank], rank[pos != rank], "amin")
+    skips = pos != rank
+    gap = count.clone().scatter_reduce_(0, fiber[skips], rank[skips], "amin")
     full = count == extent
     reduce = "amax" if largest else "amin"
     fill = float("-inf") if largest else float("inf")
@@ -675,14 +689,21 @@ def arg_extreme(t: SparseTensor, dim: Optional[int], keepdim: bool, largest: boo
                       dtype=work.dtype).scatter_reduce_(0, fiber, work, reduce)
     zero = torch.zeros((), dtype=work.dtype)
     extreme = torch.where(full, best, torch.maximum(best, zero) if largest else torch.minimum(best, zero))
-    none = torch.full((nfib,), extent, dtype=torch.int64)
-    at = none.clone().scatter_reduce_(0, fiber, torch.where(work == extreme[fiber], pos, extent), "amin")
-    answer = torch.where(~full & (extreme == 0), torch.minimum(at, gap), at)
+    none = torch.full((nfib,), nnz, dtype=torch.int64)
+    # sorted by index within a fiber, so its first matching rank is its first matching index
+    first = none.clone().scatter_reduce_(0, fiber, torch.where(work == extreme[fiber], ranks, nnz), "amin")
+    unstored = ~full & (extreme == 0)
     if work.dtype.is_floating_point:
-        nan = work.isnan()
-        first_nan = none.clone().scatter_reduce_(0, fiber, torch.where(nan, pos, extent), "amin")
-        answer = torch.where(first_nan < extent, first_nan, answer)
-    return answer.reshape(out_shape)
+        first_nan = none.clone().scatter_reduce_(0, fiber, torch.where(work.isnan(), ranks, nnz), "amin")
+        nan = first_nan < nnz
+        first = torch.where(nan, first_nan, first)
+        unstored &= ~nan
+    stored_pos = torch.cat([pos, pos.new_full((1,), extent)])[first]
+    unstored &= gap < stored_pos
+    answer = torch.where(unstored, gap, stored_pos)
+    entry = first if order is None else torch.cat([order, order.new_full((1,), nnz)])[first]
+    entry = torch.where(unstored, nnz, entry)
+    return answer.reshape(out_shape), entry.reshape(out_shape)
 
 
 def _arg_handler(largest: bool):

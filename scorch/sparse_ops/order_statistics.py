@@ -201,17 +201,9 @@ def extreme_along(t: SparseTensor, dim: int, keepdim: bool, largest: bool):
     name = "max" if largest else "min"
     d = _checked_dim(dim, t.dim())
     _nonempty(name, t, d)
-    indices = composites.arg_extreme(t, d, keepdim, largest)
-    coords = _convert().coords(t._storage)
-    fiber, _, rest_shape = composites._fibers(coords, tuple(t.shape), d)
-    n, nnz = t.shape[d], t._storage.nnz
-    keys, order = torch.sort(fiber * n + coords[d])
-    wanted = torch.arange(math.prod(rest_shape), dtype=torch.int64) * n + indices.reshape(-1)
-    at = torch.searchsorted(keys, wanted).clamp_max(max(nnz - 1, 0))
-    hit = keys[at] == wanted if nnz else torch.zeros_like(wanted, dtype=torch.bool)
+    indices, entry = composites.arg_extreme_entries(t, d, keepdim, largest)
     vals = values_of(t)
-    source = torch.where(hit, order[at] if nnz else at, nnz)
-    values = torch.cat([vals, vals.new_zeros(1)])[source].reshape(indices.shape)
+    values = torch.cat([vals, vals.new_zeros(1)])[entry]
     result = torch.return_types.max if largest else torch.return_types.min
     return result((values, indices))
 
