@@ -489,13 +489,21 @@ def _index_tensor(ix, size: int, dim: int) -> torch.Tensor:
 
 def _join(coord: torch.Tensor, index: torch.Tensor):
     """For each stored entry, every position ``k`` with ``index[k] == coord``: returns
-    (entry of each match, k of each match); sorted by entry. O((nnz + len) log len)."""
+    (entry of each match, k of each match); sorted by entry. O(nnz log len + matches): the
+    per-entry work is one binary search (two where ``index`` repeats a value), and only the
+    matched entries are expanded."""
     sorted_ix, perm = torch.sort(index, stable=True)
+    if sorted_ix.numel() == 0 or coord.numel() == 0:
+        empty = torch.zeros(0, dtype=torch.int64)
+        return empty, empty
     lo = torch.searchsorted(sorted_ix, coord, right=False)
-    hi = torch.searchsorted(sorted_ix, coord, right=True)
-    counts = hi - lo
-    entry = torch.repeat_interleave(torch.arange(coord.numel()), counts)
-    return entry, perm[segment_positions(lo, counts)]
+    if bool((sorted_ix[1:] > sorted_ix[:-1]).all()):      # no value twice: 0 or 1 match each
+        entry = torch.nonzero(sorted_ix[lo.clamp(max=sorted_ix.numel() - 1)] == coord).reshape(-1)
+        return entry, perm[lo[entry]]
+    counts = torch.searchsorted(sorted_ix, coord, right=True) - lo
+    hit = torch.nonzero(counts).reshape(-1)
+    counts, lo = counts[hit], lo[hit]
+    return torch.repeat_interleave(hit, counts), perm[segment_positions(lo, counts)]
 
 
 def _expand_index(index, rank: int) -> list:
