@@ -126,6 +126,120 @@ def large_cases() -> List[Case]:
     ]
 
 
+#: whole-matrix ops on the large matrix with scipy beside torch.sparse:
+#: (name, scorch, torch.sparse or None, scipy or None)
+PeerCase = Tuple[str, Callable, Optional[Callable], Optional[Callable]]
+
+
+def whole_matrix_cases() -> List[PeerCase]:
+    """Ops that read every stored entry of the 2M-entry matrix (reductions, filters,
+    reorderings, elementwise ops), where scipy.sparse is the peer a user would compare."""
+    import scipy.sparse as sp
+    n, nnz = 200_000, 2_000_000
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, n, (2, nnz), generator=g)
+    coo = torch.sparse_coo_tensor(idx, torch.randn(nnz, generator=g), (n, n)).coalesce()
+    idx2 = torch.randint(0, n, (2, nnz), generator=g)
+    coo2 = torch.sparse_coo_tensor(idx2, torch.randn(nnz, generator=g), (n, n)).coalesce()
+    s, s2 = scorch.sparse_tensor(coo, format="csr"), scorch.sparse_tensor(coo2, format="csr")
+    r = coo.to_sparse_csr()
+    S, S2 = sp.csr_array(s.to_scipy()), sp.csr_array(s2.to_scipy())
+    cols = torch.tensor([7, 123, 4567])
+    return [
+        ("A.sum(1)", lambda: s.sum(1), lambda: torch.sparse.sum(coo, 1), lambda: S.sum(1)),
+        ("A.sum(0)", lambda: s.sum(0), lambda: torch.sparse.sum(coo, 0), lambda: S.sum(0)),
+        ("A.amax(1)", lambda: s.amax(1), None, lambda: S.max(axis=1)),
+        ("A.max(1) (values, indices)", lambda: s.max(1), None,
+         lambda: (S.max(axis=1), S.argmax(axis=1))),
+        ("A.argmax(1)", lambda: s.argmax(1), None, lambda: S.argmax(axis=1)),
+        ("A.argmax(0)", lambda: s.argmax(0), None, lambda: S.argmax(axis=0)),
+        ("tril(A)", lambda: torch.tril(s), None, lambda: sp.tril(S, format="csr")),
+        ("flip(A, [0])", lambda: torch.flip(s, [0]), None, lambda: S[::-1]),
+        ("A > 0.5", lambda: s > 0.5, None, lambda: S > 0.5),
+        ("A.abs()", lambda: s.abs(), lambda: r.abs(), lambda: abs(S)),
+        ("A * A", lambda: s * s, lambda: r * r, lambda: S.multiply(S)),
+        ("A * B", lambda: s * s2, lambda: coo * coo2, lambda: S.multiply(S2)),
+        ("A + B", lambda: s + s2, lambda: coo + coo2, lambda: S + S2),
+        ("A + A.t()", lambda: s + s.t(), lambda: (coo + coo.t()).coalesce(), lambda: S + S.T),
+        ("A.t() as CSR", lambda: s.t().to_format("csr"), lambda: coo.t().to_sparse_csr(),
+         lambda: S.T.tocsr()),
+        ("A.reshape(n / 2, 2 n)", lambda: s.reshape(n // 2, 2 * n), None,
+         lambda: S.reshape((n // 2, 2 * n))),
+        ("A.index_select(1, 3 columns)", lambda: s.index_select(1, cols),
+         lambda: coo.index_select(1, cols), lambda: S[:, cols.numpy()]),
+        ("A[:, 1000:50000]", lambda: s[:, 1000:50000], None, lambda: S[:, 1000:50000]),
+        ("where(A > 0.5, A, 0)", lambda: torch.where(s > 0.5, s, 0.0), None,
+         lambda: S.multiply(S > 0.5)),
+    ]
+
+
+def _as_dense_vector(x) -> torch.Tensor:
+    """A vector-shaped result (scipy's may be a 1-d or n x 1 sparse / dense array)."""
+    import numpy as np
+    if hasattr(x, "toarray"):
+        x = x.toarray()
+    return torch.from_numpy(np.asarray(x).reshape(-1).astype(np.float64))
+
+
+def _as_entries(x) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Row-major coordinates and values of a sparse result from any of the three libraries."""
+    import scipy.sparse as sp
+    if sp.issparse(x):
+        c = sp.coo_array(x)
+        c.sum_duplicates()
+        return (torch.stack([torch.from_numpy(c.row.astype("int64")),
+                             torch.from_numpy(c.col.astype("int64"))]),
+                torch.from_numpy(c.data.astype("float64")))
+    i, v = _entries(x)
+    return i, v.to(torch.float64)
+
+
+def check_peer(name: str, got, want) -> None:
+    """scorch's result against a peer's, as entries where both are sparse matrices."""
+    import scipy.sparse as sp
+    if isinstance(got, tuple):           # max(dim): (values, indices)
+        for a, b in zip(got, want):
+            check_peer(name, a, b)
+        return
+    sparse_got = isinstance(got, scorch.SparseTensor) and got.dim() == 2
+    sparse_want = (sp.issparse(want) and min(want.shape) > 1) or (
+        isinstance(want, torch.Tensor) and want.layout != torch.strided and want.dim() == 2)
+    if sparse_got and sparse_want:
+        (ia, va), (ib, vb) = _as_entries(got), _as_entries(want)
+        nz_a, nz_b = va != 0, vb != 0       # a library may keep explicit zeros
+        ok = torch.equal(ia[:, nz_a], ib[:, nz_b]) and torch.allclose(va[nz_a], vb[nz_b], atol=1e-4)
+    else:
+        a = _dense(got) if isinstance(got, torch.Tensor) else got
+        a = _as_dense_vector(a.values if hasattr(a, "values") and not isinstance(a, torch.Tensor)
+                             else a)
+        b = _as_dense_vector(_dense(want) if isinstance(want, torch.Tensor) else want)
+        ok = a.shape == b.shape and torch.allclose(a, b, atol=1e-4)
+    if not ok:
+        raise AssertionError(f"{name}: scorch's result differs from a peer's")
+
+
+def peer_table(title: str, cases: List[PeerCase], rounds: int, budget: float) -> List[str]:
+    lines = [f"### {title}", "", "| op | scorch us | torch.sparse us | scipy us | best peer / scorch |",
+             "|---|---:|---:|---:|---:|"]
+    for name, f_s, f_t, f_p in cases:
+        fns = {"scorch": f_s}
+        for key, f in (("torch", f_t), ("scipy", f_p)):
+            if f is None:
+                continue
+            try:
+                check_peer(name, f_s(), f())
+            except (RuntimeError, NotImplementedError, TypeError):
+                continue
+            fns[key] = f
+        t = interleaved(fns, rounds, budget=budget, stat="min")
+        peers = [t[k] for k in ("torch", "scipy") if k in t]
+        cells = [f"{t[k] * 1e6:.0f}" if k in t else "n/a" for k in ("scorch", "torch", "scipy")]
+        ratio = f"{min(peers) / t['scorch']:.2f}x" if peers else "n/a"
+        lines.append(f"| {name} | {' | '.join(cells)} | {ratio} |")
+        print(lines[-1], flush=True)
+    return lines + [""]
+
+
 def _dense(t):
     if isinstance(t, scorch.SparseTensor):
         return t.to_dense()
@@ -182,6 +296,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--budget", type=float, default=0.3, help="seconds per op and library")
     p.add_argument("--out", default=None)
+    p.add_argument("--only-whole", action="store_true", help="only the whole-matrix table")
     args = p.parse_args()
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -196,15 +311,19 @@ def main() -> None:
              f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC ({platform.machine()}, "
              f"torch {torch.__version__}, scorch at {head}, 1 thread). Median us per call; "
              f"torch.sparse runs CSR where it has the op, else COO.", ""]
-    lines += table("A 64 x 64 matrix, 10 % stored (the fixed cost of a call)", small_cases(),
-                   args.rounds, args.budget)
-    lines += table("The same under autograd: forward and backward", autograd_cases(),
-                   args.rounds, args.budget)
-    # best round: a call right after the peer's (which sweeps 40 MB) starts from cold caches
-    # and may meet a garbage collection; the median of such rounds measured 16 us as 90-700
-    lines += table("A 200k x 200k matrix with 2M entries (does the cost follow the entries "
-                   "moved?), best of the rounds",
-                   large_cases(), max(5, args.rounds // 3), args.budget * 3, stat="min")
+    if not args.only_whole:
+        lines += table("A 64 x 64 matrix, 10 % stored (the fixed cost of a call)", small_cases(),
+                       args.rounds, args.budget)
+        lines += table("The same under autograd: forward and backward", autograd_cases(),
+                       args.rounds, args.budget)
+        # best round: a call right after the peer's (which sweeps 40 MB) starts from cold caches
+        # and may meet a garbage collection; the median of such rounds measured 16 us as 90-700
+        lines += table("A 200k x 200k matrix with 2M entries (does the cost follow the entries "
+                       "moved?), best of the rounds",
+                       large_cases(), max(5, args.rounds // 3), args.budget * 3, stat="min")
+    lines += peer_table("Whole-matrix ops on a 200k x 200k matrix with 2M entries, with scipy.sparse, "
+                        "best of the rounds", whole_matrix_cases(), max(5, args.rounds // 3),
+                        args.budget * 3)
     text = "\n".join(lines)
     print("\n" + text)
     if args.out:

@@ -27,7 +27,7 @@ from .._dispatch import check_dense_size, register
 from ..gradients.values import from_coordinates, from_values, values_of
 from ..formats import as_format
 from ..tensor_type import SparseTensor, as_scorch
-from . import elementwise, nonlinear, reductions
+from . import elementwise, inner_level, nonlinear, reductions
 from .nonlinear import _sparse
 from . import shape as _shape
 from ..broadcasting import broadcast_shapes
@@ -160,6 +160,13 @@ def _triangle(name: str, t: SparseTensor, diagonal: int) -> SparseTensor:
     if t.dim() < 2:
         raise RuntimeError(f"{name}: input tensor must have at least 2 dimensions")
     st = t._storage
+    if inner_level.dense_compressed(st) and set(lv.dim for lv in st.levels) == {0, 1}:
+        # CSR / CSC: a mask over the second level's coordinates against each entry's row
+        first, inner = st.levels
+        parent = inner_level.entry_parents(inner.pos, st.nnz)
+        rows, cols = (parent, inner.crd) if first.dim == 0 else (inner.crd, parent)
+        offset = cols.to(torch.int64) - rows.to(torch.int64)
+        return inner_level.keep_entries(t, offset <= diagonal if name == "tril" else offset >= diagonal)
     coords = _convert().coords(st)
     offset = coords[-1] - coords[-2]
     keep = offset <= diagonal if name == "tril" else offset >= diagonal
@@ -178,6 +185,9 @@ def _moved(t: SparseTensor, coords: torch.Tensor, values: torch.Tensor, shape) -
 
 def flip(t: SparseTensor, dims) -> SparseTensor:
     dims = [dims] if isinstance(dims, numbers.Integral) else list(dims)
+    direct = inner_level.flip_dense_compressed(t, {d % t.dim() for d in dims})
+    if direct is not None:
+        return direct
     coords = _convert().coords(t._storage).clone()
     for d in {d % t.dim() for d in dims}:
         coords[d] = t.shape[d] - 1 - coords[d]

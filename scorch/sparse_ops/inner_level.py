@@ -23,7 +23,7 @@ from ..level_storage import INT32_MAX, Level, Storage
 from ..tensor_type import SparseTensor
 from .outer_level import int_or_range
 
-__all__ = ["filter_inner", "cat_inner"]
+__all__ = ["filter_inner", "cat_inner", "dense_compressed", "keep_entries", "entry_parents", "flip_dense_compressed"]
 
 
 def _parent_positions(inner: Level, kept: torch.Tensor) -> torch.Tensor:
@@ -31,6 +31,49 @@ def _parent_positions(inner: Level, kept: torch.Tensor) -> torch.Tensor:
     if inner.pos is None:            # a coordinate run (COO): one position for both levels
         return kept
     return torch.searchsorted(inner.pos.to(torch.int64), kept, right=True) - 1
+
+
+def _kept_pos(pos: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``pos`` of the entries ``keep`` marks (int64): the running count of kept entries at
+    each segment's bounds. One pass over the mask, no search per entry."""
+    running = torch.zeros(keep.numel() + 1, dtype=torch.int64)
+    torch.cumsum(keep, 0, out=running[1:])
+    return running[pos.to(torch.int64)]
+
+
+def dense_compressed(st: Storage) -> bool:
+    """A 2-d storage with a dense first level and an ordered compressed second one (CSR,
+    CSC): the ops here work on its ``pos`` / ``crd`` arrays directly."""
+    return (st.ndim == 2 and st.format.block is None and st.levels[0].kind.full
+            and st.levels[1].pos is not None and st.levels[1].crd is not None
+            and not st.levels[1].kind.full and all(lv.ordered for lv in st.levels))
+
+
+def keep_entries(t: SparseTensor, keep: torch.Tensor, crd: Optional[torch.Tensor] = None,
+                 size: Optional[int] = None) -> SparseTensor:
+    """The entries of a ``dense_compressed`` matrix that ``keep`` marks, in its format (new
+    second-level coordinates ``crd`` for them and extent ``size`` where given: a column
+    slice shifts them), differentiable in the values: a mask pass, a gather, and ``pos``
+    from the running count (``_kept_pos``)."""
+    st = t._storage
+    first, inner = st.levels
+    kept = keep.nonzero().flatten()
+    values = values_of(t)[kept]
+    index_dtype = st.index_dtype
+    new_crd = (inner.crd[kept] if crd is None else crd).to(index_dtype)
+    size = inner.size if size is None else size
+    shape = list(st.shape)
+    shape[inner.dim] = size
+    levels = [Level(first.kind, first.dim, first.size),
+              Level(inner.kind, inner.dim, size, _kept_pos(inner.pos, keep).to(index_dtype), new_crd)]
+    return from_values(Storage(st.format, shape, levels, values.detach(), index_dtype), values)
+
+
+def entry_parents(pos: torch.Tensor, count: int) -> torch.Tensor:
+    """Each of ``count`` entries' segment under ``pos`` (the runtime's parallel expansion,
+    in ``pos``'s dtype; ``torch.repeat_interleave`` takes ~10x longer on 2M entries)."""
+    from .._runtime import convert
+    return convert._k_expand_pos(pos.contiguous(), pos.numel() - 1, count)
 
 
 def filter_inner(t: SparseTensor, items: list) -> Optional[torch.Tensor]:
@@ -62,6 +105,8 @@ def filter_inner(t: SparseTensor, items: list) -> Optional[torch.Tensor]:
         keep = (crd >= start) & (crd < stop)
     else:
         return None
+    if start is not None and kinds[0].full and inner.pos is not None:   # CSR / CSC
+        return keep_entries(t, keep, (inner.crd[keep] - start), stop - start)
     kept = keep.nonzero().flatten()
     parents = _parent_positions(inner, kept)
     rows = parents if kinds[0].full else first.crd[parents].to(torch.int64)
@@ -135,3 +180,37 @@ def cat_inner(tensors, d: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
     levels = [Level(fmt.levels[0], first.levels[0].dim, rows),
               Level(fmt.levels[1], d, extent, starts.to(index_dtype), crd)]
     return from_values(Storage(fmt, shape, levels, values.detach(), index_dtype), values)
+
+
+def flip_dense_compressed(t: SparseTensor, dims) -> Optional[torch.Tensor]:
+    """``torch.flip`` of a ``dense_compressed`` matrix: flipping the first level reverses
+    the order of its segments, flipping the second reverses each segment and mirrors its
+    coordinates; both are one gather of the entries (no sort). None where the general path
+    answers."""
+    st = t._storage
+    if not dense_compressed(st):
+        return None
+    first, inner = st.levels
+    flip_rows, flip_cols = first.dim in dims, inner.dim in dims
+    pos = inner.pos.to(torch.int64)
+    lengths = pos.diff()
+    new_pos = pos
+    if flip_rows:
+        lengths = lengths.flip(0)
+        new_pos = torch.zeros_like(pos)
+        torch.cumsum(lengths, 0, out=new_pos[1:])
+    old_start = pos[:-1].flip(0) if flip_rows else pos[:-1]
+    owner = entry_parents(new_pos, st.nnz).to(torch.int64)    # each new place's segment
+    # a new place's old entry: the same offset into its old segment (from its end, when
+    # the second level flips)
+    shift = old_start - new_pos[:-1] if not flip_cols else old_start + lengths - 1 + new_pos[:-1]
+    take = shift[owner]
+    take = take + torch.arange(st.nnz) if not flip_cols else take - torch.arange(st.nnz)
+    crd = inner.crd[take]
+    if flip_cols:
+        crd = inner.size - 1 - crd
+    values = values_of(t)[take]
+    index_dtype = st.index_dtype
+    levels = [Level(first.kind, first.dim, first.size),
+              Level(inner.kind, inner.dim, inner.size, new_pos.to(index_dtype), crd.to(index_dtype))]
+    return from_values(Storage(st.format, st.shape, levels, values.detach(), index_dtype), values)
