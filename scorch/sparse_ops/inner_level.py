@@ -50,17 +50,21 @@ def dense_compressed(st: Storage) -> bool:
 
 
 def keep_entries(t: SparseTensor, keep: torch.Tensor, crd: Optional[torch.Tensor] = None,
-                 size: Optional[int] = None) -> SparseTensor:
-    """The entries of a ``dense_compressed`` matrix that ``keep`` marks, in its format (new
-    second-level coordinates ``crd`` for them and extent ``size`` where given: a column
-    slice shifts them), differentiable in the values: a mask pass, a gather, and ``pos``
-    from the running count (``_kept_pos``)."""
+                 size: Optional[int] = None, shift: int = 0) -> SparseTensor:
+    """The entries of a ``dense_compressed`` matrix that ``keep`` marks, in its format, with
+    second-level coordinates ``crd`` (one per stored entry; default the level's own) less
+    ``shift`` and extent ``size`` where given (a column slice shifts them), differentiable
+    in the values: a mask pass, gathers of the kept entries, and ``pos`` from the running
+    count (``_kept_pos``)."""
     st = t._storage
     first, inner = st.levels
     kept = keep.nonzero().flatten()
     values = values_of(t)[kept]
     index_dtype = st.index_dtype
-    new_crd = (inner.crd[kept] if crd is None else crd).to(index_dtype)
+    new_crd = (inner.crd if crd is None else crd)[kept]
+    if shift:
+        new_crd = new_crd - shift
+    new_crd = new_crd.to(index_dtype)
     size = inner.size if size is None else size
     shape = list(st.shape)
     shape[inner.dim] = size
@@ -108,7 +112,7 @@ def filter_inner(t: SparseTensor, items: list) -> Optional[torch.Tensor]:
     else:
         return None
     if start is not None and kinds[0].full and inner.pos is not None:   # CSR / CSC
-        return keep_entries(t, keep, (inner.crd[keep] - start), stop - start)
+        return keep_entries(t, keep, size=stop - start, shift=start)
     kept = keep.nonzero().flatten()
     parents = _parent_positions(inner, kept)
     rows = parents if kinds[0].full else first.crd[parents].to(torch.int64)
@@ -157,7 +161,7 @@ def _pick_increasing(t: SparseTensor, item) -> Optional[torch.Tensor]:
     table[ix] = torch.arange(ix.numel())
     place = table[inner.crd.to(torch.int64)]
     keep = place >= 0
-    return keep_entries(t, keep, place[keep], ix.numel())
+    return keep_entries(t, keep, place, ix.numel())
 
 
 def cat_inner(tensors, d: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
