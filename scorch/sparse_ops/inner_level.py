@@ -33,14 +33,6 @@ def _parent_positions(inner: Level, kept: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(inner.pos.to(torch.int64), kept, right=True) - 1
 
 
-def _kept_pos(pos: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """``pos`` of the entries ``keep`` marks (int64): the running count of kept entries at
-    each segment's bounds. One pass over the mask, no search per entry."""
-    running = torch.zeros(keep.numel() + 1, dtype=torch.int64)
-    torch.cumsum(keep, 0, out=running[1:])
-    return running[pos.to(torch.int64)]
-
-
 def dense_compressed(st: Storage) -> bool:
     """A 2-d storage with a dense first level and an ordered compressed second one (CSR,
     CSC): the ops here work on its ``pos`` / ``crd`` arrays directly."""
@@ -49,27 +41,29 @@ def dense_compressed(st: Storage) -> bool:
             and not st.levels[1].kind.full and all(lv.ordered for lv in st.levels))
 
 
-def keep_entries(t: SparseTensor, keep: torch.Tensor, crd: Optional[torch.Tensor] = None,
-                 size: Optional[int] = None, shift: int = 0) -> SparseTensor:
-    """The entries of a ``dense_compressed`` matrix that ``keep`` marks, in its format, with
-    second-level coordinates ``crd`` (one per stored entry; default the level's own) less
-    ``shift`` and extent ``size`` where given (a column slice shifts them), differentiable
-    in the values: a mask pass, gathers of the kept entries, and ``pos`` from the running
-    count (``_kept_pos``)."""
+def keep_entries(t: SparseTensor, keep: Optional[torch.Tensor] = None, size: Optional[int] = None,
+                 shift: int = 0, table: Optional[torch.Tensor] = None) -> SparseTensor:
+    """Entries of a ``dense_compressed`` matrix in its format, differentiable in the values:
+    those ``keep`` marks, their second-level coordinates less ``shift``; or, with
+    ``table`` (int64, a slot per coordinate), those it maps to a place >= 0, that place
+    their coordinate. ``size``: the second level's new extent. One pass of the runtime
+    writes the new ``pos`` / ``crd`` and each kept entry's source; the values are one gather
+    from there."""
+    from .._runtime import entries
     st = t._storage
     first, inner = st.levels
-    kept = keep.nonzero().flatten()
-    values = values_of(t)[kept]
     index_dtype = st.index_dtype
-    new_crd = (inner.crd if crd is None else crd)[kept]
-    if shift:
-        new_crd = new_crd - shift
-    new_crd = new_crd.to(index_dtype)
+    pos = inner.pos.to(index_dtype)
+    if table is not None:
+        new_pos, new_crd, take = entries.pick_by_table(pos, inner.crd, table)
+    else:
+        new_pos, new_crd, take = entries.keep_marked(pos, inner.crd, keep, int(keep.sum()), shift)
+    values = values_of(t)[take]
     size = inner.size if size is None else size
     shape = list(st.shape)
     shape[inner.dim] = size
     levels = [Level(first.kind, first.dim, first.size),
-              Level(inner.kind, inner.dim, size, _kept_pos(inner.pos, keep).to(index_dtype), new_crd)]
+              Level(inner.kind, inner.dim, size, new_pos, new_crd)]
     return from_values(Storage(st.format, shape, levels, values.detach(), index_dtype), values)
 
 
@@ -145,7 +139,7 @@ def _pick_increasing(t: SparseTensor, item) -> Optional[torch.Tensor]:
     coordinate twice): a table over the dimension gives each stored coordinate its place in
     the index (-1: not picked), and the picked entries keep their order. One gather an entry
     instead of a join of every entry's coordinates with the index (3 columns of a 2M-entry
-    matrix: 36 -> 5 ms). None for any other index (the general path answers)."""
+    matrix: 36 -> 4 ms). None for any other index (the general path answers)."""
     st = t._storage
     inner = st.levels[1]
     size = st.shape[inner.dim]
@@ -159,9 +153,7 @@ def _pick_increasing(t: SparseTensor, item) -> Optional[torch.Tensor]:
         return None                  # negative or out-of-range indices: the general path's errors
     table = torch.full((size,), -1, dtype=torch.int64)
     table[ix] = torch.arange(ix.numel())
-    place = table[inner.crd.to(torch.int64)]
-    keep = place >= 0
-    return keep_entries(t, keep, place, ix.numel())
+    return keep_entries(t, size=ix.numel(), table=table)
 
 
 def cat_inner(tensors, d: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
@@ -220,27 +212,12 @@ def flip_dense_compressed(t: SparseTensor, dims) -> Optional[torch.Tensor]:
     st = t._storage
     if not dense_compressed(st):
         return None
+    from .._runtime.entries import flip_segments
     first, inner = st.levels
-    flip_rows, flip_cols = first.dim in dims, inner.dim in dims
-    pos = inner.pos.to(torch.int64)
-    lengths = pos.diff()
-    new_pos = pos
-    if flip_rows:
-        lengths = lengths.flip(0)
-        new_pos = torch.zeros_like(pos)
-        torch.cumsum(lengths, 0, out=new_pos[1:])
-    old_start = pos[:-1].flip(0) if flip_rows else pos[:-1]
-    owner = entry_parents(new_pos, st.nnz).to(torch.int64)    # each new place's segment
-    # a new place's old entry: the same offset into its old segment (from its end, when
-    # the second level flips)
-    shift = old_start - new_pos[:-1] if not flip_cols else old_start + lengths - 1 + new_pos[:-1]
-    take = shift[owner]
-    take = take + torch.arange(st.nnz) if not flip_cols else take - torch.arange(st.nnz)
-    crd = inner.crd[take]
-    if flip_cols:
-        crd = inner.size - 1 - crd
+    new_pos, crd, take = flip_segments(inner.pos.to(st.index_dtype), inner.crd, first.dim in dims,
+                                       inner.dim in dims, inner.size)
     values = values_of(t)[take]
     index_dtype = st.index_dtype
     levels = [Level(first.kind, first.dim, first.size),
-              Level(inner.kind, inner.dim, inner.size, new_pos.to(index_dtype), crd.to(index_dtype))]
+              Level(inner.kind, inner.dim, inner.size, new_pos, crd)]
     return from_values(Storage(st.format, st.shape, levels, values.detach(), index_dtype), values)
