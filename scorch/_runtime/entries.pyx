@@ -1,8 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """Entry moves on a compressed level (``pos`` over parents, ``crd`` per entry) in one pass:
 keeping the entries a mask marks (``tril``, column ranges of CSR) or a table over the
-coordinates picks (an index along CSR's columns), and reversing
-segments (``flip`` of CSR / CSC).
+coordinates picks (an index along CSR's columns), reversing segments (``flip`` of CSR /
+CSC), and re-splitting coordinates into another shape (``reshape``).
 
 Why: done with torch ops these take a mask-to-index pass, a running count over every entry,
 and several int64 temporaries as long as the level (13-16 ms on 2M entries at one thread,
@@ -14,7 +14,7 @@ from libc.stdint cimport int32_t, int64_t, intptr_t, uint8_t
 
 import torch
 
-__all__ = ["keep_marked", "pick_by_table", "flip_segments"]
+__all__ = ["keep_marked", "pick_by_table", "flip_segments", "resplit"]
 
 ctypedef fused idx_t:
     int32_t
@@ -172,3 +172,46 @@ def flip_segments(pos: torch.Tensor, crd: torch.Tensor, bint rows, bint cols, in
         else:
             _flip(<int32_t*>pp, P, <int32_t*>cp, rows, cols, size, <int32_t*>np_, <int32_t*>nc, tp)
     return new_pos, new_crd, take
+
+
+cdef void _resplit(int64_t* coords, int64_t n, int r, int64_t* old_shape, int rn,
+                   int64_t* new_shape, idx_t* out) noexcept nogil:
+    cdef int64_t q, lin, s, quot
+    cdef int d
+    for q in range(n):
+        lin = 0
+        for d in range(r):
+            lin = lin * old_shape[d] + coords[d * n + q]
+        for d in range(rn - 1, 0, -1):
+            s = new_shape[d]
+            quot = lin // s
+            out[d * n + q] = <idx_t>(lin - quot * s)
+            lin = quot
+        if rn:
+            out[q] = <idx_t>lin
+
+
+def resplit(coords: torch.Tensor, old_shape, new_shape, dtype: torch.dtype) -> torch.Tensor:
+    """The (len(new_shape), n) coordinates, in ``dtype``, of entries at ``coords`` ((r, n)
+    int64) once the tensor of ``old_shape`` is read row-major as ``new_shape`` (same number
+    of positions, below 2^63): the linear position, then one division a new dimension."""
+    cdef int r = len(old_shape)
+    cdef int rn = len(new_shape)
+    cdef int64_t n = coords.shape[1] if coords.dim() == 2 else 0
+    coords = coords.contiguous()
+    old = torch.tensor([int(x) for x in old_shape] or [1], dtype=torch.int64)
+    new = torch.tensor([max(int(x), 1) for x in new_shape] or [1], dtype=torch.int64)
+    out = torch.empty((rn, n), dtype=dtype)
+    cdef int64_t* cp = <int64_t*>_ptr(coords)
+    cdef int64_t* op = <int64_t*>_ptr(old)
+    cdef int64_t* np_ = <int64_t*>_ptr(new)
+    cdef void* outp = _ptr(out)
+    cdef bint wide = dtype == torch.int64
+    if n == 0:
+        return out
+    with nogil:
+        if wide:
+            _resplit(cp, n, r, op, rn, np_, <int64_t*>outp)
+        else:
+            _resplit(cp, n, r, op, rn, np_, <int32_t*>outp)
+    return out

@@ -32,7 +32,7 @@ from .._dispatch import register, register_aten
 from ..formats import Format, LevelKind, as_format
 from ..gradients.values import from_values, values_of, view_of
 from ..level_kinds.base import segment_positions
-from ..level_storage import Level, Storage
+from ..level_storage import Level, Storage, index_dtype_for
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, permute_view
 from .inner_level import cat_inner, filter_inner
 from .outer_level import cat_outer, gather_outer, select_outer
@@ -293,6 +293,9 @@ def reshape(t: SparseTensor, shape: Sequence[int]) -> torch.Tensor:
     if numel >= 2 ** 63:
         raise RuntimeError(f"reshape: the tensor of shape {old} has more than 2^63 positions")
     st = t._storage
+    if st.format.block is None and st.format.mode_order == tuple(range(st.ndim)) and new and \
+            all(lv.ordered and lv.kind.ordered for lv in st.levels):
+        return _reshape_in_order(t, new)
     c = _convert().coords(st)
     lin = torch.zeros(c.shape[1], dtype=torch.int64)
     for d, s in enumerate(old):
@@ -304,6 +307,23 @@ def reshape(t: SparseTensor, shape: Sequence[int]) -> torch.Tensor:
             out[d] = torch.remainder(lin, s)
             lin = torch.div(lin, s, rounding_mode="floor")
     return _build(out, values_of(t), new)
+
+
+def _reshape_in_order(t: SparseTensor, new: Tuple[int, ...]) -> torch.Tensor:
+    """``reshape`` of a storage kept in row-major order (CSR, COO, CSF in dimension order):
+    the entries' linear positions stay increasing, so their new coordinates are already a
+    sorted COO: one pass re-splits them (``_runtime.entries.resplit``), the levels are
+    those coordinates, and the values stay where they are (no sort, no gather)."""
+    from .._runtime.entries import resplit
+    st = t._storage
+    nnz = st.nnz
+    index_dtype = index_dtype_for(new, nnz)
+    split = resplit(_convert().coords(st), st.shape, new, index_dtype)
+    fmt = as_format("coo", len(new))
+    levels = [Level(fmt.levels[0], 0, new[0], torch.tensor([0, nnz], dtype=index_dtype), split[0])]
+    levels += [Level(fmt.levels[d], d, new[d], None, split[d]) for d in range(1, len(new))]
+    values = values_of(t)
+    return from_values(Storage(fmt, new, levels, values.detach(), index_dtype), values)
 
 
 def flatten(t: SparseTensor, start_dim: int = 0, end_dim: int = -1) -> torch.Tensor:
