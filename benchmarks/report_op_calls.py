@@ -190,6 +190,9 @@ def _as_entries(x) -> Tuple[torch.Tensor, torch.Tensor]:
         return (torch.stack([torch.from_numpy(c.row.astype("int64")),
                              torch.from_numpy(c.col.astype("int64"))]),
                 torch.from_numpy(c.data.astype("float64")))
+    if isinstance(x, torch.Tensor) and x.layout not in (torch.strided, torch.sparse_coo) \
+            and not isinstance(x, scorch.SparseTensor):
+        x = x.to_sparse_coo()               # torch's CSR / CSC
     i, v = _entries(x)
     return i, v.to(torch.float64)
 
