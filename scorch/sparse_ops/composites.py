@@ -664,8 +664,17 @@ def arg_extreme_entries(t: SparseTensor, dim: Optional[int], keepdim: bool,
     sorted indices first skip one)."""
     shape = tuple(t.shape)
     st = t._storage
-    coords = _convert().coords(st)
     vals = values_of(t).detach()
+    if dim is not None and inner_level.dense_compressed(st) and dim % 2 == st.levels[1].dim \
+            and vals.dtype in (torch.float32, torch.float64, torch.int32, torch.int64):
+        # CSR along its rows (CSC along its columns): one pass of the runtime over each row
+        from .._runtime.entries import segment_arg_extreme
+        answer, entry = segment_arg_extreme(st.levels[1].pos, st.levels[1].crd, vals,
+                                            shape[dim % 2], largest)
+        if keepdim:
+            answer, entry = answer.unsqueeze(dim % 2), entry.unsqueeze(dim % 2)
+        return answer, entry
+    coords = _convert().coords(st)
     if dim is None:
         strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
         pos = (coords * torch.tensor(strides, dtype=torch.int64)[:, None]).sum(0) if coords.numel() \
