@@ -166,4 +166,10 @@ def test_index_lists_along_the_second_level(monkeypatch, data):
         assert_matches(got, want, sparse=True)
     if kind == "increasing" and index:
         assert not walked
+    if n:                                   # a 0-d index tensor is an int: no walk either
+        walked.clear()
+        j = torch.tensor(n - 1)
+        got = s[(slice(None), j) if d1 == 1 else j]
+        assert_matches(got, x[(slice(None), j) if d1 == 1 else j], sparse=True)
+        assert not walked
     monkeypatch.setattr(shape_ops, "_convert", real)

@@ -76,7 +76,8 @@ def entry_parents(pos: torch.Tensor, count: int) -> torch.Tensor:
 
 def filter_inner(t: SparseTensor, items: list) -> Optional[torch.Tensor]:
     """``t[items]`` for a 2-d ``t`` when ``items`` keeps the first stored dimension whole and
-    takes an int or a unit-step slice of the second; None where the general path answers."""
+    takes an int, a unit-step slice or (CSR / CSC) an increasing 1-d index of the second;
+    None where the general path answers."""
     st = t._storage
     fmt = st.format
     if st.ndim != 2 or fmt.block is not None or len(items) != 2:
@@ -89,8 +90,10 @@ def filter_inner(t: SparseTensor, items: list) -> Optional[torch.Tensor]:
     d0, d1 = first.dim, inner.dim
     if not (isinstance(items[d0], slice) and items[d0] == slice(None)):
         return None
-    if isinstance(items[d1], (torch.Tensor, list)) and kinds[0].full and inner.pos is not None:
-        return _pick_increasing(t, items[d1])
+    item = items[d1]
+    if (isinstance(item, list) or (isinstance(item, torch.Tensor) and item.dim() == 1)) \
+            and kinds[0].full and inner.pos is not None:
+        return _pick_increasing(t, item)
     ix = int_or_range(items[d1])
     size = st.shape[d1]
     crd = inner.crd
