@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from typing import Tuple, Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -160,7 +160,7 @@ def _triangle(name: str, t: SparseTensor, diagonal: int) -> SparseTensor:
     if t.dim() < 2:
         raise RuntimeError(f"{name}: input tensor must have at least 2 dimensions")
     st = t._storage
-    if inner_level.dense_compressed(st) and set(lv.dim for lv in st.levels) == {0, 1}:
+    if inner_level.dense_compressed(st):
         # CSR / CSC: a mask over the second level's coordinates against each entry's row
         first, inner = st.levels
         parent = inner_level.entry_parents(inner.pos, st.nnz)

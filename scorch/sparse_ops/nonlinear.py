@@ -145,7 +145,7 @@ _EXACT_COUNT = {torch.float32: 2 ** 24, torch.float64: 2 ** 53, torch.int32: 2 *
 
 def _stored_count(t: SparseTensor, dims: Tuple[int, ...], extent: int) -> torch.Tensor:
     """How many entries each fiber along ``dims`` stores (dense, over the kept dims; in t's
-    value type where that counts up to ``extent`` exactly). ``sum stored(t)`` reads t's
+    value type where that counts up to ``extent`` exactly; along CSR's rows ``pos.diff()``). ``sum stored(t)`` reads t's
     pattern alone: a tensor of int64 ones on it (67 MB at BigBird's example size, batch 32
     x 4 heads, n = 512) cost 25 ms of page faults before the count's kernel ran."""
     st = t._storage
