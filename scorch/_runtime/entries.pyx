@@ -14,9 +14,11 @@ with one gather by ``take`` outside, so autograd records it as it does any index
 from libc.math cimport isnan
 from libc.stdint cimport int32_t, int64_t, intptr_t, uint8_t
 
+from typing import Optional
+
 import torch
 
-__all__ = ["keep_marked", "pick_by_table", "flip_segments", "resplit", "segment_arg_extreme"]
+__all__ = ["select_entries", "flip_segments", "resplit", "segment_arg_extreme"]
 
 ctypedef fused idx_t:
     int32_t
@@ -31,50 +33,11 @@ cdef inline void* _ptr(t):
     return <void*><intptr_t>t.data_ptr()
 
 
-cdef void _keep(idx_t* pos, int64_t P, src_t* crd, uint8_t* keep, int64_t shift,
-                idx_t* new_pos, idx_t* new_crd, int64_t* take) noexcept nogil:
-    cdef int64_t p, q, k = 0
-    new_pos[0] = 0
-    for p in range(P):
-        for q in range(pos[p], pos[p + 1]):
-            if keep[q]:
-                new_crd[k] = <idx_t>(crd[q] - shift)
-                take[k] = q
-                k += 1
-        new_pos[p + 1] = <idx_t>k
-
-
-def keep_marked(pos: torch.Tensor, crd: torch.Tensor, keep: torch.Tensor, int64_t count,
-                int64_t shift=0):
-    """``(new_pos, new_crd, take)`` of the entries ``keep`` (bool, one per entry) marks, in
-    order: ``crd`` (one per entry, int32 / int64: the level's own or new ones) less
-    ``shift``; ``new_pos`` / ``new_crd`` in ``pos``'s dtype, ``take`` int64. ``count`` is
-    the number of marked entries (``keep.sum()``: the caller has it or asks for it once)."""
-    cdef int64_t P = pos.numel() - 1
-    pos, crd = pos.contiguous(), crd.contiguous()
-    mask = keep.contiguous().view(torch.uint8)
-    new_pos = torch.empty(P + 1, dtype=pos.dtype)
-    new_crd = torch.empty(count, dtype=pos.dtype)
-    take = torch.empty(count, dtype=torch.int64)
-    cdef void* pp = _ptr(pos)
-    cdef void* cp = _ptr(crd)
-    cdef uint8_t* kp = <uint8_t*>_ptr(mask)
-    cdef void* np_ = _ptr(new_pos)
-    cdef void* nc = _ptr(new_crd)
-    cdef int64_t* tp = <int64_t*>_ptr(take)
-    cdef bint pos64 = pos.dtype == torch.int64
-    cdef bint crd64 = crd.dtype == torch.int64
-    with nogil:
-        if pos64:
-            if crd64:
-                _keep(<int64_t*>pp, P, <int64_t*>cp, kp, shift, <int64_t*>np_, <int64_t*>nc, tp)
-            else:
-                _keep(<int64_t*>pp, P, <int32_t*>cp, kp, shift, <int64_t*>np_, <int64_t*>nc, tp)
-        elif crd64:
-            _keep(<int32_t*>pp, P, <int64_t*>cp, kp, shift, <int32_t*>np_, <int32_t*>nc, tp)
-        else:
-            _keep(<int32_t*>pp, P, <int32_t*>cp, kp, shift, <int32_t*>np_, <int32_t*>nc, tp)
-    return new_pos, new_crd, take
+def _level_outputs(int64_t P, int64_t count, dtype):
+    """A new level's ``pos`` (P parents) and ``crd`` (``count`` entries) in ``dtype``, and
+    each entry's source position (int64)."""
+    return (torch.empty(P + 1, dtype=dtype), torch.empty(count, dtype=dtype),
+            torch.empty(count, dtype=torch.int64))
 
 
 cdef int64_t _count_picked(src_t* crd, int64_t n, int64_t* table) noexcept nogil:
@@ -84,37 +47,54 @@ cdef int64_t _count_picked(src_t* crd, int64_t n, int64_t* table) noexcept nogil
     return k
 
 
-cdef void _pick(idx_t* pos, int64_t P, src_t* crd, int64_t* table, idx_t* new_pos,
-                idx_t* new_crd, int64_t* take) noexcept nogil:
+cdef void _select(idx_t* pos, int64_t P, src_t* crd, uint8_t* keep, int64_t* table, int64_t shift,
+                  idx_t* new_pos, idx_t* new_crd, int64_t* take) noexcept nogil:
+    """The entries ``keep`` marks (coordinate less ``shift``), or with ``table`` those it
+    maps to a place >= 0 (that place their coordinate)."""
     cdef int64_t p, q, c, k = 0
     new_pos[0] = 0
     for p in range(P):
         for q in range(pos[p], pos[p + 1]):
-            c = table[crd[q]]
-            if c >= 0:
-                new_crd[k] = <idx_t>c
-                take[k] = q
-                k += 1
+            if table != NULL:
+                c = table[crd[q]]
+                if c < 0:
+                    continue
+            elif keep[q]:
+                c = crd[q] - shift
+            else:
+                continue
+            new_crd[k] = <idx_t>c
+            take[k] = q
+            k += 1
         new_pos[p + 1] = <idx_t>k
 
 
-def pick_by_table(pos: torch.Tensor, crd: torch.Tensor, table: torch.Tensor):
-    """``(new_pos, new_crd, take)`` of the entries whose coordinate ``table`` (int64, one
-    slot per coordinate) maps to a place >= 0, that place their new coordinate; two passes
-    (count, fill) with one table read an entry each."""
+def select_entries(pos: torch.Tensor, crd: torch.Tensor, keep: Optional[torch.Tensor] = None,
+                   int64_t shift=0, table: Optional[torch.Tensor] = None):
+    """``(new_pos, new_crd, take)`` of the entries ``keep`` (bool, one per entry) marks, in
+    order, their coordinates ``crd`` (int32 / int64, one per entry) less ``shift``; or, with
+    ``table`` (int64, a slot per coordinate), those it maps to a place >= 0, that place
+    their new coordinate. ``new_pos`` / ``new_crd`` in ``pos``'s dtype, ``take`` (each new
+    entry's source) int64. Two passes: count, fill."""
     cdef int64_t P = pos.numel() - 1
     cdef int64_t n = crd.numel()
-    pos, crd, table = pos.contiguous(), crd.contiguous(), table.contiguous()
+    pos, crd = pos.contiguous(), crd.contiguous()
     cdef void* pp = _ptr(pos)
     cdef void* cp = _ptr(crd)
-    cdef int64_t* tb = <int64_t*>_ptr(table)
+    cdef uint8_t* kp = NULL
+    cdef int64_t* tb = NULL
     cdef bint crd64 = crd.dtype == torch.int64
     cdef int64_t count
-    with nogil:
-        count = _count_picked(<int64_t*>cp, n, tb) if crd64 else _count_picked(<int32_t*>cp, n, tb)
-    new_pos = torch.empty(P + 1, dtype=pos.dtype)
-    new_crd = torch.empty(count, dtype=pos.dtype)
-    take = torch.empty(count, dtype=torch.int64)
+    if table is not None:
+        table = table.contiguous()
+        tb = <int64_t*>_ptr(table)
+        with nogil:
+            count = _count_picked(<int64_t*>cp, n, tb) if crd64 else _count_picked(<int32_t*>cp, n, tb)
+    else:
+        mask = keep.contiguous().view(torch.uint8)
+        kp = <uint8_t*>_ptr(mask)
+        count = int(keep.sum())
+    new_pos, new_crd, take = _level_outputs(P, count, pos.dtype)
     cdef void* np_ = _ptr(new_pos)
     cdef void* nc = _ptr(new_crd)
     cdef int64_t* tp = <int64_t*>_ptr(take)
@@ -122,13 +102,13 @@ def pick_by_table(pos: torch.Tensor, crd: torch.Tensor, table: torch.Tensor):
     with nogil:
         if pos64:
             if crd64:
-                _pick(<int64_t*>pp, P, <int64_t*>cp, tb, <int64_t*>np_, <int64_t*>nc, tp)
+                _select(<int64_t*>pp, P, <int64_t*>cp, kp, tb, shift, <int64_t*>np_, <int64_t*>nc, tp)
             else:
-                _pick(<int64_t*>pp, P, <int32_t*>cp, tb, <int64_t*>np_, <int64_t*>nc, tp)
+                _select(<int64_t*>pp, P, <int32_t*>cp, kp, tb, shift, <int64_t*>np_, <int64_t*>nc, tp)
         elif crd64:
-            _pick(<int32_t*>pp, P, <int64_t*>cp, tb, <int32_t*>np_, <int32_t*>nc, tp)
+            _select(<int32_t*>pp, P, <int64_t*>cp, kp, tb, shift, <int32_t*>np_, <int32_t*>nc, tp)
         else:
-            _pick(<int32_t*>pp, P, <int32_t*>cp, tb, <int32_t*>np_, <int32_t*>nc, tp)
+            _select(<int32_t*>pp, P, <int32_t*>cp, kp, tb, shift, <int32_t*>np_, <int32_t*>nc, tp)
     return new_pos, new_crd, take
 
 
@@ -159,9 +139,7 @@ def flip_segments(pos: torch.Tensor, crd: torch.Tensor, bint rows, bint cols, in
     cdef int64_t P = pos.numel() - 1
     cdef int64_t n = crd.numel()
     pos, crd = pos.contiguous(), crd.contiguous().to(pos.dtype)
-    new_pos = torch.empty(P + 1, dtype=pos.dtype)
-    new_crd = torch.empty(n, dtype=pos.dtype)
-    take = torch.empty(n, dtype=torch.int64)
+    new_pos, new_crd, take = _level_outputs(P, n, pos.dtype)
     cdef void* pp = _ptr(pos)
     cdef void* cp = _ptr(crd)
     cdef void* np_ = _ptr(new_pos)
@@ -263,6 +241,19 @@ cdef void _arg_extreme(idx_t* pos, int64_t P, idx_t* crd, val_t* vals, int64_t e
             answer[p], entry[p] = crd[best_q], best_q
 
 
+cdef void _arg_extreme_of(idx_t* pos, int64_t P, idx_t* crd, void* vals, int kind, int64_t extent,
+                          bint largest, int64_t nnz, int64_t* answer, int64_t* entry) noexcept nogil:
+    """``_arg_extreme`` for values of ``kind`` (0 float32, 1 float64, 2 int32, 3 int64)."""
+    if kind == 0:
+        _arg_extreme(pos, P, crd, <float*>vals, extent, largest, nnz, answer, entry)
+    elif kind == 1:
+        _arg_extreme(pos, P, crd, <double*>vals, extent, largest, nnz, answer, entry)
+    elif kind == 2:
+        _arg_extreme(pos, P, crd, <int32_t*>vals, extent, largest, nnz, answer, entry)
+    else:
+        _arg_extreme(pos, P, crd, <int64_t*>vals, extent, largest, nnz, answer, entry)
+
+
 def segment_arg_extreme(pos: torch.Tensor, crd: torch.Tensor, vals: torch.Tensor, int64_t extent,
                         bint largest):
     """Per segment of a compressed level whose coordinates are sorted (a CSR row): torch's
@@ -283,20 +274,7 @@ def segment_arg_extreme(pos: torch.Tensor, crd: torch.Tensor, vals: torch.Tensor
     cdef bint pos64 = pos.dtype == torch.int64
     with nogil:
         if pos64:
-            if kind == 0:
-                _arg_extreme(<int64_t*>pp, P, <int64_t*>cp, <float*>vp, extent, largest, nnz, ap, ep)
-            elif kind == 1:
-                _arg_extreme(<int64_t*>pp, P, <int64_t*>cp, <double*>vp, extent, largest, nnz, ap, ep)
-            elif kind == 2:
-                _arg_extreme(<int64_t*>pp, P, <int64_t*>cp, <int32_t*>vp, extent, largest, nnz, ap, ep)
-            else:
-                _arg_extreme(<int64_t*>pp, P, <int64_t*>cp, <int64_t*>vp, extent, largest, nnz, ap, ep)
-        elif kind == 0:
-            _arg_extreme(<int32_t*>pp, P, <int32_t*>cp, <float*>vp, extent, largest, nnz, ap, ep)
-        elif kind == 1:
-            _arg_extreme(<int32_t*>pp, P, <int32_t*>cp, <double*>vp, extent, largest, nnz, ap, ep)
-        elif kind == 2:
-            _arg_extreme(<int32_t*>pp, P, <int32_t*>cp, <int32_t*>vp, extent, largest, nnz, ap, ep)
+            _arg_extreme_of(<int64_t*>pp, P, <int64_t*>cp, vp, kind, extent, largest, nnz, ap, ep)
         else:
-            _arg_extreme(<int32_t*>pp, P, <int32_t*>cp, <int64_t*>vp, extent, largest, nnz, ap, ep)
+            _arg_extreme_of(<int32_t*>pp, P, <int32_t*>cp, vp, kind, extent, largest, nnz, ap, ep)
     return answer, entry

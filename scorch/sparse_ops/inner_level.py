@@ -54,10 +54,7 @@ def keep_entries(t: SparseTensor, keep: Optional[torch.Tensor] = None, size: Opt
     first, inner = st.levels
     index_dtype = st.index_dtype
     pos = inner.pos.to(index_dtype)
-    if table is not None:
-        new_pos, new_crd, take = entries.pick_by_table(pos, inner.crd, table)
-    else:
-        new_pos, new_crd, take = entries.keep_marked(pos, inner.crd, keep, int(keep.sum()), shift)
+    new_pos, new_crd, take = entries.select_entries(pos, inner.crd, keep, shift, table)
     values = values_of(t)[take]
     size = inner.size if size is None else size
     shape = list(st.shape)
