@@ -143,16 +143,18 @@ def test_flip_and_triangles_of_csr_csc_move_level_arrays(monkeypatch, data):
 @given(st.data())
 def test_index_lists_along_the_second_level(monkeypatch, data):
     """``A[:, index]`` of CSR / ``A[index]`` of CSC (and ``index_select``) for any 1-d index:
-    equal to dense torch and a valid storage; an increasing index is picked through a table
-    over the level's coordinates, with no coordinate walk."""
+    equal to dense torch and a valid storage; an index without repeats (in order or not) is
+    picked through a table over the level's coordinates, with no coordinate walk."""
     shape = (data.draw(side(0, 6)), data.draw(side(0, 6)))
     x = data.draw(dense_values(shape, data.draw(st.sampled_from([torch.float64, torch.int64]))))
     s = sparse(x, data.draw(st.sampled_from(["csr", "csc"])))
     d1 = s.format.mode_order[1]
     n = shape[d1]
-    kind = data.draw(st.sampled_from(["increasing", "any"]))
-    if kind == "increasing":
+    kind = data.draw(st.sampled_from(["increasing", "unique", "any"]))
+    if kind in ("increasing", "unique"):
         index = sorted(data.draw(st.sets(st.integers(0, max(n - 1, 0)), max_size=n))) if n else []
+        if kind == "unique":
+            index = data.draw(st.permutations(index))
     else:
         index = data.draw(st.lists(st.integers(-n, n - 1), max_size=7)) if n else []
     ix = torch.tensor(index, dtype=torch.int64)
@@ -164,7 +166,7 @@ def test_index_lists_along_the_second_level(monkeypatch, data):
                       (s[(slice(None), ix) if d1 == 1 else ix], x[(slice(None), ix) if d1 == 1 else ix])):
         check_storage(got._storage, "the result")
         assert_matches(got, want, sparse=True)
-    if kind == "increasing" and index:
+    if kind != "any" and index:
         assert not walked
     if n:                                   # a 0-d index tensor is an int: no walk either
         walked.clear()

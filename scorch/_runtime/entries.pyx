@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """Entry moves on a compressed level (``pos`` over parents, ``crd`` per entry) in one pass:
-keeping the entries a mask marks (``tril``, column ranges of CSR) or a table over the
+gathering the segments of some parents (a minibatch of CSR rows), keeping the entries a mask marks (``tril``, column ranges of CSR) or a table over the
 coordinates picks (an index along CSR's columns), reversing segments (``flip`` of CSR /
 CSC), re-splitting coordinates into another shape (``reshape``), and each segment's
 first extreme with torch's rules (``argmax`` / ``max(dim)`` along CSR's rows).
@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["select_entries", "flip_segments", "resplit", "segment_arg_extreme"]
+__all__ = ["select_entries", "gather_segments", "flip_segments", "resplit", "segment_arg_extreme"]
 
 ctypedef fused idx_t:
     int32_t
@@ -110,6 +110,47 @@ def select_entries(pos: torch.Tensor, crd: torch.Tensor, keep: Optional[torch.Te
         else:
             _select(<int32_t*>pp, P, <int32_t*>cp, kp, tb, shift, <int32_t*>np_, <int32_t*>nc, tp)
     return new_pos, new_crd, take
+
+
+cdef int64_t _picked_total(idx_t* pos, int64_t* parents, int64_t m) noexcept nogil:
+    cdef int64_t i, total = 0
+    for i in range(m):
+        total += pos[parents[i] + 1] - pos[parents[i]]
+    return total
+
+
+cdef void _gather(idx_t* pos, int64_t* parents, int64_t m, idx_t* new_pos, int64_t* take) noexcept nogil:
+    cdef int64_t i, q, k = 0
+    new_pos[0] = 0
+    for i in range(m):
+        for q in range(pos[parents[i]], pos[parents[i] + 1]):
+            take[k] = q
+            k += 1
+        new_pos[i + 1] = <idx_t>k
+
+
+def gather_segments(pos: torch.Tensor, parents: torch.Tensor):
+    """``(new_pos, take)``: the segments of ``pos`` at ``parents`` (int64, in range, in any
+    order, repeats allowed) one after the other: the new level's ``pos`` (``pos``'s dtype)
+    and the source position of each of its entries (int64). A minibatch of CSR rows."""
+    cdef int64_t m = parents.numel()
+    pos, parents = pos.contiguous(), parents.contiguous().to(torch.int64)
+    cdef void* pp = _ptr(pos)
+    cdef int64_t* rp = <int64_t*>_ptr(parents)
+    cdef bint pos64 = pos.dtype == torch.int64
+    cdef int64_t total
+    with nogil:
+        total = _picked_total(<int64_t*>pp, rp, m) if pos64 else _picked_total(<int32_t*>pp, rp, m)
+    new_pos = torch.empty(m + 1, dtype=pos.dtype)
+    take = torch.empty(total, dtype=torch.int64)
+    cdef void* np_ = _ptr(new_pos)
+    cdef int64_t* tp = <int64_t*>_ptr(take)
+    with nogil:
+        if pos64:
+            _gather(<int64_t*>pp, rp, m, <int64_t*>np_, tp)
+        else:
+            _gather(<int32_t*>pp, rp, m, <int32_t*>np_, tp)
+    return new_pos, take
 
 
 cdef void _flip(idx_t* pos, int64_t P, idx_t* crd, bint rows, bint cols, int64_t size,

@@ -33,6 +33,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from .._runtime import entries
 from ..formats import Format
 from ..gradients.values import from_values, values_of
 from ..level_kinds.base import segment_positions
@@ -268,11 +269,9 @@ def gather_outer(t: SparseTensor, d: int, index: torch.Tensor) -> Optional[torch
             if lv.pos is not None:
                 if not kind.has_pos(prev):
                     return None
-                starts = lv.pos[parents].to(torch.int64)
-                lengths = lv.pos[parents + 1].to(torch.int64) - starts
-                pos = torch.zeros(parents.numel() + 1, dtype=index_dtype)
-                pos[1:] = torch.cumsum(lengths, 0)
-                parents = segment_positions(starts, lengths)
+                # the picked parents' segments, one after the other (one pass of the runtime)
+                pos, parents = entries.gather_segments(lv.pos, parents)
+                pos = pos.to(index_dtype)
             elif kind.has_pos(prev):
                 return None
             new_levels.append(Level(kind, lv.dim, lv.size, pos, lv.crd[parents]))
