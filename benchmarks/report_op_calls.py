@@ -145,6 +145,7 @@ def whole_matrix_cases() -> List[PeerCase]:
     r = coo.to_sparse_csr()
     S, S2 = sp.csr_array(s.to_scipy()), sp.csr_array(s2.to_scipy())
     cols = torch.tensor([7, 123, 4567])
+    nodes = torch.randperm(n, generator=g)[:20_000]    # a sampled subgraph, in any order
     return [
         ("A.sum(1)", lambda: s.sum(1), lambda: torch.sparse.sum(coo, 1), lambda: S.sum(1)),
         ("A.sum(0)", lambda: s.sum(0), lambda: torch.sparse.sum(coo, 0), lambda: S.sum(0)),
@@ -168,6 +169,9 @@ def whole_matrix_cases() -> List[PeerCase]:
         ("A.index_select(1, 3 columns)", lambda: s.index_select(1, cols),
          lambda: coo.index_select(1, cols), lambda: S[:, cols.numpy()]),
         ("A[:, 1000:50000]", lambda: s[:, 1000:50000], None, lambda: S[:, 1000:50000]),
+        ("A[nodes][:, nodes] (20k nodes)", lambda: s[nodes][:, nodes],
+         lambda: coo.index_select(0, nodes).index_select(1, nodes),
+         lambda: S[nodes.numpy()][:, nodes.numpy()]),
         ("where(A > 0.5, A, 0)", lambda: torch.where(s > 0.5, s, 0.0), None,
          lambda: S.multiply(S > 0.5)),
     ]
