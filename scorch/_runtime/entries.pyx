@@ -33,11 +33,20 @@ cdef inline void* _ptr(t):
     return <void*><intptr_t>t.data_ptr()
 
 
-def _level_outputs(int64_t P, int64_t count, dtype):
+cdef class _NewLevel:
     """A new level's ``pos`` (P parents) and ``crd`` (``count`` entries) in ``dtype``, and
-    each entry's source position (int64)."""
-    return (torch.empty(P + 1, dtype=dtype), torch.empty(count, dtype=dtype),
-            torch.empty(count, dtype=torch.int64))
+    each entry's source position (int64), with their data pointers for the loops."""
+    cdef readonly object pos, crd, take
+    cdef void* pos_p
+    cdef void* crd_p
+    cdef int64_t* take_p
+
+    def __cinit__(self, int64_t P, int64_t count, dtype):
+        self.pos = torch.empty(P + 1, dtype=dtype)
+        self.crd = torch.empty(count, dtype=dtype)
+        self.take = torch.empty(count, dtype=torch.int64)
+        self.pos_p, self.crd_p = _ptr(self.pos), _ptr(self.crd)
+        self.take_p = <int64_t*>_ptr(self.take)
 
 
 cdef int64_t _count_picked(src_t* crd, int64_t n, int64_t* table) noexcept nogil:
@@ -94,22 +103,23 @@ def select_entries(pos: torch.Tensor, crd: torch.Tensor, keep: Optional[torch.Te
         mask = keep.contiguous().view(torch.uint8)
         kp = <uint8_t*>_ptr(mask)
         count = int(keep.sum())
-    new_pos, new_crd, take = _level_outputs(P, count, pos.dtype)
-    cdef void* np_ = _ptr(new_pos)
-    cdef void* nc = _ptr(new_crd)
-    cdef int64_t* tp = <int64_t*>_ptr(take)
+    cdef _NewLevel out = _NewLevel(P, count, pos.dtype)
     cdef bint pos64 = pos.dtype == torch.int64
     with nogil:
         if pos64:
             if crd64:
-                _select(<int64_t*>pp, P, <int64_t*>cp, kp, tb, shift, <int64_t*>np_, <int64_t*>nc, tp)
+                _select(<int64_t*>pp, P, <int64_t*>cp, kp, tb, shift, <int64_t*>out.pos_p,
+                        <int64_t*>out.crd_p, out.take_p)
             else:
-                _select(<int64_t*>pp, P, <int32_t*>cp, kp, tb, shift, <int64_t*>np_, <int64_t*>nc, tp)
+                _select(<int64_t*>pp, P, <int32_t*>cp, kp, tb, shift, <int64_t*>out.pos_p,
+                        <int64_t*>out.crd_p, out.take_p)
         elif crd64:
-            _select(<int32_t*>pp, P, <int64_t*>cp, kp, tb, shift, <int32_t*>np_, <int32_t*>nc, tp)
+            _select(<int32_t*>pp, P, <int64_t*>cp, kp, tb, shift, <int32_t*>out.pos_p,
+                    <int32_t*>out.crd_p, out.take_p)
         else:
-            _select(<int32_t*>pp, P, <int32_t*>cp, kp, tb, shift, <int32_t*>np_, <int32_t*>nc, tp)
-    return new_pos, new_crd, take
+            _select(<int32_t*>pp, P, <int32_t*>cp, kp, tb, shift, <int32_t*>out.pos_p,
+                    <int32_t*>out.crd_p, out.take_p)
+    return out.pos, out.crd, out.take
 
 
 cdef int64_t _picked_total(idx_t* pos, int64_t* parents, int64_t m) noexcept nogil:
@@ -180,19 +190,18 @@ def flip_segments(pos: torch.Tensor, crd: torch.Tensor, bint rows, bint cols, in
     cdef int64_t P = pos.numel() - 1
     cdef int64_t n = crd.numel()
     pos, crd = pos.contiguous(), crd.contiguous().to(pos.dtype)
-    new_pos, new_crd, take = _level_outputs(P, n, pos.dtype)
+    cdef _NewLevel out = _NewLevel(P, n, pos.dtype)
     cdef void* pp = _ptr(pos)
     cdef void* cp = _ptr(crd)
-    cdef void* np_ = _ptr(new_pos)
-    cdef void* nc = _ptr(new_crd)
-    cdef int64_t* tp = <int64_t*>_ptr(take)
     cdef bint pos64 = pos.dtype == torch.int64
     with nogil:
         if pos64:
-            _flip(<int64_t*>pp, P, <int64_t*>cp, rows, cols, size, <int64_t*>np_, <int64_t*>nc, tp)
+            _flip(<int64_t*>pp, P, <int64_t*>cp, rows, cols, size, <int64_t*>out.pos_p,
+                  <int64_t*>out.crd_p, out.take_p)
         else:
-            _flip(<int32_t*>pp, P, <int32_t*>cp, rows, cols, size, <int32_t*>np_, <int32_t*>nc, tp)
-    return new_pos, new_crd, take
+            _flip(<int32_t*>pp, P, <int32_t*>cp, rows, cols, size, <int32_t*>out.pos_p,
+                  <int32_t*>out.crd_p, out.take_p)
+    return out.pos, out.crd, out.take
 
 
 cdef void _resplit(int64_t* coords, int64_t n, int r, int64_t* old_shape, int rn,
