@@ -678,9 +678,10 @@ def test_prod_over_an_empty_dim_is_one_and_stays_in_the_graph():
        dtype=st.sampled_from([torch.float32, torch.float64, torch.int32, torch.int64]),
        fmt=st.sampled_from(["csr", "csc"]), keepdim=st.booleans())
 def test_arg_extreme_along_stored_rows_with_explicit_zeros_and_nans(data, m, n, dtype, fmt, keepdim):
-    """argmax / argmin / max / min along CSR's rows (CSC's columns), the runtime's one pass
-    over each row: stored zeros, implicit zeros, ties, NaNs, full and empty rows all as
-    torch's dense result; max's values and gradient from the entry found."""
+    """argmax / argmin / max / min of CSR / CSC along either dimension, the runtime's one
+    pass over each row (after a transpose of the entry numbers across the stored rows):
+    stored zeros, implicit zeros, ties, NaNs, full and empty rows all as torch's dense
+    result; max's values and gradient from the entry found."""
     full = data.draw(st.lists(st.booleans(), min_size=m * n, max_size=m * n))
     picks = [i for i, f in enumerate(full) if f]
     choice = [-2, -1, 0, 0, 1, 2] + ([float("nan")] if dtype.is_floating_point else [])
@@ -689,7 +690,7 @@ def test_arg_extreme_along_stored_rows_with_explicit_zeros_and_nans(data, m, n, 
     idx = torch.tensor([[i // n for i in picks], [i % n for i in picks]], dtype=torch.int64).reshape(2, -1)
     S = scorch.sparse_tensor((idx, vals), size=(m, n), format=fmt)   # zeros stored explicitly
     x = S.to_dense()
-    dim = 1 if fmt == "csr" else 0
+    dim = data.draw(st.sampled_from([0, 1, -1]))         # along the stored rows, or across
     for op in (torch.argmax, torch.argmin):
         assert torch.equal(op(S, dim, keepdim), op(x, dim, keepdim)), (op, x)
     for op in (torch.max, torch.min):
@@ -701,8 +702,9 @@ def test_arg_extreme_along_stored_rows_with_explicit_zeros_and_nans(data, m, n, 
         torch.max(A, dim).values.sum().backward()
         g = torch.zeros(m, n, dtype=dtype)
         wi = torch.max(x, dim).indices
-        for k in range(x.shape[1 - dim]):
-            r, c = (k, int(wi[k])) if dim == 1 else (int(wi[k]), k)
+        d = dim % 2
+        for k in range(x.shape[1 - d]):
+            r, c = (k, int(wi[k])) if d == 1 else (int(wi[k]), k)
             if any(int(idx[0, j]) == r and int(idx[1, j]) == c for j in range(idx.shape[1])):
                 g[r, c] = 1                          # the gradient goes to a stored entry only
         assert torch.equal(A.grad.to_dense(), g)

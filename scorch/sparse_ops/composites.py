@@ -665,14 +665,23 @@ def arg_extreme_entries(t: SparseTensor, dim: Optional[int], keepdim: bool,
     shape = tuple(t.shape)
     st = t._storage
     vals = values_of(t).detach()
-    if dim is not None and inner_level.dense_compressed(st) and dim % 2 == st.levels[1].dim \
+    if dim is not None and inner_level.dense_compressed(st) \
             and vals.dtype in (torch.float32, torch.float64, torch.int32, torch.int64):
-        # CSR along its rows (CSC along its columns): one pass of the runtime over each row
+        # CSR along its rows (CSC along its columns): one pass of the runtime over each row;
+        # along the other dimension, first the entries' numbers transposed (one counting
+        # sort), so the pass reads the values in that order and reports original entries
         from .._runtime.entries import segment_arg_extreme
+        d, other = dim % 2, None
+        if d != st.levels[1].dim:
+            tagged = st.on_pattern(torch.arange(st.nnz, dtype=torch.int64))
+            st = _convert().convert(tagged, as_format("csr" if d == 1 else "csc", 2))
+            other, vals = st.values, vals[st.values]
         answer, entry = segment_arg_extreme(st.levels[1].pos, st.levels[1].crd, vals,
-                                            shape[dim % 2], largest)
+                                            shape[d], largest)
+        if other is not None:
+            entry = torch.cat([other, other.new_full((1,), other.numel())])[entry]
         if keepdim:
-            answer, entry = answer.unsqueeze(dim % 2), entry.unsqueeze(dim % 2)
+            answer, entry = answer.unsqueeze(d), entry.unsqueeze(d)
         return answer, entry
     coords = _convert().coords(st)
     if dim is None:
