@@ -175,12 +175,11 @@ def cat_inner(tensors, d: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
     stores = [x._storage for x in tensors]
     first = stores[0]
     fmt, index_dtype = first.format, first.index_dtype
-    if (first.ndim != 2 or fmt.block is not None or not fmt.levels[0].full
-            or first.levels[1].dim != d or first.levels[1].pos is None):
+    if not dense_compressed(first) or first.levels[1].dim != d:
         return None
     for st in stores:
         if not (st.format is fmt or st.format == fmt) or st.index_dtype != index_dtype or \
-                not all(lv.ordered for lv in st.levels):
+                not dense_compressed(st):
             return None
     rows = first.levels[0].size
     lengths = [st.levels[1].pos[1:].to(torch.int64) - st.levels[1].pos[:-1].to(torch.int64)

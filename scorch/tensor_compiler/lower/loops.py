@@ -208,9 +208,7 @@ def _dot_prefetch(n: Nest, lp: LoopLevels, lv: LevelPlan, st: Cursor) -> Tuple[L
     end = f"{level_entries(n.facts, lv)} - {D}"
     if f.row_gathers and dot_prefetch_skips_in_l2():
         # rows that all fit in L2 are not prefetched (pfe = 0: no entry is before it)
-        v = lp.var
-        fits = " and ".join(f"a.N_{v} * a.t{i}_st_{v} * sizeof({f.vt}) <= scorch_l2_bytes()"
-                            for i in f.row_gathers)
+        fits = " and ".join(f"{b} <= scorch_l2_bytes()" for b in _gathered_bytes(n, lp))
         end = f"0 if ({fits}) else {end}"
     if not any(isinstance(x, Assign) and x.target == pfe for x in n.setup):
         n.setup.extend(setup + [Assign(pfe, end)])
@@ -226,11 +224,16 @@ def _dot_distance(n: Nest, lp: LoopLevels) -> Tuple[List[Stmt], str]:
     far = dot_far_prefetch_distance(n.variant.width, f.vt)
     if far == near or not f.row_gathers:
         return [], str(near)
-    v = lp.var
-    span = " or ".join(f"a.N_{v} * a.t{i}_st_{v} * sizeof({f.vt}) >= {DOT_FAR_PREFETCH_MIN_BYTES}"
-                       for i in f.row_gathers)
+    span = " or ".join(f"{b} >= {DOT_FAR_PREFETCH_MIN_BYTES}" for b in _gathered_bytes(n, lp))
     pfd = n.decls.need("pfd")
     return [Assign(pfd, f"{far} if ({span}) else {near}")], pfd
+
+
+def _gathered_bytes(n: Nest, lp: LoopLevels) -> List[str]:
+    """The span in bytes of each operand whose rows the vector dot gathers (a C expression
+    per operand: rows of the segment loop's variable times their stride)."""
+    v, vt = lp.var, n.facts.vt
+    return [f"a.N_{v} * a.t{i}_st_{v} * sizeof({vt})" for i in n.facts.row_gathers]
 
 
 def _segment_prefetch(n: Nest, lp: LoopLevels, lv: LevelPlan) -> Tuple[List[Stmt], List[Stmt]]:
