@@ -140,8 +140,34 @@ def check_dense_size(name: str, shape, dtype) -> None:
 def aten_fallback(cls, func, args, kwargs):
     handler = _ATEN_HANDLERS.get(func)
     if handler is not None:
-        return handler(*args, **kwargs)
+        out = handler(*args, **kwargs)
+        if func._schema.is_mutable:
+            _mark_written(func, args, kwargs)
+        return out
     return dense_fallback(func, args, kwargs)
+
+
+#: ATen op -> the (position, name) of the arguments its schema says it writes
+_WRITTEN: Dict[Any, tuple] = {}
+
+
+def _mark_written(func, args, kwargs) -> None:
+    """Move the version counter of the value arrays an in-place handler wrote. The handler
+    runs below autograd's ADInplaceOrView key, so writing ``values`` (``addcmul_``,
+    ``lerp_``, the ``_foreach_`` forms an optimizer calls) moved no counter, and the
+    conversions kept by version (``kept_conversions``) and tensors saved for backward would
+    read the old values as current."""
+    written = _WRITTEN.get(func)
+    if written is None:
+        written = _WRITTEN[func] = tuple(
+            (k, a.name) for k, a in enumerate(func._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write)
+    for k, name in written:
+        x = args[k] if k < len(args) else kwargs.get(name)
+        for t in (x if isinstance(x, (list, tuple)) else (x,)):
+            storage = getattr(t, "_storage", None)
+            if storage is not None:
+                torch.autograd.graph.increment_version(storage.values)
 
 
 def dense_fallback(func, args, kwargs):

@@ -15,6 +15,7 @@ requires_grad), and ``_storage`` holds the level arrays. Calls reach scorch in t
 """
 from __future__ import annotations
 
+import copy
 from typing import Optional, Sequence
 
 import torch
@@ -179,10 +180,31 @@ class SparseTensor(torch.Tensor):
         st = self._storage
         arrays = [(lv.kind.letter, lv.dim, lv.size, lv.pos, lv.crd, lv.block_inner)
                   for lv in st.levels]
-        return (_load, (st.format, st.shape, arrays, st.values, self.requires_grad))
+        extra = _user_state(self)
+        return (_load, (st.format, st.shape, arrays, st.values, self.requires_grad)
+                + ((extra,) if extra else ()))
 
     def __deepcopy__(self, memo):
-        return clone_sparse(self)
+        """As torch's: the arrays copied through ``memo`` (a tensor and its views, ``S`` and
+        ``S.t()``, still share their copies), the gradient and the attributes (a
+        Parameter's mark) with them."""
+        got = memo.get(id(self))
+        if got is not None:
+            return got
+
+        def copied(a):
+            return None if a is None else copy.deepcopy(a.detach(), memo)
+        st = self._storage
+        levels = [Level(lv.kind, lv.dim, lv.size, copied(lv.pos), copied(lv.crd),
+                        lv.block_inner, lv.ordered) for lv in st.levels]
+        out = SparseTensor(Storage(st.format, st.shape, levels, copied(st.values),
+                                   st.index_dtype), self.requires_grad)
+        memo[id(self)] = out
+        for key, value in _user_state(self).items():
+            out.__dict__[key] = copy.deepcopy(value, memo)
+        if self.is_leaf and self.grad is not None:
+            out.grad = copy.deepcopy(self.grad, memo)
+        return out
 
     # Traceable-wrapper-subclass protocol: lets nn.Module.to()/.double() swap parameters and
     # lets torch utilities see the arrays inside. Inner tensors are named by level.
@@ -315,7 +337,8 @@ class SparseTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         if (func not in _GRAD_SAFE and func.overloadpacket not in _NO_GRADIENT
-                and _grad_enabled() and _any_requires_grad(*args)):
+                and _grad_enabled() and _any_requires_grad(*args)
+                and not (func is _aten.copy_.default and _sparse_to_sparse(args))):
             # autograd recorded torch's derivative formula for this op, which would hand a
             # sparse input a dense gradient: no silent wrong graph
             raise RuntimeError(
@@ -450,7 +473,14 @@ _aten = torch.ops.aten
 _GRAD_SAFE = {_aten.detach.default, _aten.alias.default, _aten.clone.default,
               _aten._to_copy.default, _aten._nnz.default, _aten.is_same_size.default,
               _aten.add.Tensor, _aten.add_.Tensor, _aten.zeros_like.default,
-              _aten.full_like.default}
+              _aten.full_like.default, _aten.empty_like.default,
+              _aten.new_empty_strided.default}
+
+
+def _sparse_to_sparse(args) -> bool:
+    """``copy_`` of a sparse tensor into a sparse one: torch's derivative hands the incoming
+    gradient to the source as it is (the engine's ``backward(create_graph=True)`` copy)."""
+    return len(args) >= 2 and isinstance(args[0], SparseTensor) and isinstance(args[1], SparseTensor)
 
 #: ops whose results carry no gradient (bool or index results): nothing to detach
 _NO_GRADIENT = {getattr(_aten, n) for n in (
@@ -465,10 +495,27 @@ def _rebuild(fmt, shape, arrays, values, requires_grad):
     return SparseTensor(Storage(fmt, shape, levels, values), requires_grad)
 
 
-def _load(fmt, shape, arrays, values, requires_grad):
+#: ``__dict__`` entries that belong to one tensor object (its storage, caches, its link to
+#: the graph that made it): never pickled or copied
+_OWN_STATE = frozenset({"_storage", "_flat", "_pending", "_made_of"})
+
+
+def _user_state(t: SparseTensor) -> dict:
+    """The attributes a copy carries: a Parameter's ``_is_param``, a gradient's mark, the
+    user's own."""
+    return {k: v for k, v in t.__dict__.items() if k not in _OWN_STATE}
+
+
+def _load(fmt, shape, arrays, values, requires_grad, state=None):
     """Unpickling (torch.load, pickle): like ``_rebuild``, after checking the arrays (a
-    file can hold anything; see ``scorch.saving``)."""
-    return SparseTensor(saving.checked_storage(fmt, shape, arrays, values), requires_grad)
+    file can hold anything; see ``scorch.saving``); ``state``: the attributes saved."""
+    t = SparseTensor(saving.checked_storage(fmt, shape, arrays, values), requires_grad)
+    if state:
+        if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
+            raise ValueError(f"scorch: a saved sparse tensor's attributes are {type(state)}, "
+                             f"not a dict of names")
+        t.__dict__.update((k, v) for k, v in state.items() if k not in _OWN_STATE)
+    return t
 
 
 saving.allow_in_weights_only_load(_load)

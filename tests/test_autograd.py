@@ -614,3 +614,42 @@ def test_broadcast_gradients_of_the_values_are_laid_out():
             assert A.grad._storage.values.is_contiguous()
             torch.testing.assert_close(A.grad.to_dense(), slope * stored)
             torch.testing.assert_close(A.grad @ X, (slope * stored) @ X)   # a kernel reads them
+
+
+# --- session 30 --------------------------------------------------------------------------
+
+def test_unique_stays_in_the_graph_as_torch():
+    """torch's ``unique`` of a tensor that requires grad is in the graph (its backward raises);
+    a sparse input's must not come back cut off from it."""
+    a = torch.tensor([[1.5, 0, 2.0], [0, 1.5, 0]], dtype=torch.float64)
+    S = scorch.sparse_tensor(a, format="csr").requires_grad_()
+    for u in (torch.unique(S), S.unique(), torch.unique(S, return_counts=True)[0]):
+        assert u.requires_grad and u.grad_fn is not None
+        assert torch.equal(u.detach(), torch.tensor([0.0, 1.5, 2.0], dtype=torch.float64))
+        with pytest.raises(RuntimeError, match="not implemented"):
+            u.sum().backward()
+
+
+def test_backward_with_create_graph_gives_a_differentiable_gradient():
+    """``loss.backward(create_graph=True)`` (gradient penalties): the engine copies the sparse
+    gradient into ``.grad`` (``new_empty_strided`` + ``copy_``) keeping its graph, and a
+    penalty on it differentiates as dense torch with the gradient restricted to the pattern."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(5, 4, dtype=torch.float64, generator=g) * (torch.rand(5, 4, generator=g) < 0.5)
+    X = torch.randn(4, 3, dtype=torch.float64, generator=g)
+    mask = w != 0
+    W = scorch.sparse_tensor(w, format="csr").requires_grad_()
+    ((W @ X).tanh() ** 2).sum().backward(create_graph=True)
+    assert W.grad.requires_grad and isinstance(W.grad, scorch.SparseTensor)
+    (W.grad * W.grad).sum().backward()
+    Wd = w.clone().requires_grad_()
+    first, = torch.autograd.grad(((Wd @ X).tanh() ** 2).sum(), Wd, create_graph=True)
+    first = first * mask
+    second, = torch.autograd.grad((first * first).sum(), Wd)
+    torch.testing.assert_close(W.grad.to_dense().detach(), (first.detach() + second) * mask)
+
+
+def test_empty_like_of_a_tensor_requiring_grad():
+    S = scorch.sparse_tensor(torch.eye(3, dtype=torch.float64), format="csr").requires_grad_()
+    e = torch.empty_like(S)
+    assert not e.requires_grad and e.shape == S.shape

@@ -182,3 +182,95 @@ def test_step_square_roots_run_on_the_stored_values(name, monkeypatch):
                 m.setattr(nonlinear, "differentiable_compute", refuse)
                 o.step()
     torch.testing.assert_close(W.to_dense().detach(), (Wd * mask).detach(), rtol=1e-10, atol=1e-12)
+
+
+# --- session 30: in-place values-level ops move the values' version counter ---------------
+
+@pytest.mark.parametrize("name", ["adam", "adam_foreach", "sgd_momentum", "nadam_foreach",
+                                  "adamw", "rmsprop"])
+@pytest.mark.parametrize("fmt", ["csr", "csc"])
+def test_dense_partner_gradient_reads_the_stepped_values(name, fmt):
+    """``X.grad`` of ``A @ X`` reads A's values as A^T keeps them (``kept_conversions``): after
+    a step wrote A's values with ``addcdiv_`` / ``lerp_`` / ``_foreach_*`` the kept copy must
+    be refreshed, so each step's gradients equal dense training restricted to the pattern."""
+    make = _OPTIMIZER_MAKERS_ALL[name]
+    g = torch.Generator().manual_seed(3)
+    mask = torch.rand(7, 5, generator=g) < 0.5
+    a = torch.randn(7, 5, dtype=F64, generator=g) * mask
+    X0 = torch.randn(5, 3, dtype=F64, generator=g)
+    y = torch.randint(0, 3, (7,), generator=g)
+    A = torch.nn.Parameter(scorch.sparse_tensor(a, format=fmt))
+    X = torch.nn.Parameter(X0.clone())
+    Ad, Xd = torch.nn.Parameter(a.clone()), torch.nn.Parameter(X0.clone())
+    opt, opt_d = make([A, X]), make([Ad, Xd])
+    for _ in range(4):
+        opt.zero_grad()
+        opt_d.zero_grad()
+        torch.nn.functional.cross_entropy(A @ X, y).backward()
+        torch.nn.functional.cross_entropy(Ad @ Xd, y).backward()
+        Ad.grad.mul_(mask)
+        torch.testing.assert_close(X.grad, Xd.grad, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(A.grad.to_dense(), Ad.grad, rtol=1e-9, atol=1e-12)
+        opt.step()
+        opt_d.step()
+    torch.testing.assert_close(A.detach().to_dense(), (Ad * mask).detach(), rtol=1e-9, atol=1e-12)
+
+
+_OPTIMIZER_MAKERS_ALL = dict(OPTIMIZERS)
+
+_IN_PLACE_UPDATES = {
+    "lerp_": lambda E: E.lerp_(E * 3, 0.5),
+    "addcmul_": lambda E: E.addcmul_(E, E, value=0.5),
+    "addcdiv_": lambda E: E.addcdiv_(E, E.abs(), value=0.5),
+    "sqrt_ of abs": lambda E: E.copy_(E.abs()).sqrt_(),
+    "_foreach_lerp_": lambda E: torch._foreach_lerp_([E], [E * 3], 0.5),
+    "_foreach_mul_": lambda E: torch._foreach_mul_([E], 2.0),
+    "_foreach_add_": lambda E: torch._foreach_add_([E], [E]),
+    "_foreach_addcdiv_": lambda E: torch._foreach_addcdiv_([E], [E], [E.abs()], 2.0),
+}
+
+
+@pytest.mark.parametrize("update", sorted(_IN_PLACE_UPDATES))
+def test_in_place_values_update_refreshes_kept_conversions(update):
+    """A CSC operand read as CSR by a kernel with a CSR partner is kept by the values'
+    version; an in-place values-level op (an EMA's ``lerp_``) must move it, forward and
+    backward."""
+    g = torch.Generator().manual_seed(5)
+    A = scorch.sparse_tensor(torch.randn(6, 5, dtype=F64, generator=g)
+                             * (torch.rand(6, 5, generator=g) < 0.5), format="csr")
+    w = torch.randn(6, 5, dtype=F64, generator=g) * (torch.rand(6, 5, generator=g) < 0.5)
+    E = scorch.sparse_tensor(w, format="csc")
+    Z = torch.randn(5, 3, dtype=F64, generator=g, requires_grad=True)
+    with torch.no_grad():
+        for _ in range(4):                   # seen again: the conversion is kept
+            A + E
+            A * E
+    (E.t().t() @ Z).sum().backward()
+    version = E._storage.values._version
+    with torch.no_grad():
+        _IN_PLACE_UPDATES[update](E)
+    assert E._storage.values._version > version
+    torch.testing.assert_close((A + E).to_dense(), A.to_dense() + E.to_dense())
+    torch.testing.assert_close((A * E).to_dense(), A.to_dense() * E.to_dense())
+    Z.grad = None
+    (E @ Z).sum().backward()
+    torch.testing.assert_close(Z.grad, E.to_dense().t() @ torch.ones(6, 3, dtype=F64))
+
+
+def test_step_hooks_keep_the_dense_meaning():
+    """The user's step pre- and post-hooks run in torch's step wrapper but not in the step:
+    ``S + 1`` there is dense, as everywhere outside the step's own code."""
+    S = scorch.sparse_tensor(torch.eye(3, dtype=F64), format="csr")
+    W = torch.nn.Parameter(scorch.sparse_tensor(torch.eye(3, dtype=F64), format="csr"))
+    seen = []
+    opt = torch.optim.SGD([W], lr=0.1)
+    opt.register_step_pre_hook(lambda *_: seen.append(S + 1.0))
+    opt.register_step_post_hook(lambda *_: seen.append(S + 1.0))
+    (W @ torch.ones(3, 2, dtype=F64)).sum().backward()
+    with torch.no_grad():                  # hooks run with autograd off, as the step
+        opt.step()
+    assert len(seen) == 2
+    for r in seen:
+        assert type(r) is torch.Tensor
+        torch.testing.assert_close(r, torch.eye(3, dtype=F64) + 1)
+    assert not torch.equal(W.detach().to_dense(), torch.eye(3, dtype=F64))

@@ -133,6 +133,54 @@ def test_weights_only_still_refuses_other_globals():
         torch.load(buf)
 
 
+def _round_trips():
+    def saved(t, weights_only):
+        buf = io.BytesIO()
+        torch.save(t, buf)
+        buf.seek(0)
+        return torch.load(buf, weights_only=weights_only)
+    return [("deepcopy", copy.deepcopy), ("pickle", lambda t: pickle.loads(pickle.dumps(t))),
+            ("torch.save", lambda t: saved(t, True)),
+            ("torch.save (weights_only=False)", lambda t: saved(t, False))]
+
+
+@pytest.mark.parametrize("how", [r[0] for r in _round_trips()])
+def test_copies_of_a_sparse_parameter_stay_parameters(how):
+    """As torch's: a copy of a Parameter is a Parameter (a deep-copied module's weight can be
+    assigned back), with its requires_grad and the attributes set on the tensor."""
+    copy_of = dict(_round_trips())[how]
+    w = torch.tensor([[1., 0, 2], [0, 3, 0]])
+    p = torch.nn.Parameter(scorch.sparse_tensor(w, format="csr"))
+    q = copy_of(p)
+    assert isinstance(q, torch.nn.Parameter) and isinstance(q, SparseTensor)
+    assert q.requires_grad and q.format == p.format
+    assert torch.equal(q.detach().to_dense(), w)
+    s = scorch.sparse_tensor(w, format="csc")
+    s.tag = "kept"
+    r = copy_of(s)
+    assert r.tag == "kept" and not isinstance(r, torch.nn.Parameter)
+    m = torch.nn.Module()
+    m.W = p
+    m.W = copy.deepcopy(m).W            # a Parameter: assignable
+
+
+def test_deepcopy_keeps_views_sharing_and_the_gradient():
+    """``deepcopy({"S": S, "T": S.t()})`` copies the arrays once (the copies still share, as
+    torch's deepcopy of a tensor and its view); a leaf's ``.grad`` is copied with it."""
+    x = torch.tensor([[1., 0, 2], [0, 3, 0]])
+    S = scorch.sparse_tensor(x, format="csr", requires_grad=True)
+    (S @ torch.ones(3, 2)).sum().backward()
+    d = copy.deepcopy({"S": S, "T": S.t()})
+    assert d["S"]._storage.values.data_ptr() == d["T"]._storage.values.data_ptr()
+    assert d["S"]._storage.values.data_ptr() != S._storage.values.data_ptr()
+    with torch.no_grad():
+        d["S"].mul_(2)
+    assert torch.equal(d["T"].to_dense(), 2 * x.t())
+    assert torch.equal(S.detach().to_dense(), x)
+    assert d["S"].grad is not None and d["S"].grad is not S.grad
+    assert torch.equal(d["S"].grad.to_dense(), S.grad.to_dense())
+
+
 def _double_values(q_in, q_out):
     t = q_in.get()
     t.values().mul_(2)

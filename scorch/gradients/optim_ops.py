@@ -114,6 +114,16 @@ def _zeros_like(t, dtype=None, layout=None, device=None, pin_memory=None, memory
     return SparseTensor(_pattern.with_pattern_values(st, vals))
 
 
+@register_aten(aten.new_empty_strided.default)
+def _new_empty_strided(t, size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    """The autograd engine's copy of an incoming gradient (``backward(create_graph=True)``:
+    ``new_grad.new_empty_strided(...).copy_(new_grad)``): the pattern with zero values, which
+    ``copy_`` then replaces. Another size is a plain dense ``empty_strided``, as torch's."""
+    if tuple(size) == tuple(t.shape) and (layout is None or layout is torch.strided):
+        return _zeros_like(t, dtype)
+    return torch.empty_strided(size, stride, dtype=dtype or t.dtype)
+
+
 @register_aten(aten.full_like.default)
 def _full_like(t, fill_value, dtype=None, layout=None, device=None, pin_memory=None,
                memory_format=None):

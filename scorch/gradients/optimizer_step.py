@@ -9,7 +9,8 @@ never read into the parameter. So Adadelta and Rprop keep a sparse parameter spa
 cost that follows its stored entries.
 
 Outside a step, or with autograd on (a closure computing the loss inside ``step``), the same
-ops keep their dense meaning. The step is found by global optimizer step hooks; one that
+ops keep their dense meaning, and so do the user's step hooks (run by the same wrapper
+as the step, but not inside it). The step is found by global optimizer step hooks; one that
 raised (its post hook never ran) is noticed because its frame is no longer on the stack."""
 from __future__ import annotations
 
@@ -38,7 +39,11 @@ def _frames() -> List[FrameType]:
 
 
 def _enter(optimizer, args, kwargs) -> None:
-    _frames().append(sys._getframe(1))     # the frame that runs the step
+    # the frame of torch's wrapper (``Optimizer.profile_hook_step``), which runs the hooks
+    # and then the step itself, ``func``: only code under ``func`` is inside the step
+    wrapper = sys._getframe(1)
+    step = wrapper.f_locals.get("func")
+    _frames().append((wrapper, getattr(step, "__code__", None)))
 
 
 def _leave(optimizer, args, kwargs) -> None:
@@ -52,14 +57,14 @@ def values_level() -> bool:
     frames = getattr(_state, "frames", None)
     if not frames or torch.is_grad_enabled():
         return False
-    step = frames[-1]
-    f = sys._getframe(1)
+    wrapper, step_code = frames[-1]
+    f, below = sys._getframe(1), None
     for _ in range(_MAX_DEPTH):
         if f is None:
             break
-        if f is step:
-            return True
-        f = f.f_back
+        if f is wrapper:       # under the step, not under a hook the wrapper runs
+            return below is not None and (step_code is None or below.f_code is step_code)
+        f, below = f.f_back, f
     frames.clear()                          # left behind by a step that raised
     return False
 

@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_map
 from .._dispatch import check_dense_size, register
 from ..tensor_type import SparseTensor
 
-__all__ = ["DENSE_BY_NATURE"]
+__all__ = ["DENSE_BY_NATURE", "run_densified"]
 
 #: torch functions whose result is dense by nature (every position of the result depends on
 #: every implicit zero of the operand, or maps 0 elsewhere)
@@ -99,6 +99,14 @@ def _handler(fn):
         args, kwargs = tree_map(_densified(name), (args, kwargs))
         return fn(*args, **kwargs)
     return handler
+
+
+def run_densified(fn, *args, **kwargs):
+    """``fn`` on the dense copies of the sparse operands (under the dense limit),
+    differentiable through ``to_dense``: for a handler that finds its call dense by nature."""
+    name = getattr(fn, "__name__", str(fn))
+    args, kwargs = tree_map(_densified(name), (args, kwargs))
+    return fn(*args, **kwargs)
 
 
 for _fn in DENSE_BY_NATURE:

@@ -380,6 +380,10 @@ def _sgn(x, *, out=None):
 @register(torch.pow, torch.Tensor.pow, torch.Tensor.__pow__)
 def _pow(x, exponent, *, out=None):
     t = _sparse(x)
+    if out is None and isinstance(as_scorch(exponent), SparseTensor):
+        # 0 ** 0 is 1 wherever neither stores an entry (a number base: b ** 0): dense by nature
+        from .dense_by_nature import run_densified
+        return run_densified(torch.pow, as_scorch(x), as_scorch(exponent))
     if (isinstance(exponent, torch.Tensor) and type(exponent) is torch.Tensor and exponent.dim() == 0
             and not exponent.requires_grad and t is not None
             and (t.dtype.is_floating_point or not exponent.dtype.is_floating_point)

@@ -177,11 +177,12 @@ def _bincount(x, weights=None, minlength=0):
 def _unique(x, sorted=True, return_inverse=False, return_counts=False, dim=None):
     """The distinct stored values, and 0 when something is unstored; ``return_counts`` adds
     the implicit zeros to 0's count. ``return_inverse`` is as large as the dense tensor: the
-    fallback's (bounded by the dense limit)."""
+    fallback's (bounded by the dense limit). In the graph as torch's (whose backward raises)."""
+    from ..gradients.values import values_of
     t = _sparse(x)
     if t is None or return_inverse or dim is not None:
         return NotImplemented
-    vals = t._storage.values.detach()
+    vals = values_of(t)
     zeros = implicit_zeros(t)
     if zeros:
         vals = torch.cat([vals, torch.zeros(1, dtype=vals.dtype)])
