@@ -151,12 +151,8 @@ def aten_fallback(cls, func, args, kwargs):
 _WRITTEN: Dict[Any, tuple] = {}
 
 
-def _mark_written(func, args, kwargs) -> None:
-    """Move the version counter of the value arrays an in-place handler wrote. The handler
-    runs below autograd's ADInplaceOrView key, so writing ``values`` (``addcmul_``,
-    ``lerp_``, the ``_foreach_`` forms an optimizer calls) moved no counter, and the
-    conversions kept by version (``kept_conversions``) and tensors saved for backward would
-    read the old values as current."""
+def _written(func, args, kwargs):
+    """The tensors an in-place or ``out=`` op writes (its schema's written arguments)."""
     written = _WRITTEN.get(func)
     if written is None:
         written = _WRITTEN[func] = tuple(
@@ -164,10 +160,25 @@ def _mark_written(func, args, kwargs) -> None:
             if a.alias_info is not None and a.alias_info.is_write)
     for k, name in written:
         x = args[k] if k < len(args) else kwargs.get(name)
-        for t in (x if isinstance(x, (list, tuple)) else (x,)):
-            storage = getattr(t, "_storage", None)
-            if storage is not None:
-                torch.autograd.graph.increment_version(storage.values)
+        yield from (x if isinstance(x, (list, tuple)) else (x,))
+
+
+def _writes_sparse(func, args, kwargs) -> bool:
+    """Whether the op writes a sparse tensor (``A.sigmoid_()``); writing a dense one with a
+    sparse operand (``d.masked_fill_(A > 0, v)``, ``d[A > 0] = v``) can run densified."""
+    return any(getattr(t, "_storage", None) is not None for t in _written(func, args, kwargs))
+
+
+def _mark_written(func, args, kwargs) -> None:
+    """Move the version counter of the value arrays an in-place handler wrote. The handler
+    runs below autograd's ADInplaceOrView key, so writing ``values`` (``addcmul_``,
+    ``lerp_``, the ``_foreach_`` forms an optimizer calls) moved no counter, and the
+    conversions kept by version (``kept_conversions``) and tensors saved for backward would
+    read the old values as current."""
+    for t in _written(func, args, kwargs):
+        storage = getattr(t, "_storage", None)
+        if storage is not None:
+            torch.autograd.graph.increment_version(storage.values)
 
 
 def dense_fallback(func, args, kwargs):
@@ -176,7 +187,7 @@ def dense_fallback(func, args, kwargs):
     arguments it does not serve: a torch function scorch has no handler for reaches ATen in
     pieces (``torch.cov`` -> ``sub`` of a sparse and a dense operand)."""
     name = func.overloadpacket.__name__
-    if func._schema.is_mutable:
+    if func._schema.is_mutable and _writes_sparse(func, args, kwargs):
         raise RuntimeError(
             f"scorch: in-place '{name}' has no sparse handler for these arguments (an in-place op "
             f"keeps the sparse tensor's pattern, and this one could write outside it); use the "

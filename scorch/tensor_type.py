@@ -274,6 +274,8 @@ class SparseTensor(torch.Tensor):
         if handler is not None:
             if _is_compiling():
                 return _UNDER_COMPILE[0](func, args, kwargs)
+            if kwargs.get("out") is not None:
+                return _into_out(func, handler, args, kwargs)
             result = handler(*args, **kwargs)
             if result is not NotImplemented:
                 return result
@@ -349,6 +351,64 @@ class SparseTensor(torch.Tensor):
             # no dense fallback on fake arrays: a graph break, and the op runs eagerly
             _unsupported_under_compile(func, args, kwargs)
         return _dispatch.aten_fallback(cls, func, args, kwargs or {})
+
+
+def _into_out(func, handler, args, kwargs):
+    """``torch.f(..., out=o)`` with a sparse operand: the result computed as without ``out``
+    (the handler, else torch's own path), then written into ``o`` as torch's ``out=`` does:
+    cast where torch's casting rules allow, a dense ``o`` resized to the result's shape (with
+    torch's warning when it held elements), a sparse ``o`` given the values in its format."""
+    out = kwargs["out"]
+    rest = {k: v for k, v in kwargs.items() if k != "out"}
+    name = getattr(func, "__name__", str(func))
+    if _grad_enabled() and _any_requires_grad(*args, *rest.values(), *_flat(out)):
+        raise RuntimeError(f"{name}(): functions with out=... arguments don't support automatic "
+                           f"differentiation, but one of the arguments requires grad.")
+    result = handler(*args, **rest)
+    if result is NotImplemented:
+        with torch._C.DisableTorchFunctionSubclass():
+            result = func(*args, **rest)
+    if isinstance(out, (tuple, list)):
+        if not isinstance(result, (tuple, list)) or len(result) != len(out):
+            raise RuntimeError(f"{name}(): out= holds {len(out)} tensors for a result of "
+                               f"{len(result) if isinstance(result, (tuple, list)) else 1}")
+        for o, r in zip(out, result):
+            _write_out(name, o, r)
+        return out if type(result) in (tuple, list) else type(result)(tuple(out))   # return_types
+    _write_out(name, out, result)
+    return out
+
+
+def _flat(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _write_out(name: str, out: torch.Tensor, result) -> None:
+    if not isinstance(result, torch.Tensor):
+        result = torch.as_tensor(result)
+    if not torch.can_cast(result.dtype, out.dtype):
+        raise RuntimeError(f"{name}(): result type {result.dtype} can't be cast to the desired "
+                           f"output type {out.dtype}")
+    if isinstance(out, SparseTensor):
+        if tuple(out.shape) != tuple(result.shape):
+            raise RuntimeError(f"{name}(): out= is a sparse tensor of shape {tuple(out.shape)} "
+                               f"for a result of shape {tuple(result.shape)} (a sparse tensor "
+                               f"cannot be resized)")
+        with torch.no_grad():
+            out.copy_(result)
+        return
+    dense = result.to_dense() if isinstance(result, SparseTensor) else result
+    if tuple(out.shape) != tuple(dense.shape):
+        if out.numel():
+            import warnings
+            warnings.warn(f"An output with one or more elements was resized since it had shape "
+                          f"{list(out.shape)}, which does not match the required output shape "
+                          f"{list(dense.shape)}. This behavior is deprecated, and in a future "
+                          f"PyTorch release outputs will not be resized unless they have zero "
+                          f"elements. You can explicitly reuse an out tensor t by resizing it, "
+                          f"inplace, to zero elements with t.resize_(0).", stacklevel=4)
+        out.resize_(dense.shape)
+    out.copy_(dense)
 
 
 # --- torch.compile ---------------------------------------------------------------------------

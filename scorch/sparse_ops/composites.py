@@ -75,7 +75,8 @@ def count_nonzero(t: SparseTensor, dim=None) -> torch.Tensor:
     nonzero = (t._storage.values != 0).to(torch.int64)
     if dim is None:
         return nonzero.sum()
-    return reductions.sum(from_values(t._storage, nonzero), dim)
+    counts = reductions.sum(from_values(t._storage, nonzero), dim)
+    return counts.to_dense() if isinstance(counts, SparseTensor) else counts   # dense, as torch
 
 
 def _all_stored_nonzero(t: SparseTensor) -> bool:
@@ -689,7 +690,8 @@ def arg_extreme_entries(t: SparseTensor, dim: Optional[int], keepdim: bool,
         pos = (coords * torch.tensor(strides, dtype=torch.int64)[:, None]).sum(0) if coords.numel() \
             else torch.zeros(0, dtype=torch.int64)
         fiber = torch.zeros_like(pos)
-        extent, nfib, out_shape = math.prod(shape), 1, ()
+        extent, nfib = math.prod(shape), 1
+        out_shape = (1,) * len(shape) if keepdim else ()
     else:
         d = dim % len(shape)
         fiber, _, rest_shape = _fibers(coords, shape, d)

@@ -16,6 +16,7 @@ nothing) and runs as one kernel computed everywhere; rounding modes are the dens
 """
 from __future__ import annotations
 
+import math
 import numbers
 from typing import List, Tuple
 
@@ -270,6 +271,18 @@ def _in_optimizer_step(op, a, b, alpha):
     return with_values(b, op(torch.as_tensor(a, dtype=v.dtype), v, alpha=alpha))
 
 
+def _check_grown_dense(name: str, a, b, dt) -> None:
+    """A sparse operand with a scalar or a broadcast dense one (``A + 1``, ``A + row``) gives
+    a dense result larger than any dense operand: bounded by the dense limit, as the ops
+    dense by nature are. A dense operand of the result's size is the user's already."""
+    if is_sparse_operand(a) and is_sparse_operand(b):
+        return
+    shape = broadcast_shapes(_shape_of(a), _shape_of(b))
+    dense = [x for x in (a, b) if isinstance(x, torch.Tensor) and not is_sparse_operand(x)]
+    if max((x.numel() for x in dense), default=1) < math.prod(shape):
+        check_dense_size(name, shape, dt)
+
+
 def add(a, b, alpha=1) -> torch.Tensor:
     """``a + alpha * b``: sparse when both are sparse (union of patterns), else dense."""
     if not (is_sparse_operand(a) or is_sparse_operand(b)):
@@ -286,6 +299,7 @@ def add(a, b, alpha=1) -> torch.Tensor:
         if fast is not None:
             return fast
     dt, (a, b) = _prepare(a, b)
+    _check_grown_dense("add", a, b, dt)
     if dt == torch.bool and alpha == 1:
         return _bool_op(a, b, _bool_or)
     if alpha == 1:
@@ -309,6 +323,7 @@ def sub(a, b, alpha=1) -> torch.Tensor:
         if fast is not None:
             return fast
     dt, (a, b) = _prepare(a, b)
+    _check_grown_dense("sub", a, b, dt)
     if alpha == 1:
         return _build((a, b), "sub")
     return _build((a, b, _cast(alpha, dt)), "sub_alpha")
@@ -709,8 +724,17 @@ def _mul_(self, other):
 @register(torch.Tensor.div_, torch.Tensor.divide_, torch.Tensor.true_divide_,
           torch.Tensor.__itruediv__)
 def _div_(self, other, *, rounding_mode=None):
-    if rounding_mode is not None or not isinstance(self, SparseTensor):
+    if not isinstance(self, SparseTensor):
         return NotImplemented
+    if rounding_mode is not None:
+        # ``floor`` / ``trunc`` of 0 / x is 0: on the pattern, as the out-of-place form
+        def rounded(a, b):
+            return on_stored_values(torch.div, a, b, rounding_mode=rounding_mode)
+        if _constant_scalar(other):
+            from .in_place import write_values
+            return write_values(self, lambda v: v.div_(other, rounding_mode=rounding_mode),
+                                lambda v: torch.div(v, other, rounding_mode=rounding_mode))
+        return _in_place("div_", self, other, rounded)
     return div_(self, other)
 
 

@@ -87,6 +87,20 @@ def apply(fn: str, t: SparseTensor, p: Optional[float] = None) -> torch.Tensor:
     if step_fn is not None and p is None and t.dtype.is_floating_point and values_level():
         return SparseTensor(t._storage.on_pattern(step_fn(t._storage.values)))
     f = _function(fn)
+    if f.torch_op is not None and not t.dtype.is_floating_point:
+        # integers, bool and complex (no kernel type): torch's own op on the stored values
+        # gives torch's result type (``bool.square()`` is int64, ``sign`` bool) and torch's
+        # error where it has none (``gelu`` of integers); complex where 0 does not stay 0
+        # (``exp``): on the dense copy, dense by nature
+        def op(x):
+            return f.torch_op(x, f.param(p)) if f.parameter else f.torch_op(x)
+        if f.preserves_zero(p):
+            return from_values(t._storage, op(t._storage.values))
+        if t.dtype.is_complex:
+            check_dense_size(fn, t.shape, t.dtype)
+            return op(t.to_dense())
+    elif t.dtype.is_complex:
+        raise TypeError(f"scorch: '{fn}' of a complex sparse tensor is not supported")
     if fn in _FLOATING and not t.dtype.is_floating_point:
         t = with_values(t, t._storage.values.to(torch.get_default_dtype()))
     if f.preserves_zero(p):
@@ -169,6 +183,9 @@ def _stored_count(t: SparseTensor, dims: Tuple[int, ...], extent: int) -> torch.
 
 
 def _extreme(name: str, reduce: str, t: SparseTensor, dim, keepdim: bool) -> torch.Tensor:
+    if t.dtype == torch.bool:    # the compiler's values are numbers: any / all as 0 / 1
+        as_bytes = with_values(t, t._storage.values.to(torch.uint8))
+        return _extreme(name, reduce, as_bytes, dim, keepdim).to(torch.bool)
     dims = _reduced_dims(dim if dim != () else None, t.dim(), name)
     extent = 1
     for d in dims:
@@ -399,6 +416,13 @@ def _pow(x, exponent, *, out=None):
         return NotImplemented
     if exponent == 1:
         return t
+    if not (t.dtype.is_floating_point or t.dtype.is_complex):
+        # torch's result type: ``int ** 0.5`` is float, ``bool ** 2`` int64 (the exponent's
+        # own type counts); ``x ** 0`` is 1 everywhere: dense by nature
+        if exponent > 0:
+            return from_values(t._storage, torch.pow(t._storage.values, exponent))
+        from .dense_by_nature import run_densified
+        return run_densified(torch.pow, t, exponent)
     return apply("pow", t, float(exponent))
 
 

@@ -21,7 +21,7 @@ import torch
 
 from .._dispatch import register
 from ..gradients.values import values_of
-from ..tensor_type import SparseTensor
+from ..tensor_type import SparseTensor, with_values
 from . import composites, nonlinear
 from .nonlinear import _sparse
 
@@ -337,6 +337,12 @@ register(torch.nanmedian, torch.Tensor.nanmedian)(_median_handler(True))
 def max_min_along(name: str, x, dim, keepdim=False, *, out=None):
     """``torch.max(x, dim, keepdim)`` / ``min``: called by ``composites``' ``max``/``min``
     handler for the forms with a dim."""
+    b = _sparse(x)
+    if b is not None and b.dtype == torch.bool and b.dim() and out is None and _integer(dim):
+        # bool: ranked as 0 / 1 (torch's max of bools is any, min is all; first index)
+        found = extreme_along(with_values(b, b._storage.values.to(torch.uint8)), dim,
+                              bool(keepdim), name == "max")
+        return type(found)((found.values.to(torch.bool), found.indices))
     t = _ranked_sparse(x)
     if t is None or out is not None or not _integer(dim):
         return NotImplemented

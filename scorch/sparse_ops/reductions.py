@@ -149,6 +149,18 @@ def sum(t: SparseTensor, dim: Dims = None, keepdim: bool = False,
         values = values_of(t)
         return values.sum(dtype=dtype or _accumulate_dtype(values.dtype))
     t = _in_dtype(t, dtype)
+    single = [d for d in dims if t._storage.shape[d] == 1]
+    if single:
+        # a sum over a size-1 dim moves no value: a squeeze (a view, or one pass over the
+        # coordinates), not a reduction kernel (``A.unsqueeze(1).sum(1)`` of a 2M x 2M matrix
+        # ran a workspace kernel, 50x a clone)
+        rest = [d for d in dims if d not in single]
+        if not keepdim:
+            t = t.squeeze(tuple(single))
+            rest = [d - len([o for o in single if o < d]) for d in rest]
+        if not rest:
+            return t.clone()
+        dims = tuple(rest)
     result = None
     if not (_grad_enabled() and _any_requires_grad(t)):
         result = _dense_pass_sum(t, dims)

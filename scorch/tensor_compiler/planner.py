@@ -30,13 +30,20 @@ __all__ = ["value_dtype", "kernel_formats", "make_entry", "resolve_out_format", 
 def value_dtype(ops) -> torch.dtype:
     """The dtype the kernel computes in: the operands' promoted type."""
     dt = None
+    dtypes = []
     for x in ops:
         d = x.values.dtype if isinstance(x, Storage) else x.dtype
+        dtypes.append(str(d).replace("torch.", ""))
         dt = d if dt is None else torch.promote_types(dt, d)
-    if dt == torch.bool:
-        raise TypeError("einsum(): bool operands are not supported; convert them to a number type")
-    if dt not in codegen.CTYPES:
-        raise TypeError(f"einsum(): unsupported dtype {dt}")
+    if dt == torch.bool or dt not in codegen.CTYPES:
+        # reached from any op (a sum, a product, an elementwise op), so the message names the
+        # operands' types and the way out rather than the op
+        kinds = ", ".join(str(t).replace("torch.", "") for t in codegen.CTYPES)
+        raise TypeError(
+            f"scorch: sparse kernels compute in {kinds}; operands of dtype {', '.join(dtypes)} "
+            f"compute in {str(dt).replace('torch.', '')}, which they do not support: convert "
+            f"the operands first (.float() for float16 / bfloat16, .to(torch.uint8) or .float() "
+            f"for bool; complex values have no kernels)")
     return dt
 
 

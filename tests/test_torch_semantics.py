@@ -1,0 +1,166 @@
+"""Where sparse results once differed from dense torch in result type, shape, ``out=``, in-place
+forms and limits (session 30's adversarial sweep): each case against dense torch."""
+import warnings
+
+import pytest
+import torch
+
+import scorch
+
+F64 = torch.float64
+
+
+def _dense(t):
+    return t.to_dense() if isinstance(t, scorch.SparseTensor) else t
+
+
+def _same(got, want):
+    got = _dense(got)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "csc"])
+def test_extremes_of_bool_tensors(fmt):
+    b = torch.tensor([[True, False, False], [False, False, False], [True, True, True]])
+    B = scorch.sparse_tensor(b, format=fmt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")               # no dense fallback
+        for f in (lambda x: x.amax(), lambda x: x.amin(), lambda x: x.amax(1), lambda x: x.amin(0),
+                  lambda x: x.max(), lambda x: x.min(), lambda x: x.max(1).values,
+                  lambda x: x.min(0).values, lambda x: x.max(1).indices, lambda x: x.min(1).indices):
+            _same(f(B), f(b))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+def test_integer_and_bool_functions_keep_torchs_result_type(dtype):
+    a = torch.tensor([[0, 2, 0], [3, 0, 5]]).to(dtype)
+    A = scorch.sparse_tensor(a, format="csr")
+    calls = [lambda x: x ** 2, lambda x: torch.pow(x, 2), lambda x: x.pow(2.0), lambda x: x ** 0.5,
+             lambda x: torch.sign(x), lambda x: x.sgn(), lambda x: torch.square(x), lambda x: x ** 0]
+    if dtype != torch.bool:
+        calls += [lambda x: torch.abs(x), lambda x: torch.relu(x), lambda x: torch.sqrt(x)]
+    for f in calls:
+        _same(f(A), f(a))
+    if dtype != torch.bool:                           # torch has no gelu of integers: neither here
+        with pytest.raises(RuntimeError):
+            torch.nn.functional.gelu(a)
+        with pytest.raises(RuntimeError):
+            torch.nn.functional.gelu(A)
+
+
+def test_complex_values_are_computed_as_torch_or_refused():
+    a = torch.tensor([[1j, 0], [0, 1 + 2j]], dtype=torch.complex64)
+    A = scorch.sparse_tensor(a, format="coo")
+    for f in (torch.exp, torch.cos, torch.sigmoid, torch.sin, torch.tanh, torch.abs):
+        _same(f(A), f(a))
+    with pytest.raises(TypeError, match="complex"):
+        A.sum(0)
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo"])
+def test_arg_extremes_over_everything_keep_dims(fmt):
+    a = torch.tensor([[0.0, 3.0, 0.0], [-1.0, 0.0, 2.0]])
+    A = scorch.sparse_tensor(a, format=fmt)
+    for f in (lambda x: x.argmax(keepdim=True), lambda x: torch.argmin(x, dim=None, keepdim=True),
+              lambda x: x.argmax()):
+        _same(f(A), f(a))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32])
+def test_in_place_division_with_a_rounding_mode(dtype):
+    a = torch.tensor([[0, 5, 0], [-7, 0, 3]]).to(dtype)
+    for mode in ("floor", "trunc"):
+        for divisor in (2, torch.tensor(2), torch.tensor([1, 2, 3]).to(dtype)):
+            A = scorch.sparse_tensor(a, format="csr")
+            values = A._storage.values
+            assert A.div_(divisor, rounding_mode=mode) is A
+            _same(A, torch.div(a, divisor, rounding_mode=mode))
+            assert A._storage.values is values          # the pattern kept, written in place
+
+
+def test_in_place_ops_on_a_dense_tensor_with_a_sparse_operand():
+    a = torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 3.0]])
+    A = scorch.sparse_tensor(a, format="csr")
+    for f in (lambda d, m: d.masked_fill_(m > 0, 1.0), lambda d, m: d.logical_and_(m),
+              lambda d, m: d.__setitem__(m > 0, 0.0)):
+        d, e = torch.full((2, 3), 5.0), torch.full((2, 3), 5.0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")           # densified: the fallback's warning
+            f(d, A)
+        f(e, a)
+        _same(d, e)
+    with pytest.raises(RuntimeError, match="in-place"):
+        A.sigmoid_()                                  # a sparse tensor written: still refused
+
+
+def test_out_arguments_as_torch():
+    a = torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, -3.0]])
+    d = torch.ones(2, 3)
+    A = scorch.sparse_tensor(a, format="csr")
+    calls = [lambda x, o: torch.add(x, d, out=o), lambda x, o: torch.sum(x, 0, out=o),
+             lambda x, o: torch.amax(x, 1, out=o), lambda x, o: torch.exp(x, out=o),
+             lambda x, o: torch.mul(x, 2, out=o), lambda x, o: torch.cat([x, x], out=o),
+             lambda x, o: torch.gt(x, 0, out=o)]
+    for f in calls:
+        want = torch.empty(0, dtype=torch.bool if f is calls[-1] else torch.float32)
+        got = torch.empty(0, dtype=want.dtype)
+        assert f(A, got) is got
+        f(a, want)
+        _same(got, want)
+    values, indices = torch.empty(0), torch.empty(0, dtype=torch.long)
+    r = torch.max(A, 1, out=(values, indices))
+    assert type(r) is torch.return_types.max and r.values is values
+    _same(values, a.max(1).values)
+    O = scorch.sparse_tensor(torch.zeros(2, 3), format="csc")
+    assert torch.mul(A, 2, out=O) is O
+    _same(O, a * 2)
+    assert O.format == scorch.as_format("csc", 2)
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        torch.exp(A, out=torch.empty(2, 3, dtype=torch.long))
+    R = scorch.sparse_tensor(a, format="csr").requires_grad_()
+    with pytest.raises(RuntimeError, match="don't support automatic differentiation"):
+        torch.exp(R, out=torch.empty(0))
+
+
+def test_a_scalar_added_to_a_huge_sparse_matrix_is_bounded():
+    """``A + 1`` is dense by nature: the dense limit applies (a 2M x 2M result would be 16 TB);
+    ``A + D`` with D of the result's size is the user's own size and runs."""
+    n = 2_000_000
+    idx = torch.randint(0, n, (2, 1000))
+    A = scorch.sparse_tensor((idx, torch.rand(1000)), size=(n, n), format="csr")
+    for f in (lambda: A + 1, lambda: 1 - A, lambda: A - 0.5, lambda: A + torch.ones(n),
+              lambda: torch.add(A, torch.tensor(1.0))):
+        with pytest.raises(scorch.DenseFallbackError, match="dense by nature"):
+            f()
+    small = scorch.sparse_tensor(torch.eye(3), format="csr")
+    _same(small + torch.ones(3, 3), torch.eye(3) + 1)
+
+
+def test_sum_over_size_one_dims_is_a_squeeze():
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(5, 4, generator=g) * (torch.rand(5, 4, generator=g) < 0.4)
+    A = scorch.sparse_tensor(a, format="csr")
+    for f in (lambda x: x.unsqueeze(1).sum(1), lambda x: x.unsqueeze(0).sum(0),
+              lambda x: x.unsqueeze(1).sum((1, 2)), lambda x: x.unsqueeze(0).sum(0, keepdim=True),
+              lambda x: x.unsqueeze(2).sum((0, 2))):
+        _same(f(A), f(a))
+    r = A.unsqueeze(1).sum(1)
+    assert r._storage.values.data_ptr() != A._storage.values.data_ptr()   # a new tensor
+    ai = torch.tensor([[1, 0, 2]], dtype=torch.int32)
+    _same(scorch.sparse_tensor(ai, format="csr").sum(0), ai.sum(0))   # int64, as torch
+
+
+def test_count_nonzero_along_a_dim_is_dense():
+    a = torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 0.0]])
+    A = scorch.sparse_tensor(a, format="csr")
+    for d in (0, 1):
+        r = torch.count_nonzero(A, d)
+        assert type(r) is torch.Tensor
+        _same(r, torch.count_nonzero(a, d))
+
+
+def test_unsupported_dtypes_say_what_to_do():
+    A = scorch.sparse_tensor(torch.eye(3).half(), format="csr")
+    with pytest.raises(TypeError, match=r"float16.*\.float\(\)"):
+        A @ torch.ones(3, 2, dtype=torch.float16)
