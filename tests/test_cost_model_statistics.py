@@ -197,3 +197,25 @@ def test_an_output_major_candidate_is_priced():
     ids = ml.access_ids(spec.assignment.rhs)
     p = OrderProblem(spec.assignment, ids, [C.format, None], ml.formula(spec.assignment.rhs, ids), False)
     assert output_major_order(p) is None
+
+
+# --- session 30: products never accumulate the whole result in a workspace ----------------
+
+@pytest.mark.parametrize("fa,fb", [("csc", "csr"), ("coo", "coo"), ("coo", "csr"), ("csr", "coo"),
+                                   ("csc", "csc"), ("coo", "csc")])
+def test_sparse_products_avoid_a_workspace_as_large_as_the_result(fa, fb):
+    """CSC x CSR ran as an outer product into a 2-D workspace (a std::map past 4M positions:
+    90x scipy) because the estimate priced its updates as a row's; a COO operand cannot be
+    located by a coordinate, so it is read as CSR (kept). Each plan now has at most a
+    one-dimensional workspace, and the result equals dense torch."""
+    n, per_row = 3000, 6
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, n, (2, n * per_row), generator=g)
+    val = torch.rand(n * per_row, generator=g, dtype=torch.float64)
+    A = scorch.sparse_tensor((idx, val), size=(n, n), format=fa)
+    B = scorch.sparse_tensor((idx.flip(0), val), size=(n, n), format=fb)
+    plan = scorch.explain("ij,jk->ik", A, B)
+    assert all(not w.startswith(("i,k", "k,i")) for w in plan.workspaces), plan.workspaces
+    torch.testing.assert_close((A @ B).to_dense(), A.to_dense() @ B.to_dense())
+    torch.testing.assert_close(scorch.einsum("ij,jk->ik", A, B).to_dense(),
+                               A.to_dense() @ B.to_dense())

@@ -143,8 +143,13 @@ def einsum_declined(equation: str, operands: tuple, out_format=None, sorted: boo
                 stretched = True
     if out_format is None and not sparse:
         return torch.einsum(check_equation(equation), *operands)   # the caller's tensors: autograd intact
+    converted = _products_read_compressed(equation, ops)
+    if converted is not ops:
+        ops = converted
+        stretched = True          # the key is rebuilt from the operands read
     if stretched:
-        equation, ops = squeeze_dense_broadcasts(equation, ops)
+        if any(type(st) is not Storage and 1 in st.shape for st in ops):
+            equation, ops = squeeze_dense_broadcasts(equation, ops)
         key = [equation, out_format] if sorted else [equation, out_format, "unsorted"]
         for st in ops:
             if type(st) is Storage:
@@ -212,6 +217,38 @@ def _sorted_operand(st: Storage) -> Tuple[Storage, int]:
         st = st.with_sorted_coordinates()
         sig = storage_signature(st)
     return st, sig
+
+
+def _products_read_compressed(equation: str, ops: list) -> list:
+    """Coordinate-level (COO) operands of a product of sparse operands, read as the same mode
+    order with a dense first level and compressed ones below (CSR's levels): a coordinate
+    level cannot be located by a coordinate, so the planner could only run COO x COO as an
+    outer product into a workspace as large as the result (30-90x scipy at 50k x 50k). The
+    conversion is kept with the pattern (``kept_conversions``): one pass over the entries on
+    the first call, a gather of the values after. Other calls: ``ops`` as they are."""
+    if "->" not in equation or "..." in equation:
+        return ops
+    lhs, rhs = equation.replace(" ", "").split("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ops):
+        return ops
+    sparse = [n for n, x in enumerate(ops) if type(x) is Storage]
+    if len(sparse) < 2:
+        return ops
+    shared = {v for v in set(lhs) - set(rhs) - {","}
+              if sum(v in terms[n] for n in sparse) >= 2}
+    if not shared:
+        return ops
+    out = list(ops)
+    for n in sparse:
+        fmt = ops[n].format
+        if fmt.block is not None or not any(k.letter in "qs" for k in fmt.levels) \
+                or not any(v in shared for v in terms[n]):
+            continue
+        from ..kept_conversions import reformatted
+        letters = "d" + "c" * (len(fmt.levels) - 1)
+        out[n], _ = _sorted_operand(reformatted(ops[n], Format(letters, fmt.mode_order)))
+    return out
 
 
 def _keyed_operands(operands) -> Tuple[list, list]:
@@ -314,7 +351,7 @@ def explain(equation: str, *operands, out_format=None) -> Plan:
     """The plan for ``einsum(equation, *operands)``; nothing is compiled or run."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    ops = _keyed_operands(operands)[0]
+    ops = _products_read_compressed(equation, _keyed_operands(operands)[0])
     return _plan_of(einsum_entry(equation, ops, out_format), ops)
 
 

@@ -26,7 +26,7 @@ from typing import Dict, FrozenSet, List, Optional, Sequence
 from .cost_model import OrderProblem, concordant_dims, measure
 
 __all__ = ["Statistics", "Estimate", "estimate", "TRANSPOSE_PASSES", "KEPT_TRANSPOSE_PASSES",
-           "VECTOR_VISITS", "UPDATE_VISITS"]
+           "VECTOR_VISITS", "UPDATE_VISITS", "WIDE_WORKSPACE_VISITS", "MAP_WORKSPACE_VISITS"]
 
 #: entry visits a transpose costs on a call that converts (count, prefix sum, scatter of
 #: coordinates and values, fresh arrays): CSC -> CSR of 45k entries takes 70 us warm and
@@ -53,6 +53,20 @@ UPDATE_VISITS = 0.5
 #: adding every stored entry into a workspace one value at a time: 0.89 ms, where ``i, j,
 #: k`` on one thread adds 32-value rows (0.21 ms at 3000^2, 0.5 %, K = 32).
 VECTOR_VISITS = 4.0
+
+
+#: body visits per update of a workspace of two or more dimensions (CSC x CSR in the outer
+#: product order ``j, i, k``: the whole output accumulates there): through a dense scratch
+#: and a sort of its touched list while its extent is at most ``DENSE_WS_LIMIT`` (~57 ns an
+#: update), else through a std::map (~570 ns), where Gustavson's one-dimensional workspace
+#: (``i, j, k`` after a transpose) takes ~9 ns an update with its row's work (N = 2000 and
+#: 20,000, 10 entries a row, 1 thread, Zen 5: 11.5 / 1138 ms against 1.1 / 17 ms, the
+#: transpose 0.07 / 0.6 ms). Unpriced, the model chose the outer product: 30-90x scipy.
+WIDE_WORKSPACE_VISITS = 380.0
+MAP_WORKSPACE_VISITS = 3800.0
+
+#: the extent above which a workspace is a std::map (``lower.facts.DENSE_WS_LIMIT``)
+_DENSE_WS_LIMIT = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -163,11 +177,24 @@ def estimate(order: Sequence[str], p: OrderProblem, threads: int = 1) -> Optiona
         passes = KEPT_TRANSPOSE_PASSES if i in p.kept_transposes else TRANSPOSE_PASSES
         moved += passes * (st.nnz if st is not None else iters)
     updates = UPDATE_VISITS * _memory_updates(order, m, p, entered, iters)
+    if m.workspace >= 2:
+        updates = iters * _wide_workspace_visits(order, p)
     par = 1.0
     if order and order[0] in p.asg.output and threads > 1:   # chunked outer loop
         share = _heaviest_row_share(p, order[0])
         par = float(threads) if share <= 0 else max(1.0, min(float(threads), 1.0 / share))
     return Estimate(work, moved, par, (work + updates) / par + moved, updates)
+
+
+def _wide_workspace_visits(order: Sequence[str], p: OrderProblem) -> float:
+    """Visits per update of the workspace under the first reduction loop (see
+    :data:`WIDE_WORKSPACE_VISITS`)."""
+    first = next((n for n, v in enumerate(order) if v in p.reductions), len(order))
+    extent = 1
+    for v in order[first:]:
+        if v not in p.reductions:
+            extent *= int(p.extents.get(v, 1))
+    return MAP_WORKSPACE_VISITS if extent > _DENSE_WS_LIMIT else WIDE_WORKSPACE_VISITS
 
 
 def _memory_updates(order: Sequence[str], m, p: OrderProblem, entered: Sequence[float],
