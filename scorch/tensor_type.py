@@ -649,11 +649,24 @@ def as_scorch(x) -> object:
     return x
 
 
+def _permuted_blocked(t: SparseTensor, dims: Sequence[int]) -> SparseTensor:
+    """A blocked tensor permuted (BSR ``.t()`` is BSC, as torch's): its blocks are stored
+    row-major, so no view can reorder them; one conversion to the unblocked format, the view,
+    and one back into blocks of the permuted shape (cost follows the stored blocks)."""
+    dims = [int(d) for d in dims]
+    if dims == list(range(len(dims))):
+        return t
+    fmt = t._storage.format
+    plain = permute_view(t.to_format(Format(fmt.levels, fmt.mode_order)), dims)
+    pf = plain._storage.format
+    return plain.to_format(Format(pf.levels, pf.mode_order, block=tuple(fmt.block[d] for d in dims)))
+
+
 def permute_view(t: SparseTensor, dims: Sequence[int]) -> SparseTensor:
     """``t.permute(dims)`` without moving data: only the mode order changes."""
     st = t._storage
     if st.format.block is not None:
-        raise NotImplementedError("permute of a blocked sparse tensor: convert it first")
+        return _permuted_blocked(t, dims)
     if _grad_enabled() and _any_requires_grad(t):
         return _AUTOGRAD["view_of"](st.permuted(dims), t.values())   # same values, new view
     return SparseTensor(st.permuted(dims))

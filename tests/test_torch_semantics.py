@@ -164,3 +164,31 @@ def test_unsupported_dtypes_say_what_to_do():
     A = scorch.sparse_tensor(torch.eye(3).half(), format="csr")
     with pytest.raises(TypeError, match=r"float16.*\.float\(\)"):
         A @ torch.ones(3, 2, dtype=torch.float16)
+
+
+@pytest.mark.parametrize("block", [(2, 2), (2, 3), (1, 3)])
+def test_blocked_tensors_transpose_as_torch(block):
+    """BSR ``.t()`` is BSC (as torch's): a conversion, since blocks are stored row-major."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(6, 6, generator=g, dtype=F64)
+    a = a * (torch.rand(6 // block[0], 6 // block[1], generator=g) < 0.5).repeat_interleave(
+        block[0], 0).repeat_interleave(block[1], 1)
+    B = scorch.sparse_tensor(a, format=scorch.Format("dc", block=block))
+    for f in (lambda x: x.t(), lambda x: x.T, lambda x: x.transpose(0, 1), lambda x: x.permute(1, 0),
+              lambda x: x.mT, lambda x: x.transpose(1, 1)):
+        r = f(B)
+        _same(r, f(a))
+    assert B.t().format.block == (block[1], block[0])
+    assert B.permute(0, 1) is B
+    X = torch.randn(6, 3, dtype=F64, generator=g)
+    _same(B.t() @ X, a.t() @ X)
+    W = scorch.sparse_tensor(a, format=scorch.Format("dc", block=block)).requires_grad_()
+    (W.t() @ X).sum().backward()
+    torch.testing.assert_close(W.grad.to_dense(), (torch.ones(6, 3, dtype=F64) @ X.t()).t() * (a != 0))
+
+
+def test_subtracting_bool_tensors_raises_as_torch():
+    A = scorch.sparse_tensor(torch.eye(2), format="csr")
+    for f in (lambda: A - True, lambda: True - A, lambda: A - torch.ones(2, 2, dtype=torch.bool)):
+        with pytest.raises(RuntimeError, match="Subtraction.*bool"):
+            f()

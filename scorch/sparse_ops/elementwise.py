@@ -311,6 +311,11 @@ def sub(a, b, alpha=1) -> torch.Tensor:
     """``a - alpha * b``."""
     if not (is_sparse_operand(a) or is_sparse_operand(b)):
         return torch.sub(a, b, alpha=alpha)
+    if any(isinstance(x, bool) or (isinstance(x, torch.Tensor) and x.dtype == torch.bool)
+           for x in (a, b)):
+        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. "
+                           "If you are trying to invert a mask, use the `~` or `logical_not()` "
+                           "operator instead.")
     stepped = _in_optimizer_step(torch.sub, a, b, alpha)
     if stepped is not None:
         return stepped
