@@ -142,3 +142,37 @@ def test_whole_op_surface_on_a_2m_by_2m_matrix_under_3gb():
     assert "ok fallback raised" in out.stdout
     peak = int(out.stdout.strip().splitlines()[-1].split()[-1])
     assert peak < 3 * 1024
+
+
+PRODUCT_TOO_LARGE = textwrap.dedent(r"""
+    import resource
+    import torch
+    import scorch
+    torch.set_num_threads(2)
+    n = 12000                       # one full row times one full column: n * n entries
+    ones = torch.ones(n)
+    col0 = torch.stack([torch.arange(n), torch.zeros(n, dtype=torch.long)])
+    A = scorch.sparse_tensor((col0, ones), size=(n, n), format="csr")
+    B = scorch.sparse_tensor((col0.flip(0), ones), size=(n, n), format="csr")
+    small = scorch.sparse_tensor(torch.eye(3), format="csr")
+    small @ small                   # the SpGEMM kernel loaded before the cap
+    vm = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize")][0]
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (256 << 20), resource.RLIM_INFINITY))
+    try:
+        A @ B                       # 144M entries, 1.2 GB: more than the 256 MB left
+    except MemoryError as e:
+        print("MemoryError:", e, flush=True)
+    print("alive", float((small @ small).to_dense().sum()), flush=True)
+""")
+
+
+def test_a_product_larger_than_memory_raises_memory_error():
+    """An output buffer that cannot grow inside a kernel (an OpenMP region, where a C++
+    exception ends the process: session 30 saw SIGABRT) records the failure and the call
+    raises MemoryError; the process goes on."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", PRODUCT_TOO_LARGE], cwd=root, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "MemoryError: out of memory while the kernel appended" in out.stdout
+    assert "alive 3.0" in out.stdout

@@ -96,6 +96,25 @@ inline void result_release(KernelResult* r) {
   r->narrays = 0;
 }
 
+// Set when an output buffer could not grow inside a kernel (AppendBuffer, workspace.h): a
+// C++ exception thrown in an OpenMP region, or through the kernel's C entry, ends the
+// process, so the buffer records the failure, keeps a row's room to write into, and the
+// call ends with MemoryError (result_check_allocation). One flag per kernel module.
+inline volatile int& allocation_failed() {
+  static volatile int failed = 0;
+  return failed;
+}
+
+// After kernel_result_c: a failed allocation turns the call's result into MemoryError.
+inline void result_check_allocation(KernelResult* r) {
+  if (!allocation_failed()) return;
+  allocation_failed() = 0;
+  result_release(r);
+  result_error(r, RESULT_NOMEM,
+               "out of memory while the kernel appended its output entries: the result does "
+               "not fit in memory%.0lld", 0);
+}
+
 // Array ``i``: the first ``n`` values of ``block`` (``nbytes`` long; ``give`` takes it back).
 // A block less than half used is copied out and given back (the array would hold up to
 // twice its memory); else the array is the block, with no copy into fresh pages.

@@ -38,6 +38,8 @@ cdef extern from "kernel_result.h" namespace "scorch" nogil:
     void result_init(KernelResult* r)
     int result_error(KernelResult* r, int status, const char* fmt, int64_t value)
     void result_release(KernelResult* r)
+    void result_check_allocation(KernelResult* r)
+    int allocation_failed()
     void result_hand_over(KernelResult* r, int i, void* block, size_t nbytes, int64_t n, int kind,
                           int itemsize, give_fn give)
     void result_gather[C, V](int64_t n, int64_t off, const C* crd, const V* val, void* crd_out,

@@ -16,6 +16,8 @@
 #include <new>
 #include <cstdint>
 #include <map>
+
+#include "kernel_result.h"
 #include <vector>
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -590,11 +592,20 @@ class alignas(64) AppendBuffer {
   AppendBuffer() {}
   AppendBuffer(const AppendBuffer&) = delete;
   AppendBuffer& operator=(const AppendBuffer&) = delete;
-  AppendBuffer(AppendBuffer&& o) noexcept : ptr(o.ptr), n(o.n), cap(o.cap) {
+  AppendBuffer(AppendBuffer&& o) noexcept
+      : ptr(o.ptr), n(o.n), cap(o.cap), failed(o.failed), sink(o.sink), sink_bytes(o.sink_bytes) {
     o.ptr = nullptr;
     o.n = o.cap = 0;
+    o.failed = false;
+    o.sink = nullptr;
+    o.sink_bytes = 0;
   }
-  ~AppendBuffer() { block_pool().give(ptr, static_cast<size_t>(cap) * sizeof(T)); }
+  ~AppendBuffer() {
+    if (failed)
+      block_pool().give(sink, sink_bytes);
+    else
+      block_pool().give(ptr, static_cast<size_t>(cap) * sizeof(T));
+  }
 
   inline void push_back(T v) {
     if (n == cap) reserve(n + 1);
@@ -625,12 +636,53 @@ class alignas(64) AppendBuffer {
  private:
   T* ptr = nullptr;
   int64_t n = 0, cap = 0;
+  // After a failed allocation (``fail``): the kernel's result is lost (allocation_failed:
+  // its entry returns before reading any buffer, and the call raises MemoryError), but its
+  // chunk runs to the end, writing at ``data() + size()`` or where grow() points. So writes
+  // go to a small ``sink`` block with room for the values written at a time: ``n`` keeps
+  // counting, and ``ptr`` is placed ``n`` values before the sink, so that both ways of
+  // addressing land in it; every write past ``cap`` (= n) comes back here.
+  bool failed = false;
+  T* sink = nullptr;
+  size_t sink_bytes = 0;
+
+  void fail(int64_t need) {
+    if (!failed) {
+      allocation_failed() = 1;
+      failed = true;
+      block_pool().give(ptr, static_cast<size_t>(cap) * sizeof(T));   // the lost entries
+    }
+    const size_t room = static_cast<size_t>(std::max<int64_t>(need - n, 1)) * sizeof(T);
+    if (room > sink_bytes) {
+      block_pool().give(sink, sink_bytes);
+      sink = nullptr;
+      sink_bytes = 0;
+      try {
+        sink = static_cast<T*>(block_pool().take(room, &sink_bytes));
+      } catch (const std::bad_alloc&) {
+        std::abort();                  // not even the room for one row's values
+      }
+    }
+    ptr = sink - n;
+    cap = n;                           // the next write past n comes back here
+  }
+
   void reserve(int64_t need) {
+    if (failed) {
+      fail(need);
+      return;
+    }
     int64_t c = cap ? cap * 2 : 4096;
     while (c < need) c *= 2;
     size_t got = 0;
     const size_t bytes = static_cast<size_t>(c) * sizeof(T);
-    T* p = static_cast<T*>(cap ? block_pool().take(bytes, &got) : block_pool().take_largest(bytes, &got));
+    T* p = nullptr;
+    try {
+      p = static_cast<T*>(cap ? block_pool().take(bytes, &got) : block_pool().take_largest(bytes, &got));
+    } catch (const std::bad_alloc&) {
+      fail(need);
+      return;
+    }
     if (n) std::memcpy(p, ptr, static_cast<size_t>(n) * sizeof(T));
     block_pool().give(ptr, static_cast<size_t>(cap) * sizeof(T));
     ptr = p;

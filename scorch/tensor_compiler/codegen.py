@@ -409,6 +409,7 @@ def _tuples_epilogue(k: Kernel, w, fn: str, ret: str) -> None:
     w(f"    crds.resize(nchunks * {R})")
     w("    vals.resize(nchunks)")
     _run_chunks(w, fn, "&crds[0], &vals[0]", f"&crds[t * {R}], &vals[t]", choices=_variants_of(k, fn))
+    _buffers_failed(w)
     w("    total = 0")
     w("    for t in range(nchunks):")
     w("        total += vals[t].size()")
@@ -443,6 +444,7 @@ def _rows_epilogue(k: Kernel, w, fn: str) -> None:
     w("    crds.resize(nchunks)")
     w("    vals.resize(nchunks)")
     _run_chunks(w, fn, "&crds[0], &vals[0]", "&crds[t], &vals[t]", choices=_variants_of(k, fn))
+    _buffers_failed(w)
     _offsets_and_pos(o, w, "vals[t].size()", "appended")
     it, vt = o.index_type, k.value_type
     w("    cdef size_t nbytes")
@@ -456,6 +458,14 @@ def _rows_epilogue(k: Kernel, w, fn: str) -> None:
     _gather_chunks(k, w, "vals[t].size()", "crds[t].data()", "vals[t].data()")
     _set_gathered(k, w)
     w("    return RESULT_OK")
+
+
+def _buffers_failed(w) -> None:
+    """An output buffer that could not grow (``AppendBuffer``, ``workspace.h``) lost the
+    chunks' entries: no buffer is read, and the call raises MemoryError."""
+    w("    if allocation_failed():")
+    w('        return result_error(res, RESULT_NOMEM, b"out of memory while the kernel appended '
+      'its output entries: the result does not fit in memory%.0lld", 0)')
 
 
 def _offsets_and_pos(o: RowsOutput, w, count: str, verb: str) -> None:
@@ -581,6 +591,7 @@ def _result_entry(k: Kernel, w) -> None:
     w("    result_init(&res)")
     w("    with nogil:")
     w("        kernel_result_c(values, nthreads, panel, &res)")
+    w("        result_check_allocation(&res)")
     w("    return result_to_python(&res)")
     w("")
 

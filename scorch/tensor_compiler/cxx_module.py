@@ -861,6 +861,7 @@ _RESULT_ENTRY = (
     result_init(&res);
     Py_BEGIN_ALLOW_THREADS
     kernel_result_c(values, (int)nthreads, (int)panel, &res);
+    result_check_allocation(&res);
     Py_END_ALLOW_THREADS
     return scorch_result_to_python(&res);""", """\
     PyObject* runtime = PyImport_ImportModule("scorch._runtime.result");

@@ -407,6 +407,9 @@ static int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelR
             }
         }
     }
+    if (allocation_failed()) {
+        return result_error(res, RESULT_NOMEM, "out of memory while the kernel appended its output entries: the result does not fit in memory%.0lld", 0);
+    }
     offs.resize((nchunks + 1));
     offs[0] = 0;
     {
@@ -483,6 +486,7 @@ static PyObject* scorch_kernel(PyObject* self, PyObject* const* argv, Py_ssize_t
     result_init(&res);
     Py_BEGIN_ALLOW_THREADS
     kernel_result_c(values, (int)nthreads, (int)panel, &res);
+    result_check_allocation(&res);
     Py_END_ALLOW_THREADS
     return scorch_result_to_python(&res);
 }

@@ -18,7 +18,7 @@ from scorch._runtime.workspace cimport AppendBuffer, DenseScratch, SparseWorkspa
 from scorch._runtime.workspace cimport dense_ws_drain_scan
 from cython.operator cimport dereference as deref, preincrement as inc
 from cython.parallel cimport prange
-from scorch._runtime.result cimport KernelResult, RESULT_OK, RESULT_OVERFLOW, RESULT_RUNTIME, RESULT_NOMEM, RESULT_INT, RESULT_UINT, RESULT_FLOAT, result_init, result_alloc, result_free, result_zeros_i64, result_array, result_error, result_hand_over, result_gather, result_pos, result_to_python
+from scorch._runtime.result cimport KernelResult, RESULT_OK, RESULT_OVERFLOW, RESULT_RUNTIME, RESULT_NOMEM, RESULT_INT, RESULT_UINT, RESULT_FLOAT, result_init, result_alloc, result_free, result_zeros_i64, result_array, result_error, result_hand_over, result_gather, result_pos, result_check_allocation, allocation_failed, result_to_python
 
 cdef struct Args:
     int64_t N_i
@@ -284,6 +284,8 @@ cdef int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelRes
                 run_chunk_map(&a, bounds[t], bounds[t + 1], &crds[t], &vals[t])
             else:
                 fn(&a, bounds[t], bounds[t + 1], &crds[t], &vals[t])
+    if allocation_failed():
+        return result_error(res, RESULT_NOMEM, b"out of memory while the kernel appended its output entries: the result does not fit in memory%.0lld", 0)
     cdef vector[int64_t] offs
     offs.resize(nchunks + 1)
     offs[0] = 0
@@ -325,4 +327,5 @@ def kernel(list args, int nthreads, int panel=0):
     result_init(&res)
     with nogil:
         kernel_result_c(values, nthreads, panel, &res)
+        result_check_allocation(&res)
     return result_to_python(&res)
