@@ -64,21 +64,27 @@ def _check_dtype_arg(dtype: Any) -> None:
         raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}{hint}")
 
 
-def _number_tensor(x: Any, name: str) -> torch.Tensor:
+def _number_tensor(x: Any, name: str, empty: Optional[torch.dtype] = None) -> torch.Tensor:
     """``x`` (tensor, numpy array, nested list) as a tensor of numbers; strings, objects and
     ragged lists give a TypeError naming ``name``."""
     if isinstance(x, torch.Tensor):
         return x
     if isinstance(x, np.ndarray):
-        if x.dtype.kind not in "biufc":
-            raise TypeError(f"{name} must hold numbers, got a numpy array of dtype {x.dtype}")
-        return torch.from_numpy(np.ascontiguousarray(x)) if x.dtype != np.float16 \
-            else torch.from_numpy(x.copy())
+        return interop.numpy_tensor(x, name)
+    if isinstance(x, (list, tuple)) and not _holds_numbers(x):
+        # empty: no value to type it (torch reads [] as float32, which indices cannot be)
+        return torch.zeros(np.shape(x), dtype=empty or torch.get_default_dtype())
     try:
         return torch.as_tensor(x)
     except (TypeError, ValueError, RuntimeError) as exc:
         raise TypeError(f"{name} must be numbers (a tensor, array or nested list of numbers), "
                         f"got {type(x).__name__}: {exc}") from None
+
+
+def _holds_numbers(x) -> bool:
+    """Whether a nested list holds any value (``[[], []]`` holds none: torch would type its
+    tensor float32, which coordinates cannot be)."""
+    return any(_holds_numbers(v) if isinstance(v, (list, tuple)) else True for v in x)
 
 
 #: (format name or None, rank) -> its Format, resolved once (a training loop converts a
@@ -138,6 +144,7 @@ def sparse_tensor(data: Any, size: Optional[Sequence[int]] = None, format: Forma
         st = _convert().from_dense(data.detach(), fmt)
         source = data
     else:
+        _check_dtype(dtype or st.dtype, "data")
         if size is not None and _check_size(size) != tuple(st.shape):
             raise ValueError(f"size {tuple(size)} disagrees with the data's shape {tuple(st.shape)}")
         if format is not None:
@@ -172,7 +179,7 @@ def _differentiable(st, data, source: torch.Tensor) -> SparseTensor:
 
 
 def _from_coordinates(indices, values, size, format, dtype):
-    indices = _number_tensor(indices, "indices")
+    indices = _number_tensor(indices, "indices", empty=torch.int64)
     values = _number_tensor(values, "values")
     for name, t in (("indices", indices), ("values", values)):
         if t.device.type != "cpu":

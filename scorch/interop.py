@@ -111,9 +111,11 @@ def _checked_torch(x: torch.Tensor, layout) -> Optional[Storage]:
         return _torch_storage(redo.coalesce())
     if layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
         if x.dim() != 2:
-            raise ValueError(
-                f"torch {layout} tensor with {x.dim()} dims: batched or hybrid compressed "
-                f"layouts are read through COO; call .to_sparse() first")
+            # batched or hybrid: read through torch's COO of it (a copy, kept with this
+            # tensor's version like any checked import)
+            coo = x.to_sparse()
+            st = _checked_torch(coo, torch.sparse_coo)
+            return st if st is not None else _torch_storage(coo)
         rowwise = layout in (torch.sparse_csr, torch.sparse_bsr)
         pos, crd = (x.crow_indices(), x.col_indices()) if rowwise else \
             (x.ccol_indices(), x.row_indices())
@@ -244,8 +246,24 @@ def is_scipy_sparse(x) -> bool:
         return False
 
 
-def _t(a: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(a))
+def numpy_tensor(x: np.ndarray, name: str) -> torch.Tensor:
+    """A numpy array as a tensor (shared where torch can): a byte-swapped array is made
+    native first; types torch has none of (``longdouble``, strings, objects) are a
+    TypeError naming ``name``."""
+    kind, size = x.dtype.kind, x.dtype.itemsize
+    if kind not in "biufc":
+        raise TypeError(f"{name} must hold numbers, got a numpy array of dtype {x.dtype}")
+    if (kind == "f" and size > 8) or (kind == "c" and size > 16):
+        raise TypeError(f"{name}: numpy dtype {x.dtype} has no torch counterpart; convert it "
+                        f"first (e.g. .astype(numpy.float64))")
+    if not x.dtype.isnative:
+        x = x.astype(x.dtype.newbyteorder("="))
+    return torch.from_numpy(np.ascontiguousarray(x)) if x.dtype != np.float16 \
+        else torch.from_numpy(x.copy())
+
+
+def _t(a: np.ndarray, name: str = "a scipy.sparse array") -> torch.Tensor:
+    return numpy_tensor(a, name)
 
 
 def from_scipy(m) -> Storage:
@@ -307,8 +325,23 @@ def to_scipy(st: Storage, kind: str = "array"):
     sp = _sp()
     if kind not in ("array", "matrix"):
         raise ValueError(f"to_scipy: kind must be 'array' or 'matrix', got {kind!r}")
+    if st.values.dtype in (torch.float16, torch.bfloat16) or not st.values.dtype.is_floating_point \
+            and st.values.dtype not in (torch.int8, torch.int16, torch.int32, torch.int64,
+                                        torch.uint8, torch.bool) and not st.values.dtype.is_complex:
+        raise TypeError(f"to_scipy: scipy.sparse does not compute with {st.values.dtype} values; "
+                        f"convert the tensor first (e.g. .float())")
     if st.ndim != 2:
-        raise ValueError(f"to_scipy: scipy.sparse holds matrices; this tensor has {st.ndim} dims")
+        if kind == "array" and hasattr(sp, "coo_array"):
+            # scipy >= 1.13: n-d (and 1-d) COO arrays
+            if st.format != Format("q" * st.ndim):
+                st = _convert().convert(st, Format("q" * st.ndim))
+            coords = tuple(lv.crd.numpy() for lv in st.levels)
+            try:
+                return sp.coo_array((st.values.numpy(), coords), shape=st.shape, copy=False)
+            except (TypeError, ValueError):
+                pass
+        raise ValueError(f"to_scipy: this scipy.sparse holds matrices (kind={kind!r}); this "
+                         f"tensor has {st.ndim} dims")
     fmt = st.format
     cls = lambda name: getattr(sp, f"{name}_{kind}")  # noqa: E731
     if fmt.levels == (_D, _C):

@@ -118,3 +118,47 @@ def test_torch_sparse_operand_read_as_matching_format():
     csr = x.to_sparse_csr()
     s = scorch.sparse_tensor(csr, format="csc")
     assert s.format.name == "csc" and torch.equal(s.to_dense(), x)
+
+
+# --- session 30 ---------------------------------------------------------------------------
+
+def test_unsupported_value_dtypes_are_refused_at_construction():
+    import numpy as np
+    import scipy.sparse as sp
+    d = np.eye(3, dtype=np.uint16)
+    for make in (lambda: scorch.sparse_tensor(sp.coo_array(d)), lambda: scorch.sparse_tensor(sp.csr_array(d)),
+                 lambda: scorch.sparse_tensor(torch.eye(3).to_sparse_csr(), dtype=torch.uint16)):
+        with pytest.raises(TypeError, match="uint16"):
+            make()
+
+
+def test_batched_and_hybrid_torch_compressed_tensors_are_read():
+    b = torch.rand(2, 3, 4) * (torch.rand(3, 4) < 0.5)     # torch: equal counts per batch
+    bc = b.to_sparse_csr()
+    S = scorch.sparse_tensor(b, format="coo")
+    torch.testing.assert_close(scorch.sparse_tensor(bc).to_dense(), b)
+    torch.testing.assert_close((bc + S).to_dense(), 2 * b)
+    h = torch.rand(3, 4, 2) * (torch.rand(3, 4, 1) < 0.5)
+    torch.testing.assert_close(scorch.sparse_tensor(h.to_sparse_csr(dense_dim=1)).to_dense(), h)
+
+
+def test_to_scipy_dtypes_and_ranks():
+    A = scorch.sparse_tensor(torch.eye(3).half(), format="csr")
+    with pytest.raises(TypeError, match="float16"):
+        A.to_scipy()
+    for shape in [(4,), (2, 3, 4)]:
+        x = torch.rand(shape) * (torch.rand(shape) < 0.5)
+        m = scorch.sparse_tensor(x).to_scipy()
+        assert m.shape == shape
+        torch.testing.assert_close(torch.from_numpy(m.toarray()), x)
+
+
+def test_empty_coordinate_lists_and_foreign_numpy_types():
+    import numpy as np
+    s = scorch.sparse_tensor(([[], []], []), size=(3, 4))
+    assert s.nnz == 0 and s.dtype == torch.get_default_dtype() and s.shape == (3, 4)
+    big_endian = np.eye(2).astype(">f8")
+    torch.testing.assert_close(scorch.sparse_tensor(big_endian).to_dense(), torch.eye(2, dtype=torch.float64))
+    if np.dtype(np.longdouble).itemsize > 8:
+        with pytest.raises(TypeError, match="no torch counterpart"):
+            scorch.sparse_tensor(np.eye(2, dtype=np.longdouble))
