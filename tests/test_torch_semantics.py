@@ -192,3 +192,49 @@ def test_subtracting_bool_tensors_raises_as_torch():
     for f in (lambda: A - True, lambda: True - A, lambda: A - torch.ones(2, 2, dtype=torch.bool)):
         with pytest.raises(RuntimeError, match="Subtraction.*bool"):
             f()
+
+
+def test_assigning_data():
+    """``p.data = value`` (``vector_to_parameters``, EMA copies) swaps a sparse tensor's
+    contents (it was silently ignored)."""
+    w = torch.tensor([[1.0, 0, 2], [0, 3, 0]], dtype=F64)
+    p = torch.nn.Parameter(scorch.sparse_tensor(w, format="csr"))
+    p.data = scorch.sparse_tensor(w * 5, format="coo")
+    assert isinstance(p, torch.nn.Parameter) and p.format == scorch.as_format("csr", 2)
+    _same(p.detach(), w * 5)
+    p.data = torch.full((2, 3), 7.0, dtype=F64)
+    _same(p.detach(), torch.full((2, 3), 7.0, dtype=F64))
+    lin = torch.nn.Linear(3, 2).double()
+    lin.weight = torch.nn.Parameter(scorch.sparse_tensor(w, format="csr"))
+    vec = torch.nn.utils.parameters_to_vector(lin.parameters())
+    torch.nn.utils.vector_to_parameters(vec * 2, lin.parameters())
+    _same(lin.weight.detach(), w * 2)
+    with pytest.raises(RuntimeError, match="shape"):
+        p.data = torch.ones(3, 3, dtype=F64)
+
+
+def test_embedding_arguments_as_torch():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(5, 4, generator=g) * (torch.rand(5, 4, generator=g) < 0.5)
+    W = scorch.sparse_tensor(w, format="csr")
+    F = torch.nn.functional
+    with pytest.raises(IndexError, match="out of range"):
+        F.embedding(torch.tensor([0, -1]), W)
+    with pytest.raises(RuntimeError, match="idx >= 0"):
+        F.embedding_bag(torch.tensor([0, -1]), W, torch.tensor([0]))
+    idx = torch.tensor([0, 2, 4, 1, 3, 3])
+    # (a last offset short of the input's length is invalid input on which torch's own
+    # kernels disagree by mode and dtype: not compared)
+    for offsets, mode in [([0, 2, 6], "sum"), ([0, 2, 6], "mean"), ([0, 6], "max"), ([0, 3, 6], "max")]:
+        o = torch.tensor(offsets)
+        _same(F.embedding_bag(idx, W, o, mode=mode, include_last_offset=True),
+              F.embedding_bag(idx, w, o, mode=mode, include_last_offset=True))
+    for offsets, message in [([1, 3], "offsets\\[0\\] has to be 0"), ([0, 2, 9], "can not be greater")]:
+        with pytest.raises(RuntimeError, match=message):
+            F.embedding_bag(idx, W, torch.tensor(offsets))
+    with pytest.raises(NotImplementedError):
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            F.embedding_bag(idx, W, torch.tensor([0, 3]), mode="mean",
+                            per_sample_weights=torch.ones(6))

@@ -213,3 +213,27 @@ for _method, _dtype in ((torch.Tensor.double, torch.float64), (torch.Tensor.floa
 @register(torch.Tensor.type_as)
 def _type_as(t, other):
     return _cast(t, other.dtype, False) if _tracked(t) else NotImplemented
+
+
+@register(torch.Tensor.data.__set__)
+def _set_data(self, value):
+    """``t.data = value``: a sparse ``t`` takes ``value``'s pattern and values (cast to its
+    dtype, stored in its format; a dense ``value`` keeps its nonzeros), as torch's
+    ``set_data`` swaps what a tensor holds without autograd seeing it
+    (``vector_to_parameters``, EMA copies). A dense tensor cannot hold a sparse one's data
+    (torch refuses its own sparse layouts so too): assign the module attribute instead."""
+    if not isinstance(self, SparseTensor):
+        raise RuntimeError(
+            "data set to a tensor of an incompatible type: a dense tensor cannot take a scorch "
+            "sparse tensor's data (assign the module attribute instead: module.weight = "
+            "torch.nn.Parameter(sparse))")
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"data must be a Tensor, got {type(value).__name__}")
+    if tuple(value.shape) != tuple(self.shape):
+        raise RuntimeError(f"data of shape {tuple(value.shape)} for a sparse tensor of shape "
+                           f"{tuple(self.shape)} (a sparse tensor cannot change its shape)")
+    from ..constructors import sparse_tensor
+    with torch.no_grad():
+        new = sparse_tensor(value.detach(), format=self._storage.format, dtype=self.dtype)
+    self._storage = new._storage
+    torch.autograd.graph.increment_version(self._storage.values)

@@ -690,6 +690,8 @@ def embedding(index: torch.Tensor, weight: SparseTensor) -> torch.Tensor:
         raise IndexError("embedding(): indices must be an int64 or int32 tensor")
     if weight.dim() != 2:
         raise ValueError(f"embedding(): weight must be 2-D, got shape {tuple(weight.shape)}")
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= weight.shape[0]):
+        raise IndexError("index out of range in self")      # torch's (no negative indices)
     rows = index_select(weight, 0, index.reshape(-1))
     return rows if index.dim() == 1 else reshape(rows, (*index.shape, weight.shape[1]))
 
@@ -711,6 +713,9 @@ def embedding_bag(index: torch.Tensor, weight: SparseTensor, offsets: Optional[t
     """``F.embedding_bag`` (``sum`` / ``mean``; ``max``: ``_bag_max``) with a sparse table: a sparse bag x lookup
     matrix (the per-sample weights, or 1 / the bag's size) times the looked-up rows, one
     sparse product; differentiable in the table's stored values and the sample weights."""
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= weight.shape[0]):
+        raise RuntimeError(f"embedding_bag: Expected idx >= 0 && idx < num_embeddings, but "
+                           f"found an index out of [0, {weight.shape[0]})")
     if index.dim() == 2:
         bags, per_bag = index.shape
         bag = torch.arange(bags).repeat_interleave(per_bag)
@@ -718,6 +723,19 @@ def embedding_bag(index: torch.Tensor, weight: SparseTensor, offsets: Optional[t
     else:
         flat = index.reshape(-1)
         starts = offsets.to(torch.int64)
+        if starts.numel() and int(starts[0]) != 0:
+            raise RuntimeError(f"offsets[0] has to be 0, i.e., the first sequence in the "
+                               f"mini-batch has to start from position 0. However, got "
+                               f"{int(starts[0])}")
+        if starts.numel() and int(starts[-1]) > flat.numel():
+            raise RuntimeError(f"offsets[-1] can not be greater than input's length "
+                               f"({flat.numel()}), but got offsets[-1] of {int(starts[-1])}")
+        if include_last_offset and starts.numel():
+            # the last offset ends the last bag (CSR's meaning; with a last offset short of
+            # the input, invalid input, torch's own kernels disagree by mode and dtype)
+            flat = flat[:int(starts[-1])]
+            if per_sample_weights is not None:
+                per_sample_weights = per_sample_weights.reshape(-1)[:int(starts[-1])]
         bags = starts.numel() - 1 if include_last_offset else starts.numel()
         ends = torch.cat([starts[1:], torch.tensor([flat.numel()])])[:bags]
         bag = torch.repeat_interleave(torch.arange(bags), (ends - starts[:bags]).clamp_min(0))
@@ -776,7 +794,7 @@ def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scal
     # max_norm and scale_grad_by_freq: the fallback's (as are max mode's per-sample weights:
     # torch's error)
     if (not isinstance(weight, SparseTensor) or weight.dim() != 2 or mode not in ("sum", "mean", "max")
-            or (mode == "max" and per_sample_weights is not None)
+            or (mode != "sum" and per_sample_weights is not None)
             or max_norm is not None or scale_grad_by_freq or isinstance(input, SparseTensor)
             or (input.dim() == 1) == (offsets is None) or input.dim() not in (1, 2)):
         return NotImplemented
