@@ -116,6 +116,9 @@ static void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer<int32_t>*
                 (*(ocrd)).grow(wn);
                 dense_ws_drain_list<int32_t, float>(wl, wc, wv, wm, ((*(ocrd)).data() + wb), ((*(oval)).data() + wb), wsp->sort_tmp);
                 a.out_pos[(c_i + 1)] += wn;
+                if (allocation_failed()) {
+                    return;
+                }
             }
         }
     }
@@ -199,6 +202,9 @@ static void run_chunk_scan(Args* pa, int64_t clo, int64_t chi, AppendBuffer<int3
                 (*(oval)).trim((wsize - wn));
                 (*(ocrd)).trim((wsize - wn));
                 a.out_pos[(c_i + 1)] += wn;
+                if (allocation_failed()) {
+                    return;
+                }
             }
         }
     }
@@ -267,6 +273,9 @@ static void run_chunk_map(Args* pa, int64_t clo, int64_t chi, AppendBuffer<int32
                 (*(ocrd)).grow(wn);
                 ws.drain(((*(ocrd)).data() + wb), ((*(oval)).data() + wb), 0);
                 a.out_pos[(c_i + 1)] += wn;
+                if (allocation_failed()) {
+                    return;
+                }
             }
         }
     }

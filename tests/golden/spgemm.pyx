@@ -98,6 +98,8 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* o
             deref(ocrd).grow(wn)
             dense_ws_drain_list[int32_t, float](wl, wc, wv, wm, deref(ocrd).data() + wb, deref(oval).data() + wb, wsp.sort_tmp)
             a.out_pos[c_i + 1] += wn
+            if allocation_failed():
+                return
 
 cdef void run_chunk_scan(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* ocrd, AppendBuffer[float]* oval) noexcept nogil:
     cdef Args a = pa[0]
@@ -162,6 +164,8 @@ cdef void run_chunk_scan(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_
             deref(oval).trim(wsize - wn)
             deref(ocrd).trim(wsize - wn)
             a.out_pos[c_i + 1] += wn
+            if allocation_failed():
+                return
 
 cdef void run_chunk_map(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* ocrd, AppendBuffer[float]* oval) noexcept nogil:
     cdef Args a = pa[0]
@@ -211,6 +215,8 @@ cdef void run_chunk_map(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t
             deref(ocrd).grow(wn)
             ws.drain(deref(ocrd).data() + wb, deref(oval).data() + wb, 0)
             a.out_pos[c_i + 1] += wn
+            if allocation_failed():
+                return
 
 cdef int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelResult* res) noexcept nogil:
     cdef Args a

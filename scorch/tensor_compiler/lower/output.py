@@ -402,6 +402,11 @@ def _drain_call(n: Nest, it: str, crd: str, vals: str) -> Call:
     return Call(f"dense_ws_drain_list[{it}, {n.facts.vt}](wl, wc, wv, wm, {crd}, {vals}, wsp.sort_tmp)")
 
 
+#: a chunk stops at the row after an output buffer failed to grow (``AppendBuffer``): the
+#: call raises MemoryError, and the rest of the product would only be computed into nothing
+_STOP_AFTER_FAILURE = If("allocation_failed()", (Call("return"),))
+
+
 def _drain_runtime(n: Nest) -> List[Stmt]:
     """Drain the runtime workspace (sorted, leaves it empty) and append the entries."""
     f, d = n.facts, n.decls
@@ -419,14 +424,14 @@ def _drain_runtime(n: Nest) -> List[Stmt]:
                 Assign("wn", f"dense_ws_drain_scan[{f.oit}, {f.vt}](wv, wm, 0, wsize, "
                              "deref(ocrd).data() + wb, deref(oval).data() + wb)"),
                 Call("deref(oval).trim(wsize - wn)"), Call("deref(ocrd).trim(wsize - wn)"),
-                AddTo(f"a.out_pos[{_row_position(n)} + 1]", "wn")]
+                AddTo(f"a.out_pos[{_row_position(n)} + 1]", "wn"), _STOP_AFTER_FAILURE]
     elif f.rows:
         # straight into room made in the chunk's buffers; the row's count into pos
         d.need("wb")
         body: List[Stmt] = [Assign("wb", "deref(oval).size()"), Call("deref(oval).grow(wn)"),
                             Call("deref(ocrd).grow(wn)"),
                             _drain_call(n, f.oit, "deref(ocrd).data() + wb", "deref(oval).data() + wb"),
-                            AddTo(f"a.out_pos[{_row_position(n)} + 1]", "wn")]
+                            AddTo(f"a.out_pos[{_row_position(n)} + 1]", "wn"), _STOP_AFTER_FAILURE]
     elif len(out.ws_vars) == 1:
         # the key is the last level's coordinate: drain straight into the output
         # buffers, and repeat the prefix coordinates wn times
