@@ -25,7 +25,7 @@ def _as_dims(dims, rank: int, name: str) -> List[int]:
     dims = [dims] if isinstance(dims, numbers.Integral) else list(dims)
     for d in dims:
         if not -max(rank, 1) <= d < max(rank, 1):
-            raise IndexError(f"Dimension out of range (expected to be in range of "
+            raise IndexError(f"{name}: Dimension out of range (expected to be in range of "
                              f"[{-max(rank, 1)}, {max(rank, 1) - 1}], but got {d})")
     return [int(d) % max(rank, 1) for d in dims]
 

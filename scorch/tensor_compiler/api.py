@@ -226,14 +226,13 @@ def _products_read_compressed(equation: str, ops: list) -> list:
     outer product into a workspace as large as the result (30-90x scipy at 50k x 50k). The
     conversion is kept with the pattern (``kept_conversions``): one pass over the entries on
     the first call, a gather of the values after. Other calls: ``ops`` as they are."""
-    if "->" not in equation or "..." in equation:
-        return ops
+    sparse = [n for n, x in enumerate(ops) if type(x) is Storage]
+    if len(sparse) < 2 or not any(k.letter in "qs" for n in sparse for k in ops[n].format.levels) \
+            or "->" not in equation or "..." in equation:
+        return ops          # (the common calls: one sparse operand, no COO; ~0.3 us)
     lhs, rhs = equation.replace(" ", "").split("->")
     terms = lhs.split(",")
     if len(terms) != len(ops):
-        return ops
-    sparse = [n for n, x in enumerate(ops) if type(x) is Storage]
-    if len(sparse) < 2:
         return ops
     shared = {v for v in set(lhs) - set(rhs) - {","}
               if sum(v in terms[n] for n in sparse) >= 2}
