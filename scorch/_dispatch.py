@@ -40,9 +40,20 @@ def register(*torch_functions) -> Callable:
 def register_aten(*ops) -> Callable:
     def deco(handler: Callable) -> Callable:
         for op in ops:
-            _ATEN_HANDLERS[op] = handler
+            # an in-place (or out=) op's handler marks what it wrote (``_mark_written``),
+            # decided once here rather than per call
+            _ATEN_HANDLERS[op] = _marking(op, handler) if op._schema.is_mutable else handler
         return handler
     return deco
+
+
+def _marking(op, handler: Callable) -> Callable:
+    def marked(*args, **kwargs):
+        out = handler(*args, **kwargs)
+        _mark_written(op, args, kwargs)
+        return out
+    marked.__name__ = getattr(handler, "__name__", "handler")
+    return marked
 
 
 DEFAULT_DENSE_FALLBACK_LIMIT = 64 * 2**20
@@ -140,10 +151,7 @@ def check_dense_size(name: str, shape, dtype) -> None:
 def aten_fallback(cls, func, args, kwargs):
     handler = _ATEN_HANDLERS.get(func)
     if handler is not None:
-        out = handler(*args, **kwargs)
-        if func._schema.is_mutable:
-            _mark_written(func, args, kwargs)
-        return out
+        return handler(*args, **kwargs)
     return dense_fallback(func, args, kwargs)
 
 

@@ -320,14 +320,17 @@ def from_scipy(m) -> Storage:
                                   data, shape, Format("qq"))
 
 
+#: value types scipy.sparse computes with (float16 arrays it builds but cannot multiply)
+_SCIPY_DTYPES = frozenset({torch.float32, torch.float64, torch.complex64, torch.complex128,
+                           torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool})
+
+
 def to_scipy(st: Storage, kind: str = "array"):
     """scipy.sparse ``*_array`` (or ``*_matrix`` with kind="matrix") sharing arrays."""
     sp = _sp()
     if kind not in ("array", "matrix"):
         raise ValueError(f"to_scipy: kind must be 'array' or 'matrix', got {kind!r}")
-    if st.values.dtype in (torch.float16, torch.bfloat16) or not st.values.dtype.is_floating_point \
-            and st.values.dtype not in (torch.int8, torch.int16, torch.int32, torch.int64,
-                                        torch.uint8, torch.bool) and not st.values.dtype.is_complex:
+    if st.values.dtype not in _SCIPY_DTYPES:
         raise TypeError(f"to_scipy: scipy.sparse does not compute with {st.values.dtype} values; "
                         f"convert the tensor first (e.g. .float())")
     if st.ndim != 2:

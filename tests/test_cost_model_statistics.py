@@ -219,3 +219,20 @@ def test_sparse_products_avoid_a_workspace_as_large_as_the_result(fa, fb):
     torch.testing.assert_close((A @ B).to_dense(), A.to_dense() @ B.to_dense())
     torch.testing.assert_close(scorch.einsum("ij,jk->ik", A, B).to_dense(),
                                A.to_dense() @ B.to_dense())
+
+
+def test_hypersparse_coo_products_keep_compressed_levels():
+    """A COO operand with far more rows than entries is read as DCSR, not CSR: no array as
+    long as its rows (cost follows the stored entries)."""
+    n = 1 << 24
+    g = torch.Generator().manual_seed(1)
+    idx = torch.randint(0, 2000, (2, 300), generator=g) * 4096
+    A = scorch.sparse_tensor((idx, torch.rand(300, generator=g, dtype=torch.float64)),
+                             size=(n, n), format="coo")
+    plan = scorch.explain("ij,jk->ik", A, A)
+    assert all(not w.startswith(("i,k", "k,i")) for w in plan.workspaces), plan.workspaces
+    got = (A @ A).to_torch().coalesce()
+    t = A.to_torch()
+    want = torch.sparse.mm(t, t).coalesce()
+    assert torch.equal(got.indices(), want.indices())
+    torch.testing.assert_close(got.values(), want.values())

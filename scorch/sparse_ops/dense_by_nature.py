@@ -88,25 +88,22 @@ def _densified(name: str):
     return dense
 
 
-def _handler(fn):
-    name = getattr(fn, "__name__", str(fn))
-
-    def handler(*args, **kwargs):
-        found = []
-        tree_map(lambda x: found.append(x) if isinstance(x, SparseTensor) else None, (args, kwargs))
-        if not found:
-            return NotImplemented
-        args, kwargs = tree_map(_densified(name), (args, kwargs))
-        return fn(*args, **kwargs)
-    return handler
-
-
 def run_densified(fn, *args, **kwargs):
     """``fn`` on the dense copies of the sparse operands (under the dense limit),
     differentiable through ``to_dense``: for a handler that finds its call dense by nature."""
     name = getattr(fn, "__name__", str(fn))
     args, kwargs = tree_map(_densified(name), (args, kwargs))
     return fn(*args, **kwargs)
+
+
+def _handler(fn):
+    def handler(*args, **kwargs):
+        found = []
+        tree_map(lambda x: found.append(x) if isinstance(x, SparseTensor) else None, (args, kwargs))
+        if not found:
+            return NotImplemented
+        return run_densified(fn, *args, **kwargs)
+    return handler
 
 
 for _fn in DENSE_BY_NATURE:

@@ -245,7 +245,11 @@ def _products_read_compressed(equation: str, ops: list) -> list:
                 or not any(v in shared for v in terms[n]):
             continue
         from ..kept_conversions import reformatted
-        letters = "d" + "c" * (len(fmt.levels) - 1)
+        # CSR's dense first level is an array as long as that dimension: for a hypersparse
+        # operand (far more rows than entries) compressed levels only, so cost follows nnz
+        rows = ops[n].shape[fmt.mode_order[0]]
+        dense_first = rows <= max(8 * ops[n].nnz, 1 << 16)
+        letters = ("d" if dense_first else "c") + "c" * (len(fmt.levels) - 1)
         out[n], _ = _sorted_operand(reformatted(ops[n], Format(letters, fmt.mode_order)))
     return out
 
