@@ -49,6 +49,13 @@ def _copy_(self, src, non_blocking=False):
     if tuple(src.shape) != tuple(self.shape):
         raise RuntimeError(f"copy_: shape {tuple(src.shape)} does not match the sparse "
                            f"tensor's shape {tuple(self.shape)}")
+    if isinstance(src, SparseTensor) and src._storage.format == self._storage.format and \
+            src._storage.shares_pattern(self._storage):
+        # the same pattern: the values written in place, as a dense copy_ writes its memory
+        # (what a compiled graph's write-back of a mutated ``values()`` records; and views
+        # sharing these values see the change, as torch's views do)
+        self._storage.values.copy_(src._storage.values)
+        return self
     new = constructors.sparse_tensor(src, format=self._storage.format)
     st = new._storage
     if st.dtype != self.dtype:

@@ -458,9 +458,7 @@ def pattern_map_under_compile(name: str, t: SparseTensor) -> SparseTensor:
     if torch.is_grad_enabled() and t.requires_grad:
         arrays[-1] = t.values()   # differentiably (see einsum_under_compile)
     key = _key(name, None, metas, [t])
-    P = t._storage
-    return SparseTensor(Storage(P.format, P.shape, P.levels, pattern_map_op(name, key, arrays),
-                                P.index_dtype))
+    return _on_pattern(t._storage, pattern_map_op(name, key, arrays))
 
 
 # --- to_dense ---------------------------------------------------------------------------------
@@ -515,6 +513,26 @@ def to_dense_under_compile(t: SparseTensor) -> torch.Tensor:
     return to_dense_op(_key("to_dense", None, metas, [t]), arrays)
 
 
+class _OnPattern(torch.autograd.Function):
+    """A SparseTensor on ``P``'s pattern holding ``values``, differentiable in them, in a
+    form AOTAutograd can trace (no address reads): a compiled function that returns an
+    SDDMM or a sparse softmax hands back a result that requires grad, as in eager mode."""
+
+    @staticmethod
+    def forward(ctx, values: torch.Tensor, P: Storage) -> SparseTensor:
+        return SparseTensor(Storage(P.format, P.shape, P.levels, values, P.index_dtype))
+
+    @staticmethod
+    def backward(ctx, g):
+        return (g.values() if isinstance(g, SparseTensor) else g), None
+
+
+def _on_pattern(P: Storage, values: torch.Tensor) -> SparseTensor:
+    if torch.is_grad_enabled() and values.requires_grad:
+        return _OnPattern.apply(values, P)
+    return SparseTensor(Storage(P.format, P.shape, P.levels, values, P.index_dtype))
+
+
 # --- routing ----------------------------------------------------------------------------------
 
 class NotRegistered(Exception):
@@ -537,8 +555,7 @@ def einsum_under_compile(equation: str, *operands, out_format=None) -> torch.Ten
         return einsum_op(key, arrays)
     if kind == "pattern":
         P = operands[p]._storage
-        values = einsum_on_pattern_op(key, arrays)
-        return SparseTensor(Storage(P.format, P.shape, P.levels, values, P.index_dtype))
+        return _on_pattern(P, einsum_on_pattern_op(key, arrays))
     _unsupported(equation)
 
 
@@ -615,7 +632,12 @@ _LOG_SOFTMAX = {torch.log_softmax, torch.Tensor.log_softmax, torch.nn.functional
 _TO_DENSE = {torch.Tensor.to_dense}
 _LINEAR = {torch.nn.functional.linear, torch._C._nn.linear}
 _tensor_type._UNDER_COMPILE[0] = _route
-_tensor_type._CACHE_SALT[0] = hashlib.sha1(Path(__file__).read_bytes()).hexdigest()[:16]
+_tensor_type._ON_PATTERN_UNDER_COMPILE[0] = _on_pattern
+#: the modules whose code runs while a graph is traced (routing, the tensor type and its ATen
+#: handlers): a change to any of them traces a different graph, so none may be replayed
+_TRACED_SOURCES = ("library_ops.py", "tensor_type.py", "aten_ops.py", "_dispatch.py")
+_tensor_type._CACHE_SALT[0] = hashlib.sha1(b"".join(
+    (Path(__file__).parent / name).read_bytes() for name in _TRACED_SOURCES)).hexdigest()[:16]
 
 
 def _traced_einsum(*args, out_format=None):

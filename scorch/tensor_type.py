@@ -237,6 +237,21 @@ class SparseTensor(torch.Tensor):
         arrays = tuple((str(a.dtype), tuple(a.shape), a.stride()) for a in st.arrays())
         return repr((_CACHE_SALT[0], repr(meta), tuple(self.shape), self.requires_grad, arrays))
 
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
+        """A compiled backward guessed its tangent's metadata when tracing; eager autograd
+        hands the gradient of a returned sparse result flagged as a gradient on its pattern
+        (``_values_grad``), which the guess cannot know: the same arrays with the guessed
+        flag. Any other difference (format, levels) is not a tangent it can take."""
+        if expected_type not in (None, SparseTensor):
+            return None
+        meta = self.__tensor_flatten__()[1]
+        if tuple(meta[:3]) != tuple(expected_metadata[:3]):
+            return None
+        out = SparseTensor(self._storage)
+        if expected_metadata[3]:
+            out._values_grad = True
+        return out
+
     @staticmethod
     def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
         fmt, shape, level_meta, gradient = meta
@@ -426,7 +441,10 @@ def _unsupported_under_compile(method, args, kwargs):
 
 
 _UNDER_COMPILE: list = [_unsupported_under_compile]
-#: the version of what compiled graphs call (a hash of ``scorch.library_ops``)
+#: a pattern holding new values, differentiably, in a form a graph being traced can hold
+#: (``scorch.library_ops._on_pattern``, installed there)
+_ON_PATTERN_UNDER_COMPILE: list = [None]
+#: the version of what compiled graphs call (a hash of the traced modules' source)
 _CACHE_SALT: list = [""]
 
 
@@ -490,7 +508,7 @@ def _scalar_op(fn, t: "SparseTensor", scalar):
         return None   # a deferred operand goes to the handler, which fuses it
     if _grad_enabled() and _any_requires_grad(t):
         if _is_compiling():
-            return None
+            return _ON_PATTERN_UNDER_COMPILE[0](t._storage, fn(t.values(), scalar))
         return _AUTOGRAD["from_values"](t._storage, fn(_AUTOGRAD["values"](t), scalar))
     return with_values(t, fn(t._storage.values, scalar))
 
@@ -505,7 +523,7 @@ def _pattern_op(fn, a: "SparseTensor", b):
         return None
     if _grad_enabled() and _any_requires_grad(a, b):
         if _is_compiling():
-            return None
+            return _ON_PATTERN_UNDER_COMPILE[0](sa, fn(a.values(), b.values()))
         values = _AUTOGRAD["values"]
         return _AUTOGRAD["from_values"](sa, fn(values(a), values(b)))
     return with_values(a, fn(sa.values, sb.values))

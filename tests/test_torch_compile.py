@@ -506,3 +506,69 @@ def test_conversions_under_compile_break_the_graph_and_stay_right():
     def f(A):
         return A.to_format("csc").indices().sum() + A.to_torch().to_dense().sum()
     torch.testing.assert_close(torch.compile(f)(A), f(A))
+
+
+def _sddmm(M, Q, K):
+    return scorch.einsum("ij,id,jd->ij", M, Q, K)
+
+
+def _sddmm_softmax(M, Q, K):
+    return scorch.sparse.softmax(_sddmm(M, Q, K), dim=1)
+
+
+@pytest.mark.parametrize("fn", [_sddmm, _sddmm_softmax])
+def test_a_returned_sparse_result_keeps_its_gradient(fn):
+    """A compiled function that returns an SDDMM (or its sparse softmax) hands back a result
+    that requires grad, whose backward reaches every input as the eager one does."""
+    _, M = _sparse((9, 8), 0.4, "csr", seed=41, requires_grad=True)
+    Q, K = _dense(9, 3, seed=42), _dense(8, 3, seed=43)
+    out, ref = torch.compile(fn)(M, Q, K), fn(M, Q, K)
+    assert isinstance(out, scorch.SparseTensor) and out.requires_grad
+    torch.testing.assert_close(out.to_dense(), ref.to_dense())
+    got = torch.autograd.grad(out.values().square().sum(), [M, Q, K])
+    want = torch.autograd.grad(ref.values().square().sum(), [M, Q, K])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(_to_dense(g), _to_dense(w))
+    # the gradient arriving through to_dense (another eager path into the compiled backward)
+    out = torch.compile(fn)(M, Q, K)
+    got = torch.autograd.grad((out.to_dense() * 3).sum(), [Q])
+    want = torch.autograd.grad((fn(M, Q, K).to_dense() * 3).sum(), [Q])
+    torch.testing.assert_close(got[0], want[0])
+
+
+def _scale_values(A, X):
+    A.values().mul_(2)
+    return A @ X
+
+
+def _clip_values(A, X):
+    v = A.values()
+    v[v > 0.5] = 0
+    return A.to_dense() + X
+
+
+@pytest.mark.parametrize("fn", [_scale_values, _clip_values])
+def test_in_place_change_of_values_is_written_back(fn):
+    """``A.values()`` changed in place inside a compiled function changes ``A``, as in eager
+    mode (the graph's write-back of a mutated input is a same-pattern ``copy_``)."""
+    d, A = _sparse((8, 8), 0.4, "csr", seed=44)
+    X = _dense(8, 8, seed=45, requires_grad=False)
+    _, A_eager = _sparse((8, 8), 0.4, "csr", seed=44)
+    out, ref = torch.compile(fn)(A, X), fn(A_eager, X)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(A.values(), A_eager.values())
+    assert not torch.equal(A.to_dense(), d)
+
+
+def test_same_pattern_copy_writes_the_values_in_place():
+    """A sparse ``copy_`` from a tensor on the same pattern writes the stored values (views
+    sharing them see the change); another pattern takes the source's pattern."""
+    _, A = _sparse((5, 4), 0.5, "csr", seed=46)
+    view = A.t()
+    B = A * 3
+    A.copy_(B)
+    torch.testing.assert_close(A.to_dense(), B.to_dense())
+    torch.testing.assert_close(view.to_dense(), B.to_dense().t())
+    d, C = _sparse((5, 4), 0.8, "csr", seed=47)
+    A.copy_(C)
+    torch.testing.assert_close(A.to_dense(), d)
