@@ -11,7 +11,8 @@ from scorch.datasets import load_matrix
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--matrix", default="bcspwr10")
     parser.add_argument("--data-dir", default=None, help="folder with matrices/ (default: $SCORCH_DATA_DIR or ../shared/data)")
     args = parser.parse_args()

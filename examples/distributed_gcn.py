@@ -124,7 +124,8 @@ def train_distributed(args: argparse.Namespace, world_size: int = 2) -> List[flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     graph_args(parser)
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--check", action="store_true",

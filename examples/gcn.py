@@ -193,7 +193,8 @@ def graph_from_args(args: argparse.Namespace) -> Graph:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     graph_args(parser)
     args = parser.parse_args()
     apply_common_args(args)

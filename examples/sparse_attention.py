@@ -175,7 +175,8 @@ def train(train_ids, y_train, test_ids, y_test, vocab_size: int, block: int = 16
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train-size", type=int, default=2000)
     parser.add_argument("--test-size", type=int, default=500)
     parser.add_argument("--seq-len", type=int, default=512)

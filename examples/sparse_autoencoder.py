@@ -137,7 +137,8 @@ def train(x_train: torch.Tensor, x_test: torch.Tensor, hidden: int = 256, densit
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", choices=["mnist", "fashion-mnist"], default="mnist")
     parser.add_argument("--train-size", type=int, default=None, help="first N training images (default: all)")
     parser.add_argument("--test-size", type=int, default=None)

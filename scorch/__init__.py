@@ -23,6 +23,7 @@ from .tensor_type import SparseTensor  # noqa: E402,F401
 from .constructors import from_scipy, sparse_tensor, tensor  # noqa: E402,F401
 from . import aten_ops, sparse_ops  # noqa: E402,F401  (registers the sparse handlers)
 from . import collectives  # noqa: E402,F401  (torch.distributed on SparseTensor; saving: via tensor_type)
+from . import data_loading  # noqa: E402,F401  (DataLoader batches of sparse samples stay sparse)
 from . import gradients  # noqa: E402,F401  (sparse autograd: values-level ATen ops)
 from . import library_ops  # noqa: E402,F401  (torch.ops.scorch.*: the kernels under torch.compile)
 from .sparse_ops.einsum import einsum, explain  # noqa: E402,F401

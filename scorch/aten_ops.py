@@ -45,6 +45,12 @@ def _copy_(self, src, non_blocking=False):
     self's format and dtype. A dense self takes the sparse src's dense values (its own
     memory, as torch's copy_)."""
     if not isinstance(self, SparseTensor):
+        if self.layout != torch.strided:       # a torch sparse tensor takes torch's layout
+            t = src.to_torch()
+            if t.layout != self.layout:
+                t = t.to_sparse(layout=self.layout, blocksize=tuple(self.values().shape[1:3])
+                                if self.layout in (torch.sparse_bsr, torch.sparse_bsc) else None)
+            return self.copy_(t, non_blocking)
         return self.copy_(src.to_dense(), non_blocking)
     if tuple(src.shape) != tuple(self.shape):
         raise RuntimeError(f"copy_: shape {tuple(src.shape)} does not match the sparse "

@@ -191,6 +191,9 @@ class SparseTensor(torch.Tensor):
         got = memo.get(id(self))
         if got is not None:
             return got
+        if not self.is_leaf:
+            raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) "
+                               "support the deepcopy protocol at the moment.")
 
         def copied(a):
             return None if a is None else copy.deepcopy(a.detach(), memo)
@@ -285,6 +288,8 @@ class SparseTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if _FWAD._current_level >= 0:
+            _refuse_dual(func, args, kwargs)
         handler = _dispatch.lookup(func)
         if handler is not None:
             if _is_compiling():
@@ -303,6 +308,8 @@ class SparseTensor(torch.Tensor):
     # ``dense @ sparse`` comes here too. A handler that declines leaves the call to torch.
     def __matmul__(self, other):
         spmm = _SPMM[0]
+        if _FWAD._current_level >= 0:
+            _refuse_dual(torch.Tensor.__matmul__, (self, other), {})
         if spmm is not None and type(other) is torch.Tensor:   # the hot path, inline
             result = spmm(self, other, 1 if other.ndim == 1 else 2)   # SpMV or SpMM
             if result is not None:
@@ -404,7 +411,7 @@ def _write_out(name: str, out: torch.Tensor, result) -> None:
     if not torch.can_cast(result.dtype, out.dtype):
         raise RuntimeError(f"{name}(): result type {result.dtype} can't be cast to the desired "
                            f"output type {out.dtype}")
-    if isinstance(out, SparseTensor):
+    if isinstance(out, SparseTensor) or (out.layout != torch.strided and isinstance(result, SparseTensor)):
         if tuple(out.shape) != tuple(result.shape):
             raise RuntimeError(f"{name}(): out= is a sparse tensor of shape {tuple(out.shape)} "
                                f"for a result of shape {tuple(result.shape)} (a sparse tensor "
@@ -468,9 +475,30 @@ SparseTensor._level_values = property(lambda self: self._storage.values)
 _SPMM: list = [None]
 
 
+#: forward-mode AD: a level >= 0 while ``dual_level()`` is open (a module global of torch's)
+_FWAD = torch.autograd.forward_ad
+
+
+def _refuse_dual(func, args, kwargs) -> None:
+    """Scorch's kernels read primal values only: a dual tensor's tangent would be dropped
+    without a word, so forward-mode AD with a sparse operand raises (as torch.sparse does)."""
+    for a in (*args, *kwargs.values()):
+        items = a if isinstance(a, (list, tuple)) else (a,)
+        for x in items:
+            if isinstance(x, torch.Tensor) and type(x) is not SparseTensor \
+                    and _FWAD.unpack_dual(x).tangent is not None:
+                raise NotImplementedError(
+                    f"scorch: forward-mode AD (a dual tensor from torch.autograd.forward_ad or "
+                    f"torch.func.jvp) is not supported with a sparse operand "
+                    f"({getattr(func, '__name__', func)}); use reverse mode (backward, "
+                    f"torch.autograd.grad)")
+
+
 def _direct(method, *args, **kwargs):
     """``method(*args)`` through its registered handler without torch's dispatch, else
     torch's own method (which dispatches through ``__torch_function__`` as usual)."""
+    if _FWAD._current_level >= 0:
+        _refuse_dual(method, args, kwargs)
     if _is_compiling():
         return _UNDER_COMPILE[0](method, args, kwargs)
     handler = _dispatch.lookup(method)
@@ -488,6 +516,8 @@ def _or_handler(result, method, a, b):
 
 def _matmul_direct(method, a, b):
     """``a @ b`` or ``a.mm(b)``: the warm SpMM when it takes the call, else the handler."""
+    if _FWAD._current_level >= 0:
+        _refuse_dual(method, (a, b), {})
     spmm = _SPMM[0]
     if spmm is not None:
         result = spmm(a, b, 2)

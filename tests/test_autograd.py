@@ -653,3 +653,71 @@ def test_empty_like_of_a_tensor_requiring_grad():
     S = scorch.sparse_tensor(torch.eye(3, dtype=torch.float64), format="csr").requires_grad_()
     e = torch.empty_like(S)
     assert not e.requires_grad and e.shape == S.shape
+
+
+# --- torch's autograd tooling on sparse tensors (session 31) ------------------------------------
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "csc"])
+def test_gradcheck_takes_a_sparse_input_directly(fmt):
+    """``torch.autograd.gradcheck(f, (A, X))`` with a sparse ``A``: checked on its stored
+    values (the pattern's gradient), as API.md section 7 promises; sparse outputs too."""
+    g = torch.Generator().manual_seed(3)
+    d = torch.randn(4, 5, dtype=F64, generator=g) * (torch.rand(4, 5, generator=g) < 0.5)
+    A = scorch.sparse_tensor(d, format=fmt, requires_grad=True)
+    X = torch.randn(5, 3, dtype=F64, generator=g, requires_grad=True)
+    Q = torch.randn(4, 2, dtype=F64, generator=g, requires_grad=True)
+    K = torch.randn(5, 2, dtype=F64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda A, X: A @ X, (A, X))
+    assert torch.autograd.gradcheck(lambda A, X: A @ X, (A, X), fast_mode=True)
+    assert torch.autograd.gradcheck(lambda A, Q, K: scorch.einsum("ij,id,jd->ij", A, Q, K), (A, Q, K))
+    assert torch.autograd.gradgradcheck(lambda A, X: (A @ X).tanh(), (A, X))
+    assert torch.autograd.gradcheck(lambda A: torch.sparse.softmax(A, 1), (A,))
+
+
+def test_gradcheck_still_catches_a_wrong_sparse_gradient():
+    class Wrong(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, v):
+            return v * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 3                       # wrong: should be 2
+
+    A = scorch.sparse_tensor(torch.eye(3, dtype=F64), format="csr", requires_grad=True)
+    from torch.autograd.gradcheck import GradcheckError
+    with pytest.raises(GradcheckError):
+        torch.autograd.gradcheck(lambda A: Wrong.apply(A.values()), (A,))
+
+
+def test_hooks_and_retain_grad_on_a_sparse_intermediate():
+    """A hook or ``retain_grad`` on a non-leaf sparse tensor sees the gradient that reaches
+    it through any op (values-level and shape ops route around a tensor's own node unless
+    someone observes it)."""
+    d = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]], dtype=F64)
+    Y = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], dtype=F64)
+    for use in (lambda B: (B.t() @ torch.ones(2, 1, dtype=F64)).sum(), lambda B: (B * 2).sum(),
+                lambda B: B.relu().values().sum(), lambda B: B[1].to_dense().sum(),
+                lambda B: (B @ Y).sum()):
+        A = scorch.sparse_tensor(d, format="csr", requires_grad=True)
+        B = A * 1.5
+        B.retain_grad()
+        calls = []
+        B.register_hook(lambda g: (calls.append(1), g * 0)[1])   # zeroes what reaches A
+        use(B).backward()
+        assert calls == [1] and B.grad is not None
+        assert float(A.grad.to_dense().abs().max()) == 0.0
+
+
+def test_forward_mode_ad_with_a_sparse_operand_raises_instead_of_dropping_the_tangent():
+    import torch.autograd.forward_ad as fwAD
+    A = scorch.sparse_tensor(torch.eye(3, dtype=F64), format="csr")
+    X = torch.randn(3, 2, dtype=F64)
+    with fwAD.dual_level():
+        Xd = fwAD.make_dual(X, torch.ones_like(X))
+        for fn in (lambda: A @ Xd, lambda: A * Xd, lambda: Xd * A, lambda: torch.mm(A, Xd),
+                   lambda: scorch.einsum("ij,jk->ik", A, Xd)):
+            with pytest.raises(NotImplementedError, match="forward-mode AD"):
+                fn()
+        torch.testing.assert_close(A.to_dense() @ Xd, X)   # dense code is untouched
+    torch.testing.assert_close(A @ X, X)                   # and outside the level

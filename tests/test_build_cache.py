@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 import subprocess
 import sys
 import textwrap
@@ -615,3 +616,30 @@ def test_prebuilt_cases_take_scorch_and_torch_operands():
     s = scorch.sparse_tensor(torch.eye(3), format="csr")
     assert prebuilt._storage_of(s) is s._storage            # (the add cases failed on this)
     assert prebuilt._storage_of(torch.eye(3).to_sparse_csr()).format == scorch.Format("dc")
+
+
+def test_cache_folders_scorch_creates_are_private_under_umask_002(tmp_path, monkeypatch):
+    """The folders scorch creates for its cache (the default ``~/.cache/scorch`` and any
+    missing parent) are 0700 whatever the umask: under the common 002, ``mkdir(parents=True)``
+    made the parents 0775, which the safety check then refused, so no kernel was ever kept.
+    A default folder left 0775 by an earlier version is narrowed; a configured one is not."""
+    monkeypatch.delenv("SCORCH_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg" / "cache"))
+    old = os.umask(0o002)
+    _fresh_dir_state()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")                 # no fallback warning
+            d = build.cache_dir()
+        assert d == tmp_path / "xdg" / "cache" / "scorch" / f"kernels-v{build.BUILD_VERSION}"
+        for p in (d, d.parent, d.parent.parent, d.parent.parent.parent):
+            assert (p.stat().st_mode & 0o777) == 0o700, p
+        d.parent.chmod(0o775)                               # as an earlier version left it
+        _fresh_dir_state()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert build.cache_dir() == d
+        assert (d.parent.stat().st_mode & 0o777) == 0o755
+    finally:
+        os.umask(old)
+        _fresh_dir_state()

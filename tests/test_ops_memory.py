@@ -103,6 +103,15 @@ SCRIPT = textwrap.dedent(r"""
     check("diag_embed", torch.diag_embed(A[7]), (n, n), True)
     check("diagonal(1)", A.diagonal(1), (n - 1,), True)
     check("index_fill", A.index_fill(0, torch.tensor([3, 5]), 0.0), (n, n), True)
+    rows = torch.tensor([3, 5, 11])
+    check("index_put rows", A.index_put((rows,), torch.tensor(0.0, dtype=A.dtype)), (n, n), True)
+    W = A.clone()
+    W[rows] = 0.0
+    W[7, :] = 0.0
+    W[:, 9] = 0.0
+    W[2:n:3] = 0.0
+    W[rows[:2], rows[1:]] = 0.0
+    check("setitem rows / row / column / positions", W, (n, n), True)
     check("tile", A.tile(1, 2), (n, 2 * n), True)
     check("nansum(1)", torch.nansum(A, 1), (n,))
     check("nanmean(0)", torch.nanmean(A, 0), (n,))
@@ -156,12 +165,18 @@ PRODUCT_TOO_LARGE = textwrap.dedent(r"""
     B = scorch.sparse_tensor((col0.flip(0), ones), size=(n, n), format="csr")
     small = scorch.sparse_tensor(torch.eye(3), format="csr")
     small @ small                   # the SpGEMM kernel loaded before the cap
+    v, small_v = (scorch.sparse_tensor(torch.ones(k), format="c") for k in (n, 3))
+    torch.outer(small_v, small_v)   # the outer product's (coordinate tuples) too
     vm = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize")][0]
     resource.setrlimit(resource.RLIMIT_AS, (vm + (256 << 20), resource.RLIM_INFINITY))
     try:
         A @ B                       # 144M entries, 1.2 GB: more than the 256 MB left
     except MemoryError as e:
         print("MemoryError:", e, flush=True)
+    try:
+        torch.outer(v, v)           # coordinate tuples: 144M entries, 3.5 GB
+    except MemoryError as e:
+        print("outer MemoryError:", e, flush=True)
     print("alive", float((small @ small).to_dense().sum()), flush=True)
 """)
 
@@ -175,4 +190,5 @@ def test_a_product_larger_than_memory_raises_memory_error():
                          text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "MemoryError: out of memory while the kernel appended" in out.stdout
+    assert "outer MemoryError: out of memory while the kernel appended" in out.stdout
     assert "alive 3.0" in out.stdout

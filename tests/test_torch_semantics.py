@@ -238,3 +238,109 @@ def test_embedding_arguments_as_torch():
             warnings.simplefilter("ignore")
             F.embedding_bag(idx, W, torch.tensor([0, 3]), mode="mean",
                             per_sample_weights=torch.ones(6))
+
+
+# --- session 31's sweep: argument checks, call forms, bool scalar indices -----------------------
+
+def _both_raise(fn, x, X, exc):
+    with pytest.raises(exc):
+        fn(x)
+    with pytest.raises(exc):
+        fn(X)
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo"])
+def test_dims_out_of_range_or_repeated_raise_as_torch(fmt):
+    x = torch.tensor([[1.0, 0.0, 2.0, 0.0], [0.0, 3.0, 0.0, 4.0], [5.0, 0.0, 0.0, 6.0]], dtype=F64)
+    X = scorch.sparse_tensor(x, format=fmt)
+    for fn in (lambda t: t.narrow(2, 0, 1), lambda t: t.narrow(-3, 0, 1), lambda t: t.flip(2),
+               lambda t: t.roll(1, 2), lambda t: t.diagonal(0, 0, -3), lambda t: t.prod(2),
+               lambda t: t.diff(dim=2), lambda t: t.gather(2, torch.zeros(1, 1, dtype=torch.long)),
+               lambda t: torch.linalg.vector_norm(t, dim=5)):
+        _both_raise(fn, x, X, IndexError)
+    _both_raise(lambda t: t.flip((0, 0)), x, X, RuntimeError)
+    _both_raise(lambda t: t.roll((1, 2), (0,)), x, X, RuntimeError)
+    _both_raise(lambda t: t.index_select(1, torch.tensor([-1])), x, X, (IndexError, RuntimeError))
+    _same(X.flip(0, 1), x.flip(0, 1))                          # dims as separate arguments
+    _same(X.flip(dims=(1,)), x.flip(dims=(1,)))
+
+
+def test_where_keyword_forms():
+    x = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]], dtype=F64)
+    X = scorch.sparse_tensor(x, format="csr")
+    c = x > 1
+    y = torch.zeros((), dtype=F64)
+    _same(torch.where(condition=c, input=X, other=y), torch.where(condition=c, input=x, other=y))
+    _same(X.where(c, other=y), x.where(c, other=y))
+    _same(torch.where(c, X, other=y), torch.where(c, x, other=y))
+
+
+@pytest.mark.parametrize("index", [True, False, torch.tensor(True), torch.tensor(False),
+                                   (None, True), (0, True, slice(1, 3)), (Ellipsis, False),
+                                   (slice(None), False, 1)])
+def test_bool_scalar_indices(index):
+    x = torch.arange(24.0, dtype=F64).reshape(2, 3, 4)
+    x[x.remainder(3) == 0] = 0
+    _same(scorch.sparse_tensor(x, format="coo")[index], x[index])
+
+
+def test_bucketize_and_searchsorted_keep_the_pattern_where_zero_finds_zero():
+    x = torch.tensor([[0.0, 1.5, 0.0], [3.5, 0.0, -1.0]], dtype=F64)
+    X = scorch.sparse_tensor(x, format="csr")
+    bounds = torch.tensor([-2.0, 1.0, 3.0], dtype=F64)     # 0 lies in bucket 1: dense by nature
+    low = torch.tensor([0.0, 1.0, 3.0], dtype=F64)          # 0 finds position 0: the pattern
+    for b in (bounds, low):
+        for right in (False, True):
+            got = torch.bucketize(X, b, right=right)
+            _same(got, torch.bucketize(x, b, right=right))
+            _same(torch.searchsorted(b, X, right=right), torch.searchsorted(b, x, right=right))
+    kept = torch.bucketize(X, low)
+    assert isinstance(kept, scorch.SparseTensor) and kept.nnz == X.nnz
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                       # no dense fallback on a big one
+        n = 100_000
+        idx = torch.randint(0, n, (2, 1000), generator=torch.Generator().manual_seed(0))
+        big = scorch.sparse_tensor((idx, torch.rand(1000, dtype=F64) + 0.5), size=(n, n), format="csr")
+        assert torch.bucketize(big, low).nnz == big.nnz
+
+
+def test_out_of_range_write_errors_name_the_index_and_dim():
+    X = scorch.sparse_tensor(torch.eye(3, 4, dtype=F64), format="csr")
+    with pytest.raises(IndexError, match="index 3 is out of bounds for dimension 0 with size 3"):
+        X.index_copy(0, torch.tensor([3]), torch.zeros(1, 4, dtype=F64))
+    with pytest.raises(IndexError, match="index 4 is out of bounds for dimension 1 with size 4"):
+        X.index_fill(1, torch.tensor([4]), 0.0)
+    with pytest.raises(IndexError, match="index 12 on a tensor of 12 elements"):
+        X.put(torch.tensor([12]), torch.zeros(1, dtype=F64))
+    with pytest.raises(IndexError, match="index 7 is out of bounds for dimension 1 with size 4"):
+        X[[0], [7]] = 0.0
+    with pytest.raises(RuntimeError, match="format csr and shape"):
+        X.ccol_indices()
+
+
+@pytest.mark.parametrize("fmt", ["coo", "csr", "csc", "dcsr"])
+def test_einsum_sums_one_integer_operand_in_int64(fmt):
+    """torch.einsum sums a lone integer or bool operand as ``sum`` does, in int64; a
+    diagonal or a transpose keeps the dtype."""
+    x = torch.full((3, 4), 100, dtype=torch.int8)
+    x[2, 2] = 0
+    X = scorch.sparse_tensor(x, format=fmt)
+    for eq in ("ij->j", "ij->", "ij->i", "ij->ji"):
+        _same(scorch.einsum(eq, X), torch.einsum(eq, x))
+    b = x > 50
+    _same(scorch.einsum("ij->j", scorch.sparse_tensor(b, format=fmt)), torch.einsum("ij->j", b))
+    sq = torch.full((3, 3), 100, dtype=torch.int8)
+    _same(scorch.einsum("ii->i", scorch.sparse_tensor(sq, format=fmt)), torch.einsum("ii->i", sq))
+    _same(scorch.einsum("ii->", scorch.sparse_tensor(sq, format=fmt)), torch.einsum("ii->", sq))
+
+
+def test_torch_sparse_destinations_take_a_scorch_source():
+    y = torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 3.0]])
+    S = scorch.sparse_tensor(y, format="csr")
+    for dest in (torch.zeros(2, 3).to_sparse(), y.to_sparse_csr() * 0, y.to_sparse_csc() * 0):
+        dest.copy_(S)
+        assert torch.equal(dest.to_dense(), y)
+    out = torch.zeros(2, 3).to_sparse()
+    torch.add(S, S, out=out)
+    assert torch.equal(out.to_dense(), 2 * y)
+    assert S.to_sparse(sparse_dim=2).format == scorch.as_format("coo", 2)

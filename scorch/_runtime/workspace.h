@@ -608,7 +608,7 @@ class alignas(64) AppendBuffer {
   }
 
   inline void push_back(T v) {
-    if (n == cap) reserve(n + 1);
+    if (n >= cap) reserve(n + 1);      // >=: after a failure, cap stays where the sink began
     ptr[n++] = v;
   }
   // Room for k more values, uninitialized; returns where it starts.

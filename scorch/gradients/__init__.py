@@ -12,7 +12,9 @@ like the compiler itself.
 from typing import Optional
 
 from ..formats import FormatLike
-from . import optim_ops, values  # noqa: F401  (registration)
+from . import gradcheck, optim_ops, values  # noqa: F401  (registration)
+
+gradcheck.install()
 
 __all__ = ["compute", "einsum"]
 

@@ -109,13 +109,21 @@ def values_of(s: SparseTensor) -> torch.Tensor:
     to-sparse-and-back pair of nodes between them."""
     if _tracked(s):
         made = s.__dict__.get("_made_of")
-        if made is not None and made[1] is _GRAD_FN(s):
+        if made is not None and made[1] is _GRAD_FN(s) and not _observed(s):
             return made[0]
         return _Values.apply(s)
     return s._storage.values
 
 
 _GRAD_FN = torch._C.TensorBase.grad_fn.__get__
+
+
+def _observed(s: SparseTensor) -> bool:
+    """A hook or ``retain_grad`` on ``s`` needs its gradient to pass through its own node
+    (the shortcut of ``values_of`` would route around it). Only one registered before the
+    use is seen; torch's ``autograd.grad(out, s)`` with ``s`` an intermediate needs that too
+    (``s.retain_grad()`` first)."""
+    return bool(s._backward_hooks) or s.retains_grad
 
 
 def from_values(P: Storage, values: torch.Tensor) -> SparseTensor:

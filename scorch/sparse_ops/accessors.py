@@ -42,7 +42,7 @@ def _compressed_arrays(t: SparseTensor, name: str, fmt: str):
     format it is and how to get the layout asked for."""
     if t.dim() != 2 or t.format != as_format(fmt, 2):
         raise RuntimeError(f"{name}(): expected a {fmt.upper()} tensor, got a scorch tensor of "
-                           f"format {t.format!r} and shape {tuple(t.shape)}; convert it with "
+                           f"format {t.format} and shape {tuple(t.shape)}; convert it with "
                            f".to_format('{fmt}') first")
     lv = t._storage.levels[1]
     return lv.pos, lv.crd
@@ -99,11 +99,13 @@ def _blocked(layout, blocksize) -> Format:
 
 
 @register(torch.Tensor.to_sparse)
-def _to_sparse(t, *args, layout=None, blocksize=None, dense_dim=None):
+def _to_sparse(t, *args, layout=None, blocksize=None, dense_dim=None, sparse_dim=None):
     """``to_sparse()`` (COO), ``to_sparse(sparse_dim)`` with every dim sparse, and
     ``to_sparse(layout=..., blocksize=...)``: the matching scorch format."""
     if not isinstance(t, SparseTensor) or dense_dim:
         return NotImplemented
+    if sparse_dim is not None:
+        args = (sparse_dim, *args)
     if args and (len(args) > 1 or int(args[0]) != t.dim()):
         return NotImplemented          # fewer sparse dims than dims (hybrid): the fallback
     layout = layout or torch.sparse_coo

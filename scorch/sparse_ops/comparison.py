@@ -258,7 +258,12 @@ for _name, _fns in (("maximum", (torch.maximum, torch.Tensor.maximum)),
 
 
 @register(torch.where)
-def _where(cond, *args, out=None, **kwargs):
+def _where(*args, out=None, **kwargs):
+    if "condition" in kwargs:
+        args = (kwargs.pop("condition"),) + args
+    if not args:
+        return NotImplemented                          # torch's error
+    cond, args = args[0], args[1:]
     args = args + tuple(kwargs.pop(k) for k in ("input", "other") if k in kwargs)
     if not args and not kwargs and out is None and isinstance(cond, SparseTensor):
         return torch.nonzero(cond, as_tuple=True)     # where(x): the nonzero coordinates
@@ -268,9 +273,9 @@ def _where(cond, *args, out=None, **kwargs):
 
 
 @register(torch.Tensor.where)
-def _tensor_where(self, condition, y):
+def _tensor_where(self, condition, other):
     """``x.where(cond, y)`` is ``torch.where(cond, x, y)``."""
-    return where(condition, self, y) if _involves_sparse(self, condition, y) else NotImplemented
+    return where(condition, self, other) if _involves_sparse(self, condition, other) else NotImplemented
 
 
 @register(torch.masked_fill, torch.Tensor.masked_fill)

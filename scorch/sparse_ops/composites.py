@@ -23,6 +23,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from .dims import checked_dim, checked_dims
 from .._dispatch import check_dense_size, register
 from ..gradients.values import from_coordinates, from_values, values_of
 from ..formats import as_format
@@ -91,7 +92,7 @@ def vector_norm(t: SparseTensor, ord=2, dim=None, keepdim: bool = False) -> torc
         raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as "
                            f"input. Got {t.dtype}")
     reduced = range(t.dim()) if dim is None else \
-        [d % t.dim() for d in ([dim] if isinstance(dim, numbers.Integral) else dim)]
+        checked_dims(dim, t.dim(), "linalg.vector_norm")
     if ord == math.inf and math.prod(t.shape[d] for d in reduced) == 0:
         raise RuntimeError("linalg.vector_norm cannot compute the inf norm on an empty tensor "
                            "because the operation does not have an identity")
@@ -185,22 +186,25 @@ def _moved(t: SparseTensor, coords: torch.Tensor, values: torch.Tensor, shape) -
 
 
 def flip(t: SparseTensor, dims) -> SparseTensor:
-    dims = [dims] if isinstance(dims, numbers.Integral) else list(dims)
-    direct = inner_level.flip_dense_compressed(t, {d % t.dim() for d in dims})
+    dims = set(checked_dims(dims, t.dim(), "flip"))
+    direct = inner_level.flip_dense_compressed(t, dims)
     if direct is not None:
         return direct
     coords = _convert().coords(t._storage).clone()
-    for d in {d % t.dim() for d in dims}:
+    for d in dims:
         coords[d] = t.shape[d] - 1 - coords[d]
     return _moved(t, coords, values_of(t), t.shape)
 
 
 def roll(t: SparseTensor, shifts, dims) -> SparseTensor:
     shifts = [shifts] if isinstance(shifts, numbers.Integral) else list(shifts)
-    dims = [dims] if isinstance(dims, numbers.Integral) else list(dims)
+    dims = [checked_dim(d, t.dim(), "roll") for d in
+            ([dims] if isinstance(dims, numbers.Integral) else list(dims))]
+    if len(shifts) != len(dims):
+        raise RuntimeError(f"shifts and dimensions must align. shifts: {len(shifts)}, dims:"
+                           f"{len(dims)}")
     coords = _convert().coords(t._storage).clone()
     for s, d in zip(shifts, dims):
-        d = d % t.dim()
         if t.shape[d]:
             coords[d] = (coords[d] + s) % t.shape[d]
     return _moved(t, coords, values_of(t), t.shape)
@@ -425,7 +429,7 @@ def _narrow(x, dim, start, length):
     t = _sparse(x)
     if t is None or not all(isinstance(v, numbers.Integral) for v in (dim, start, length)):
         return NotImplemented
-    d = dim % t.dim() if t.dim() else 0
+    d = checked_dim(dim, t.dim(), "narrow") if t.dim() else 0
     s = start % t.shape[d] if start < 0 else start
     if not 0 <= s <= t.shape[d] or length < 0 or s + length > t.shape[d]:
         raise RuntimeError(f"narrow(): start ({start}) + length ({length}) exceeds dimension size "
@@ -440,7 +444,7 @@ def _diff(x, n=1, dim=-1, prepend=None, append=None, *, out=None):
     t = _sparse(x)
     if t is None or out is not None or prepend is not None or append is not None or t.dim() == 0:
         return NotImplemented
-    d = dim % t.dim()
+    d = checked_dim(dim, t.dim(), "diff")
     for _ in range(n):
         if t.shape[d] == 0:
             break
@@ -483,8 +487,11 @@ register(torch.std, torch.Tensor.std)(_moment(True))
 
 
 @register(torch.flip, torch.Tensor.flip)
-def _flip(x, dims):
+def _flip(x, *dims, **kwargs):
+    dims = kwargs.pop("dims", dims[0] if len(dims) == 1 else dims)
     t = _sparse(x)
+    if kwargs:
+        return NotImplemented
     return NotImplemented if t is None or t.dim() == 0 else flip(t, dims)
 
 
@@ -765,7 +772,7 @@ def prod(t: SparseTensor, dim: Optional[int] = None, keepdim: bool = False,
     if dim is None:
         whole = vals.prod()
         return whole if t.nnz == _numel(t) else torch.where(torch.tensor(False), whole, whole.detach() * 0)
-    d = dim % t.dim()
+    d = checked_dim(dim, t.dim(), "prod")
     if t.shape[d] == 0:                   # empty fibers: each product is 1 (dense by nature)
         shape = [1 if k == d else n for k, n in enumerate(t.shape)] if keepdim else \
             [n for k, n in enumerate(t.shape) if k != d]

@@ -10,7 +10,8 @@ from .._dispatch import register
 from ..compiler_access import compiler
 from ..formats import FormatLike
 from ..level_storage import Storage
-from ..tensor_type import SparseTensor, as_scorch
+from .. import tensor_type as _tensor_type
+from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand
 
 __all__ = ["einsum", "explain"]
 
@@ -70,6 +71,10 @@ def einsum(*args: Any, out_format: Optional[FormatLike] = None, sorted: bool = T
         equation, operands = args[0], args[1:]
     else:
         equation, operands = _equation_and_operands(args)
+    if _tensor_type._FWAD._current_level >= 0:
+        _tensor_type._refuse_dual(einsum, operands, {})
+    if len(operands) == 1 and _sums_integers(equation, operands[0]):
+        operands = (operands[0].to(torch.int64),)
     if _grad_enabled() and _any_requires_grad(*operands):
         # the graph goes through the Function (a SparseTensor's .requires_grad is a Python
         # __torch_function__ call, ~3 us; this C check reads every operand's flag in ~0.3 us)
@@ -87,6 +92,18 @@ def einsum(*args: Any, out_format: Optional[FormatLike] = None, sorted: bool = T
     # torch.einsum, so a call goes straight there (each extra check cost ~1 us)
     result = compiler.einsum_declined(equation, tuple(operands), out_format, sorted)
     return SparseTensor(result) if type(result) is Storage else result
+
+
+def _sums_integers(equation: str, x) -> bool:
+    """One sparse integer or bool operand summed over an index: torch.einsum sums it as
+    ``sum`` does, in int64 (``"ij->j"`` of int8 counts past 127; a diagonal or transpose
+    keeps the dtype)."""
+    if x.dtype.is_floating_point or x.dtype.is_complex or not is_sparse_operand(x):
+        return False
+    lhs, arrow, rhs = equation.replace(" ", "").partition("->")
+    letters = lhs.replace("...", "")
+    kept = set(rhs.replace("...", "")) if arrow else {c for c in letters if letters.count(c) == 1}
+    return any(c not in kept for c in letters)
 
 
 def explain(*args: Any, out_format: Optional[FormatLike] = None):

@@ -228,39 +228,24 @@ def _masked_fill_(x, mask, value):
     return write_at("masked_fill_", x, chosen, wanted, v)
 
 
-def _chosen_by_keys(s: SparseTensor, keys: torch.Tensor):
-    from .positions import _row_major_keys
-    stored = _row_major_keys(_stored_coords(s), s.shape)
-    return torch.isin(stored, keys), int(torch.unique(keys).numel())
-
-
 @register(torch.Tensor.index_put_)
 def _index_put_(x, indices, values, accumulate=False):
-    v = _scalar(values)
-    if not isinstance(x, SparseTensor) or v is None:
+    if not isinstance(x, SparseTensor):
         return NotImplemented
-    from .positions import index_keys
-    keys = index_keys(x.shape, indices)
-    if keys is None:
-        if len(indices) == 1 and isinstance(indices[0], torch.Tensor) and indices[0].dtype == torch.bool:
-            return _masked_fill_(x, indices[0], values) if not accumulate else NotImplemented
+    from .item_writes import index_put_tuple, write_items
+    index = index_put_tuple(indices)
+    if index is None:
         return NotImplemented
-    if accumulate and keys.numel() != torch.unique(keys).numel():
-        return NotImplemented                  # repeated positions add several times: rare
-    chosen, wanted = _chosen_by_keys(x, keys)
-    return write_at("index_put_", x, chosen, wanted, v, accumulate)
+    return write_items("index_put_", x, index, values, accumulate)
 
 
 @register(torch.Tensor.__setitem__)
 def _setitem(x, index, value):
-    """``x[mask] = v`` (a bool mask) and ``x[i, j] = v`` / ``x[rows, cols] = v`` (ints and
-    1-D int tensors) with a scalar ``v``: the stored values written in place."""
-    if not isinstance(x, SparseTensor) or _scalar(value) is None:
+    """``x[index] = value`` for any index ``x[index]`` reads (``item_writes``)."""
+    if not isinstance(x, SparseTensor):
         return NotImplemented
-    if isinstance(index, torch.Tensor) and index.dtype == torch.bool:
-        return _masked_fill_(x, index, value)
-    index = index if isinstance(index, tuple) else (index,)
-    return _index_put_(x, index, value)
+    from .item_writes import write_items
+    return write_items("__setitem__", x, index, value)
 
 
 @register(torch.Tensor.fill_diagonal_)

@@ -17,6 +17,7 @@ from typing import List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from .dims import checked_dim
 from .._dispatch import check_dense_size, register
 from ..formats import as_format
 from ..gradients.values import values_of
@@ -33,11 +34,7 @@ def _coords(t: SparseTensor) -> torch.Tensor:
     return convert.coords(t._storage)
 
 
-def _dim(d: int, rank: int) -> int:
-    if not -rank <= d < rank:
-        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], "
-                         f"but got {d})")
-    return d % rank
+_dim = checked_dim
 
 
 @register(torch.select, torch.Tensor.select)

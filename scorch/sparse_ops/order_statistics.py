@@ -19,6 +19,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from .dims import checked_dim
 from .._dispatch import register
 from ..gradients.values import values_of
 from ..tensor_type import SparseTensor, with_values
@@ -33,12 +34,7 @@ def _convert():
     return convert
 
 
-def _checked_dim(dim, rank: int) -> int:
-    """``dim`` in ``[0, rank)``, with torch's IndexError otherwise."""
-    if not -rank <= dim < rank:
-        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], "
-                         f"but got {dim})")
-    return int(dim) % rank
+_checked_dim = checked_dim
 
 
 def _nonempty(name: str, t: SparseTensor, d: int) -> None:

@@ -19,6 +19,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from .dims import checked_dim
 from .._dispatch import register
 from ..formats import as_format
 from ..gradients.values import from_coordinates, values_of
@@ -113,7 +114,7 @@ def _along(t: SparseTensor, dim: int, index: torch.Tensor) -> torch.Tensor:
 def gather(t: SparseTensor, dim: int, index: torch.Tensor) -> torch.Tensor:
     """``torch.gather(t, dim, index)``: dense, of ``index``'s shape."""
     torch.gather(_shadow(t.shape, t.dtype), dim, index)       # torch's argument checks
-    return _along(t, dim % t.dim(), index)
+    return _along(t, checked_dim(dim, t.dim(), "gather"), index)
 
 
 def take(t: SparseTensor, index: torch.Tensor) -> torch.Tensor:
@@ -132,7 +133,7 @@ def take_along_dim(t: SparseTensor, index: torch.Tensor, dim: Optional[int] = No
         torch.take_along_dim(_shadow((numel,), t.dtype), index)
         return values_at(t, index.reshape(-1))
     shape = torch.take_along_dim(_shadow(t.shape, t.dtype), index, dim).shape
-    return _along(t, dim % t.dim(), index.expand(shape))
+    return _along(t, checked_dim(dim, t.dim(), "take_along_dim"), index.expand(shape))
 
 
 def _broadcast_coords(coords: torch.Tensor, shape: Sequence[int], out_shape: Sequence[int]) -> torch.Tensor:
@@ -240,7 +241,7 @@ def index_add(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.T
     """``torch.index_add``: ``self + alpha * moved`` with scorch's add (dense ``self``: dense;
     sparse ``self``: the union of the patterns)."""
     _check_write("index_add", self, index, dim, source)
-    coords, vals = _index_moved(dim % self.dim(), index, source, alpha)
+    coords, vals = _index_moved(checked_dim(dim, self.dim(), "index_add"), index, source, alpha)
     return self + _sparse_from(coords, vals, self)
 
 
@@ -248,7 +249,7 @@ def scatter_add(self: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Te
     """``torch.scatter_add``: ``self + moved``, only ``src``'s entries inside ``index``'s
     shape counted (as torch's, which reads ``src`` over ``index``'s shape)."""
     _check_write("scatter_add", self, index, dim, src)
-    coords, vals = _scatter_moved(dim % self.dim(), index, src)
+    coords, vals = _scatter_moved(checked_dim(dim, self.dim(), "scatter_add"), index, src)
     return self + _sparse_from(coords, vals, self)
 
 
@@ -447,7 +448,7 @@ def _index_add_(self, dim, index, source, *, alpha=1):
         return NotImplemented        # a sparse self: torch's in-place error
     source = _sparse(source)
     _check_write("index_add", self, index, dim, source)
-    return _in_place(self, *_index_moved(dim % self.dim(), index, source, alpha))
+    return _in_place(self, *_index_moved(checked_dim(dim, self.dim(), "index_add_"), index, source, alpha))
 
 
 @register(torch.Tensor.scatter_add_)
@@ -456,7 +457,7 @@ def _scatter_add_(self, dim, index, src):
         return NotImplemented
     src = _sparse(src)
     _check_write("scatter_add", self, index, dim, src)
-    return _in_place(self, *_scatter_moved(dim % self.dim(), index, src))
+    return _in_place(self, *_scatter_moved(checked_dim(dim, self.dim(), "scatter_add_"), index, src))
 
 
 @register(torch.masked_scatter, torch.Tensor.masked_scatter)
@@ -476,6 +477,11 @@ def _index_put(input, indices, values, accumulate=False):
     t = _sparse(input)
     if t is None or t.dim() == 0 or not _keyable(t.shape) or isinstance(values, SparseTensor):
         return NotImplemented
+    from .item_writes import index_put_tuple, put_within_pattern
+    index = index_put_tuple(indices)
+    kept = put_within_pattern(t, index, values, accumulate) if index is not None else None
+    if kept is not None:
+        return kept
     keys = index_keys(t.shape, indices)
     if keys is None:
         return NotImplemented                  # slices and masks: the fallback's

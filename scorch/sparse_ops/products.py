@@ -10,6 +10,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
+from .dims import checked_dim
 from .._dispatch import register
 from ..tensor_type import as_scorch
 from .comparison import _involves_sparse
@@ -111,7 +112,9 @@ def diagonal(a, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Optional[torch
     """The main diagonal of a matrix (``einsum("ii->i")``); other offsets or dimensions are
     left to the fallback (None)."""
     a = as_scorch(a)
-    if a.dim() != 2 or offset != 0 or {dim1 % 2, dim2 % 2} != {0, 1}:
+    if a.dim() != 2 or offset != 0 or a.dtype == torch.bool:
+        return None                   # (bool: no kernels; the entries' path takes it)
+    if {checked_dim(dim1, 2, "diagonal"), checked_dim(dim2, 2, "diagonal")} != {0, 1}:
         return None
     return einsum("ii->i", _square(a))
 

@@ -28,6 +28,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
+from .dims import checked_dim
 from .._dispatch import register, register_aten
 from ..formats import Format, LevelKind, as_format
 from ..gradients.values import from_values, values_of, view_of
@@ -395,7 +396,7 @@ def _aten_view(t, shape):
 @register_aten(aten.slice.Tensor)
 def _aten_slice(t, dim=0, start=None, end=None, step=1):
     """``aten.slice`` (what ``torch.diff`` and other composite ops slice with): indexing."""
-    d = dim % t.dim() if t.dim() else 0
+    d = checked_dim(dim, t.dim()) if t.dim() else 0
     return getitem(t, (slice(None),) * d + (slice(start, end, step),))
 
 
@@ -547,8 +548,40 @@ def _expand_index(index, rank: int) -> list:
     return out
 
 
+def _bool_scalar(ix) -> Optional[bool]:
+    if isinstance(ix, bool):
+        return ix
+    if isinstance(ix, torch.Tensor) and ix.dim() == 0 and ix.dtype == torch.bool \
+            and not is_sparse_operand(ix):
+        return bool(ix)
+    return None
+
+
+def _with_bool_scalars(t: SparseTensor, items: tuple) -> torch.Tensor:
+    """``t[index]`` where ``index`` holds bool scalars: torch reads ``True`` as a new dim of
+    size 1 (``None``) and ``False`` as one of size 0."""
+    if any(isinstance(i, (torch.Tensor, list)) and _bool_scalar(i) is None for i in items):
+        raise IndexError("indexing a sparse tensor with a bool scalar and index tensors "
+                         "together is not supported")
+    flags = [_bool_scalar(i) for i in items]
+    out = getitem(t, tuple(None if f is not None else i for i, f in zip(items, flags)))
+    consumed = sum(1 for i, f in zip(items, flags) if f is None and i is not None and i is not Ellipsis)
+    position = 0
+    for i, f in zip(items, flags):
+        if f is False:
+            out = getitem(out, (slice(None),) * position + (slice(0, 0),))
+        if i is Ellipsis:
+            position += t.dim() - consumed
+        elif f is not None or i is None or isinstance(i, slice):
+            position += 1
+    return out
+
+
 def getitem(t: SparseTensor, index) -> torch.Tensor:
     """``t[index]`` over the stored entries."""
+    items = index if isinstance(index, tuple) else (index,)
+    if any(_bool_scalar(i) is not None for i in items):
+        return _with_bool_scalars(t, items)
     st = t._storage
     rank = st.ndim
     items = _expand_index(index, rank)
@@ -680,6 +713,10 @@ def index_select(t: SparseTensor, dim: int, index: torch.Tensor) -> torch.Tensor
     if not isinstance(index, torch.Tensor) or index.dim() > 1 or index.dtype not in (
             torch.int64, torch.int32):
         raise IndexError("index_select(): index must be a 0-D or 1-D int64 or int32 tensor")
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= t.shape[d]):
+        bad = int(index.min()) if int(index.min()) < 0 else int(index.max())
+        raise IndexError(f"index_select(): index {bad} is out of bounds for dimension {d} with "
+                         f"size {t.shape[d]} (index_select takes no negative indices)")
     return getitem(t, (slice(None),) * d + (index.reshape(-1),))
 
 

@@ -104,10 +104,13 @@ def _diagonal_scatter(input, src, offset=0, dim1=0, dim2=1):
     return replace_region(t, ct[d2] - ct[d1] == offset, moved, v)
 
 
-def _index_positions(index: torch.Tensor, n: int, name: str) -> torch.Tensor:
+def _index_positions(index: torch.Tensor, n: int, name: str, dim: int) -> torch.Tensor:
     idx = index.reshape(-1).to(torch.int64)
-    if idx.numel() and bool(((idx < -n) | (idx >= n)).any()):
-        raise IndexError(f"{name}: index out of range for a dimension of size {n}")
+    if idx.numel():
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < -n or hi >= n:
+            raise IndexError(f"{name}(): index {lo if lo < -n else hi} is out of bounds for "
+                             f"dimension {dim} with size {n}")
     return idx % max(n, 1)
 
 
@@ -117,7 +120,7 @@ def _index_copy(input, dim, index, source):
     if t is None:
         return _dense_input(torch.index_copy, input, dim, index, source) if _sparse(source) is not None else NotImplemented
     d = _dim(dim, t.dim()) if t.dim() else 0
-    idx = _index_positions(index, t.shape[d] if t.dim() else 1, "index_copy")
+    idx = _index_positions(index, t.shape[d] if t.dim() else 1, "index_copy", d)
     shape = list(t.shape)
     if t.dim():
         shape[d] = idx.numel()
@@ -173,7 +176,7 @@ def _index_fill(x, dim, index, value):
         return NotImplemented
     from ..gradients.values import from_values, values_of
     d = _dim(dim, t.dim())
-    idx = torch.unique(_index_positions(index, t.shape[d], "index_fill"))
+    idx = torch.unique(_index_positions(index, t.shape[d], "index_fill", d))
     inside = torch.isin(_coords(t)[d], idx)
     if v == 0:
         vals = values_of(t)
@@ -196,8 +199,11 @@ def _put(input, index, source, accumulate=False):
         return NotImplemented
     numel = math.prod(t.shape)
     keys = index.reshape(-1).to(torch.int64)
-    if keys.numel() and bool(((keys < -numel) | (keys >= numel)).any()):
-        raise IndexError(f"put: index out of range for a tensor of {numel} elements")
+    if keys.numel():
+        lo, hi = int(keys.min()), int(keys.max())
+        if lo < -numel or hi >= numel:
+            raise IndexError(f"put(): out of range: tried to access index "
+                             f"{lo if lo < -numel else hi} on a tensor of {numel} elements")
     if source.numel() != keys.numel():
         raise RuntimeError(f"put: expected source and index to have the same number of elements, "
                            f"got {source.numel()} and {keys.numel()}")

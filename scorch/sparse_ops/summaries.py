@@ -12,6 +12,7 @@ import numbers
 import torch
 import torch.nn.functional as F
 
+from .dims import checked_dim, checked_dims
 from .._dispatch import check_dense_size, register
 from ..tensor_type import SparseTensor
 from .nonlinear import _sparse
@@ -67,7 +68,7 @@ def matrix_norm(t: SparseTensor, ord, dim=(-2, -1), keepdim: bool = False, dtype
     """Frobenius: ``vector_norm`` over the two dims; the max column / row sum norms (``1``,
     ``inf``; ``-1``, ``-inf`` with the min): sums of ``|x|`` then ``amax``/``amin``, from the
     stored entries; the spectral and nuclear norms need an SVD: dense by nature."""
-    d0, d1 = (d % t.dim() for d in dim)
+    d0, d1 = checked_dims(dim, t.dim(), "linalg.matrix_norm")
     if ord == "fro":
         return torch.linalg.vector_norm(t, 2, dim=(d0, d1), keepdim=keepdim, dtype=dtype)
     if ord in (1, -1, math.inf, -math.inf):
@@ -285,7 +286,7 @@ def trapezoid(t: SparseTensor, x=None, dx=None, dim: int = -1) -> torch.Tensor:
     """``torch.trapezoid``: a weighted sum along ``dim``, each position weighted by half the
     spacing on either side (``dx``, or the differences of ``x``): one sparse product with the
     (dense) weights and a sparse sum, never a dense copy of ``t``."""
-    d = dim % t.dim()
+    d = checked_dim(dim, t.dim(), "trapezoid")
     n = t.shape[d]
     if n == 0:
         shape = [s for k, s in enumerate(t.shape) if k != d]

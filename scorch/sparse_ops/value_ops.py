@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .dims import checked_dim
 from .._dispatch import register
 from ..gradients.values import from_values, values_of
 from ..tensor_type import SparseTensor
@@ -132,7 +133,7 @@ def _glu(x, dim=-1):
     t = _sparse(x)
     if t is None or not t.dtype.is_floating_point:
         return NotImplemented
-    d = dim % t.dim()
+    d = checked_dim(dim, t.dim(), "glu")
     n = t.shape[d]
     if n % 2:
         raise RuntimeError(f"Halving dimension must be even, but dimension {d} is size {n}")
@@ -149,3 +150,35 @@ def _glu(x, dim=-1):
     shape[d] = half
     from .shape import _build
     return _build(a_coords, vals[first] * torch.sigmoid(b), shape)
+
+
+def _positions_on_pattern(t: SparseTensor, find: Callable[[torch.Tensor], torch.Tensor]):
+    """``find`` (``bucketize`` / ``searchsorted`` of the elements) of ``t``: on ``t``'s
+    pattern where an unstored 0 finds position 0, else None (dense by nature: the
+    fallback, under its dense limit). An index result: no gradient, as torch."""
+    if int(find(torch.zeros((), dtype=t.dtype))) != 0:
+        return None
+    from ..tensor_type import with_values
+    return with_values(t, find(t._storage.values.detach()))
+
+
+@register(torch.bucketize)
+def _bucketize(input, boundaries, *, out_int32=False, right=False, out=None):
+    t = _sparse(input)
+    if t is None or out is not None or isinstance(boundaries, SparseTensor):
+        return NotImplemented
+    r = _positions_on_pattern(t, lambda v: torch.bucketize(v, boundaries, out_int32=out_int32,
+                                                            right=right))
+    return NotImplemented if r is None else r
+
+
+@register(torch.searchsorted)
+def _searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=None,
+                  out=None, sorter=None):
+    t = _sparse(input)
+    if t is None or out is not None or isinstance(sorted_sequence, SparseTensor) \
+            or sorted_sequence.dim() != 1 or isinstance(input, numbers.Number):
+        return NotImplemented                # an n-d sequence pairs rows with input rows
+    r = _positions_on_pattern(t, lambda v: torch.searchsorted(
+        sorted_sequence, v, out_int32=out_int32, right=right, side=side, sorter=sorter))
+    return NotImplemented if r is None else r

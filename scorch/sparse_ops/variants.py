@@ -17,6 +17,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from .dims import checked_dim
 from .._dispatch import register, register_aten
 from ..tensor_type import SparseTensor
 from . import composites
@@ -61,7 +62,7 @@ _COPIES = {
     torch.narrow_copy: lambda t, dim, start, length: t.narrow(dim, start, length),
     torch.Tensor.narrow_copy: lambda t, dim, start, length: t.narrow(dim, start, length),
     torch.select_copy: lambda t, dim, index: t.select(dim, index),
-    torch.slice_copy: lambda t, dim=0, start=None, end=None, step=1: t[(slice(None),) * (dim % t.dim()) + (slice(start, end, step),)],
+    torch.slice_copy: lambda t, dim=0, start=None, end=None, step=1: t[(slice(None),) * checked_dim(dim, t.dim()) + (slice(start, end, step),)],
     torch.alias_copy: lambda t: t,
     torch.detach_copy: lambda t: t.detach(),
     torch.unsafe_split: lambda t, split_size, dim=0: t.split(split_size, dim),
@@ -102,7 +103,7 @@ def _rot90(x, k=1, dims=(0, 1)):
     t = _sparse(x)
     if t is None or len(dims) != 2 or t.dim() < 2:
         return NotImplemented              # torch's errors
-    a, b = (d % t.dim() for d in dims)
+    a, b = (checked_dim(d, t.dim()) for d in dims)
     if a == b:
         return NotImplemented
     k %= 4

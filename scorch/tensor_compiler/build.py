@@ -77,6 +77,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from .locks import fork_safe_lock
+
 try:
     from . import target as _target
 except ImportError:   # this module loaded alone, by path (tests, tools): its sibling by path
@@ -184,7 +186,8 @@ class CompileError(RuntimeError):
 _memory: dict[tuple[str, str], types.ModuleType] = {}   # (name_hint, source) -> module
 _stats = {"hits": 0, "disk_hits": 0, "misses": 0, "compile_seconds": 0.0,
           "cxx_builds": 0, "cxx_fallbacks": 0}
-_slow_lock = threading.RLock()        # serializes the slow path (Cython is not thread-safe)
+# serializes the slow path (Cython is not thread-safe)
+_slow_lock = fork_safe_lock(globals(), "_slow_lock", threading.RLock)
 _warned_first_compile = False
 _fingerprint_cache: str | None = None
 _pch_threads: dict[str, threading.Thread] = {}   # .gch path -> background builder
@@ -246,7 +249,7 @@ def cache_dir() -> Path:
 def _unusable(d: Path) -> str | None:
     """Why ``d`` (created if missing, mode 0700) cannot hold kernels, or None."""
     try:
-        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _make_private_dirs(d)
     except FileExistsError:
         return "it is not a directory"
     except OSError as exc:
@@ -270,6 +273,30 @@ def _unusable(d: Path) -> str | None:
     if not os.access(d, os.W_OK | os.X_OK):
         return "it is not writable"
     return None
+
+
+def _make_private_dirs(d: Path) -> None:
+    """``d`` and each missing folder above it, created with mode 0700. (``mkdir(parents=
+    True)`` gives the parents the umask's mode: 0775 under the common umask 002, which
+    ``_unusable`` then refuses as writable by group, so no kernel was ever kept.) The default
+    folder made that way by an earlier version is narrowed to 0700; a folder the user
+    configured is left as it is."""
+    missing = []
+    p = d
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for p in reversed(missing):
+        try:
+            p.mkdir(mode=0o700)
+        except FileExistsError:
+            if not p.is_dir():
+                raise
+    if not os.environ.get("SCORCH_CACHE_DIR") and d.parent == _configured_base():
+        base = d.parent
+        st = os.stat(base)
+        if st.st_mode & 0o022 and hasattr(os, "geteuid") and st.st_uid == os.geteuid():
+            os.chmod(base, st.st_mode & 0o755)
 
 
 def _give_up_on(cdir: Path, problem: str) -> Path:

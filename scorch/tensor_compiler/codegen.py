@@ -28,8 +28,8 @@ a ``KernelResult``, ``scorch/_runtime/kernel_result.h``); and ``def kernel(list 
 nthreads, panel=0)`` over it (``cxx_module`` prints the same entries as plain C++).
 
 Sparse output assembly. Each chunk appends, in loop order, every output entry to its own
-growable buffers (``std::vector``: one coordinate vector per output level and one value
-vector): directly (loop order concordant with the output, reductions below the last output
+growable buffers (``AppendBuffer``: one coordinate buffer per output level and one value
+buffer): directly (loop order concordant with the output, reductions below the last output
 variable through a scalar accumulator), or by draining a per-chunk workspace in key order (a
 reduction above an output variable: Gustavson SpGEMM; a one-variable workspace drains
 straight into the buffers). Chunks cover increasing ranges of the outermost loop, so
@@ -404,8 +404,8 @@ def _tuples_epilogue(k: Kernel, w, fn: str, ret: str) -> None:
         w(f"    return{ret}")
         return
     R, vt = k.output.levels, k.value_type
-    w("    cdef vector[vector[int64_t]] crds")
-    w(f"    cdef vector[vector[{vt}]] vals")
+    w(f"    cdef vector[{k.buffers[0]}] crds")
+    w(f"    cdef vector[{k.buffers[1]}] vals")
     w(f"    crds.resize(nchunks * {R})")
     w("    vals.resize(nchunks)")
     _run_chunks(w, fn, "&crds[0], &vals[0]", f"&crds[t * {R}], &vals[t]", choices=_variants_of(k, fn))

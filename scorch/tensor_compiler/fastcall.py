@@ -17,12 +17,12 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import threading
 import types
 from pathlib import Path
 from typing import Optional
 
 from . import build
+from .locks import fork_safe_lock
 
 __all__ = ["load", "module_name", "SOURCE"]
 
@@ -31,7 +31,7 @@ logger = logging.getLogger("scorch")
 SOURCE = Path(__file__).resolve().parent.parent / "_runtime" / "fastcall.cpp"
 CXXFLAGS = ("-O2", "-std=c++20", "-fPIC", "-shared", "-fvisibility=hidden", "-w")
 
-_lock = threading.Lock()
+_lock = fork_safe_lock(globals(), "_lock")
 _state: dict = {}   # "module": the loaded module or None once decided
 
 

@@ -7,7 +7,6 @@ the requested output format and the build target; shapes are run-time arguments.
 by per-Storage signatures (small ints cached on each Storage), so a warm call hashes ints."""
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -17,6 +16,7 @@ from ..formats import Format
 from ..level_storage import Storage
 from . import codegen
 from .index_notation import Assignment
+from .locks import fork_safe_lock
 from .loop_ir import Kernel, outline
 from .operand_stats import stats_class
 from .schedule import Schedule
@@ -121,7 +121,7 @@ class PlanEntry:
 
 _plans: Dict[tuple, PlanEntry] = {}
 _fast: Dict[tuple, "PlanEntry"] = {}   # front cache of _plans keyed by signatures (see einsum)
-_lock = threading.Lock()
+_lock = fork_safe_lock(globals(), "_lock")
 _stats = {"plan_hits": 0, "plan_misses": 0}
 # the warm-call front table is keyed without the target: a new target empties it
 on_target_change(_fast.clear)

@@ -8,12 +8,13 @@ would push its variables out of registers: ``run_chunk`` (run-time widths), one
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Dict, List, Tuple
 
 import torch
 
-from ..loop_ir import (ArgSpec, Assign, Call, ChunkFunction, Chunking, DenseOutput, Kernel, Panels,
-                       RowsOutput, Stmt, TuplesOutput)
+from ..loop_ir import (ArgSpec, Assign, Call, ChunkFunction, Chunking, DenseOutput, For, Kernel,
+                       Panels, RowsOutput, Stmt, TuplesOutput, While)
 from ..schedule import Schedule
 from ..target import value_bytes
 from .facts import (DENSE_WS_LIMIT, GATHER_DOT_LANES, HW_GATHER_MIN_BYTES, PAIRED_ROWS_MIN, PREFETCH_DISTANCE,
@@ -24,6 +25,7 @@ from .facts import (DENSE_WS_LIMIT, GATHER_DOT_LANES, HW_GATHER_MIN_BYTES, PAIRE
                     kernel_facts, math_functions, reads_strided,
                     reduce_identity, short_rows, ws_size)
 from .loops import loop_nest
+from .output import _STOP_AFTER_FAILURE
 from .nest import Cursor, Decls, Nest, Variant
 from .gather_rows import extern_lines, pipelined_gathers, row_loop, row_loop_call
 from .stream_rows import STREAM_PREFETCH, STREAM_PREFETCH_DECL, stream_blocks
@@ -111,9 +113,23 @@ def chunk_function(f: KernelFacts, variant: Variant) -> ChunkFunction:
                              variant.row_loop == "pairs")
     elif variant.streams:
         nest = stream_blocks(f, nest, n.decls.need("qb"))
+    if _appends_tuples(f):
+        nest = _stopping_after_failure(nest)
     body = tuple(pre) + tuple(n.setup) + nest + tuple(post)
     return ChunkFunction(variant.name, variant.select, n.decls.items(), body,
                          "ok" if f.row_room else None, variant.width)
+
+
+def _appends_tuples(f: KernelFacts) -> bool:
+    """The output is coordinate tuples (``TuplesOutput``), appended to growable buffers."""
+    return not (f.rows or f.s.output.dense or f.s.output.pattern >= 0)
+
+
+def _stopping_after_failure(nest: Tuple[Stmt, ...]) -> Tuple[Stmt, ...]:
+    """Coordinate tuples: each outermost iteration ends by checking that the output buffers
+    grew (a chunk whose result no longer fits stops; the call raises MemoryError)."""
+    return tuple(replace(st, body=st.body + (_STOP_AFTER_FAILURE,))
+                 if isinstance(st, (For, While)) else st for st in nest)
 
 
 def _streams_bytes(f: KernelFacts) -> str:
@@ -247,6 +263,8 @@ def _imports(f: KernelFacts, short_module: bool) -> Tuple[str, ...]:
         lines.append("from scorch._runtime.workspace cimport AppendBuffer, pool_give")
     elif out.mode == "ws" and not out.ws_dense:
         lines.append("from libcpp.map cimport map as cmap")
+    if _appends_tuples(f) and not (out.mode == "ws" and f.rt_ws):
+        lines.append("from scorch._runtime.workspace cimport AppendBuffer")   # tuples' buffers
     rl = _row_loop(f)
     if rl is not None and (short_module or pipelined_gathers(f)):
         lines += list(extern_lines(f, rl))
@@ -280,7 +298,7 @@ def _output(f: KernelFacts):
     if f.rows:
         return RowsOutput(tuple(out.level_vars[:f.rows]), out.level_vars[-1], tuple(out.level_vars), f.oit,
                           f.row_room)
-    if out.dense or out.pattern >= 0:
+    if not _appends_tuples(f):
         return DenseOutput()
     return TuplesOutput(max(1, len(out.level_vars)))
 

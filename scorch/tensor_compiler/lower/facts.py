@@ -743,8 +743,10 @@ def kernel_facts(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, 
         crd_buf, val_buf = oit, vt
     elif rows:
         crd_buf, val_buf = f"AppendBuffer[{oit}]", f"AppendBuffer[{vt}]"
-    else:
+    elif s.output.dense or s.output.pattern >= 0:   # nothing appended (the signature only)
         crd_buf, val_buf = "vector[int64_t]", f"vector[{vt}]"
+    else:   # coordinate tuples: buffers that record a failed allocation (never throw)
+        crd_buf, val_buf = "AppendBuffer[int64_t]", f"AppendBuffer[{vt}]"
     widths: Tuple[int, ...] = ()
     # fixed-width variants compute on GCC vector types: arithmetic only, no function calls
     if (row_depth >= 0 or dot) and vt in ("float", "double") and not _applies(s.assignment.rhs):

@@ -437,11 +437,12 @@ def _drain_runtime(n: Nest) -> List[Stmt]:
         # buffers, and repeat the prefix coordinates wn times
         L = len(out.level_vars) - 1
         d.need("wb")
-        body = [Assign("wb", "deref(oval).size()"), Call("deref(oval).resize(wb + wn)"),
-                Call(f"ocrd[{L}].resize(wb + wn)"),
+        body = [Assign("wb", "deref(oval).size()"), Call("deref(oval).grow(wn)"),
+                Call(f"ocrd[{L}].grow(wn)"),
                 _drain_call(n, "int64_t", f"ocrd[{L}].data() + wb", "deref(oval).data() + wb")]
-        body += [Call(f"ocrd[{l}].insert(ocrd[{l}].end(), <size_t>wn, {cvar(v)})")
-                 for l, v in enumerate(out.level_vars[:L])]
+        body += [For("wi", None, "wn", tuple(Call(f"ocrd[{l}].push_back({cvar(v)})")
+                                             for l, v in enumerate(out.level_vars[:L])), "drain"),
+                 _STOP_AFTER_FAILURE]
     else:
         body = [Call("wkeys.resize(wn)"), Call("wvals.resize(wn)"),
                 _drain_call(n, "int64_t", "wkeys.data()", "wvals.data()"),
