@@ -545,6 +545,9 @@ CASES = [
          oracle=lambda d: torch.cat([d.to_sparse_csr().crow_indices(), d.to_sparse_csr().col_indices(),
                                      d.to_sparse_csc().ccol_indices(), d.to_sparse_csc().row_indices()]) + 1),
     Case("prod", [torch.prod, _T.prod], lambda s: torch.prod(s, 1) + s.prod(0).sum() + (s * 0 + 1.5).prod()),
+    Case("bucketize", [torch.bucketize, torch.searchsorted],
+         lambda s: torch.bucketize(s, torch.tensor([0.0, 0.5, 2.0], dtype=s.dtype))
+         + torch.searchsorted(torch.tensor([0.0, 1.0], dtype=s.dtype), s), bool_result=True),
     Case("argmax", [torch.argmax, _T.argmax, torch.argmin, _T.argmin],
          lambda s: torch.stack([torch.argmax(s, 1), s.argmin(1)]), bool_result=True),
     Case("nonzero", [torch.nonzero, _T.nonzero, torch.argwhere, _T.argwhere],

@@ -463,9 +463,14 @@ def test_cache_clear_removes_temporary_build_dirs_not_in_use(cache_dir):
     busy.mkdir()
     fd = os.open(busy / ".lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)
+    starting = tmp_root / "just-made"         # between mkdtemp and its flock: no lock yet
+    starting.mkdir()
+    old = time.time() - 120
+    for d in (left, busy):
+        os.utime(d, (old, old))
     try:
         cache_clear()
-        assert not left.exists() and busy.exists()
+        assert not left.exists() and busy.exists() and starting.exists()
     finally:
         os.close(fd)
     cache_clear()
@@ -643,3 +648,17 @@ def test_cache_folders_scorch_creates_are_private_under_umask_002(tmp_path, monk
     finally:
         os.umask(old)
         _fresh_dir_state()
+
+
+def test_a_kernel_removed_right_after_publishing_still_loads(cache_dir, monkeypatch):
+    """Another process's ``cache_clear`` may delete the file a build just published before
+    the builder imports it: the builder imports its own link to the file."""
+    real_publish = build.publish
+
+    def publish_then_cleared(src, dest):
+        real_publish(src, dest)
+        dest.unlink()
+        dest.with_name(dest.name + build.CHECKSUM_SUFFIX).unlink()
+    monkeypatch.setattr(build, "publish", publish_then_cleared)
+    mod = load_kernel(_unique_add(), "cleared")
+    assert mod.add(2, 3) == 5

@@ -78,7 +78,7 @@ def _value(kind, target_shape, stored_at, seed):
     if kind == "dense_on_pattern":
         return v * stored_at                     # non-zero only where x stores: never grows
     if kind == "sparse":
-        return scorch.sparse_tensor(v * stored_at, format="coo")
+        return scorch.sparse_tensor(v * stored_at, format="coo") if len(target_shape) else v * stored_at
     if len(target_shape) and torch.rand(1, generator=g).item() < 0.5:
         return v[..., :1]                        # broadcast along the last dim
     return v

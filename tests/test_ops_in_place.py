@@ -205,7 +205,7 @@ def test_writes_with_bad_masks_or_indices_say_what_is_wrong():
         X.masked_fill_(torch.ones(2, 2, dtype=torch.bool), 0.0)
     with pytest.raises(RuntimeError, match=r"sparse mask.*\(3, 3\), got \(3, 1\)"):
         X.masked_fill_(scorch.sparse_tensor(torch.ones(3, 1, dtype=torch.bool), format="coo"), 0.0)
-    with pytest.raises(IndexError, match="out of range for dimension 1 with size 3"):
+    with pytest.raises(IndexError, match="index 5 is out of bounds for dimension 1 with size 3"):
         X[torch.tensor([0]), torch.tensor([5])] = 0.0
     with pytest.raises(RuntimeError, match="would write 1.0 at 4 position"):
         X[0:2] = 1.0                                 # 4 of the 6 positions are not stored

@@ -166,11 +166,16 @@ def test_copies_of_a_sparse_parameter_stay_parameters(how):
 
 def test_deepcopy_keeps_views_sharing_and_the_gradient():
     """``deepcopy({"S": S, "T": S.t()})`` copies the arrays once (the copies still share, as
-    torch's deepcopy of a tensor and its view); a leaf's ``.grad`` is copied with it."""
+    torch's deepcopy of a tensor and its view); a leaf's ``.grad`` is copied with it. (A view
+    recorded by autograd is no leaf: deepcopy refuses it, as torch's.)"""
     x = torch.tensor([[1., 0, 2], [0, 3, 0]])
     S = scorch.sparse_tensor(x, format="csr", requires_grad=True)
     (S @ torch.ones(3, 2)).sum().backward()
-    d = copy.deepcopy({"S": S, "T": S.t()})
+    with pytest.raises(RuntimeError, match="graph leaves"):
+        copy.deepcopy({"S": S, "T": S.t()})
+    with torch.no_grad():
+        T = S.t()
+    d = copy.deepcopy({"S": S, "T": T})
     assert d["S"]._storage.values.data_ptr() == d["T"]._storage.values.data_ptr()
     assert d["S"]._storage.values.data_ptr() != S._storage.values.data_ptr()
     with torch.no_grad():

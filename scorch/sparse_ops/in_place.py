@@ -228,26 +228,6 @@ def _masked_fill_(x, mask, value):
     return write_at("masked_fill_", x, chosen, wanted, v)
 
 
-@register(torch.Tensor.index_put_)
-def _index_put_(x, indices, values, accumulate=False):
-    if not isinstance(x, SparseTensor):
-        return NotImplemented
-    from .item_writes import index_put_tuple, write_items
-    index = index_put_tuple(indices)
-    if index is None:
-        return NotImplemented
-    return write_items("index_put_", x, index, values, accumulate)
-
-
-@register(torch.Tensor.__setitem__)
-def _setitem(x, index, value):
-    """``x[index] = value`` for any index ``x[index]`` reads (``item_writes``)."""
-    if not isinstance(x, SparseTensor):
-        return NotImplemented
-    from .item_writes import write_items
-    return write_items("__setitem__", x, index, value)
-
-
 @register(torch.Tensor.fill_diagonal_)
 def _fill_diagonal_(x, fill_value, wrap=False):
     v = _scalar(fill_value)

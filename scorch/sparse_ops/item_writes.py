@@ -20,10 +20,13 @@ from typing import Optional, Tuple
 
 import torch
 
+from .._dispatch import register
 from ..broadcasting import broadcast_shapes
 from ..gradients.optimizer_step import values_level
 from ..gradients.values import from_values, values_of
 from ..tensor_type import SparseTensor, with_values
+from .in_place import record_in_place, write_values
+from .positions import _keyable, _sparse, index_keys, index_put, values_at
 
 __all__ = ["selected_entries", "write_items", "put_within_pattern", "index_put_tuple"]
 
@@ -42,6 +45,9 @@ def selected_entries(x: SparseTensor, index) -> Tuple[torch.Tensor, torch.Tensor
     values, their coordinates in ``x[index]`` (one column each) and ``x[index]``'s shape. An
     entry selected twice (a repeated index) appears twice."""
     from .shape import getitem
+    mask = _sparse_mask(x, index)
+    if mask is not None:
+        return _selected_by_sparse_mask(x, mask)
     values = x._storage.values
     ids = with_values(x, torch.arange(1, values.numel() + 1).reshape(values.shape))
     picked = getitem(ids, index)
@@ -62,6 +68,28 @@ def selected_entries(x: SparseTensor, index) -> Tuple[torch.Tensor, torch.Tensor
     return flat[at] - 1, coords, picked.shape
 
 
+def _sparse_mask(x: SparseTensor, index) -> Optional[SparseTensor]:
+    """``index`` when it is a sparse bool mask of ``x``'s shape (alone or in a 1-tuple)."""
+    items = _index_tuple(index)
+    if len(items) == 1 and isinstance(items[0], SparseTensor) and items[0].dtype == torch.bool \
+            and tuple(items[0].shape) == tuple(x.shape):
+        return items[0]
+    return None
+
+
+def _selected_by_sparse_mask(x: SparseTensor, mask: SparseTensor):
+    """``x[mask]`` for a sparse bool mask: the True positions in row-major order (one
+    sorted list of keys), each stored entry of ``x`` found among them by a binary search."""
+    m = mask._storage
+    true_keys = _row_major_keys(_convert().coords(m), mask.shape)[m.values.reshape(-1) != 0]
+    true_keys = torch.sort(true_keys).values
+    stored = _row_major_keys(_convert().coords(x._storage), x.shape)
+    at = torch.searchsorted(true_keys, stored).clamp_max(max(true_keys.numel() - 1, 0))
+    hit = true_keys[at] == stored if true_keys.numel() else torch.zeros_like(stored, dtype=torch.bool)
+    ids = torch.nonzero(hit).reshape(-1)
+    return ids, at[hit].reshape(1, -1), torch.Size([true_keys.numel()])
+
+
 def _row_major_keys(coords: torch.Tensor, shape) -> torch.Tensor:
     key = torch.zeros(coords.shape[1], dtype=torch.int64)
     for d, n in enumerate(shape):
@@ -76,7 +104,6 @@ def _values_at(value: torch.Tensor, coords: torch.Tensor, shape, dtype) -> Tuple
         if tuple(value.shape) != tuple(shape):
             value = value.to_dense()          # broadcast: a dense operand by nature
         else:
-            from .positions import values_at
             vals = values_at(value, _row_major_keys(coords, shape)) if coords.shape[1] else \
                 value._storage.values.new_zeros(0)
             return vals.to(dtype), int(torch.count_nonzero(value._storage.values))
@@ -127,7 +154,6 @@ def _plan(name: str, x: SparseTensor, index, value, strict: bool = True):
 def write_items(name: str, x: SparseTensor, index, value, accumulate: bool = False) -> SparseTensor:
     """``x[index] = value`` (``accumulate``: ``+=``, repeated positions adding up) on
     ``x``'s stored values, in place; ``x`` itself is returned."""
-    from .in_place import record_in_place
     if isinstance(value, torch.Tensor) and value.requires_grad and torch.is_grad_enabled():
         return record_in_place(x, value, lambda s, o: _written(name, s, index, o, accumulate),
                                _store)
@@ -150,7 +176,6 @@ def put_within_pattern(x: SparseTensor, index, value, accumulate: bool) -> Optio
 
 
 def _write(x: SparseTensor, ids: torch.Tensor, new, accumulate: bool) -> SparseTensor:
-    from .in_place import write_values
     if isinstance(new, numbers.Number):
         new = torch.full((ids.numel(),), new, dtype=x.dtype)
 
@@ -185,3 +210,39 @@ def index_put_tuple(indices) -> Optional[tuple]:
     if not isinstance(indices, (tuple, list)):
         return None
     return tuple(slice(None) if ix is None else ix for ix in indices)
+
+
+# --- registration ---------------------------------------------------------------------------
+
+@register(torch.Tensor.__setitem__)
+def _setitem(x, index, value):
+    if not isinstance(x, SparseTensor):
+        return NotImplemented          # a dense x (``d[i] = S``): torch's, with S's dense values
+    return write_items("__setitem__", x, index, value)
+
+
+@register(torch.Tensor.index_put_)
+def _index_put_(x, indices, values, accumulate=False):
+    index = index_put_tuple(indices)
+    if not isinstance(x, SparseTensor) or index is None:
+        return NotImplemented
+    return write_items("index_put_", x, index, values, accumulate)
+
+
+@register(torch.index_put, torch.Tensor.index_put)
+def _index_put(input, indices, values, accumulate=False):
+    """Out of place: within the pattern where nothing grows (``put_within_pattern``), else
+    the pattern grows by the written positions (``positions.index_put``)."""
+    t = _sparse(input)
+    if t is None or t.dim() == 0 or not _keyable(t.shape) or isinstance(values, SparseTensor):
+        return NotImplemented
+    index = index_put_tuple(indices)
+    kept = put_within_pattern(t, index, values, accumulate) if index is not None else None
+    if kept is not None:
+        return kept
+    keys = index_keys(t.shape, indices)
+    if keys is None:
+        return NotImplemented                  # slices and masks: the fallback's
+    if isinstance(values, torch.Tensor) and broadcast_shapes(values.shape, keys.shape) != keys.shape:
+        return NotImplemented
+    return index_put(t, keys, values, accumulate)

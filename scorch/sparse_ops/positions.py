@@ -470,21 +470,3 @@ def _masked_scatter(input, mask, source):
     if mask.dim() == 0:                    # one flag for every position
         mask = _scorch(mask).expand(input.shape) if _sparse(mask) is None else mask.to_dense().expand(input.shape)
     return masked_scatter(_scorch(input), _scorch(mask), _scorch(source))
-
-
-@register(torch.index_put, torch.Tensor.index_put)
-def _index_put(input, indices, values, accumulate=False):
-    t = _sparse(input)
-    if t is None or t.dim() == 0 or not _keyable(t.shape) or isinstance(values, SparseTensor):
-        return NotImplemented
-    from .item_writes import index_put_tuple, put_within_pattern
-    index = index_put_tuple(indices)
-    kept = put_within_pattern(t, index, values, accumulate) if index is not None else None
-    if kept is not None:
-        return kept
-    keys = index_keys(t.shape, indices)
-    if keys is None:
-        return NotImplemented                  # slices and masks: the fallback's
-    if isinstance(values, torch.Tensor) and broadcast_shapes(values.shape, keys.shape) != keys.shape:
-        return NotImplemented
-    return index_put(t, keys, values, accumulate)

@@ -77,8 +77,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .locks import fork_safe_lock
-
 try:
     from . import target as _target
 except ImportError:   # this module loaded alone, by path (tests, tools): its sibling by path
@@ -186,8 +184,11 @@ class CompileError(RuntimeError):
 _memory: dict[tuple[str, str], types.ModuleType] = {}   # (name_hint, source) -> module
 _stats = {"hits": 0, "disk_hits": 0, "misses": 0, "compile_seconds": 0.0,
           "cxx_builds": 0, "cxx_fallbacks": 0}
-# serializes the slow path (Cython is not thread-safe)
-_slow_lock = fork_safe_lock(globals(), "_slow_lock", threading.RLock)
+# serializes the slow path (Cython is not thread-safe); a child forked while another thread
+# held it (a compile in progress when a DataLoader forks its workers) gets a fresh one, or it
+# would wait forever (``locks.fork_safe_lock``; this module also loads standalone)
+_slow_lock = threading.RLock()
+os.register_at_fork(after_in_child=lambda: globals().__setitem__("_slow_lock", threading.RLock()))
 _warned_first_compile = False
 _fingerprint_cache: str | None = None
 _pch_threads: dict[str, threading.Thread] = {}   # .gch path -> background builder
@@ -498,18 +499,32 @@ def _load_slow(source: str, name_hint: str) -> types.ModuleType:
         else:
             _log_compile(name, cdir)
             t0 = time.perf_counter()
-            try:
-                _build(source, name, cdir)
-            except OSError as exc:   # the folder went bad after its check (full, read-only)
-                if cdir == _private_cache():
-                    raise
-                cdir = _give_up_on(cdir, f"building in it failed: {exc}")
-                _build(source, name, cdir)
+            mod = _build_and_import(source, name, cdir)
             _stats["compile_seconds"] += time.perf_counter() - t0
             _stats["misses"] += 1
-            mod = _import_extension(name, cdir / (name + _EXT_SUFFIX), require_checksum=True)
         _memory[(name_hint, source)] = mod
         return mod
+
+
+def _build_and_import(source: str, name: str, cdir: Path) -> types.ModuleType:
+    """Build module ``name`` into ``cdir`` and import it (``_build``). Where another
+    process's :func:`cache_clear` removed the folder during the build, the build runs again
+    (a few tries); a folder that went bad otherwise (full, read-only) is given up for the
+    private cache."""
+    for attempt in range(3):
+        try:
+            return _build(source, name, cdir)
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+            _checked_dirs.pop(str(cdir), None)
+            cdir = cache_dir()            # checked (and made) again
+        except OSError as exc:
+            if cdir == _private_cache():
+                raise
+            cdir = _give_up_on(cdir, f"building in it failed: {exc}")
+            return _build(source, name, cdir)
+    raise AssertionError("unreachable")
 
 
 def load_published(name: str, cdir: Path | None = None) -> types.ModuleType | None:
@@ -524,6 +539,8 @@ def load_published(name: str, cdir: Path | None = None) -> types.ModuleType | No
             continue
         try:
             mod = _import_extension(name, path, require_checksum=True)
+        except FileNotFoundError:      # removed since (another process's cache_clear)
+            continue
         except (ImportError, KernelFileError) as exc:   # damaged, stale: rebuild
             logger.warning("scorch: module file %s not used (%s); %s", path, exc,
                            "rebuilding it" if in_cache else "building it instead")
@@ -602,11 +619,14 @@ def cache_clear() -> None:
 
 def _remove_stale_tmp(tmp_root: Path) -> None:
     """Drop build dirs that no live build holds (each build keeps an flock on its
-    ``.lock``; a killed process's lock is gone, so its dir is removed)."""
+    ``.lock``; a killed process's lock is gone, so its dir is removed). A dir made in the
+    last minute is left alone: between ``mkdtemp`` and its flock a build holds no lock yet."""
     for d in tmp_root.iterdir():
         try:
             if not d.is_dir():
                 d.unlink()
+                continue
+            if time.time() - d.stat().st_mtime < 60:
                 continue
             fd = os.open(d / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         except OSError:
@@ -795,9 +815,11 @@ def publish(src: Path, dest: Path) -> None:
         os.replace(src, dest)
 
 
-def _build(source: str, name: str, cdir: Path) -> None:
+def _build(source: str, name: str, cdir: Path) -> types.ModuleType:
     """Cythonize + compile in a private temp dir (locked while in use, so ``cache_clear``
-    in another process leaves it alone), then atomically publish into ``cdir``."""
+    in another process leaves it alone), atomically publish into ``cdir``, and import the
+    module from a second link to the file in the temp dir (so another process's
+    ``cache_clear`` right after the publishing cannot take it away from this import)."""
     tmp_root = cdir / "tmp"
     tmp_root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=name[-20:] + "-", dir=tmp_root))
@@ -813,8 +835,14 @@ def _build(source: str, name: str, cdir: Path) -> None:
             c_file = work / (name + (".cpp" if cpp else ".c"))
             _cythonize(pyx, c_file, name, cpp, cdir)
             _cc_with_pch(source, c_file, so, pyx, cpp, cdir, pch)
+        own = work / "loaded" / so.name
+        own.parent.mkdir()
+        os.link(so, own)
         os.replace(pyx, cdir / pyx.name)
         publish(so, cdir / so.name)
+        mod = _import_extension(name, own)        # our own build: the ELF check suffices
+        mod.__file__ = str(cdir / so.name)         # where it lives from now on
+        return mod
     finally:
         shutil.rmtree(work, ignore_errors=True)
         os.close(lock_fd)
