@@ -1,7 +1,10 @@
 """Singleton levels (TACO's singleton): exactly one stored coordinate per parent position, so
 the level keeps ``crd`` only and shares its parent's positions. ``Format("ds")`` stores a
 matrix with one entry per row (a one-hot gate, a permutation, an argmax) in one int array;
-``Format("cs")`` is a COO matrix whose row level is compressed.
+``Format("cs")`` stores one entry per stored row (a compressed row level holds each row
+once; for several entries a row, COO's non-unique ``"qs"`` parent is needed, and scorch's
+builds keep a parent's coordinates unique, so a matrix with two entries in one row is
+refused in either, with a message naming the row).
 
 Everything the compiler and the conversions need comes from the capabilities below: a
 kernel iterates the one-entry segment ``[p, p + 1)`` of parent position ``p`` (or the range a
