@@ -115,6 +115,13 @@ def sparse_tensor(data: Any, size: Optional[Sequence[int]] = None, format: Forma
     _check_dtype_arg(dtype)
     st = None
     source = None   # the tensor the result is differentiable in (values / dense data)
+    if isinstance(data, tuple) and len(data) == 2 and not isinstance(data, torch.Size) \
+            and isinstance(data[1], torch.Tensor) and data[1].dim() > 1 \
+            and not isinstance(data[1], SparseTensor):
+        # hybrid: each coordinate holds a dense block of values (torch.sparse_coo_tensor's
+        # reading); stored as torch's hybrid COO is read, dense trailing levels
+        indices = _number_tensor(data[0], "indices", empty=torch.int64)
+        data = torch.sparse_coo_tensor(indices, data[1], size, check_invariants=True)
     if isinstance(data, tuple) and len(data) == 2 and not isinstance(data, torch.Size):
         indices, values = data
         st = _from_coordinates(indices, values.detach() if isinstance(values, torch.Tensor)

@@ -162,3 +162,19 @@ def test_empty_coordinate_lists_and_foreign_numpy_types():
     if np.dtype(np.longdouble).itemsize > 8:
         with pytest.raises(TypeError, match="no torch counterpart"):
             scorch.sparse_tensor(np.eye(2, dtype=np.longdouble))
+
+
+def test_hybrid_coordinates_and_values_as_torch_sparse_coo_tensor_reads_them():
+    """``sparse_tensor((indices, values))`` with a value block per coordinate (a hybrid COO
+    tensor, as ``torch.sparse_coo_tensor`` reads it): dense trailing levels, differentiable
+    in the blocks; a bad index gets torch's named error."""
+    idx = torch.tensor([[0, 2], [1, 0]])
+    v = torch.arange(6.0, dtype=torch.float64).reshape(2, 3).requires_grad_()
+    S = scorch.sparse_tensor((idx, v), size=(3, 2, 3))
+    want = torch.sparse_coo_tensor(idx, v.detach(), (3, 2, 3)).to_dense()
+    assert torch.equal(S.to_dense(), want) and S.requires_grad
+    w = torch.arange(18.0, dtype=torch.float64).reshape(3, 2, 3)
+    (S.to_dense() * w).sum().backward()
+    assert torch.equal(v.grad, torch.stack([w[0, 1], w[2, 0]]))
+    with pytest.raises(RuntimeError, match="index 5"):
+        scorch.sparse_tensor((torch.tensor([[5], [0]]), torch.ones(1, 3)), size=(3, 2, 3))

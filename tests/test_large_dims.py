@@ -9,6 +9,9 @@ import sys
 import textwrap
 
 import pytest
+import torch
+
+import scorch
 
 CHILD = textwrap.dedent(r'''
     import gc, json, resource, sys
@@ -113,3 +116,17 @@ def report(tmp_path_factory):
 @pytest.mark.parametrize("case", CASES)
 def test_conversion_under_memory_limit(case, report):
     assert report[case]["ok"], report[case]
+
+
+@pytest.mark.parametrize("fa, fb", [("dcsc", "dcsr"), ("dcsr", "dcsr")])
+def test_hypersparse_product_whose_workspace_extent_is_2_to_62(fa, fb):
+    """A 2**31 x 2**31 product: the outer-product order's workspace spans i x k = 2**62
+    positions, which int64 keys index (a std::map holds only those touched)."""
+    n = 2 ** 31
+    i = torch.tensor([[0, 5, n - 1, 123], [n - 1, 3, 0, 987]])
+    v = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    A = scorch.sparse_tensor((i, v), size=(n, n), format=fa)
+    B = scorch.sparse_tensor((i, v), size=(n, n), format=fb)
+    C = (A @ B).to_torch()
+    C = (C if C.layout == torch.sparse_coo else C.to_sparse()).coalesce()
+    assert C.indices().tolist() == [[0, n - 1], [0, n - 1]] and C.values().tolist() == [3.0, 3.0]

@@ -205,7 +205,8 @@ def _torch_gradient(x: torch.Tensor, P: Storage, vals: torch.Tensor) -> torch.Te
     if x.layout is torch.sparse_coo:
         sparse_dims = sum(1 for lv in P.levels if lv.crd is not None)
         indices = torch.stack([lv.crd.to(torch.int64) for lv in P.levels[:sparse_dims]])
-        return torch.sparse_coo_tensor(indices, vals.reshape(P.nnz, *x.shape[sparse_dims:]) if
+        # (a hybrid tensor's P.nnz counts the values of its dense blocks: one row per index)
+        return torch.sparse_coo_tensor(indices, vals.reshape(indices.shape[1], *x.shape[sparse_dims:]) if
                                        sparse_dims else vals, x.shape, is_coalesced=True,
                                        check_invariants=False)
     from .. import interop

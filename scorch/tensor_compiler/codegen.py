@@ -645,9 +645,10 @@ def print_kernel(k: Kernel) -> str:
         cast = f"<{ct}><size_t>args[{n}]" if ct.endswith("*") else f"args[{n}]"
         w(f"    a.{name} = {cast}")
     if k.ws_vars:
-        # a bound, not an exact test: extents near 2**62 are far beyond any memory
+        # the linear key of a workspace position must fit int64 (2**63 - 1 is 9.22e18); a
+        # std::map workspace holds only the positions touched, so an extent of 2**62 is fine
         prod = " * ".join(f"<double>a.N_{v}" for v in k.ws_vars)
-        w(f"    if {prod} >= 4.6e18:")
+        w(f"    if {prod} >= 9.2e18:")
         w(f'        return result_error(res, RESULT_OVERFLOW, b"workspace over {",".join(k.ws_vars)} is too '
           f'large to index with int64", 0)')
     _chunking(k, w)

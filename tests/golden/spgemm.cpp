@@ -317,7 +317,7 @@ static int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelR
     a.t1_pos1 = ((int32_t*)((size_t)args[6]));
     a.t1_crd1 = ((int32_t*)((size_t)args[7]));
     a.t1_vals = ((float*)((size_t)args[8]));
-    if ((((double)a.N_k) >= 4.6e18)) {
+    if ((((double)a.N_k) >= 9.2e18)) {
         return result_error(res, RESULT_OVERFLOW, "workspace over k is too large to index with int64", 0);
     }
     lo0 = 0;
