@@ -23,12 +23,12 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .dims import checked_dim, checked_dims
 from .._dispatch import check_dense_size, register
 from ..gradients.values import from_coordinates, from_values, values_of
 from ..formats import as_format
 from ..tensor_type import SparseTensor, as_scorch
 from . import elementwise, inner_level, nonlinear, reductions
+from .dims import checked_dim, checked_dims
 from .nonlinear import _sparse
 from . import shape as _shape
 from ..broadcasting import broadcast_shapes

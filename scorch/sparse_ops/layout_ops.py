@@ -17,12 +17,12 @@ from typing import List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from .dims import checked_dim
 from .._dispatch import check_dense_size, register
 from ..formats import as_format
 from ..gradients.values import values_of
 from ..tensor_type import SparseTensor
 from . import shape as _shape
+from .dims import checked_dim
 from .nonlinear import _sparse
 
 __all__ = ["unbind", "pad_with_zeros", "block_diag", "diag_embed", "diagonal_entries", "unfold",

@@ -19,11 +19,11 @@ from typing import Optional, Tuple
 
 import torch
 
-from .dims import checked_dim
 from .._dispatch import register
 from ..gradients.values import values_of
 from ..tensor_type import SparseTensor, with_values
 from . import composites, nonlinear
+from .dims import checked_dim
 from .nonlinear import _sparse
 
 __all__ = ["topk", "kthvalue", "median", "median_all", "extreme_along", "mode"]

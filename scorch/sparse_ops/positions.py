@@ -19,12 +19,12 @@ from typing import Optional, Sequence
 
 import torch
 
-from .dims import checked_dim
 from .._dispatch import register
 from ..formats import as_format
 from ..gradients.values import from_coordinates, values_of
 from ..tensor_type import SparseTensor, as_scorch
 from ..broadcasting import broadcast_shapes
+from .dims import checked_dim
 
 __all__ = ["values_at", "gather", "take", "take_along_dim", "masked_select", "index_add",
            "scatter_add", "index_keys", "index_put", "masked_scatter"]

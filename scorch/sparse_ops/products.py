@@ -10,10 +10,10 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from .dims import checked_dim
 from .._dispatch import register
 from ..tensor_type import as_scorch
 from .comparison import _involves_sparse
+from .dims import checked_dim
 from .einsum import einsum
 
 __all__ = ["outer", "dot", "inner", "tensordot", "kron", "trace", "diagonal"]

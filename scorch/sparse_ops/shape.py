@@ -28,13 +28,13 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from .dims import checked_dim
 from .._dispatch import register, register_aten
 from ..formats import Format, LevelKind, as_format
 from ..gradients.values import from_values, values_of, view_of
 from ..level_kinds.base import segment_positions
 from ..level_storage import Level, Storage, index_dtype_for
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, permute_view
+from .dims import checked_dim
 from .inner_level import cat_inner, filter_inner
 from .outer_level import cat_outer, gather_outer, select_outer
 

@@ -12,9 +12,9 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from .dims import checked_dim, checked_dims
 from .._dispatch import check_dense_size, register
 from ..tensor_type import SparseTensor
+from .dims import checked_dim, checked_dims
 from .nonlinear import _sparse
 from ..broadcasting import broadcast_shapes
 

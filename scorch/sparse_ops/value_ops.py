@@ -15,11 +15,11 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .dims import checked_dim
 from .._dispatch import register
 from ..gradients.values import from_values, values_of
 from ..tensor_type import SparseTensor
 from . import elementwise
+from .dims import checked_dim
 from .nonlinear import _sparse, on_stored_values
 
 __all__ = ["on_values"]

@@ -17,12 +17,12 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from .dims import checked_dim
 from .._dispatch import register, register_aten
 from ..tensor_type import SparseTensor
 from . import composites
 from . import shape as _shape
 from .comparison import _involves_sparse
+from .dims import checked_dim
 from .einsum import einsum
 from .nonlinear import _sparse
 
