@@ -344,3 +344,27 @@ def test_torch_sparse_destinations_take_a_scorch_source():
     torch.add(S, S, out=out)
     assert torch.equal(out.to_dense(), 2 * y)
     assert S.to_sparse(sparse_dim=2).format == scorch.as_format("coo", 2)
+
+
+@pytest.mark.parametrize("fmt", ["coo", "csf"])
+def test_index_tensors_of_two_or_more_dims(fmt):
+    """A batch of lookups, ``S[idx2d]``: the index's dims where torch puts a lone index
+    tensor's; writes through the same index; the gradient on the pattern."""
+    x = torch.arange(60.0, dtype=F64).reshape(3, 4, 5)
+    x[x.remainder(4) == 0] = 0
+    i2 = torch.tensor([[0, 2], [1, 1], [2, 0]])
+    j2 = torch.tensor([[3, -1], [0, 2]])
+    for index in [(i2,), (slice(None), j2), (Ellipsis, torch.tensor([[4, 0]])), (None, i2),
+                  (slice(1, 3), j2, slice(None, None, 2)), (i2, Ellipsis)]:
+        _same(scorch.sparse_tensor(x, format=fmt)[index], x[index])
+        X, want = scorch.sparse_tensor(x, format=fmt), x.clone()
+        X[index] = 0.0
+        want[index] = 0.0
+        _same(X, want)
+    X = scorch.sparse_tensor(x, format=fmt, requires_grad=True)
+    X[:, j2].to_dense().sum().backward()
+    d = x.clone().requires_grad_()
+    d[:, j2].sum().backward()
+    _same(X.grad, d.grad * (x != 0))
+    with pytest.raises(IndexError, match="only slices"):
+        scorch.sparse_tensor(x, format=fmt)[0, j2]

@@ -577,11 +577,35 @@ def _with_bool_scalars(t: SparseTensor, items: tuple) -> torch.Tensor:
     return out
 
 
+def _nd_index(ix) -> bool:
+    return isinstance(ix, torch.Tensor) and ix.dim() > 1 and ix.dtype != torch.bool \
+        and not is_sparse_operand(ix)
+
+
+def _with_nd_index(t: SparseTensor, items: tuple) -> torch.Tensor:
+    """``t[..., idx, ...]`` with one index tensor of 2 or more dims and only slices, ``None``
+    and ``...`` beside it (a batch of lookups): the index flattened, its dims put back where
+    torch puts a lone index tensor's (at its place)."""
+    k = next(j for j, i in enumerate(items) if _nd_index(i))
+    if any(j != k and not (i is None or i is Ellipsis or isinstance(i, slice))
+           for j, i in enumerate(items)):
+        raise IndexError("an index tensor of 2 or more dims is supported on a sparse tensor "
+                         "with only slices, None and ... beside it")
+    ix = items[k]
+    out = getitem(t, items[:k] + (ix.reshape(-1),) + items[k + 1:])
+    consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
+    position = sum(t.dim() - consumed if i is Ellipsis else 1 for i in items[:k])
+    shape = tuple(out.shape[:position]) + tuple(ix.shape) + tuple(out.shape[position + 1:])
+    return reshape(out, shape) if isinstance(out, SparseTensor) else out.reshape(shape)
+
+
 def getitem(t: SparseTensor, index) -> torch.Tensor:
     """``t[index]`` over the stored entries."""
     items = index if isinstance(index, tuple) else (index,)
     if any(_bool_scalar(i) is not None for i in items):
         return _with_bool_scalars(t, items)
+    if any(_nd_index(i) for i in items):
+        return _with_nd_index(t, items)
     st = t._storage
     rank = st.ndim
     items = _expand_index(index, rank)
