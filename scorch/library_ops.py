@@ -329,11 +329,16 @@ def _eager_einsum(equation: str, *operands, out_format=None):
     return SparseTensor(result) if type(result) is Storage else result
 
 
+def _holding(P: Storage, values: torch.Tensor) -> SparseTensor:
+    """``P``'s level arrays (shared) holding ``values``."""
+    return SparseTensor(Storage(P.format, P.shape, P.levels, values, P.index_dtype))
+
+
 def _gradient_operand(kind: str, p: int, grad: torch.Tensor, ops):
     """The result's gradient as an operand: dense, or on operand ``p``'s pattern."""
     if kind == "pattern":
         P = ops[p]._storage
-        return SparseTensor(Storage(P.format, P.shape, P.levels, grad.to(P.dtype), P.index_dtype))
+        return _holding(P, grad.to(P.dtype))
     return grad
 
 
@@ -520,7 +525,7 @@ class _OnPattern(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, values: torch.Tensor, P: Storage) -> SparseTensor:
-        return SparseTensor(Storage(P.format, P.shape, P.levels, values, P.index_dtype))
+        return _holding(P, values)
 
     @staticmethod
     def backward(ctx, g):
@@ -530,7 +535,7 @@ class _OnPattern(torch.autograd.Function):
 def _on_pattern(P: Storage, values: torch.Tensor) -> SparseTensor:
     if torch.is_grad_enabled() and values.requires_grad:
         return _OnPattern.apply(values, P)
-    return SparseTensor(Storage(P.format, P.shape, P.levels, values, P.index_dtype))
+    return _holding(P, values)
 
 
 # --- routing ----------------------------------------------------------------------------------

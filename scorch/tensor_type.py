@@ -411,7 +411,8 @@ def _write_out(name: str, out: torch.Tensor, result) -> None:
     if not torch.can_cast(result.dtype, out.dtype):
         raise RuntimeError(f"{name}(): result type {result.dtype} can't be cast to the desired "
                            f"output type {out.dtype}")
-    if isinstance(out, SparseTensor) or (out.layout != torch.strided and isinstance(result, SparseTensor)):
+    if isinstance(out, SparseTensor) or (out.layout != torch.strided
+                                         and isinstance(result, SparseTensor)):
         if tuple(out.shape) != tuple(result.shape):
             raise RuntimeError(f"{name}(): out= is a sparse tensor of shape {tuple(out.shape)} "
                                f"for a result of shape {tuple(result.shape)} (a sparse tensor "

@@ -206,8 +206,8 @@ def _torch_gradient(x: torch.Tensor, P: Storage, vals: torch.Tensor) -> torch.Te
         sparse_dims = sum(1 for lv in P.levels if lv.crd is not None)
         indices = torch.stack([lv.crd.to(torch.int64) for lv in P.levels[:sparse_dims]])
         # (a hybrid tensor's P.nnz counts the values of its dense blocks: one row per index)
-        return torch.sparse_coo_tensor(indices, vals.reshape(indices.shape[1], *x.shape[sparse_dims:]) if
-                                       sparse_dims else vals, x.shape, is_coalesced=True,
+        blocks = vals.reshape(indices.shape[1], *x.shape[sparse_dims:]) if sparse_dims else vals
+        return torch.sparse_coo_tensor(indices, blocks, x.shape, is_coalesced=True,
                                        check_invariants=False)
     from .. import interop
     return interop.to_torch(_pattern.with_pattern_values(P, vals))

@@ -16,18 +16,14 @@ import torch
 from .._dispatch import register
 from ..tensor_type import as_scorch, is_sparse_operand
 from . import layout_ops
+from .dims import checked_dims
 from .nonlinear import _sparse
 
 __all__: List[str] = []
 
 
 def _as_dims(dims, rank: int, name: str) -> List[int]:
-    dims = [dims] if isinstance(dims, numbers.Integral) else list(dims)
-    for d in dims:
-        if not -max(rank, 1) <= d < max(rank, 1):
-            raise IndexError(f"{name}: Dimension out of range (expected to be in range of "
-                             f"[{-max(rank, 1)}, {max(rank, 1) - 1}], but got {d})")
-    return [int(d) % max(rank, 1) for d in dims]
+    return checked_dims(dims, rank, argument=name)
 
 
 @register(torch.movedim, torch.Tensor.movedim, torch.moveaxis, torch.Tensor.moveaxis)

@@ -275,7 +275,9 @@ def _where(*args, out=None, **kwargs):
 @register(torch.Tensor.where)
 def _tensor_where(self, condition, other):
     """``x.where(cond, y)`` is ``torch.where(cond, x, y)``."""
-    return where(condition, self, other) if _involves_sparse(self, condition, other) else NotImplemented
+    if not _involves_sparse(self, condition, other):
+        return NotImplemented
+    return where(condition, self, other)
 
 
 @register(torch.masked_fill, torch.Tensor.masked_fill)

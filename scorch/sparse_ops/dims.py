@@ -9,12 +9,12 @@ from typing import List, Optional, Sequence, Union
 __all__ = ["checked_dim", "checked_dims"]
 
 
-def checked_dim(dim, rank: int, name: Optional[str] = None) -> int:
+def checked_dim(dim, rank: int, name: Optional[str] = None, argument: str = "dim") -> int:
     """``dim`` in ``[0, rank)`` (a 0-d tensor takes -1 and 0, as torch); torch's IndexError
-    otherwise, and a TypeError for what is not an int."""
+    otherwise, and a TypeError (naming ``argument``) for what is not an int."""
     prefix = f"{name}(): " if name else ""
     if not isinstance(dim, numbers.Integral) or isinstance(dim, bool):
-        raise TypeError(f"{prefix}dim must be an int, got {dim!r}")
+        raise TypeError(f"{prefix}{argument} must be an int, got {dim!r}")
     n = max(rank, 1)
     if not -n <= dim < n:
         raise IndexError(f"{prefix}Dimension out of range (expected to be in range of "
@@ -22,12 +22,14 @@ def checked_dim(dim, rank: int, name: Optional[str] = None) -> int:
     return int(dim) % n
 
 
-def checked_dims(dims: Union[int, Sequence[int]], rank: int, name: Optional[str] = None) -> List[int]:
+def checked_dims(dims: Union[int, Sequence[int]], rank: int, name: Optional[str] = None,
+                 argument: str = "dim") -> List[int]:
     """Each of ``dims`` (an int or a sequence) checked; a dim named twice raises, as torch."""
     dims = [dims] if isinstance(dims, numbers.Integral) else list(dims)
-    out = [checked_dim(d, rank, name) for d in dims]
+    out = [checked_dim(d, rank, name, argument) for d in dims]
     if len(set(out)) != len(out):
         repeated = next(d for d in out if out.count(d) > 1)
         prefix = f"{name}(): " if name else ""
-        raise RuntimeError(f"{prefix}dim {repeated} appears multiple times in the list of dims")
+        raise RuntimeError(f"{prefix}{argument} {repeated} appears multiple times in the list "
+                           f"of dims")
     return out

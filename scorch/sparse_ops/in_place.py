@@ -9,10 +9,10 @@ the backward is the out-of-place op's derivative at the values before the change
 it), and a tensor that an earlier op saved for its backward raises torch's "modified by an
 inplace operation" error when that backward runs (the values' version counter moved).
 
-Writes at positions (``masked_fill_``, ``x[mask] = v``, ``x[i, j] = v``, ``index_put_``,
-``fill_diagonal_``) set stored values in place the same way; a non-zero value at a position
-the tensor does not store would grow the pattern, so it raises (the out-of-place
-``index_put`` grows it)."""
+Writes at positions (``masked_fill_``, ``fill_diagonal_``; ``x[index] = v`` and
+``index_put_`` in ``item_writes``) set stored values in place the same way; a non-zero value
+at a position the tensor does not store would grow the pattern, so it raises (the
+out-of-place ``index_put`` grows it)."""
 from __future__ import annotations
 
 import numbers

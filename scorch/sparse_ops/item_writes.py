@@ -26,7 +26,7 @@ from ..gradients.optimizer_step import values_level
 from ..gradients.values import from_values, values_of
 from ..tensor_type import SparseTensor, with_values
 from .in_place import record_in_place, write_values
-from .positions import _keyable, _sparse, index_keys, index_put, values_at
+from .positions import _keyable, _row_major_keys, _sparse, index_keys, index_put, values_at
 
 __all__ = ["selected_entries", "write_items", "put_within_pattern", "index_put_tuple"]
 
@@ -85,16 +85,10 @@ def _selected_by_sparse_mask(x: SparseTensor, mask: SparseTensor):
     true_keys = torch.sort(true_keys).values
     stored = _row_major_keys(_convert().coords(x._storage), x.shape)
     at = torch.searchsorted(true_keys, stored).clamp_max(max(true_keys.numel() - 1, 0))
-    hit = true_keys[at] == stored if true_keys.numel() else torch.zeros_like(stored, dtype=torch.bool)
+    hit = true_keys[at] == stored if true_keys.numel() else \
+        torch.zeros_like(stored, dtype=torch.bool)
     ids = torch.nonzero(hit).reshape(-1)
     return ids, at[hit].reshape(1, -1), torch.Size([true_keys.numel()])
-
-
-def _row_major_keys(coords: torch.Tensor, shape) -> torch.Tensor:
-    key = torch.zeros(coords.shape[1], dtype=torch.int64)
-    for d, n in enumerate(shape):
-        key = key * n + coords[d]
-    return key
 
 
 def _values_at(value: torch.Tensor, coords: torch.Tensor, shape, dtype) -> Tuple[torch.Tensor, int]:
@@ -132,8 +126,8 @@ def _plan(name: str, x: SparseTensor, index, value, strict: bool = True):
     id, in ``x``'s dtype) or a number. A write that would grow the pattern raises
     (``strict``) or gives None."""
     ids, coords, shape = selected_entries(x, index)
-    if isinstance(value, torch.Tensor) and value.dim() == 0 and not isinstance(value, SparseTensor) \
-            and not value.requires_grad:
+    if isinstance(value, torch.Tensor) and value.dim() == 0 \
+            and not isinstance(value, SparseTensor) and not value.requires_grad:
         value = value.item()
     if isinstance(value, numbers.Number):
         missing = math.prod(shape) - ids.numel()
@@ -243,6 +237,7 @@ def _index_put(input, indices, values, accumulate=False):
     keys = index_keys(t.shape, indices)
     if keys is None:
         return NotImplemented                  # slices and masks: the fallback's
-    if isinstance(values, torch.Tensor) and broadcast_shapes(values.shape, keys.shape) != keys.shape:
+    if isinstance(values, torch.Tensor) and \
+            broadcast_shapes(values.shape, keys.shape) != keys.shape:
         return NotImplemented
     return index_put(t, keys, values, accumulate)

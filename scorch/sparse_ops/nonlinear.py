@@ -32,6 +32,7 @@ from ..gradients.optimizer_step import values_level
 from ..gradients.values import from_values, values_of, with_dtype
 from ..level_storage import Storage
 from ..tensor_type import SparseTensor, as_scorch, with_values
+from .dims import checked_dim
 from . import inner_level
 from .in_place import in_place_functional
 from .reductions import _reduced_dims
@@ -220,13 +221,7 @@ def _softmax(t: SparseTensor, dim: int, log: bool, dtype: Optional[torch.dtype])
     """Over the stored entries of each fiber along ``dim``: one max kernel, one kernel for
     the exponentials on the pattern with their sums, one for the quotient; an empty fiber
     has no entries (no NaN)."""
-    if not isinstance(dim, numbers.Integral):
-        raise TypeError(f"softmax(): dim must be an int, got {dim!r}")
-    rank = t.dim()
-    if not -rank <= dim < max(rank, 1):
-        raise IndexError(f"softmax(): Dimension out of range (expected to be in range of "
-                         f"[{-rank}, {rank - 1}], but got {dim})")
-    dim = int(dim) % rank
+    dim = checked_dim(dim, t.dim(), "softmax")
     if dtype is not None:
         t = with_dtype(t, dtype)   # differentiable cast
     elif not t.dtype.is_floating_point:

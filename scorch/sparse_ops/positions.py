@@ -448,7 +448,8 @@ def _index_add_(self, dim, index, source, *, alpha=1):
         return NotImplemented        # a sparse self: torch's in-place error
     source = _sparse(source)
     _check_write("index_add", self, index, dim, source)
-    return _in_place(self, *_index_moved(checked_dim(dim, self.dim(), "index_add_"), index, source, alpha))
+    d = checked_dim(dim, self.dim(), "index_add_")
+    return _in_place(self, *_index_moved(d, index, source, alpha))
 
 
 @register(torch.Tensor.scatter_add_)
@@ -457,7 +458,8 @@ def _scatter_add_(self, dim, index, src):
         return NotImplemented
     src = _sparse(src)
     _check_write("scatter_add", self, index, dim, src)
-    return _in_place(self, *_scatter_moved(checked_dim(dim, self.dim(), "scatter_add_"), index, src))
+    d = checked_dim(dim, self.dim(), "scatter_add_")
+    return _in_place(self, *_scatter_moved(d, index, src))
 
 
 @register(torch.masked_scatter, torch.Tensor.masked_scatter)

@@ -25,6 +25,7 @@ from ..tensor_cache import TensorKeyedCache
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand
 from . import elementwise
 from . import shape as _shape
+from .dims import checked_dims
 from . import einsum as _einsum_entry
 
 __all__ = ["sum", "mean", "sparse_sum"]
@@ -45,18 +46,7 @@ def _reduced_dims(dim: Dims, rank: int, name: str) -> Tuple[int, ...]:
     dims = [dim] if isinstance(dim, numbers.Integral) else list(dim)
     if not dims:   # torch: an empty dim list reduces every dimension
         return tuple(range(rank))
-    out = []
-    for d in dims:
-        if not isinstance(d, numbers.Integral) or isinstance(d, bool):
-            raise TypeError(f"{name}(): dim must be an int or a tuple of ints, got {dim!r}")
-        if not -rank <= d < rank:
-            raise IndexError(f"{name}(): Dimension out of range (expected to be in range of "
-                             f"[{-rank}, {rank - 1}], but got {d})")
-        d = int(d) % rank
-        if d in out:
-            raise RuntimeError(f"{name}(): dim {d} appears multiple times in the list of dims")
-        out.append(d)
-    return tuple(sorted(out))
+    return tuple(sorted(checked_dims(dims, rank, name)))
 
 
 def _accumulate_dtype(dtype: torch.dtype) -> torch.dtype:

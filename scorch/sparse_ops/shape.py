@@ -84,12 +84,7 @@ def _unblocked(fmt: Format) -> Format:
 
 
 def _dim(d: int, rank: int, name: str = "dim") -> int:
-    if not isinstance(d, (numbers.Integral,)) or isinstance(d, bool):
-        raise TypeError(f"{name} must be an int, got {d!r}")
-    if not -max(rank, 1) <= d < max(rank, 1):
-        raise IndexError(f"Dimension out of range (expected to be in range of "
-                         f"[{-max(rank, 1)}, {max(rank, 1) - 1}], but got {d})")
-    return int(d) % max(rank, 1)
+    return checked_dim(d, rank, argument=name)
 
 
 # --- permute / transpose / t (views) -----------------------------------------------------------
@@ -565,7 +560,8 @@ def _with_bool_scalars(t: SparseTensor, items: tuple) -> torch.Tensor:
                          "together is not supported")
     flags = [_bool_scalar(i) for i in items]
     out = getitem(t, tuple(None if f is not None else i for i, f in zip(items, flags)))
-    consumed = sum(1 for i, f in zip(items, flags) if f is None and i is not None and i is not Ellipsis)
+    consumed = sum(1 for i, f in zip(items, flags)
+                   if f is None and i is not None and i is not Ellipsis)
     position = 0
     for i, f in zip(items, flags):
         if f is False:
