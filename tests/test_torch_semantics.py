@@ -366,5 +366,17 @@ def test_index_tensors_of_two_or_more_dims(fmt):
     d = x.clone().requires_grad_()
     d[:, j2].sum().backward()
     _same(X.grad, d.grad * (x != 0))
-    with pytest.raises(IndexError, match="only slices"):
-        scorch.sparse_tensor(x, format=fmt)[0, j2]
+    # beside ints and other index tensors (``S[rows[:, None], cols]``), broadcast together
+    rows, cols = torch.tensor([2, 0, 2])[:, None], torch.tensor([1, 3])
+    for index in [(0, j2), (i2, 3), (rows, cols), (rows, cols, 4), (rows, 1, cols),
+                  (slice(None), rows, cols), (rows, slice(None), cols), (None, rows, cols),
+                  (i2, 2, j2[:1])]:
+        _same(scorch.sparse_tensor(x, format=fmt)[index], x[index])
+        X, want = scorch.sparse_tensor(x, format=fmt), x.clone()
+        X[index] = 0.0
+        want[index] = 0.0
+        _same(X, want)
+    with pytest.raises(IndexError, match="broadcast"):
+        scorch.sparse_tensor(x, format=fmt)[i2, torch.tensor([[0, 1, 2]])]
+    with pytest.raises(IndexError, match="bool masks"):
+        scorch.sparse_tensor(x, format=fmt)[i2, torch.ones(4, dtype=torch.bool)]

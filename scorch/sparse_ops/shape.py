@@ -579,20 +579,34 @@ def _nd_index(ix) -> bool:
 
 
 def _with_nd_index(t: SparseTensor, items: tuple) -> torch.Tensor:
-    """``t[..., idx, ...]`` with one index tensor of 2 or more dims and only slices, ``None``
-    and ``...`` beside it (a batch of lookups): the index flattened, its dims put back where
-    torch puts a lone index tensor's (at its place)."""
-    k = next(j for j, i in enumerate(items) if _nd_index(i))
-    if any(j != k and not (i is None or i is Ellipsis or isinstance(i, slice))
-           for j, i in enumerate(items)):
-        raise IndexError("an index tensor of 2 or more dims is supported on a sparse tensor "
-                         "with only slices, None and ... beside it")
-    ix = items[k]
-    out = getitem(t, items[:k] + (ix.reshape(-1),) + items[k + 1:])
-    consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
-    position = sum(t.dim() - consumed if i is Ellipsis else 1 for i in items[:k])
-    shape = tuple(out.shape[:position]) + tuple(ix.shape) + tuple(out.shape[position + 1:])
-    return reshape(out, shape) if isinstance(out, SparseTensor) else out.reshape(shape)
+    """``t[...]`` with index tensors whose broadcast shape has 2 or more dims (a batch of
+    lookups, ``t[rows[:, None], cols]``): the indices broadcast and flattened, the lookup's
+    dim then unflattened where torch puts it (in place when the index tensors are adjacent,
+    ints between them allowed; first when a slice, ``None`` or ``...`` separates them)."""
+    tensors = [j for j, i in enumerate(items) if isinstance(i, torch.Tensor) and i.dim() > 0]
+    if any(items[j].dtype == torch.bool or is_sparse_operand(items[j]) for j in tensors) \
+            or any(isinstance(i, (list, tuple)) for i in items):
+        raise IndexError("index tensors of 2 or more dims on a sparse tensor go with ints, "
+                         "slices, None, ... and other integer index tensors, not with bool "
+                         "masks, lists or sparse indices")
+    try:
+        shape = torch.broadcast_shapes(*(items[j].shape for j in tensors))
+    except RuntimeError:
+        raise IndexError("shape mismatch: indexing tensors could not be broadcast together "
+                         f"with shapes {[list(items[j].shape) for j in tensors]}") from None
+    flat = list(items)
+    for j in tensors:
+        flat[j] = items[j].expand(shape).reshape(-1)
+    out = getitem(t, tuple(flat))
+    first, last = tensors[0], tensors[-1]
+    if any(i is None or i is Ellipsis or isinstance(i, slice) for i in items[first:last + 1]):
+        position = 0
+    else:
+        consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
+        position = sum(t.dim() - consumed if i is Ellipsis else
+                       1 if (i is None or isinstance(i, slice)) else 0 for i in items[:first])
+    new = tuple(out.shape[:position]) + tuple(shape) + tuple(out.shape[position + 1:])
+    return reshape(out, new) if isinstance(out, SparseTensor) else out.reshape(new)
 
 
 def getitem(t: SparseTensor, index) -> torch.Tensor:
