@@ -40,7 +40,7 @@ from ..level_kinds.base import segment_positions
 from ..level_storage import INT32_MAX, Level, Storage
 from ..tensor_type import SparseTensor
 
-__all__ = ["select_outer", "gather_outer", "cat_outer"]
+__all__ = ["select_outer", "gather_outer", "cat_outer", "locate_entry"]
 
 
 def int_or_range(ix):
@@ -173,6 +173,51 @@ def select_outer(t: SparseTensor, items: list) -> Optional[torch.Tensor]:
     values = values_of(t)[lo:hi].clone()     # a copy, as the general path's gather
     pattern = Storage(new_fmt, shape, new_levels, values.detach(), st.index_dtype)
     return from_values(pattern, values)
+
+
+def locate_entry(t: SparseTensor, items: list) -> Optional[torch.Tensor]:
+    """``t[i, j, ...]`` with an int for every dimension: TACO's locate, a walk down the
+    levels narrowing a range of positions (a full level computes the position, a level with
+    ``pos`` opens its parent's segment, every stored level keeps the positions whose
+    coordinate matches, found by a binary search in its sorted coordinates). O(levels x log
+    segment) where the general path filters every stored entry. The 0-d value (a copy, on
+    the autograd graph), or zero; None where the walk does not apply."""
+    st = t._storage
+    if len(items) != st.ndim or st.ndim == 0 or not _walkable(st):
+        return None
+    point = []
+    for d, ix in enumerate(items):
+        ix = int_or_range(ix)
+        if not isinstance(ix, int):
+            return None
+        size = st.shape[d]
+        if not -size <= ix < size:
+            raise IndexError(f"index {ix} is out of bounds for dimension {d} with size {size}")
+        point.append(ix % size)
+    lo, hi = 0, 1
+    for lv, kind in zip(st.levels, st.format.levels):
+        c = point[lv.dim]
+        if kind.full or lv.pos is not None:
+            if hi - lo != 1:
+                return None
+            if kind.full:
+                lo = lo * lv.size + c
+                hi = lo + 1
+                continue
+            ends = lv.pos.numpy()
+            lo, hi = int(ends[lo]), int(ends[lo + 1])
+        if lv.crd is None:
+            return None
+        segment = lv.crd.numpy()[lo:hi]
+        first = int(segment.searchsorted(c, "left"))
+        last = int(segment.searchsorted(c, "right"))
+        lo, hi = lo + first, lo + last
+        if lo == hi:
+            break
+    values = values_of(t)
+    if hi - lo > 1:
+        return None
+    return values[lo:hi].sum().to(values.dtype)
 
 
 def cat_outer(tensors: List[SparseTensor], d: int, dtype: torch.dtype) -> Optional[torch.Tensor]:

@@ -36,7 +36,7 @@ from ..level_storage import Level, Storage, index_dtype_for
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, permute_view
 from .dims import checked_dim
 from .inner_level import cat_inner, filter_inner
-from .outer_level import cat_outer, gather_outer, select_outer
+from .outer_level import cat_outer, gather_outer, int_or_range, locate_entry, select_outer
 
 __all__ = ["reshape", "flatten", "unflatten", "unsqueeze", "squeeze", "squeeze_dims", "cat",
            "stack", "getitem", "index_select", "embedding"]
@@ -609,6 +609,27 @@ def _with_nd_index(t: SparseTensor, items: tuple) -> torch.Tensor:
     return reshape(out, new) if isinstance(out, SparseTensor) else out.reshape(new)
 
 
+def _outer_first(t: SparseTensor, items: list) -> Optional[torch.Tensor]:
+    """``t[i, j]``, ``t[a:b, idx]``: an int or unit-step range along the first stored level
+    taken first (a walk reading only its entries), the other items then applied to that
+    part alone, so ``A[i, j]`` of CSR costs one row, not every stored entry. torch places
+    index tensors the same with or without that item (an int selects before them)."""
+    st = t._storage
+    if len(items) != st.ndim or st.ndim < 2:
+        return None
+    d0 = st.levels[0].dim
+    first = int_or_range(items[d0])
+    if first is None or first == slice(None) or all(
+            isinstance(i, slice) and i == slice(None) for d, i in enumerate(items) if d != d0):
+        return None
+    part = select_outer(t, [first if d == d0 else slice(None) for d in range(st.ndim)])
+    if part is None:
+        return None
+    rest = [i for d, i in enumerate(items) if d != d0] if isinstance(first, int) else \
+        [slice(None) if d == d0 else i for d, i in enumerate(items)]
+    return getitem(part, tuple(rest))
+
+
 def getitem(t: SparseTensor, index) -> torch.Tensor:
     """``t[index]`` over the stored entries."""
     items = index if isinstance(index, tuple) else (index,)
@@ -619,7 +640,11 @@ def getitem(t: SparseTensor, index) -> torch.Tensor:
     st = t._storage
     rank = st.ndim
     items = _expand_index(index, rank)
-    outer = select_outer(t, items)   # along the first stored level: its entries only
+    outer = locate_entry(t, items)   # an int for every dim: a search down the levels
+    if outer is None:
+        outer = select_outer(t, items)   # along the first stored level: its entries only
+    if outer is None:
+        outer = _outer_first(t, items)
     if outer is None and st.ndim and st.format.block is None and len(items) == st.ndim:
         d0 = st.levels[0].dim
         ix = items[d0]
