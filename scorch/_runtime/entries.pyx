@@ -13,12 +13,14 @@ with one gather by ``take`` outside, so autograd records it as it does any index
 """
 from libc.math cimport isnan
 from libc.stdint cimport int32_t, int64_t, intptr_t, uint8_t
+from libc.stdlib cimport free, malloc
 
 from typing import Optional
 
 import torch
 
-__all__ = ["select_entries", "gather_segments", "flip_segments", "resplit", "segment_arg_extreme"]
+__all__ = ["select_entries", "gather_segments", "flip_segments", "interleave_segments", "resplit",
+           "segment_arg_extreme"]
 
 ctypedef fused idx_t:
     int32_t
@@ -201,6 +203,56 @@ def flip_segments(pos: torch.Tensor, crd: torch.Tensor, bint rows, bint cols, in
         else:
             _flip(<int32_t*>pp, P, <int32_t*>cp, rows, cols, size, <int32_t*>out.pos_p,
                   <int32_t*>out.crd_p, out.take_p)
+    return out.pos, out.crd, out.take
+
+
+cdef void _interleave(idx_t** pos, idx_t** crd, int64_t* shift, int64_t* base, int m, int64_t P,
+                      idx_t* new_pos, idx_t* new_crd, int64_t* take) noexcept nogil:
+    cdef int64_t p, q, k = 0
+    cdef int j
+    new_pos[0] = 0
+    for p in range(P):
+        for j in range(m):
+            for q in range(pos[j][p], pos[j][p + 1]):
+                new_crd[k] = <idx_t>(crd[j][q] + shift[j])
+                take[k] = base[j] + q
+                k += 1
+        new_pos[p + 1] = <idx_t>k
+
+
+def interleave_segments(poses, crds, shifts):
+    """``(new_pos, new_crd, take)``: compressed levels over the same P parents joined
+    segment by segment, parent p's segment being operand 0's, then operand 1's, ... with
+    operand j's coordinates shifted by ``shifts[j]`` (CSR matrices side by side); ``take``
+    is each new entry's position in the operands' entries one after the other. One pass,
+    no sort; every ``pos`` / ``crd`` in one dtype."""
+    cdef int m = len(poses)
+    cdef int64_t P = poses[0].numel() - 1
+    dtype = poses[0].dtype
+    poses = [x.contiguous() for x in poses]
+    crds = [x.contiguous().to(dtype) for x in crds]
+    cdef int64_t total = sum(int(c.numel()) for c in crds)
+    cdef _NewLevel out = _NewLevel(P, total, dtype)
+    cdef void** pp = <void**>malloc(m * sizeof(void*))
+    cdef void** cp = <void**>malloc(m * sizeof(void*))
+    cdef int64_t* sp = <int64_t*>malloc(m * sizeof(int64_t))
+    cdef int64_t* bp = <int64_t*>malloc(m * sizeof(int64_t))
+    cdef int j
+    cdef int64_t base = 0
+    cdef bint pos64 = dtype == torch.int64
+    try:
+        for j in range(m):
+            pp[j], cp[j], sp[j], bp[j] = _ptr(poses[j]), _ptr(crds[j]), int(shifts[j]), base
+            base += crds[j].numel()
+        with nogil:
+            if pos64:
+                _interleave(<int64_t**>pp, <int64_t**>cp, sp, bp, m, P, <int64_t*>out.pos_p,
+                            <int64_t*>out.crd_p, out.take_p)
+            else:
+                _interleave(<int32_t**>pp, <int32_t**>cp, sp, bp, m, P, <int32_t*>out.pos_p,
+                            <int32_t*>out.crd_p, out.take_p)
+    finally:
+        free(pp); free(cp); free(sp); free(bp)
     return out.pos, out.crd, out.take
 
 

