@@ -141,3 +141,27 @@ def test_mean_over_an_empty_dimension_is_nan_as_torch():
         assert torch.isnan(got).all() and got.requires_grad
         got.sum().backward()
         assert X.grad.nnz == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 3), st.data())
+def test_count_nonzero_and_full_extremes_with_stored_zeros(rank, data):
+    """``count_nonzero`` counts by coordinates (no kernel) and ``amax()`` / ``amin()`` over
+    everything reduce the values: a stored zero is not counted, an unstored one takes part
+    in the extreme, in every format of each rank."""
+    shape = tuple(data.draw(side()) for _ in range(rank))
+    x = data.draw(dense_values(shape, data.draw(st.sampled_from([torch.float64, torch.int64]))))
+    fmt = data.draw(st.sampled_from({1: ["coo", "c"], 2: ["csr", "csc", "coo", "dcsr", "dense"],
+                                     3: ["coo", "csf"]}[rank]))
+    s = sparse(x, fmt)
+    if s.nnz and data.draw(st.booleans()):
+        s._storage.values[data.draw(st.integers(0, s.nnz - 1))] = 0   # a stored zero
+    x = s.to_dense()
+    dims = [None] + list(range(-rank, rank)) + ([(0, rank - 1)] if rank > 1 else [])
+    for dim in dims:
+        got, want = torch.count_nonzero(s, dim), torch.count_nonzero(x, dim)
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    if x.numel():
+        for f in (torch.amax, torch.amin):
+            got, want = f(s), f(x)
+            assert got.dtype == want.dtype and torch.equal(got, want)

@@ -73,11 +73,40 @@ def lerp(start, end, weight) -> torch.Tensor:
 
 
 def count_nonzero(t: SparseTensor, dim=None) -> torch.Tensor:
-    nonzero = (t._storage.values != 0).to(torch.int64)
+    """Dense int64 counts, as torch: along a compressed level's rows a difference of a
+    running count at ``pos``, otherwise the nonzero entries counted by their kept
+    coordinates (CSR's columns: its ``crd`` as it is); O(entries + result) either way. A
+    sum kernel into a sparse vector made dense had cost 26x scipy's time on a hypersparse
+    2M x 2M matrix."""
+    st = t._storage
+    values = st.values
     if dim is None:
-        return nonzero.sum()
-    counts = reductions.sum(from_values(t._storage, nonzero), dim)
-    return counts.to_dense() if isinstance(counts, SparseTensor) else counts   # dense, as torch
+        return torch.count_nonzero(values)
+    dims = checked_dims(dim, t.dim(), "count_nonzero")
+    kept = [d for d in range(t.dim()) if d not in dims]
+    if not kept:
+        return torch.count_nonzero(values)
+    nonzero = values != 0
+    every = bool(nonzero.all())
+    if dims == [st.levels[-1].dim] and inner_level.dense_compressed(st):
+        pos = st.levels[1].pos.to(torch.int64)
+        if every:
+            return pos.diff()
+        running = torch.zeros(values.numel() + 1, dtype=torch.int64)
+        torch.cumsum(nonzero, 0, out=running[1:])
+        return running[pos[1:]] - running[pos[:-1]]
+    shape = [t.shape[d] for d in kept]
+    if kept == [st.levels[-1].dim] and inner_level.dense_compressed(st):
+        key = st.levels[1].crd                        # CSR down its columns
+    else:
+        coords = _shape._coords_of(st)
+        key = torch.zeros(values.numel(), dtype=torch.int64)
+        for d in kept:
+            key = key * t.shape[d] + coords[d]
+    if every:
+        return torch.bincount(key, minlength=math.prod(shape)).reshape(shape)
+    counts = torch.zeros(math.prod(shape), dtype=torch.int64)
+    return counts.index_add_(0, key, nonzero.to(torch.int64)).reshape(shape)
 
 
 def _all_stored_nonzero(t: SparseTensor) -> bool:

@@ -195,6 +195,15 @@ def _extreme(name: str, reduce: str, t: SparseTensor, dim, keepdim: bool) -> tor
         raise IndexError(f"{name}(): Expected reduction dim {dims[0]} to have non-zero size.")
 
     def run(x: SparseTensor) -> torch.Tensor:
+        if len(dims) == x.dim():      # over everything: torch's reduction of the values
+            values = x._storage.values
+            if values.numel() == 0:
+                return torch.zeros((), dtype=values.dtype)
+            m = values.amax() if reduce == "max" else values.amin()
+            if values.numel() == extent:
+                return m
+            zero = torch.zeros((), dtype=m.dtype)
+            return torch.maximum(m, zero) if reduce == "max" else torch.minimum(m, zero)
         m = _reduce_stored(x, dims, reduce)
         count = _stored_count(x, dims, extent)
         # torch's amax counts the implicit zeros: a fiber that does not store every entry has 0
