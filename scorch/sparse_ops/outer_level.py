@@ -40,7 +40,7 @@ from ..level_kinds.base import segment_positions
 from ..level_storage import INT32_MAX, Level, Storage
 from ..tensor_type import SparseTensor
 
-__all__ = ["select_outer", "gather_outer", "cat_outer", "locate_entry"]
+__all__ = ["select_outer", "gather_outer", "cat_outer", "locate_entry", "stepped_range"]
 
 
 def int_or_range(ix):
@@ -54,6 +54,13 @@ def int_or_range(ix):
     if isinstance(ix, slice) and ix.step in (None, 1):
         return ix
     return None
+
+
+def stepped_range(ix: slice, size: int) -> torch.Tensor:
+    """The positions a slice takes along a dimension of ``size`` (int64; empty when its start
+    is past its stop, where ``torch.arange`` would raise)."""
+    start, stop, step = ix.indices(size)
+    return torch.arange(start, max(stop, start), step)
 
 
 def _outer_index(items: list, d0: int):

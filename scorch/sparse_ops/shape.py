@@ -36,7 +36,8 @@ from ..level_storage import Level, Storage, index_dtype_for
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, permute_view
 from .dims import checked_dim
 from .inner_level import cat_inner, filter_inner
-from .outer_level import cat_outer, gather_outer, int_or_range, locate_entry, select_outer
+from .outer_level import (cat_outer, gather_outer, int_or_range, locate_entry, select_outer,
+                          stepped_range)
 
 __all__ = ["reshape", "flatten", "unflatten", "unsqueeze", "squeeze", "squeeze_dims", "cat",
            "stack", "getitem", "index_select", "embedding"]
@@ -609,18 +610,39 @@ def _with_nd_index(t: SparseTensor, items: tuple) -> torch.Tensor:
     return reshape(out, new) if isinstance(out, SparseTensor) else out.reshape(new)
 
 
+def _lone_index(items: list, d: int) -> bool:
+    """Whether ``items[d]`` is a 1-d index (tensor or list) and no other item is one."""
+    def is_index(i):
+        return isinstance(i, list) or (isinstance(i, torch.Tensor) and i.dim() == 1 and
+                                       i.dtype != torch.bool and not is_sparse_operand(i))
+    return is_index(items[d]) and not any(
+        isinstance(i, (list, tuple, torch.Tensor)) for k, i in enumerate(items) if k != d)
+
+
 def _outer_first(t: SparseTensor, items: list) -> Optional[torch.Tensor]:
-    """``t[i, j]``, ``t[a:b, idx]``: an int or unit-step range along the first stored level
+    """``t[i, j]``, ``t[a:b, idx]``, ``t[::2]``: an int or range along the first stored level
     taken first (a walk reading only its entries), the other items then applied to that
     part alone, so ``A[i, j]`` of CSR costs one row, not every stored entry. torch places
     index tensors the same with or without that item (an int selects before them)."""
     st = t._storage
-    if len(items) != st.ndim or st.ndim < 2:
+    if len(items) != st.ndim or st.ndim < 2 or st.format.block is not None:
         return None
     d0 = st.levels[0].dim
-    first = int_or_range(items[d0])
-    if first is None or first == slice(None) or all(
-            isinstance(i, slice) and i == slice(None) for d, i in enumerate(items) if d != d0):
+    others_whole = all(isinstance(i, slice) and i == slice(None)
+                       for d, i in enumerate(items) if d != d0)
+    ix = items[d0]
+    rows = None     # a minibatch of rows: each one's segment gathered
+    if isinstance(ix, slice) and ix.step is not None and ix.step > 1:
+        rows = stepped_range(ix, st.shape[d0])                       # ``A[::2]``
+    elif _lone_index(items, d0) and not others_whole:                # ``A[rows, ::2]``
+        rows = _index_tensor(ix, st.shape[d0], d0)
+    if rows is not None:
+        part = gather_outer(t, d0, rows)
+        if part is None or others_whole:
+            return part
+        return getitem(part, tuple(slice(None) if d == d0 else i for d, i in enumerate(items)))
+    first = int_or_range(ix)
+    if first is None or first == slice(None) or others_whole:
         return None
     part = select_outer(t, [first if d == d0 else slice(None) for d in range(st.ndim)])
     if part is None:
