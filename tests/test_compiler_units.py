@@ -113,7 +113,7 @@ def test_schedule_spgemm_gustavson():
     s = _sched("ij,jk->ik", [as_format("csr"), as_format("csr")])
     assert s.loop_order == ["i", "j", "k"]
     assert s.output.mode == "ws" and s.output.ws_vars == ("k",)
-    assert s.workspaces[0].startswith("k: sparse workspace (std::map")
+    assert s.workspaces[0].startswith("k: sparse workspace (appended pairs")
     assert not any(a.transposed for a in s.accesses)
 
 
@@ -273,7 +273,7 @@ def test_spgemm_rows_assembly(idt, threads, monkeypatch, request):
 
 
 def test_spgemm_map_workspace_for_huge_extent():
-    """A workspace extent over the dense-array limit runs the std::map variant."""
+    """A workspace extent over the dense-array limit runs the appended-pairs variant."""
     import numpy as np
     import scipy.sparse as sp
     from scorch.tensor_compiler.codegen import DENSE_WS_LIMIT
@@ -452,7 +452,7 @@ def test_explain_runs_nothing_and_reports():
     a, b = sparse(rand((6, 5)), "csr"), sparse(rand((5, 4)), "csr")
     p = C.explain("ij,jk->ik", a, b)
     assert p.loop_order == ["i", "j", "k"]
-    assert p.workspaces[0].startswith("k: sparse workspace (std::map")
+    assert p.workspaces[0].startswith("k: sparse workspace (appended pairs")
     assert p.tiled == []
     assert p.output_format == as_format("csr")
     assert "def kernel" in p.source and "SparseWorkspace[double]" in p.source

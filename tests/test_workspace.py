@@ -185,3 +185,26 @@ def test_kernel_cimports_workspace_inside_prange(tmp_path, monkeypatch):
         assert np.array_equal(out_pos, np.concatenate([[0], np.cumsum(touched.sum(1))]))
         assert np.array_equal(out_crd, c)
         np.testing.assert_allclose(out_vals, folded[r, c], rtol=1e-12, atol=1e-12)
+
+
+def test_sparse_workspace_combines_as_it_grows():
+    """The sparse workspace appends pairs and combines them (a stable sort, a merge with
+    what was combined before) when read or when the pending pairs double: reads between
+    adds, thousands of distinct coordinates over a 2^62 range and repeated ones all give
+    a dict's sums, in the order of the adds (bitwise for floats)."""
+    rng = np.random.default_rng(1)
+    ws = PySparseWorkspace(torch.float64)
+    expect = {}
+    for round_ in range(4):
+        c = rng.integers(0, 1 << 62, 3000) if round_ % 2 else rng.integers(0, 700, 3000)
+        v = rng.normal(size=3000)
+        for k in range(0, 3000, 500):
+            ws.add_many(torch.from_numpy(c[k:k + 500]), torch.from_numpy(v[k:k + 500]))
+            for ci, vi in zip(c[k:k + 500].tolist(), v[k:k + 500].tolist()):
+                expect[ci] = expect.get(ci, 0.0) + vi
+            probe = int(c[k])
+            assert ws.get(probe) == expect[probe] and ws.size() == len(expect)
+    crd, vals = ws.drain_arrays()
+    keys = sorted(expect)
+    assert crd.tolist() == keys
+    assert vals.tolist() == [expect[k] for k in keys]

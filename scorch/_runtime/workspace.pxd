@@ -1,6 +1,6 @@
 """Sparse workspaces that generated kernels cimport (C++ templates from workspace.h).
 
-``SparseWorkspace[V]`` (std::map, ordered) and ``DenseWorkspace[V]`` (dense array + marks +
+``SparseWorkspace[V]`` (appended pairs, sorted and combined when read) and ``DenseWorkspace[V]`` (dense array + marks +
 touched list) for V in float, double, int32_t, int64_t. Each is a plain C++ object with
 inline nogil members and no locking: create ONE PER THREAD inside a ``parallel()`` block.
 The kernel must be compiled as C++ (``# distutils: language = c++`` as its first line).

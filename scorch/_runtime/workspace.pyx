@@ -64,7 +64,7 @@ cdef void _dense_add_many(DenseWorkspace[wv_t]* ws, int64_t* c, wv_t* v, int64_t
 
 
 cdef class PySparseWorkspace:
-    """Ordered (std::map) accumulation of coordinate -> value."""
+    """Ordered accumulation of coordinate -> value (appended, sorted and combined when read)."""
     cdef void* ws
     cdef int code
     cdef readonly object dtype

@@ -319,8 +319,8 @@ def schedule(asg: Assignment, formats: Sequence[Optional[Format]],
             out.ws_dense = all(produced.levels[level_vars.index(v)].full
                                for v in out.ws_vars)
             kind = ("dense workspace (touched flags)" if out.ws_dense else
-                    "sparse workspace (std::map; per-thread dense values, marks and a touched "
-                    "list when its extent is at most 4M entries)")
+                    "sparse workspace (appended pairs, sorted when read; per-thread dense "
+                    "values, marks and a touched list when its extent is at most 4M entries)")
             workspaces.append(f"{','.join(out.ws_vars)}: {kind}")
         elif last_out + 1 < len(order):
             out.mode = "acc"
