@@ -123,9 +123,26 @@ def _arrays(t) -> list:
 @register(torch.Tensor.share_memory_)
 def share_memory_(t):
     """Move every level array and the values to shared memory (in place, as torch does)."""
+    moved = False
     for a in _arrays(t):
-        a.share_memory_()
+        if not a.is_shared():
+            a.share_memory_()
+            moved = True
+    if moved:
+        forget_array_addresses()
     return t
+
+
+def forget_array_addresses() -> None:
+    """Drop every Storage's cached array addresses (``plans.storage_pointers``). Moving an
+    array in place (``share_memory_`` copies it to shared memory and frees the old buffer)
+    leaves them pointing at freed memory, and any Storage may hold the moved array: views,
+    and results on the same pattern, share index arrays. A scan of the live objects (~0.1 s
+    in a large process) on this rare call costs nothing on the warm path of every kernel."""
+    import gc
+    for obj in gc.get_objects():
+        if type(obj) is Storage:
+            obj._ptrs = None
 
 
 @register(torch.Tensor.is_shared)

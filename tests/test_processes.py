@@ -77,3 +77,32 @@ def test_a_child_forked_while_a_compile_holds_the_lock_compiles_its_own(tmp_path
     out = subprocess.run([sys.executable, "-c", FORK_DURING_COMPILE], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
     assert "child status 0" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+SHARE_AFTER_USE = textwrap.dedent("""
+    import torch, scorch
+    torch.manual_seed(0)
+    W0 = torch.randn(500, 400) * (torch.rand(500, 400) < 0.02)
+    x = torch.randn(16, 400)
+    W = scorch.sparse_tensor(W0, format="csr")
+    B = W * 2                                   # shares W's index arrays
+    V = W.t()                                   # a view of W's arrays
+    for _ in range(3):                          # warm: array addresses cached
+        torch.nn.functional.linear(x, W); B @ x.t(); x @ V
+    W.share_memory_()
+    assert W.is_shared() and B._storage.levels[1].crd.is_shared()
+    for _ in range(3):
+        assert torch.allclose(torch.nn.functional.linear(x, W), x @ W0.t(), atol=1e-5)
+        assert torch.allclose(B @ x.t(), 2 * W0 @ x.t(), atol=1e-5)
+        assert torch.allclose(x @ V, x @ W0.t(), atol=1e-5)
+    print("ok")
+""")
+
+
+def test_share_memory_after_a_product_keeps_every_alias_working():
+    """``share_memory_`` moves the arrays (and frees the old buffers): every Storage's
+    cached addresses are dropped, the tensor's own, its views' and those of results that
+    share its index arrays (reading them had crashed the process with SIGSEGV)."""
+    out = subprocess.run([sys.executable, "-c", SHARE_AFTER_USE], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
