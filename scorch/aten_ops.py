@@ -2,6 +2,8 @@
 copy_, to_dense, nnz): they never densify and never reach the dense fallback."""
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from . import constructors
@@ -13,7 +15,20 @@ aten = torch.ops.aten
 
 @register_aten(aten.detach.default, aten.alias.default)
 def _detach(t):
-    return carry_grad_flag(t, SparseTensor(t._storage))
+    alias = carry_grad_flag(t, SparseTensor(t._storage))
+    alias.__dict__["_alias_of"] = weakref.ref(t)   # see _copy_
+    return alias
+
+
+def _aliases(t):
+    """``t`` and the tensors it is a ``detach`` / ``.data`` alias of, while they still hold
+    its Storage: a copy_ that changes the pattern on ``p.data`` must reach ``p``, as a dense
+    copy_ writes the memory ``p`` shares."""
+    storage = t._storage
+    while t is not None and t._storage is storage:
+        yield t
+        ref = t.__dict__.get("_alias_of")
+        t = ref() if ref is not None else None
 
 
 @register_aten(aten.clone.default)
@@ -66,7 +81,14 @@ def _copy_(self, src, non_blocking=False):
     st = new._storage
     if st.dtype != self.dtype:
         st = with_values(new, st.values.to(self.dtype))._storage
-    self._storage = st
+    if st.same_pattern(self._storage):
+        # an equal pattern in other arrays (another module's weight, a deepcopy, a
+        # checkpoint): the values written in place too, so ``p.data.copy_(src)`` and
+        # ``p.detach().copy_(src)`` (target networks, AveragedModel) reach ``p``
+        self._storage.values.copy_(st.values)
+        return self
+    for t in list(_aliases(self)):
+        t._storage = st
     return self
 
 

@@ -207,6 +207,22 @@ class Storage:
                     return False
         return True
 
+    def same_pattern(self, other: "Storage") -> bool:
+        """Whether ``other`` stores the same positions in the same order (same format and
+        shape, equal index arrays, in any arrays): ``shares_pattern`` first, then a
+        comparison of the contents, O(entries)."""
+        if self.shares_pattern(other):
+            return True
+        if self.shape != other.shape or not (self.format is other.format or self.format == other.format):
+            return False
+        for la, lb in zip(self.levels, other.levels):
+            for x, y in ((la.pos, lb.pos), (la.crd, lb.crd)):
+                if (x is None) != (y is None):
+                    return False
+                if x is not None and (x.shape != y.shape or not torch.equal(x, y.to(x.dtype))):
+                    return False
+        return True
+
     def nbytes(self) -> int:
         return sum(a.numel() * a.element_size() for a in self.arrays())
 

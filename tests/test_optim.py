@@ -274,3 +274,38 @@ def test_step_hooks_keep_the_dense_meaning():
         assert type(r) is torch.Tensor
         torch.testing.assert_close(r, torch.eye(3, dtype=F64) + 1)
     assert not torch.equal(W.detach().to_dense(), torch.eye(3, dtype=F64))
+
+
+def test_copy_into_a_detached_alias_reaches_the_parameter():
+    """``p.data.copy_(src)`` / ``p.detach().copy_(src)`` (target networks, EMA, SWA's
+    AveragedModel) write ``p``: in place where src's pattern equals p's in other arrays
+    (a deepcopy, another module), by a new pattern on p and its aliases otherwise. Both
+    had silently left p unchanged."""
+    import copy
+    from torch.optim.swa_utils import AveragedModel
+    d = torch.tensor([[0.0, 1.5, 0.0], [2.0, 0.0, -1.0]], dtype=F64)
+    for alias in (lambda t: t.data, lambda t: t.detach()):
+        p = torch.nn.Parameter(scorch.sparse_tensor(d, format="csr"))
+        with torch.no_grad():
+            alias(p).copy_(scorch.sparse_tensor(3 * d, format="csr"))    # own arrays
+        assert torch.equal(p.detach().to_dense(), 3 * d) and p.requires_grad
+        other = torch.tensor([[4.0, 0.0, 0.0], [0.0, 0.0, 5.0]], dtype=F64)
+        with torch.no_grad():
+            alias(p).copy_(scorch.sparse_tensor(other, format="coo"))    # another pattern
+        assert torch.equal(p.detach().to_dense(), other)
+    lin = torch.nn.Linear(3, 2, bias=False)
+    lin.weight = torch.nn.Parameter(scorch.sparse_tensor(d, format="csr"))
+    target, swa = copy.deepcopy(lin), AveragedModel(lin)
+    dense = torch.nn.Linear(3, 2, bias=False)
+    dense.weight = torch.nn.Parameter(d.clone())
+    dense_swa = AveragedModel(dense)
+    with torch.no_grad():
+        for _ in range(3):
+            lin.weight.mul_(0.5)
+            dense.weight.mul_(0.5)
+            swa.update_parameters(lin)
+            dense_swa.update_parameters(dense)
+        for tp, op in zip(target.parameters(), lin.parameters()):
+            tp.data.copy_(op.data)
+    assert torch.equal(target.weight.detach().to_dense(), lin.weight.detach().to_dense())
+    assert torch.allclose(swa.module.weight.detach().to_dense(), dense_swa.module.weight.detach())
