@@ -172,3 +172,33 @@ def test_linear_sparse_by_sparse_is_dense_when_the_product_fills_up():
     z = F.linear(eye, eye)
     assert isinstance(z, scorch.SparseTensor)
     torch.testing.assert_close(z.to_dense(), torch.eye(50, dtype=torch.float64))
+
+
+def test_low_rank_solvers_run_on_the_sparse_operand():
+    """``torch.svd_lowrank``, ``pca_lowrank`` (centred: a rank-one correction, not the dense
+    ``A - mean``) and ``lobpcg`` with a sparse A: every product a scorch kernel (no dense
+    fallback: its limit is 0 here), the results those of dense torch."""
+    g = torch.Generator().manual_seed(0)
+    n = 60
+    mask = torch.rand(n, n, generator=g) < 0.1
+    x = torch.randn(n, n, dtype=torch.float64, generator=g) * mask
+    x = x + x.t() + torch.diag(torch.arange(n, dtype=torch.float64))   # a spread spectrum
+    A = scorch.sparse_tensor(x, format="csr")
+    scorch.set_dense_fallback_limit(0)
+    try:
+        torch.manual_seed(1)
+        U, S, V = torch.svd_lowrank(A, q=6, niter=6)
+        torch.manual_seed(1)
+        U2, S2, V2 = torch.svd_lowrank(x, q=6, niter=6)
+        assert torch.allclose(S, S2) and torch.allclose(U @ torch.diag(S) @ V.mT,
+                                                        U2 @ torch.diag(S2) @ V2.mT)
+        U, S, V = torch.pca_lowrank(A, q=n, niter=2)
+        centred = x - x.mean(0, keepdim=True)
+        assert torch.allclose(S, torch.linalg.svdvals(centred), atol=1e-8)
+        assert torch.allclose(U @ torch.diag(S) @ V.mT, centred, atol=1e-8)
+        e, X = torch.lobpcg(A, k=3, largest=True, niter=200, tol=1e-10)
+        assert torch.allclose(e, torch.linalg.eigvalsh(x)[-3:].flip(0), atol=1e-6)
+    finally:
+        scorch.set_dense_fallback_limit(None)
+    with pytest.raises(NotImplementedError, match="detach"):
+        torch.lobpcg(scorch.sparse_tensor(x, format="csr", requires_grad=True), k=2)

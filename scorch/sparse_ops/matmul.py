@@ -240,7 +240,7 @@ _warm_dispatch: list = [None, None]   # the compiler's C warm call and its plan 
 tensor_type._SPMM[0] = _sparse_dense
 
 
-@register(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
+@register(torch.matmul, torch.linalg.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
 def _matmul(a, b, *, out=None):
     if out is None:
         result = _sparse_dense(a, b, 1 if type(b) is torch.Tensor and b.ndim == 1 else 2)
