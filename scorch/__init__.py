@@ -32,6 +32,8 @@ from ._dispatch import (DenseFallbackError, get_dense_fallback_limit,  # noqa: E
                         set_dense_fallback_limit)
 
 from . import dynamo_rules as _dynamo_rules  # noqa: E402
+from ._dispatch import mirror_method_forms as _mirror  # noqa: E402
+_mirror()   # Tensor.X where only torch.X was registered, and the reverse
 
 _dynamo_rules.mark_package(__name__)   # torch.compile: scorch calls run eagerly, never traced into
 

@@ -37,6 +37,28 @@ def register(*torch_functions) -> Callable:
     return deco
 
 
+def mirror_method_forms() -> list:
+    """Give ``Tensor.X`` the handler of ``torch.X`` (and ``torch.X`` that of ``Tensor.X``)
+    where only one form was registered: both put the tensor first, and a form left out
+    had taken the dense fallback (``A.kron(B)`` while ``torch.kron(A, B)`` ran sparse).
+    Called once every handler module is imported; returns the forms it added."""
+    added = []
+    for fn, handler in list(_HANDLERS.items()):
+        name = getattr(fn, "__name__", None)
+        if not name or name.startswith("__"):
+            continue
+        if getattr(torch, name, None) is fn:
+            other = getattr(torch.Tensor, name, None)
+        elif getattr(torch.Tensor, name, None) is fn:
+            other = getattr(torch, name, None)
+        else:
+            continue
+        if callable(other) and other not in _HANDLERS:
+            _HANDLERS[other] = handler
+            added.append(other)
+    return added
+
+
 def register_aten(*ops) -> Callable:
     def deco(handler: Callable) -> Callable:
         for op in ops:

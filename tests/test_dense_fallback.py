@@ -117,3 +117,27 @@ def test_dense_by_nature_ops_are_silent_and_differentiable(op):
             op(S)
     finally:
         scorch.set_dense_fallback_limit(None)
+
+
+def test_method_and_function_forms_share_their_handlers():
+    """Every op scorch handles as ``torch.X`` is handled as ``Tensor.X`` too, and the
+    reverse (``A.kron(B)``, ``A.equal(B)`` had taken the dense fallback while ``torch.kron``
+    ran sparse), checked over the whole handler table."""
+    from scorch._dispatch import _HANDLERS
+    missing = []
+    for fn in list(_HANDLERS):
+        name = getattr(fn, "__name__", "")
+        if not name or name.startswith("__"):
+            continue
+        for a, b in ((torch, torch.Tensor), (torch.Tensor, torch)):
+            other = getattr(b, name, None)
+            if getattr(a, name, None) is fn and callable(other) and other not in _HANDLERS:
+                missing.append(f"{b.__name__}.{name}")
+    assert not missing
+    A = scorch.sparse_tensor(torch.eye(3), format="csr")
+    scorch.set_dense_fallback_limit(0)
+    try:
+        assert A.equal(A) and tuple(A.kron(A).shape) == (9, 9)
+        assert A.isposinf().to_dense().sum() == 0
+    finally:
+        scorch.set_dense_fallback_limit(None)
