@@ -165,3 +165,26 @@ def test_count_nonzero_and_full_extremes_with_stored_zeros(rank, data):
         for f in (torch.amax, torch.amin):
             got, want = f(s), f(x)
             assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3), st.sampled_from([torch.float32, torch.uint8, torch.bool, torch.int64]),
+       st.booleans(), st.data())
+def test_any_all_along_dims(rank, dtype, keepdim, data):
+    """``any`` / ``all`` along dims from the fibers' nonzero counts (no dense fallback: its
+    limit is 0 here), torch's dtypes (uint8 in, uint8 out) and shapes."""
+    shape = tuple(data.draw(side()) for _ in range(rank))
+    x = data.draw(dense_values(shape, dtype))
+    s = sparse(x, data.draw(st.sampled_from({1: ["coo"], 2: ["csr", "csc", "coo"],
+                                             3: ["coo"]}[rank])))
+    dims = list(range(-rank, rank)) + ([(0, rank - 1)] if rank > 1 else [])
+    scorch.set_dense_fallback_limit(0)
+    try:
+        for f in (torch.any, torch.all, torch.Tensor.any, torch.Tensor.all):
+            got, want = f(s), f(x)
+            assert got.dtype == want.dtype and torch.equal(got, want)
+            for dim in dims:
+                got, want = f(s, dim, keepdim=keepdim), f(x, dim, keepdim=keepdim)
+                assert got.dtype == want.dtype and torch.equal(got, want)
+    finally:
+        scorch.set_dense_fallback_limit(None)

@@ -360,19 +360,37 @@ def _count_nonzero(x, dim=None):
 
 
 @register(torch.any, torch.Tensor.any)
-def _any(x, *args, **kwargs):
+def _any(x, dim=None, keepdim=False, *, out=None):
     t = _sparse(x)
-    if t is None or args or kwargs:
-        return NotImplemented          # along a dim: the fallback
-    return (t._storage.values != 0).any()
+    if t is None or out is not None:
+        return NotImplemented
+    if dim is None and not keepdim:
+        r = (t._storage.values != 0).any()
+        return r.to(torch.uint8) if t.dtype == torch.uint8 else r
+    return _any_all(t, "any", dim, keepdim)
 
 
 @register(torch.all, torch.Tensor.all)
-def _all(x, *args, **kwargs):
+def _all(x, dim=None, keepdim=False, *, out=None):
     t = _sparse(x)
-    if t is None or args or kwargs:
+    if t is None or out is not None:
         return NotImplemented
-    return torch.tensor(_all_stored_nonzero(t))
+    if dim is None and not keepdim:
+        r = torch.tensor(_all_stored_nonzero(t))
+        return r.to(torch.uint8) if t.dtype == torch.uint8 else r
+    return _any_all(t, "all", dim, keepdim)
+
+
+def _any_all(t: SparseTensor, name: str, dim, keepdim: bool) -> torch.Tensor:
+    """``any`` / ``all`` along ``dim`` from the nonzero counts of the fibers (dense over
+    the kept dims, as torch; a fiber is all-nonzero when it stores every position)."""
+    dims = list(range(t.dim())) if dim is None else checked_dims(dim, t.dim(), name)
+    counts = count_nonzero(t, dims) if dims else (t.to_dense() != 0).to(torch.int64)
+    r = counts > 0 if name == "any" else counts == math.prod(t.shape[d] for d in dims)
+    if keepdim:
+        for d in sorted(dims):
+            r = r.unsqueeze(d)
+    return r.to(torch.uint8) if t.dtype == torch.uint8 else r
 
 
 
