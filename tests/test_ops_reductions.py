@@ -188,3 +188,29 @@ def test_any_all_along_dims(rank, dtype, keepdim, data):
                 assert got.dtype == want.dtype and torch.equal(got, want)
     finally:
         scorch.set_dense_fallback_limit(None)
+
+
+def test_nanmean_along_dims_stays_sparse():
+    """``nanmean`` along dims of a tensor whose sum stays sparse divides by the extent and
+    corrects only the fibers holding NaNs (the count ``extent - nans`` is dense by nature:
+    it had taken the dense fallback); each result equals dense torch's."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(3, 4, 5, dtype=torch.float64, generator=g)
+    x[x < 0.5] = 0
+    x[x > 0.9] = float("nan")
+    s = sparse(x, "coo")
+    for dim in (0, 1, 2, (0, 1), (1, 2)):
+        for keepdim in (False, True):
+            got = torch.nanmean(s, dim, keepdim=keepdim)
+            got = got.to_dense() if isinstance(got, scorch.SparseTensor) else got
+            assert torch.allclose(got, torch.nanmean(x, dim, keepdim=keepdim), equal_nan=True)
+    n = 10 ** 6
+    huge = scorch.sparse_tensor((torch.tensor([[0, 5, 9], [1, 2, 3], [4, 4, 4]]),
+                                 torch.tensor([1.0, float("nan"), 3.0])), size=(n, n, n),
+                                format="coo")
+    scorch.set_dense_fallback_limit(0)
+    try:
+        r = torch.nanmean(huge, 0)
+    finally:
+        scorch.set_dense_fallback_limit(None)
+    assert isinstance(r, scorch.SparseTensor) and r.nnz == 3

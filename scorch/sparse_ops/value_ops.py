@@ -107,8 +107,15 @@ def _nanmean(x, dim=None, keepdim=False, *, dtype=None, out=None):
         extent *= t.shape[d]
     if extent == 0:                          # nothing to average: NaN, as torch (no element)
         return torch.nanmean(torch.zeros(t.shape, dtype=t.dtype), dims, keepdim=keepdim)
-    count = extent - torch.sum(nans, dims, keepdim=keepdim)
     total = torch.sum(_nan_as_zero(t), dims, keepdim=keepdim)
+    nan_count = torch.sum(nans, dims, keepdim=keepdim)
+    if isinstance(total, SparseTensor) and isinstance(nan_count, SparseTensor):
+        # sparse sums: divide by the extent, then correct the fibers that hold NaNs (the
+        # count ``extent - nans`` is dense by nature, the correction is on nans' fibers)
+        counts = nan_count._storage.values
+        correction = from_values(nan_count._storage, 1 / (extent - counts) - 1 / extent)
+        return total / extent + total * correction
+    count = extent - nan_count
     count = count.to_dense() if isinstance(count, SparseTensor) else count
     return total / count
 
