@@ -545,8 +545,16 @@ def _flip(x, *dims, **kwargs):
 @register(torch.roll, torch.Tensor.roll)
 def _roll(x, shifts, dims=None):
     t = _sparse(x)
-    if t is None or dims is None or t.dim() == 0:   # no dims: roll the flattened tensor
+    if t is None or t.dim() == 0:
         return NotImplemented
+    if dims is None:     # no dims: torch rolls the flattened tensor (a view of its entries)
+        if not isinstance(shifts, numbers.Integral):
+            shifts = tuple(shifts)
+            if len(shifts) != 1:
+                raise RuntimeError(f"roll: shifts must be a single int without dims, got "
+                                   f"{len(shifts)}")
+            shifts = shifts[0]
+        return roll(_shape.flatten(t), (int(shifts),), (0,)).reshape(t.shape)
     return roll(t, shifts, dims)
 
 

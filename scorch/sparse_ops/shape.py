@@ -722,8 +722,10 @@ def getitem(t: SparseTensor, index) -> torch.Tensor:
             out_rows.append(("row", torch.div(row - start, step, rounding_mode="floor")
                              if step != 1 else row - start))
             out_shape.append(n)
-        elif isinstance(ix, torch.Tensor) and ix.dtype == torch.bool and ix.dim() > 1:
-            # a mask over several dimensions: the index tensors of its True positions
+        elif isinstance(ix, torch.Tensor) and ix.dtype == torch.bool and (
+                ix.dim() > 1 or is_sparse_operand(ix)):
+            # a mask over several dimensions (or a sparse one): the index tensors of its
+            # True positions
             m = ix.dim()
             if tuple(ix.shape) != tuple(st.shape[d:d + m]):
                 raise IndexError(f"The shape of the mask {list(ix.shape)} at index {d} does not "

@@ -222,6 +222,20 @@ def _item(x):
     return t._storage.values.sum().item() if t.nnz else torch.zeros((), dtype=t.dtype).item()
 
 
+@register(torch.Tensor.numpy, torch.Tensor.tolist, torch.Tensor.__array__)
+def _to_numpy(x, *args, **kwargs):
+    """numpy arrays and lists are dense: say how to get one (torch's sparse tensors refuse
+    too, with "Use Tensor.to_dense() first")."""
+    t = _sparse(x)
+    if t is None:
+        return NotImplemented
+    raise RuntimeError(f"a scorch sparse tensor ({t._storage.format} {tuple(t.shape)}, "
+                       f"{t.nnz} stored entries) has no numpy / list form: use "
+                       f".to_dense().numpy() or .to_dense().tolist() for its dense values, "
+                       f".to_scipy() for a scipy.sparse matrix, or .values() / .indices() "
+                       f"for the stored entries")
+
+
 @register_aten(aten.expand.default)
 def _aten_expand(t, size, implicit=False):
     # the sparse implementations themselves: below ATen, ``t.expand`` would come back here
