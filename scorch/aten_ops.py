@@ -92,6 +92,28 @@ def _copy_(self, src, non_blocking=False):
     return self
 
 
+@register_aten(aten.isnan.default)
+def _isnan(t):
+    """Autograd's anomaly mode checks every gradient with ``isnan(g)._is_any_true()``: the
+    test of the stored values, on the pattern (an unstored zero is never NaN)."""
+    return with_values(t, torch.isnan(t._storage.values))
+
+
+@register_aten(aten.isinf.default)
+def _isinf(t):
+    return with_values(t, torch.isinf(t._storage.values))
+
+
+@register_aten(aten._is_any_true.default)
+def _is_any_true(t):
+    return t._storage.values.any()
+
+
+@register_aten(aten._is_all_true.default)
+def _is_all_true(t):
+    return torch.tensor(bool(t._storage.values.all()) and t._storage.nnz == t.numel())
+
+
 @register_aten(aten._to_dense.default, aten.to_dense.default)
 def _to_dense(t, dtype=None, masked_grad=None):
     return t.to_dense(dtype)

@@ -1,6 +1,8 @@
 """Autograd through generated kernels: gradcheck (float64) of einsums and index expressions
 over several formats, in each operand; sparse gradients on the operand's pattern; the
 sparse tensor's grad lifecycle; no silent detach; a 2-layer GCN matching dense training."""
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -721,3 +723,25 @@ def test_forward_mode_ad_with_a_sparse_operand_raises_instead_of_dropping_the_ta
                 fn()
         torch.testing.assert_close(A.to_dense() @ Xd, X)   # dense code is untouched
     torch.testing.assert_close(A @ X, X)                   # and outside the level
+
+
+def test_anomaly_mode_checks_sparse_gradients_on_their_values():
+    """``detect_anomaly`` tests each gradient with ATen's ``isnan`` / ``_is_any_true``: on
+    a sparse gradient those read its stored values (they had taken the dense fallback, and
+    raised past its limit); a NaN in one is still reported."""
+    g = torch.Generator().manual_seed(0)
+    d = torch.randn(50, 50, generator=g) * (torch.rand(50, 50, generator=g) < 0.3)
+    d[:, 0] = 1.0
+    W = scorch.sparse_tensor(d, format="csr", requires_grad=True)
+    x = torch.randn(4, 50, generator=g)
+    scorch.set_dense_fallback_limit(0)
+    try:
+        with torch.autograd.detect_anomaly(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.nn.functional.linear(x, W).sum().backward()
+            assert W.grad.nnz == W.nnz
+            x[0, 0] = float("nan")
+            with pytest.raises(RuntimeError, match="nan values"):
+                (torch.nn.functional.linear(x, W) * 0).sum().backward()
+    finally:
+        scorch.set_dense_fallback_limit(None)
