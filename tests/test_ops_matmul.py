@@ -202,3 +202,28 @@ def test_low_rank_solvers_run_on_the_sparse_operand():
         scorch.set_dense_fallback_limit(None)
     with pytest.raises(NotImplementedError, match="detach"):
         torch.lobpcg(scorch.sparse_tensor(x, format="csr", requires_grad=True), k=2)
+
+
+def test_products_inside_cpu_autocast():
+    """Inside ``torch.autocast("cpu", torch.bfloat16)`` a product with a sparse operand
+    takes bf16 and float32 operands alike (computed in float32) and returns bf16, as dense
+    torch's products do there; a bf16 activation times a float32 sparse matrix had raised
+    on the dtypes. Outside the block nothing changes."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(30, 20, generator=g) * (torch.rand(30, 20, generator=g) < 0.2)
+    A = scorch.sparse_tensor(a, format="csr")
+    lin = torch.nn.Linear(12, 20)
+    x = torch.randn(7, 12, generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h = lin(x).t()                                   # bf16, 20 x 7
+        for got, want in ((A @ h, a @ h), (torch.matmul(A, h), torch.matmul(a, h)),
+                          (torch.mm(A, h), torch.mm(a, h)), (A @ h.float(), a @ h.float()),
+                          (F.linear(h.t(), A), F.linear(h.t(), a))):
+            assert got.dtype == want.dtype == torch.bfloat16
+            assert torch.allclose(got.float(), want.float(), atol=0.1, rtol=0.05)
+    assert (A @ h.float()).dtype == torch.float32
+    w = scorch.sparse_tensor(a, format="csr", requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = (w @ h.detach()).float().sum()
+    loss.backward()
+    assert w.grad.dtype == torch.float32 and w.grad.nnz == w.nnz

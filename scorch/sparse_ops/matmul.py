@@ -31,6 +31,10 @@ def _shape(x) -> tuple:
     return st.shape if st is not None else tuple(x.shape)
 
 
+_LOWER = (torch.float16, torch.bfloat16, torch.float32)
+_any_autocast = torch._C._is_any_autocast_enabled
+
+
 def _dtype(x) -> torch.dtype:
     st = getattr(x, "_storage", None) if type(x) is not torch.Tensor else None
     return st.values.dtype if st is not None else x.dtype
@@ -169,6 +173,31 @@ def _sparse_only(fn):
     return handler
 
 
+def autocast_aware(fn):
+    """torch's CPU autocast (``torch.autocast("cpu", torch.bfloat16)``) casts a product's
+    float operands to the lower precision below scorch's handlers, where it cannot reach
+    them: a bf16 activation times a float32 sparse matrix then raised on the dtypes. Inside
+    an autocast block these products compute in float32 (the kernels have no bf16 path)
+    and return autocast's dtype, as dense torch's do. Outside one, one C call (~0.1 us)."""
+    def handler(*args, **kwargs):
+        if not _any_autocast() or not torch.is_autocast_enabled("cpu"):
+            return fn(*args, **kwargs)
+        target = torch.get_autocast_dtype("cpu")
+
+        def up(x):
+            if isinstance(x, torch.Tensor) and _dtype(x) in _LOWER and _dtype(x) != torch.float32:
+                return x.to(torch.float32)
+            return x
+        with torch.autocast("cpu", enabled=False):
+            out = fn(*(up(a) for a in args), **{k: up(v) for k, v in kwargs.items()})
+        if isinstance(out, torch.Tensor) and _dtype(out) == torch.float32:
+            return out.to(target)
+        return out
+    handler.__name__ = fn.__name__
+    handler.__doc__ = fn.__doc__
+    return handler
+
+
 def _no_out(name, kwargs):
     if kwargs.get("out") is not None:
         raise RuntimeError(f"{name}: out= is not supported with sparse operands")
@@ -200,8 +229,9 @@ def _sparse_dense(a, b, nd: int = 2):
     ``A.mm(X)``; 1: SpMV for ``A @ x``, ``A.mv(x)``; ``SparseTensor.__matmul__`` calls it
     straight), written out flat (each helper call costs ~0.1 us and a warm small SpMM or
     SpMV is a few us): the einsum with the output format that keeps its warm C call; None
-    where another path must decide (and check)."""
-    if type(a) is SparseTensor and type(b) is torch.Tensor:
+    where another path must decide (and check), as inside an autocast block
+    (``autocast_aware``)."""
+    if type(a) is SparseTensor and type(b) is torch.Tensor and not _any_autocast():
         st = a._storage
         if st.format is _last_spmm[0] and nd == _last_spmm[1] and _last_spmm[2] is None \
                 and not (_grad_enabled() and _any_requires_grad(a, b)):
@@ -241,6 +271,7 @@ tensor_type._SPMM[0] = _sparse_dense
 
 
 @register(torch.matmul, torch.linalg.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
+@autocast_aware
 def _matmul(a, b, *, out=None):
     if out is None:
         result = _sparse_dense(a, b, 1 if type(b) is torch.Tensor and b.ndim == 1 else 2)
@@ -254,12 +285,14 @@ def _matmul(a, b, *, out=None):
 
 
 @register(torch.Tensor.__rmatmul__)
+@autocast_aware
 @_sparse_only
 def _rmatmul(a, b):
     return matmul(b, a)
 
 
 @register(torch.mm, torch.Tensor.mm)
+@autocast_aware
 def _mm(a, b, **kwargs):
     if not kwargs:
         result = _sparse_dense(a, b, 2)
@@ -272,6 +305,7 @@ def _mm(a, b, **kwargs):
 
 
 @register(torch.sparse.mm)
+@autocast_aware
 @_sparse_only
 def _sparse_mm(a, b, reduce=None):
     """``torch.sparse.mm`` (GCN code calls it): ``mm``; a ``reduce`` other than sum is
@@ -280,6 +314,7 @@ def _sparse_mm(a, b, reduce=None):
 
 
 @register(torch.mv, torch.Tensor.mv)
+@autocast_aware
 @_sparse_only
 def _mv(a, v, **kwargs):
     if not kwargs:
@@ -291,6 +326,7 @@ def _mv(a, v, **kwargs):
 
 
 @register(torch.bmm, torch.Tensor.bmm)
+@autocast_aware
 @_sparse_only
 def _bmm(a, b, **kwargs):
     _no_out("bmm", kwargs)
@@ -298,6 +334,7 @@ def _bmm(a, b, **kwargs):
 
 
 @register(torch.addmm, torch.Tensor.addmm, torch.sparse.addmm)
+@autocast_aware
 @_sparse_only
 def _addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
     _no_out("addmm", {"out": out})
@@ -305,6 +342,7 @@ def _addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
 
 
 @register(torch.addmv, torch.Tensor.addmv)
+@autocast_aware
 @_sparse_only
 def _addmv(input, mat, vec, *, beta=1, alpha=1, out=None):
     _no_out("addmv", {"out": out})
@@ -312,6 +350,7 @@ def _addmv(input, mat, vec, *, beta=1, alpha=1, out=None):
 
 
 @register(torch.baddbmm, torch.Tensor.baddbmm)
+@autocast_aware
 @_sparse_only
 def _baddbmm(input, batch1, batch2, *, beta=1, alpha=1, out=None):
     _no_out("baddbmm", {"out": out})

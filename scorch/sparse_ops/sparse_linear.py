@@ -36,7 +36,7 @@ from ..tensor_compiler.tiling import l2_cache_bytes
 from ..tensor_type import SparseTensor, is_sparse_operand
 from . import elementwise
 from . import einsum as _einsum_entry
-from .matmul import _BATCH_LETTERS, _check_dtypes, _contract, _dtype, _shape, _sparse_dense, _sparse_only
+from .matmul import _BATCH_LETTERS, autocast_aware, _check_dtypes, _contract, _dtype, _shape, _sparse_dense, _sparse_only
 
 __all__ = ["linear", "expand_pays", "DENSE_PRODUCT_FILL", "EXPAND_PER_WORK"]
 
@@ -410,6 +410,7 @@ def linear(input: torch.Tensor, weight: torch.Tensor,
 
 
 @register(torch.nn.functional.linear)
+@autocast_aware
 @_sparse_only
 def _linear(input, weight, bias=None):
     return linear(input, weight, bias)
