@@ -114,3 +114,62 @@ def test_no_silent_detach():
         assert isinstance(S.grad, scorch.SparseTensor) and S.grad.nnz == S.nnz
     with torch.no_grad():
         assert isinstance(torch.relu(S), scorch.SparseTensor)
+
+
+@pytest.mark.parametrize("fmt", ["coo", "dcsr", "dcsc"])
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_of_a_hypersparse_matrix_follows_its_entries(monkeypatch, fmt, log):
+    """Past ``DENSE_FIBERS_LIMIT`` fibers (a 10^9 x 10^9 matrix with 300 entries) softmax
+    and its backward keep their maxima and sums in one slot per stored fiber: the dense
+    per-fiber arrays had needed 7.45 GiB. Values and gradient equal torch.sparse's on the
+    same entries packed into a 40 x 40 matrix (same fibers, same order)."""
+    g = torch.Generator().manual_seed(0)
+    small = torch.randn(40, 40, dtype=torch.float64, generator=g)
+    small[torch.rand(40, 40, generator=g) < 0.8] = 0
+    idx = small.nonzero().t()
+    n, scale = 10 ** 9, 24_000_000
+    from scorch.sparse_ops import nonlinear
+    monkeypatch.setattr(nonlinear, "_softmax_kernels", None)     # the dense-array path
+    S = scorch.sparse_tensor((idx * scale, small[idx[0], idx[1]]), size=(n, n),
+                             format=fmt, requires_grad=True)
+    f = torch.sparse.log_softmax if log else torch.sparse.softmax
+    for dim in (0, 1):
+        S.grad = None
+        y = f(S, dim)
+        ref_in = small.to_sparse().requires_grad_()
+        ref = f(ref_in, dim)
+        w = torch.randn(idx.shape[1], dtype=torch.float64, generator=g)
+        yi = y.indices() // scale
+        order = torch.argsort(yi[0] * 40 + yi[1])
+        want = ref.coalesce().values()
+        assert torch.allclose(y.values()[order], want)
+        (y.values()[order] * w).sum().backward()
+        (want * w).sum().backward()
+        gi = S.grad.indices() // scale
+        gorder = torch.argsort(gi[0] * 40 + gi[1])
+        assert torch.allclose(S.grad.values()[gorder], ref_in.grad.coalesce().values())
+
+
+def test_softmax_by_fiber_groups_matches_the_kernels(monkeypatch):
+    """The per-stored-fiber path (forced on small tensors) gives the kernels' values and
+    gradients, in every dim of 2-D and 3-D tensors."""
+    from scorch.gradients import fiber_ops
+    g = torch.Generator().manual_seed(1)
+    for shape, fmt in (((6, 7), "csr"), ((6, 7), "csc"), ((3, 4, 5), "coo")):
+        x = torch.randn(*shape, dtype=torch.float64, generator=g)
+        x[torch.rand(*shape, generator=g) < 0.5] = 0
+        for dim in range(len(shape)):
+            for log in (False, True):
+                f = torch.sparse.log_softmax if log else torch.sparse.softmax
+                outs = []
+                for limit in (None, 0):
+                    if limit == 0:
+                        monkeypatch.setattr(fiber_ops, "DENSE_FIBERS_LIMIT", 0)
+                        monkeypatch.setattr(fiber_ops, "DENSE_FIBERS_PER_ENTRY", 0)
+                    S = scorch.sparse_tensor(x, format=fmt, requires_grad=True)
+                    y = f(S, dim)
+                    (y.to_dense() * torch.arange(x.numel(), dtype=x.dtype).reshape(shape)).sum().backward()
+                    outs.append((y.to_dense(), S.grad.to_dense()))
+                    monkeypatch.undo()
+                assert torch.allclose(outs[0][0], outs[1][0])
+                assert torch.allclose(outs[0][1], outs[1][1])

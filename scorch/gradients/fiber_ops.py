@@ -27,9 +27,9 @@ from ..tensor_type import SparseTensor
 from . import pattern as _pattern
 from .einsum_grad import dense_to_pattern
 from .functions import compute, needs_graph
-from .values import from_values, grad_values, mark_gradient
+from .values import from_values, grad_values, mark_gradient, values_of
 
-__all__ = ["softmax", "extreme"]
+__all__ = ["softmax", "extreme", "softmax_by_groups", "wide_fibers"]
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -75,6 +75,9 @@ class _Softmax(torch.autograd.Function):
             y = dense_to_pattern(ctx.pattern, y)
         Ys = y._storage
         G = _on_pattern(Ys, g)
+        if wide_fibers(Ys, ctx.dim):
+            gx = _softmax_backward_by_groups(Ys, y, G, ctx.dim, ctx.log)
+            return mark_gradient(_on_input_pattern(ctx.pattern, gx)), None, None, None
         kept = kept_in_storage_order(Ys, (ctx.dim,))
         steps, dense = _softmax_backward(len(Ys.shape), ctx.dim, ctx.log, kept)
         sums, scaled, grad = steps
@@ -155,6 +158,57 @@ def _on_input_pattern(P: Storage, gx) -> SparseTensor:
     if isinstance(gx, SparseTensor) and _pattern.same_pattern(P, gx._storage):
         return from_values(P, grad_values(gx._storage, gx).to(P.dtype))
     return _on_pattern(P, gx)
+
+
+#: a fiber op's per-fiber sums and maxima go into a dense array over the kept dimensions
+#: while that has at most ``DENSE_FIBERS_LIMIT`` positions or ``DENSE_FIBERS_PER_ENTRY``
+#: per stored entry; past that (a 10M-row DCSR matrix with 1000 entries), into one slot
+#: per stored fiber (``fiber_groups``)
+DENSE_FIBERS_LIMIT = 1 << 20
+DENSE_FIBERS_PER_ENTRY = 8
+
+
+def wide_fibers(st: Storage, dim: int) -> bool:
+    """Whether the fibers along ``dim`` are too many for a dense array of them."""
+    kept = math.prod(int(n) for d, n in enumerate(st.shape) if d != dim)
+    return kept > max(DENSE_FIBERS_LIMIT, DENSE_FIBERS_PER_ENTRY * st.nnz)
+
+
+def fiber_groups(st: Storage, dim: int) -> Tuple[torch.Tensor, int]:
+    """Each stored entry's fiber along ``dim`` as a group number (int64, 0 .. groups - 1)
+    and the number of groups: the stored fibers only, O(nnz log nnz)."""
+    keep = [d for d in range(st.ndim) if d != dim]
+    fiber = _fiber_numbers(_pattern._convert().coords(st), st.shape, keep)
+    groups, inverse = torch.unique(fiber, return_inverse=True)
+    return inverse, groups.numel()
+
+
+def _group_sum(values: torch.Tensor, inverse: torch.Tensor, groups: int) -> torch.Tensor:
+    return values.new_zeros(groups).index_add(0, inverse, values)
+
+
+def softmax_by_groups(t: SparseTensor, dim: int, log: bool) -> SparseTensor:
+    """softmax / log_softmax along ``dim`` with the fibers' maxima and sums in one slot per
+    stored fiber (``wide_fibers``): memory follows the stored entries, not the kept dims."""
+    st = t._storage
+    inverse, groups = fiber_groups(st, dim)
+    v = st.values
+    m = v.new_full((groups,), -math.inf).scatter_reduce(0, inverse, v, "amax")
+    shifted = v - m.index_select(0, inverse)
+    e = torch.exp(shifted)
+    s = _group_sum(e, inverse, groups).index_select(0, inverse)
+    return from_values(st, shifted - torch.log(s) if log else e / s)
+
+
+def _softmax_backward_by_groups(Ys: Storage, y: SparseTensor, G: SparseTensor, dim: int,
+                                log: bool) -> SparseTensor:
+    inverse, groups = fiber_groups(Ys, dim)
+    yv, gv = values_of(y), values_of(G)
+    if log:
+        gx = gv - torch.exp(yv) * _group_sum(gv, inverse, groups).index_select(0, inverse)
+    else:
+        gx = yv * (gv - _group_sum(yv * gv, inverse, groups).index_select(0, inverse))
+    return from_values(Ys, gx)
 
 
 def softmax(t: SparseTensor, dim: int, log: bool, run: Callable[[SparseTensor], SparseTensor]):

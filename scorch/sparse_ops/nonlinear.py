@@ -235,6 +235,8 @@ def _softmax(t: SparseTensor, dim: int, log: bool, dtype: Optional[torch.dtype])
         t = with_dtype(t, dtype)   # differentiable cast
     elif not t.dtype.is_floating_point:
         raise RuntimeError(f"softmax(): expected a floating point tensor, got {t.dtype}")
+    if fiber_ops.wide_fibers(t._storage, dim):   # one slot per stored fiber, not a dense array
+        return fiber_ops.softmax(t, dim, log, lambda x: fiber_ops.softmax_by_groups(x, dim, log))
     return fiber_ops.softmax(t, dim, log, lambda x: _softmax_kernels(x, dim, log))
 
 
