@@ -236,7 +236,8 @@ def _stored_softmin(d, dim=1):
 CASES = [
     # --- einsum and the matmul family --------------------------------------------------------
     Case("einsum", [torch.einsum], lambda s, x: torch.einsum("ij,jk->ik", s, x), [(5, 3)]),
-    Case("matmul", [torch.matmul, _T.matmul, _T.__matmul__], lambda s, x: torch.matmul(s, x),
+    Case("matmul", [torch.matmul, torch.linalg.matmul, _T.matmul, _T.__matmul__],
+         lambda s, x: torch.matmul(s, x) + torch.linalg.matmul(s, x),
          [(5, 3)]),
     Case("@", [_T.__matmul__], lambda s, x: s @ x, [(5, 3)]),
     Case("rmatmul", [_T.__rmatmul__], lambda s, x: x @ s, [(3, 4)]),
@@ -856,6 +857,15 @@ CASES = [
 
 #: handlers registered for non-differentiable things whose rows above do not run them
 _COVERED_ELSEWHERE = {torch.Tensor.share_memory_: "tests/test_serialization.py",
+                      # refusals naming what to call instead (no tensor to differentiate)
+                      torch.Tensor.numpy: "tests/test_torch_semantics.py",
+                      torch.Tensor.tolist: "tests/test_torch_semantics.py",
+                      torch.Tensor.__array__: "tests/test_torch_semantics.py",
+                      # torch's algorithms over scorch's products (their gradients are the
+                      # products'); lobpcg refuses a sparse A that requires grad
+                      torch.svd_lowrank: "tests/test_ops_matmul.py",
+                      torch.pca_lowrank: "tests/test_ops_matmul.py",
+                      torch.lobpcg: "tests/test_ops_matmul.py",
                       # ``t.data = v`` swaps contents outside autograd, as torch's set_data
                       torch.Tensor.data.__set__: "tests/test_torch_semantics.py"}
 
@@ -868,6 +878,11 @@ def test_every_registered_function_is_covered():
             covered.add(fn)
             if type(fn).__name__ == "getset_descriptor":   # .T, .mT: registered as __get__
                 covered.add(fn.__get__)
+    for fn in list(covered):     # Tensor.X and torch.X with one handler (mirror_method_forms)
+        name = getattr(fn, "__name__", "")
+        for other in (getattr(torch, name, None), getattr(torch.Tensor, name, None)):
+            if other is not None and _dispatch._HANDLERS.get(other) is _dispatch._HANDLERS.get(fn):
+                covered.add(other)
     missing = [f for f in _dispatch._HANDLERS if f not in covered and f not in _COVERED_ELSEWHERE]
     names = [getattr(f, "__qualname__", None) or repr(f) for f in missing]
     assert not missing, f"registered without an autograd row in {__file__}: {names}"

@@ -380,3 +380,14 @@ def test_index_tensors_of_two_or_more_dims(fmt):
         scorch.sparse_tensor(x, format=fmt)[i2, torch.tensor([[0, 1, 2]])]
     with pytest.raises(IndexError, match="bool masks"):
         scorch.sparse_tensor(x, format=fmt)[i2, torch.ones(4, dtype=torch.bool)]
+
+
+def test_numpy_and_list_forms_name_what_to_call():
+    """``.numpy()``, ``.tolist()`` and ``np.asarray`` of a sparse tensor refuse (as torch's
+    sparse layouts do) with a message naming the dense and scipy conversions."""
+    import numpy as np
+    S = scorch.sparse_tensor(torch.tensor([[0.0, 1.0], [2.0, 0.0]]), format="csr")
+    for call in (S.numpy, S.tolist, lambda: np.asarray(S), lambda: S.sum(0).numpy()):
+        with pytest.raises(RuntimeError, match=r"to_dense\(\)\.numpy\(\).*to_scipy"):
+            call()
+    assert S.to_dense().tolist() == [[0.0, 1.0], [2.0, 0.0]]
