@@ -16,8 +16,13 @@ aten = torch.ops.aten
 @register_aten(aten.detach.default, aten.alias.default)
 def _detach(t):
     alias = carry_grad_flag(t, SparseTensor(t._storage))
-    alias.__dict__["_alias_of"] = weakref.ref(t)   # see _copy_
+    key = id(alias)      # see _copy_; kept outside the tensor, so copies and pickles skip it
+    _ALIAS_OF[key] = (weakref.ref(alias, lambda _, key=key: _ALIAS_OF.pop(key, None)),
+                      weakref.ref(t))
     return alias
+
+
+_ALIAS_OF: dict = {}     # id(alias) -> (weakref to the alias, weakref to what it aliases)
 
 
 def _aliases(t):
@@ -27,8 +32,8 @@ def _aliases(t):
     storage = t._storage
     while t is not None and t._storage is storage:
         yield t
-        ref = t.__dict__.get("_alias_of")
-        t = ref() if ref is not None else None
+        refs = _ALIAS_OF.get(id(t))
+        t = refs[1]() if refs is not None and refs[0]() is t else None
 
 
 @register_aten(aten.clone.default)
