@@ -6,7 +6,7 @@ import weakref
 
 import torch
 
-from . import constructors
+from . import constructors, conversion
 from ._dispatch import register_aten
 from .tensor_type import SparseTensor, carry_grad_flag, clone_sparse, with_values
 
@@ -117,6 +117,25 @@ def _is_any_true(t):
 @register_aten(aten._is_all_true.default)
 def _is_all_true(t):
     return torch.tensor(bool(t._storage.values.all()) and t._storage.nnz == t.numel())
+
+
+@register_aten(aten.embedding_renorm_.default)
+def _embedding_renorm_(weight, indices, max_norm, norm_type):
+    """``nn.Embedding(max_norm=...)``: each looked-up row whose ``norm_type``-norm exceeds
+    ``max_norm`` scaled to ``max_norm / (norm + 1e-7)``, as torch's kernel; a row's norm is
+    its stored values', the scaling keeps the pattern."""
+    st = weight._storage
+    if st.ndim != 2 or st.format.block is not None:
+        raise RuntimeError(f"embedding_renorm_: a sparse weight must be an unblocked matrix, "
+                           f"got {st.format} of shape {tuple(st.shape)}")
+    values = st.values
+    row = conversion.coords(st)[0]
+    picked = torch.isin(row, indices.reshape(-1).to(torch.int64))
+    sizes = values.abs().pow(norm_type) * picked
+    norms = values.new_zeros(st.shape[0]).index_add_(0, row, sizes).pow(1.0 / norm_type)
+    scale = torch.where(norms > max_norm, max_norm / (norms + 1e-7), torch.ones_like(norms))
+    values.mul_(torch.where(picked, scale.index_select(0, row), torch.ones_like(values)))
+    return weight
 
 
 @register_aten(aten._to_dense.default, aten.to_dense.default)

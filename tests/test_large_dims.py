@@ -130,3 +130,31 @@ def test_hypersparse_product_whose_workspace_extent_is_2_to_62(fa, fb):
     C = (A @ B).to_torch()
     C = (C if C.layout == torch.sparse_coo else C.to_sparse()).coalesce()
     assert C.indices().tolist() == [[0, n - 1], [0, n - 1]] and C.values().tolist() == [3.0, 3.0]
+
+
+@pytest.mark.parametrize("fmt", ["dcsr", "coo"])
+def test_spgemm_backward_of_hypersparse_operands(fmt):
+    """The gradient of ``A @ B.t()`` for 2^31 x 2^31 operands with a few hundred entries:
+    the partner is located (a dense level of pointers) only while those pointers stay few
+    (``pattern.located_format``); here they would have taken 17 GB, so the kernel
+    intersects instead. A's gradient equals the dense one of the same entries packed into
+    a 30 x 30 problem."""
+    g = torch.Generator().manual_seed(0)
+    n, scale = 2 ** 31, 2 ** 25
+
+    def entries(seed):
+        m = torch.rand(30, 30, generator=torch.Generator().manual_seed(seed)) < 0.15
+        idx = m.nonzero().t()
+        return idx, torch.rand(idx.shape[1], dtype=torch.float64, generator=g) + 0.5
+    (ia, va), (ib, vb) = entries(1), entries(2)
+    A = scorch.sparse_tensor((ia * scale, va), size=(n, n), format=fmt, requires_grad=True)
+    B = scorch.sparse_tensor((ib * scale, vb), size=(n, n), format=fmt)
+    C = A @ B.t()
+    C.values().sum().backward()
+    a = torch.sparse_coo_tensor(ia, va, (30, 30)).to_dense().requires_grad_()
+    b = torch.sparse_coo_tensor(ib, vb, (30, 30)).to_dense()
+    (a @ b.t()).sum().backward()
+    got = A.grad.to_format("coo")
+    gi = got.indices() // scale
+    assert torch.allclose(torch.sparse_coo_tensor(gi, got.values(), (30, 30)).to_dense(),
+                          a.grad * (a != 0))

@@ -309,3 +309,43 @@ def test_copy_into_a_detached_alias_reaches_the_parameter():
             tp.data.copy_(op.data)
     assert torch.equal(target.weight.detach().to_dense(), lin.weight.detach().to_dense())
     assert torch.allclose(swa.module.weight.detach().to_dense(), dense_swa.module.weight.detach())
+
+
+def test_grad_scaler_lbfgs_and_fused_refusal():
+    """``torch.amp.GradScaler("cpu")`` unscales a sparse gradient's stored values (and finds
+    an inf there); LBFGS steps a sparse parameter (its flat direction is 0 off the pattern);
+    ``fused=True`` refuses with what to use instead. All three had failed inside torch
+    with a message about in-place ops the user never called."""
+    mask, w0, X, T = _problem("csr")
+    W = torch.nn.Parameter(scorch.sparse_tensor(w0, format="csr"))
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    opt = torch.optim.SGD([W], lr=0.1)
+    scaler.scale(((W @ X - T) ** 2).sum()).backward()
+    scaled = W.grad.to_dense().clone()
+    scaler.unscale_(opt)
+    assert torch.allclose(W.grad.to_dense(), scaled / 1024.0)
+    scaler.step(opt)
+    scaler.update()
+    W.grad._storage.values[0] = float("inf")
+    found = torch.zeros(1)
+    torch._amp_foreach_non_finite_check_and_unscale_([W.grad], found, torch.ones(1))
+    assert found.item() == 1.0
+
+    W = torch.nn.Parameter(scorch.sparse_tensor(w0, format="csr"))
+    opt = torch.optim.LBFGS([W], lr=0.5, max_iter=5)
+
+    def closure():
+        opt.zero_grad()
+        loss = ((W @ X - T) ** 2).sum()
+        loss.backward()
+        return loss
+    first = closure().item()
+    opt.step(closure)
+    assert closure().item() < first and W.nnz == int(mask.sum())
+    with pytest.raises(RuntimeError, match="outside the sparse tensor's pattern"):
+        with torch.no_grad():
+            W.add_(torch.ones(W.shape, dtype=W.dtype))
+    opt = torch.optim.Adam([W], fused=True)
+    closure()
+    with pytest.raises(NotImplementedError, match="fused=False"):
+        opt.step()

@@ -391,3 +391,22 @@ def test_numpy_and_list_forms_name_what_to_call():
         with pytest.raises(RuntimeError, match=r"to_dense\(\)\.numpy\(\).*to_scipy"):
             call()
     assert S.to_dense().tolist() == [[0.0, 1.0], [2.0, 0.0]]
+
+
+def test_embedding_max_norm_renormalizes_stored_rows():
+    """``F.embedding(..., max_norm=)`` with a sparse table scales each looked-up row whose
+    norm exceeds ``max_norm`` in place (its stored values), as torch does to a dense table;
+    it had taken the dense fallback (``embedding_renorm_``)."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(10, 6, dtype=F64, generator=g) * (torch.rand(10, 6, generator=g) < 0.5) * 3
+    idx = torch.tensor([[1, 4, 4], [7, 0, 9]])
+    for norm_type in (2.0, 1.0):
+        S, d = scorch.sparse_tensor(w, format="csr"), w.clone()
+        scorch.set_dense_fallback_limit(0)
+        try:
+            got = torch.nn.functional.embedding(idx, S, max_norm=1.0, norm_type=norm_type)
+        finally:
+            scorch.set_dense_fallback_limit(None)
+        want = torch.nn.functional.embedding(idx, d, max_norm=1.0, norm_type=norm_type)
+        _same(got, want)
+        _same(S, d)

@@ -219,3 +219,37 @@ for _name in ["add", "sub", "mul", "div", "addcmul", "addcdiv", "lerp", "sqrt", 
             continue
         for _ov in _packet.overloads():
             register_aten(getattr(_packet, _ov))(_foreach(_name + ("_" if _inplace else ""), _inplace))
+
+
+# --- mixed precision and fused optimizers ---------------------------------------------------
+
+@register_aten(aten._amp_foreach_non_finite_check_and_unscale_.default)
+def _amp_unscale(grads, found_inf, inv_scale):
+    """``GradScaler.unscale_``: each gradient times ``inv_scale`` in place, ``found_inf``
+    set where one holds inf or NaN; a sparse gradient's stored values are all it has."""
+    dense = [g for g in grads if not isinstance(g, SparseTensor)]
+    if dense:
+        torch._amp_foreach_non_finite_check_and_unscale_(dense, found_inf, inv_scale)
+    for g in grads:
+        if isinstance(g, SparseTensor):
+            values = g._storage.values
+            values.mul_(inv_scale.to(values.dtype))
+            if not bool(torch.isfinite(values).all()):
+                found_inf.fill_(1.0)
+
+
+def _fused_refused(name: str):
+    def handler(*args, **kwargs):
+        raise NotImplementedError(
+            f"{name}: torch's fused optimizer kernels take dense parameters only; with sparse "
+            f"parameters construct the optimizer with fused=False (foreach=True, torch's "
+            f"default on CPU, updates the stored values)")
+    return handler
+
+
+for _fused in ("_fused_adam_", "_fused_adamw_", "_fused_sgd_", "_fused_adagrad_"):
+    _packet = getattr(aten, _fused, None)
+    if _packet is not None:
+        for _ov in _packet.overloads():
+            register_aten(getattr(_packet, _ov))(_fused_refused(_fused.strip("_")))
+

@@ -153,14 +153,17 @@ def located_format(fmt: Format, shape: Tuple[int, ...], nnz: int, term: str,
     skipped where the factor holds nothing), with no search for positions afterwards: for a
     sparse batch ``X`` through a sparse weight, ``X`` in CSC. None: nothing to change, or
     not possible without densifying (every dimension shared, or the dense levels would hold
-    more slots than both operands' stored entries; one shared dimension is always fine, a
-    CSC's column pointers)."""
+    more slots than both operands' stored entries; one shared dimension, a CSC's column
+    pointers, while they number at most 8 per stored entry or 4M)."""
     located, shared = _located(fmt, term, pattern_vars)
-    if located is not None and len(shared) > 1:
+    if located is not None:
         slots = 1
         for d in shared:
             slots *= max(int(shape[d]), 1)
-        if slots > nnz + pattern_nnz:
+        entries = nnz + pattern_nnz
+        # one shared dimension: its pointers (a CSC's columns) while they stay within a few
+        # per stored entry or 4M; a 2^31-row DCSR partner would have needed 17 GB of them
+        if slots > (entries if len(shared) > 1 else max(8 * entries, 1 << 22)):
             return None
     return located
 

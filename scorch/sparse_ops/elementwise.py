@@ -462,11 +462,23 @@ def _store_in_place(name: str, self, result) -> torch.Tensor:
     if tuple(result.shape) != tuple(self.shape):
         raise RuntimeError(f"{name}: the result of shape {tuple(result.shape)} does not fit the "
                            f"sparse tensor of shape {tuple(self.shape)}")
-    if not isinstance(result, SparseTensor):
-        raise RuntimeError(f"{name}: the result is dense (e.g. adding a dense tensor or a "
-                           f"scalar), so it cannot be stored in the sparse tensor in place; use "
-                           f"the out-of-place form")
     st = self._storage
+    if not isinstance(result, SparseTensor):
+        # a dense result (a dense operand) fits when it is 0 off the pattern: an update
+        # that leaves the unstored positions alone (LBFGS adds a flat direction made of
+        # gradients on the pattern); its cost is the dense operand's, which exists already
+        if st.format.block is not None:
+            picked, outside = None, "some"
+        else:
+            picked = result[tuple(_shape._coords_of(st))] if st.nnz else result.new_zeros(0)
+            outside = int(torch.count_nonzero(result)) - int(torch.count_nonzero(picked))
+        if outside:
+            raise RuntimeError(f"{name}: the result is dense (e.g. adding a dense tensor or a "
+                               f"scalar) and nonzero at {outside} positions outside the sparse "
+                               f"tensor's pattern, so it cannot be stored in it in place; use "
+                               f"the out-of-place form")
+        st.values.copy_(picked.to(st.values.dtype))
+        return self
     rs = result.to_format(st.format)._storage
     values = st.values
     if rs.nnz == st.nnz and _same_structure(st, rs):

@@ -819,11 +819,16 @@ def embedding(index: torch.Tensor, weight: SparseTensor) -> torch.Tensor:
 @register(F.embedding)
 def _embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
                scale_grad_by_freq=False, sparse=False):
-    # max_norm renormalizes rows in place and scale_grad_by_freq rescales the gradient: the
-    # fallback's; padding_idx only stops that row's gradient: the same forward without one
-    if (not isinstance(weight, SparseTensor) or max_norm is not None or scale_grad_by_freq
+    # max_norm renormalizes the looked-up rows in place first (``aten_ops``, on the stored
+    # values, as torch's F.embedding under no_grad); scale_grad_by_freq rescales the
+    # gradient: the fallback's; padding_idx only stops that row's gradient: the same
+    # forward without one
+    if (not isinstance(weight, SparseTensor) or scale_grad_by_freq
             or (padding_idx is not None and weight.requires_grad)):
         return NotImplemented
+    if max_norm is not None:
+        with torch.no_grad():
+            torch.embedding_renorm_(weight, input, max_norm, norm_type)
     return embedding(input, weight)
 
 
