@@ -141,3 +141,27 @@ def test_singleton_output_format():
     two = scorch.sparse_tensor(torch.ones(3, 2), format="csr")
     with pytest.raises(ValueError, match="singleton level stores exactly one entry per parent"):
         scorch.einsum("ij,ij->ij", two, torch.ones(3, 2), out_format="ds")
+
+
+@pytest.mark.parametrize("levels", ["ds", "cs"])
+def test_results_of_a_singleton_format_stay_valid(levels):
+    """Ops that change how many entries a row holds (a triangle, a concatenation, a column
+    pick with repeats, a split, a tile, a column slice) give a compressed level where the
+    input had a singleton (its one-entry-per-row rule would not hold); kernels then read
+    every result right. They had kept the singleton format: wrong sums, reads past the
+    arrays and a segfault."""
+    x = torch.tensor([[1.0, 0, 0], [0, 0, 2.0], [0, -3.0, 0], [4.0, 0, 0]], dtype=torch.float64)
+    ops = {
+        "tril": lambda a: a.tril(-1), "triu": lambda a: a.triu(1),
+        "cat": lambda a: torch.cat([a, a], 1), "hstack": lambda a: torch.hstack([a, a]),
+        "pick": lambda a: a[:, [0, 0, 2]], "index_select": lambda a: a.index_select(1, torch.tensor([2, 2])),
+        "split": lambda a: torch.split(a, 2, 1)[1], "tile": lambda a: a.repeat(1, 2),
+        "slice": lambda a: a[:, :1], "narrow": lambda a: a.narrow(1, 1, 2),
+    }
+    v = torch.arange(1.0, 7.0, dtype=torch.float64)
+    for name, op in ops.items():
+        A = scorch.sparse_tensor(x, format=scorch.Format(levels))
+        got, want = op(A), op(x)
+        assert torch.equal(got.to_dense(), want), name
+        assert torch.equal(got.sum(1), want.sum(1)), name
+        assert torch.allclose(got @ v[:want.shape[1]], want @ v[:want.shape[1]]), name

@@ -202,14 +202,14 @@ def _triangle(name: str, t: SparseTensor, diagonal: int) -> SparseTensor:
     offset = coords[-1] - coords[-2]
     keep = offset <= diagonal if name == "tril" else offset >= diagonal
     idx = coords[:, keep]
-    built = _convert().from_coords(idx, st.values[keep], st.shape, st.format)
+    built = _convert().from_coords(idx, st.values[keep], st.shape, _shape.result_format(st.format))
     return from_coordinates(built, idx, values_of(t)[keep])
 
 
 def _moved(t: SparseTensor, coords: torch.Tensor, values: torch.Tensor, shape) -> SparseTensor:
     """The entries ``values`` at new ``coords`` (unique), in ``t``'s format, differentiable
     in ``values``: an O(nnz log nnz) rebuild, never a dense copy."""
-    fmt = t._storage.format
+    fmt = _shape.result_format(t._storage.format)
     built = _convert().from_coords(coords, values.detach(), tuple(shape), fmt, sum_duplicates=False)
     return from_coordinates(built, coords, values)
 

@@ -104,6 +104,8 @@ def filter_inner(t: SparseTensor, items: list) -> Optional[torch.Tensor]:
     d0, d1 = first.dim, inner.dim
     if not (isinstance(items[d0], slice) and items[d0] == slice(None)):
         return None
+    if inner.pos is None and first.crd is None:
+        return None              # a singleton under a dense level: the general path answers
     item = items[d1]
     if (isinstance(item, list) or (isinstance(item, torch.Tensor) and item.dim() == 1)) \
             and kinds[0].full and inner.pos is not None:

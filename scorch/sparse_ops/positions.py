@@ -25,6 +25,7 @@ from ..gradients.values import from_coordinates, values_of
 from ..tensor_type import SparseTensor, as_scorch
 from ..broadcasting import broadcast_shapes
 from .dims import checked_dim
+from .shape import result_format
 
 __all__ = ["values_at", "gather", "take", "take_along_dim", "masked_select", "index_add",
            "scatter_add", "index_keys", "index_put", "masked_scatter"]
@@ -192,7 +193,7 @@ def _sparse_from(coords: torch.Tensor, values: torch.Tensor, like: torch.Tensor)
     in its format where ``like`` is sparse (so the add that follows is one union),
     differentiable in ``values``."""
     t = _sparse(like)
-    fmt = t._storage.format if t is not None else as_format("coo", like.dim())
+    fmt = result_format(t._storage.format) if t is not None else as_format("coo", like.dim())
     built = _convert().from_coords(coords, values.detach(), tuple(like.shape), fmt)
     if torch.is_grad_enabled() and values.requires_grad:
         return from_coordinates(built, coords, values)

@@ -71,8 +71,7 @@ def _build(coords: torch.Tensor, values: torch.Tensor, shape: Sequence[int],
     shape = tuple(int(s) for s in shape)
     if len(shape) == 0:
         return values.sum().to(values.dtype)
-    if fmt is None:
-        fmt = as_format("coo", len(shape))
+    fmt = as_format("coo", len(shape)) if fmt is None else result_format(fmt)
     # entry k is stored as k + 1, so the zeros a dense level fills in read entry 0: a zero
     number = torch.arange(1, values.numel() + 1, dtype=torch.int64)
     st = _convert().from_coords(coords, number, shape, fmt, sum_duplicates=False)
@@ -82,6 +81,18 @@ def _build(coords: torch.Tensor, values: torch.Tensor, shape: Sequence[int],
 
 def _unblocked(fmt: Format) -> Format:
     return fmt if fmt.block is None else Format(fmt.levels, fmt.mode_order)
+
+
+def result_format(fmt: Format) -> Format:
+    """An input's format for a result whose entries a parent holds may change (a slice,
+    a triangle, a concatenation): unblocked, and each singleton level (exactly one entry
+    per parent) as the compressed level a computed one is (``output_kind``). Built in the
+    singleton format with 0 or 2 entries a row, such a result had been read past its
+    arrays by every kernel (wrong sums, a segfault)."""
+    levels = tuple(k.output_kind() if k is LevelKind.SINGLETON else k for k in fmt.levels)
+    if fmt.block is None and levels == tuple(fmt.levels):
+        return fmt
+    return Format(levels, fmt.mode_order)
 
 
 def _dim(d: int, rank: int, name: str = "dim") -> int:
