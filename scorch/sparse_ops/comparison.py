@@ -43,7 +43,8 @@ def _ir():
 def _compute_dtype(dt: torch.dtype) -> torch.dtype:
     """Kernels have no bool type: bool values run as uint8 (same size, 0/1)."""
     if dt.is_complex:
-        raise TypeError(f"comparisons of sparse tensors do not support {dt}")
+        raise RuntimeError(f"comparisons of sparse tensors do not support {dt}: compare the "
+                           f"real parts (.real) or convert with .float()")
     return torch.uint8 if dt == torch.bool else dt
 
 

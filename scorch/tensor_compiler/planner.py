@@ -27,6 +27,13 @@ __all__ = ["value_dtype", "kernel_formats", "make_entry", "resolve_out_format", 
            "reuse_entry"]
 
 
+class UnsupportedDtypeError(RuntimeError):
+    """No kernel computes in the operands' promoted dtype (float16, bfloat16, complex,
+    bool): a RuntimeError, as torch's "not implemented for 'Half'". It had been a
+    TypeError, which torch's operators (``==``, ``!=``, ``+``) turn into NotImplemented:
+    ``s16 != 0`` then silently became an identity test, ``True``."""
+
+
 def value_dtype(ops) -> torch.dtype:
     """The dtype the kernel computes in: the operands' promoted type."""
     dt = None
@@ -39,7 +46,7 @@ def value_dtype(ops) -> torch.dtype:
         # reached from any op (a sum, a product, an elementwise op), so the message names the
         # operands' types and the way out rather than the op
         kinds = ", ".join(str(t).replace("torch.", "") for t in codegen.CTYPES)
-        raise TypeError(
+        raise UnsupportedDtypeError(
             f"scorch: sparse kernels compute in {kinds}; operands of dtype {', '.join(dtypes)} "
             f"compute in {str(dt).replace('torch.', '')}, which they do not support: convert "
             f"the operands first (.float() for float16 / bfloat16, .to(torch.uint8) or .float() "
