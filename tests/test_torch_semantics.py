@@ -425,3 +425,31 @@ def test_operators_on_dtypes_without_kernels_raise_not_compare_identity():
             call()
     with pytest.raises(RuntimeError, match=r"float16.*\.float\(\)"):
         torch.ne(h, torch.ones(2, 3, dtype=torch.float16))
+
+
+def test_explicit_dtypes_complex_norms_and_zero_dim_exponents():
+    """``sum(dim, dtype=int32)`` / ``prod(dtype=int16)`` return the asked dtype (they came
+    back int64); norms of complex values are the moduli's (they were refused); a 0-d
+    tensor exponent follows torch's type promotion (``bool ** tensor(3, uint8)`` is
+    uint8) and an integer base to a negative 0-d power is computed, as torch does."""
+    x = torch.tensor([[1, 0, 2], [0, -1, 3]], dtype=torch.int32)
+    for fmt in ("csr", "coo", "csc"):
+        S = scorch.sparse_tensor(x, format=fmt)
+        for dim in (0, 1):
+            for dt in (torch.int32, torch.int16, torch.int8):
+                got, want = S.sum(dim, dtype=dt), x.sum(dim, dtype=dt)
+                got = got.to_dense() if isinstance(got, scorch.SparseTensor) else got
+                assert got.dtype == want.dtype and torch.equal(got, want)
+        for dt in (torch.int16, torch.int32):
+            assert S.prod(dtype=dt).dtype == dt and S.prod(dtype=dt) == x.prod(dtype=dt)
+    c = torch.tensor([[1 + 1j, 0], [0, 2 - 1j]], dtype=torch.complex64)
+    C = scorch.sparse_tensor(c, format="coo")
+    assert torch.allclose(torch.linalg.vector_norm(C), torch.linalg.vector_norm(c))
+    assert torch.allclose(torch.linalg.vector_norm(C, dim=1), torch.linalg.vector_norm(c, dim=1))
+    b = torch.tensor([[True, False], [False, True]])
+    for e in (torch.tensor(3, dtype=torch.uint8), torch.tensor(2, dtype=torch.int8)):
+        got = scorch.sparse_tensor(b, format="csr") ** e
+        assert got.dtype == (b ** e).dtype
+    i8 = torch.tensor([[1, 0, -1], [0, 0, 0]], dtype=torch.int8)
+    _same(scorch.sparse_tensor(i8, format="csr") ** torch.tensor(-1, dtype=torch.int8),
+          i8 ** torch.tensor(-1, dtype=torch.int8))

@@ -117,9 +117,11 @@ def vector_norm(t: SparseTensor, ord=2, dim=None, keepdim: bool = False) -> torc
     """``ord`` > 0 (or 0: the count of nonzeros). Over every element: the norm of the stored
     values (the implicit zeros add nothing); along ``dim``: ``(sum |x|^ord)^(1/ord)``
     through the sparse ops (``amax(|x|)`` for inf)."""
-    if not t.dtype.is_floating_point:
+    if not (t.dtype.is_floating_point or t.dtype.is_complex):
         raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as "
                            f"input. Got {t.dtype}")
+    if t.dtype.is_complex:        # the norm of the moduli (real), as torch
+        t = from_values(t._storage, values_of(t).abs())
     reduced = range(t.dim()) if dim is None else \
         checked_dims(dim, t.dim(), "linalg.vector_norm")
     if ord == math.inf and math.prod(t.shape[d] for d in reduced) == 0:
@@ -825,7 +827,7 @@ def prod(t: SparseTensor, dim: Optional[int] = None, keepdim: bool = False,
     out_dt = dtype or (torch.int64 if integral else vals.dtype)
     vals = vals.to(out_dt)
     if dim is None:
-        whole = vals.prod()
+        whole = vals.prod(dtype=out_dt)      # (an int32 prod of ints is int64 otherwise)
         return whole if t.nnz == _numel(t) else torch.where(torch.tensor(False), whole, whole.detach() * 0)
     d = checked_dim(dim, t.dim(), "prod")
     if t.shape[d] == 0:                   # empty fibers: each product is 1 (dense by nature)

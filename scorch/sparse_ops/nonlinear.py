@@ -410,8 +410,14 @@ def _pow(x, exponent, *, out=None):
     if (isinstance(exponent, torch.Tensor) and type(exponent) is torch.Tensor and exponent.dim() == 0
             and not exponent.requires_grad and t is not None
             and (t.dtype.is_floating_point or not exponent.dtype.is_floating_point)
-            and exponent.dtype != torch.bool):
-        exponent = exponent.item()   # a 0-d exponent: a number (same result type, as torch)
+            and exponent.dtype != torch.bool
+            and torch.result_type(t._storage.values, exponent)
+            == torch.result_type(t._storage.values, exponent.item())
+            and not (exponent.item() < 0 and not t.dtype.is_floating_point)):
+        # a 0-d exponent as a number where that gives torch's result type (``bool **
+        # tensor(3, uint8)`` is uint8, ``** 3`` int64) and value (an integer base to a
+        # negative 0-d tensor power is computed, to a negative number it raises)
+        exponent = exponent.item()
     if (t is not None and out is None and isinstance(exponent, torch.Tensor)
             and not isinstance(exponent, SparseTensor) and exponent.dtype != torch.bool):
         # a dense exponent: torch's pow on the stored values where 0 ** e is 0 at every e

@@ -156,6 +156,8 @@ def sum(t: SparseTensor, dim: Dims = None, keepdim: bool = False,
         result = _dense_pass_sum(t, dims)
     if result is None:
         result = _einsum_sum(t, dims)
+    if dtype is not None and result.dtype != dtype:   # einsum sums a lone int operand in int64
+        result = result.to(dtype)
     return _keepdim(result, dims) if keepdim else result
 
 
