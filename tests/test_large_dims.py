@@ -158,3 +158,18 @@ def test_spgemm_backward_of_hypersparse_operands(fmt):
     gi = got.indices() // scale
     assert torch.allclose(torch.sparse_coo_tensor(gi, got.values(), (30, 30)).to_dense(),
                           a.grad * (a != 0))
+
+
+def test_index_add_and_scatter_add_beyond_2_to_60_elements():
+    """``index_add`` / ``scatter_add`` into a 2^31 x 2^31 sparse tensor: torch's shape
+    checks on meta tensors overflowed their byte count ("Storage size calculation
+    overflowed"); past 2^56 elements the same rules are checked by hand."""
+    n = 2 ** 31
+    idx = torch.tensor([[0, 5, n - 1], [1, 7, n - 2]])
+    A = scorch.sparse_tensor((idx, torch.tensor([1.0, 2.0, 3.0])), size=(n, n), format="coo")
+    B = A.index_add(0, torch.tensor([0, 1]), A[:2])
+    assert B.nnz == 3 and B[0, 1].item() == 2.0
+    C = A.scatter_add(0, torch.zeros(1, 1, dtype=torch.int64), torch.ones(1, 1))
+    assert C[0, 0].item() == 1.0 and C.nnz == 4
+    with pytest.raises(RuntimeError, match="do not match"):
+        A.index_add(0, torch.tensor([0, 1, 2]), A[:2])

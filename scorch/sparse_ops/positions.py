@@ -203,8 +203,23 @@ def _sparse_from(coords: torch.Tensor, values: torch.Tensor, like: torch.Tensor)
 def _check_write(name: str, self: torch.Tensor, index: torch.Tensor, dim: int, other: torch.Tensor) -> None:
     """What torch checks beyond shapes (those: torch's op on meta tensors): equal dtypes, an
     integer index inside ``self``'s size along ``dim``."""
-    meta = [torch.empty(a.shape, dtype=a.dtype, device="meta") for a in (self, index, other)]
-    getattr(torch, name)(meta[0], dim, meta[1], meta[2])
+    if max(math.prod(a.shape) for a in (self, other)) < 1 << 56:
+        meta = [torch.empty(a.shape, dtype=a.dtype, device="meta") for a in (self, index, other)]
+        getattr(torch, name)(meta[0], dim, meta[1], meta[2])
+    else:     # meta tensors' byte counts would overflow int64: torch's shape rules by hand
+        d = dim % self.dim()
+        if name == "index_add":
+            ok = (index.dim() <= 1 and other.dim() == self.dim()
+                  and other.shape[d] == index.numel()
+                  and all(other.shape[k] == self.shape[k] for k in range(self.dim()) if k != d))
+        else:
+            ok = (index.dim() == self.dim() == other.dim()
+                  and all(index.shape[k] <= other.shape[k] for k in range(self.dim()))
+                  and all(index.shape[k] <= self.shape[k] for k in range(self.dim()) if k != d))
+        if not ok:
+            raise RuntimeError(f"{name}(): the shapes of self {tuple(self.shape)}, index "
+                               f"{tuple(index.shape)} and source {tuple(other.shape)} do not "
+                               f"match along dim {d}")
     if self.dtype != other.dtype:
         raise RuntimeError(f"{name}(): self ({self.dtype}) and {'source' if name == 'index_add' else 'src'} "
                            f"({other.dtype}) must have the same scalar type")
