@@ -173,3 +173,25 @@ def test_index_add_and_scatter_add_beyond_2_to_60_elements():
     assert C[0, 0].item() == 1.0 and C.nnz == 4
     with pytest.raises(RuntimeError, match="do not match"):
         A.index_add(0, torch.tensor([0, 1, 2]), A[:2])
+
+
+def test_per_fiber_norms_of_a_hypersparse_matrix():
+    """``F.normalize``, ``renorm`` and ``F.rms_norm`` of a 2^31 x 2^31 matrix with a few
+    entries keep one slot per stored fiber (a dense vector of norms had needed 16 GiB);
+    values equal those of the same entries packed into a 30 x 30 matrix."""
+    n, scale = 2 ** 31, 2 ** 25
+    m = torch.rand(30, 30, generator=torch.Generator().manual_seed(3)) < 0.1
+    idx = m.nonzero().t()
+    vals = torch.rand(idx.shape[1], dtype=torch.float64) + 0.5
+    small = torch.sparse_coo_tensor(idx, vals, (30, 30)).to_dense()
+    S = scorch.sparse_tensor((idx * scale, vals), size=(n, n), format="dcsr")
+    rms = small * torch.rsqrt((small ** 2).sum(1, keepdim=True) / n + 1e-6)   # the mean over n
+    cases = [(lambda a: torch.nn.functional.normalize(a, dim=1), None),
+             (lambda a: torch.nn.functional.normalize(a, p=1.0, dim=0), None),
+             (lambda a: torch.renorm(a, 2, 0, 0.7), None),
+             (lambda a: torch.nn.functional.rms_norm(a, (a.shape[1],), eps=1e-6), rms)]
+    for f, want in cases:
+        got = f(S).to_format("coo")
+        want = f(small) if want is None else want
+        packed = torch.sparse_coo_tensor(got.indices() // scale, got.values(), (30, 30))
+        assert torch.allclose(packed.to_dense(), want * (small != 0))

@@ -29,7 +29,7 @@ from .einsum_grad import dense_to_pattern
 from .functions import compute, needs_graph
 from .values import from_values, grad_values, mark_gradient, values_of
 
-__all__ = ["softmax", "extreme", "softmax_by_groups", "wide_fibers"]
+__all__ = ["softmax", "extreme", "softmax_by_groups", "wide_fibers", "wide_groups", "entry_groups"]
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -168,19 +168,29 @@ DENSE_FIBERS_LIMIT = 1 << 20
 DENSE_FIBERS_PER_ENTRY = 8
 
 
-def wide_fibers(st: Storage, dim: int) -> bool:
-    """Whether the fibers along ``dim`` are too many for a dense array of them."""
-    kept = math.prod(int(n) for d, n in enumerate(st.shape) if d != dim)
+def wide_groups(st: Storage, keep: Sequence[int]) -> bool:
+    """Whether the positions over the dims ``keep`` are too many for a dense array of them
+    (one slot per fiber of the other dims)."""
+    kept = math.prod(int(st.shape[d]) for d in keep)
     return kept > max(DENSE_FIBERS_LIMIT, DENSE_FIBERS_PER_ENTRY * st.nnz)
 
 
-def fiber_groups(st: Storage, dim: int) -> Tuple[torch.Tensor, int]:
-    """Each stored entry's fiber along ``dim`` as a group number (int64, 0 .. groups - 1)
-    and the number of groups: the stored fibers only, O(nnz log nnz)."""
-    keep = [d for d in range(st.ndim) if d != dim]
+def wide_fibers(st: Storage, dim: int) -> bool:
+    """Whether the fibers along ``dim`` are too many for a dense array of them."""
+    return wide_groups(st, [d for d in range(st.ndim) if d != dim])
+
+
+def entry_groups(st: Storage, keep: Sequence[int]) -> Tuple[torch.Tensor, int]:
+    """Each stored entry's coordinates over the dims ``keep`` as a group number (int64,
+    0 .. groups - 1) and the number of groups: the stored ones only, O(nnz log nnz)."""
     fiber = _fiber_numbers(_pattern._convert().coords(st), st.shape, keep)
     groups, inverse = torch.unique(fiber, return_inverse=True)
     return inverse, groups.numel()
+
+
+def fiber_groups(st: Storage, dim: int) -> Tuple[torch.Tensor, int]:
+    """Each stored entry's fiber along ``dim`` as a group number (``entry_groups``)."""
+    return entry_groups(st, [d for d in range(st.ndim) if d != dim])
 
 
 def _group_sum(values: torch.Tensor, inverse: torch.Tensor, groups: int) -> torch.Tensor:

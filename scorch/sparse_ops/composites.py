@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .._dispatch import check_dense_size, register
+from ..gradients import fiber_ops
 from ..gradients.values import from_coordinates, from_values, values_of
 from ..formats import as_format
 from ..tensor_type import SparseTensor, as_scorch
@@ -458,6 +459,19 @@ def _normalize(x, p=2.0, dim=1, eps=1e-12, out=None):
     t = _sparse(x)
     if t is None or out is not None or not isinstance(p, numbers.Real):
         return NotImplemented
+    d = checked_dim(dim, t.dim(), "normalize")
+    keep = [k for k in range(t.dim()) if k != d]
+    if keep and fiber_ops.wide_groups(t._storage, keep) and t.dtype.is_floating_point and (
+            p == math.inf or (p > 0 and math.isfinite(p))):
+        # one slot per stored fiber, not a dense array over the kept dims
+        key, slots = fiber_ops.entry_groups(t._storage, keep)
+        vals = values_of(t)
+        size = vals.abs()
+        if p == math.inf:
+            norm = size.new_zeros(slots).scatter_reduce(0, key, size, "amax")
+        else:
+            norm = size.new_zeros(slots).index_add(0, key, size ** p) ** (1.0 / p)
+        return from_values(t._storage, vals / norm.clamp_min(eps)[key])
     return t / vector_norm(t, p, dim, keepdim=True).clamp_min(eps)
 
 

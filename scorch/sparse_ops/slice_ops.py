@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from .._dispatch import register
+from ..gradients import fiber_ops
 from ..gradients.values import from_values, values_of
 from ..tensor_type import SparseTensor
 from .nonlinear import _sparse
@@ -36,7 +37,12 @@ def renorm(t: SparseTensor, p: float, dim: int, maxnorm: float) -> SparseTensor:
         return from_values(t._storage, values_of(t))
     others = [k for k in range(t.dim()) if k != d]
     vals = values_of(t)
-    if others:
+    if others and fiber_ops.wide_groups(t._storage, [d]) and p > 0 and math.isfinite(p):
+        # one slot per stored slice, not a dense vector as long as ``dim``
+        key, slots = fiber_ops.entry_groups(t._storage, [d])
+        sums = torch.zeros(slots, dtype=vals.dtype).index_add(0, key, vals.abs() ** p)
+        norm = (sums ** (1.0 / p))[key]
+    elif others:
         norm = torch.linalg.vector_norm(t, p, dim=others)
         norm = (norm.to_dense() if isinstance(norm, SparseTensor) else norm).reshape(-1)[_coords(t)[d]]
     else:                       # 1-D: each slice is one element, its own norm
@@ -114,10 +120,13 @@ def rms_norm(t: SparseTensor, normalized_shape, weight: Optional[torch.Tensor] =
     eps = torch.finfo(t.dtype).eps if eps is None else eps
     lead, trail = t.shape[:t.dim() - k], t.shape[t.dim() - k:]
     coords, vals = _coords(t), values_of(t)
-    lead_key = torch.zeros(coords.shape[1], dtype=torch.int64)
-    for d, n in enumerate(lead):
-        lead_key = lead_key * n + coords[d]
-    squares = torch.zeros(math.prod(lead), dtype=vals.dtype).index_add(0, lead_key, vals * vals)
+    if fiber_ops.wide_groups(t._storage, range(len(lead))):   # one slot per stored row
+        lead_key, slots = fiber_ops.entry_groups(t._storage, range(len(lead)))
+    else:
+        lead_key, slots = torch.zeros(coords.shape[1], dtype=torch.int64), math.prod(lead)
+        for d, n in enumerate(lead):
+            lead_key = lead_key * n + coords[d]
+    squares = torch.zeros(slots, dtype=vals.dtype).index_add(0, lead_key, vals * vals)
     factor = torch.rsqrt(squares / max(math.prod(trail), 1) + eps)
     out = vals * factor[lead_key]
     if weight is not None:
