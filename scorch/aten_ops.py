@@ -2,8 +2,6 @@
 copy_, to_dense, nnz): they never densify and never reach the dense fallback."""
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from . import constructors, conversion
@@ -16,13 +14,12 @@ aten = torch.ops.aten
 @register_aten(aten.detach.default, aten.alias.default)
 def _detach(t):
     alias = carry_grad_flag(t, SparseTensor(t._storage))
-    key = id(alias)      # see _copy_; kept outside the tensor, so copies and pickles skip it
-    _ALIAS_OF[key] = (weakref.ref(alias, lambda _, key=key: _ALIAS_OF.pop(key, None)),
-                      weakref.ref(t))
+    if t.is_leaf:
+        # see _copy_. A plain reference (a weakref would stop torch.utils.swap_tensors, which
+        # module.double() uses), to leaves only (a non-leaf would keep its graph alive);
+        # copies and pickles leave it out (tensor_type._OWN_STATE)
+        alias.__dict__["_alias_of"] = t
     return alias
-
-
-_ALIAS_OF: dict = {}     # id(alias) -> (weakref to the alias, weakref to what it aliases)
 
 
 def _aliases(t):
@@ -32,8 +29,7 @@ def _aliases(t):
     storage = t._storage
     while t is not None and t._storage is storage:
         yield t
-        refs = _ALIAS_OF.get(id(t))
-        t = refs[1]() if refs is not None and refs[0]() is t else None
+        t = t.__dict__.get("_alias_of")
 
 
 @register_aten(aten.clone.default)

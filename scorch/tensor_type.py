@@ -606,7 +606,7 @@ def _rebuild(fmt, shape, arrays, values, requires_grad):
 
 #: ``__dict__`` entries that belong to one tensor object (its storage, caches, its link to
 #: the graph that made it): never pickled or copied
-_OWN_STATE = frozenset({"_storage", "_flat", "_pending", "_made_of"})
+_OWN_STATE = frozenset({"_storage", "_flat", "_pending", "_made_of", "_alias_of"})
 
 
 def _user_state(t: SparseTensor) -> dict:
