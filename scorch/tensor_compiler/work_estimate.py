@@ -58,14 +58,16 @@ VECTOR_VISITS = 4.0
 #: body visits per update of a workspace of two or more dimensions (CSC x CSR in the outer
 #: product order ``j, i, k``: the whole output accumulates there): through a dense scratch
 #: and a sort of its touched list while its extent is at most ``DENSE_WS_LIMIT`` (~57 ns an
-#: update), else through a std::map (~570 ns), where Gustavson's one-dimensional workspace
-#: (``i, j, k`` after a transpose) takes ~9 ns an update with its row's work (N = 2000 and
-#: 20,000, 10 entries a row, 1 thread, Zen 5: 11.5 / 1138 ms against 1.1 / 17 ms, the
-#: transpose 0.07 / 0.6 ms). Unpriced, the model chose the outer product: 30-90x scipy.
+#: update), else through the runtime's ``SparseWorkspace`` (appended pairs sorted when read:
+#: ~59 ns; the std::map it replaced in session 32 took ~570), where Gustavson's
+#: one-dimensional workspace (``i, j, k`` after a transpose) takes ~9 ns an update with its
+#: row's work (N = 2000 and 20,000, 10 entries a row, 1 thread, Zen 5: 9.5 / 118 ms against
+#: 1.1 / 17 ms, the transpose 0.07 / 0.6 ms; session 30's map: 11.5 / 1138 ms). Unpriced,
+#: the model chose the outer product: 30-90x scipy.
 WIDE_WORKSPACE_VISITS = 380.0
-MAP_WORKSPACE_VISITS = 3800.0
+MAP_WORKSPACE_VISITS = 400.0
 
-#: the extent above which a workspace is a std::map (``lower.facts.DENSE_WS_LIMIT``)
+#: the extent above which a workspace is the runtime's (``lower.facts.DENSE_WS_LIMIT``)
 _DENSE_WS_LIMIT = 1 << 22
 
 
