@@ -453,3 +453,20 @@ def test_explicit_dtypes_complex_norms_and_zero_dim_exponents():
     i8 = torch.tensor([[1, 0, -1], [0, 0, 0]], dtype=torch.int8)
     _same(scorch.sparse_tensor(i8, format="csr") ** torch.tensor(-1, dtype=torch.int8),
           i8 ** torch.tensor(-1, dtype=torch.int8))
+
+
+def test_bool_einsum():
+    """einsum over bool operands (a sparse one among them): products as 0/1, a contraction
+    as an OR of ANDs, the result bool, as torch's bool einsum where torch has one (it had
+    raised on the kernels' missing bool type)."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.rand(4, 4, generator=g) > 0.5, torch.rand(4, 4, generator=g) > 0.5
+    v = torch.rand(4, generator=g) > 0.5
+    A, B = scorch.sparse_tensor(a, format="csr"), scorch.sparse_tensor(b, format="coo")
+    V = scorch.sparse_tensor(v, format="coo")
+    for eq, ops, dense in [("ij,ij->ij", (A, B), (a, b)), ("ij,ij->ij", (A, b), (a, b)),
+                           ("i,j->ij", (V, v), (v, v)), ("ij->ji", (A,), (a,)),
+                           ("ii->i", (A,), (a,))]:
+        _same(scorch.einsum(eq, *ops), torch.einsum(eq, *dense))
+    _same(scorch.einsum("ij,jk->ik", A, B), (a.int() @ b.int()) != 0)
+    _same(torch.outer(V, v), torch.outer(v, v))

@@ -75,6 +75,17 @@ def einsum(*args: Any, out_format: Optional[FormatLike] = None, sorted: bool = T
         _tensor_type._refuse_dual(einsum, operands, {})
     if len(operands) == 1 and _sums_integers(equation, operands[0]):
         operands = (operands[0].to(torch.int64),)
+    elif operands and all(getattr(x, "dtype", None) is torch.bool for x in operands) and \
+            any(is_sparse_operand(x) for x in operands):
+        # bool (the kernels have no bool type): products as 0/1 bytes, a contraction in
+        # int32 (an OR of ANDs, as torch's bool einsum where it has one), then bool again
+        lhs, arrow, rhs = equation.replace(" ", "").partition("->")
+        letters = lhs.replace("...", "").replace(",", "")
+        kept = set(rhs.replace("...", "")) if arrow else {c for c in letters if letters.count(c) == 1}
+        wide = torch.int32 if any(c not in kept for c in letters) else torch.uint8
+        result = einsum(equation, *(x.to(wide) for x in operands), out_format=out_format,
+                        sorted=sorted)
+        return result.to(torch.bool)
     if _grad_enabled() and _any_requires_grad(*operands):
         # the graph goes through the Function (a SparseTensor's .requires_grad is a Python
         # __torch_function__ call, ~3 us; this C check reads every operand's flag in ~0.3 us)
