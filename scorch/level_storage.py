@@ -112,7 +112,8 @@ class Storage:
     the compiler caches per Storage what a warm call needs (``_sig``: a small int naming
     format, dtypes, size-1 dimensions and contiguity; ``_ptrs``: the arrays' addresses)."""
 
-    __slots__ = ("format", "shape", "levels", "values", "index_dtype", "_sig", "_ptrs", "_sorted")
+    __slots__ = ("format", "shape", "levels", "values", "index_dtype", "_sig", "_ptrs", "_sorted",
+                 "_coords")
 
     def __init__(self, format: Format, shape: Sequence[int], levels: Sequence[Level],
                  values: torch.Tensor, index_dtype: Optional[torch.dtype] = None) -> None:
@@ -127,6 +128,7 @@ class Storage:
         self._sig = None
         self._ptrs = None
         self._sorted = None
+        self._coords = None
 
     def on_pattern(self, values: torch.Tensor) -> "Storage":
         """This storage's levels (shared) holding ``values`` (fresh, contiguous, of
@@ -139,6 +141,7 @@ class Storage:
         st._sig = self._sig if values.dtype == self.values.dtype and self.values.is_contiguous() else None
         st._ptrs = None
         st._sorted = None
+        st._coords = self._coords      # the same levels: the same coordinates
         return st
 
     # pickling and copies carry the arrays, never the caches (addresses are per process)
@@ -150,6 +153,7 @@ class Storage:
         self._sig = None
         self._ptrs = None
         self._sorted = None
+        self._coords = None
 
     @property
     def ndim(self) -> int:

@@ -470,3 +470,18 @@ def test_bool_einsum():
         _same(scorch.einsum(eq, *ops), torch.einsum(eq, *dense))
     _same(scorch.einsum("ij,jk->ik", A, B), (a.int() @ b.int()) != 0)
     _same(torch.outer(V, v), torch.outer(v, v))
+
+
+def test_indices_are_kept_with_the_pattern():
+    """``A.indices()`` is built once per pattern (a loop calling it had rebuilt the int64
+    array every time); writing into the returned tensor makes the next call rebuild it,
+    so the tensor's own coordinates never change."""
+    x = torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 3.0]])
+    A = scorch.sparse_tensor(x, format="coo")
+    first = A.indices()
+    assert A.indices() is first
+    assert torch.equal(first, x.to_sparse().indices())
+    first[0, 0] = 1
+    again = A.indices()
+    assert again is not first and torch.equal(again, x.to_sparse().indices())
+    _same(A, x)
