@@ -349,3 +349,22 @@ def test_grad_scaler_lbfgs_and_fused_refusal():
     closure()
     with pytest.raises(NotImplementedError, match="fused=False"):
         opt.step()
+
+
+def test_state_from_an_old_pattern_says_how_to_reset_it():
+    """A parameter whose pattern changed mid-training (pruning, ``p.data = ...``) meets
+    optimizer state on the old pattern: the error says to reset that state, and after
+    ``optimizer.state[p] = {}`` training goes on."""
+    W = torch.nn.Parameter(scorch.sparse_tensor(torch.tensor([[1.0, 0], [2, 3]]), format="csr"))
+    opt = torch.optim.Adam([W])
+    x = torch.ones(2, 2)
+    (W @ x).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    W.data = scorch.sparse_tensor(torch.tensor([[1.0, 0], [0, 3]]), format="csr")
+    (W @ x).sum().backward()
+    with pytest.raises(RuntimeError, match=r"optimizer\.state\[p\] = \{\}"):
+        opt.step()
+    opt.state[W] = {}
+    opt.step()
+    assert W.nnz == 2

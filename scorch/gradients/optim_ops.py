@@ -45,7 +45,10 @@ def _values(name: str, P: Storage, x: Any, k: int):
         if not _pattern.same_pattern(P, st):
             raise _NotOnePattern(
                 f"scorch: {name}: operand {k} has a different sparsity pattern than the first "
-                f"sparse operand (values-level ops need one pattern; convert or union first)")
+                f"sparse operand (values-level ops need one pattern; convert or union first). "
+                f"In an optimizer step this is state kept from before the parameter's pattern "
+                f"changed (pruning, p.data = ...): reset it, optimizer.state[p] = {{}}, or "
+                f"build a new optimizer")
         return st.values
     if isinstance(x, torch.Tensor) and x.dim() > 0 and x.numel() != 1:
         raise _NotOnePattern(
