@@ -6,9 +6,8 @@ extent 4e8), 1 thread, beside the order the compiler chooses.
 
     python benchmarks/workspace_update_cost.py
 
-Session 32 (Zen 5, two runs): 48-64 and 59-82 ns an update (the std::map before: ~570),
-chosen order
-1.1 and 17 ms.
+Session 32 (Zen 5, two runs): 48-64 and 59-82 ns an update (the std::map before: ~570);
+the chosen order 1.1 and 17 ms.
 """
 import sys
 from pathlib import Path
