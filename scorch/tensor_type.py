@@ -305,7 +305,11 @@ class SparseTensor(torch.Tensor):
                 return _UNDER_COMPILE[0](func, args, kwargs)
             if kwargs.get("out") is not None:
                 return _into_out(func, handler, args, kwargs)
-            result = handler(*args, **kwargs)
+            try:
+                result = handler(*args, **kwargs)
+            except RuntimeError as e:
+                _refuse_under_functorch(e)
+                raise
             if result is not NotImplemented:
                 return result
         with torch._C.DisableTorchFunctionSubclass():
@@ -320,7 +324,11 @@ class SparseTensor(torch.Tensor):
         if _FWAD._current_level >= 0:
             _refuse_dual(torch.Tensor.__matmul__, (self, other), {})
         if spmm is not None and type(other) is torch.Tensor:   # the hot path, inline
-            result = spmm(self, other, 1 if other.ndim == 1 else 2)   # SpMV or SpMM
+            try:
+                result = spmm(self, other, 1 if other.ndim == 1 else 2)   # SpMV or SpMM
+            except RuntimeError as e:
+                _refuse_under_functorch(e)
+                raise
             if result is not None:
                 return result
         if not isinstance(other, torch.Tensor):
@@ -513,10 +521,29 @@ def _direct(method, *args, **kwargs):
         return _UNDER_COMPILE[0](method, args, kwargs)
     handler = _dispatch.lookup(method)
     if handler is not None:
-        result = handler(*args, **kwargs)
+        try:
+            result = handler(*args, **kwargs)
+        except RuntimeError as e:
+            _refuse_under_functorch(e)
+            raise
         if result is not NotImplemented:
             return result
     return method(*args, **kwargs)
+
+
+_functorch_stack = torch._C._functorch.peek_interpreter_stack
+
+
+def _refuse_under_functorch(error: RuntimeError) -> None:
+    """Inside a ``torch.func`` transform (vmap, grad, jacrev) a sparse op fails deep in
+    torch ("Cannot access data pointer", "must override the setup_context staticmethod"):
+    say what is unsupported and what to use. Only on the error path, so it costs nothing."""
+    if _functorch_stack() is not None:
+        raise NotImplementedError(
+            "scorch: torch.func transforms (vmap, grad, jacrev, jacfwd, functional_call under "
+            "grad) are not supported on functions that use a scorch sparse tensor; use "
+            "torch.autograd.grad or torch.autograd.functional.jacobian, and a loop or a "
+            "batched einsum in place of vmap") from error
 
 
 def _or_handler(result, method, a, b):

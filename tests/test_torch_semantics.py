@@ -485,3 +485,18 @@ def test_indices_are_kept_with_the_pattern():
     again = A.indices()
     assert again is not first and torch.equal(again, x.to_sparse().indices())
     _same(A, x)
+
+
+def test_torch_func_transforms_say_they_are_unsupported():
+    """``vmap``, ``grad`` and ``jacrev`` over a function using a sparse tensor raise a
+    NotImplementedError naming what to use (they failed deep in torch: "Cannot access data
+    pointer", "must override the setup_context staticmethod")."""
+    A = scorch.sparse_tensor(torch.eye(4) * 2, format="csr")
+    xs = torch.randn(3, 4)
+    for call in (lambda: torch.func.vmap(lambda x: A @ x)(xs),
+                 lambda: torch.func.grad(lambda x: (A @ x).sum())(xs[0]),
+                 lambda: torch.func.jacrev(lambda x: A @ x)(xs[0])):
+        with pytest.raises(NotImplementedError, match="torch.autograd.functional.jacobian"):
+            call()
+    J = torch.autograd.functional.jacobian(lambda x: A @ x, xs[0])
+    assert torch.equal(J, torch.eye(4) * 2)
