@@ -388,7 +388,11 @@ def _any_all(t: SparseTensor, name: str, dim, keepdim: bool) -> torch.Tensor:
     """``any`` / ``all`` along ``dim`` from the nonzero counts of the fibers (dense over
     the kept dims, as torch; a fiber is all-nonzero when it stores every position)."""
     dims = list(range(t.dim())) if dim is None else checked_dims(dim, t.dim(), name)
-    counts = count_nonzero(t, dims) if dims else (t.to_dense() != 0).to(torch.int64)
+    if not dims:      # dim=(): no reduction, each position's own test (dense, as torch's)
+        check_dense_size(name, t.shape, torch.bool)
+        r = t.to_dense() != 0
+        return r.to(torch.uint8) if t.dtype == torch.uint8 else r
+    counts = count_nonzero(t, dims)
     r = counts > 0 if name == "any" else counts == math.prod(t.shape[d] for d in dims)
     if keepdim:
         for d in sorted(dims):
