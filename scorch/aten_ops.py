@@ -126,11 +126,14 @@ def _embedding_renorm_(weight, indices, max_norm, norm_type):
                            f"got {st.format} of shape {tuple(st.shape)}")
     values = st.values
     row = conversion.coords(st)[0]
-    picked = torch.isin(row, indices.reshape(-1).to(torch.int64))
-    sizes = values.abs().pow(norm_type) * picked
-    norms = values.new_zeros(st.shape[0]).index_add_(0, row, sizes).pow(1.0 / norm_type)
+    entries = torch.isin(row, indices.reshape(-1).to(torch.int64)).nonzero().flatten()
+    # one slot per looked-up row that stores entries (not an array as long as the table)
+    rows, slot = torch.unique(row.index_select(0, entries), return_inverse=True)
+    picked = values.index_select(0, entries)
+    norms = picked.new_zeros(rows.numel()).index_add_(0, slot, picked.abs().pow(norm_type))
+    norms = norms.pow(1.0 / norm_type)
     scale = torch.where(norms > max_norm, max_norm / (norms + 1e-7), torch.ones_like(norms))
-    values.mul_(torch.where(picked, scale.index_select(0, row), torch.ones_like(values)))
+    values.index_copy_(0, entries, picked * scale.index_select(0, slot))
     return weight
 
 

@@ -29,7 +29,7 @@ from .einsum_grad import dense_to_pattern
 from .functions import compute, needs_graph
 from .values import from_values, grad_values, mark_gradient, values_of
 
-__all__ = ["softmax", "extreme", "softmax_by_groups", "wide_fibers", "wide_groups", "entry_groups"]
+__all__ = ["softmax", "extreme", "softmax_by_groups", "wide_fibers", "wide_groups", "entry_groups", "fiber_numbers"]
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -183,7 +183,7 @@ def wide_fibers(st: Storage, dim: int) -> bool:
 def entry_groups(st: Storage, keep: Sequence[int]) -> Tuple[torch.Tensor, int]:
     """Each stored entry's coordinates over the dims ``keep`` as a group number (int64,
     0 .. groups - 1) and the number of groups: the stored ones only, O(nnz log nnz)."""
-    fiber = _fiber_numbers(_pattern._convert().coords(st), st.shape, keep)
+    fiber = fiber_numbers(_pattern._convert().coords(st), st.shape, keep)
     groups, inverse = torch.unique(fiber, return_inverse=True)
     return inverse, groups.numel()
 
@@ -229,7 +229,7 @@ def softmax(t: SparseTensor, dim: int, log: bool, run: Callable[[SparseTensor], 
     return run(t)
 
 
-def _fiber_numbers(coords: torch.Tensor, shape: Sequence[int], keep: Sequence[int]) -> torch.Tensor:
+def fiber_numbers(coords: torch.Tensor, shape: Sequence[int], keep: Sequence[int]) -> torch.Tensor:
     """Each stored entry's fiber: its kept coordinates, row-major over the kept dims."""
     lin = torch.zeros(coords.shape[1], dtype=torch.int64)
     for d in keep:
@@ -251,7 +251,7 @@ class _Extreme(torch.autograd.Function):
         P, dims = ctx.pattern, ctx.dims
         keep = [d for d in range(P.ndim) if d not in dims]
         coords = _pattern._convert().coords(P)
-        fiber = _fiber_numbers(coords, P.shape, keep)
+        fiber = fiber_numbers(coords, P.shape, keep)
         m_flat, g_flat = m.reshape(-1), g.reshape(-1)
         tie = P.values == m_flat[fiber]
         ties = torch.zeros(m_flat.numel(), dtype=m.dtype).index_add_(0, fiber, tie.to(m.dtype))

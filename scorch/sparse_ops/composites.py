@@ -100,10 +100,7 @@ def count_nonzero(t: SparseTensor, dim=None) -> torch.Tensor:
     if kept == [st.levels[-1].dim] and inner_level.dense_compressed(st):
         key = st.levels[1].crd                        # CSR down its columns
     else:
-        coords = _shape._coords_of(st)
-        key = torch.zeros(values.numel(), dtype=torch.int64)
-        for d in kept:
-            key = key * t.shape[d] + coords[d]
+        key = fiber_ops.fiber_numbers(_shape._coords_of(st), t.shape, kept)
     if every:
         return torch.bincount(key, minlength=math.prod(shape)).reshape(shape)
     counts = torch.zeros(math.prod(shape), dtype=torch.int64)

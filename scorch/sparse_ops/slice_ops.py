@@ -123,9 +123,8 @@ def rms_norm(t: SparseTensor, normalized_shape, weight: Optional[torch.Tensor] =
     if fiber_ops.wide_groups(t._storage, range(len(lead))):   # one slot per stored row
         lead_key, slots = fiber_ops.entry_groups(t._storage, range(len(lead)))
     else:
-        lead_key, slots = torch.zeros(coords.shape[1], dtype=torch.int64), math.prod(lead)
-        for d, n in enumerate(lead):
-            lead_key = lead_key * n + coords[d]
+        lead_key = fiber_ops.fiber_numbers(coords, t.shape, range(len(lead)))
+        slots = math.prod(lead)
     squares = torch.zeros(slots, dtype=vals.dtype).index_add(0, lead_key, vals * vals)
     factor = torch.rsqrt(squares / max(math.prod(trail), 1) + eps)
     out = vals * factor[lead_key]
