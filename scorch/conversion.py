@@ -15,6 +15,7 @@ import torch
 from .formats import Format
 from .level_kinds.assembly import build_levels
 from .level_storage import Level, Storage, index_dtype_for, materialized
+from .tensor_compiler.allocate import zeros_output
 
 __all__ = ["convert", "from_dense", "from_coords", "coords", "to_dense", "runtime_builds"]
 
@@ -83,7 +84,10 @@ def coords(st: Storage) -> torch.Tensor:
 
 
 def to_dense(st: Storage) -> torch.Tensor:
-    return _runtime().to_dense(st)
+    fmt = st.format
+    if st.ndim == 0 or (fmt.block is None and fmt.is_dense):
+        return _runtime().to_dense(st)
+    return _runtime().to_dense(st, zeros_output(st.shape, st.dtype))
 
 
 def __getattr__(name: str):

@@ -435,3 +435,30 @@ def test_sorted_within_groups():
     assert C._k_sorted_within([k(0, 1, 0), k(4, 0, 4), k(1, 0, 2)], 2)    # (4, 1) then (4, 2)
     assert not C._k_sorted_within([k(0, 1, 0), k(4, 0, 4), k(2, 0, 1)], 2)
     assert C._k_sorted_within([k(0, 0), k(3, 3)], 1)                      # ties keep their order
+
+
+@pytest.mark.parametrize("levels, order", [("dc", (0, 1)), ("dc", (1, 0)), ("cc", (0, 1)),
+                                           ("qq", (0, 1)), ("dcc", (2, 0, 1))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool, torch.bfloat16, torch.complex64])
+def test_to_dense_big_results_are_zeroed_aligned_tensors(levels, order, dtype):
+    """Past 2^18 elements the dense result comes from numpy's zeroed, huge-page memory
+    (``allocate.zeros_output``): every unstored position must still read 0, the result must
+    be an ordinary tensor (not a view of a byte buffer) aligned to a cache line like torch's."""
+    from scorch.conversion import to_dense
+    from scorch.tensor_compiler.allocate import EMPTY_NUMPY_MIN
+    rng = np.random.default_rng(3)
+    shape = (700, 600) if len(levels) == 2 else (30, 100, 90)
+    assert np.prod(shape) >= EMPTY_NUMPY_MIN
+    nnz = 5000
+    idx = np.stack([rng.integers(0, s, nnz) for s in shape])
+    vals = torch.from_numpy(rng.standard_normal(nnz).astype(np.float32) + 2).to(dtype)
+    for _ in range(3):     # fresh and reused blocks of the allocator alike
+        st = C.from_coords(idx, vals, shape, Format(levels, order))
+        got = to_dense(st)
+        want = reference_to_dense(st)
+        assert got.dtype == dtype and tuple(got.shape) == shape and got.is_contiguous()
+        assert not got._is_view() and got.data_ptr() % 64 == 0
+        assert torch.equal(got, want.to(dtype))
+        flat = got.view(-1)
+        flat[0] = flat[0] == 0   # writable (0 <-> 1), and nothing else sees the write
+        assert not torch.equal(to_dense(st), got)

@@ -1439,8 +1439,9 @@ def _dense_strides(st: Storage) -> List[int]:
             for lv in st.levels]
 
 
-def to_dense(st: Storage) -> torch.Tensor:
-    """The contiguous dense tensor (dimension order) of a storage."""
+def to_dense(st: Storage, out=None) -> torch.Tensor:
+    """The contiguous dense tensor (dimension order) of a storage, written into ``out`` (zeroed,
+    contiguous, the storage's shape and dtype) where one is given."""
     if st.ndim == 0:
         return st.values.reshape(()).clone()
     fmt = st.format
@@ -1451,7 +1452,8 @@ def to_dense(st: Storage) -> torch.Tensor:
         lvshape = [st.shape[d] for d in fmt.mode_order]
         dense = st.values.reshape(lvshape).permute(inverse).contiguous()
         return dense.clone() if dense.data_ptr() == st.values.data_ptr() else dense
-    out = torch.zeros(st.shape, dtype=st.dtype)
+    if out is None:
+        out = torch.zeros(st.shape, dtype=st.dtype)
     strides = _dense_strides(st)
     lv0 = st.levels[0]
     if st.ndim == 2 and fmt.block is None and lv0.kind is _DENSE and st.levels[1].kind is _COMPRESSED:

@@ -504,15 +504,18 @@ def _index_tensor(ix, size: int, dim: int) -> torch.Tensor:
         return torch.nonzero(ix).reshape(-1)
     if ix.dtype.is_floating_point or ix.dtype.is_complex:
         raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
-    ix = ix.reshape(-1).to(torch.int64) if ix.dim() <= 1 else None
-    if ix is None:
+    if ix.dim() > 1:
         raise IndexError("only 1-D index tensors are supported on a sparse tensor")
-    if ix.numel():
-        lo, hi = int(ix.min()), int(ix.max())
-        if lo < -size or hi >= size:
-            bad = lo if lo < -size else hi
-            raise IndexError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
-    return torch.where(ix < 0, ix + size, ix)
+    ix = ix.reshape(-1)
+    if ix.dtype != torch.int64:
+        ix = ix.to(torch.int64)
+    if not ix.numel():
+        return ix
+    lo, hi = (int(v) for v in torch.aminmax(ix))
+    if lo < -size or hi >= size:
+        bad = lo if lo < -size else hi
+        raise IndexError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
+    return torch.where(ix < 0, ix + size, ix) if lo < 0 else ix
 
 
 def _join(coord: torch.Tensor, index: torch.Tensor):
@@ -540,7 +543,8 @@ def _expand_index(index, rank: int) -> list:
     consumed = sum(0 if (i is None or i is Ellipsis) else
                    (i.dim() if isinstance(i, torch.Tensor) and i.dtype == torch.bool else 1)
                    for i in index)
-    if sum(1 for i in index if i is Ellipsis) > 1:
+    ellipses = sum(1 for i in index if i is Ellipsis)    # by identity: `in` would call
+    if ellipses > 1:                                       # a tensor's == (a torch op each)
         raise IndexError("an index can only have a single ellipsis ('...')")
     if consumed > rank:
         raise IndexError(f"too many indices for tensor of dimension {rank}")
@@ -550,7 +554,7 @@ def _expand_index(index, rank: int) -> list:
             out.extend([slice(None)] * (rank - consumed))
         else:
             out.append(i)
-    if Ellipsis not in index:
+    if not ellipses:
         out.extend([slice(None)] * (rank - consumed))
     return out
 
