@@ -462,3 +462,21 @@ def test_to_dense_big_results_are_zeroed_aligned_tensors(levels, order, dtype):
         flat = got.view(-1)
         flat[0] = flat[0] == 0   # writable (0 <-> 1), and nothing else sees the write
         assert not torch.equal(to_dense(st), got)
+
+
+def test_big_kernel_outputs_are_aligned_plain_tensors():
+    """A product's big dense output comes from numpy (``allocate.empty_output``): it must start
+    on a cache line, as torch's own tensors do (glibc's big blocks start 16 bytes past one, and
+    a later kernel reading rows of it would split every vector load), and be no view."""
+    import scorch
+    from scorch.tensor_compiler.allocate import EMPTY_NUMPY_MIN, empty_output
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.complex128):
+        outs = [empty_output((EMPTY_NUMPY_MIN + k * 4099,), dtype) for k in range(4)]
+        assert all(o.data_ptr() % 64 == 0 and not o._is_view() and o.dtype == dtype for o in outs)
+    g = torch.Generator().manual_seed(0)
+    dense = torch.rand(3000, 400, generator=g) * (torch.rand(3000, 400, generator=g) < 0.01)
+    A = scorch.sparse_tensor(dense, format="csr")
+    X = torch.rand(400, 128, generator=g)
+    Y = A @ X
+    assert Y.numel() >= EMPTY_NUMPY_MIN and Y.data_ptr() % 64 == 0 and not Y._is_view()
+    torch.testing.assert_close(Y, dense @ X, rtol=1e-5, atol=1e-5)
