@@ -121,7 +121,16 @@ def sparse_tensor(data: Any, size: Optional[Sequence[int]] = None, format: Forma
         # hybrid: each coordinate holds a dense block of values (torch.sparse_coo_tensor's
         # reading); stored as torch's hybrid COO is read, dense trailing levels
         indices = _number_tensor(data[0], "indices", empty=torch.int64)
+        if size is not None and len(_check_size(size)) != indices.shape[0] + data[1].dim() - 1:
+            raise ValueError(
+                f"size {tuple(size)}: values of shape {tuple(data[1].shape)} hold a dense block "
+                f"of shape {tuple(data[1].shape[1:])} at each of the {indices.shape[0]}-d "
+                f"coordinates, so size needs {indices.shape[0] + data[1].dim() - 1} dimensions")
         data = torch.sparse_coo_tensor(indices, data[1], size, check_invariants=True)
+    if (isinstance(data, tuple) and len(data) == 3 and isinstance(data[1], torch.Tensor)
+            and isinstance(data[0], torch.Tensor) and data[0].dim() == 2):
+        raise TypeError("data: expected an (indices, values) pair, got a tuple of 3; pass the "
+                        "size as size=")
     if isinstance(data, tuple) and len(data) == 2 and not isinstance(data, torch.Size):
         indices, values = data
         st = _from_coordinates(indices, values.detach() if isinstance(values, torch.Tensor)

@@ -95,6 +95,10 @@ def _checked_torch(x: torch.Tensor, layout) -> Optional[Storage]:
     operand = f"a torch {_layout_name(layout)} tensor of shape {tuple(x.shape)}"
     if layout is torch.sparse_coo:
         indices, values = x._indices(), x._values()
+        if not indices.is_contiguous():     # the runtime reads the rows flat
+            return _checked_torch(torch.sparse_coo_tensor(
+                indices.contiguous(), values, x.shape, is_coalesced=x.is_coalesced(),
+                check_invariants=False), layout)
         if values.shape[0] != indices.shape[1]:
             raise ValueError(f"{operand}: {values.shape[0]} values for {indices.shape[1]} "
                              f"coordinates")
@@ -120,6 +124,9 @@ def _checked_torch(x: torch.Tensor, layout) -> Optional[Storage]:
         pos, crd = (x.crow_indices(), x.col_indices()) if rowwise else \
             (x.ccol_indices(), x.row_indices())
         values = x.values()
+        # torch accepts strided index arrays (``col[::2]``); the runtime reads them flat
+        strided = not (pos.is_contiguous() and crd.is_contiguous())
+        pos, crd = pos.contiguous(), crd.contiguous()
         outer, inner = (0, 1) if rowwise else (1, 0)
         grid = list(x.shape)
         if layout in (torch.sparse_bsr, torch.sparse_bsc):
@@ -134,8 +141,8 @@ def _checked_torch(x: torch.Tensor, layout) -> Optional[Storage]:
         if values.shape[0] != crd.shape[0]:
             raise ValueError(f"{operand}: {values.shape[0]} values for {crd.shape[0]} "
                              f"{names[1]}")
-        if verdict == validate.CANONICAL:
-            return None
+        if verdict == validate.CANONICAL:   # the contiguous copies kept with the verdict
+            return _compressed_storage(x, layout, pos, crd, values) if strided else None
         pos, crd, values = _canonical_segments(pos, crd, values, grid[outer], grid[inner])
         return _compressed_storage(x, layout, pos, crd, values)
     raise ValueError(f"not a torch sparse layout: {layout}")

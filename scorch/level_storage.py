@@ -63,10 +63,15 @@ _new_object = object.__new__
 
 
 def materialized(t: torch.Tensor) -> torch.Tensor:
-    """``t`` with memory behind it: torch's backward formulas hand out "efficient zero
-    tensors" (``sgn``'s, ``heaviside``'s gradient) whose data pointer is null, which a kernel
-    reading ``data_ptr()`` would dereference."""
-    return torch.zeros(t.shape, dtype=t.dtype) if t._is_zerotensor() else t
+    """``t`` as its memory reads: torch's backward formulas hand out "efficient zero tensors"
+    (``sgn``'s, ``heaviside``'s gradient) whose data pointer is null, which a kernel reading
+    ``data_ptr()`` would dereference; and a view with torch's lazy negative or conjugate bit
+    (``z.conj().imag``, ``z.conj()``) holds the other sign in memory."""
+    if t._is_zerotensor():
+        return torch.zeros(t.shape, dtype=t.dtype)
+    if t.is_neg() or t.is_conj():
+        return t.resolve_conj().resolve_neg()
+    return t
 
 
 def make_level(kind: LevelKind, dim: int, size: int, pos: Optional[torch.Tensor] = None,

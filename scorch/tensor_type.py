@@ -309,7 +309,10 @@ class SparseTensor(torch.Tensor):
                 result = handler(*args, **kwargs)
             except RuntimeError as e:
                 _refuse_under_functorch(e)
+                _refuse_nested(func, args)
                 raise
+            except (TypeError, AttributeError):
+                result = _foreign_operands(func, handler, args, kwargs)
             if result is not NotImplemented:
                 return result
         with torch._C.DisableTorchFunctionSubclass():
@@ -328,11 +331,14 @@ class SparseTensor(torch.Tensor):
                 result = spmm(self, other, 1 if other.ndim == 1 else 2)   # SpMV or SpMM
             except RuntimeError as e:
                 _refuse_under_functorch(e)
+                _refuse_nested(torch.Tensor.__matmul__, (self, other))
                 raise
             if result is not None:
                 return result
         if not isinstance(other, torch.Tensor):
-            return NotImplemented          # Python's TypeError, as for a dense tensor
+            if type(other).__name__ != "ndarray" or type(other).__module__ != "numpy":
+                return NotImplemented      # Python's TypeError, as for a dense tensor
+            other = torch.as_tensor(other)   # (torch's parser takes a numpy array)
         return _direct(torch.Tensor.__matmul__, self, other)
 
     def __rmatmul__(self, other):
@@ -425,6 +431,9 @@ def _flat(x):
 def _write_out(name: str, out: torch.Tensor, result) -> None:
     if not isinstance(result, torch.Tensor):
         result = torch.as_tensor(result)
+    if out.device != result.device:     # (a meta out= would take the copy and keep nothing)
+        raise RuntimeError(f"{name}(): Expected out tensor to have device {result.device}, but "
+                           f"got {out.device} instead")
     if not torch.can_cast(result.dtype, out.dtype):
         raise RuntimeError(f"{name}(): result type {result.dtype} can't be cast to the desired "
                            f"output type {out.dtype}")
@@ -525,10 +534,41 @@ def _direct(method, *args, **kwargs):
             result = handler(*args, **kwargs)
         except RuntimeError as e:
             _refuse_under_functorch(e)
+            _refuse_nested(method, args)
             raise
+        except (TypeError, AttributeError):
+            result = _foreign_operands(method, handler, args, kwargs)
         if result is not NotImplemented:
             return result
     return method(*args, **kwargs)
+
+
+def _refuse_nested(func, args) -> None:
+    """A nested (jagged) tensor operand, named, where a handler failed reading its shape
+    (torch's "NestedTensorImpl doesn't support sizes"); checked on the error path only."""
+    for n, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.is_nested:
+            raise TypeError(f"{getattr(func, '__name__', func)}(): operand {n} is a nested "
+                            f"tensor; scorch's sparse operations take plain (strided) dense "
+                            f"tensors, so pad it first (torch.nested.to_padded_tensor)")
+
+
+def _foreign_operands(func, handler, args, kwargs):
+    """After a handler failed on a TypeError / AttributeError (the error path only): a numpy
+    array operand becomes a tensor, as torch's argument parser makes it (``A * ndarray``); an
+    operator (``__mul__``, ...) whose other operand is neither a tensor nor a number gives
+    NotImplemented, so Python asks that operand's reflected method, as for a dense tensor
+    (``A * None`` then raises Python's TypeError); else the error stands."""
+    import numbers
+    import sys
+    np = sys.modules.get("numpy")
+    if np is not None and any(type(a) is np.ndarray for a in args):
+        return handler(*(torch.as_tensor(a) if type(a) is np.ndarray else a for a in args),
+                       **kwargs)
+    if (getattr(func, "__name__", "").startswith("__") and len(args) == 2
+            and not isinstance(args[1], (torch.Tensor, numbers.Number))):
+        return NotImplemented
+    raise
 
 
 _functorch_stack = torch._C._functorch.peek_interpreter_stack

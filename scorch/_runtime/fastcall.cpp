@@ -413,11 +413,13 @@ PyObject* try_fast(Plan* self, PyObject* list) {
       work += ptr_item(p, -1);
       if (PyErr_Occurred()) { PyErr_Clear(); return nullptr; }
     } else if (op.kind == kDense) {
-      if (!THPVariable_Check(x)) return nullptr;
+      // a subclass may keep no memory of its own (a wrapper subclass): the Python path checks
+      if (!THPVariable_CheckExact(x)) return nullptr;
       const at::Tensor& t = THPVariable_Unpack(x);
       if (t.scalar_type() != op.dtype || t.dim() != op.ndim || t.layout() != at::kStrided ||
           !t.has_storage() || !t.is_cpu() ||   // other devices: the Python path says why
-          t._is_zerotensor())                  // no memory behind it: the Python path makes some
+          t._is_zerotensor() ||                // no memory behind it: the Python path makes some
+          t.is_neg() || t.is_conj())           // a lazy sign / conjugate: the Python path resolves it
         return nullptr;
       dense[n] = &t;
       work += t.numel();
@@ -620,7 +622,10 @@ PyObject* dispatch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       items[k++] = sig;
     } else if (THPVariable_CheckExact(x)) {
       const at::Tensor& t = THPVariable_Unpack(x);
-      if (t.layout() != at::kStrided || t.requires_grad()) { decline = true; break; }
+      if (t.layout() != at::kStrided || t.requires_grad() || t.is_neg() || t.is_conj()) {
+        decline = true;   // (a lazy sign or conjugate: the Python path resolves it)
+        break;
+      }
       Py_INCREF(x);
       PyList_SET_ITEM(ops, i, x);
       PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));

@@ -67,10 +67,11 @@ def _values_op(op, inplace: bool):
             kw = {k: (_values(name, P, v, k) if isinstance(v, torch.Tensor) else v)
                   for k, v in kwargs.items() if k != "memory_format"}
         except _NotOnePattern:
-            if inplace or values_level():     # an optimizer's state stays on its pattern
-                raise
+            if values_level() or (inplace and isinstance(args[0], SparseTensor)):
+                raise     # an optimizer's state, a sparse tensor written in place: one pattern
             # out of place, reached from inside a torch function scorch has no handler for
-            # (``torch.trapezoid`` -> ``mul`` by a dense tensor): the dense fallback's
+            # (``torch.trapezoid`` -> ``mul`` by a dense tensor), or a dense tensor written in
+            # place (``X /= A``, ``X.addcmul_(A, Y)``): the dense fallback's
             return dense_fallback(op, args, kwargs)
         out = op(*vals, **kw)
         if inplace:

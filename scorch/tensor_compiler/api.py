@@ -123,7 +123,7 @@ def einsum_declined(equation: str, operands: tuple, out_format=None, sorted: boo
         elif tx is _SPARSE_TENSOR[0]:
             st = x._storage
         elif (tx is torch.Tensor and x.layout is _STRIDED and not x.requires_grad and x.is_cpu
-              and not x._is_zerotensor()):
+              and not x._is_zerotensor() and not x.is_neg() and not x.is_conj()):
             st = x
         elif isinstance(x, torch.Tensor) and x.layout is _STRIDED and not x.is_cpu:
             st = x

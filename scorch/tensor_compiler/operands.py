@@ -15,6 +15,9 @@ from ..tensor_cache import TensorKeyedCache
 __all__ = ["as_operand", "torch_sparse_storage", "convert_storage", "unblocked", "cast_storage"]
 
 
+_PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
+
+
 def as_operand(x: Any, n: Optional[int] = None):
     """A dense strided CPU tensor, or a Storage (``n``: the operand's number, for messages)."""
     if isinstance(x, Storage):
@@ -29,6 +32,11 @@ def as_operand(x: Any, n: Optional[int] = None):
                              f"CPU tensors (move it with .cpu())")
         if x.layout != torch.strided:
             return torch_sparse_storage(x)
+        if type(x).__torch_dispatch__ is not _PLAIN_DISPATCH:
+            # a wrapper subclass (torch.masked's MaskedTensor, ...): its memory is not its value
+            raise TypeError(f"einsum(): {name} is a {type(x).__name__}, a tensor subclass with "
+                            f"its own __torch_dispatch__, whose memory scorch cannot read; pass "
+                            f"a plain tensor")
         return materialized(x.detach() if x.requires_grad else x)
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         raise TypeError(f"einsum(): {name} of type {type(x).__name__} is not a tensor")

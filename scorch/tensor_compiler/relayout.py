@@ -18,6 +18,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from ..level_storage import materialized
 from .allocate import empty_output
 
 __all__ = ["relayout", "transposed", "relayout_pays", "gather_pays", "out_of_order",
@@ -237,8 +238,9 @@ def transposed(x: torch.Tensor, threads_for: Optional[Callable[[int], int]] = No
     """A fresh contiguous ``x.t()`` of a 2-D tensor (any strides): through the tiled kernel
     for float32 / float64 (a 64 x 784 batch: 6 vs 21 us for ``x.t().contiguous()``), torch
     for other dtypes. Unlike :func:`relayout` the result is the caller's to keep."""
-    if x.dtype not in _CTYPES or x.numel() == 0:
-        return x.t().contiguous()
+    if x.dtype not in _CTYPES or x.numel() == 0 or type(x) is not torch.Tensor or not x.is_cpu:
+        return x.t().contiguous()   # (a meta / subclass operand: the caller's check says why)
+    x = materialized(x)
     R, C = x.shape
     d = empty_output((C, R), x.dtype)
     nt = threads_for(R * C) if threads_for is not None else 1
