@@ -12,7 +12,7 @@ from typing import Dict, NamedTuple, Optional, Tuple
 import torch
 
 from .formats import Format
-from .level_storage import Storage
+from .level_storage import Level, Storage
 from .tensor_cache import TensorKeyedCache
 from .tensor_compiler.allocate import empty_output
 
@@ -92,10 +92,9 @@ def _reformat_entry(st: Storage, fmt: Format, build: bool = True) -> Optional[Tu
         conv = _convert().convert(idx, fmt)
         if conv.nnz != st.nnz:   # a target with dense levels fills in positions: no permutation
             return None
+        conv = _sharing_nothing_with(conv, st)
         got = per_format[key] = (conv, conv.values)
-        _RECENT[key] = (_arrays(st), st.index_dtype, got)
-        while len(_RECENT) > _RECENT_MAX:
-            _RECENT.pop(next(iter(_RECENT)))
+        _keep_recent(key, st, got)
     else:
         _stats["hits"] += 1
     return got
@@ -106,6 +105,45 @@ def _reformat_entry(st: Storage, fmt: Format, build: bool = True) -> Optional[Tu
 #: the same contents (BigBird's attention scores, made by the SDDMM each step) converts once
 _RECENT: Dict[tuple, tuple] = {}
 _RECENT_MAX = 4
+#: what the kept conversions may hold after their sources are freed (the source's arrays, the
+#: converted pattern and its permutation): a big matrix used in transposed products stayed
+#: in memory after ``del A`` (621 MB for four 6M-entry matrices). A pattern over this
+#: converts again each time it is rebuilt.
+_RECENT_BYTES = 64 << 20
+
+
+def _bytes(arrays) -> int:
+    return sum(a.numel() * a.element_size() for a in arrays if a is not None)
+
+
+def _keep_recent(key: tuple, st: Storage, got: Tuple[Storage, torch.Tensor]) -> None:
+    arrays = _arrays(st)
+    size = _bytes(arrays) + _bytes(_arrays(got[0])) + _bytes((got[1],))
+    _RECENT.pop(key, None)
+    if size > _RECENT_BYTES:
+        return
+    _RECENT[key] = (arrays, st.index_dtype, got, size)
+    total = sum(e[3] for e in _RECENT.values())
+    while len(_RECENT) > _RECENT_MAX or total > _RECENT_BYTES:
+        total -= _RECENT.pop(next(iter(_RECENT)))[3]
+
+
+def _sharing_nothing_with(conv: Storage, st: Storage) -> Storage:
+    """``conv`` with copies of the level arrays it shares with ``st``: a conversion may keep
+    a source array as it is (COO -> CSR keeps the column array, the cache's anchor), and the
+    kept entry would then hold its own key alive for good (every COO operand of a product
+    stayed in memory, ~1 MB a 30k-entry matrix)."""
+    mine = {a.untyped_storage().data_ptr() for a in _arrays(st) if a is not None and a.numel()}
+
+    def own(a):
+        return a.clone() if a is not None and a.numel() and \
+            a.untyped_storage().data_ptr() in mine else a
+    levels = [lv if own(lv.pos) is lv.pos and own(lv.crd) is lv.crd else
+              Level(lv.kind, lv.dim, lv.size, own(lv.pos), own(lv.crd), lv.block_inner, lv.ordered)
+              for lv in conv.levels]
+    if all(a is b for a, b in zip(levels, conv.levels)):
+        return conv
+    return Storage(conv.format, conv.shape, levels, conv.values, conv.index_dtype)
 
 
 def _recent_equal(st: Storage, key: tuple) -> Optional[Tuple[Storage, torch.Tensor]]:
@@ -114,7 +152,7 @@ def _recent_equal(st: Storage, key: tuple) -> Optional[Tuple[Storage, torch.Tens
     hit = _RECENT.get(key)
     if hit is None:
         return None
-    arrays, index_dtype, got = hit
+    arrays, index_dtype, got, _ = hit
     if got[0].nnz != st.nnz or index_dtype != st.index_dtype or not _equal_arrays(arrays, _arrays(st)):
         return None
     return got

@@ -416,7 +416,7 @@ PyObject* try_fast(Plan* self, PyObject* list) {
       // a subclass may keep no memory of its own (a wrapper subclass): the Python path checks
       if (!THPVariable_CheckExact(x)) return nullptr;
       const at::Tensor& t = THPVariable_Unpack(x);
-      if (t.scalar_type() != op.dtype || t.dim() != op.ndim || t.layout() != at::kStrided ||
+      if (t.is_nested() || t.scalar_type() != op.dtype || t.dim() != op.ndim || t.layout() != at::kStrided ||
           !t.has_storage() || !t.is_cpu() ||   // other devices: the Python path says why
           t._is_zerotensor() ||                // no memory behind it: the Python path makes some
           t.is_neg() || t.is_conj())           // a lazy sign / conjugate: the Python path resolves it
@@ -596,7 +596,7 @@ PyObject* dispatch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   PyObject* ops = PyList_New(n);
   if (!ops) return nullptr;
   // the key's items (new references) are collected first, then moved into a tuple of the
-  // exact length: a sparse operand adds its signature, a dense one its dtype and rank
+  // exact length: a sparse operand adds its signature, a dense one its dtype and rank (with its extents of 1)
   PyObject* items[2 + 2 * kMaxOps];
   Py_ssize_t k = 0;
   Py_INCREF(args[1]);
@@ -622,7 +622,8 @@ PyObject* dispatch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       items[k++] = sig;
     } else if (THPVariable_CheckExact(x)) {
       const at::Tensor& t = THPVariable_Unpack(x);
-      if (t.layout() != at::kStrided || t.requires_grad() || t.is_neg() || t.is_conj()) {
+      if (t.layout() != at::kStrided || t.is_nested() || t.requires_grad() || t.is_neg() ||
+          t.is_conj()) {
         decline = true;   // (a lazy sign or conjugate: the Python path resolves it)
         break;
       }
@@ -631,7 +632,10 @@ PyObject* dispatch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
       Py_INCREF(dtype);
       items[k++] = dtype;
-      items[k++] = PyLong_FromLong((long)t.dim());
+      long rank = (long)t.dim();   // with the extents of 1 in bits 8 and up (planner.unit_mask)
+      for (int64_t d = 0; d < t.dim(); d++)
+        if (t.size(d) == 1) rank |= 1L << (8 + d);
+      items[k++] = PyLong_FromLong(rank);
     } else {
       decline = true;
     }

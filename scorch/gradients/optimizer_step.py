@@ -41,9 +41,19 @@ def _frames() -> List[FrameType]:
 def _enter(optimizer, args, kwargs) -> None:
     # the frame of torch's wrapper (``Optimizer.profile_hook_step``), which runs the hooks
     # and then the step itself, ``func``: only code under ``func`` is inside the step
+    # Kept by id and code, not the frame object: a step that raises never runs the post
+    # hook, and a kept frame would hold the optimizer and the model for good. Entries of
+    # such steps (not on the stack now) go here.
     wrapper = sys._getframe(1)
     step = wrapper.f_locals.get("func")
-    _frames().append((wrapper, getattr(step, "__code__", None)))
+    frames = _frames()
+    if frames:
+        active, f = set(), wrapper
+        while f is not None:
+            active.add(id(f))
+            f = f.f_back
+        frames[:] = [e for e in frames if e[0] in active]
+    frames.append((id(wrapper), wrapper.f_code, getattr(step, "__code__", None)))
 
 
 def _leave(optimizer, args, kwargs) -> None:
@@ -57,12 +67,12 @@ def values_level() -> bool:
     frames = getattr(_state, "frames", None)
     if not frames or torch.is_grad_enabled():
         return False
-    wrapper, step_code = frames[-1]
+    wrapper, wrapper_code, step_code = frames[-1]
     f, below = sys._getframe(1), None
     for _ in range(_MAX_DEPTH):
         if f is None:
             break
-        if f is wrapper:       # under the step, not under a hook the wrapper runs
+        if id(f) == wrapper and f.f_code is wrapper_code:   # under the step, not a hook
             return below is not None and (step_code is None or below.f_code is step_code)
         f, below = f.f_back, f
     frames.clear()                          # left behind by a step that raised

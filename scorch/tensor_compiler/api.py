@@ -21,7 +21,8 @@ from .index_notation import Assignment, accesses
 from .operands import as_operand
 from .relayout import relayout_pays
 from .tiling import relaid_panel_narrower
-from .planner import block_key, broadcast_key, einsum_entry, make_entry, resolve_out_format
+from .planner import (block_key, broadcast_key, einsum_entry, make_entry, resolve_out_format,
+                      unit_mask)
 from .plans import (COMPILER_VERSION, UNORDERED_SIGNATURES, Plan, _fast, _plans, _stats, cached_entry,
                     storage_signature)
 
@@ -138,9 +139,11 @@ def einsum_declined(equation: str, operands: tuple, out_format=None, sorted: boo
         else:
             ops.append(st)
             key.append(st.dtype)
-            key.append(st.dim())
-            if 1 in st.shape:
+            if 1 in st.shape:     # the rank, and which extents are 1 (planner.unit_mask)
                 stretched = True
+                key.append(st.dim() | unit_mask(st) << 8)
+            else:
+                key.append(st.dim())
     if out_format is None and not sparse:
         return torch.einsum(check_equation(equation), *operands)   # the caller's tensors: autograd intact
     converted = _products_read_compressed(equation, ops)
@@ -156,7 +159,7 @@ def einsum_declined(equation: str, operands: tuple, out_format=None, sorted: boo
                 key.append(st._sig if st._sig is not None else storage_signature(st))
             else:
                 key.append(st.dtype)
-                key.append(st.dim())
+                key.append(st.dim() | unit_mask(st) << 8)
     if elsewhere is not None:
         raise ValueError(f"einsum(): operand {elsewhere} is on device "
                          f"{operands[elsewhere].device}; scorch kernels run on CPU tensors "
@@ -263,7 +266,7 @@ def _keyed_operands(operands) -> Tuple[list, list]:
         if type(st) is Storage:
             st, k = _sorted_operand(st)
         else:
-            k = (st.dtype, st.dim())
+            k = (st.dtype, st.dim() | unit_mask(st) << 8)
         ops.append(st)
         keys.append(k)
     return ops, keys

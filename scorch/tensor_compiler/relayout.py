@@ -158,12 +158,13 @@ _CTYPES = {torch.float32: "float", torch.float64: "double"}
 _kernels = {}
 
 #: Re-laid-out copies live only for one kernel call, so they are written into a buffer kept
-#: per (thread, slot, dtype) and reused by the next call: a fresh 100 MB tensor costs ~50 ms
-#: of page faults on first touch here (more than the transpose), a fresh 512 KB one is
+#: per (thread, slot, dtype) and reused by the next call: a fresh 512 KB tensor is
 #: page-faulted on every call, and a small one costs more in torch's allocation and view
 #: calls (~3 us) than its transpose. Buffers up to SCRATCH_MAX bytes are kept (with the view
-#: of the last shape); a call needing more allocates as usual.
-SCRATCH_MAX = 1 << 30
+#: of the last shape); a call needing more allocates (numpy's huge pages: a fresh 100 MB
+#: costs ~10 ms of faults, less than its transpose). The bound is what stays held after the
+#: operands are freed, per thread (it was 1 GiB: 0.4-2.3 GB held after ``A @ X.t()``).
+SCRATCH_MAX = 32 << 20
 _local = threading.local()
 
 

@@ -20,13 +20,15 @@ again, a gather of its values at most, :data:`KEPT_TRANSPOSE_PASSES`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Sequence
 
 from .cost_model import OrderProblem, concordant_dims, measure
 
 __all__ = ["Statistics", "Estimate", "estimate", "TRANSPOSE_PASSES", "KEPT_TRANSPOSE_PASSES",
-           "VECTOR_VISITS", "UPDATE_VISITS", "WIDE_WORKSPACE_VISITS", "MAP_WORKSPACE_VISITS"]
+           "VECTOR_VISITS", "UPDATE_VISITS", "WIDE_WORKSPACE_VISITS", "MAP_WORKSPACE_VISITS",
+           "ROW_WORKSPACE_VISITS"]
 
 #: entry visits a transpose costs on a call that converts (count, prefix sum, scatter of
 #: coordinates and values, fresh arrays): CSC -> CSR of 45k entries takes 70 us warm and
@@ -66,6 +68,14 @@ VECTOR_VISITS = 4.0
 #: the model chose the outer product: 30-90x scipy.
 WIDE_WORKSPACE_VISITS = 380.0
 MAP_WORKSPACE_VISITS = 400.0
+
+#: body visits per entry drained from a one-dimensional workspace (its touched coordinates
+#: sorted and written out per row, a new pattern assembled), where an order without one
+#: writes the output where an operand stores it. A sparse weight's gradient at batch 1
+#: (``oj,oa,ja->oj``, 1024^2 at 10 %, 1 thread): ``o, a, j`` through the workspace 1.9 ms,
+#: ``o, j, a`` on the weight's pattern 0.40 ms (~14 ns an entry, ~90 visits). Unpriced, the
+#: model chose the workspace (its ``a`` loop of extent 1 looked free).
+ROW_WORKSPACE_VISITS = 60.0
 
 #: the extent above which a workspace is the runtime's (``lower.facts.DENSE_WS_LIMIT``)
 _DENSE_WS_LIMIT = 1 << 22
@@ -181,6 +191,14 @@ def estimate(order: Sequence[str], p: OrderProblem, threads: int = 1) -> Optiona
     updates = UPDATE_VISITS * _memory_updates(order, m, p, entered, iters)
     if m.workspace >= 2:
         updates = iters * _wide_workspace_visits(order, p)
+    elif m.workspace == 1:
+        # a dense reduction loop above the workspace's loop (SDDMM ``o, a, j``) is what
+        # made it needed: priced per entry drained, the leaves less those reductions (an
+        # order over sparse reductions only, SpGEMM's, needs a workspace in every order)
+        dense_sums = [float(p.extents.get(v, 1)) for depth, v in enumerate(order)
+                      if v in p.reductions and m.dense_pattern[depth]]
+        if dense_sums:
+            updates += ROW_WORKSPACE_VISITS * iters / max(1.0, math.prod(dense_sums))
     par = 1.0
     if order and order[0] in p.asg.output and threads > 1:   # chunked outer loop
         share = _heaviest_row_share(p, order[0])
