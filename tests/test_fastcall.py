@@ -14,7 +14,7 @@ import scorch
 import scorch.tensor_compiler as C
 from scorch.tensor_compiler import fastcall, operands
 from scorch.tensor_compiler.operands import as_operand
-from scorch.tensor_compiler.planner import broadcast_key
+from scorch.tensor_compiler.planner import broadcast_key, unit_mask
 from scorch.tensor_compiler.plans import storage_signature
 
 FC = fastcall.load()
@@ -33,7 +33,7 @@ def _entry(eq, *ops):
         if isinstance(x, scorch.SparseTensor):
             key.append(storage_signature(x._storage))
         else:
-            key += [x.dtype, x.dim()]
+            key += [x.dtype, x.dim() | unit_mask(x) << 8]   # rank, extents of 1 (as the key)
     storages = [x._storage if isinstance(x, scorch.SparseTensor) else x for x in ops]
     if any(isinstance(x, scorch.SparseTensor) and 1 in x.shape for x in ops):
         key.append(broadcast_key(eq, storages))   # as einsum_declined keys size-1 dimensions
