@@ -4,6 +4,7 @@ operands, their arrays or their models after the last reference goes."""
 from __future__ import annotations
 
 import gc
+import threading
 import weakref
 
 import pytest
@@ -69,6 +70,7 @@ def test_big_patterns_are_not_kept_after_they_are_freed(monkeypatch):
 
 def test_relayout_scratch_past_the_bound_is_not_kept(monkeypatch):
     monkeypatch.setattr(relayout, "SCRATCH_MAX", 1 << 16)
+    monkeypatch.setattr(relayout, "_local", threading.local())   # earlier tests' buffers
     A = _coo(n=200, nnz=500).to_format("csr")
     X = torch.randn(300, 200)           # X.t() is re-laid out: 240 KB > the bound
     torch.testing.assert_close(A @ X.t(), A.to_dense() @ X.t())

@@ -531,10 +531,14 @@ class DenseWorkspace {
 // page fault each on first touch (for a mid-size SpGEMM that was a quarter of its time);
 // a returned block keeps its pages, so steady-state calls touch no new memory. Blocks are
 // powers of two bytes, kept in one free list per size (taking and giving back are O(1)),
-// at most kPoolBytes in all; larger returns go back to malloc.
+// at most kPoolBytes in all; larger returns go back to malloc, and so do blocks past
+// kMaxPooledBlock (a big output's pages fault in cheaply: result_alloc asks for huge pages).
+// The bound is what each kernel module holds once its results are freed (each module has its
+// own pool: 256 MB a module with no size limit kept 0.2 GB for every distinct big SpGEMM).
 class BlockPool {
  public:
-  static constexpr size_t kPoolBytes = size_t(256) << 20;
+  static constexpr size_t kPoolBytes = size_t(64) << 20;
+  static constexpr size_t kMaxPooledBlock = size_t(32) << 20;
 
   // A block of at least ``need`` bytes; its size (a power of two) goes to ``*got``.
   void* take(size_t need, size_t* got) {
@@ -552,7 +556,7 @@ class BlockPool {
         return p;
       }
     }
-    void* p = std::malloc(size);
+    void* p = result_alloc(size);   // malloc, huge pages asked for from 4 MB
     if (p == nullptr) throw std::bad_alloc();
     *got = size;
     return p;
@@ -588,7 +592,7 @@ class BlockPool {
     while ((size_t(1) << cls) < size) ++cls;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (held_ + size <= kPoolBytes) {
+      if (size <= kMaxPooledBlock && held_ + size <= kPoolBytes) {
         free_[cls].push_back(p);
         held_ += size;
         return;
