@@ -4,7 +4,8 @@
 
 Cases: dense -> CSR (10,000 x 10,000 float32 at 1 % density; a dense NotreDame would be
 400 GB), COO -> CSR and CSR -> CSC (NotreDame_www, and a random float32 100,000 x 100,000
-matrix with 1e6 nonzeros), and COO -> CSR from a scorch COO with int64 index arrays (as
+matrix with 1e6 nonzeros), CSR -> dense (the 10,000 x 10,000 matrix: a 400 MB result, written
+into zeroed huge-page memory, ``scorch.conversion.to_dense``), and COO -> CSR from a scorch COO with int64 index arrays (as
 imported from torch; "coo64->csr", random matrix; the peers are the same as for coo->csr). Peers: torch (``dense.to_sparse_csr()``, coalesced
 ``coo.to_sparse_csr()``, ``csr.to_sparse_csc()``) and scipy (``csr_array(dense)``,
 ``coo.tocsr()``, ``csr.tocsc()``). The benchmark group is the case, so peers sit side by side;
@@ -43,7 +44,7 @@ IMPLS = ("scorch", "torch", "scipy")
 
 @dataclass(frozen=True)
 class Case:
-    conversion: str  # "dense->csr", "coo->csr", "coo64->csr", "csr->csc"
+    conversion: str  # "dense->csr", "coo->csr", "coo64->csr", "csr->csc", "csr->dense"
     matrix: str      # a matrix name, or "random"
 
     @property
@@ -53,7 +54,7 @@ class Case:
 
 CASES = [Case("dense->csr", RANDOM),
          Case("coo->csr", "NotreDame_www"), Case("coo->csr", RANDOM), Case("coo64->csr", RANDOM),
-         Case("csr->csc", "NotreDame_www"), Case("csr->csc", RANDOM)]
+         Case("csr->csc", "NotreDame_www"), Case("csr->csc", RANDOM), Case("csr->dense", RANDOM)]
 
 
 @functools.lru_cache(maxsize=2)
@@ -83,8 +84,16 @@ def _arrays(result, impl: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     return result.indptr, result.indices, result.data
 
 
+def _dense_case(case: Case) -> bool:
+    return case.conversion in ("dense->csr", "csr->dense")
+
+
 def check(case: Case, impl: str, result) -> None:
-    m = matrix(case.matrix, case.conversion == "dense->csr")
+    m = matrix(case.matrix, _dense_case(case))
+    if case.conversion == "csr->dense":
+        got = result.numpy() if isinstance(result, torch.Tensor) else np.asarray(result)
+        assert np.array_equal(got, m.toarray()), f"{case.id} {impl}: dense result differs"
+        return
     want = m.tocsc() if case.conversion == "csr->csc" else m
     if case.conversion == "csr->csc":
         want.sort_indices()
@@ -96,7 +105,16 @@ def check(case: Case, impl: str, result) -> None:
 
 def prepare(case: Case, impl: str) -> Callable[[], object]:
     """A no-argument function doing only the conversion (inputs built beforehand)."""
-    m = matrix(case.matrix, case.conversion == "dense->csr")
+    m = matrix(case.matrix, _dense_case(case))
+    if case.conversion == "csr->dense":
+        if impl == "scorch":
+            from scorch.conversion import to_dense
+            st = _scorch_csr(m)
+            return lambda: to_dense(st)
+        if impl == "torch":
+            t = _torch_csr(m)
+            return lambda: t.to_dense()
+        return lambda: m.toarray()
     if case.conversion == "dense->csr":
         dense = _dense(case.matrix)
         if impl == "scorch":
@@ -123,15 +141,24 @@ def prepare(case: Case, impl: str) -> Callable[[], object]:
         return lambda: coo.tocsr()
     # csr -> csc
     if impl == "scorch":
-        st = C.convert(C.from_coords(np.stack([coo.row, coo.col]), torch.from_numpy(coo.data),
-                                     m.shape, COO), CSR)
+        st = _scorch_csr(m)
         return lambda: C.convert(st, CSC)
     if impl == "torch":
-        t = torch.sparse_csr_tensor(torch.from_numpy(m.indptr.astype(np.int64)),
-                                    torch.from_numpy(m.indices.astype(np.int64)),
-                                    torch.from_numpy(m.data), m.shape)
+        t = _torch_csr(m)
         return lambda: t.to_sparse_csc()
     return lambda: m.tocsc()
+
+
+def _scorch_csr(m: sp.csr_array) -> Storage:
+    coo = m.tocoo()
+    return C.convert(C.from_coords(np.stack([coo.row, coo.col]), torch.from_numpy(coo.data),
+                                   m.shape, COO), CSR)
+
+
+def _torch_csr(m: sp.csr_array) -> torch.Tensor:
+    return torch.sparse_csr_tensor(torch.from_numpy(m.indptr.astype(np.int64)),
+                                   torch.from_numpy(m.indices.astype(np.int64)),
+                                   torch.from_numpy(m.data), m.shape)
 
 
 @functools.lru_cache(maxsize=1)
