@@ -633,8 +633,8 @@ PyObject* dispatch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       Py_INCREF(dtype);
       items[k++] = dtype;
       long rank = (long)t.dim();   // with the extents of 1 in bits 8 and up (planner.unit_mask)
-      for (int64_t d = 0; d < t.dim(); d++)
-        if (t.size(d) == 1) rank |= 1L << (8 + d);
+      for (int64_t d = 0; d < t.dim() && d < 55; d++)   // (past 55 dims the keys differ:
+        if (t.size(d) == 1) rank |= 1L << (8 + d);      // the Python path takes the call)
       items[k++] = PyLong_FromLong(rank);
     } else {
       decline = true;
