@@ -96,9 +96,9 @@ def _checked_torch(x: torch.Tensor, layout) -> Optional[Storage]:
     if layout is torch.sparse_coo:
         indices, values = x._indices(), x._values()
         if not indices.is_contiguous():     # the runtime reads the rows flat
-            return _checked_torch(torch.sparse_coo_tensor(
-                indices.contiguous(), values, x.shape, is_coalesced=x.is_coalesced(),
-                check_invariants=False), layout)
+            flat = torch.sparse_coo_tensor(indices.contiguous(), values, x.shape,
+                                           is_coalesced=x.is_coalesced(), check_invariants=False)
+            return _checked_torch(flat, layout) or _torch_storage(flat)
         if values.shape[0] != indices.shape[1]:
             raise ValueError(f"{operand}: {values.shape[0]} values for {indices.shape[1]} "
                              f"coordinates")

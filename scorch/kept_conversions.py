@@ -138,12 +138,15 @@ def _sharing_nothing_with(conv: Storage, st: Storage) -> Storage:
     def own(a):
         return a.clone() if a is not None and a.numel() and \
             a.untyped_storage().data_ptr() in mine else a
-    levels = [lv if own(lv.pos) is lv.pos and own(lv.crd) is lv.crd else
-              Level(lv.kind, lv.dim, lv.size, own(lv.pos), own(lv.crd), lv.block_inner, lv.ordered)
-              for lv in conv.levels]
-    if all(a is b for a, b in zip(levels, conv.levels)):
-        return conv
-    return Storage(conv.format, conv.shape, levels, conv.values, conv.index_dtype)
+    levels, copied = [], False
+    for lv in conv.levels:
+        pos, crd = own(lv.pos), own(lv.crd)
+        if pos is lv.pos and crd is lv.crd:
+            levels.append(lv)
+        else:
+            copied = True
+            levels.append(Level(lv.kind, lv.dim, lv.size, pos, crd, lv.block_inner, lv.ordered))
+    return Storage(conv.format, conv.shape, levels, conv.values, conv.index_dtype) if copied else conv
 
 
 def _recent_equal(st: Storage, key: tuple) -> Optional[Tuple[Storage, torch.Tensor]]:

@@ -305,14 +305,7 @@ class SparseTensor(torch.Tensor):
                 return _UNDER_COMPILE[0](func, args, kwargs)
             if kwargs.get("out") is not None:
                 return _into_out(func, handler, args, kwargs)
-            try:
-                result = handler(*args, **kwargs)
-            except RuntimeError as e:
-                _refuse_under_functorch(e)
-                _refuse_nested(func, args)
-                raise
-            except (TypeError, AttributeError):
-                result = _foreign_operands(func, handler, args, kwargs)
+            result = _run_handler(func, handler, args, kwargs)
             if result is not NotImplemented:
                 return result
         with torch._C.DisableTorchFunctionSubclass():
@@ -530,17 +523,23 @@ def _direct(method, *args, **kwargs):
         return _UNDER_COMPILE[0](method, args, kwargs)
     handler = _dispatch.lookup(method)
     if handler is not None:
-        try:
-            result = handler(*args, **kwargs)
-        except RuntimeError as e:
-            _refuse_under_functorch(e)
-            _refuse_nested(method, args)
-            raise
-        except (TypeError, AttributeError):
-            result = _foreign_operands(method, handler, args, kwargs)
+        result = _run_handler(method, handler, args, kwargs)
         if result is not NotImplemented:
             return result
     return method(*args, **kwargs)
+
+
+def _run_handler(func, handler, args, kwargs):
+    """``handler(*args, **kwargs)`` (NotImplemented: torch's own path takes the call), its
+    failures explained where an operand is the cause (checked on the error path only)."""
+    try:
+        return handler(*args, **kwargs)
+    except RuntimeError as e:
+        _refuse_under_functorch(e)
+        _refuse_nested(func, args)
+        raise
+    except (TypeError, AttributeError):
+        return _foreign_operands(func, handler, args, kwargs)
 
 
 def _refuse_nested(func, args) -> None:

@@ -82,6 +82,16 @@ def test_torch_csr_with_strided_index_arrays(which):
     torch.testing.assert_close(scorch.einsum("ij,j->i", T, torch.ones(3)), want.sum(1))
 
 
+def test_torch_coo_with_strided_indices():
+    """A coalesced torch COO whose indices are a transposed (nnz, 2) array (strided rows)."""
+    idx = torch.tensor([[0, 1], [1, 0], [2, 2]]).t()
+    assert not idx.is_contiguous()
+    T = torch.sparse_coo_tensor(idx, torch.tensor([1., 2., 3.]), (3, 3), is_coalesced=True)
+    want = T.to_dense()
+    torch.testing.assert_close(scorch.sparse_tensor(T).to_dense(), want)
+    torch.testing.assert_close(_d(scorch.einsum("ij,j->i", T, torch.ones(3))), want.sum(1))
+
+
 def test_wrapper_subclass_operand_is_refused_by_name():
     from torch.masked import masked_tensor
     A = scorch.sparse_tensor(_dense(5, 5), format="csr")

@@ -759,7 +759,7 @@ def _div_(self, other, *, rounding_mode=None):
 # may defer: see scorch.sparse_ops.fusion
 register_dispatch_frames(
     (_same_shape, add, sub, mul, neg, _add, _radd, _sub, _rsub, _mul, _rmul, _neg,
-     _tensor_type._direct, _tensor_type._or_handler),
+     _tensor_type._direct, _tensor_type._or_handler, _tensor_type._run_handler),
     operators=(SparseTensor.__mul__, SparseTensor.__rmul__, SparseTensor.__add__,
                SparseTensor.__sub__, SparseTensor.__neg__),
     dunders=(torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.Tensor.__add__,
