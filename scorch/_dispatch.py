@@ -59,6 +59,14 @@ def mirror_method_forms() -> list:
     return added
 
 
+def refusal(error: type, message: str):
+    """A handler that raises ``error(message)``: an op scorch refuses by name (fused optimizer
+    kernels, unsupported collectives) rather than one that fails deep in torch."""
+    def handler(*args, **kwargs):
+        raise error(message)
+    return handler
+
+
 def register_aten(*ops) -> Callable:
     def deco(handler: Callable) -> Callable:
         for op in ops:

@@ -25,7 +25,7 @@ from typing import List, Sequence
 
 import torch
 
-from ._dispatch import register_aten
+from ._dispatch import refusal, register_aten
 from .level_storage import Storage
 from .tensor_type import SparseTensor, with_values
 
@@ -162,12 +162,10 @@ def _allgather(output_tensors, input_tensors, process_group, async_op=True, time
 
 
 def _unsupported(name: str):
-    def handler(*args, **kwargs):
-        raise RuntimeError(
-            f"torch.distributed: c10d.{name} is not supported on a scorch SparseTensor; "
-            f"all_reduce, reduce, broadcast and all_gather are (same sparsity pattern on "
-            f"every rank), or send its values() / use the object collectives")
-    return handler
+    return refusal(RuntimeError,
+                   f"torch.distributed: c10d.{name} is not supported on a scorch SparseTensor; "
+                   f"all_reduce, reduce, broadcast and all_gather are (same sparsity pattern on "
+                   f"every rank), or send its values() / use the object collectives")
 
 
 for _name in ("allreduce_coalesced_", "allgather_coalesced_", "allgather_into_tensor_coalesced_",

@@ -118,7 +118,7 @@ def _bytes(arrays) -> int:
 
 def _keep_recent(key: tuple, st: Storage, got: Tuple[Storage, torch.Tensor]) -> None:
     arrays = _arrays(st)
-    size = _bytes(arrays) + _bytes(_arrays(got[0])) + _bytes((got[1],))
+    size = _bytes(arrays) + got[0].nbytes()      # (the permutation is got[0]'s values)
     _RECENT.pop(key, None)
     if size > _RECENT_BYTES:
         return

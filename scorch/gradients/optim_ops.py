@@ -16,7 +16,7 @@ from typing import Any, List
 
 import torch
 
-from .._dispatch import check_dense_size, dense_fallback, register_aten
+from .._dispatch import check_dense_size, dense_fallback, refusal, register_aten
 from ..level_storage import Storage
 from ..tensor_type import SparseTensor
 from . import pattern as _pattern
@@ -243,12 +243,10 @@ def _amp_unscale(grads, found_inf, inv_scale):
 
 
 def _fused_refused(name: str):
-    def handler(*args, **kwargs):
-        raise NotImplementedError(
-            f"{name}: torch's fused optimizer kernels take dense parameters only; with sparse "
-            f"parameters construct the optimizer with fused=False (foreach=True, torch's "
-            f"default on CPU, updates the stored values)")
-    return handler
+    return refusal(NotImplementedError,
+                   f"{name}: torch's fused optimizer kernels take dense parameters only; with "
+                   f"sparse parameters construct the optimizer with fused=False (foreach=True, "
+                   f"torch's default on CPU, updates the stored values)")
 
 
 for _fused in ("_fused_adam_", "_fused_adamw_", "_fused_sgd_", "_fused_adagrad_"):

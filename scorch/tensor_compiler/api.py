@@ -266,7 +266,7 @@ def _keyed_operands(operands) -> Tuple[list, list]:
         if type(st) is Storage:
             st, k = _sorted_operand(st)
         else:
-            k = (st.dtype, st.dim() | unit_mask(st) << 8)
+            k = (st.dtype, st.dim() | unit_mask(st) << 8 if 1 in st.shape else st.dim())
         ops.append(st)
         keys.append(k)
     return ops, keys
