@@ -662,3 +662,80 @@ def test_a_kernel_removed_right_after_publishing_still_loads(cache_dir, monkeypa
     monkeypatch.setattr(build, "publish", publish_then_cleared)
     mod = load_kernel(_unique_add(), "cleared")
     assert mod.add(2, 3) == 5
+
+
+def _fake_kernels(folder: Path, sizes_and_ages: dict) -> None:
+    """A module per stem: its .so (``size`` bytes, last used ``age`` seconds ago), checksum
+    and .pyx."""
+    now = time.time()
+    for stem, (size, age) in sizes_and_ages.items():
+        so = folder / (stem + build._EXT_SUFFIX)
+        so.write_bytes(b"\0" * size)
+        (folder / (so.name + build.CHECKSUM_SUFFIX)).write_text("{}")
+        (folder / (stem + ".pyx")).write_text("#")
+        os.utime(so, (now - age, now - age))
+
+
+def test_prune_removes_least_recently_used_kernels_past_the_bound(tmp_path):
+    """Past the bound, whole modules go oldest first until at most PRUNE_TO of it is left;
+    other files (precompiled headers, folders) stay; under the bound nothing goes."""
+    _fake_kernels(tmp_path, {"k_old": (4000, 500), "k_mid": (4000, 300), "k_new": (4000, 10),
+                             "k_newest": (4000, 1)})
+    (tmp_path / "pch").mkdir()
+    (tmp_path / "other.gch").write_bytes(b"\0" * 50000)
+    assert build.prune_cache(tmp_path, limit=20000) == 0          # 16k + small files
+    removed = build.prune_cache(tmp_path, limit=12000)             # keep <= 9000
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert removed > 8000
+    assert not any(n.startswith(("k_old", "k_mid")) for n in names)
+    assert sum(n.startswith("k_new.") for n in names) == 3 and sum(n.startswith("k_newest.") for n in names) == 3
+    assert "pch" in names and "other.gch" in names
+
+
+def test_cache_limit_from_the_environment(monkeypatch, caplog):
+    monkeypatch.setenv(build.CACHE_MAX_ENV, "0")
+    assert build.cache_limit() is None and build.prune_cache(limit=None) == 0
+    monkeypatch.setenv(build.CACHE_MAX_ENV, "1.5")
+    assert build.cache_limit() == int(1.5 * (1 << 20))
+    monkeypatch.setenv(build.CACHE_MAX_ENV, "lots")
+    with caplog.at_level("WARNING", logger="scorch"):
+        assert build.cache_limit() == build.DEFAULT_CACHE_MAX_MB << 20
+    assert "SCORCH_CACHE_MAX_MB='lots' is not a number" in caplog.text
+    monkeypatch.delenv(build.CACHE_MAX_ENV)
+    assert cache_info()["disk_limit_bytes"] == build.DEFAULT_CACHE_MAX_MB << 20
+
+
+def test_loading_a_kernel_from_disk_marks_it_used(cache_dir):
+    source = _unique_add()
+    mod = load_kernel(source, "marked")
+    so = Path(mod.__file__)
+    os.utime(so, (1000, 1000))
+    build._memory.clear()                 # the next lookup goes to the disk
+    assert load_kernel(source, "marked") is mod
+    assert time.time() - so.stat().st_mtime < 60
+
+
+def test_a_compile_prunes_the_cache_in_the_background(tmp_path, monkeypatch):
+    """A compile past the bound starts the pruning (at most once a minute): the oldest
+    kernels go, the one just built stays."""
+    folder = tmp_path / f"kernels-v{build.BUILD_VERSION}"
+    folder.mkdir(mode=0o700)
+    tmp_path.chmod(0o700)
+    _fake_kernels(folder, {"k_stale": (300_000, 10_000)})
+    monkeypatch.setenv("SCORCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(build.CACHE_MAX_ENV, "0.2")                  # ~210 KB
+    monkeypatch.setattr(build, "_last_prune", [float("-inf")])
+    started = []
+    real_thread = build.threading.Thread
+
+    def recording(*args, **kwargs):
+        t = real_thread(*args, **kwargs)
+        started.append(t)
+        return t
+    monkeypatch.setattr(build.threading, "Thread", recording)
+    mod = load_kernel(_unique_add(), "prunes")
+    assert mod.add(1, 1) == 2
+    assert started, "no pruning started"
+    started[0].join(10)
+    assert not (folder / ("k_stale" + build._EXT_SUFFIX)).exists()
+    assert Path(mod.__file__).exists()

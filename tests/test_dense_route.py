@@ -138,3 +138,4 @@ def test_several_sparse_levels_take_the_route(routes):
     assert route_mod.sparse_prefix(scorch.formats.Format("qd")) == 1
     assert route_mod.sparse_prefix(scorch.formats.Format("cdc")) == 0
     assert route_mod.sparse_prefix(scorch.formats.Format("csd")) == 0
+

