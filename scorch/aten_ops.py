@@ -78,6 +78,10 @@ def _copy_(self, src, non_blocking=False):
         # sharing these values see the change, as torch's views do)
         self._storage.values.copy_(src._storage.values)
         return self
+    kept = None if isinstance(src, SparseTensor) else conversion.dense_on_pattern(self._storage, src)
+    if kept is not None:   # a dense src that is 0 off the pattern: the pattern stays (stored zeros too)
+        self._storage.values.copy_(kept)
+        return self
     new = constructors.sparse_tensor(src, format=self._storage.format)
     st = new._storage
     if st.dtype != self.dtype:

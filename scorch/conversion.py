@@ -83,6 +83,24 @@ def coords(st: Storage) -> torch.Tensor:
     return _runtime().coords(st)
 
 
+def dense_on_pattern(st: Storage, dense: torch.Tensor) -> Optional[torch.Tensor]:
+    """``dense``'s values at ``st``'s stored positions, where ``dense`` (of ``st``'s shape)
+    holds nothing but zeros elsewhere; None where it holds a non-zero (NaN counts) off the
+    pattern, or ``st`` is blocked. Why: a dense copy of a sparse tensor's own values comes
+    back on its pattern (``copy_``, ``load_state_dict``, ``vector_to_parameters``), its
+    stored zeros included: rebuilt from the non-zeros, a zero-initialized weight would lose
+    every entry and never train again."""
+    if st.format.block is not None or type(dense) not in (torch.Tensor, torch.nn.Parameter) \
+            or dense.layout != torch.strided or dense.device.type != "cpu":
+        return None
+    if st.ndim == 0:
+        return dense.reshape(1).expand(st.nnz)
+    vals = dense[tuple(coords(st))]
+    if int(torch.count_nonzero(dense)) != int(torch.count_nonzero(vals)):
+        return None
+    return vals
+
+
 def to_dense(st: Storage) -> torch.Tensor:
     fmt = st.format
     if st.ndim == 0 or (fmt.block is None and fmt.is_dense):

@@ -372,7 +372,7 @@ class SparseTensor(torch.Tensor):
     def __neg__(self):
         if (_grad_enabled() and _any_requires_grad(self)) or _deferred(self):
             return _direct(torch.Tensor.__neg__, self)
-        return with_values(self, torch.neg(self._storage.values))
+        return carry_grad_flag(self, with_values(self, torch.neg(self._storage.values)))
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -533,13 +533,27 @@ def _run_handler(func, handler, args, kwargs):
     """``handler(*args, **kwargs)`` (NotImplemented: torch's own path takes the call), its
     failures explained where an operand is the cause (checked on the error path only)."""
     try:
-        return handler(*args, **kwargs)
+        out = handler(*args, **kwargs)
     except RuntimeError as e:
         _refuse_under_functorch(e)
         _refuse_nested(func, args)
         raise
     except (TypeError, AttributeError):
         return _foreign_operands(func, handler, args, kwargs)
+    if type(out) is SparseTensor:
+        _carry_gradient_pattern(args, out)
+    return out
+
+
+def _carry_gradient_pattern(args, out: "SparseTensor") -> None:
+    """A result on the very pattern of a gradient of stored values (``is_sparse`` False) is
+    one too: ``p.grad = p.grad / 4`` (gradient accumulation) stays a gradient Adam, RMSprop
+    and Adagrad take, as ``div_`` in place does."""
+    for a in args:
+        if type(a) is SparseTensor and a.__dict__.get("_values_grad") and a is not out \
+                and out._storage.shares_pattern(a._storage):
+            out._values_grad = True
+            return
 
 
 def _refuse_nested(func, args) -> None:
@@ -573,21 +587,30 @@ def _foreign_operands(func, handler, args, kwargs):
 _functorch_stack = torch._C._functorch.peek_interpreter_stack
 
 
-def _refuse_under_functorch(error: RuntimeError) -> None:
+def _refuse_under_functorch(error: RuntimeError, operands=()) -> None:
     """Inside a ``torch.func`` transform (vmap, grad, jacrev) a sparse op fails deep in
     torch ("Cannot access data pointer", "must override the setup_context staticmethod"):
-    say what is unsupported and what to use. Only on the error path, so it costs nothing."""
-    if _functorch_stack() is not None:
+    say what is unsupported and what to use. A backward vmapped by autograd itself
+    (``jacobian(vectorize=True)``) shows no transform on the stack, only batched operands
+    without memory. Only on the error path, so it costs nothing."""
+    if _functorch_stack() is not None or any(
+            type(x) is torch.Tensor and not torch._C._has_storage(x) for x in operands):
         raise NotImplementedError(
             "scorch: torch.func transforms (vmap, grad, jacrev, jacfwd, functional_call under "
-            "grad) are not supported on functions that use a scorch sparse tensor; use "
-            "torch.autograd.grad or torch.autograd.functional.jacobian, and a loop or a "
-            "batched einsum in place of vmap") from error
+            "grad; also torch.autograd.functional.jacobian / hessian with vectorize=True and "
+            "torch.autograd.grad with is_grads_batched=True, which vmap the backward) are not "
+            "supported on functions that use a scorch sparse tensor; use torch.autograd.grad "
+            "or torch.autograd.functional.jacobian (vectorize=False), and a loop or a batched "
+            "einsum in place of vmap") from error
 
 
 def _or_handler(result, method, a, b):
     """A fast path's result, or (None) ``method(a, b)`` through its handler."""
-    return result if result is not None else _direct(method, a, b)
+    if result is None:
+        return _direct(method, a, b)
+    if type(result) is SparseTensor:
+        _carry_gradient_pattern((a, b), result)
+    return result
 
 
 def _matmul_direct(method, a, b):

@@ -377,6 +377,8 @@ CASES = [
          lambda s: torch.movedim(s, 0, 1) * 2 + s.moveaxis(1, 0)),
     Case("adjoint", [torch.adjoint, _T.adjoint, _T.mH, _T.H],
          lambda s: torch.adjoint(s) + s.mH * 2 + s.H * 3),
+    Case("conj", [torch.conj, _T.conj, torch.conj_physical, _T.conj_physical],
+         lambda s: torch.conj(s) + s.conj() * 2 + torch.conj_physical(s) * 3 + s.conj_physical() * 4),
     Case("stacks", [torch.vstack, torch.row_stack, torch.hstack, torch.dstack, torch.column_stack],
          lambda s: torch.cat([torch.vstack([s, s * 2]).reshape(-1), torch.row_stack([s]).reshape(-1),
                               torch.hstack([s, s]).reshape(-1), torch.dstack([s, s * 3]).reshape(-1),

@@ -420,12 +420,19 @@ cdef void _distinct_fill(idx_t* eoff, int64_t P, idx_t** keys, int m, idx_t* pos
 
 
 cdef void _reduce(idx_t* eoff, int64_t count, num_t* vals, num_t* out, int T) noexcept nogil:
-    """out[q] = sum of the values in q's entry range (OR for bool; 0 when empty)."""
-    cdef int64_t q, i
+    """out[q] = sum of the values in q's entry range (OR for bool; 0 when empty). The sum
+    starts from the first value, not from 0: a lone -0.0 stays -0.0 (0.0 + -0.0 is +0.0,
+    and 1 / the entry would be +inf where dense torch gives -inf)."""
+    cdef int64_t q, i, lo, hi
     cdef num_t acc
     for q in prange(count, schedule='static', num_threads=T):
-        acc = 0
-        for i in range(eoff[q], eoff[q + 1]):
+        lo = eoff[q]
+        hi = eoff[q + 1]
+        if lo == hi:
+            out[q] = 0
+            continue
+        acc = vals[lo]
+        for i in range(lo + 1, hi):
             if num_t is uint8_t:
                 acc = acc | vals[i]
             else:

@@ -12,6 +12,8 @@ mismatch is a RuntimeError naming the op.
 """
 from __future__ import annotations
 
+import math
+
 from typing import Any, List
 
 import torch
@@ -57,11 +59,27 @@ def _values(name: str, P: Storage, x: Any, k: int):
     return x.reshape(()) if isinstance(x, torch.Tensor) and x.dim() > 0 else x
 
 
+#: the bound each clamp keeps 0 at 0 with (on the stored values only, the unstored zeros stay)
+_CLAMP_KEEPS_ZERO = {"clamp_min_": lambda b: b <= 0, "clamp_max_": lambda b: b >= 0}
+
+
 def _values_op(op, inplace: bool):
     name = op.__name__.split(".")[0]
+    keeps_zero = _CLAMP_KEEPS_ZERO.get(name)
 
     def handler(*args, **kwargs):
         P = _pattern_of(name, args)
+        if name == "reciprocal_" and not values_level():
+            # an optimizer's state lives on the pattern (RAdam's foreach step); elsewhere
+            # 1 / 0 would be inf at every unstored position
+            raise RuntimeError("scorch: in-place 'reciprocal_' of a sparse tensor would make its "
+                               "unstored zeros inf; use torch.reciprocal (dense by nature)")
+        if keeps_zero is not None and isinstance(args[0], SparseTensor) and len(args) > 1 \
+                and not keeps_zero(float(args[1])):
+            raise RuntimeError(
+                f"scorch: in-place '{name}' with bound {float(args[1])} would turn the sparse "
+                f"tensor's unstored zeros into that bound; clamp a dense copy (.to_dense()) "
+                f"or use a bound on the other side of 0")
         try:
             vals = [_values(name, P, a, k) for k, a in enumerate(args)]
             kw = {k: (_values(name, P, v, k) if isinstance(v, torch.Tensor) else v)
@@ -87,7 +105,8 @@ _INPLACE = [aten.add_.Tensor, aten.add_.Scalar, aten.sub_.Tensor, aten.sub_.Scal
             aten.mul_.Tensor, aten.mul_.Scalar, aten.div_.Tensor, aten.div_.Scalar,
             aten.addcmul_.default, aten.addcdiv_.default, aten.lerp_.Scalar, aten.lerp_.Tensor,
             aten.sqrt_.default, aten.neg_.default, aten.zero_.default, aten.clamp_min_.default,
-            aten.sign_.default]
+            aten.clamp_max_.default, aten.abs_.default, aten.sign_.default,
+            aten.reciprocal_.default]
 # out-of-place: zero-preserving on one pattern (values-level = the dense result's stored part)
 _OUT_OF_PLACE = [aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar,
                  aten.addcmul.default, aten.addcdiv.default, aten.lerp.Scalar, aten.lerp.Tensor,
@@ -215,7 +234,7 @@ def _foreach(packet_name: str, inplace: bool):
 
 
 for _name in ["add", "sub", "mul", "div", "addcmul", "addcdiv", "lerp", "sqrt", "neg",
-              "maximum", "zero", "sign", "copy"]:
+              "maximum", "zero", "sign", "copy", "abs", "clamp_min", "clamp_max", "reciprocal"]:
     for _inplace in (False, True):
         _fname = f"_foreach_{_name}" + ("_" if _inplace else "")
         _packet = getattr(aten, _fname, None)
@@ -223,6 +242,24 @@ for _name in ["add", "sub", "mul", "div", "addcmul", "addcdiv", "lerp", "sqrt", 
             continue
         for _ov in _packet.overloads():
             register_aten(getattr(_packet, _ov))(_foreach(_name + ("_" if _inplace else ""), _inplace))
+
+
+@register_aten(aten._foreach_norm.Scalar)
+def _foreach_norm(tensors, ord=2, dtype=None):
+    """``clip_grad_norm_(foreach=True)``: each norm from the stored values (an unstored 0 adds
+    nothing to a p-norm, p > 0 or inf; for other orders the values and one 0 where any is
+    unstored)."""
+    out = []
+    for t in tensors:
+        if isinstance(t, SparseTensor):
+            v = t._storage.values
+            p = float(ord)
+            if not p > 0 and t.nnz < math.prod(t.shape):
+                v = torch.cat([v.reshape(-1), v.new_zeros(1)])
+            out.append(torch.linalg.vector_norm(v, ord, dtype=dtype))
+        else:
+            out.append(torch.linalg.vector_norm(t, ord, dtype=dtype))
+    return out
 
 
 # --- mixed precision and fused optimizers ---------------------------------------------------

@@ -12,7 +12,7 @@ import torch
 from .._dispatch import register
 from ..formats import Format, as_format
 from ..gradients.values import from_values, values_of
-from ..tensor_type import SparseTensor
+from ..tensor_type import SparseTensor, with_values
 
 
 @register(torch.Tensor.values, torch.Tensor._values)
@@ -220,7 +220,8 @@ def _type_as(t, other):
 @register(torch.Tensor.data.__set__)
 def _set_data(self, value):
     """``t.data = value``: a sparse ``t`` takes ``value``'s pattern and values (cast to its
-    dtype, stored in its format; a dense ``value`` keeps its nonzeros), as torch's
+    dtype, stored in its format; a dense ``value`` that is 0 off ``t``'s pattern keeps that
+    pattern, stored zeros included, else its nonzeros), as torch's
     ``set_data`` swaps what a tensor holds without autograd seeing it
     (``vector_to_parameters``, EMA copies). A dense tensor cannot hold a sparse one's data
     (torch refuses its own sparse layouts so too): assign the module attribute instead."""
@@ -235,7 +236,12 @@ def _set_data(self, value):
         raise RuntimeError(f"data of shape {tuple(value.shape)} for a sparse tensor of shape "
                            f"{tuple(self.shape)} (a sparse tensor cannot change its shape)")
     from ..constructors import sparse_tensor
+    from ..conversion import dense_on_pattern
     with torch.no_grad():
-        new = sparse_tensor(value.detach(), format=self._storage.format, dtype=self.dtype)
+        kept = None if isinstance(value, SparseTensor) else dense_on_pattern(self._storage, value.detach())
+        if kept is not None:   # 0 off the pattern: the pattern stays, its stored zeros too
+            new = with_values(self, kept.to(self.dtype).contiguous())
+        else:
+            new = sparse_tensor(value.detach(), format=self._storage.format, dtype=self.dtype)
     self._storage = new._storage
     torch.autograd.graph.increment_version(self._storage.values)

@@ -1,6 +1,6 @@
 """Torch functions that are another handled op under another name, or a short composition of
-handled ops: ``movedim``/``moveaxis`` (``permute``), ``adjoint``/``.mH``/``.H``
-(``transpose``), ``vstack``/``row_stack``/``hstack``/``dstack``/``column_stack`` (``cat``),
+handled ops: ``movedim``/``moveaxis`` (``permute``), ``conj``/``conj_physical`` (the
+stored values), ``adjoint``/``.mH``/``.H`` (``transpose``, ``conj``), ``vstack``/``row_stack``/``hstack``/``dstack``/``column_stack`` (``cat``),
 ``ravel`` (``flatten``), ``tensor_split`` (``split``, ``narrow``), ``linalg.multi_dot`` and
 ``chain_matmul`` (``matmul`` in the cheapest order).
 
@@ -14,6 +14,7 @@ from typing import List, Sequence
 import torch
 
 from .._dispatch import register
+from ..gradients.values import from_values, values_of
 from ..tensor_type import as_scorch, is_sparse_operand
 from . import layout_ops
 from .dims import checked_dims
@@ -50,11 +51,27 @@ def _movedim(x, source, destination):
 
 @register(torch.adjoint, torch.Tensor.adjoint, torch.Tensor.mH.__get__)
 def _adjoint(x):
-    """The conjugate transpose of the last two dims: the transpose (values are real)."""
+    """The conjugate transpose of the last two dims (a complex tensor's values conjugated)."""
     t = _sparse(x)
     if t is None or t.dim() < 2:
         return NotImplemented              # torch's error
-    return t.transpose(-2, -1)
+    return _conjugated(t.transpose(-2, -1))
+
+
+def _conjugated(t):
+    return _conj(t) if t.is_complex() else t
+
+
+@register(torch.conj, torch.Tensor.conj, torch.conj_physical, torch.Tensor.conj_physical)
+def _conj(x):
+    """The conjugate on the stored values (a real tensor is its own, as torch returns it);
+    materialized, where torch's is a lazy view."""
+    t = _sparse(x)
+    if t is None:
+        return NotImplemented
+    if not t.is_complex():
+        return t
+    return from_values(t._storage, values_of(t).conj().resolve_conj())
 
 
 @register(torch.Tensor.H.__get__)
@@ -62,7 +79,7 @@ def _H(x):
     t = _sparse(x)
     if t is None or t.dim() not in (0, 2):
         return NotImplemented              # torch's error
-    return t if t.dim() == 0 else t.transpose(0, 1)
+    return _conjugated(t if t.dim() == 0 else t.transpose(0, 1))
 
 
 def _with_sparse(tensors) -> bool:

@@ -216,7 +216,7 @@ for _op, _fns in {
 def extremum(op: str, a, b) -> torch.Tensor:
     """``torch.maximum`` / ``minimum`` / ``fmax`` / ``fmin`` with a sparse operand: ONE kernel
     of ``where(a > b, a, where(a < b, b, tie))`` (``<`` and ``>`` swapped for the minima). The
-    tie branch is taken at ties and where either is NaN: ``a/2 + b/2`` for maximum/minimum
+    tie branch is taken at ties and where either is NaN: ``a + (b - a)/2`` for maximum/minimum
     (NaN from either side, as torch; the gradient splits a tie evenly), ``where(a != a, b,
     a)`` for fmax/fmin (a NaN loses to a number; the gradient goes to ``a`` at ties, as
     torch's). Sparse with both operands sparse (the union of their patterns), else dense by
@@ -231,7 +231,12 @@ def extremum(op: str, a, b) -> torch.Tensor:
     if dt.is_floating_point:
         if op in ("maximum", "minimum"):
             def tie(x, y):
-                return x * half + y * half
+                # x + (y - x) / 2: exact at a finite tie, where x / 2 + y / 2 overflowed at
+                # +-max (the compiler regroups it as (x + y) / 2) and halved the least
+                # subnormal to 0; an infinite tie or a NaN makes y - x NaN: the halves then
+                # (inf, NaN). Either way each side's gradient is a half, as torch's.
+                gap = y - x
+                return ir.Where(ir.Ne(gap, gap), x * half + y * half, x + gap * half)
         else:
             def tie(x, y):
                 return ir.Where(ir.Ne(x, x), y, x)

@@ -365,9 +365,21 @@ def div(a, divisor) -> torch.Tensor:
     dt = result_dtype(as_scorch(a), divisor, true_division=True)
     if _is_scalar(divisor):
         recip = torch.tensor(1.0 / divisor if divisor != 0 else float("inf"), dtype=dt)
+        tiny = dt.is_floating_point and divisor != 0 and abs(divisor) < _tiniest_divisor(dt)
     else:
-        recip = torch.reciprocal(divisor.reshape(()).to(dt))
+        d = divisor.reshape(()).to(dt)
+        recip = torch.reciprocal(d)
+        tiny = dt.is_floating_point and 0 < abs(float(d)) < _tiniest_divisor(dt)
+    if tiny:
+        # a divisor so small its reciprocal overflows (1e-39 in float32): torch's division
+        # of the stored values (x * (1 / 1e-39) would be inf where x / 1e-39 is finite)
+        return on_stored_values(torch.div, _cast(as_scorch(a), dt), divisor)
     return mul(_cast(as_scorch(a), dt), recip)
+
+
+def _tiniest_divisor(dt: torch.dtype) -> float:
+    """The least magnitude whose reciprocal ``dt`` holds."""
+    return 1.0 / torch.finfo(dt).max
 
 
 def divide_by_sparse(a, divisor) -> torch.Tensor:

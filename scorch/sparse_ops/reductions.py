@@ -172,13 +172,18 @@ def mean(t: SparseTensor, dim: Dims = None, keepdim: bool = False,
                            f"a floating point or complex dtype. Got: {target}")
     dims = _reduced_dims(dim, t.dim(), "mean")
     count = math.prod(t.shape[d] for d in dims)
-    total = sum(t, dims, keepdim, target)
+    # float16 / bfloat16 summed in float32, as torch's CPU mean (four float16 40000s: 10000,
+    # not the inf of a float16 sum)
+    wide = torch.float32 if target in (torch.float16, torch.bfloat16) else target
+    total = sum(t, dims, keepdim, wide)
     if isinstance(total, SparseTensor):
         if count == 0:      # 0 / 0 everywhere: dense by nature, NaN as torch's
             check_dense_size("mean", total.shape, total.dtype)
-            return total.to_dense() / count
-        return elementwise.div(total, count)
-    return total / count
+            return (total.to_dense() / count).to(target)
+        out = elementwise.div(total, count)
+    else:
+        out = total / count
+    return out if wide == target else out.to(target)
 
 
 def sparse_sum(t: SparseTensor, dim: Dims = None, dtype: Optional[torch.dtype] = None

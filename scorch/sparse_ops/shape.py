@@ -33,7 +33,7 @@ from ..formats import Format, LevelKind, as_format
 from ..gradients.values import from_values, values_of, view_of
 from ..level_kinds.base import segment_positions
 from ..level_storage import Level, Storage, index_dtype_for
-from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, permute_view
+from ..tensor_type import SparseTensor, as_scorch, carry_grad_flag as _carried, is_sparse_operand, permute_view
 from .dims import checked_dim
 from .inner_level import cat_inner, filter_inner
 from .outer_level import (cat_outer, gather_outer, int_or_range, locate_entry, select_outer,
@@ -297,7 +297,10 @@ def reshape(t: SparseTensor, shape: Sequence[int]) -> torch.Tensor:
     numel = math.prod(old)
     new = _resolve_shape(shape, numel, old)
     if new == old:
-        return t
+        # a view of the same entries, a new tensor as torch's: autograd's identity-aliasing
+        # (``x.view_as(x)`` of an input a Function returns, a full backward hook's) gives
+        # the view a grad_fn, which the input itself, a leaf, must not get
+        return _carried(t, view_of(t._storage, values_of(t)))
     if numel >= 2 ** 63:
         raise RuntimeError(f"reshape: the tensor of shape {old} has more than 2^63 positions")
     st = t._storage

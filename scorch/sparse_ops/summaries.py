@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -228,8 +229,10 @@ def covariance(t: SparseTensor, correction: int = 1, fweights=None, aweights=Non
     """``torch.cov`` of the rows of ``t`` (variables x observations; 1-D: one variable) from
     its stored entries: ``(X W X^T - w_sum a a^T) / norm`` with ``a = X w / w_sum`` (torch's
     weights and normalisation), the product one sparse einsum. Dense by nature (variables x
-    variables); expanding the centred product trades a little cancellation for never
-    centring (densifying) ``X``."""
+    variables). Expanding the centred product never centres (densifies) ``X`` but cancels
+    where a variable's mean is large next to its spread: float32 and narrower inputs are
+    therefore summed in float64 (2000 observations around 1000 with spread 0.1: 0.448
+    against 0.0104 in float32; float64 inputs keep their own precision)."""
     from .einsum import einsum
     x = t.reshape(1, -1) if t.dim() == 1 else t
     if x.dim() != 2:
@@ -241,6 +244,10 @@ def covariance(t: SparseTensor, correction: int = 1, fweights=None, aweights=Non
         w = fweights.to(dtype)
     if aweights is not None:
         w = aweights.to(dtype) if w is None else w * aweights.to(dtype)
+    out_dtype = dtype
+    if dtype in (torch.float32, torch.float16, torch.bfloat16):
+        dtype = torch.float64
+        w = None if w is None else w.to(dtype)
     xs = x if x.dtype == dtype else x.to(dtype)
     if w is None:
         w_sum = torch.tensor(float(n), dtype=dtype)
@@ -255,7 +262,7 @@ def covariance(t: SparseTensor, correction: int = 1, fweights=None, aweights=Non
     else:
         norm = w_sum - correction * (w * aweights.to(dtype)).sum() / w_sum
     norm = norm.clamp_min(0)
-    c = (product - w_sum * avg[:, None] * avg[None, :]) / norm
+    c = ((product - w_sum * avg[:, None] * avg[None, :]) / norm).to(out_dtype)
     return c.reshape(()) if x.shape[0] == 1 else c         # one variable: a scalar, as torch
 
 
@@ -264,7 +271,13 @@ def _cov(x, *, correction=1, fweights=None, aweights=None):
     t = _sparse(x)
     if t is None or t.dtype.is_complex or any(isinstance(w, SparseTensor) for w in (fweights, aweights)):
         return NotImplemented
-    torch.cov(torch.zeros(tuple(min(s, 1) for s in t.shape), dtype=t.dtype), correction=correction)  # torch's checks
+    with warnings.catch_warnings():   # torch's checks (the stand-in's degrees of freedom are not t's)
+        warnings.simplefilter("ignore")
+        torch.cov(torch.zeros(tuple(min(s, 1) for s in t.shape), dtype=t.dtype), correction=correction)
+    n = t.shape[-1] if t.dim() else 1
+    if fweights is None and aweights is None and n - correction <= 0:
+        warnings.warn("cov(): degrees of freedom is <= 0. Correction should be strictly less "
+                      "than the number of observations.", UserWarning)
     return covariance(t, correction, fweights, aweights)
 
 

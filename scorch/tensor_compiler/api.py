@@ -104,7 +104,12 @@ def einsum(equation: str, *operands, out_format=None, sorted: bool = True):
         r = _DISPATCH[0](_fast, equation, operands)
         if r is not NotImplemented:
             return r
-    return einsum_declined(equation, operands, out_format, sorted)
+    try:
+        return einsum_declined(equation, operands, out_format, sorted)
+    except RuntimeError as e:   # inside a functorch transform: say so (the error path only)
+        from ..tensor_type import _refuse_under_functorch
+        _refuse_under_functorch(e, operands)
+        raise
 
 
 def einsum_declined(equation: str, operands: tuple, out_format=None, sorted: bool = True):
