@@ -163,3 +163,14 @@ def test_clamping_a_sparse_tensor_in_place_past_zero_is_refused():
     assert torch.equal(S.to_dense(), torch.tensor([[0.5, 0.0], [0.0, -2.0]]))
     with pytest.raises(RuntimeError, match="unstored zeros inf"):
         S.reciprocal_()
+
+
+def test_a_torch_coo_incoming_gradient():
+    """``grad_outputs=`` / ``backward(gradient=)`` with a torch COO for a scorch sparse
+    output: as the same gradient given dense or as a scorch tensor."""
+    d = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]])
+    g = torch.tensor([[2.0, 0.0, 2.0], [0.0, 2.0, 0.0]])
+    for grad in (g, g.to_sparse(), scorch.sparse_tensor(g)):
+        A = scorch.sparse_tensor(d, format="csr").requires_grad_()
+        (got,) = torch.autograd.grad(A * 3, A, grad)
+        assert torch.equal(got.to_dense(), torch.tensor([[6.0, 0.0, 6.0], [0.0, 6.0, 0.0]]))

@@ -99,6 +99,8 @@ def test_float16_mean_sums_in_float32():
     assert S.mean().item() == d.mean().item() == 20000.0
     assert torch.equal(S.mean(1), d.mean(1)) and S.mean(1).dtype == torch.float16
     assert torch.equal(S.std(), d.std())
+    assert torch.equal(torch.nn.functional.rms_norm(S, (8,)).to_dense(),
+                       torch.nn.functional.rms_norm(d, (8,)) * (d != 0))
 
 
 @pytest.mark.parametrize("dtype,tiny", [(torch.float32, 1e-39), (torch.float64, 1e-310)])
@@ -135,3 +137,14 @@ def test_a_stored_negative_zero_keeps_its_sign(dtype):
     dense = torch.tensor([[-0.0, 1.0], [5.0, -0.0]], dtype=dtype)
     assert torch.equal(torch.signbit(S.to_dense()), torch.signbit(dense))
     assert torch.equal((1 / S).to_dense(), 1 / dense)
+
+
+def test_pca_lowrank_centring_of_columns_with_large_means():
+    g = torch.Generator().manual_seed(0)
+    x = (1e4 + 0.1 * torch.randn(200, 6, generator=g)).float()
+    x[::5] = 0
+    torch.manual_seed(0)
+    U, S, V = torch.pca_lowrank(scorch.sparse_tensor(x), q=6)
+    want = torch.linalg.svdvals(x.double() - x.double().mean(0))
+    assert S.dtype == torch.float32 and U.dtype == torch.float32
+    torch.testing.assert_close(S.double(), want, rtol=1e-5, atol=0)

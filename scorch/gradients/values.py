@@ -28,7 +28,9 @@ def _convert():
 
 def grad_values(P: Storage, g) -> torch.Tensor:
     """A gradient of a tensor with pattern ``P`` (a SparseTensor on ``P``'s pattern or a
-    subset of it, or dense) as one value per stored entry of ``P``."""
+    subset of it, a torch sparse tensor, or dense) as one value per stored entry of ``P``."""
+    if isinstance(g, torch.Tensor) and g.layout != torch.strided and not isinstance(g, SparseTensor):
+        g = _tensor_type.as_scorch(g)   # a torch COO handed in as the incoming gradient
     if isinstance(g, SparseTensor):
         vals = values_of(g)
         return vals if _pattern.shares_arrays(P, g._storage) else \

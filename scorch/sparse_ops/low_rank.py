@@ -62,12 +62,21 @@ def pca_lowrank(A, q: Optional[int] = None, center: bool = True,
     if not center:
         return _svd_lowrank(A, q, niter=niter, M=None)
     dtype = A.dtype if A.dtype.is_floating_point else torch.float32
-    c = (A.sum(0).to_dense() if is_sparse_operand(A.sum(0)) else A.sum(0)).to(dtype)
+    # the centring is a rank-one correction (A @ X - 1 (c @ X)), which cancels where the
+    # column means are large next to the spread: float32 goes through float64 (columns
+    # around 1e4 with spread 0.1: singular values 2.6e-3 off, torch 1.7e-5)
+    work = torch.float64 if dtype == torch.float32 else dtype
+    if A.dtype != work:
+        A = A.to(work)
+    total = A.sum(0)
+    c = (total.to_dense() if is_sparse_operand(total) else total).to(work)
     c = (c / m).reshape(1, n)
     Q = _centered_basis(A, c, q, niter)
     B = (A.mH @ Q).mH - (Q.sum(0, keepdim=True).mH @ c)      # Q^H (A - 1 c)
     U, S, Vh = torch.linalg.svd(B, full_matrices=False)
-    return Q @ U, S, Vh.mH
+    if work == dtype:
+        return Q @ U, S, Vh.mH
+    return (Q @ U).to(dtype), S.to(dtype), Vh.mH.to(dtype)
 
 
 def lobpcg(A, k=None, B=None, X=None, n=None, iK=None, niter=None, tol=None, largest=None,

@@ -125,9 +125,11 @@ def rms_norm(t: SparseTensor, normalized_shape, weight: Optional[torch.Tensor] =
     else:
         lead_key = fiber_ops.fiber_numbers(coords, t.shape, range(len(lead)))
         slots = math.prod(lead)
-    squares = torch.zeros(slots, dtype=vals.dtype).index_add(0, lead_key, vals * vals)
+    # float16 / bfloat16 squared and summed in float32, as torch's (40000^2 overflows float16)
+    wide = vals.to(torch.float32) if vals.dtype in (torch.float16, torch.bfloat16) else vals
+    squares = torch.zeros(slots, dtype=wide.dtype).index_add(0, lead_key, wide * wide)
     factor = torch.rsqrt(squares / max(math.prod(trail), 1) + eps)
-    out = vals * factor[lead_key]
+    out = (wide * factor[lead_key]).to(vals.dtype)
     if weight is not None:
         trail_key = torch.zeros(coords.shape[1], dtype=torch.int64)
         for d, n in enumerate(trail):
