@@ -317,15 +317,18 @@ def test_sparse_batch_through_an_out_by_in_weight_matches_dense(batch, inputs, o
 
 
 def test_gathered_columns_taken_only_where_few_inputs_are_touched():
-    """The narrow copy is taken for a batch touching at most GATHER_MAX_FRACTION of the
-    inputs, reads only their columns (the kernel sees ncols inputs), and leaves a batch
-    that needs its own gradient, a weight stored in x out, and a wide batch to the einsum."""
+    """The narrow copy is taken for a batch whose columns touch at most GATHER_MAX_LINES of
+    the weight's cache lines (or a big weight that trains), a module's Parameter included,
+    and leaves a batch that needs its own gradient, a weight stored in x out, and a wide
+    batch to the einsum."""
     x = torch.zeros(4, 1000)
     x[0, 3], x[1, 999], x[2, 3], x[3, 500] = 1.0, 2.0, -1.0, 0.5
     X = scorch.sparse_tensor(x, format="csr")
     w = torch.randn(8, 1000)
     out = sparse_linear.gathered_columns_product(X, w)
     torch.testing.assert_close(out, x @ w.t())
+    p = torch.nn.Parameter(w.clone())
+    torch.testing.assert_close(sparse_linear.gathered_columns_product(X, p), x @ w.t())
     assert sparse_linear.gathered_columns_product(X, w.t().contiguous().t()) is None   # in x out
     assert sparse_linear.gathered_columns_product(X.detach().requires_grad_(), w) is None
     wide = scorch.sparse_tensor(torch.ones(2, 10), format="csr")
