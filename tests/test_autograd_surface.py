@@ -377,6 +377,9 @@ CASES = [
          lambda s: torch.movedim(s, 0, 1) * 2 + s.moveaxis(1, 0)),
     Case("adjoint", [torch.adjoint, _T.adjoint, _T.mH, _T.H],
          lambda s: torch.adjoint(s) + s.mH * 2 + s.H * 3),
+    Case("weight_norm", [torch._weight_norm, torch.norm_except_dim],
+         lambda s, g: torch._weight_norm(s, g, 0) + torch._weight_norm(s, g.sum(), -1) * 2
+         + torch.norm_except_dim(s, 2, 1).sum(), [(SHAPE[0], 1)]),
     Case("conj", [torch.conj, _T.conj, torch.conj_physical, _T.conj_physical],
          lambda s: torch.conj(s) + s.conj() * 2 + torch.conj_physical(s) * 3 + s.conj_physical() * 4),
     Case("stacks", [torch.vstack, torch.row_stack, torch.hstack, torch.dstack, torch.column_stack],

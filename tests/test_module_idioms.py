@@ -174,3 +174,56 @@ def test_a_torch_coo_incoming_gradient():
         A = scorch.sparse_tensor(d, format="csr").requires_grad_()
         (got,) = torch.autograd.grad(A * 3, A, grad)
         assert torch.equal(got.to_dense(), torch.tensor([[6.0, 0.0, 6.0], [0.0, 6.0, 0.0]]))
+
+
+@pytest.mark.parametrize("kind", ["utils", "parametrizations"])
+@pytest.mark.parametrize("dim", [0, 1])
+def test_weight_norm_of_a_sparse_weight(kind, dim):
+    """``w = g * v / ||v||`` (norms over all dims but ``dim``) keeps ``v``'s pattern: values
+    and the gradients of ``g`` and ``v`` are the dense module's (``v``'s on its pattern)."""
+    from torch.nn.utils import parametrizations
+    g = torch.Generator().manual_seed(dim)
+    w = torch.randn(4, 6, generator=g) * (torch.rand(4, 6, generator=g) < 0.6)
+    w[:, 0] = 1.0                                    # no all-zero slice in either dim
+    w[0, :] = 1.0
+    x = torch.randn(3, 6, generator=g)
+    wrap = torch.nn.utils.weight_norm if kind == "utils" else parametrizations.weight_norm
+    out, grads = [], []
+    for sparse in (True, False):
+        torch.manual_seed(0)
+        m = torch.nn.Linear(6, 4)
+        m.weight = torch.nn.Parameter(scorch.sparse_tensor(w, format="csr") if sparse else w.clone())
+        m = wrap(m, dim=dim)
+        y = m(x)
+        y.pow(2).sum().backward()
+        out.append(y)
+        params = dict(m.named_parameters())
+        gname = "weight_g" if kind == "utils" else "parametrizations.weight.original0"
+        vname = "weight_v" if kind == "utils" else "parametrizations.weight.original1"
+        gv = params[vname].grad
+        grads.append((params[gname].grad, gv.to_dense() if isinstance(gv, scorch.SparseTensor) else gv * (w != 0)))
+    torch.testing.assert_close(out[0], out[1])
+    torch.testing.assert_close(grads[0][0], grads[1][0])
+    torch.testing.assert_close(grads[0][1], grads[1][1])
+
+
+def test_adagrad_initial_accumulator_on_the_pattern():
+    """``Adagrad(initial_accumulator_value=0.1)`` makes its state with ``full_like`` in
+    ``__init__``: on the parameter's pattern, the same steps as the dense parameter's on
+    it; outside an optimizer a non-zero ``full_like`` stays dense."""
+    results = []
+    for sparse in (True, False):
+        lin, _ = _layer(5)
+        if not sparse:
+            lin.weight = torch.nn.Parameter(lin.weight.detach().to_dense())
+        opt = torch.optim.Adagrad(lin.parameters(), lr=0.1, initial_accumulator_value=0.1)
+        for step in range(3):
+            opt.zero_grad()
+            lin(torch.randn(4, 6, generator=torch.Generator().manual_seed(step))).pow(2).sum().backward()
+            if not sparse:
+                lin.weight.grad *= (lin.weight.detach() != 0)   # on the pattern
+            opt.step()
+        results.append(lin.weight.detach().to_dense())
+    torch.testing.assert_close(results[0], results[1] * (results[0] != 0))
+    S = scorch.sparse_tensor(torch.eye(3))
+    assert not isinstance(torch.full_like(S, 0.5), scorch.SparseTensor)

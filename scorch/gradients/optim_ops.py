@@ -13,6 +13,7 @@ mismatch is a RuntimeError naming the op.
 from __future__ import annotations
 
 import math
+import sys
 
 from typing import Any, List
 
@@ -153,12 +154,29 @@ def _full_like(t, fill_value, dtype=None, layout=None, device=None, pin_memory=N
     """``full_like(S, 0)`` is ``zeros_like``: the pattern with zero values (Adagrad's state,
     whose later in-place steps need one pattern); another value fills every position, so the
     result is dense by nature."""
-    if fill_value == 0 or values_level():   # in an optimizer step: on the pattern (optimizer_step)
+    if fill_value == 0 or values_level() or _in_optimizer_init():
+        # in an optimizer step (optimizer_step) or its set-up (Adagrad's
+        # ``initial_accumulator_value``): state on the pattern
         out = _zeros_like(t, dtype, layout, device, pin_memory, memory_format)
         out._storage.values.fill_(fill_value)
         return out
     check_dense_size("full_like", t.shape, dtype or t.dtype)
     return torch.full(tuple(t.shape), fill_value, dtype=dtype or t.dtype)
+
+
+def _in_optimizer_init(depth: int = 12) -> bool:
+    """Whether a torch.optim optimizer's ``__init__`` is on the stack (a few frames up):
+    the state it makes for a sparse parameter lives on the parameter's pattern. Checked only
+    for a non-zero fill outside a step."""
+    f = sys._getframe(2)
+    for _ in range(depth):
+        if f is None:
+            return False
+        code = f.f_code
+        if code.co_name == "__init__" and "torch/optim/" in code.co_filename.replace("\\", "/"):
+            return True
+        f = f.f_back
+    return False
 
 
 def _add_like(sign: float):

@@ -138,6 +138,47 @@ def rms_norm(t: SparseTensor, normalized_shape, weight: Optional[torch.Tensor] =
     return from_values(t._storage, out)
 
 
+def _norms_except(t: SparseTensor, dim: int):
+    """Each slice's 2-norm along ``dim`` (all others reduced; -1: the whole tensor), the
+    stored values' (unstored zeros add nothing), and each stored entry's slice."""
+    vals = values_of(t)
+    if dim == -1:
+        return torch.linalg.vector_norm(vals).reshape(1), torch.zeros(vals.shape[0], dtype=torch.int64)
+    dim = dim % t.dim()
+    slice_of = _coords(t)[dim]
+    squares = torch.zeros(t.shape[dim], dtype=vals.dtype).index_add(0, slice_of, vals * vals)
+    return squares.sqrt(), slice_of
+
+
+def _slice_shape(t: SparseTensor, dim: int):
+    if dim == -1:
+        return [1] * t.dim()
+    return [t.shape[d] if d == dim % t.dim() else 1 for d in range(t.dim())]
+
+
+@register(torch.norm_except_dim)
+def _norm_except_dim(v, pow=2, dim=0):
+    """``weight_norm``'s ``g`` at set-up: dense (one norm a slice)."""
+    t = _sparse(v)
+    if t is None or pow != 2 or not t.dtype.is_floating_point:
+        return NotImplemented
+    norms, _ = _norms_except(t, dim)
+    return norms.reshape(_slice_shape(t, dim))
+
+
+@register(torch._weight_norm)
+def _weight_norm(v, g, dim=0):
+    """``weight_norm``'s weight ``v * g / ||v||`` (norm over all dims but ``dim``): the
+    stored values scaled by their slice's factor, the pattern kept, differentiable in ``v``
+    and ``g`` through torch's ops on the values."""
+    t = _sparse(v)
+    if t is None or isinstance(g, SparseTensor) or not t.dtype.is_floating_point:
+        return NotImplemented
+    norms, slice_of = _norms_except(t, dim)
+    factor = g.reshape(-1).to(norms.dtype) / norms
+    return from_values(t._storage, values_of(t) * factor[slice_of])
+
+
 @register(F.rms_norm)
 def _rms_norm(input, normalized_shape, weight=None, eps=None):
     t = _sparse(input)
