@@ -76,7 +76,8 @@ def _values_op(op, inplace: bool):
             raise RuntimeError("scorch: in-place 'reciprocal_' of a sparse tensor would make its "
                                "unstored zeros inf; use torch.reciprocal (dense by nature)")
         if keeps_zero is not None and isinstance(args[0], SparseTensor) and len(args) > 1 \
-                and not keeps_zero(float(args[1])):
+                and not keeps_zero(float(args[1])) and not values_level():
+            # (in an optimizer step the state lives on the pattern: any bound)
             raise RuntimeError(
                 f"scorch: in-place '{name}' with bound {float(args[1])} would turn the sparse "
                 f"tensor's unstored zeros into that bound; clamp a dense copy (.to_dense()) "

@@ -172,8 +172,8 @@ def mean(t: SparseTensor, dim: Dims = None, keepdim: bool = False,
                            f"a floating point or complex dtype. Got: {target}")
     dims = _reduced_dims(dim, t.dim(), "mean")
     count = math.prod(t.shape[d] for d in dims)
-    # float16 / bfloat16 summed in float32, as torch's CPU mean (four float16 40000s: 10000,
-    # not the inf of a float16 sum)
+    # float16 / bfloat16 summed in float32, as torch's CPU mean (a float16 sum of a few
+    # 40000s overflows to inf; the mean itself fits)
     wide = torch.float32 if target in (torch.float16, torch.bfloat16) else target
     total = sum(t, dims, keepdim, wide)
     if isinstance(total, SparseTensor):
