@@ -285,7 +285,7 @@ def test_batch_panels_match_dense(monkeypatch, sparse_batch, x_grad):
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
-@given(batch=st.integers(0, 6), inputs=st.integers(1, 60), outputs=st.integers(1, 9),
+@given(batch=st.integers(0, 6), inputs=st.integers(0, 60), outputs=st.integers(1, 9),
        density=st.sampled_from([0.0, 0.02, 0.1, 0.6, 1.0]),
        dtype=st.sampled_from([torch.float32, torch.float64]), w_grad=st.booleans(),
        bias=st.booleans(), seed=st.integers(0, 2**16))

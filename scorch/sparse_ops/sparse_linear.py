@@ -404,6 +404,8 @@ def gathered_columns_product(x, weight) -> Optional[torch.Tensor]:
             or tuple(fmt.levels) != (LevelKind.DENSE, LevelKind.COMPRESSED)):
         return None
     inputs = st.shape[1]
+    if inputs == 0:
+        return None
     level = st.levels[1]
     crd = level.crd[:st.nnz] if level.crd.numel() != st.nnz else level.crd
     touched = torch.zeros(inputs, dtype=torch.bool)
