@@ -151,6 +151,18 @@ cdef void _move(const void* src, int64_t sr, const int64_t* cols, int64_t n, int
         free(block)
 
 
+cdef _moved(src, cols, dst, int64_t sr, int64_t dr, int64_t n, int64_t R, bint scatter, int threads):
+    """:func:`_move` over the tensors' memory (nothing to move when empty)."""
+    if n == 0 or R == 0:
+        return
+    cdef const int64_t* cp = <const int64_t*>_ptr(cols)
+    cdef void* sp = _ptr(src)
+    cdef void* dp = _ptr(dst)
+    cdef bint wide = src.dtype == torch.float64
+    with nogil:
+        _move(sp, sr, cp, n, R, dp, dr, wide, scatter, max(1, threads))
+
+
 def _checked(x: torch.Tensor, cols: torch.Tensor, int64_t limit, str name) -> None:
     if x.dim() != 2 or x.stride(1) != 1 or x.dtype not in (torch.float32, torch.float64):
         raise ValueError(f"{name}: expected a float32/float64 matrix with contiguous rows")
@@ -168,14 +180,7 @@ def gather_columns(x: torch.Tensor, cols: torch.Tensor, out: torch.Tensor, int t
     cdef int64_t R = x.shape[0], n = cols.numel(), sr = x.stride(0)
     if tuple(out.shape) != (n, R) or not out.is_contiguous() or out.dtype != x.dtype:
         raise ValueError("gather_columns: out must be a contiguous ncols x rows matrix of x's dtype")
-    if n == 0 or R == 0:
-        return
-    cdef const int64_t* cp = <const int64_t*>_ptr(cols)
-    cdef void* sp = _ptr(x)
-    cdef void* dp = _ptr(out)
-    cdef bint wide = x.dtype == torch.float64
-    with nogil:
-        _move(sp, sr, cp, n, R, dp, 0, wide, False, max(1, threads))
+    _moved(x, cols, out, sr, 0, n, R, False, threads)
 
 
 def scatter_columns(g: torch.Tensor, cols: torch.Tensor, out: torch.Tensor, int threads=1) -> None:
@@ -186,12 +191,4 @@ def scatter_columns(g: torch.Tensor, cols: torch.Tensor, out: torch.Tensor, int 
     cdef int64_t n = g.shape[0], R = g.shape[1] if g.dim() == 2 else -1
     if g.dim() != 2 or n != cols.numel() or R != out.shape[0] or g.dtype != out.dtype:
         raise ValueError("scatter_columns: g must be ncols x rows of out's dtype")
-    if n == 0 or R == 0:
-        return
-    cdef const int64_t* cp = <const int64_t*>_ptr(cols)
-    cdef void* sp = _ptr(g)
-    cdef void* dp = _ptr(out)
-    cdef bint wide = g.dtype == torch.float64
-    cdef int64_t dr = out.stride(0)
-    with nogil:
-        _move(sp, 0, cp, n, R, dp, dr, wide, True, max(1, threads))
+    _moved(g, cols, out, 0, out.stride(0), n, R, True, threads)
