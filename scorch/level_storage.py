@@ -237,17 +237,22 @@ class Storage:
 
     def permuted(self, dims: Sequence[int]) -> "Storage":
         """The same arrays seen as ``t.permute(dims)``: only dimension labels change."""
-        inverse = [0] * self.ndim
-        for new, old in enumerate(dims):
-            inverse[old] = new
-        levels = [Level(lv.kind, inverse[lv.dim], lv.size, lv.pos, lv.crd, lv.block_inner, lv.ordered)
-                  for lv in self.levels]
         if self.format.block is not None:
             # inner block levels must stay in dimension order: a permuted block is no longer
             # row-major, so blocked tensors are permuted by conversion instead.
             raise NotImplementedError("permute of a blocked tensor needs a conversion")
-        return Storage(self.format.permuted(dims), tuple(self.shape[d] for d in dims), levels,
-                       self.values, self.index_dtype)
+        inverse = [0] * self.ndim
+        for new, old in enumerate(dims):
+            inverse[old] = new
+        # (unblocked levels, so make_level's fields are all there are: ~1 us less a level,
+        # a third of ``A.t()``)
+        levels = tuple(make_level(lv.kind, inverse[lv.dim], lv.size, lv.pos, lv.crd, lv.ordered)
+                       for lv in self.levels)
+        st = _new_object(Storage)
+        st.format, st.shape, st.levels = self.format.permuted(dims), tuple(self.shape[d] for d in dims), levels
+        st.values, st.index_dtype = self.values, self.index_dtype
+        st._sig = st._ptrs = st._sorted = st._coords = None
+        return st
 
     def __repr__(self) -> str:
         return (f"Storage(format={self.format}, shape={self.shape}, nnz={self.nnz}, "
