@@ -257,7 +257,8 @@ def _softmax_assignments(rank: int, dim: int, log: bool, kept: Tuple[int, ...]):
         # the sums laid out as x stores the kept dimensions (fiber_ops.kept_in_storage_order)
         sums = tc.Assignment("".join(v[d] for d in kept), tc.Access(0, v))
         if log:
-            result = tc.Assignment(v, P * (A - M - Apply("log", tc.Access(2, keep))))
+            # in the order written (Assignment.exact): x - m first, exact where x is near m
+            result = tc.Assignment(v, P * (A - M - Apply("log", tc.Access(2, keep))), exact=True)
         else:
             result = tc.Assignment(v, Div(tc.Access(0, v), tc.Access(1, keep)))
         return exps, sums, result, keep

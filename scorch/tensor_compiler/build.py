@@ -402,6 +402,7 @@ def _environment_fingerprint() -> str:
 #: flags a kernel source may add for itself (``# scorch-cflags: ...`` line; the source text,
 #: hence the cache key, carries them)
 SOURCE_CFLAGS = ("-fno-tree-vectorize", "-falign-loops=32", "-mprefer-vector-width=256", "-fassociative-math",
+                 "-fno-associative-math",
                  "-fno-signed-zeros", "-fno-trapping-math", "-funroll-loops", "-fvariable-expansion-in-unroller",
                  "-mtune-ctrl=use_gather")
 _SOURCE_CFLAGS_LINE = re.compile(r"^# scorch-cflags: (.*)$", re.M)

@@ -222,15 +222,20 @@ class Assignment:
     """``out(output) = reduce over the reduction variables of rhs``: ``reduce`` is ``"sum"``
     (einsum), or ``"max"`` / ``"min"`` over the *stored* entries (an unstored entry does not
     take part: the op layer adds torch's implicit zeros where a fiber has unstored ones, and
-    ``torch.sparse.softmax`` wants exactly this; an empty fiber gives -inf / +inf)."""
+    ``torch.sparse.softmax`` wants exactly this; an empty fiber gives -inf / +inf).
+    ``exact``: the kernel keeps the expression's order of operations (no ``-fassociative-
+    math``): ``(x - m) - log(s)`` of a log-softmax, which regrouped as ``x - (m + log(s))``
+    loses everything below the spacing of ``m`` (0.03 at 1e6 in float32)."""
     output: Tuple[str, ...]
     rhs: Expr
     reduce: str = "sum"
+    exact: bool = False
 
-    def __init__(self, output: Sequence[str], rhs: Expr, reduce: str = "sum"):
+    def __init__(self, output: Sequence[str], rhs: Expr, reduce: str = "sum", exact: bool = False):
         object.__setattr__(self, "output", tuple(output))
         object.__setattr__(self, "rhs", rhs)
         object.__setattr__(self, "reduce", reduce)
+        object.__setattr__(self, "exact", bool(exact))
         if reduce not in REDUCTIONS:
             raise ValueError(f"unknown reduction {reduce!r}; expected one of {', '.join(REDUCTIONS)}")
         rhs_vars = rhs.vars()

@@ -360,6 +360,11 @@ REDUCTION_CFLAGS = ("-fassociative-math -fno-signed-zeros -fno-trapping-math -fu
                     "-fvariable-expansion-in-unroller")
 
 
+#: an assignment that must keep its order of operations (``Assignment.exact``); last, so it
+#: overrides the build's and REDUCTION_CFLAGS' ``-fassociative-math``
+EXACT_CFLAGS = "-fno-associative-math"
+
+
 def _block_dot(f: KernelFacts) -> bool:
     """A vector dot whose accumulator wraps more loops than the innermost (a block)."""
     return f.dot and f.s.output.acc_depth < len(f.s.loop_order) - 1
@@ -388,6 +393,8 @@ def lower_kernel(s: Schedule, value_dtype: torch.dtype,
                   # rows written straight run short loops (a union's rest of a row: a few
                   # entries), where gcc's vectorized copies cost more in set-up than they
                   # save (arrow, 3 a row: 1.09 -> 0.65 ms; 4elt, 6: 0.65 -> 0.44 ms)
-                  cflags="-fno-tree-vectorize" if f.row_room else " ".join(
-                      x for x in (REDUCTION_CFLAGS if _block_dot(f) else "",
-                                  "" if short_module else _gather_dot_cflags(f)) if x))
+                  cflags=" ".join(x for x in (
+                      "-fno-tree-vectorize" if f.row_room else "",
+                      REDUCTION_CFLAGS if _block_dot(f) and not f.row_room else "",
+                      "" if short_module or f.row_room else _gather_dot_cflags(f),
+                      EXACT_CFLAGS if s.assignment.exact else "") if x))
