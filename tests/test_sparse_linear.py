@@ -334,3 +334,23 @@ def test_gathered_columns_taken_only_where_few_inputs_are_touched():
     wide = scorch.sparse_tensor(torch.ones(2, 10), format="csr")
     assert sparse_linear.gathered_columns_product(wide, torch.randn(3, 10)) is None
     assert sparse_linear.gathered_columns_product(scorch.sparse_tensor(x, format="csc"), w) is None
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(batch=st.integers(1, 5), inputs=st.integers(1, 80), outputs=st.integers(2, 7),
+       density=st.sampled_from([0.0, 0.02, 0.1, 1.0]), w_grad=st.booleans(), seed=st.integers(0, 2**16))
+def test_csr_batch_times_a_transposed_weight(batch, inputs, outputs, density, w_grad, seed):
+    """``X @ W.t()`` (and ``mm``) with ``W`` stored out x in takes F.linear's copy of only
+    the touched columns where it pays; values and W's gradient are dense torch's."""
+    g = torch.Generator().manual_seed(seed)
+    x = _sparse_dense((batch, inputs), density, torch.float64, seed)
+    w = torch.randn(outputs, inputs, generator=g, dtype=torch.float64)
+    X = scorch.sparse_tensor(x, format="csr")
+    W = w.clone().requires_grad_(w_grad)
+    got = X @ W.t()
+    torch.testing.assert_close(got, x @ w.t(), **_tol(torch.float64))
+    torch.testing.assert_close(torch.mm(X, W.t()), x @ w.t(), **_tol(torch.float64))
+    if w_grad:
+        got.sum().backward()
+        torch.testing.assert_close(W.grad, (x.t() @ torch.ones(batch, outputs, dtype=torch.float64)).t(),
+                                   **_tol(torch.float64))

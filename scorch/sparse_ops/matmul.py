@@ -260,6 +260,12 @@ def _sparse_dense(a, b, nd: int = 2):
                     result = dispatch(_warm_dispatch[1], equation, (a, b))
                     if result is not NotImplemented:
                         return result
+            if of is None and nd == 2 and b.stride(0) == 1 and b.stride(1) != 1 and b.shape[1] > 1:
+                # ``X @ W.t()`` (W out x in): F.linear's copy of only the rows X reaches
+                from .sparse_linear import gathered_columns_product
+                result = gathered_columns_product(a, b.t())
+                if result is not None:
+                    return result
             return _einsum_entry.einsum(equation, a, b, out_format=of)
     return None
 
