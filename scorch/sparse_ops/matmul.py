@@ -17,6 +17,7 @@ from ..gradients.values import from_values, values_of
 from ..tensor_type import SparseTensor, is_sparse_operand
 from . import elementwise
 from . import einsum as _einsum_entry
+from .gathered_columns import gathered_columns_product
 from ..broadcasting import broadcast_shapes
 
 __all__ = ["matmul", "mm", "mv", "bmm", "addmm", "hspmm"]
@@ -262,7 +263,6 @@ def _sparse_dense(a, b, nd: int = 2):
                         return result
             if of is None and nd == 2 and b.stride(0) == 1 and b.stride(1) != 1 and b.shape[1] > 1:
                 # ``X @ W.t()`` (W out x in): F.linear's copy of only the rows X reaches
-                from .sparse_linear import gathered_columns_product
                 result = gathered_columns_product(a, b.t())
                 if result is not None:
                     return result
