@@ -1,6 +1,6 @@
 """F.linear of a CSR bag-of-words batch through a dense out x in weight: the general einsum
 (the whole weight re-laid out per call) against F.linear (only the touched columns gathered
-where that pays, ``sparse_linear.gathered_columns_product``), interleaved in one process,
+where that pays, ``sparse_ops/gathered_columns.py``), interleaved in one process,
 forward and forward + backward, medians in ms.
 
 Run: ``python benchmarks/bench_sparse_input_linear.py``."""

@@ -1,7 +1,7 @@
 """The runtime's moves of dense matrices that follow a sparse operand's entries
 (``scorch/_runtime/dense_moves.pyx``): the non-zero rows compacted in place (``dense_route``'s
 ``cd`` results), and the columns a sparse batch touches gathered out of a weight and
-scattered back (``sparse_linear.gathered_columns_product``), against torch's indexing."""
+scattered back (``sparse_ops/gathered_columns.py``), against torch's indexing."""
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
