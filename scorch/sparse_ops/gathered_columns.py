@@ -60,20 +60,20 @@ def gathered_columns_product(x, weight) -> Optional[torch.Tensor]:
         return None
     level = st.levels[1]
     crd = level.crd[:st.nnz] if level.crd.numel() != st.nnz else level.crd
-    touched = torch.zeros(inputs, dtype=torch.bool)
-    touched.index_fill_(0, crd.to(torch.int64), True)
+    # the distinct columns, sorted, and each entry's place among them: O(nnz log nnz), no
+    # array as long as the inputs (their order kept, so the rows stay sorted)
+    cols, renumbered = torch.unique(crd, sorted=True, return_inverse=True)
     per_line = max(1, 64 // weight.element_size())
-    lines = 1.0 - (1.0 - int(touched.sum()) / inputs) ** per_line   # the lines the columns touch
+    lines = 1.0 - (1.0 - cols.numel() / inputs) ** per_line   # the lines the columns touch
     training = weight.requires_grad and torch.is_grad_enabled()
     if lines > GATHER_MAX_LINES and not (
             training and weight.numel() * weight.element_size() >= GATHER_TRAINING_BYTES):
         return None
-    cols = touched.nonzero().view(-1)
-    renumber = torch.empty(inputs, dtype=crd.dtype)
-    renumber[cols] = torch.arange(cols.numel(), dtype=crd.dtype)
     narrow = Storage(fmt, (st.shape[0], cols.numel()),
-                     [st.levels[0], dataclasses.replace(level, size=cols.numel(), crd=renumber[crd])],
+                     [st.levels[0], dataclasses.replace(level, size=cols.numel(),
+                                                        crd=renumbered.to(crd.dtype))],
                      st.values, st.index_dtype)
+    cols = cols.to(torch.int64)
     return _einsum_entry.einsum("bj,jo->bo", SparseTensor(narrow), _gather_columns(weight, cols),
                                 out_format="dense")
 

@@ -35,20 +35,24 @@ def renorm(t: SparseTensor, p: float, dim: int, maxnorm: float) -> SparseTensor:
     if math.prod(t.shape) == 0:          # nothing to scale; torch's checks of empty slices
         torch.renorm(torch.zeros(t.shape, dtype=t.dtype), p, dim, maxnorm)
         return from_values(t._storage, values_of(t))
-    others = [k for k in range(t.dim()) if k != d]
     vals = values_of(t)
+    norm = _entry_slice_norms(t, vals, p, d)
+    scale = torch.where(norm > maxnorm, maxnorm / (norm + 1e-7), torch.ones((), dtype=norm.dtype))
+    return from_values(t._storage, vals * scale.to(t.dtype))
+
+
+def _entry_slice_norms(t: SparseTensor, vals: torch.Tensor, p: float, d: int) -> torch.Tensor:
+    """Each stored entry's slice ``p``-norm (the slice ``t.select(d, i)`` it lies in)."""
+    others = [k for k in range(t.dim()) if k != d]
     if others and fiber_ops.wide_groups(t._storage, [d]) and p > 0 and math.isfinite(p):
         # one slot per stored slice, not a dense vector as long as ``dim``
         key, slots = fiber_ops.entry_groups(t._storage, [d])
         sums = torch.zeros(slots, dtype=vals.dtype).index_add(0, key, vals.abs() ** p)
-        norm = (sums ** (1.0 / p))[key]
-    elif others:
+        return (sums ** (1.0 / p))[key]
+    if others:
         norm = torch.linalg.vector_norm(t, p, dim=others)
-        norm = (norm.to_dense() if isinstance(norm, SparseTensor) else norm).reshape(-1)[_coords(t)[d]]
-    else:                       # 1-D: each slice is one element, its own norm
-        norm = vals.abs()
-    scale = torch.where(norm > maxnorm, maxnorm / (norm + 1e-7), torch.ones((), dtype=norm.dtype))
-    return from_values(t._storage, vals * scale.to(t.dtype))
+        return (norm.to_dense() if isinstance(norm, SparseTensor) else norm).reshape(-1)[_coords(t)[d]]
+    return vals.abs()           # 1-D: each slice is one element, its own norm
 
 
 @register(torch.renorm, torch.Tensor.renorm)
@@ -138,32 +142,20 @@ def rms_norm(t: SparseTensor, normalized_shape, weight: Optional[torch.Tensor] =
     return from_values(t._storage, out)
 
 
-def _norms_except(t: SparseTensor, dim: int):
-    """Each slice's 2-norm along ``dim`` (all others reduced; -1: the whole tensor), the
-    stored values' (unstored zeros add nothing), and each stored entry's slice."""
-    vals = values_of(t)
-    if dim == -1:
-        return torch.linalg.vector_norm(vals).reshape(1), torch.zeros(vals.shape[0], dtype=torch.int64)
-    dim = dim % t.dim()
-    slice_of = _coords(t)[dim]
-    squares = torch.zeros(t.shape[dim], dtype=vals.dtype).index_add(0, slice_of, vals * vals)
-    return squares.sqrt(), slice_of
-
-
-def _slice_shape(t: SparseTensor, dim: int):
-    if dim == -1:
-        return [1] * t.dim()
-    return [t.shape[d] if d == dim % t.dim() else 1 for d in range(t.dim())]
-
-
 @register(torch.norm_except_dim)
 def _norm_except_dim(v, pow=2, dim=0):
     """``weight_norm``'s ``g`` at set-up: dense (one norm a slice)."""
     t = _sparse(v)
     if t is None or pow != 2 or not t.dtype.is_floating_point:
         return NotImplemented
-    norms, _ = _norms_except(t, dim)
-    return norms.reshape(_slice_shape(t, dim))
+    if dim == -1:
+        return torch.linalg.vector_norm(values_of(t)).reshape([1] * t.dim())
+    d = dim % t.dim()
+    others = [k for k in range(t.dim()) if k != d]
+    if not others:              # 1-D: each element its own norm (dense: one per slice)
+        return values_of(t).abs().new_zeros(t.shape).index_put((_coords(t)[0],), values_of(t).abs())
+    norm = torch.linalg.vector_norm(t, 2, dim=others, keepdim=True)
+    return norm.to_dense() if isinstance(norm, SparseTensor) else norm
 
 
 @register(torch._weight_norm)
@@ -174,9 +166,12 @@ def _weight_norm(v, g, dim=0):
     t = _sparse(v)
     if t is None or isinstance(g, SparseTensor) or not t.dtype.is_floating_point:
         return NotImplemented
-    norms, slice_of = _norms_except(t, dim)
-    factor = g.reshape(-1).to(norms.dtype) / norms
-    return from_values(t._storage, values_of(t) * factor[slice_of])
+    vals = values_of(t)
+    if dim == -1:
+        return from_values(t._storage, vals * (g.reshape(()).to(vals.dtype) / torch.linalg.vector_norm(vals)))
+    d = dim % t.dim()
+    factor = g.reshape(-1).to(vals.dtype)[_coords(t)[d]] / _entry_slice_norms(t, vals, 2.0, d)
+    return from_values(t._storage, vals * factor)
 
 
 @register(F.rms_norm)
