@@ -5,15 +5,14 @@ batch touches are gathered (``_runtime/dense_moves.pyx``), and the weight's grad
 scattered back in its own layout."""
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional
 
 import torch
 
 from .._runtime.dense_moves import gather_columns, scatter_columns
 from ..formats import LevelKind
-from ..level_storage import Storage
 from ..tensor_compiler.allocate import empty_output, zeros_output
+from ..tensor_compiler.narrowed_gather import GATHER_MAX_LINES, narrowed_columns, touched_lines
 from ..tensor_compiler.threads import threads_for
 from ..tensor_type import SparseTensor
 from . import einsum as _einsum_entry
@@ -21,12 +20,10 @@ from . import einsum as _einsum_entry
 __all__ = ["gathered_columns_product", "GATHER_MAX_LINES", "GATHER_TRAINING_BYTES"]
 
 #: a sparse batch reads a dense (out x in) weight through a copy of only the columns it
-#: touches (``gathered_columns_product``) where those columns cover at most this fraction of
-#: the weight's cache lines; past it the copy reads as much as the whole transpose, which is
-#: faster per byte (20k x 128 weight, 16 % of the columns: 1.47 against 0.83 ms).
-GATHER_MAX_LINES = 0.5
-#: ... or where the weight trains and is at least this big: its gradient then comes back
-#: in the weight's layout, where the general einsum's dense gradient of a big weight costs
+#: touches (``gathered_columns_product``) where those columns cover at most
+#: ``narrowed_gather.GATHER_MAX_LINES`` of the weight's cache lines (the rule einsum's
+#: narrowed gather follows), or where the weight trains and is at least this big: its
+#: gradient then comes back in the weight's layout, where the general einsum's dense gradient of a big weight costs
 #: 2.5x (80k x 256, 64 x 150 words: forward + backward 45.7 -> 18.4 ms, forward equal)
 GATHER_TRAINING_BYTES = 16 << 20
 
@@ -58,22 +55,11 @@ def gathered_columns_product(x, weight) -> Optional[torch.Tensor]:
     inputs = st.shape[1]
     if inputs == 0:
         return None
-    level = st.levels[1]
-    crd = level.crd[:st.nnz] if level.crd.numel() != st.nnz else level.crd
-    # the distinct columns, sorted, and each entry's place among them: O(nnz log nnz), no
-    # array as long as the inputs (their order kept, so the rows stay sorted)
-    cols, renumbered = torch.unique(crd, sorted=True, return_inverse=True)
-    per_line = max(1, 64 // weight.element_size())
-    lines = 1.0 - (1.0 - cols.numel() / inputs) ** per_line   # the lines the columns touch
+    cols, narrow = narrowed_columns(st)
     training = weight.requires_grad and torch.is_grad_enabled()
-    if lines > GATHER_MAX_LINES and not (
+    if touched_lines(cols.numel(), inputs, weight.element_size()) > GATHER_MAX_LINES and not (
             training and weight.numel() * weight.element_size() >= GATHER_TRAINING_BYTES):
         return None
-    narrow = Storage(fmt, (st.shape[0], cols.numel()),
-                     [st.levels[0], dataclasses.replace(level, size=cols.numel(),
-                                                        crd=renumbered.to(crd.dtype))],
-                     st.values, st.index_dtype)
-    cols = cols.to(torch.int64)
     return _einsum_entry.einsum("bj,jo->bo", SparseTensor(narrow), _gather_columns(weight, cols),
                                 out_format="dense")
 

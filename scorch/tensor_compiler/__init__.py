@@ -13,7 +13,8 @@ Stages (docs/compiler.md draws them with the data between them):
 4. build and cache: ``build`` (compile, disk and memory cache), ``prebuilt``, ``fastcall``;
 5. run: ``operands`` (binding), ``arguments`` (argument tables), ``execute`` (general path),
    ``runner`` (warm path), ``assemble`` (sparse outputs), ``allocate``, ``relayout``,
-   ``threads``, ``tiling``.
+   ``narrowed_gather`` (a re-layout narrowed to a sparse operand's columns), ``threads``,
+   ``tiling``.
 
 Entry points: :func:`einsum`, :func:`compute`, :func:`explain`, :func:`read_formats`, :func:`result_is_dense` (``api``).
 """

@@ -440,6 +440,14 @@ def _relayouts(entry, ops) -> list:
             else:
                 out.append(f"operand {ap.tensor} ({var} has stride 1): read in place")
             continue
+        narrow = entry.narrowed.columns(ops) if entry.narrowed is not None and entry.narrowed.dense == ap.tensor else None
+        if narrow is not None:
+            kept = narrow[0].numel()
+            out.append(f"operand {ap.tensor} (stride {x.stride(d)} along {var}, the innermost loop): "
+                       f"only the {kept} of its {x.shape[1 - d]} slices operand {entry.narrowed.sparse} "
+                       f"stores, copied to stride 1 once per call, {kept * x.shape[d]} entries "
+                       f"(narrowed_gather.py)")
+            continue
         reads = strided_reads(entry, ops, x.shape[d])   # the copy against the kernel's reads
         if reads is not None:
             if not relayout_pays(x.numel(), reads):

@@ -171,7 +171,8 @@ def run(entry: PlanEntry, ops):
     """Run a plan: values only when its sparse operands share one pattern
     (``shared_pattern``), else its warm runner when it takes the call, else the general path;
     a result of one compressed level over dense ones is computed dense where that pays
-    (``dense_route``). A plan with a reuse alternative (``planner.reuse_entry``) hands
+    (``dense_route``), and a dense operand re-laid out for a sparse one's few columns is
+    copied narrow (``narrowed_gather``). A plan with a reuse alternative (``planner.reuse_entry``) hands
     a call whose transposed operands were seen before to it."""
     alt = entry.reuse
     if alt is not None and all([seen_again(ops[n]) for n in alt.kept_transposes]):
@@ -179,6 +180,11 @@ def run(entry: PlanEntry, ops):
     route = entry.dense_route
     if route is not None and route.pays(ops):
         return route.run(ops, run)
+    narrowed = entry.narrowed
+    if narrowed is not None:
+        r = narrowed.run(ops, run, entry)
+        if r is not None:
+            return r
     shared = entry.shared
     if shared is None:
         shared = entry.shared = values_plan(entry) or False

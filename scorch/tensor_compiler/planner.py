@@ -14,6 +14,7 @@ from ..formats import Format, as_format
 from ..level_storage import Storage
 from . import codegen
 from .dense_route import dense_route
+from .narrowed_gather import narrowed_gather
 from .index_notation import Assignment, parse_einsum
 from .plans import COMPILER_VERSION, PlanEntry, cached_entry, fmt_key
 from .rewrite import block_split, rename_broadcast
@@ -206,9 +207,9 @@ def einsum_entry(equation: str, ops, out_format, ordered: bool = True) -> PlanEn
 
         def planned(st: Optional[Statistics], fmt: Optional[Format] = fmt) -> PlanEntry:
             e = make_entry(asg, op_idx, ops, fmt, ordered=ordered, statistics=st, small=small)
-            e.dense_route = dense_route(e, lambda: make_entry(
-                asg, op_idx, ops, Format("d" * len(asg.output)), statistics=st, small=small))
-            return e
+            e.dense_route = dense_route(e, lambda: narrowing(make_entry(
+                asg, op_idx, ops, Format("d" * len(asg.output)), statistics=st, small=small)))
+            return narrowing(e)
         entry = planned(stats)
         entry.reuse = reuse_entry(entry, stats, lambda st, f: planned(st, fmt if fmt is not None else f))
         return entry
@@ -237,6 +238,12 @@ def _kept_transposes_may_pay(priced) -> bool:
 def _route_order(entry: PlanEntry):
     route = entry.dense_route
     return None if route is None else tuple(route.dense_entry.schedule.loop_order)
+
+
+def narrowing(entry: PlanEntry) -> PlanEntry:
+    """``entry`` with its narrowed gather (``narrowed_gather``), where it has one."""
+    entry.narrowed = narrowed_gather(entry)
+    return entry
 
 
 def reuse_entry(entry: PlanEntry, stats: Optional[Statistics],

@@ -114,6 +114,7 @@ class PlanEntry:
     orig_output: Tuple[str, ...] = ()
     orig_indices: List[Tuple[str, ...]] = field(default_factory=list)
     dense_route: Any = None       # dense_route.DenseRoute: a 'cd...d' result computed dense
+    narrowed: Any = None          # narrowed_gather.NarrowedGather: a re-laid-out operand copied narrow
     reuse: Any = None             # the PlanEntry for operands seen again (planner.reuse_entry)
     kept_transposes: Tuple[int, ...] = ()  # a reuse plan: the operands it reads transposed, kept
 
