@@ -12,6 +12,7 @@ row). What each kind can do is in ``scorch.level_kinds``.
 """
 from __future__ import annotations
 
+import operator
 from typing import Iterable, Optional, Sequence, Tuple, Union
 
 from .level_kinds import LevelKind, compressed, coordinate, dense, parse_level, registered, singleton
@@ -41,6 +42,19 @@ def _letters() -> str:
 _PERMUTED: dict = {}
 
 
+def _ints(seq, name: str) -> tuple:
+    """``seq`` as a tuple of ints; anything else (a string, floats, bools) is refused, not
+    truncated (``block=(2.5, 2)`` is not ``(2, 2)``)."""
+    if isinstance(seq, (str, bytes)) or not hasattr(seq, "__iter__"):
+        raise ValueError(f"{name} must be a sequence of ints, got {seq!r}")
+    try:
+        if any(isinstance(v, bool) for v in seq):
+            raise TypeError
+        return tuple(operator.index(v) for v in seq)
+    except TypeError:
+        raise ValueError(f"{name} must be a sequence of ints, got {seq!r}") from None
+
+
 class Format:
     """A storage format: ``levels[k]`` is the kind of level ``k``, which stores dimension
     ``mode_order[k]``. ``block`` (one size per dimension) stores dense blocks: the levels
@@ -67,20 +81,14 @@ class Format:
         if mode_order is None:
             mo = tuple(range(rank))
         else:
-            try:
-                mo = tuple(int(m) for m in mode_order)
-            except (TypeError, ValueError):
-                raise ValueError(f"mode_order must be a sequence of ints, got {mode_order!r}") from None
+            mo = _ints(mode_order, "mode_order")
             if sorted(mo) != list(range(rank)):
                 raise ValueError(
                     f"mode_order {mode_order!r} is not a permutation of 0..{rank - 1} "
                     f"for a format with {rank} levels")
         blk = None
         if block is not None:
-            try:
-                blk = tuple(int(b) for b in block)
-            except (TypeError, ValueError):
-                raise ValueError(f"block must be a sequence of ints, got {block!r}") from None
+            blk = _ints(block, "block")
             if len(blk) != rank:
                 raise ValueError(f"block {block!r} has {len(blk)} sizes but the format has {rank} levels")
             if any(b <= 0 for b in blk):

@@ -89,7 +89,9 @@ def _reference_corners(grid, sizes, mode, padding, align):
                 extra, flips = torch.fmod(x, span), torch.floor(x / span)
                 x = torch.where(flips % 2 == 0, extra + low, span - extra + low)
         if padding in (1, 2):
-            x = x.clamp(0, size - 1)
+            # a NaN source (a NaN coordinate, or an infinite one reflected) reads index 0,
+            # as torch's CPU kernel does
+            x = torch.nan_to_num(x, nan=0.0, posinf=float("inf"), neginf=float("-inf")).clamp(0, size - 1)
         src.append(x)
     picks = 2 ** n if mode == 0 else 1
     q = torch.zeros((batch, points, picks), dtype=torch.int64)

@@ -60,7 +60,9 @@ cdef inline real_t _source(real_t c, int64_t size, int padding, bint align) noex
         else:
             x = _reflect(x, -1, 2 * size - 1)
     if padding == 1 or padding == 2:
-        if x < 0:
+        if x != x:          # a NaN coordinate (or an infinite one reflected): torch's index 0
+            x = 0
+        elif x < 0:
             x = 0
         elif x > size - 1:
             x = size - 1

@@ -134,6 +134,9 @@ def _maximum_out(a, b, *, out):
 def _zeros_like(t, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     if layout is not None and layout is not torch.strided:
         raise RuntimeError(f"scorch: zeros_like: layout {layout} of a sparse tensor")
+    if device is not None and torch.device(device).type != "cpu":
+        raise RuntimeError(f"scorch: zeros_like: sparse tensors live on the CPU; cannot make one "
+                           f"on {device}")
     st = t._storage
     vals = torch.zeros_like(st.values, dtype=dtype)
     return SparseTensor(_pattern.with_pattern_values(st, vals))

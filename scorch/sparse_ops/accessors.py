@@ -63,15 +63,27 @@ _accessor("ccol_indices", "csc", 0)
 _accessor("row_indices", "csc", 1)
 
 
+def _row_major(t: SparseTensor) -> bool:
+    """Whether ``t.indices()`` come in torch's coalesced order: scorch tensors never hold
+    duplicate coordinates, and a format that stores its dimensions in order (not CSC, not a
+    transposed COO, not blocked) keeps its coordinates row-major sorted."""
+    st = t._storage
+    fmt = st.format
+    return fmt.block is None and tuple(fmt.mode_order) == tuple(range(st.ndim)) and st.ordered
+
+
 @register(torch.Tensor.coalesce)
 def _coalesce(t):
-    """scorch tensors never hold duplicate coordinates: already coalesced."""
-    return t if isinstance(t, SparseTensor) else NotImplemented
+    """Itself where its indices are already row-major sorted (``is_coalesced``); else the
+    same tensor as COO in row-major order, as torch's ``coalesce`` of a transposed COO."""
+    if not isinstance(t, SparseTensor):
+        return NotImplemented
+    return t if _row_major(t) else t.to_format("coo")
 
 
 @register(torch.Tensor.is_coalesced)
 def _is_coalesced(t):
-    return True if isinstance(t, SparseTensor) else NotImplemented
+    return _row_major(t) if isinstance(t, SparseTensor) else NotImplemented
 
 
 def _to_layout(fmt: str):

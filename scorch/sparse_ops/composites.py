@@ -509,7 +509,9 @@ def _narrow(x, dim, start, length):
         return NotImplemented
     d = checked_dim(dim, t.dim(), "narrow") if t.dim() else 0
     s = start % t.shape[d] if start < 0 else start
-    if not 0 <= s <= t.shape[d] or length < 0 or s + length > t.shape[d]:
+    if length < 0:
+        raise RuntimeError("narrow(): length must be non-negative.")
+    if not 0 <= s <= t.shape[d] or s + length > t.shape[d]:
         raise RuntimeError(f"narrow(): start ({start}) + length ({length}) exceeds dimension size "
                            f"({t.shape[d]}) of dim {dim}")
     return _shape.getitem(t, (slice(None),) * d + (slice(s, s + length),))

@@ -85,7 +85,20 @@ def grid_sample(x: SparseTensor, grid: torch.Tensor, mode: int, padding: int, al
         return _shape._build(torch.zeros((len(shape), 0), dtype=torch.int64), values_of(x)[:0], shape)
     M = SparseTensor(_sampling_matrix(grid, sizes, mode, padding, align_corners, x.dtype))
     ins, outs = "ijk"[:n], "xyz"[:n]
-    return einsum(f"n{outs}{ins},nc{ins}->nc{outs}", M, x)
+    out = einsum(f"n{outs}{ins},nc{ins}->nc{outs}", M, x)
+    if mode == 0 and padding == 0:
+        # torch's bilinear sampling with zero padding gives NaN at a non-finite coordinate
+        # (its weights are NaN); the sampling matrix has no corners there
+        lost = ~torch.isfinite(grid).all(-1)
+        if bool(lost.any()):
+            at = lost.nonzero().t()                                  # (1 + n) x k
+            C, k = x.shape[1], at.shape[1]
+            chans = torch.arange(C).repeat(k)
+            at = at.repeat_interleave(C, dim=1)
+            coords = torch.cat([at[:1], chans[None], at[1:]])
+            nan = torch.full((coords.shape[1],), float("nan"), dtype=out.dtype)
+            out = out + _shape._build(coords, nan, tuple(out.shape))
+    return out
 
 
 def _handler(input, grid, interpolation_mode, padding_mode, align_corners):

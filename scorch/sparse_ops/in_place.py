@@ -117,6 +117,45 @@ def record_in_place(s: SparseTensor, other, op: Callable, store: Callable) -> Sp
     return _InPlaceWith.apply(s, other, op, store)
 
 
+def _at_stored(name: str, x: SparseTensor, pure: Callable, args: tuple, kwargs: dict):
+    """The tensor arguments of ``x.<name>(..., T, ...)`` (bounds, exponents) as their values
+    at ``x``'s stored positions, in storage order, so torch's op on the values array pairs
+    each stored entry with its own element of ``T`` (broadcast to ``x``'s shape, as torch's
+    in-place op requires). The op must keep 0 at 0 at every position of ``T``, not only at
+    the stored ones: one that moves a zero off the pattern raises, as ``run_in_place``
+    does for a scalar."""
+    shape = tuple(x.shape)
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor) and a.dim():
+            try:
+                fits = broadcast_shapes(tuple(a.shape), shape) == shape
+            except RuntimeError:
+                fits = False
+            if not fits:
+                raise RuntimeError(f"{name}: the argument of shape {list(a.shape)} does not "
+                                   f"broadcast to the sparse tensor's shape {list(shape)}")
+    st = x._storage
+    if not values_level():
+        zero = pure(torch.zeros((), dtype=st.values.dtype), *args, **kwargs)
+        if not bool((zero == 0).all()):
+            raise RuntimeError(
+                f"scorch: in-place '{name}' maps 0 to a non-zero where its argument says so, "
+                f"so its result could not stay sparse; use the out-of-place form or .to_dense() first")
+    from .positions import _row_major_keys, values_at
+    where = _stored_coords(x)
+
+    def stored(a):
+        if not (isinstance(a, torch.Tensor) and a.dim()):
+            return a
+        if isinstance(a, SparseTensor):     # a sparse argument of x's own shape: its values there
+            if tuple(a.shape) != shape:
+                raise RuntimeError(f"{name}: a sparse argument must have the sparse tensor's "
+                                   f"shape {list(shape)}, got {list(a.shape)}")
+            return values_at(a, _row_major_keys(where, shape)).detach()
+        return a.expand(shape)[tuple(where)]
+    return tuple(stored(a) for a in args), {k: stored(a) for k, a in kwargs.items()}
+
+
 def _method(name: str):
     """``Tensor.<name>_(*args)`` (and ``torch.<name>_`` where torch has it)."""
     in_place, pure = getattr(torch.Tensor, name + "_"), getattr(torch.Tensor, name)
@@ -124,6 +163,8 @@ def _method(name: str):
     def handler(x, *args, **kwargs):
         if not isinstance(x, SparseTensor) or x._storage.format.block is not None:
             return NotImplemented
+        if any(isinstance(a, torch.Tensor) and a.dim() for a in (*args, *kwargs.values())):
+            args, kwargs = _at_stored(name + "_", x, pure, args, kwargs)
         return run_in_place(name + "_", x, lambda v: in_place(v, *args, **kwargs),
                             lambda v: pure(v, *args, **kwargs))
     fns = [in_place] + ([getattr(torch, name + "_")] if hasattr(torch, name + "_") else [])

@@ -27,6 +27,7 @@ from ..gradients.values import from_values, values_of
 from ..tensor_type import SparseTensor, with_values
 from .in_place import record_in_place, write_values
 from .positions import _keyable, _row_major_keys, _sparse, index_keys, index_put, values_at
+from .shape import index_items
 
 __all__ = ["selected_entries", "write_items", "put_within_pattern", "index_put_tuple"]
 
@@ -212,7 +213,7 @@ def index_put_tuple(indices) -> Optional[tuple]:
 def _setitem(x, index, value):
     if not isinstance(x, SparseTensor):
         return NotImplemented          # a dense x (``d[i] = S``): torch's, with S's dense values
-    return write_items("__setitem__", x, index, value)
+    return write_items("__setitem__", x, index_items(index), value)
 
 
 @register(torch.Tensor.index_put_)

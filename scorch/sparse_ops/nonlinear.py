@@ -233,8 +233,9 @@ def _softmax(t: SparseTensor, dim: int, log: bool, dtype: Optional[torch.dtype])
     dim = checked_dim(dim, t.dim(), "softmax")
     if dtype is not None:
         t = with_dtype(t, dtype)   # differentiable cast
-    elif not t.dtype.is_floating_point:
-        raise RuntimeError(f"softmax(): expected a floating point tensor, got {t.dtype}")
+    if not t.dtype.is_floating_point:     # (torch: "softmax" not implemented for 'Long')
+        what = f"dtype={dtype} is not" if dtype is not None else f"got {t.dtype}, expected"
+        raise RuntimeError(f"{'log_' if log else ''}softmax(): {what} a floating point type")
     if fiber_ops.wide_fibers(t._storage, dim):   # one slot per stored fiber, not a dense array
         return fiber_ops.softmax(t, dim, log, lambda x: fiber_ops.softmax_by_groups(x, dim, log))
     return fiber_ops.softmax(t, dim, log, lambda x: _softmax_kernels(x, dim, log))

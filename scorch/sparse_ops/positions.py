@@ -203,6 +203,13 @@ def _sparse_from(coords: torch.Tensor, values: torch.Tensor, like: torch.Tensor)
 def _check_write(name: str, self: torch.Tensor, index: torch.Tensor, dim: int, other: torch.Tensor) -> None:
     """What torch checks beyond shapes (those: torch's op on meta tensors): equal dtypes, an
     integer index inside ``self``'s size along ``dim``."""
+    if name == "index_add" and self.dim() and other.dim() and (
+            other.dim() != self.dim() or any(other.shape[k] != self.shape[k]
+                                             for k in range(self.dim()) if k != dim % self.dim())):
+        # (torch's meta index_add skips this check; its CPU kernel makes it)
+        raise RuntimeError(f"index_add_(): source tensor shape must match self tensor shape, "
+                           f"excluding the specified dimension. Got self.shape = "
+                           f"{list(self.shape)} source.shape = {list(other.shape)}")
     if max(math.prod(a.shape) for a in (self, other)) < 1 << 56:
         meta = [torch.empty(a.shape, dtype=a.dtype, device="meta") for a in (self, index, other)]
         getattr(torch, name)(meta[0], dim, meta[1], meta[2])

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -670,9 +671,30 @@ def _outer_first(t: SparseTensor, items: list) -> Optional[torch.Tensor]:
     return getitem(part, tuple(rest))
 
 
+def index_items(index) -> tuple:
+    """``index`` as a tuple of items, index tensors checked as torch checks them: a uint8
+    tensor is a mask (torch's deprecated byte mask: the same warning, then a bool mask), and
+    only int64, int32, uint8 and bool tensors index (int8, int16: torch's error)."""
+    items = index if isinstance(index, tuple) else (index,)
+    if not any(isinstance(i, torch.Tensor) and i.dtype not in (torch.int64, torch.int32, torch.bool)
+               for i in items):
+        return items
+    out = []
+    for i in items:
+        if isinstance(i, torch.Tensor) and not is_sparse_operand(i):
+            if i.dtype == torch.uint8:
+                warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a "
+                              "dtype torch.bool instead.", UserWarning, stacklevel=3)
+                i = i.bool()
+            elif i.dtype not in (torch.int64, torch.int32, torch.bool):
+                raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+        out.append(i)
+    return tuple(out)
+
+
 def getitem(t: SparseTensor, index) -> torch.Tensor:
     """``t[index]`` over the stored entries."""
-    items = index if isinstance(index, tuple) else (index,)
+    items = index = index_items(index)
     if any(_bool_scalar(i) is not None for i in items):
         return _with_bool_scalars(t, items)
     if any(_nd_index(i) for i in items):
@@ -841,6 +863,9 @@ def _embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     # values, as torch's F.embedding under no_grad); scale_grad_by_freq rescales the
     # gradient: the fallback's; padding_idx only stops that row's gradient: the same
     # forward without one
+    if padding_idx is not None and isinstance(weight, torch.Tensor) and not (
+            -weight.shape[0] <= padding_idx < weight.shape[0]):
+        raise AssertionError("Padding_idx must be within num_embeddings")    # torch's check
     if (not isinstance(weight, SparseTensor) or scale_grad_by_freq
             or (padding_idx is not None and weight.requires_grad)):
         return NotImplemented

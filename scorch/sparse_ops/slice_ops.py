@@ -121,6 +121,10 @@ def rms_norm(t: SparseTensor, normalized_shape, weight: Optional[torch.Tensor] =
     if tuple(t.shape[t.dim() - k:]) != tuple(normalized_shape):
         raise RuntimeError(f"rms_norm: normalized_shape {list(normalized_shape)} does not match the "
                            f"input's last dims {list(t.shape)}")
+    if weight is not None and tuple(weight.shape) != tuple(normalized_shape):
+        raise RuntimeError(f"rms_norm: expected weight to be of same shape as normalized_shape, "
+                           f"but got weight of shape {list(weight.shape)} and normalized_shape = "
+                           f"{list(normalized_shape)}")
     eps = torch.finfo(t.dtype).eps if eps is None else eps
     lead, trail = t.shape[:t.dim() - k], t.shape[t.dim() - k:]
     coords, vals = _coords(t), values_of(t)

@@ -104,12 +104,16 @@ def _diagonal_scatter(input, src, offset=0, dim1=0, dim2=1):
     return replace_region(t, ct[d2] - ct[d1] == offset, moved, v)
 
 
-def _index_positions(index: torch.Tensor, n: int, name: str, dim: int) -> torch.Tensor:
+def _index_positions(index: torch.Tensor, n: int, name: str, dim: int,
+                     negative: bool = True) -> torch.Tensor:
+    """``index`` as positions in ``[0, n)``; a negative index counts from the end where
+    torch's op allows that (``index_fill``; ``index_copy`` refuses it)."""
     idx = index.reshape(-1).to(torch.int64)
     if idx.numel():
         lo, hi = int(idx.min()), int(idx.max())
-        if lo < -n or hi >= n:
-            raise IndexError(f"{name}(): index {lo if lo < -n else hi} is out of bounds for "
+        least = -n if negative else 0
+        if lo < least or hi >= n:
+            raise IndexError(f"{name}_(): index {lo if lo < least else hi} is out of bounds for "
                              f"dimension {dim} with size {n}")
     return idx % max(n, 1)
 
@@ -120,7 +124,7 @@ def _index_copy(input, dim, index, source):
     if t is None:
         return _dense_input(torch.index_copy, input, dim, index, source) if _sparse(source) is not None else NotImplemented
     d = _dim(dim, t.dim()) if t.dim() else 0
-    idx = _index_positions(index, t.shape[d] if t.dim() else 1, "index_copy", d)
+    idx = _index_positions(index, t.shape[d] if t.dim() else 1, "index_copy", d, negative=False)
     shape = list(t.shape)
     if t.dim():
         shape[d] = idx.numel()

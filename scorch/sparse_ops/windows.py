@@ -121,12 +121,35 @@ def convolution(x: SparseTensor, weight: torch.Tensor, bias: Optional[torch.Tens
     return y if batched else y.squeeze(0)
 
 
+def _torch_checks(fn, x: SparseTensor, *args, **kwargs) -> None:
+    """Torch's own argument checks for ``fn(x, ...)`` (kernel sizes, strides, paddings,
+    dilations, output sizes; its messages), run on a meta tensor of ``x``'s shape: nothing
+    is computed or allocated."""
+    try:
+        fn(torch.empty(tuple(x.shape), dtype=x.dtype, device="meta"), *args, **kwargs)
+    except NotImplementedError:
+        pass        # no meta kernel: the op's own checks only
+
+
+def _check_conv(stride, padding, dilation) -> None:
+    """What torch's convolution checks (its meta kernel does not)."""
+    def values(v):
+        return [v] if isinstance(v, numbers.Integral) else list(v)
+    if not isinstance(padding, str) and any(p < 0 for p in values(padding)):
+        raise RuntimeError("negative padding is not supported")
+    if any(s <= 0 for s in values(stride)):
+        raise RuntimeError("non-positive stride is not supported")
+    if any(d <= 0 for d in values(dilation)):
+        raise RuntimeError(f"dilation should be greater than zero, but got {values(dilation)}")
+
+
 def _conv(n: int):
     def handler(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         x = _sparse(input)
         if (x is None or isinstance(weight, SparseTensor) or isinstance(bias, SparseTensor)
                 or weight.dim() != n + 2 or x.dim() not in (n + 1, n + 2) or not x.dtype.is_floating_point):
             return NotImplemented
+        _check_conv(stride, padding, dilation)
         return convolution(x, weight, bias, stride, padding, dilation, int(groups))
     return handler
 
@@ -336,6 +359,8 @@ def _avg_pool(n: int):
         x = _sparse(input)
         if x is None or x.dim() not in (n + 1, n + 2) or not x.dtype.is_floating_point:
             return NotImplemented
+        _torch_checks(_AVG[n], x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                      *((divisor_override,) if n > 1 else ()))    # (avg_pool1d has none)
         return pool(x, n, kernel_size, stride, padding, 1, "avg", divisor_override, bool(ceil_mode),
                     bool(count_include_pad))
     return handler
@@ -347,9 +372,14 @@ def _max_pool(n: int):
         x = _sparse(input)
         if x is None or x.dim() not in (n + 1, n + 2):
             return NotImplemented
+        _torch_checks(_MAX[n], x, kernel_size, stride, padding, dilation, ceil_mode)
         return pool(x, n, kernel_size, stride, padding, dilation, "max", ceil_mode=bool(ceil_mode),
                     return_indices=bool(return_indices))
     return handler
+
+
+_AVG = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
+_MAX = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 
 
 # ``F.max_pool2d`` (torch's boolean_dispatch on ``return_indices``) hands a subclass to
@@ -436,6 +466,13 @@ def _adaptive(n: int, reduce: str):
         sizes = tuple(s if o is None else int(o) for o, s in zip(wanted, spatial))   # None: keep
         if any(o < 0 for o in sizes):
             return NotImplemented          # torch's error
+        if any(o == 0 for o in sizes):     # an empty result, as torch's
+            shape = tuple(x.shape[:x.dim() - n]) + sizes
+            empty = _shape._build(torch.zeros((len(shape), 0), dtype=torch.int64),
+                                  values_of(x)[:0], shape)
+            if return_indices:
+                return empty, torch.zeros(shape, dtype=torch.int64)
+            return empty
         if all(o > 0 and s % o == 0 for o, s in zip(sizes, spatial)):
             kernel = tuple(s // o for o, s in zip(sizes, spatial))
             return pool(x, n, kernel, kernel, 0, 1, reduce, return_indices=bool(return_indices))
@@ -615,6 +652,8 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
         return NotImplemented
     if _MODE_RANK[mode] not in (None, x.dim()) or (size is None) == (scale_factor is None):
         return NotImplemented
+    _torch_checks(F.interpolate, x, size, scale_factor, mode, align_corners, recompute_scale_factor,
+                  antialias)
     if antialias and (mode not in ("bilinear", "bicubic") or x.dim() != 4):
         return NotImplemented      # torch's error
     n = x.dim() - 2

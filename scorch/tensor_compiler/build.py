@@ -638,12 +638,14 @@ def cache_limit() -> int | None:
     try:
         mb = float(raw) if raw.strip() else float(DEFAULT_CACHE_MAX_MB)
     except ValueError:
+        mb = -1.0
+    if mb < 0 or mb != mb:
         if raw not in _warned_limits:
             _warned_limits.add(raw)
-            logger.warning("scorch: %s=%r is not a number of megabytes; keeping the default "
-                           "%d MB", CACHE_MAX_ENV, raw, DEFAULT_CACHE_MAX_MB)
+            logger.warning("scorch: %s=%r is not a number of megabytes (0: no bound); keeping "
+                           "the default %d MB", CACHE_MAX_ENV, raw, DEFAULT_CACHE_MAX_MB)
         mb = float(DEFAULT_CACHE_MAX_MB)
-    return None if mb <= 0 else int(mb * (1 << 20))
+    return None if mb == 0 else int(mb * (1 << 20))
 
 
 def prune_cache(cdir: Path | None = None, limit: int | None = None) -> int:

@@ -11,23 +11,43 @@ from ..level_storage import Storage
 __all__ = ["PARALLEL_MIN_WORK", "PASSIVE_MIN_WORK", "PASSIVE", "WORK_PER_THREAD", "threads_for", "work_of"]
 
 
+def _env_count(name: str, default: int) -> int:
+    """A non-negative whole number from the environment variable ``name``; a malformed one
+    is an error that names the variable (at import: these are read once)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw.replace("_", ""))
+    except ValueError:
+        try:
+            f = float(raw)        # "1e6"
+            value = int(f) if f.is_integer() else -1
+        except (ValueError, OverflowError):
+            value = -1
+    if value < 0:
+        raise ValueError(f"scorch: {name}={raw!r} is not a non-negative whole number "
+                         f"(the default is {default})")
+    return value
+
+
 #: below this much work (stored entries + dense elements) a call runs on one thread: waking
 #: a second costs more than it saves. SpMV on G51 (12k entries, work 13.8k) took 6.7 us at
 #: 2 threads against 6.9 at 1 on an earlier machine, and 7.2 against 5.1 on the Zen 5
 #: (libgomp's default wait policy lets the worker sleep between calls); bcspwr10 (work 32k)
 #: still gains from the second thread on both (8.7 -> 6.8 us here)
-PARALLEL_MIN_WORK = int(os.environ.get("SCORCH_PARALLEL_MIN_WORK", 20_000))
+PARALLEL_MIN_WORK = _env_count("SCORCH_PARALLEL_MIN_WORK", 20_000)
 #: the least work each thread gets (0: none, every free core for any call past
 #: PARALLEL_MIN_WORK). On the 16-core Xeon a 25 us SpMV (4elt) ran no faster on 16 threads
 #: than on 8 (0.76x torch there); the next measurement there sets a default
 #: (``benchmarks/device_kernels.sh OUT 3``), until then it is off
-WORK_PER_THREAD = int(os.environ.get("SCORCH_WORK_PER_THREAD", 0))
+WORK_PER_THREAD = _env_count("SCORCH_WORK_PER_THREAD", 0)
 #: under ``OMP_WAIT_POLICY=PASSIVE`` idle OpenMP workers sleep, and every parallel region
 #: wakes them: 40-80 us a region on the 2-core VMs (with spinning workers, a few us). A call
 #: then needs this much work to go parallel. A sparse layer's step (784 -> 256, 1 % stored,
 #: batch 32, fwd + bwd, 2 threads) ran 253 us with PARALLEL_MIN_WORK, 74 us with this, and
 #: 78 us on 1 thread
-PASSIVE_MIN_WORK = int(os.environ.get("SCORCH_PASSIVE_MIN_WORK", 200_000))
+PASSIVE_MIN_WORK = _env_count("SCORCH_PASSIVE_MIN_WORK", 200_000)
 #: whether this process's OpenMP workers sleep when idle (libgomp reads OMP_WAIT_POLICY once,
 #: when it loads)
 PASSIVE = os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE"
