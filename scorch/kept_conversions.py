@@ -29,15 +29,23 @@ def _arrays(st: Storage) -> tuple:
     return tuple(a for lv in st.levels for a in (lv.pos, lv.crd))
 
 
-def _equal_arrays(xs: tuple, ys: tuple) -> bool:
-    """Level arrays pairwise the same objects, views of one memory, or equal in contents."""
-    for x, y in zip(xs, ys):
-        if x is y:
-            continue
+def _versions(arrays: tuple) -> tuple:
+    return tuple(-1 if a is None else a._version for a in arrays)
+
+
+def _equal_arrays(xs: tuple, ys: tuple, versions: tuple) -> bool:
+    """Level arrays ``ys`` equal to ``xs`` as they were when their ``versions`` were read:
+    pairwise the same objects or views of one memory not written since, or other memory
+    equal in contents."""
+    for x, y, v in zip(xs, ys, versions):
         if x is None or y is None:
-            return False
-        if x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.dtype == y.dtype:
+            if x is not y:
+                return False
             continue
+        if x is y or (x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.dtype == y.dtype):
+            if y._version == v:
+                continue
+            return False        # written in place since: what was converted is gone
         if x.shape != y.shape or not torch.equal(x.to(torch.int64), y.to(torch.int64)):
             return False
     return True
@@ -70,10 +78,15 @@ def _reformat_entry(st: Storage, fmt: Format, build: bool = True) -> Optional[Tu
     # arrays under dense heads) and the pattern itself share its crd array, and one entry
     # stamped by either set's ids made each step's two views evict each other (every
     # lookup then fell to the O(stored entries) content comparison)
-    ids = tuple(id(a) for a in _arrays(st))
-    per_format = _REFORMATTED.get(anchor, ids, stamp=ids)
+    arrays = _arrays(st)
+    ids = tuple(id(a) for a in arrays)
+    # ... and stamped by the arrays' versions: torch's ``copy_`` into a CSR tensor rewrites
+    # its index arrays in place (a sampling buffer refilled each step), same objects, new
+    # pattern; the version counter is how that shows
+    stamp = (ids, _versions(arrays))
+    per_format = _REFORMATTED.get(anchor, ids, stamp=stamp)
     if per_format is None:
-        per_format = _REFORMATTED.put(anchor, {}, ids, stamp=ids)
+        per_format = _REFORMATTED.put(anchor, {}, ids, stamp=stamp)
     # the same arrays can be seen through another view (a permute: other shape and dims),
     # so the view is part of the key, not only the target format
     key = (fmt, st.format, st.shape, tuple(lv.dim for lv in st.levels))
@@ -122,7 +135,7 @@ def _keep_recent(key: tuple, st: Storage, got: Tuple[Storage, torch.Tensor]) -> 
     _RECENT.pop(key, None)
     if size > _RECENT_BYTES:
         return
-    _RECENT[key] = (arrays, st.index_dtype, got, size)
+    _RECENT[key] = (arrays, st.index_dtype, got, size, _versions(arrays))
     total = sum(e[3] for e in _RECENT.values())
     while len(_RECENT) > _RECENT_MAX or total > _RECENT_BYTES:
         total -= _RECENT.pop(next(iter(_RECENT)))[3]
@@ -155,8 +168,9 @@ def _recent_equal(st: Storage, key: tuple) -> Optional[Tuple[Storage, torch.Tens
     hit = _RECENT.get(key)
     if hit is None:
         return None
-    arrays, index_dtype, got, _ = hit
-    if got[0].nnz != st.nnz or index_dtype != st.index_dtype or not _equal_arrays(arrays, _arrays(st)):
+    arrays, index_dtype, got, _, versions = hit
+    if got[0].nnz != st.nnz or index_dtype != st.index_dtype or \
+            not _equal_arrays(arrays, _arrays(st), versions):
         return None
     return got
 

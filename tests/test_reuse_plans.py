@@ -189,3 +189,25 @@ def test_every_call_equals_dense(equation, fmt, shape, density, dtype, dense_out
         kinds.add(got.format if isinstance(got, scorch.SparseTensor) else "dense")
         torch.testing.assert_close(dense_of(got), want, rtol=tol, atol=tol)
     assert len(kinds) == 1
+
+
+def test_a_torch_buffer_refilled_in_place_is_not_read_through_its_old_transpose():
+    """Fixed fan-out sampling keeps one torch CSR tensor and refills it with ``copy_``: torch
+    writes the same index arrays in place, and scorch reads them without a copy. The
+    transposed pattern kept for the old contents (the gradient's partner) must not be reused
+    for the new ones: the arrays' version counters moved."""
+    def pattern(seed):
+        g = torch.Generator().manual_seed(seed)
+        d = torch.zeros(200, 150)
+        d.view(-1)[torch.randperm(200 * 150, generator=g)[:3000]] = torch.rand(3000, generator=g) + 0.1
+        return d
+    X, G = torch.randn(150, 8), torch.randn(200, 8)
+    buffer = pattern(1).to_sparse_csr()
+    for step in (1, 2, 3):
+        d = pattern(step)
+        if step > 1:
+            buffer.copy_(d.to_sparse_csr())
+        for _ in range(2):
+            x = X.clone().requires_grad_()
+            ((scorch.sparse_tensor(buffer) @ x) * G).sum().backward()
+            torch.testing.assert_close(x.grad, d.t() @ G)

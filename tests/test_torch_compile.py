@@ -572,3 +572,32 @@ def test_same_pattern_copy_writes_the_values_in_place():
     d, C = _sparse((5, 4), 0.8, "csr", seed=47)
     A.copy_(C)
     torch.testing.assert_close(A.to_dense(), d)
+
+
+def test_a_big_sparse_operand_compiles_to_one_graph():
+    """At 4096 stored entries and more the planner reads operand statistics: under tracing
+    the operands are fake (no data), so the plan is made without them, not abandoned (the
+    whole function used to run eagerly, silently, from that size on)."""
+    d, A = _sparse((300, 300), 0.06, "csr", seed=90)
+    assert A._storage.nnz >= 4096
+    X, W = _dense(300, 8, seed=91), _dense(8, 4, seed=92)
+    assert _graphs_and_breaks(gcn_layer, A, X, W) == (1, 0)
+    torch.testing.assert_close(torch.compile(gcn_layer)(A, X, W), gcn_layer(d, X, W))
+
+
+def test_compiled_calls_keep_no_dense_operand_alive():
+    """The operator's last-call reuse holds its sparse operands, a bounded number of keys,
+    and never the dense ones (every shape's features used to stay alive)."""
+    import gc
+    import weakref
+    refs = []
+    for n in range(5, 5 + library_ops._LAST_KEYS + 4):
+        _, A = _sparse((n, n), 0.5, "csr", seed=n)
+        H = _dense(n, 3, seed=n, requires_grad=False)
+        key, arrays = _op_args("ij,jk->ik", A, H)
+        library_ops._operands(key, _spec_metas(key), arrays)
+        refs.append(weakref.ref(H))
+        del H, arrays
+    gc.collect()
+    assert sum(r() is not None for r in refs) == 0
+    assert len(library_ops._LAST_OPERANDS) <= library_ops._LAST_KEYS

@@ -18,7 +18,7 @@ import torch
 from ..formats import Format, LevelKind
 from ..level_storage import Storage, materialized
 from ..tensor_cache import TensorKeyedCache
-from ..kept_conversions import (_arrays, _convert, _equal_arrays, _key_array,  # noqa: F401
+from ..kept_conversions import (_arrays, _convert, _equal_arrays, _key_array, _versions,  # noqa: F401
                                 _reformat_entry, converted_partner, inverse_permuted, permuted,
                                 reformat_cache_info, reformat_permutation, reformatted,
                                 through_permutation)
@@ -35,7 +35,8 @@ def same_pattern(a: Storage, b: Storage) -> bool:
         return True   # one pattern's storages (``on_pattern``): an optimizer step's every op
     if a.format != b.format or a.shape != b.shape or a.nnz != b.nnz:
         return False
-    return _equal_arrays(_arrays(a), _arrays(b))
+    ys = _arrays(b)
+    return _equal_arrays(_arrays(a), ys, _versions(ys))
 
 
 def shares_arrays(a: Storage, b: Storage) -> bool:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..level_storage import Storage
 from ..tensor_cache import TensorKeyedCache
@@ -101,6 +102,13 @@ def _anchor(st: Storage) -> torch.Tensor:
     return st.values
 
 
+def traced(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a fake tensor of torch.compile's tracing: shapes and dtypes, no data
+    (reading it, even one element, abandons the whole graph). A plan made then prices its
+    loop orders without statistics; the call that runs the graph plans with them."""
+    return isinstance(t, FakeTensor)
+
+
 def operand_stats(st: Storage) -> OperandStats:
     """The statistics of ``st`` (computed once per pattern, see the module docstring)."""
     anchor = _anchor(st)
@@ -153,6 +161,8 @@ def stats_class(st: Storage) -> Tuple[int, bool]:
     if n < STATS_MIN_NNZ:
         return (0, False)
     anchor = _anchor(st)
+    if traced(anchor):
+        return ((n.bit_length() + 1) // 2, False)   # no data to read (torch.compile's fakes)
     stamp = _stamp(st, anchor)
     skewed = _cache.get(anchor, "skewed", stamp)
     if skewed is None:

@@ -18,7 +18,7 @@ from .narrowed_gather import narrowed_gather
 from .index_notation import Assignment, parse_einsum
 from .plans import COMPILER_VERSION, PlanEntry, cached_entry, fmt_key
 from .rewrite import block_split, rename_broadcast
-from .operand_stats import STATS_MIN_NNZ, operand_stats, stats_class
+from .operand_stats import STATS_MIN_NNZ, operand_stats, stats_class, traced
 from .schedule import NoValidOrder, schedule
 from .tiling import block_class
 from .work_estimate import KEPT_TRANSPOSE_PASSES, TRANSPOSE_PASSES, Statistics
@@ -73,7 +73,8 @@ def operand_statistics(operand_indices, ops) -> Optional[Statistics]:
     sparse operand's (``operand_stats``, computed once per pattern), the extents, the
     threads; None when every sparse operand is small (nothing worth estimating)."""
     sparse = {n: x for n, x in enumerate(ops) if isinstance(x, Storage)}
-    if not sparse or all(x.nnz < STATS_MIN_NNZ for x in sparse.values()):
+    if not sparse or all(x.nnz < STATS_MIN_NNZ for x in sparse.values()) or \
+            any(traced(x.values) for x in sparse.values()):
         return None
     extents = {}
     for idx, x in zip(operand_indices, ops):
