@@ -173,3 +173,19 @@ def test_environment_counts_are_checked_by_name(monkeypatch):
     assert build.cache_limit() == build.DEFAULT_CACHE_MAX_MB << 20
     monkeypatch.setenv(build.CACHE_MAX_ENV, "0")
     assert build.cache_limit() is None
+
+
+@pytest.mark.parametrize("opt_cls", [torch.optim.SGD, torch.optim.Adam, torch.optim.RMSprop])
+def test_a_dense_grad_of_a_sparse_parameter(opt_cls):
+    """Zero off the pattern, a dense ``.grad`` is the gradient on the pattern; non-zero off
+    it, the step refuses it naming the parameter."""
+    p = torch.nn.Parameter(scorch.sparse_tensor(torch.eye(3), format="csr"))
+    q = torch.nn.Parameter(torch.eye(3))
+    p.grad, q.grad = torch.eye(3) * 2, torch.eye(3) * 2
+    opt_cls([p], lr=0.1).step()
+    opt_cls([q], lr=0.1).step()
+    torch.testing.assert_close(p.detach().to_dense(), q.detach())
+    assert p._storage.nnz == 3
+    p.grad = torch.ones(3, 3)
+    with pytest.raises(RuntimeError, match="parameter 0 of group 0 is sparse"):
+        opt_cls([p], lr=0.1).step()
