@@ -159,3 +159,35 @@ def test_a_row_of_a_large_matrix_reads_that_row():
     mask = idx[0] == 123
     dense_row.index_put_((idx[1][mask],), torch.ones(int(mask.sum())), accumulate=True)
     assert torch.equal(row.to_dense() != 0, dense_row != 0)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_row_minibatch_of_csr_copies_segments(index_dtype):
+    """Rows picked from CSR (repeats, any order) come from one segment-by-segment copy of
+    their coordinates and values (``entries.gather_segment_entries``); with a gradient
+    needed, the values go through an index autograd records instead."""
+    from scorch._runtime import entries
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(50, 40, generator=g, dtype=torch.float64) * (torch.rand(50, 40, generator=g) < 0.2)
+    s = scorch.sparse_tensor(x, format="csr")
+    if index_dtype == torch.int64:
+        s = scorch.from_scipy(s.to_scipy().astype("float64"))
+        st = s._storage
+        lv = [l for l in st.levels]
+        s = scorch.SparseTensor(type(st)(st.format, st.shape, [lv[0], type(lv[1])(
+            lv[1].kind, lv[1].dim, lv[1].size, lv[1].pos.long(), lv[1].crd.long())], st.values,
+            torch.int64))
+    index = torch.tensor([7, 3, 3, 49, 0, 12])
+    got = s.index_select(0, index)
+    _valid(got)
+    assert got._storage.index_dtype == s._storage.index_dtype
+    torch.testing.assert_close(got.to_dense(), x[index])
+    pos, crd, vals = entries.gather_segment_entries(s._storage.levels[1].pos, s._storage.levels[1].crd,
+                                                    s._storage.values, index)
+    torch.testing.assert_close(pos, got._storage.levels[1].pos)
+    torch.testing.assert_close(vals, got._storage.values)
+    w = s.detach().requires_grad_()
+    (w.index_select(0, index).to_dense() * torch.arange(40.0, dtype=torch.float64)).sum().backward()
+    want = torch.zeros(50, 40, dtype=torch.float64).index_add_(
+        0, index, torch.arange(40.0, dtype=torch.float64).expand(6, 40)) * (x != 0)
+    torch.testing.assert_close(w.grad.to_dense(), want)

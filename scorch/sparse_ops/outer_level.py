@@ -321,6 +321,17 @@ def gather_outer(t: SparseTensor, d: int, index: torch.Tensor) -> Optional[torch
             if lv.pos is not None:
                 if not kind.has_pos(prev):
                     return None
+                if k == len(levels) - 1 and lv.crd.dtype == lv.pos.dtype and not (
+                        torch.is_grad_enabled() and t.requires_grad):
+                    # the last level: its coordinates and values copied segment by segment
+                    try:
+                        pos, crd, values = entries.gather_segment_entries(lv.pos, lv.crd, st.values, parents)
+                    except OverflowError:
+                        return None
+                    new_levels.append(Level(kind, lv.dim, lv.size, pos.to(index_dtype), crd))
+                    shape = list(st.shape)
+                    shape[d] = m
+                    return SparseTensor(Storage(fmt, shape, new_levels, values, index_dtype))
                 # the picked parents' segments, one after the other (one pass of the runtime)
                 pos, parents = entries.gather_segments(lv.pos, parents)
                 pos = pos.to(index_dtype)
