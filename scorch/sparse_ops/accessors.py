@@ -12,7 +12,9 @@ import torch
 from .._dispatch import register
 from ..formats import Format, as_format
 from ..gradients.values import from_values, values_of
-from ..tensor_type import SparseTensor, with_values
+from ..conversion import coords
+from ..tensor_type import SparseTensor, as_scorch, with_values
+from .positions import _row_major_keys, values_at
 
 
 @register(torch.Tensor.values, torch.Tensor._values)
@@ -86,17 +88,19 @@ def _is_coalesced(t):
     return _row_major(t) if isinstance(t, SparseTensor) else NotImplemented
 
 
-def _to_layout(fmt: str):
-    def handler(t, *args, **kwargs):
-        if not isinstance(t, SparseTensor) or args or kwargs:
-            return NotImplemented      # dense_dim: the fallback
+def _to_layout(fmt: str, layout):
+    def handler(t, dense_dim=None):
+        if not isinstance(t, SparseTensor):
+            return NotImplemented
+        if dense_dim:                  # hybrid: trailing dense levels
+            return t.to_format(_hybrid(layout, t.dim(), int(dense_dim)))
         return t.to_format(fmt)        # stays a scorch tensor (differentiable)
     return handler
 
 
-register(torch.Tensor.to_sparse_csr)(_to_layout("csr"))
-register(torch.Tensor.to_sparse_csc)(_to_layout("csc"))
-register(torch.Tensor.to_sparse_coo)(_to_layout("coo"))
+register(torch.Tensor.to_sparse_csr)(_to_layout("csr", torch.sparse_csr))
+register(torch.Tensor.to_sparse_csc)(_to_layout("csc", torch.sparse_csc))
+register(torch.Tensor.to_sparse_coo)(_to_layout("coo", torch.sparse_coo))
 
 #: torch's sparse layouts as scorch formats (block sizes added for BSR / BSC)
 _LAYOUT_FORMATS = {torch.sparse_coo: "coo", torch.sparse_csr: "csr", torch.sparse_csc: "csc",
@@ -104,7 +108,7 @@ _LAYOUT_FORMATS = {torch.sparse_coo: "coo", torch.sparse_csr: "csr", torch.spars
 
 
 def _blocked(layout, blocksize) -> Format:
-    block = tuple(int(b) for b in blocksize)
+    block = (int(blocksize),) * 2 if isinstance(blocksize, int) else tuple(int(b) for b in blocksize)
     if layout is torch.sparse_bsr:
         return Format("dc", block=block)
     return Format("dc", mode_order=(1, 0), block=block)
@@ -114,18 +118,42 @@ def _blocked(layout, blocksize) -> Format:
 def _to_sparse(t, *args, layout=None, blocksize=None, dense_dim=None, sparse_dim=None):
     """``to_sparse()`` (COO), ``to_sparse(sparse_dim)`` with every dim sparse, and
     ``to_sparse(layout=..., blocksize=...)``: the matching scorch format."""
-    if not isinstance(t, SparseTensor) or dense_dim:
+    if not isinstance(t, SparseTensor):
         return NotImplemented
     if sparse_dim is not None:
         args = (sparse_dim, *args)
-    if args and (len(args) > 1 or int(args[0]) != t.dim()):
-        return NotImplemented          # fewer sparse dims than dims (hybrid): the fallback
+    if len(args) > 1:
+        return NotImplemented
     layout = layout or torch.sparse_coo
+    if layout is torch.strided:
+        return t.to_dense()
+    if args and int(args[0]) != t.dim() or dense_dim:
+        # fewer sparse dims than dims (hybrid): the trailing ones as dense levels
+        dense = t.dim() - int(args[0]) if args else int(dense_dim)
+        return t.to_format(_hybrid(layout, t.dim(), dense))
     if layout in (torch.sparse_bsr, torch.sparse_bsc):
         if blocksize is None:
             raise RuntimeError(f"to_sparse: {layout} needs a blocksize")
         return t.to_format(_blocked(layout, blocksize))
+    if layout not in _LAYOUT_FORMATS:
+        raise RuntimeError(f"to_sparse: unsupported layout {layout}")
     return t.to_format(_LAYOUT_FORMATS[layout])
+
+
+def _hybrid(layout, rank: int, dense: int) -> Format:
+    """The scorch format of torch's hybrid ``layout`` with ``dense`` trailing dense dims:
+    COO's coordinate levels, or CSR's / CSC's two levels, then dense levels (scorch reports
+    every dim as a sparse one: ``sparse_dim``, ``dense_dim``)."""
+    sparse = rank - dense
+    if dense < 0 or sparse < 1:
+        raise RuntimeError(f"to_sparse: {dense} dense dims do not fit a {rank}-d tensor")
+    if layout is torch.sparse_coo:
+        return Format("q" * sparse + "d" * dense)
+    if layout in (torch.sparse_csr, torch.sparse_csc) and sparse == 2:
+        order = (0, 1) if layout is torch.sparse_csr else (1, 0)
+        return Format("dc" + "d" * dense, mode_order=order + tuple(range(2, rank)))
+    raise RuntimeError(f"to_sparse: {layout} with {dense} dense dims of a {rank}-d tensor is not "
+                       f"supported (batched compressed layouts are not)")
 
 
 def _to_blocked(layout):
@@ -146,7 +174,9 @@ def _sparse_mask(x, mask):
     ``x``: one kernel ``stored(mask) * x`` that walks the mask and writes on its arrays
     (gathering ``x`` at the mask's coordinates built them first: 31 -> ~4 ms for 1.6M
     entries; torch's COO takes ~18)."""
-    if not isinstance(mask, SparseTensor) or isinstance(x, SparseTensor):
+    if isinstance(x, SparseTensor):
+        return _sparse_sparse_mask(x, mask)
+    if not isinstance(mask, SparseTensor):
         return NotImplemented
     if tuple(x.shape) != tuple(mask.shape):
         raise RuntimeError(f"sparse_mask(): expected the dense tensor and the mask to have the same "
@@ -161,6 +191,22 @@ def _sparse_mask(x, mask):
     # x gathered at the mask's coordinates (O(stored entries))
     coords = mask.indices()
     return from_values(mask._storage, x[tuple(coords)] if coords.shape[1] else x.new_zeros(0))
+
+
+def _sparse_sparse_mask(x: SparseTensor, mask) -> SparseTensor:
+    """``x.sparse_mask(mask)`` for a sparse ``x``, as torch's COO: ``mask``'s pattern with
+    ``x``'s value at each of its positions (0 where ``x`` stores none); a binary search per
+    mask entry, differentiable in ``x``'s values."""
+    m = as_scorch(mask)
+    if not isinstance(m, SparseTensor):
+        raise TypeError(f"sparse_mask(): the mask must be a sparse tensor, got {type(mask).__name__}")
+    if tuple(x.shape) != tuple(m.shape):
+        raise RuntimeError(f"sparse_mask(): expected self and the mask to have the same shape, "
+                           f"got {tuple(x.shape)} and {tuple(m.shape)}")
+    if m._storage.format.block is not None:
+        m = m.to_format("coo")
+    keys = _row_major_keys(coords(m._storage), tuple(m.shape))
+    return from_values(m._storage, values_at(x, keys).to(x.dtype))
 
 
 def _masked_assignment(rank: int):

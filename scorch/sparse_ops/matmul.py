@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 
 from .._dispatch import register
+from ..compiler_access import compiler
+from ..conversion import coords
 from .. import tensor_type
 from ..gradients import pattern as _pattern
 from ..gradients.values import from_values, values_of
@@ -151,11 +153,12 @@ def addmm(input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta=1
     return _scaled_sum(input, mm(mat1, mat2), beta, alpha)
 
 
-def _scaled_sum(input, product, beta, alpha):
+def _scaled_sum(input, product, beta, alpha, ignored_at_zero: bool = True):
     """``beta * input + alpha * product`` (addmm, addmv, baddbmm): torch ignores ``input``
-    (even NaN) when beta is 0, but broadcasts its shape."""
+    (even NaN) when beta is 0, but broadcasts its shape; ``sspaddmm`` does not
+    (``ignored_at_zero=False``: a NaN in ``input`` stays NaN, as torch's)."""
     prod = product if alpha == 1 else elementwise.mul(product, alpha)
-    if beta == 0:
+    if beta == 0 and ignored_at_zero:
         broadcast_shapes(_shape(input), _shape(prod))
         return prod
     return elementwise.add(input if beta == 1 else elementwise.mul(input, beta), prod)
@@ -270,6 +273,7 @@ def _sparse_dense(a, b, nd: int = 2):
     return None
 
 
+
 _grad_enabled = torch.is_grad_enabled
 _any_requires_grad = torch._C._any_requires_grad
 _warm_dispatch: list = [None, None]   # the compiler's C warm call and its plan table, once loaded
@@ -314,9 +318,41 @@ def _mm(a, b, **kwargs):
 @autocast_aware
 @_sparse_only
 def _sparse_mm(a, b, reduce=None):
-    """``torch.sparse.mm`` (GCN code calls it): ``mm``; a ``reduce`` other than sum is
-    torch's."""
-    return mm(a, b) if reduce in (None, "sum") else NotImplemented
+    """``torch.sparse.mm`` (GCN code calls it): ``mm``; ``reduce="mean"`` / ``"amax"`` /
+    ``"amin"`` (GraphSAGE's aggregations) over each row's stored entries only, as torch's
+    CSR kernel: a row with none gives 0."""
+    if reduce in (None, "sum"):
+        return mm(a, b)
+    if reduce not in ("mean", "amax", "amin"):
+        raise RuntimeError(f"torch.sparse.mm: reduce argument must be one of sum, mean, amax, "
+                           f"amin, got {reduce}")
+    if not (isinstance(a, SparseTensor) and a.dim() == 2 and isinstance(b, torch.Tensor)
+            and not isinstance(b, SparseTensor) and b.dim() == 2):
+        return NotImplemented
+    if a.shape[1] != b.shape[0]:
+        raise RuntimeError(f"torch.sparse.mm: mat1 and mat2 shapes cannot be multiplied "
+                           f"({a.shape[0]}x{a.shape[1]} and {b.shape[0]}x{b.shape[1]})")
+    counts = _row_counts(a)
+    if reduce == "mean":      # differentiable: the product's rows over their entry counts
+        return mm(a, b) / counts.clamp(min=1).to(b.dtype)[:, None]
+    if torch.is_grad_enabled() and torch._C._any_requires_grad(a, b):
+        raise NotImplementedError(f"torch.sparse.mm(reduce={reduce!r}) of scorch tensors has "
+                                  f"no backward yet; use reduce='sum' or 'mean', or torch.no_grad()")
+    tc = compiler()
+
+    def build():
+        return tc.Assignment("ik", tc.Access(0, "ij") * tc.Access(1, "jk"),
+                             "max" if reduce == "amax" else "min")
+    out = tc.compute(tc.kept_assignment(("mm_reduce", reduce), build), a, b.to(a.dtype),
+                     out_format="dense")
+    return out.masked_fill_((counts == 0)[:, None], 0)   # no entries: -inf / +inf there
+
+
+def _row_counts(a: SparseTensor) -> torch.Tensor:
+    """The entries each row of ``a`` stores (int64), from its coordinates: O(nnz)."""
+    st = a._storage
+    rows = coords(st)[0] if st.nnz else torch.zeros(0, dtype=torch.int64)
+    return torch.bincount(rows.to(torch.int64), minlength=a.shape[0])
 
 
 @register(torch.mv, torch.Tensor.mv)
@@ -390,7 +426,8 @@ def _sspaddmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
         return NotImplemented
     # the product in input's format: the sum is then the union of two patterns of one
     # format (with "cd" the dense rows would make the sum dense)
-    return _scaled_sum(input, hspmm(mat1, mat2, input._storage.format), beta, alpha)
+    return _scaled_sum(input, hspmm(mat1, mat2, input._storage.format), beta, alpha,
+                       ignored_at_zero=False)
 
 
 def sampled_addmm(input: SparseTensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta=1,
@@ -412,8 +449,8 @@ def sampled_addmm(input: SparseTensor, mat1: torch.Tensor, mat2: torch.Tensor, *
     if not prod._storage.shares_pattern(P):
         vals = _pattern.values_on_pattern(P, prod._storage, vals)
     out = vals * alpha if alpha != 1 else vals
-    if beta != 0:
-        out = out + beta * values_of(input).to(out.dtype)
+    # (beta 0 included: torch's sampled_addmm keeps a NaN of input, unlike addmm)
+    out = out + beta * values_of(input).to(out.dtype)
     return from_values(input._storage, out)
 
 
