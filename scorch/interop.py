@@ -36,7 +36,7 @@ import torch
 
 from .formats import Format, LevelKind, as_format
 from .level_storage import Level, Storage, sorted_segment_keys
-from .tensor_cache import TensorKeyedCache
+from .tensor_cache import TensorKeyedCache, version
 
 __all__ = ["from_torch", "to_torch", "from_scipy", "to_scipy"]
 
@@ -82,9 +82,9 @@ def from_torch(x: torch.Tensor) -> Storage:
     layout = x.layout
     if x.device.type != "cpu":
         raise ValueError(f"sparse tensor on {x.device}: scorch works on CPU tensors")
-    checked = _CHECKED.get(x, stamp=x._version)
+    checked = _CHECKED.get(x, stamp=version(x))
     if checked is None:     # checked once per tensor version: (the canonical Storage or None,)
-        checked = _CHECKED.put(x, (_checked_torch(x, layout),), stamp=x._version)
+        checked = _CHECKED.put(x, (_checked_torch(x, layout),), stamp=version(x))
     return checked[0] if checked[0] is not None else _torch_storage(x)
 
 

@@ -13,7 +13,7 @@ import torch
 
 from .formats import Format
 from .level_storage import Level, Storage
-from .tensor_cache import TensorKeyedCache
+from .tensor_cache import TensorKeyedCache, version
 from .tensor_compiler.allocate import empty_output
 
 __all__ = ["reformatted", "through_permutation", "inverse_permuted", "converted_partner",
@@ -30,7 +30,7 @@ def _arrays(st: Storage) -> tuple:
 
 
 def _versions(arrays: tuple) -> tuple:
-    return tuple(-1 if a is None else a._version for a in arrays)
+    return tuple(-1 if a is None else version(a) for a in arrays)
 
 
 def _equal_arrays(xs: tuple, ys: tuple, versions: tuple) -> bool:
@@ -43,7 +43,7 @@ def _equal_arrays(xs: tuple, ys: tuple, versions: tuple) -> bool:
                 return False
             continue
         if x is y or (x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.dtype == y.dtype):
-            if y._version == v:
+            if version(y) == v:
                 continue
             return False        # written in place since: what was converted is gone
         if x.shape != y.shape or not torch.equal(x.to(torch.int64), y.to(torch.int64)):
@@ -225,11 +225,11 @@ _GATHERED = TensorKeyedCache()
 def _gathered(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """``values[perm]``, reused while ``values`` is the same tensor, unchanged (its
     version counter moves with every in-place update, e.g. an optimizer step)."""
-    hit = _GATHERED.get(perm, stamp=values._version)
+    hit = _GATHERED.get(perm, stamp=version(values))
     if hit is not None and hit[0]() is values:
         return hit[1]
     out = _gather(values, perm)   # (advanced indexing ``values[perm]``: 6x slower)
-    _GATHERED.put(perm, (weakref.ref(values), out), stamp=values._version)
+    _GATHERED.put(perm, (weakref.ref(values), out), stamp=version(values))
     return out
 
 

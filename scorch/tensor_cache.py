@@ -5,10 +5,25 @@ a weak reference so it goes when the tensor is freed, and a ``stamp`` (a version
 a size, array ids) that must still match for a hit: an in-place change misses."""
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import Any, Dict, Hashable, Optional
 
-__all__ = ["TensorKeyedCache"]
+__all__ = ["TensorKeyedCache", "version"]
+
+#: stamps for tensors that track no version (inference tensors), each used once
+_UNVERSIONED = itertools.count(-2, -1)
+
+
+def version(t) -> int:
+    """``t._version``; for a tensor made under ``torch.inference_mode()`` (which tracks no
+    version counter, and reading it raises) a number never returned before, so a cache
+    stamped with it never hits: nothing kept is trusted for memory that may have changed
+    unseen."""
+    try:
+        return t._version
+    except RuntimeError:
+        return next(_UNVERSIONED)
 
 
 class TensorKeyedCache:

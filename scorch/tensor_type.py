@@ -23,6 +23,7 @@ import torch
 from . import _dispatch, saving
 from .formats import Format, FormatLike, LevelKind, as_format
 from .level_storage import Level, Storage
+from .tensor_cache import version
 
 __all__ = ["SparseTensor"]
 
@@ -133,10 +134,10 @@ class SparseTensor(torch.Tensor):
             return _UNDER_COMPILE[0](SparseTensor.indices, (self,), {})
         st = self._storage
         kept = st._coords
-        if kept is not None and kept[0]._version == kept[1]:
+        if kept is not None and version(kept[0]) == kept[1]:
             return kept[0]
         coords = _convert_module().coords(st)
-        st._coords = (coords, coords._version)
+        st._coords = (coords, version(coords))
         return coords
 
     def to_dense(self, dtype: Optional[torch.dtype] = None, *, masked_grad=None) -> torch.Tensor:

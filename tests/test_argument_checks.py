@@ -189,3 +189,45 @@ def test_a_dense_grad_of_a_sparse_parameter(opt_cls):
     p.grad = torch.ones(3, 3)
     with pytest.raises(RuntimeError, match="parameter 0 of group 0 is sparse"):
         opt_cls([p], lr=0.1).step()
+
+
+def test_ops_under_inference_mode():
+    """Inference tensors track no version counter: the caches stamped by one take a fresh
+    stamp instead of raising (GCN's symmetrisation, sums, a torch layout read)."""
+    d = torch.rand(30, 30) * (torch.rand(30, 30) < 0.2)
+    with torch.inference_mode():
+        A = scorch.sparse_tensor(d, format="csr")
+        torch.testing.assert_close((A + A.t()).to_dense(), d + d.t())
+        torch.testing.assert_close(A.sum(0).to_dense() if isinstance(A.sum(0), scorch.SparseTensor)
+                                   else A.sum(0), d.sum(0))
+        T = d.to_sparse_csr()
+        torch.testing.assert_close(scorch.einsum("ij,jk->ik", T, torch.eye(30)), d)
+        torch.testing.assert_close(scorch.sparse_tensor(T).to_dense(), d)
+        C = scorch.sparse_tensor(d, format="coo")
+        torch.testing.assert_close((C @ C).to_dense(), d @ d, rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(A.sum(0).to_dense() if isinstance(A.sum(0), scorch.SparseTensor)
+                                   else A.sum(0), d.sum(0))
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo"])
+def test_a_sparse_operand_changed_in_place_after_forward(fmt):
+    """As for a dense operand: backward refuses a saved operand changed in place since the
+    forward, and allow_mutation_on_saved_tensors gives the gradient at the saved values."""
+    d = torch.rand(6, 5) * (torch.rand(6, 5) < 0.5) + torch.eye(6, 5)
+    A = scorch.sparse_tensor(d, format=fmt)
+    x = torch.randn(5, 3, requires_grad=True)
+    y = (A @ x).square().sum()
+    with torch.no_grad():
+        A.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+    with torch.autograd.graph.allow_mutation_on_saved_tensors():
+        A = scorch.sparse_tensor(d, format=fmt)
+        x = torch.randn(5, 3, requires_grad=True)
+        y = (A @ x).square().sum()
+        A.mul_(2)
+        y.backward()
+    x2 = x.detach().clone().requires_grad_()
+    (d @ x2).square().sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)

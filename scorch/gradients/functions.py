@@ -22,10 +22,30 @@ __all__ = ["einsum", "compute", "needs_graph"]
 
 def _saved(ctx, out, operands):
     """forward's bookkeeping: the operands, and a sparse output's pattern (its gradient
-    lives there)."""
+    lives there). A sparse operand's values are saved too: torch checks a saved tensor's
+    version when backward reads it, and the values are what an in-place change
+    (``A.mul_(2)`` under no_grad, an optimizer step) writes; the SparseTensor's own version
+    counter never moves, so a changed operand went unnoticed and the backward read the new
+    values."""
     ctx.out_pattern = out._storage if isinstance(out, SparseTensor) else None
-    ctx.save_for_backward(*operands)
+    ctx.n_operands = len(operands)
+    ctx.save_for_backward(*operands, *(x._storage.values for x in operands
+                                       if isinstance(x, SparseTensor)))
     return out
+
+
+def _saved_operands(ctx) -> tuple:
+    """The operands ``_saved`` kept (reading them checks that none changed in place). Under
+    ``torch.autograd.graph.allow_mutation_on_saved_tensors()`` a changed operand's values
+    come back as the copy torch kept of them: the operand is read with those."""
+    saved = ctx.saved_tensors
+    operands, values = list(saved[:ctx.n_operands]), iter(saved[ctx.n_operands:])
+    for k, x in enumerate(operands):
+        if isinstance(x, SparseTensor):
+            v = next(values)
+            if v is not x._storage.values:
+                operands[k] = SparseTensor(x._storage.on_pattern(v))
+    return tuple(operands)
 
 
 def _on_output_pattern(ctx, grad):
@@ -155,7 +175,7 @@ class EinsumFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        operands, grad = ctx.saved_tensors, _on_output_pattern(ctx, grad)
+        operands, grad = _saved_operands(ctx), _on_output_pattern(ctx, grad)
 
         def gradient(n, x):
             if ctx.partial is not None and n == ctx.partial[0].s and not torch.is_grad_enabled():
@@ -203,7 +223,7 @@ class ComputeFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        operands, grad = ctx.saved_tensors, _on_output_pattern(ctx, grad)
+        operands, grad = _saved_operands(ctx), _on_output_pattern(ctx, grad)
         return _gradients(ctx, operands, lambda n, x: expr_grad.operand_gradient(
             ctx.assignment, n, grad, operands, compute))
 

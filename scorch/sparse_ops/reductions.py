@@ -21,7 +21,7 @@ from .._dispatch import check_dense_size, register
 from ..formats import Format
 from ..gradients.values import values_of, with_dtype
 from ..level_storage import Level, Storage, index_dtype_for
-from ..tensor_cache import TensorKeyedCache
+from ..tensor_cache import TensorKeyedCache, version
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand
 from . import elementwise
 from . import shape as _shape
@@ -112,10 +112,10 @@ def _stored_positions(crd: torch.Tensor, n: int) -> torch.Tensor:
     extent ``n`` needs): one count pass, kept for the array while its version counter is
     unchanged (a pattern is reused across calls: a weight summed every step while only its
     values change)."""
-    idx = _POSITIONS.get(crd, stamp=crd._version)
+    idx = _POSITIONS.get(crd, stamp=version(crd))
     if idx is None:
         idx = (torch.bincount(crd, minlength=n) > 0).nonzero().flatten()
-        idx = _POSITIONS.put(crd, idx.to(index_dtype_for((n,), idx.numel())), stamp=crd._version)
+        idx = _POSITIONS.put(crd, idx.to(index_dtype_for((n,), idx.numel())), stamp=version(crd))
     return idx
 
 

@@ -21,7 +21,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..level_storage import Storage
-from ..tensor_cache import TensorKeyedCache
+from ..tensor_cache import TensorKeyedCache, version
 
 __all__ = ["LevelStats", "OperandStats", "operand_stats", "stats_class", "SKEW_SPREAD",
            "STATS_MIN_NNZ"]
@@ -92,7 +92,7 @@ class OperandStats:
 
 def _stamp(st: Storage, anchor: torch.Tensor) -> tuple:
     """What the cached statistics of ``st`` are valid for (its pattern, unmodified)."""
-    return (st.shape, st.nnz, st.format, anchor._version)
+    return (st.shape, st.nnz, st.format, version(anchor))
 
 
 def _anchor(st: Storage) -> torch.Tensor:

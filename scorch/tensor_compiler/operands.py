@@ -10,7 +10,7 @@ import torch
 
 from ..formats import Format
 from ..level_storage import Level, Storage, materialized
-from ..tensor_cache import TensorKeyedCache
+from ..tensor_cache import TensorKeyedCache, version
 
 __all__ = ["as_operand", "torch_sparse_storage", "convert_storage", "unblocked", "cast_storage"]
 
@@ -63,7 +63,7 @@ def torch_sparse_storage(x: torch.Tensor) -> Storage:
     tensor's value array (in-place changes of the values then show through) and the tensor's
     version counter is unchanged (an in-place op on the tensor may have replaced its arrays).
     The kept Storage refers to the arrays' memory only, so the tensor can still be freed."""
-    hit = _TORCH_SPARSE.get(x, stamp=x._version)
+    hit = _TORCH_SPARSE.get(x, stamp=version(x))
     if hit is not None:
         return hit
     from ..interop import from_torch
@@ -77,7 +77,7 @@ def torch_sparse_storage(x: torch.Tensor) -> Storage:
                      [Level(lv.kind, lv.dim, lv.size, _unlinked(lv.pos), _unlinked(lv.crd),
                             lv.block_inner) for lv in st.levels],
                      _unlinked(st.values), st.index_dtype)
-        _TORCH_SPARSE.put(x, st, stamp=x._version)
+        _TORCH_SPARSE.put(x, st, stamp=version(x))
     return st
 
 
