@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from .._dispatch import register
 from ..gradients.optimizer_step import values_level
-from ..gradients.values import from_values, grad_values, mark_gradient
+from ..gradients.values import from_values, grad_values, mark_gradient, values_of
 from ..tensor_type import SparseTensor
 from ..broadcasting import broadcast_shapes
 
@@ -33,9 +33,12 @@ Op = Callable[[torch.Tensor], torch.Tensor]
 
 
 class _InPlace(torch.autograd.Function):
+    """``mutate`` on ``s``'s values, recorded as an in-place op of ``s``. ``before`` is a copy
+    of the values before the change made outside (with their history), so a gradient built
+    with ``create_graph`` stays a function of them: a gradient penalty or a Hessian-vector
+    product through the in-place op gets its second-order terms."""
     @staticmethod
-    def forward(ctx, s: SparseTensor, mutate: Op, op: Op) -> SparseTensor:
-        before = s._storage.values.clone()
+    def forward(ctx, s: SparseTensor, before: torch.Tensor, mutate: Op, op: Op) -> SparseTensor:
         ctx.save_for_backward(before)
         ctx.op, ctx.pattern = op, s._storage
         mutate(s._storage.values)
@@ -46,13 +49,20 @@ class _InPlace(torch.autograd.Function):
     def backward(ctx, g):
         before, = ctx.saved_tensors
         wanted = grad_values(ctx.pattern, g)
+        create = torch.is_grad_enabled()          # (backward(create_graph=True))
         with torch.enable_grad():
-            v = before.detach().requires_grad_()
+            v = before if create and before.requires_grad else before.detach().requires_grad_()
             out = ctx.op(v)
-            grad, = torch.autograd.grad(out, v, wanted.to(out.dtype), allow_unused=True)
+            grad, = torch.autograd.grad(out, v, wanted.to(out.dtype), allow_unused=True,
+                                        create_graph=create)
         if grad is None:                  # a piecewise-constant op (floor_, sign_): no gradient
             grad = torch.zeros_like(before)
-        return mark_gradient(from_values(ctx.pattern, grad)), None, None
+        return mark_gradient(from_values(ctx.pattern, grad)), None, None, None
+
+
+def _values_before(s: SparseTensor) -> torch.Tensor:
+    """``s``'s values as they are, copied, with their history (``_InPlace``'s ``before``)."""
+    return values_of(s).clone()
 
 
 def run_in_place(name: str, s: SparseTensor, mutate: Op, op: Op) -> SparseTensor:
@@ -71,7 +81,7 @@ def write_values(s: SparseTensor, mutate: Op, op: Op) -> SparseTensor:
     """``mutate`` on ``s``'s stored values in place; under autograd, rebased (``_InPlace``)
     with ``op`` (the same map out of place) as what the backward differentiates."""
     if torch.is_grad_enabled() and s.requires_grad:
-        return _InPlace.apply(s, mutate, op)
+        return _InPlace.apply(s, _values_before(s), mutate, op)
     mutate(s._storage.values)
     return s
 
@@ -83,9 +93,10 @@ class _InPlaceWith(torch.autograd.Function):
     on the values before the change and on ``other``, saved as torch saves tensors (a later
     in-place change of a dense ``other`` raises torch's "modified by an inplace operation")."""
     @staticmethod
-    def forward(ctx, s: SparseTensor, other, op: Callable, store: Callable) -> SparseTensor:
+    def forward(ctx, s: SparseTensor, before: torch.Tensor, other, op: Callable,
+                store: Callable) -> SparseTensor:
         dense_other = isinstance(other, torch.Tensor) and not isinstance(other, SparseTensor)
-        ctx.save_for_backward(s._storage.values.clone(), *((other,) if dense_other else ()))
+        ctx.save_for_backward(before, *((other,) if dense_other else ()))
         ctx.op, ctx.pattern, ctx.other = op, s._storage, None if dense_other else other
         store(s, op(s, other))
         ctx.mark_dirty(s)
@@ -97,15 +108,23 @@ class _InPlaceWith(torch.autograd.Function):
         P, other = ctx.pattern, (saved[0] if saved else ctx.other)
         wanted = grad_values(P, g)
         tracked = isinstance(other, torch.Tensor) and other.requires_grad
+        create = torch.is_grad_enabled()          # (backward(create_graph=True)): see _InPlace
+        if create and tracked and before.requires_grad:
+            # the values before the change may depend on ``other`` (``C = A * B; C.mul_(B)``):
+            # a derivative taken through both at once would count that path twice
+            raise NotImplementedError(
+                "scorch: a gradient with create_graph=True through an in-place op of a sparse "
+                "tensor with another tensor that requires grad (s.mul_(t), s.add_(t), ...) is "
+                "not supported; write the op out of place (s = s * t)")
         with torch.enable_grad():
-            v = before.detach().requires_grad_()
+            v = before if create and before.requires_grad else before.detach().requires_grad_()
             o = other.detach().requires_grad_() if tracked else other
             out = grad_values(P, ctx.op(from_values(P, v), o))    # the result on s's pattern
             grads = torch.autograd.grad(out, [v, o] if tracked else [v], wanted.to(out.dtype),
-                                        allow_unused=True)
+                                        allow_unused=True, create_graph=create)
         gs = grads[0] if grads[0] is not None else torch.zeros_like(before)
         go = grads[1] if tracked else None
-        return mark_gradient(from_values(P, gs)), go, None, None
+        return mark_gradient(from_values(P, gs)), None, go, None, None
 
 
 def record_in_place(s: SparseTensor, other, op: Callable, store: Callable) -> SparseTensor:
@@ -114,7 +133,7 @@ def record_in_place(s: SparseTensor, other, op: Callable, store: Callable) -> Sp
     written (autograd would notice only after the write)."""
     if s.is_leaf and s.requires_grad:
         raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
-    return _InPlaceWith.apply(s, other, op, store)
+    return _InPlaceWith.apply(s, _values_before(s), other, op, store)
 
 
 def _at_stored(name: str, x: SparseTensor, pure: Callable, args: tuple, kwargs: dict):
