@@ -17,6 +17,7 @@ from __future__ import annotations
 from multiprocessing.reduction import ForkingPickler
 
 import torch
+from torch.utils.data import get_worker_info
 from torch.utils.data._utils import collate as _collate
 
 from .tensor_type import SparseTensor
@@ -32,7 +33,16 @@ NON_LEAF_ACROSS_PROCESSES = (
 
 def collate_sparse(batch, *, collate_fn_map=None) -> torch.Tensor:
     """Stack sparse samples along a new first dim (a sparse batch; the samples' shapes must
-    agree, as torch's stack says)."""
+    agree, as torch's stack says). In a worker process, samples that require grad are
+    refused here, where the DataLoader carries the error to the main process (a batch
+    autograd recorded could not be sent, and the send failed in the result queue's thread:
+    the main process waited forever); torch refuses dense ones the same way."""
+    if torch.is_grad_enabled() and get_worker_info() is not None and \
+            any(isinstance(x, torch.Tensor) and x.requires_grad for x in batch):
+        raise RuntimeError(
+            "collate: a sample requires grad, and a DataLoader worker cannot send a batch that "
+            "autograd records to the main process; return samples without grad from the "
+            "dataset (.detach()), or use num_workers=0")
     return torch.stack(list(batch), 0)
 
 

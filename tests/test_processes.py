@@ -37,6 +37,26 @@ def test_dataloader_batches_of_sparse_samples_stay_sparse(workers):
     assert torch.equal(batch.to_dense(), want)
 
 
+class _SamplesThatTrain(Dataset):
+    """Rows of a sparse parameter: samples that require grad."""
+    def __init__(self):
+        self.weight = torch.nn.Parameter(scorch.sparse_tensor(torch.eye(4), format="csr"))
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return self.weight[i]
+
+
+def test_a_worker_refuses_samples_that_require_grad_promptly():
+    """The error reaches the main process (it used to wait forever on a batch the worker
+    could not send)."""
+    loader = DataLoader(_SamplesThatTrain(), batch_size=2, num_workers=1, timeout=120)
+    with pytest.raises(RuntimeError, match="a sample requires grad"):
+        next(iter(loader))
+
+
 def test_a_non_leaf_that_requires_grad_is_refused_at_process_boundaries():
     from multiprocessing.reduction import ForkingPickler
     A = scorch.sparse_tensor(torch.eye(3), format="csr", requires_grad=True)
