@@ -69,3 +69,25 @@ def test_gradient_penalty_through_an_in_place_op_with_a_tracked_tensor_is_refuse
     wA, wB = torch.autograd.grad(torch.tanh((Ad * Bd * Bd) @ x).square().sum(), (Ad, Bd))
     torch.testing.assert_close(gA.to_dense(), wA * (a != 0))
     torch.testing.assert_close(gB.to_dense(), wB * (a != 0))
+
+
+@pytest.mark.parametrize("late", ["register_hook", "retain_grad"])
+def test_a_hook_on_a_sparse_intermediate(late):
+    """Registered before the tensor's first use it runs (torch's own); after a use that read
+    the values directly, where it would never run, it is refused."""
+    a, _, _ = _operands(2)
+    A = scorch.sparse_tensor(a, format="csr").requires_grad_()
+    seen = []
+    B = A * 2
+    B.register_hook(lambda g: seen.append(1) or g * 10)
+    B.relu().square().sum().backward()
+    assert seen == [1]
+    torch.testing.assert_close(A.grad.to_dense(), 80 * a.clamp(min=0))
+    B = A * 2
+    y = B.relu().square().sum()
+    with pytest.raises(RuntimeError, match="after an op has used it"):
+        B.register_hook(lambda g: g) if late == "register_hook" else B.retain_grad()
+    C = A * 3
+    C.retain_grad()
+    C.relu().sum().backward()
+    torch.testing.assert_close(C.grad.to_dense(), (3 * a > 0).to(DT))

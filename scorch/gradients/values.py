@@ -12,6 +12,7 @@ import torch
 
 from ..formats import Format
 from ..level_storage import Storage
+from .. import _dispatch
 from .. import tensor_type as _tensor_type
 from ..tensor_type import SparseTensor
 from . import pattern as _pattern
@@ -112,6 +113,7 @@ def values_of(s: SparseTensor) -> torch.Tensor:
     if _tracked(s):
         made = s.__dict__.get("_made_of")
         if made is not None and made[1] is _GRAD_FN(s) and not _observed(s):
+            s.__dict__["_read_through"] = True      # (a hook registered later: refused)
             return made[0]
         return _Values.apply(s)
     return s._storage.values
@@ -126,6 +128,24 @@ def _observed(s: SparseTensor) -> bool:
     use is seen; torch's ``autograd.grad(out, s)`` with ``s`` an intermediate needs that too
     (``s.retain_grad()`` first)."""
     return bool(s._backward_hooks) or s.retains_grad
+
+
+def _late_observer(name: str):
+    """``s.register_hook`` / ``s.retain_grad()`` on a sparse intermediate some op already
+    read through the values shortcut: its gradient will not pass through ``s``'s node, so
+    the hook would never run (and ``s.grad`` stay None) with no sign of it: refused."""
+    def handler(s, *args, **kwargs):
+        if type(s) is SparseTensor and s.__dict__.get("_read_through") and s.grad_fn is not None:
+            raise RuntimeError(
+                f"scorch: {name} on a sparse tensor after an op has used it: its gradient "
+                f"does not pass through it there; call {name} right after making the tensor, "
+                f"before using it")
+        return NotImplemented
+    return handler
+
+
+_dispatch.register(torch.Tensor.register_hook)(_late_observer("register_hook"))
+_dispatch.register(torch.Tensor.retain_grad)(_late_observer("retain_grad"))
 
 
 def from_values(P: Storage, values: torch.Tensor) -> SparseTensor:
