@@ -91,3 +91,29 @@ def test_a_hook_on_a_sparse_intermediate(late):
     C.retain_grad()
     C.relu().sum().backward()
     torch.testing.assert_close(C.grad.to_dense(), (3 * a > 0).to(DT))
+
+
+def test_gradient_accumulates_into_a_grad_of_another_pattern_or_format():
+    """Autograd adds a new gradient into an existing ``.grad``: kept through
+    ``zero_grad(set_to_none=False)`` across a pruning (``p.data = sparse``), or assigned in
+    another format; the buffer takes the union, and the step applies it on the pattern."""
+    a, _, x = _operands(3)
+    a[:, 0] = 1.0
+    g_ones = torch.ones(6, 3, dtype=DT) @ x.t()
+    A = torch.nn.Parameter(scorch.sparse_tensor(a, format="csr"))
+    opt = torch.optim.SGD([A], lr=0.1)
+    (A @ x).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    pruned = A.detach().to_dense() * (A.detach().to_dense().abs() > 0.5)
+    A.data = scorch.sparse_tensor(pruned, format="csr")
+    (A @ x).sum().backward()
+    torch.testing.assert_close(A.grad.to_dense(), g_ones * (pruned != 0))
+    before = A.detach().to_dense().clone()
+    opt.step()
+    torch.testing.assert_close(A.detach().to_dense(), before - 0.1 * g_ones * (pruned != 0))
+    assert A._storage.nnz == int((pruned != 0).sum())
+    B = scorch.sparse_tensor(a, format="csr", requires_grad=True)
+    B.grad = scorch.sparse_tensor((a != 0).to(DT), format="coo")
+    (B @ x).sum().backward()
+    torch.testing.assert_close(B.grad.to_dense(), (g_ones + 1) * (a != 0))

@@ -87,6 +87,12 @@ def _values_op(op, inplace: bool):
             kw = {k: (_values(name, P, v, k) if isinstance(v, torch.Tensor) else v)
                   for k, v in kwargs.items() if k != "memory_format"}
         except _NotOnePattern:
+            if name in ("add_", "sub_") and _accumulating(args) and not values_level():
+                # autograd adding a gradient into a leaf's .grad of another pattern or format
+                # (pruned since, ``zero_grad(set_to_none=False)``): the buffer takes the union
+                scale = float(kwargs.get("alpha", 1)) * (1.0 if name == "add_" else -1.0)
+                args[0]._storage = _union_add(args[0], args[1], scale)._storage
+                return args[0]
             if values_level() or (inplace and isinstance(args[0], SparseTensor)):
                 raise     # an optimizer's state, a sparse tensor written in place: one pattern
             # out of place, reached from inside a torch function scorch has no handler for
@@ -206,6 +212,13 @@ def _add_like(sign: float):
             res._values_grad = True
         return res
     return handler
+
+
+def _accumulating(args) -> bool:
+    """``grad.add_(new)`` of two sparse tensors where one is a gradient (``mark_gradient``):
+    what autograd's gradient accumulation runs (user code's ``add_`` arrives above ATen)."""
+    return (len(args) >= 2 and isinstance(args[0], SparseTensor) and isinstance(args[1], SparseTensor)
+            and (args[0].__dict__.get("_values_grad") or args[1].__dict__.get("_values_grad")))
 
 
 def _union_add(a: SparseTensor, b: SparseTensor, scale: float) -> SparseTensor:

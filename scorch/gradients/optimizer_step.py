@@ -25,6 +25,7 @@ from torch.optim.optimizer import (register_optimizer_step_post_hook,
 
 from ..conversion import dense_on_pattern
 from ..tensor_type import SparseTensor
+from .pattern import same_pattern, values_on_pattern
 from .values import mark_gradient
 
 __all__ = ["values_level"]
@@ -42,29 +43,43 @@ def _frames() -> List[FrameType]:
     return frames
 
 
-def _dense_gradients_on_pattern(optimizer) -> None:
-    """A sparse parameter given a dense ``.grad`` (assigned by hand): zero off the pattern,
-    it becomes the gradient on the pattern it is; a non-zero off the pattern could not be
-    applied to the parameter in place, so the step refuses it, naming the parameter (the
-    update's first op used to fail with a message about ``lerp_`` or ``add_``)."""
+def _gradients_on_pattern(optimizer) -> None:
+    """A sparse parameter whose ``.grad`` is not on its pattern: a dense ``.grad`` assigned by
+    hand, or a sparse one of another pattern (kept through ``zero_grad(set_to_none=False)``
+    across a pruning, ``p.data = ...``: autograd adds the new gradient into it as their
+    union). Zero off the parameter's pattern, it becomes the gradient on that pattern it
+    is; a non-zero off the pattern could not be applied to the parameter in place, so the
+    step refuses it, naming the parameter (the update's first op used to fail with a
+    message about ``lerp_`` or ``add_``)."""
     for g, group in enumerate(optimizer.param_groups):
         for k, p in enumerate(group["params"]):
             grad = p.grad
-            if grad is None or not isinstance(p, SparseTensor) or isinstance(grad, SparseTensor):
+            if grad is None or not isinstance(p, SparseTensor):
                 continue
-            values = dense_on_pattern(p._storage, grad) if tuple(grad.shape) == tuple(p.shape) else None
+            if isinstance(grad, SparseTensor):
+                if same_pattern(p._storage, grad._storage):
+                    continue
+                values = values_on_pattern(p._storage, grad._storage) \
+                    if tuple(grad.shape) == tuple(p.shape) else None
+                if values is not None and int(torch.count_nonzero(values)) != \
+                        int(torch.count_nonzero(grad._storage.values)):
+                    values = None
+                kind = "a sparse tensor of another pattern"
+            else:
+                values = dense_on_pattern(p._storage, grad) if tuple(grad.shape) == tuple(p.shape) else None
+                kind = "a dense tensor"
             if values is None:
                 raise RuntimeError(
                     f"{type(optimizer).__name__}.step(): parameter {k} of group {g} is sparse "
-                    f"(shape {tuple(p.shape)}, {p._storage.nnz} stored) but its .grad is a dense "
-                    f"tensor of shape {tuple(grad.shape)} with non-zeros outside the parameter's "
+                    f"(shape {tuple(p.shape)}, {p._storage.nnz} stored) but its .grad is {kind} "
+                    f"of shape {tuple(grad.shape)} with non-zeros outside the parameter's "
                     f"pattern; a sparse parameter's gradient lives on its pattern (assign a sparse "
-                    f"gradient, or mask the dense one to the pattern)")
+                    f"gradient on it, or mask the gradient to the pattern)")
             p.grad = mark_gradient(SparseTensor(p._storage.on_pattern(values.to(p.dtype).contiguous())))
 
 
 def _enter(optimizer, args, kwargs) -> None:
-    _dense_gradients_on_pattern(optimizer)
+    _gradients_on_pattern(optimizer)
     # the frame of torch's wrapper (``Optimizer.profile_hook_step``), which runs the hooks
     # and then the step itself, ``func``: only code under ``func`` is inside the step
     # Kept by id and code, not the frame object: a step that raises never runs the post
