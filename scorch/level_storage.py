@@ -141,8 +141,22 @@ class Storage:
         call's result, ~0.5 us against ~2.5 us through ``__init__``); the signature carries
         over where the values' dtype is this storage's (same pattern, same statistics)."""
         st = _bare_storage(self.format, self.shape, self.levels, values, self.index_dtype)
-        st._sig = self._sig if values.dtype == self.values.dtype and self.values.is_contiguous() else None
+        mine = self.values
+        st._sig = self._sig if values.dtype == mine.dtype and (
+            mine.is_contiguous() or mine.stride() == (0,)) else None   # (0: a pattern_only)
         st._coords = self._coords      # the same levels: the same coordinates
+        return st
+
+    def pattern_only(self) -> "Storage":
+        """This storage's levels and shape with values that hold no memory (one zero seen
+        ``nnz`` times): what a backward keeps of a pattern. A graph kept alive after its
+        backward (losses gathered in a list) then holds the index arrays, not a copy of
+        every value array it saw (71 MiB over 20 steps of sparse attention on NotreDame)."""
+        v = self.values
+        st = _bare_storage(self.format, self.shape, self.levels,
+                           torch.zeros((), dtype=v.dtype).expand(v.numel()), self.index_dtype)
+        st._sig = self._sig if v.is_contiguous() else None
+        st._coords = self._coords
         return st
 
     # pickling and copies carry the arrays, never the caches (addresses are per process)

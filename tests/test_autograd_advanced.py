@@ -117,3 +117,23 @@ def test_gradient_accumulates_into_a_grad_of_another_pattern_or_format():
     B.grad = scorch.sparse_tensor((a != 0).to(DT), format="coo")
     (B @ x).sum().backward()
     torch.testing.assert_close(B.grad.to_dense(), (g_ones + 1) * (a != 0))
+
+
+def test_a_kept_graph_does_not_keep_the_values_it_saw():
+    """A loss kept after its backward (``losses.append(loss)``) keeps the graph's nodes, as
+    torch's does, but not the values arrays of the sparse tensors in it: a backward keeps
+    patterns, not values, outside what torch frees."""
+    import weakref
+    g = torch.Generator().manual_seed(4)
+    m = (torch.rand(200, 200, generator=g) < 0.05).to(DT)
+    M = scorch.sparse_tensor(m, format="csr")
+    q = torch.randn(200, 8, dtype=DT, requires_grad=True)
+    scores = scorch.einsum("ij,id,jd->ij", M, q, q)
+    attn = torch.sparse.softmax(scores, dim=1)
+    loss = (attn @ q).square().sum()
+    refs = [weakref.ref(scores._storage.values), weakref.ref(attn._storage.values)]
+    loss.backward()
+    del scores, attn
+    gc.collect()
+    assert all(r() is None for r in refs)
+    assert loss.grad_fn is not None          # the graph itself is still there

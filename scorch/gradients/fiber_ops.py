@@ -64,7 +64,7 @@ class _Softmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, t: SparseTensor, dim: int, log: bool, run: Callable) -> SparseTensor:
         y = run(t)
-        ctx.dim, ctx.log, ctx.pattern = dim, log, t._storage
+        ctx.dim, ctx.log, ctx.pattern = dim, log, t._storage.pattern_only()
         ctx.save_for_backward(y)
         return y
 

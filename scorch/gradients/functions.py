@@ -27,7 +27,7 @@ def _saved(ctx, out, operands):
     (``A.mul_(2)`` under no_grad, an optimizer step) writes; the SparseTensor's own version
     counter never moves, so a changed operand went unnoticed and the backward read the new
     values."""
-    ctx.out_pattern = out._storage if isinstance(out, SparseTensor) else None
+    ctx.out_pattern = out._storage.pattern_only() if isinstance(out, SparseTensor) else None
     ctx.n_operands = len(operands)
     ctx.save_for_backward(*operands, *(x._storage.values for x in operands
                                        if isinstance(x, SparseTensor)))

@@ -52,7 +52,7 @@ def mark_gradient(g):
 class _Values(torch.autograd.Function):
     @staticmethod
     def forward(ctx, s: SparseTensor) -> torch.Tensor:
-        ctx.pattern = s._storage
+        ctx.pattern = s._storage.pattern_only()
         return s._storage.values.detach()   # an alias: the storage's own tensor never gets a grad_fn
 
     @staticmethod
@@ -63,7 +63,7 @@ class _Values(torch.autograd.Function):
 class _FromValues(torch.autograd.Function):
     @staticmethod
     def forward(ctx, values: torch.Tensor, P: Storage) -> SparseTensor:
-        ctx.pattern = P
+        ctx.pattern = P.pattern_only()
         return SparseTensor(_pattern.with_pattern_values(P, values.detach()))
 
     @staticmethod
@@ -80,7 +80,7 @@ class _ViewOf(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, values: torch.Tensor, P: Storage) -> SparseTensor:
-        ctx.pattern = P
+        ctx.pattern = P.pattern_only()
         ctx.save_for_backward(values)
         return SparseTensor(_pattern.with_pattern_values(P, values.detach()))
 
@@ -93,7 +93,7 @@ class _ViewOf(torch.autograd.Function):
 class _ToDense(torch.autograd.Function):
     @staticmethod
     def forward(ctx, s: SparseTensor) -> torch.Tensor:
-        ctx.pattern = s._storage
+        ctx.pattern = s._storage.pattern_only()
         return _convert().to_dense(s._storage)
 
     @staticmethod
@@ -266,7 +266,7 @@ class _ToTorch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, s: SparseTensor) -> torch.Tensor:
         from .. import interop
-        ctx.pattern = s._storage
+        ctx.pattern = s._storage.pattern_only()
         return interop.to_torch(s._storage)
 
     @staticmethod

@@ -40,7 +40,7 @@ class _InPlace(torch.autograd.Function):
     @staticmethod
     def forward(ctx, s: SparseTensor, before: torch.Tensor, mutate: Op, op: Op) -> SparseTensor:
         ctx.save_for_backward(before)
-        ctx.op, ctx.pattern = op, s._storage
+        ctx.op, ctx.pattern = op, s._storage.pattern_only()
         mutate(s._storage.values)
         ctx.mark_dirty(s)
         return s
@@ -97,7 +97,7 @@ class _InPlaceWith(torch.autograd.Function):
                 store: Callable) -> SparseTensor:
         dense_other = isinstance(other, torch.Tensor) and not isinstance(other, SparseTensor)
         ctx.save_for_backward(before, *((other,) if dense_other else ()))
-        ctx.op, ctx.pattern, ctx.other = op, s._storage, None if dense_other else other
+        ctx.op, ctx.pattern, ctx.other = op, s._storage.pattern_only(), None if dense_other else other
         store(s, op(s, other))
         ctx.mark_dirty(s)
         return s
