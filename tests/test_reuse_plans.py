@@ -211,3 +211,24 @@ def test_a_torch_buffer_refilled_in_place_is_not_read_through_its_old_transpose(
             x = X.clone().requires_grad_()
             ((scorch.sparse_tensor(buffer) @ x) * G).sum().backward()
             torch.testing.assert_close(x.grad, d.t() @ G)
+
+
+def test_plans_are_made_again_for_a_new_thread_count():
+    """A plan is priced for the thread count it was made at (the cost model divides the
+    parallel work by it): after ``torch.set_num_threads`` the next calls plan again."""
+    from scorch.tensor_compiler import api, plans
+    saved = torch.get_num_threads()
+    d, A = sparse(3000, 3000, 0.002, "csr", seed=5)
+    Y = torch.randn(3000, 32)
+    try:
+        torch.set_num_threads(1)
+        for _ in range(2):
+            torch.testing.assert_close(A.t() @ Y, d.t() @ Y, rtol=1e-4, atol=1e-4)
+        first = set(map(id, plans._plans.values()))
+        torch.set_num_threads(2)
+        for _ in range(3):
+            torch.testing.assert_close(A.t() @ Y, d.t() @ Y, rtol=1e-4, atol=1e-4)
+        assert plans._plans and not (set(map(id, plans._plans.values())) & first)
+    finally:
+        torch.set_num_threads(saved)
+        api.plan_cache_clear()

@@ -20,6 +20,7 @@ from .frontend import bind_sizes, check_equation
 from .index_notation import Assignment, accesses
 from .operands import as_operand
 from .relayout import relayout_pays
+from . import threads
 from .tiling import relaid_panel_narrower
 from .planner import (block_key, broadcast_key, einsum_entry, make_entry, resolve_out_format,
                       unit_mask)
@@ -55,6 +56,9 @@ def plan_cache_clear() -> None:
     _plans.clear()
     _fast.clear()
     _EXPR_FAST.clear()
+
+
+threads.on_thread_count_change(plan_cache_clear)   # plans are priced for a thread count
 
 
 _DISPATCH: list = [None, None]   # fastcall.dispatch and its module, once loaded (see einsum)

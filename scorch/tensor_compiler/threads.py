@@ -60,6 +60,25 @@ _load_known_at = None    # monotonic time from which the load estimate covers a 
 _load_known = not _ADAPTIVE
 
 
+#: called when the requested thread count (``torch.get_num_threads()``) differs from the one
+#: the last call saw: plans priced for the old count are dropped (``api``), so a process that
+#: runs at 1 thread and then at 2 gets plans for 2 (A.t() @ Y on 4elt: 0.36 -> 0.11 ms)
+_ON_CHANGE: list = []
+_requested = [None]
+
+
+def on_thread_count_change(fn) -> None:
+    _ON_CHANGE.append(fn)
+
+
+def _check_requested(T: int) -> None:
+    if T != _requested[0]:
+        if _requested[0] is not None:
+            for fn in _ON_CHANGE:
+                fn()
+        _requested[0] = T
+
+
 def threads_for(work: int) -> int:
     """``torch.get_num_threads()``, except: small problems run on one thread (waking a
     second costs more than it saves), and an oversubscribed machine gets only its free
@@ -71,6 +90,8 @@ def threads_for(work: int) -> int:
     machine took 20-50 ms instead of 13 us."""
     global _free_cores, _load_known_at, _load_known
     T = torch.get_num_threads()
+    if T != _requested[0]:
+        _check_requested(T)
     if WORK_PER_THREAD:
         T = min(T, work // WORK_PER_THREAD)
     if T <= 1 or work < PARALLEL_MIN_WORK or (PASSIVE and work < PASSIVE_MIN_WORK):
