@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import torch
@@ -64,7 +65,10 @@ _load_known = not _ADAPTIVE
 #: the last call saw: plans priced for the old count are dropped (``api``), so a process that
 #: runs at 1 thread and then at 2 gets plans for 2 (A.t() @ Y on 4elt: 0.36 -> 0.11 ms)
 _ON_CHANGE: list = []
-_requested = [None]
+#: the count each Python thread saw last (per thread: OpenMP keeps it per thread, and a
+#: thread started before a ``set_num_threads`` keeps the old count; one shared value would
+#: flip between them and drop the plans on every call)
+_seen = threading.local()
 
 
 def on_thread_count_change(fn) -> None:
@@ -72,11 +76,12 @@ def on_thread_count_change(fn) -> None:
 
 
 def _check_requested(T: int) -> None:
-    if T != _requested[0]:
-        if _requested[0] is not None:
+    last = getattr(_seen, "count", None)
+    if T != last:
+        if last is not None:
             for fn in _ON_CHANGE:
                 fn()
-        _requested[0] = T
+        _seen.count = T
 
 
 def threads_for(work: int) -> int:
@@ -90,7 +95,7 @@ def threads_for(work: int) -> int:
     machine took 20-50 ms instead of 13 us."""
     global _free_cores, _load_known_at, _load_known
     T = torch.get_num_threads()
-    if T != _requested[0]:
+    if T != getattr(_seen, "count", None):
         _check_requested(T)
     if WORK_PER_THREAD:
         T = min(T, work // WORK_PER_THREAD)
