@@ -153,8 +153,13 @@ class Storage:
         backward (losses gathered in a list) then holds the index arrays, not a copy of
         every value array it saw (71 MiB over 20 steps of sparse attention on NotreDame)."""
         v = self.values
-        st = _bare_storage(self.format, self.shape, self.levels,
-                           torch.zeros((), dtype=v.dtype).expand(v.numel()), self.index_dtype)
+        key = (v.dtype, v.numel())
+        zeros = _NO_VALUES.get(key)
+        if zeros is None:           # one per dtype and count (read-only: never written)
+            if len(_NO_VALUES) > 512:
+                _NO_VALUES.clear()
+            zeros = _NO_VALUES[key] = torch.zeros((), dtype=v.dtype).expand(v.numel())
+        st = _bare_storage(self.format, self.shape, self.levels, zeros, self.index_dtype)
         st._sig = self._sig if v.is_contiguous() else None
         st._coords = self._coords
         return st
@@ -264,6 +269,10 @@ class Storage:
     def __repr__(self) -> str:
         return (f"Storage(format={self.format}, shape={self.shape}, nnz={self.nnz}, "
                 f"dtype={self.dtype}, index_dtype={self.index_dtype})")
+
+
+#: (dtype, count) -> a zero seen ``count`` times (``Storage.pattern_only``'s values)
+_NO_VALUES: dict = {}
 
 
 def _bare_storage(fmt: Format, shape: tuple, levels: tuple, values: torch.Tensor,
