@@ -142,6 +142,16 @@ cdef void _gather(idx_t* pos, int64_t* parents, int64_t m, idx_t* new_pos, int64
         new_pos[i + 1] = <idx_t>k
 
 
+cdef int64_t _picked(pos, parents):
+    """The entries of the segments of ``pos`` (contiguous) at ``parents`` (contiguous int64)."""
+    cdef void* pp = _ptr(pos)
+    cdef int64_t* rp = <int64_t*>_ptr(parents)
+    cdef int64_t m = parents.numel()
+    cdef bint pos64 = pos.dtype == torch.int64
+    with nogil:
+        return _picked_total(<int64_t*>pp, rp, m) if pos64 else _picked_total(<int32_t*>pp, rp, m)
+
+
 def gather_segments(pos: torch.Tensor, parents: torch.Tensor):
     """``(new_pos, take)``: the segments of ``pos`` at ``parents`` (int64, in range, in any
     order, repeats allowed) one after the other: the new level's ``pos`` (``pos``'s dtype)
@@ -151,9 +161,7 @@ def gather_segments(pos: torch.Tensor, parents: torch.Tensor):
     cdef void* pp = _ptr(pos)
     cdef int64_t* rp = <int64_t*>_ptr(parents)
     cdef bint pos64 = pos.dtype == torch.int64
-    cdef int64_t total
-    with nogil:
-        total = _picked_total(<int64_t*>pp, rp, m) if pos64 else _picked_total(<int32_t*>pp, rp, m)
+    cdef int64_t total = _picked(pos, parents)
     new_pos = torch.empty(m + 1, dtype=pos.dtype)
     take = torch.empty(total, dtype=torch.int64)
     cdef void* np_ = _ptr(new_pos)
@@ -194,9 +202,7 @@ def gather_segment_entries(pos: torch.Tensor, crd: torch.Tensor, values: torch.T
     cdef void* pp = _ptr(pos)
     cdef int64_t* rp = <int64_t*>_ptr(parents)
     cdef bint pos64 = pos.dtype == torch.int64
-    cdef int64_t total
-    with nogil:
-        total = _picked_total(<int64_t*>pp, rp, m) if pos64 else _picked_total(<int32_t*>pp, rp, m)
+    cdef int64_t total = _picked(pos, parents)
     if not pos64 and total > 2147483647:
         raise OverflowError("gather_segment_entries: the picked entries overflow int32 positions")
     cdef int64_t width = values.element_size()
