@@ -84,7 +84,7 @@ def test_a_hook_on_a_sparse_intermediate(late):
     assert seen == [1]
     torch.testing.assert_close(A.grad.to_dense(), 80 * a.clamp(min=0))
     B = A * 2
-    y = B.relu().square().sum()
+    B.relu().square().sum()                 # a use (read through the values shortcut)
     with pytest.raises(RuntimeError, match="after an op has used it"):
         B.register_hook(lambda g: g) if late == "register_hook" else B.retain_grad()
     C = A * 3
