@@ -9,7 +9,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..formats import Format, FormatLike
+from ..formats import FormatLike
 from ..level_storage import Storage
 from ..compiler_access import compiler as _compiler
 from ..tensor_compiler.index_notation import Assignment

@@ -4,7 +4,7 @@ wrapped once per tensor. Also the storage-level steps a plan may need before a k
 re-formatting (transposes, unblocking) and value casts."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 import torch
 
