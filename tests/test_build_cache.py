@@ -739,3 +739,27 @@ def test_a_compile_prunes_the_cache_in_the_background(tmp_path, monkeypatch):
     started[0].join(10)
     assert not (folder / ("k_stale" + build._EXT_SUFFIX)).exists()
     assert Path(mod.__file__).exists()
+
+
+def test_a_read_only_cache_is_still_read(tmp_path, monkeypatch, pristine):
+    """A configured cache of ours that is only read-only (baked into an image): its kernels
+    load from it, and only new ones are built, in the private folder."""
+    source = pristine[0]
+    base = tmp_path / "baked"
+    so = _copy_of(pristine, base)
+    real = build._unusable
+    monkeypatch.setattr(build, "_unusable",
+                        lambda d: build.NOT_WRITABLE if str(d).startswith(str(base)) else real(d))
+    monkeypatch.setenv("SCORCH_CACHE_DIR", str(base))
+    _fresh_dir_state()
+    try:
+        with pytest.warns(RuntimeWarning, match="still read"):
+            private = build.cache_dir()
+        before = build.cache_info()["misses"]
+        mod = load_kernel(source, "heal")
+        assert mod.add(2, 3) == 5 and Path(mod.__file__) == so
+        assert build.cache_info()["misses"] == before
+        new = load_kernel(_unique_add(), "fresh")            # not in the image: built privately
+        assert Path(new.__file__).parent == private
+    finally:
+        _fresh_dir_state()

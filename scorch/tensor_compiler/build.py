@@ -44,7 +44,9 @@ Nothing is loaded unverified (a damaged ``.so`` would crash every later process 
   next process verifies and loads the new file.
 * the cache directory must be a directory owned by this user, writable, and not writable
   by group or others (another user could plant code there). Otherwise kernels go to a
-  private temporary directory (removed at exit) and one warning says why.
+  private temporary directory (removed at exit) and one warning says why; a directory of
+  ours that is only read-only (a cache baked into an image) is still read, checksums
+  verified, and only new kernels are built in the private one.
 * the precompiled header is built once per cache directory (a lock file: other processes
   compile without it meanwhile), published atomically with its checksum, and verified once
   per process before use. The install builds both headers into ``_prebuilt/pch``, which is
@@ -248,13 +250,24 @@ def cache_dir() -> Path:
         _checked_dirs[key] = wanted
         return wanted
     fallback = _private_cache()
+    if problem == NOT_WRITABLE:
+        # ours and safe, only read-only (a cache baked into an image): its kernels are still
+        # read (``load_published``), only new ones go to the private folder
+        _read_only_dirs[str(fallback)] = wanted
     if key not in _warned_dirs:
         _warned_dirs.add(key)
+        reading = " (its kernels are still read)" if problem == NOT_WRITABLE else ""
         warnings.warn(f"scorch: kernel cache {wanted} is not usable ({problem}); using the "
-                      f"private temporary cache {fallback} for this process",
+                      f"private temporary cache {fallback} for this process{reading}",
                       RuntimeWarning, stacklevel=2)
     _checked_dirs[key] = fallback
     return fallback
+
+
+#: a private fallback folder -> the configured folder it stands in for, where that one is
+#: only read-only (kernels are read from it, never written)
+_read_only_dirs: dict[str, Path] = {}
+NOT_WRITABLE = "it is not writable"
 
 
 def _unusable(d: Path) -> str | None:
@@ -282,7 +295,7 @@ def _unusable(d: Path) -> str | None:
             return f"{level} is writable by {'group' if st.st_mode & 0o020 else 'others'} " \
                    f"(mode {oct(st.st_mode & 0o777)})"
     if not os.access(d, os.W_OK | os.X_OK):
-        return "it is not writable"
+        return NOT_WRITABLE
     return None
 
 
@@ -543,9 +556,13 @@ def load_published(name: str, cdir: Path | None = None) -> types.ModuleType | No
     """Module ``name`` from the cache folder or the install-time folder, whichever holds a
     copy that matches its recorded checksum; None when neither does. A cached copy that
     fails the check (or fails to import) is quarantined so that it gets rebuilt; a damaged
-    install-time copy is only skipped (the package folder may be read-only)."""
+    install-time copy, or one in a read-only configured cache, is only skipped (neither
+    folder is written)."""
     cdir = cache_dir() if cdir is None else cdir
-    for folder, in_cache in ((cdir, True), (PREBUILT_DIR, False)):
+    read_only = _read_only_dirs.get(str(cdir))
+    folders = ((cdir, True),) + (((read_only, False),) if read_only is not None else ()) + \
+        ((PREBUILT_DIR, False),)
+    for folder, in_cache in folders:
         path = folder / (name + _EXT_SUFFIX)
         if not path.exists():
             continue
