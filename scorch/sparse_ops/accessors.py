@@ -14,7 +14,7 @@ from ..formats import Format, as_format
 from ..gradients.values import from_values, values_of
 from ..conversion import coords
 from ..tensor_type import SparseTensor, as_scorch, with_values
-from .positions import _row_major_keys, values_at
+from .positions import values_at_coordinates
 
 
 @register(torch.Tensor.values, torch.Tensor._values)
@@ -205,8 +205,7 @@ def _sparse_sparse_mask(x: SparseTensor, mask) -> SparseTensor:
                            f"got {tuple(x.shape)} and {tuple(m.shape)}")
     if m._storage.format.block is not None:
         m = m.to_format("coo")
-    keys = _row_major_keys(coords(m._storage), tuple(m.shape))
-    return from_values(m._storage, values_at(x, keys).to(x.dtype))
+    return from_values(m._storage, values_at_coordinates(x, coords(m._storage)).to(x.dtype))
 
 
 def _masked_assignment(rank: int):

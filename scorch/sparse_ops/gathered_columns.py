@@ -23,8 +23,9 @@ __all__ = ["gathered_columns_product", "GATHER_MAX_LINES", "GATHER_TRAINING_BYTE
 #: touches (``gathered_columns_product``) where those columns cover at most
 #: ``narrowed_gather.GATHER_MAX_LINES`` of the weight's cache lines (the rule einsum's
 #: narrowed gather follows), or where the weight trains and is at least this big: its
-#: gradient then comes back in the weight's layout, where the general einsum's dense gradient of a big weight costs
-#: 2.5x (80k x 256, 64 x 150 words: forward + backward 45.7 -> 18.4 ms, forward equal)
+#: gradient then comes back in the weight's layout, where the general einsum's dense
+#: gradient of a big weight costs 2.5x (80k x 256, 64 x 150 words: forward + backward
+#: 45.7 -> 18.4 ms, forward equal)
 GATHER_TRAINING_BYTES = 16 << 20
 
 

@@ -160,7 +160,7 @@ def _at_stored(name: str, x: SparseTensor, pure: Callable, args: tuple, kwargs: 
             raise RuntimeError(
                 f"scorch: in-place '{name}' maps 0 to a non-zero where its argument says so, "
                 f"so its result could not stay sparse; use the out-of-place form or .to_dense() first")
-    from .positions import _row_major_keys, values_at
+    from .positions import values_at_coordinates
     where = _stored_coords(x)
 
     def stored(a):
@@ -170,7 +170,7 @@ def _at_stored(name: str, x: SparseTensor, pure: Callable, args: tuple, kwargs: 
             if tuple(a.shape) != shape:
                 raise RuntimeError(f"{name}: a sparse argument must have the sparse tensor's "
                                    f"shape {list(shape)}, got {list(a.shape)}")
-            return values_at(a, _row_major_keys(where, shape)).detach()
+            return values_at_coordinates(a, where).detach()
         return a.expand(shape)[tuple(where)]
     return tuple(stored(a) for a in args), {k: stored(a) for k, a in kwargs.items()}
 
@@ -264,9 +264,8 @@ def _mask_at_stored(s: SparseTensor, mask: torch.Tensor):
         if tuple(mask.shape) != tuple(s.shape):
             raise RuntimeError(f"masked_fill_: a sparse mask must have the sparse tensor's shape "
                                f"{tuple(s.shape)}, got {tuple(mask.shape)}")
-        from .positions import _row_major_keys, values_at
-        keys = _row_major_keys(_stored_coords(s), s.shape)
-        return values_at(mask, keys).bool(), int(mask._storage.values.bool().sum())
+        from .positions import values_at_coordinates
+        return values_at_coordinates(mask, _stored_coords(s)).bool(), int(mask._storage.values.bool().sum())
     try:
         fits = broadcast_shapes(mask.shape, s.shape) == s.shape
     except RuntimeError:

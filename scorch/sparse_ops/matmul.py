@@ -12,12 +12,12 @@ import torch
 
 from .._dispatch import register
 from ..compiler_access import compiler
-from ..conversion import coords
 from .. import tensor_type
 from ..gradients import pattern as _pattern
 from ..gradients.values import from_values, values_of
 from ..tensor_type import SparseTensor, is_sparse_operand
 from . import elementwise
+from .nonlinear import _stored_count
 from . import einsum as _einsum_entry
 from .gathered_columns import gathered_columns_product
 from ..broadcasting import broadcast_shapes
@@ -273,7 +273,6 @@ def _sparse_dense(a, b, nd: int = 2):
     return None
 
 
-
 _grad_enabled = torch.is_grad_enabled
 _any_requires_grad = torch._C._any_requires_grad
 _warm_dispatch: list = [None, None]   # the compiler's C warm call and its plan table, once loaded
@@ -332,7 +331,7 @@ def _sparse_mm(a, b, reduce=None):
     if a.shape[1] != b.shape[0]:
         raise RuntimeError(f"torch.sparse.mm: mat1 and mat2 shapes cannot be multiplied "
                            f"({a.shape[0]}x{a.shape[1]} and {b.shape[0]}x{b.shape[1]})")
-    counts = _row_counts(a)
+    counts = _stored_count(a, (1,), a.shape[1])   # per row, O(rows) for CSR
     if reduce == "mean":      # differentiable: the product's rows over their entry counts
         return mm(a, b) / counts.clamp(min=1).to(b.dtype)[:, None]
     if torch.is_grad_enabled() and torch._C._any_requires_grad(a, b):
@@ -346,13 +345,6 @@ def _sparse_mm(a, b, reduce=None):
     out = tc.compute(tc.kept_assignment(("mm_reduce", reduce), build), a, b.to(a.dtype),
                      out_format="dense")
     return out.masked_fill_((counts == 0)[:, None], 0)   # no entries: -inf / +inf there
-
-
-def _row_counts(a: SparseTensor) -> torch.Tensor:
-    """The entries each row of ``a`` stores (int64), from its coordinates: O(nnz)."""
-    st = a._storage
-    rows = coords(st)[0] if st.nnz else torch.zeros(0, dtype=torch.int64)
-    return torch.bincount(rows.to(torch.int64), minlength=a.shape[0])
 
 
 @register(torch.mv, torch.Tensor.mv)

@@ -92,6 +92,12 @@ def values_at(t: SparseTensor, keys: torch.Tensor) -> torch.Tensor:
     return padded[pos].reshape(keys.shape)
 
 
+def values_at_coordinates(t: SparseTensor, coords: torch.Tensor) -> torch.Tensor:
+    """``t``'s value at each column of ``coords`` (one row per dimension of ``t``), 0 where
+    ``t`` stores nothing (:func:`values_at` over their row-major keys)."""
+    return values_at(t, _row_major_keys(coords, tuple(t.shape)))
+
+
 # --- reads: a dense result of the requested positions ----------------------------------------
 
 def _along(t: SparseTensor, dim: int, index: torch.Tensor) -> torch.Tensor:
@@ -168,7 +174,7 @@ def masked_select(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     shape = tuple(t.shape)
     coords = coords[len(out_shape) - len(shape):]
     coords = torch.where(torch.tensor(shape)[:, None] == 1, 0, coords)     # x broadcast
-    return values_at(t, _row_major_keys(coords, shape))
+    return values_at_coordinates(t, coords)
 
 
 # --- writes: stored coordinates moved, then an add --------------------------------------------
