@@ -215,6 +215,9 @@ def _operands(key: str, metas, arrays: Sequence[torch.Tensor]) -> list:
     last = _LAST_OPERANDS.pop(key, None)
     if last is not None and len(last[0]) == len(arrays):
         ops = _reused_sparse_operands(metas, arrays, *last)
+        if all(r() is a for r, a in zip(last[0], arrays)):
+            _LAST_OPERANDS[key] = last          # the same arrays: the entry as it is
+            return ops
     else:
         ops = operands_from_arrays(metas, arrays)
     _LAST_OPERANDS[key] = (tuple(weakref.ref(a) for a in arrays),
