@@ -212,6 +212,7 @@ def test_kept_ones_go_with_their_pattern():
     the cache entry (a kept Storage would hold the arrays, and so itself, alive)."""
     import gc
     from scorch.gradients import pattern
+    gc.collect()                 # entries of earlier tests' patterns kept only by cycles
     before = len(pattern._ONES)
     W = scorch.sparse_tensor(_sparse_dense((30, 20), 0.3, torch.float32, 6), format="csr")
     pattern.pattern_ones(W._storage, torch.float32)
