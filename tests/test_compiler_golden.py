@@ -1,4 +1,5 @@
-"""Golden tests of the generated Cython for SpMM, SDDMM (also per attention head) and SpGEMM, and of the C++ that
+"""Golden tests of the generated Cython for SpMM, SDDMM (also per attention head), SpGEMM and the
+transposed SpMM that adds rows into a dense output (``A^T @ G``: a dense operand's gradient), and of the C++ that
 SpMM's and SDDMM's (dense or in-place outputs: a C entry) are built from.
 
 Regenerate after an intended codegen change with
@@ -27,15 +28,22 @@ def _cases():
         "spgemm": ("ij,jk->ik", a, b),
         # attention scores per head on the pattern: values at (pattern position, b, h)
         "sddmm_heads": ("ij,bhid,bhjd->bhij", a, torch.randn(1, 2, 6, 3), torch.randn(1, 2, 5, 3)),
+        # rows of G added into the output's rows at A's columns (fixed-width vector adds)
+        "spmm_scatter": ("ij,ik->jk", a, torch.randn(6, 4)),
     }
 
 
-@pytest.mark.parametrize("name", ["spmm", "sddmm", "spgemm", "sddmm_heads"])
+#: the cases asked for with a dense result (format inference would give a sparse one)
+_DENSE_OUT = {"spmm_scatter"}
+
+
+@pytest.mark.parametrize("name", ["spmm", "sddmm", "spgemm", "sddmm_heads", "spmm_scatter"])
 def test_golden_source(name):
     eq, *ops = _cases()[name]
+    out = "dense" if name in _DENSE_OUT else None
     with use_target("avx512"):   # the golden files are the AVX-512 build's, on any machine
-        src = C.explain(eq, *ops).source
-        assert src == C.explain(eq, *ops).source  # deterministic
+        src = C.explain(eq, *ops, out_format=out).source
+        assert src == C.explain(eq, *ops, out_format=out).source  # deterministic
     src = "\n".join(ln for ln in src.split("\n") if not ln.startswith(SOURCE_TAG))
     path = GOLDEN / f"{name}.pyx"
     if os.environ.get("SCORCH_REGEN_GOLDEN"):
@@ -52,4 +60,5 @@ def test_golden_sources_compile_and_run():
     for name, (eq, *ops) in _cases().items():
         from compiler_helpers import dense
         want = torch.einsum(eq, *[dense(o) if not isinstance(o, torch.Tensor) else o for o in ops])
-        torch.testing.assert_close(dense(C.einsum(eq, *ops)), want, rtol=1e-5, atol=1e-5)
+        out = "dense" if name in _DENSE_OUT else None
+        torch.testing.assert_close(dense(C.einsum(eq, *ops, out_format=out)), want, rtol=1e-5, atol=1e-5)

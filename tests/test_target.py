@@ -166,6 +166,42 @@ def test_spmm_equals_dense_per_target(name, m, n, kind, density, dtype, fmt, see
 
 
 @pytest.mark.parametrize("name", RUNNABLE)
+@settings(max_examples=12, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(m=st.integers(0, 9), n=st.integers(0, 9), kind=st.sampled_from(["width", "width+1", "0"]),
+       density=st.sampled_from([0.0, 0.3, 1.0]), dtype=st.sampled_from([torch.float32, torch.float64]),
+       fmt=st.sampled_from(["csr", "csc", "coo"]), strided=st.booleans(), seed=st.integers(0, 99))
+def test_scattered_rows_equal_dense_per_target(name, m, n, kind, density, dtype, fmt, strided, seed):
+    """``A^T @ G`` into a dense result adds each stored entry's row of G into the output
+    row at its column (``facts._scattered_rows``): at every register width of the target,
+    just past it and at 0, from a G laid out row-major or column-major, against torch."""
+    with T.use_target(name) as t:
+        widths = t.row_widths("float" if dtype == torch.float32 else "double")
+        w = widths[seed % len(widths)]
+        k = {"width": w, "width+1": w + 1, "0": 0}[kind]
+        a = rand((m, n), density, dtype=dtype, seed=seed)
+        g = torch.randn(m, k, dtype=dtype, generator=torch.Generator().manual_seed(seed))
+        if strided:
+            g = g.t().contiguous().t()
+        plan = C.explain("ij,ik->jk", sparse(a, fmt), g, out_format="dense")
+        got = C.einsum("ij,ik->jk", sparse(a, fmt), g, out_format="dense")
+    if fmt == "csr":
+        assert plan.loop_order == ["i", "j", "k"]
+    tol = 1e-4 if dtype == torch.float32 else 1e-10
+    torch.testing.assert_close(got, a.t() @ g, rtol=tol, atol=tol)
+
+
+def test_scattered_rows_run_at_the_row_width():
+    """The scatter's fixed-width variants exist for the target's row widths and the source
+    adds whole vectors into the output (no run-time-width loop at those widths)."""
+    a = sparse(rand((40, 30), 0.2, dtype=torch.float32, seed=3), "csr")
+    src = C.explain("ij,ik->jk", a, torch.randn(40, 8), out_format="dense").source
+    for w in T.current().row_widths("float"):
+        assert f"run_chunk_w{w}(" in src and f"a.N_k == {w}" in src
+    assert re.search(r"\(<scorch_vf\w*\*>\(a\.out_vals \+ oo_1 \+ 0\)\)\[0\] = \(<scorch_vf\w*\*>\(a\.out_vals", src)
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
 def test_sddmm_spmv_and_panels_equal_dense_per_target(name):
     with T.use_target(name) as t:
         for dtype in (torch.float32, torch.float64):

@@ -42,11 +42,14 @@ TRANSPOSE_PASSES = 10.0
 KEPT_TRANSPOSE_PASSES = 1.0
 
 #: body visits per vector of the output read and written in memory (a leaf below a
-#: reduction loop that is not held in registers). CSC ``A @ X`` (3000^2, 0.5 %, K = 32,
-#: 1 thread): ``j, i, k`` adds each stored entry's row into ``out[i]`` in memory, 0.092 ms;
-#: ``i, j, k`` over the kept transpose sums each row in registers, 0.062 ms, the same
-#: visits; batched (``ij,bjk->bik``, b = 4, K = 16) 0.35 against 0.14 ms.
-UPDATE_VISITS = 0.5
+#: reduction loop that is not held in registers). ``A^T @ G`` into a dense array over CSR
+#: (4elt, 92k entries, 1 thread, Zen 4): ``i, j, k`` adds each stored entry's row of G into
+#: ``out[j]`` (the fixed-width scatter, ``lower.facts._scattered_rows``), ``j, i, k`` over
+#: the kept transpose sums each row in registers: K = 8 0.095 / 0.069 ms, K = 32 0.25 /
+#: 0.15, K = 128 1.17 / 0.63 (copter2, 704k entries: 1.9 / 1.2 ms at K = 32), about one
+#: visit more per vector. At 0.5 (calibrated on the run-time-width scatter) the kept
+#: transpose did not look worth a reuse plan at K = 32.
+UPDATE_VISITS = 1.0
 
 #: body visits of a dense innermost loop per estimated visit: the kernel runs it in vector
 #: registers (4: a float64 vector on AVX2, the fewest lanes of any target and value type,
@@ -192,18 +195,44 @@ def estimate(order: Sequence[str], p: OrderProblem, threads: int = 1) -> Optiona
     if m.workspace >= 2:
         updates = iters * _wide_workspace_visits(order, p)
     elif m.workspace == 1:
-        # a dense reduction loop above the workspace's loop (SDDMM ``o, a, j``) is what
-        # made it needed: priced per entry drained, the leaves less those reductions (an
-        # order over sparse reductions only, SpGEMM's, needs a workspace in every order)
-        dense_sums = [float(p.extents.get(v, 1)) for depth, v in enumerate(order)
-                      if v in p.reductions and m.dense_pattern[depth]]
-        if dense_sums:
-            updates += ROW_WORKSPACE_VISITS * iters / max(1.0, math.prod(dense_sums))
+        updates += ROW_WORKSPACE_VISITS * _drained(order, m, p, entered, iters)
     par = 1.0
     if order and order[0] in p.asg.output and threads > 1:   # chunked outer loop
         share = _heaviest_row_share(p, order[0])
         par = float(threads) if share <= 0 else max(1.0, min(float(threads), 1.0 / share))
     return Estimate(work, moved, par, (work + updates) / par + moved, updates)
+
+
+def _drained(order: Sequence[str], m, p: OrderProblem, entered: Sequence[float],
+             leaves: float) -> float:
+    """Entries drained from a one-dimensional workspace (its touched coordinates sorted and
+    written out, a new pattern assembled: :data:`ROW_WORKSPACE_VISITS` each).
+
+    Priced where a dense reduction loop made it needed (an order over sparse reductions only,
+    SpGEMM's, needs one in every order: left out). Over a dense loop's variable (a row with
+    touched flags): the leaves less those reductions (a sparse weight's gradient
+    ``oj,oa,ja->oj`` as ``o, a, j``). Over a sparse loop's variable, coordinates arrive
+    scattered: at most one entry per leaf, less the repeats of dense reductions no sparse
+    operand indexes (each revisits the same coordinates; a dense level's rows of a CSR
+    operand do not), and per fill (the iterations above the first reduction) at most the
+    variable's extent. Where another order needs no workspace it decides:
+    ``einsum("ij,ik->jk", S, D)`` over CSR at K = 8 took ``k, i, j`` (a sorted workspace of
+    ``j`` per column ``k``: 0.72 ms on 4elt) over ``j, i, k`` (rows written in place, the
+    dense route: ~0.1 ms), 0.4 % apart with the drain divided by the dense ``i``, and its
+    plan then ran K = 128 in 14 ms (0.6 ms)."""
+    dense_sums = [float(p.extents.get(v, 1)) for depth, v in enumerate(order)
+                  if v in p.reductions and m.dense_pattern[depth]]
+    if not dense_sums:
+        return 0.0
+    first = next(n for n, v in enumerate(order) if v in p.reductions)
+    below = [n for n in range(first, len(order)) if order[n] not in p.reductions]
+    if len(below) != 1 or m.dense_pattern[below[0]]:
+        return leaves / max(1.0, math.prod(dense_sums))
+    indexed = {v for acc, _i, _f in p.sparse_accesses for v in acc.indices}
+    repeats = math.prod(float(p.extents.get(v, 1)) for depth, v in enumerate(order)
+                        if v in p.reductions and m.dense_pattern[depth] and v not in indexed)
+    extent = float(p.extents.get(order[below[0]], 1))
+    return min(leaves / max(1.0, repeats), entered[first] * extent)
 
 
 def _wide_workspace_visits(order: Sequence[str], p: OrderProblem) -> float:

@@ -467,6 +467,28 @@ def _row_accumulation_depth(s: Schedule, out_unit: Optional[str]) -> int:
     return d
 
 
+def _scattered_rows(s: Schedule, out_unit: Optional[str], row_depth: int) -> bool:
+    """The innermost loop adds a row into the dense output at its leaf, along the output's
+    unit-stride variable and dense in every operand, and no register row holds it (a
+    reduction above the output's row loop: CSC ``A @ X`` as ``j, i, k``, ``A^T @ G`` over
+    CSR as ``i, j, k``, a sparse operand's gradient into a dense array). At a compile-time
+    width the row is added vector by vector; gcc's run-time-width loop never runs its
+    vector body for rows narrower than the register (K = 8 float32 on AVX-512) and checks
+    the output against the operands for overlap on every row: on 4elt ``A^T @ G`` at
+    K = 8 took 0.22 ms, 3.3x the gathering ``i, j, k`` over the transpose."""
+    out, order = s.output, s.loop_order
+    if (row_depth >= 0 or not out.dense or out.mode != "dense" or out.acc_depth >= 0
+            or len(order) < 2 or s.assignment.reduce != "sum"):
+        return False
+    L = order[-1]
+    if out_unit != L or len(set(out.vars)) != len(out.vars):
+        return False
+    if any(ap.sparse and L in ap.level_vars for ap in s.accesses):
+        return False
+    return not any(not ap.sparse and L in ap.indices and len(set(ap.indices)) != len(ap.indices)
+                   for ap in s.accesses)
+
+
 def _vector_dot(s: Schedule, unit) -> bool:
     """The innermost loop is a reduction of a scalar accumulator wrapping only it (SDDMM's
     ``k``), dense in every operand: at a compile-time width it becomes vector products
@@ -635,6 +657,7 @@ class KernelFacts:
     balance: Optional[str]                 # pos array weighing chunks by entries
     gathers: Tuple[int, ...] = ()          # dense accesses gathered at stored coordinates
     cache_panels: bool = False             # s.cache_tile: register panels above every loop
+    scatter: bool = False                  # rows added into the dense output at fixed widths
 
     @property
     def row_gathers(self) -> Tuple[int, ...]:
@@ -747,10 +770,12 @@ def kernel_facts(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, 
         crd_buf, val_buf = "vector[int64_t]", f"vector[{vt}]"
     else:   # coordinate tuples: buffers that record a failed allocation (never throw)
         crd_buf, val_buf = "AppendBuffer[int64_t]", f"AppendBuffer[{vt}]"
+    scatter = not dot and _scattered_rows(s, out_unit, row_depth)
     widths: Tuple[int, ...] = ()
     # fixed-width variants compute on GCC vector types: arithmetic only, no function calls
-    if (row_depth >= 0 or dot) and vt in ("float", "double") and not _applies(s.assignment.rhs):
+    if (row_depth >= 0 or dot or scatter) and vt in ("float", "double") and not _applies(s.assignment.rhs):
         widths = tg.row_widths(vt)
+    scatter = scatter and bool(widths)
     panels = widths if (row_depth >= 0 and order[-1] in s.tiled) else ()
     # cache blocking (schedule.CacheTile) in register panels, hoisted above every loop:
     # the output and every operand the innermost loop streams move with the panel (not
@@ -768,7 +793,7 @@ def kernel_facts(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, 
                        vtype=vector_type_name(vt, tg.vector_bytes, tg.vector_bytes), target=tg, widths=widths,
                        panels=panels, loops=loops, store_all=store_all, chunk_kind=chunk_kind,
                        chunk_level=chunk_level, balance=_balance_pos(s, chunk_kind),
-                       gathers=gathered(s), cache_panels=cache_panels)
+                       gathers=gathered(s), cache_panels=cache_panels, scatter=scatter)
 
 
 def ws_size(ws_vars: Sequence[str]) -> str:

@@ -565,10 +565,11 @@ def _hoisted_value(n: Nest, lp: LoopLevels, lv: LevelPlan, new: Cursor) -> List[
     a scalar kernel stores inside those loops (a scatter into a dense row or workspace):
     gcc cannot keep ``a.tK_vals[q]`` in a register across a store through another float
     pointer, so it reloads it every inner iteration (the SAE encoder's ``aj,oj->ao``: 10 %
-    of the kernel). Vector and dot kernels keep the array read, which their passes match."""
+    of the kernel; the fixed-width scatter likewise). Register-row and dot kernels keep the
+    array read, which their passes match."""
     f = n.facts
-    if (n.variant.width is not None or f.dot or lp.depth >= len(f.s.loop_order) - 1
-            or lv.access in new.vals):
+    if ((n.variant.width is not None and not f.scatter) or f.dot
+            or lp.depth >= len(f.s.loop_order) - 1 or lv.access in new.vals):
         return []
     return _head_value(n, lv, new)
 

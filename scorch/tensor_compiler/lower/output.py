@@ -239,6 +239,10 @@ def vector_leaf(n: Nest, st: Cursor) -> Tuple[Stmt, ...]:
     lanes, vtype = f.vector(n.variant.width)
     rhs, regs = f.s.assignment.rhs, range(n.variant.width // lanes)
     rhs = _scalars_first(n, rhs)
+    if f.scatter:   # the row added into the output, vector by vector
+        row = [f"(<{vtype}*>(a.out_vals + {st.oo} + {c * lanes}))[0]" for c in regs]
+        return _guarded(n, st, [Assign(r, f"{r} + {value(n, rhs, st, c * lanes)}")
+                                for c, r in zip(regs, row)])
     if f.row_depth < 0:   # vector dot product
         terms = " + ".join(value(n, rhs, st, c * lanes) for c in regs)
         if f"<{vtype}*>" not in terms:
