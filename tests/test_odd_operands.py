@@ -159,3 +159,30 @@ def test_constructor_tuples_name_the_mistake():
         scorch.sparse_tensor((i, torch.ones(3), (3, 3)))
     with pytest.raises(ValueError, match="size needs 3 dimensions"):
         scorch.sparse_tensor((i, torch.ones(3, 2)), size=(3, 3))
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo"])
+def test_broadcast_operands_are_read_without_expanding(fmt, monkeypatch):
+    """A dense operand expanded with stride 0 (the gradient of ``.sum()``, a broadcast bias)
+    that a kernel streams along another dimension: one row is made stride 1 and read with
+    stride 0 (``execute._broadcast_rows_once``), never the whole expanded tensor; values as
+    dense torch's, for a fully and a partly broadcast operand and through backward."""
+    from scorch.tensor_compiler import execute
+    a = _dense(40, 30, seed=5)
+    A = scorch.sparse_tensor(a, format=fmt)
+    copied = []
+    real = execute._broadcast_rows_once
+
+    def spy(x, d):
+        y = real(x, d)
+        copied.append((tuple(x.shape), y.untyped_storage().nbytes() // y.element_size()))
+        return y
+    monkeypatch.setattr(execute, "_broadcast_rows_once", spy)
+    for g in (torch.ones(1, 1).expand(40, 16), torch.randn(16, 1).t().expand(40, 16),
+              torch.randn(40, 1).expand(40, 16)):
+        got = scorch.einsum("ij,ik->jk", A, g)
+        torch.testing.assert_close(_d(got), a.t() @ g, rtol=1e-5, atol=1e-5)
+    assert ((40, 16), 16) in copied, copied   # one row of 16 values, not 40 x 16
+    X = torch.randn(30, 16, requires_grad=True)
+    (A @ X).sum().backward()
+    torch.testing.assert_close(X.grad, a.t() @ torch.ones(40, 16), rtol=1e-5, atol=1e-5)

@@ -65,6 +65,8 @@ def prepare_operands(entry: PlanEntry, ops, sizes, orig=None):
                     # (other size-1 dimensions are read with stride 0; expanding them all
                     # would copy a column against a 2M x 2M matrix at full size)
                     x = x.expand(tuple(full[k] if k == d else s for k, s in enumerate(x.shape)))
+                if x.stride(d) != 1 and full[d] > 1:
+                    x = _broadcast_rows_once(x, d)
                 if x.stride(d) != 1 and full[d] > 1 and _relayout_pays(entry, ops, x, full[d]):
                     x = relayout(x, rl[1], rl[2], threads.threads_for, ap.id)  # scratch: this call only
                 elif ordered_relayout(entry, ops, ap, x):
@@ -74,6 +76,23 @@ def prepare_operands(entry: PlanEntry, ops, sizes, orig=None):
                 x = relayout(x, rl[1], rl[2], threads.threads_for, ap.id)  # scratch: this call only
             data[ap.id] = x
     return data
+
+
+def _broadcast_rows_once(x: torch.Tensor, d: int) -> torch.Tensor:
+    """A streamed operand that is broadcast (stride 0) along other dimensions and not laid
+    out at stride 1 along ``d``: one copy of its distinct values made stride 1 along ``d``
+    and broadcast back (the kernel reads stride 0), instead of a relayout of the whole
+    expanded tensor. ``(A @ X).sum().backward()`` hands ``A^T`` a gradient of ones
+    expanded to N x K: copied whole, 8 MB a call at N = 15,606, K = 128. ``x`` itself
+    where nothing is broadcast."""
+    shape = x.shape
+    spread = [k for k in range(x.dim()) if k != d and x.stride(k) == 0 and shape[k] > 1]
+    if not spread:
+        return x
+    one = x
+    for k in spread:
+        one = one.narrow(k, 0, 1)
+    return one.movedim(d, -1).contiguous().movedim(-1, d).expand(shape)
 
 
 def strided_reads(entry: PlanEntry, ops, extent: int):
