@@ -376,6 +376,8 @@ def _plan_of(entry, ops) -> Plan:
     for ap in s.accesses:
         if ap.sparse:
             idx[ap.id] = ops[ap.tensor].index_dtype
+    # in the caller's letters: the compiled module is this source with its loops named by
+    # depth (``canonical``), the same kernel
     kernel = lower_kernel(s, entry.value_dtype, idx)
     out = s.output
     if out.dense:

@@ -56,6 +56,7 @@ from .lower import (CTYPES, DENSE_WS_LIMIT, ITYPES, NPTYPES, SHORT_ROWS, SHORT_R
                     kernel_facts, lower_kernel, reads_strided, relayouts, order_relayouts, gather_relayouts, short_rows, short_rows_limit,
                     unit_stride_accesses)
 from .lower.register_tile import has_tile
+from .canonical import caller_args, canonical_schedule
 from .schedule import Schedule
 from .target import MIN_VECTOR_BYTES, SOURCE_TAG, value_bytes, vector_type_name
 
@@ -702,7 +703,10 @@ def generate(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, torc
     """Cython source of the kernel and its argument list (field, C type, meaning).
     ``scalar_inner``: the short-rows variant (see :func:`short_rows`), built without loop
     vectorization and with aligned loops (``SHORT_ROWS_CFLAGS``), with a stream variant for
-    streams larger than the cache (``lower/stream_rows.py``)."""
+    streams larger than the cache (``lower/stream_rows.py``). Generated from the schedule
+    with its variables named by loop depth (``canonical``): the same kernel whatever the
+    caller's letters; the argument list names the caller's variables."""
+    s, back = canonical_schedule(s)
     k = lower_kernel(s, value_dtype, index_dtypes, short_module=scalar_inner)
     src = print_kernel(k)
     if scalar_inner:
@@ -711,4 +715,4 @@ def generate(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, torc
         lines.insert(3, f"# short-rows variant: segments of <= {short_rows_limit(value_dtype)} "
                         f"entries on average")
         src = "\n".join(lines)
-    return src, list(k.args)
+    return src, caller_args(k.args, back)

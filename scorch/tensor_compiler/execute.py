@@ -13,6 +13,7 @@ from . import build, codegen
 from .arguments import arg_table, arg_values
 from .allocate import empty_output
 from .assemble import assemble, pattern_ready, pattern_storage
+from .canonical import depth_name
 from .frontend import bind_sizes
 from .operands import cast_storage, convert_storage, unblocked
 from .plans import PlanEntry
@@ -145,8 +146,10 @@ def index_key(entry: PlanEntry, data) -> tuple:
 
 
 def kernel_name(entry: PlanEntry, suffix: str = "") -> str:
-    """A readable module name: the loop order (the cache key does the identifying)."""
-    order = "".join(ch for ch in "_".join(entry.schedule.loop_order) if ch.isalnum() or ch == "_")
+    """A module name, part of the kernel's identity (``build.load_kernel``): its loop
+    depths as the source names them (``canonical``), so equal kernels share one module
+    whatever the caller's letters; the cache key does the identifying."""
+    order = "_".join(depth_name(n) for n in range(len(entry.schedule.loop_order)))
     return ("k_" + order)[:40 - len(suffix)] + suffix
 
 
