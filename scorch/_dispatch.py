@@ -14,6 +14,7 @@ could not stay sparse. This module is only the registry: it imports no other sco
 """
 from __future__ import annotations
 
+import inspect
 import os
 import warnings
 from typing import Any, Callable, Dict, Optional
@@ -35,6 +36,35 @@ def register(*torch_functions) -> Callable:
             _HANDLERS[fn] = handler
         return handler
     return deco
+
+
+#: numpy's keyword names that torch's argument parser takes for its own (``A.sum(axis=0,
+#: keepdims=True)``); ``__torch_function__`` passes them on as written
+NUMPY_KEYWORDS = {"axis": "dim", "keepdims": "keepdim"}
+_takes_aliases: Dict[Callable, bool] = {}
+
+
+def torch_keywords(handler: Callable, kwargs: dict) -> dict:
+    """``kwargs`` with numpy's ``axis`` / ``keepdims`` renamed to ``dim`` / ``keepdim`` for
+    ``handler``: handlers are written with torch's names, and the aliases crashed them with
+    an unexpected keyword. Asked only when an alias is present (``tensor_type._run_handler``),
+    so a call without one pays nothing; a handler that names an alias itself takes it as is."""
+    own = _takes_aliases.get(handler)
+    if own is None:
+        try:
+            own = not NUMPY_KEYWORDS.keys().isdisjoint(inspect.signature(handler).parameters)
+        except (TypeError, ValueError):
+            own = True
+        _takes_aliases[handler] = own
+    if own:
+        return kwargs
+    out = dict(kwargs)
+    for alias, name in NUMPY_KEYWORDS.items():
+        if alias in out:
+            if name in out:
+                raise TypeError(f"got both '{name}' and its numpy alias '{alias}'")
+            out[name] = out.pop(alias)
+    return out
 
 
 def mirror_method_forms() -> list:

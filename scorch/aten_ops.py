@@ -13,6 +13,13 @@ aten = torch.ops.aten
 
 @register_aten(aten.detach.default, aten.alias.default)
 def _detach(t):
+    if torch.is_inference_mode_enabled() and not t.is_inference():
+        # made in inference mode the alias would be an inference tensor, and torch's
+        # ADInplaceOrView kernel of detach then fails giving it ``t``'s version counter
+        # ("Cannot set version_counter for inference tensor"): a normal tensor, as a dense
+        # detach of a normal tensor is there
+        with torch.inference_mode(False):
+            return _detach(t)
     alias = carry_grad_flag(t, SparseTensor(t._storage))
     if t.is_leaf:
         # see _copy_. A plain reference (a weakref would stop torch.utils.swap_tensors, which
@@ -34,7 +41,10 @@ def _aliases(t):
 
 @register_aten(aten.clone.default)
 def _clone(t, memory_format=None):
-    return clone_sparse(t)
+    # below autograd: a clone in grad mode gets its CloneBackward history from torch's
+    # autograd layer, and one under no_grad / inference_mode must not require grad (as a
+    # dense clone there), so the new tensor never takes ``t.requires_grad`` as a leaf flag
+    return clone_sparse(t, requires_grad=False)
 
 
 @register_aten(aten._to_copy.default)

@@ -11,7 +11,7 @@ import torch
 
 from . import interop
 from .formats import FormatLike, as_format
-from .tensor_type import SparseTensor, _TORCH_SPARSE_LAYOUTS
+from .tensor_type import SparseTensor, _TORCH_SPARSE_LAYOUTS, refuse_transformed_source
 
 __all__ = ["sparse_tensor", "tensor", "from_scipy"]
 
@@ -113,6 +113,9 @@ def sparse_tensor(data: Any, size: Optional[Sequence[int]] = None, format: Forma
     are summed. ``size`` is required only for ``(indices, values)`` input, where it defaults
     to one more than the largest coordinate in each dimension."""
     _check_dtype_arg(dtype)
+    # a transform's wrapped tensor or a dual tensor would lose its batch dim / tangent here
+    refuse_transformed_source("scorch.sparse_tensor",
+                              *(data if isinstance(data, tuple) else (data,)))
     st = None
     source = None   # the tensor the result is differentiable in (values / dense data)
     if isinstance(data, tuple) and len(data) == 2 and not isinstance(data, torch.Size) \

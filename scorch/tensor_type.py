@@ -35,6 +35,9 @@ def _convert_module():
 
 _NO_SUBCLASS_DISPATCH = torch._C.DisableTorchFunctionSubclass
 _TB = torch._C.TensorBase
+#: the innermost ``torch.func`` transform being run, or None (nearly always): see
+#: ``refuse_transform``
+_functorch_stack = torch._C._functorch.peek_interpreter_stack
 
 
 def _slot_property(slot, settable: bool = False) -> property:
@@ -121,6 +124,8 @@ class SparseTensor(torch.Tensor):
     def values(self) -> torch.Tensor:
         """Stored values in storage order (1-d), sharing memory with the tensor;
         differentiable when the tensor requires grad."""
+        if _functorch_stack() is not None:
+            refuse_transform(SparseTensor.values)
         if _grad_enabled() and _any_requires_grad(self):
             return _AUTOGRAD["values"](self)
         return self._storage.values
@@ -141,6 +146,8 @@ class SparseTensor(torch.Tensor):
         return coords
 
     def to_dense(self, dtype: Optional[torch.dtype] = None, *, masked_grad=None) -> torch.Tensor:
+        if _functorch_stack() is not None:
+            refuse_transform(SparseTensor.to_dense)
         if _is_compiling():
             out = _UNDER_COMPILE[0](SparseTensor.to_dense, (self,), {})
         elif _grad_enabled() and _any_requires_grad(self):
@@ -154,6 +161,8 @@ class SparseTensor(torch.Tensor):
         fmt = as_format(format, self.dim())
         if fmt == self._storage.format:
             return self
+        if _functorch_stack() is not None:
+            refuse_transform(SparseTensor.to_format)
         if _is_compiling():
             return _UNDER_COMPILE[0](SparseTensor.to_format, (self, fmt), {})
         if _grad_enabled() and _any_requires_grad(self):
@@ -163,6 +172,8 @@ class SparseTensor(torch.Tensor):
     def to_torch(self) -> torch.Tensor:
         """The torch layout that matches the format (COO, CSR, CSC, BSR, BSC); arrays are
         shared where torch's layout agrees with the storage; differentiable."""
+        if _functorch_stack() is not None:
+            refuse_transform(SparseTensor.to_torch)
         if _is_compiling():
             return _UNDER_COMPILE[0](SparseTensor.to_torch, (self,), {})
         if _grad_enabled() and _any_requires_grad(self):
@@ -298,11 +309,16 @@ class SparseTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if _functorch_stack() is not None:
+            refuse_transform(func)
         if _FWAD._current_level >= 0:
             _refuse_dual(func, args, kwargs)
         handler = _dispatch.lookup(func)
         if handler is not None:
             if _is_compiling():
+                if func in CHECKS_ONLY:   # torch's own call, as the handler would leave it
+                    with torch._C.DisableTorchFunctionSubclass():
+                        return func(*args, **kwargs)
                 return _UNDER_COMPILE[0](func, args, kwargs)
             if kwargs.get("out") is not None:
                 return _into_out(func, handler, args, kwargs)
@@ -318,6 +334,8 @@ class SparseTensor(torch.Tensor):
     # ``dense @ sparse`` comes here too. A handler that declines leaves the call to torch.
     def __matmul__(self, other):
         spmm = _SPMM[0]
+        if _functorch_stack() is not None:
+            refuse_transform(torch.Tensor.__matmul__)
         if _FWAD._current_level >= 0:
             _refuse_dual(torch.Tensor.__matmul__, (self, other), {})
         if spmm is not None and type(other) is torch.Tensor:   # the hot path, inline
@@ -371,12 +389,21 @@ class SparseTensor(torch.Tensor):
         return _or_handler(_pattern_op(torch.sub, self, other), torch.Tensor.__sub__, self, other)
 
     def __neg__(self):
+        if _functorch_stack() is not None:
+            refuse_transform(torch.neg)
         if (_grad_enabled() and _any_requires_grad(self)) or _deferred(self):
             return _direct(torch.Tensor.__neg__, self)
         return carry_grad_flag(self, with_values(self, torch.neg(self._storage.values)))
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func not in _GRAD_SAFE and _tf_enabled() and _graph_task() == -1:
+            # An op reaching here with torch functions on, outside a backward, did not come
+            # through ``__torch_function__`` (whose fall-through turns them off): a tensor
+            # wrapping this one passed it down, which is what torch.func's grad / vjp /
+            # jacrev do with a sparse argument (their interpreter is popped by now). It would
+            # run on the dense fallback and give a dense, off-pattern gradient: refused.
+            refuse_transform(func)
         if (func not in _GRAD_SAFE and func.overloadpacket not in _NO_GRADIENT
                 and _grad_enabled() and _any_requires_grad(*args)
                 and not (func is _aten.copy_.default and _sparse_to_sparse(args))):
@@ -469,6 +496,10 @@ def _unsupported_under_compile(method, args, kwargs):
 
 
 _UNDER_COMPILE: list = [_unsupported_under_compile]
+#: torch functions whose handler only checks its arguments, then leaves the call to torch
+#: (``torch.autograd.grad``): torch's own call while a graph is traced (AOTAutograd's
+#: backward calls it), not an unsupported operator
+CHECKS_ONLY: set = set()
 #: a pattern holding new values, differentiably, in a form a graph being traced can hold
 #: (``scorch.library_ops._on_pattern``, installed there)
 _ON_PATTERN_UNDER_COMPILE: list = [None]
@@ -490,6 +521,25 @@ for _k in range(8):
 SparseTensor._level_values = property(lambda self: self._storage.values)
 
 
+def _reading_numpy(method):
+    """``method``, one of torch's C operator methods, with a numpy array operand read as a
+    tensor first, as torch's argument parser reads it elsewhere (``A * nd``): the C method
+    declines an array before any dispatch, so Python then asks numpy's reflected operator
+    (which tries to convert the sparse tensor: "no numpy / list form"), and ``S += nd``
+    rebinds ``S`` to ``S + nd`` instead of updating it in place."""
+    def operator(self, other):
+        if type(other).__name__ == "ndarray" and type(other).__module__ == "numpy":
+            other = torch.as_tensor(other)
+        return method(self, other)
+    operator.__name__ = method.__name__
+    return operator
+
+
+for _name in ("__mod__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
+              "__imod__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"):
+    setattr(SparseTensor, _name, _reading_numpy(getattr(torch.Tensor, _name)))
+
+
 #: sparse matrix @ dense operand of rank 1 or 2, warm: ``(a, b, rank)``
 #: (``scorch.sparse_ops.matmul._sparse_dense``, which installs itself: this module cannot
 #: import the op layer); None where it declines
@@ -498,14 +548,27 @@ _SPMM: list = [None]
 
 #: forward-mode AD: a level >= 0 while ``dual_level()`` is open (a module global of torch's)
 _FWAD = torch.autograd.forward_ad
+_MAKE_DUAL = torch._VF._make_dual
 
 
 def _refuse_dual(func, args, kwargs) -> None:
     """Scorch's kernels read primal values only: a dual tensor's tangent would be dropped
-    without a word, so forward-mode AD with a sparse operand raises (as torch.sparse does)."""
+    without a word, so forward-mode AD with a sparse operand raises (as torch.sparse does).
+    A sparse tensor never becomes dual: ``make_dual`` with a sparse primal or tangent is
+    refused here (every later op would drop the tangent), so only the dense operands of an
+    op need their tangent checked."""
+    if func is _MAKE_DUAL:
+        raise NotImplementedError(
+            "scorch: forward-mode AD (torch.autograd.forward_ad.make_dual) with a sparse primal "
+            "or tangent is not supported: scorch's kernels read primal values only; use reverse "
+            "mode (backward, torch.autograd.grad)")
     for a in (*args, *kwargs.values()):
         items = a if isinstance(a, (list, tuple)) else (a,)
         for x in items:
+            if type(x) is torch.Tensor and _legacy_batched(x):
+                # autograd.functional.jacobian(vectorize=True, strategy="forward-mode")
+                # vmaps the tangents (torch's unpack_dual has no batching rule)
+                refuse_transform(func)
             if isinstance(x, torch.Tensor) and type(x) is not SparseTensor \
                     and _FWAD.unpack_dual(x).tangent is not None:
                 raise NotImplementedError(
@@ -518,6 +581,8 @@ def _refuse_dual(func, args, kwargs) -> None:
 def _direct(method, *args, **kwargs):
     """``method(*args)`` through its registered handler without torch's dispatch, else
     torch's own method (which dispatches through ``__torch_function__`` as usual)."""
+    if _functorch_stack() is not None:
+        refuse_transform(method)
     if _FWAD._current_level >= 0:
         _refuse_dual(method, args, kwargs)
     if _is_compiling():
@@ -530,9 +595,14 @@ def _direct(method, *args, **kwargs):
     return method(*args, **kwargs)
 
 
+_NUMPY_ALIASES = frozenset(_dispatch.NUMPY_KEYWORDS)
+
+
 def _run_handler(func, handler, args, kwargs):
     """``handler(*args, **kwargs)`` (NotImplemented: torch's own path takes the call), its
     failures explained where an operand is the cause (checked on the error path only)."""
+    if kwargs and not _NUMPY_ALIASES.isdisjoint(kwargs):
+        kwargs = _dispatch.torch_keywords(handler, kwargs)   # ``A.sum(axis=0, keepdims=True)``
     try:
         out = handler(*args, **kwargs)
     except RuntimeError as e:
@@ -585,7 +655,64 @@ def _foreign_operands(func, handler, args, kwargs):
     raise
 
 
-_functorch_stack = torch._C._functorch.peek_interpreter_stack
+_TRANSFORMS_REFUSED = (
+    "scorch: torch.func transforms (vmap, grad, vjp, jacrev, jacfwd, hessian, jvp, "
+    "functional_call under grad; also torch.autograd.functional.jacobian / hessian with "
+    "vectorize=True and torch.autograd.grad with is_grads_batched=True, which vmap the "
+    "backward) are not supported on functions that use a scorch sparse tensor ({}); use "
+    "torch.autograd.grad or torch.autograd.functional.jacobian (vectorize=False), and a loop "
+    "or a batched einsum in place of vmap")
+
+
+def refuse_transform(func, error: Optional[BaseException] = None) -> None:
+    """Raise the refusal of ``torch.func`` transforms for ``func`` (a sparse tensor met one).
+
+    Scorch's kernels read real arrays and its autograd Functions use the classic
+    ``forward(ctx, ...)`` form, so under a transform a sparse op either fails deep in torch
+    or, worse, runs on the dense fallback and returns a dense (off-pattern) or all-zero
+    result (``jacfwd``'s basis written into a copy). Callers test ``_functorch_stack()``
+    first (~0.1 us), so this costs nothing outside a transform. A graph being compiled is
+    left alone (its tracing is not a user's transform)."""
+    if _is_compiling():
+        return
+    name = getattr(func, "__name__", None) or str(func)
+    raise NotImplementedError(_TRANSFORMS_REFUSED.format(name)) from error
+
+
+def refuse_transformed_source(name: str, *tensors) -> None:
+    """A sparse tensor about to be built from ``tensors`` (dense data, values): refused inside
+    a ``torch.func`` transform, from a functorch-wrapped tensor, or from a forward-mode dual
+    tensor (its tangent would be dropped: torch's ``to_sparse`` and ``sparse_coo_tensor``
+    raise NotImplementedError there too)."""
+    if _functorch_stack() is not None or any(
+            isinstance(x, torch.Tensor) and _functorch_wrapped(x) for x in tensors):
+        refuse_transform(name)
+    if _FWAD._current_level >= 0:
+        _refuse_dual(name, tensors, {})
+
+
+_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_legacy_batched = torch._C._functorch.is_legacy_batchedtensor
+
+#: the functions torch's vectorized jacobians build their basis of one-hot cotangents in:
+#: on a sparse output, ``new_zeros(...).diagonal().fill_(1)`` cannot write its ones
+_BASIS_BUILDERS = frozenset({"_construct_standard_basis_for"})
+
+
+def _building_vmapped_basis() -> bool:
+    """Whether a caller a few frames up is torch building a vmapped jacobian's basis
+    (``autograd.functional.jacobian(vectorize=True)``, ``hessian(vectorize=True)``): read
+    on the error path only."""
+    import sys
+    frame = sys._getframe(2)
+    for _ in range(12):
+        if frame is None:
+            return False
+        if frame.f_code.co_name in _BASIS_BUILDERS and \
+                frame.f_globals.get("__name__", "").startswith("torch."):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _refuse_under_functorch(error: RuntimeError, operands=()) -> None:
@@ -594,15 +721,9 @@ def _refuse_under_functorch(error: RuntimeError, operands=()) -> None:
     say what is unsupported and what to use. A backward vmapped by autograd itself
     (``jacobian(vectorize=True)``) shows no transform on the stack, only batched operands
     without memory. Only on the error path, so it costs nothing."""
-    if _functorch_stack() is not None or any(
+    if _functorch_stack() is not None or _building_vmapped_basis() or any(
             type(x) is torch.Tensor and not torch._C._has_storage(x) for x in operands):
-        raise NotImplementedError(
-            "scorch: torch.func transforms (vmap, grad, jacrev, jacfwd, functional_call under "
-            "grad; also torch.autograd.functional.jacobian / hessian with vectorize=True and "
-            "torch.autograd.grad with is_grads_batched=True, which vmap the backward) are not "
-            "supported on functions that use a scorch sparse tensor; use torch.autograd.grad "
-            "or torch.autograd.functional.jacobian (vectorize=False), and a loop or a batched "
-            "einsum in place of vmap") from error
+        refuse_transform("a sparse operation", error)
 
 
 def _or_handler(result, method, a, b):
@@ -616,6 +737,8 @@ def _or_handler(result, method, a, b):
 
 def _matmul_direct(method, a, b):
     """``a @ b`` or ``a.mm(b)``: the warm SpMM when it takes the call, else the handler."""
+    if _functorch_stack() is not None:
+        refuse_transform(method)
     if _FWAD._current_level >= 0:
         _refuse_dual(method, (a, b), {})
     spmm = _SPMM[0]
@@ -634,6 +757,8 @@ def _scalar_op(fn, t: "SparseTensor", scalar):
     as the dense op), or None. Under autograd, torch's op on the differentiable values:
     its gradient is torch's, on the pattern (165 -> ~50 us for ``(A * 2).sum()`` and its
     backward on a small matrix, which went through the compiler both ways)."""
+    if _functorch_stack() is not None:
+        refuse_transform(fn)
     if type(scalar) not in _PY_SCALARS or _deferred(t):
         return None   # a deferred operand goes to the handler, which fuses it
     if _grad_enabled() and _any_requires_grad(t):
@@ -646,6 +771,8 @@ def _scalar_op(fn, t: "SparseTensor", scalar):
 def _pattern_op(fn, a: "SparseTensor", b):
     """``fn(a, b)`` on the stored values when ``b`` is a SparseTensor over the very same
     level arrays (same format and shape), or None; under autograd as ``_scalar_op``."""
+    if _functorch_stack() is not None:
+        refuse_transform(fn)
     if type(b) is not SparseTensor or _deferred(a) or _deferred(b):
         return None   # a deferred operand goes to the handler, which fuses it
     sa, sb = a._storage, b._storage
@@ -671,6 +798,8 @@ def _same_index_arrays(sa: Storage, sb: Storage) -> bool:
 
 # --- autograd ------------------------------------------------------------------------------
 _grad_enabled = torch.is_grad_enabled
+_tf_enabled = torch._C._is_torch_function_enabled
+_graph_task = torch._C._current_graph_task_id
 _any_requires_grad = torch._C._any_requires_grad
 #: the differentiable forms of values / to_dense / to_format / permute, installed by
 #: ``scorch.gradients.values`` (which imports this module, so this one cannot import it)
@@ -729,15 +858,16 @@ def _load(fmt, shape, arrays, values, requires_grad, state=None):
 saving.allow_in_weights_only_load(_load)
 
 
-def clone_sparse(t: SparseTensor) -> SparseTensor:
-    """A copy with its own arrays (``clone``, ``deepcopy``)."""
+def clone_sparse(t: SparseTensor, requires_grad: Optional[bool] = None) -> SparseTensor:
+    """A copy with its own arrays (``clone``: ``requires_grad=False``, autograd gives it
+    its history; a copy keeping ``t``'s flag by default)."""
     st = t._storage
     levels = [Level(lv.kind, lv.dim, lv.size,
                     None if lv.pos is None else lv.pos.clone(),
                     None if lv.crd is None else lv.crd.clone(), lv.block_inner, lv.ordered)
               for lv in st.levels]
     out = SparseTensor(Storage(st.format, st.shape, levels, st.values.clone(), st.index_dtype),
-                       t.requires_grad)
+                       t.requires_grad if requires_grad is None else requires_grad)
     return carry_grad_flag(t, out)
 
 

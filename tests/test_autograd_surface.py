@@ -233,6 +233,15 @@ def _stored_softmin(d, dim=1):
     return torch.where(stored, torch.softmax(torch.where(stored, -d, float("-inf")), dim), 0.0)
 
 
+def _bitwise_integer(s):
+    """The integer bitwise ops that keep 0 at 0 (on the pattern), out of place and in place."""
+    i = (s * 10).long()
+    return torch.stack([6 & i, torch.bitwise_left_shift(i, 1), i.bitwise_left_shift(2), i << 1,
+                        torch.bitwise_right_shift(i, 1), i.bitwise_right_shift(2), i >> 1,
+                        i.clone().bitwise_and_(5), i.clone().__iand__(3), i.clone().bitwise_left_shift_(1),
+                        i.clone().__ilshift__(2), i.clone().bitwise_right_shift_(1), i.clone().__irshift__(2)])
+
+
 CASES = [
     # --- einsum and the matmul family --------------------------------------------------------
     Case("einsum", [torch.einsum], lambda s, x: torch.einsum("ij,jk->ik", s, x), [(5, 3)]),
@@ -394,6 +403,7 @@ CASES = [
     Case("pow_sparse_exponent", [torch.pow], lambda s: torch.pow(s, s * 0.5), positive=True),
     Case("mul_broadcast", [torch.mul], lambda s, x: s * x, [(5,)]),
     Case("getitem", [_T.__getitem__], lambda s: s[1:, [0, 2, 2]]),
+    Case("reversed", [_T.__reversed__], lambda s: reversed(s) * 2),
     Case("embedding", [F.embedding], lambda s: F.embedding(torch.tensor([[3, 0], [0, 1]]), s)),
     Case("index_select", [torch.index_select, _T.index_select],
          lambda s: s.index_select(0, torch.tensor([3, 0, 0]))),
@@ -517,8 +527,20 @@ CASES = [
     Case("masked_fill_value", [_T.masked_fill],
          lambda s, x: s.masked_fill(s < 0, x.sum() / 10.0), [(2,)]),
     Case("dropout_eval", [F.dropout, torch.dropout], lambda s: F.dropout(s, 0.5, training=False)),
+    # in-place forms of ops that keep 0 at 0 (session 36), rebased as the other in-place ops
+    Case("in_place_ipow_remainder_fmod", [_T.__ipow__, _T.remainder_, _T.__imod__, _T.fmod_],
+         lambda s: (s * 1.0).__ipow__(2) + (s * 1.0).remainder_(0.7) + (s * 1.0).__imod__(0.7)
+         + (s * 1.0).fmod_(0.3)),
+    Case("in_place_floor_divide", [_T.floor_divide_, _T.__ifloordiv__],
+         lambda s: (s * 1.0).floor_divide_(0.3) + (s * 1.0).__ifloordiv__(0.2),
+         raises=(RuntimeError, "floor_divide")),
+    Case("fill_", [_T.fill_, torch.fill_], lambda s: (s * 1.0).fill_(0.0) + torch.fill_(s * 1.0, 0) + s),
     # --- results with no gradient: bool or index results ---------------------------------
     *[Case(name, fns, call, bool_result=True) for name, fns, call in [
+        ("bitwise_integer", [_T.__rand__, torch.bitwise_left_shift, _T.bitwise_left_shift, _T.__lshift__,
+                             torch.bitwise_right_shift, _T.bitwise_right_shift, _T.__rshift__,
+                             _T.bitwise_and_, _T.__iand__, _T.bitwise_left_shift_, _T.__ilshift__,
+                             _T.bitwise_right_shift_, _T.__irshift__], _bitwise_integer),
         ("compare", [torch.lt, torch.less, _T.lt, _T.less, _T.__lt__, torch.le, torch.less_equal,
                      _T.le, _T.less_equal, _T.__le__, torch.gt, torch.greater, _T.gt, _T.greater,
                      _T.__gt__, torch.ge, torch.greater_equal, _T.ge, _T.greater_equal, _T.__ge__,
@@ -862,6 +884,16 @@ CASES = [
 
 #: handlers registered for non-differentiable things whose rows above do not run them
 _COVERED_ELSEWHERE = {torch.Tensor.share_memory_: "tests/test_serialization.py",
+                      # no single memory block / a bool answer: refused by name, or no tensor
+                      # to differentiate
+                      _T.__dlpack__: "tests/test_object_protocol.py",
+                      _T.__dlpack_device__: "tests/test_object_protocol.py",
+                      _T.storage: "tests/test_object_protocol.py",
+                      _T._typed_storage: "tests/test_object_protocol.py",
+                      _T.untyped_storage: "tests/test_object_protocol.py",
+                      _T.data_ptr: "tests/test_object_protocol.py",
+                      _T.apply_: "tests/test_object_protocol.py",
+                      _T.__contains__: "tests/test_object_protocol.py",
                       # refusals naming what to call instead (no tensor to differentiate)
                       torch.Tensor.numpy: "tests/test_torch_semantics.py",
                       torch.Tensor.tolist: "tests/test_torch_semantics.py",
@@ -875,7 +907,11 @@ _COVERED_ELSEWHERE = {torch.Tensor.share_memory_: "tests/test_serialization.py",
                       torch.Tensor.data.__set__: "tests/test_torch_semantics.py",
                       # a hook or retain_grad after a use: refused (torch's own otherwise)
                       torch.Tensor.register_hook: "tests/test_autograd_advanced.py",
-                      torch.Tensor.retain_grad: "tests/test_autograd_advanced.py"}
+                      torch.Tensor.retain_grad: "tests/test_autograd_advanced.py",
+                      # checks only (torch's own call then runs): a gradient w.r.t. a sparse
+                      # intermediate read through its values, or a batched backward, refused
+                      torch.autograd.grad: "tests/test_functorch_refusals.py",
+                      torch.autograd.backward: "tests/test_functorch_refusals.py"}
 
 
 def test_every_registered_function_is_covered():

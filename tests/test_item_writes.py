@@ -176,3 +176,16 @@ def test_writes_on_a_blocked_tensor():
     torch.testing.assert_close(X.to_dense(), want)
     with pytest.raises(RuntimeError, match="does not store"):
         X[3, 3] = 1.0
+
+
+def test_index_tensors_are_bounds_checked_only_where_something_is_selected():
+    """As dense torch: an index tensor beside an empty slice selects nothing and is not
+    checked (``X[..., 0:0, [1]]`` with an extent-1 last dimension); with a non-empty slice the
+    same index raises (hypothesis found the empty case raising)."""
+    X = torch.zeros(1, 2, 1, dtype=torch.float64)
+    S = scorch.sparse_tensor(X, format="coo")
+    assert S[..., 0:0, torch.tensor([1])].shape == X[..., 0:0, torch.tensor([1])].shape
+    S[..., 0:0, torch.tensor([1])] = 0
+    with pytest.raises(IndexError, match="out of bounds"):
+        S[..., 0:1, torch.tensor([1])]
+    assert torch.equal(S[..., 0:1, torch.tensor([-1])].to_dense(), X[..., 0:1, torch.tensor([-1])])

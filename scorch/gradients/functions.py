@@ -13,7 +13,7 @@ from ..formats import FormatLike
 from ..level_storage import Storage
 from ..compiler_access import compiler as _compiler
 from ..tensor_compiler.index_notation import Assignment
-from ..tensor_type import SparseTensor, _TORCH_SPARSE_LAYOUTS
+from ..tensor_type import SparseTensor, _TORCH_SPARSE_LAYOUTS, _refuse_under_functorch
 from . import einsum_grad, expr_grad, partial_product
 from . import pattern as _pattern
 from .values import from_torch, mark_gradient, values_of
@@ -209,7 +209,13 @@ def einsum(equation: str, *operands, out_format: Optional[FormatLike] = None) ->
 # --- compute (index-notation assignments) ---------------------------------------------------
 
 def _raw_compute(assignment: Assignment, operands: Sequence, out_format):
-    return _wrap(_compiler().compute(assignment, *operands, out_format=out_format))
+    try:
+        return _wrap(_compiler().compute(assignment, *operands, out_format=out_format))
+    except RuntimeError as e:
+        # a backward vmapped by autograd (jacobian(vectorize=True)) hands batched gradients
+        # without memory: named as the unsupported transform (the error path only)
+        _refuse_under_functorch(e, operands)
+        raise
 
 
 class ComputeFunction(torch.autograd.Function):

@@ -60,6 +60,26 @@ def _values(name: str, P: Storage, x: Any, k: int):
     return x.reshape(()) if isinstance(x, torch.Tensor) and x.dim() > 0 else x
 
 
+def check_scalar_step(name: str, s: SparseTensor, step) -> None:
+    """Adding the number ``step`` to every position of ``s`` in place leaves its pattern
+    unless ``step`` is 0 or ``s`` stores every position: raise then, as for a dense operand
+    (the torch-level ``add_`` / ``sub_`` in ``sparse_ops.elementwise``, and ATen's below
+    ``__torch_function__`` here)."""
+    unstored = math.prod(s.shape) - s._storage.nnz
+    if step != 0 and unstored:            # (NaN != 0: NaN everywhere, as dense torch)
+        raise RuntimeError(
+            f"{name}: adding the scalar {step} to a sparse tensor changes its {unstored} "
+            f"unstored positions too, so the result cannot be stored in its pattern in place "
+            f"(in-place ops keep the pattern); use the out-of-place form (a dense result)")
+
+
+def _is_number(x) -> bool:
+    """A number or a dense one-element tensor: what a values-level op adds to every value."""
+    if isinstance(x, torch.Tensor):
+        return not isinstance(x, SparseTensor) and x.numel() == 1
+    return isinstance(x, (int, float, bool))
+
+
 #: the bound each clamp keeps 0 at 0 with (on the stored values only, the unstored zeros stay)
 _CLAMP_KEEPS_ZERO = {"clamp_min_": lambda b: b <= 0, "clamp_max_": lambda b: b >= 0}
 
@@ -82,6 +102,13 @@ def _values_op(op, inplace: bool):
                 f"scorch: in-place '{name}' with bound {float(args[1])} would turn the sparse "
                 f"tensor's unstored zeros into that bound; clamp a dense copy (.to_dense()) "
                 f"or use a bound on the other side of 0")
+        if name in ("add_", "sub_") and len(args) > 1 and isinstance(args[0], SparseTensor) \
+                and _is_number(args[1]) and not values_level():
+            # outside an optimizer step a scalar added in place reaches every position (the
+            # torch-level add_ raises first; this is torch code below it, ``_foreach_add_``)
+            value = args[1].item() if isinstance(args[1], torch.Tensor) else args[1]
+            step = value * kwargs.get("alpha", 1)
+            check_scalar_step(name, args[0], step if name == "add_" else -step)
         try:
             vals = [_values(name, P, a, k) for k, a in enumerate(args)]
             kw = {k: (_values(name, P, v, k) if isinstance(v, torch.Tensor) else v)

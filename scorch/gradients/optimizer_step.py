@@ -58,6 +58,10 @@ def _gradients_on_pattern(optimizer) -> None:
                 continue
             if isinstance(grad, SparseTensor):
                 if same_pattern(p._storage, grad._storage):
+                    # a gradient of the stored values already, though maybe built by hand
+                    # (``p.grad = scorch.sparse_tensor(...)``): flagged as one, or torch's
+                    # optimizers take it for a torch sparse gradient and refuse it
+                    mark_gradient(grad)
                     continue
                 values = values_on_pattern(p._storage, grad._storage) \
                     if tuple(grad.shape) == tuple(p.shape) else None

@@ -53,6 +53,8 @@ class _Values(torch.autograd.Function):
     @staticmethod
     def forward(ctx, s: SparseTensor) -> torch.Tensor:
         ctx.pattern = s._storage.pattern_only()
+        if _GRAD_FN(s) is None:
+            ctx.leaf = s   # for view_of (its AccumulateGrad holds it anyway)
         return s._storage.values.detach()   # an alias: the storage's own tensor never gets a grad_fn
 
     @staticmethod
@@ -148,6 +150,41 @@ _dispatch.register(torch.Tensor.register_hook)(_late_observer("register_hook"))
 _dispatch.register(torch.Tensor.retain_grad)(_late_observer("retain_grad"))
 
 
+def _refuse_read_through_inputs(name: str, inputs) -> None:
+    """``autograd.grad(out, [M])`` / ``backward(inputs=[M])`` for a sparse intermediate ``M``
+    that an op read through the values shortcut: its gradient never reaches ``M``'s node, so
+    torch would answer None (``allow_unused``), zeros (``materialize_grads``), nothing
+    accumulated (``backward``) or a partial gradient (``M`` also used through its node):
+    refused with what to do instead."""
+    for t in inputs if isinstance(inputs, (tuple, list)) else (inputs,):
+        if type(t) is SparseTensor and t.__dict__.get("_read_through") and t.grad_fn is not None:
+            raise RuntimeError(
+                f"scorch: {name} with respect to a sparse intermediate that an op has already "
+                f"used: its gradient does not pass through it (a chain of values-level ops "
+                f"links to the stored values directly); call retain_grad() on it right after "
+                f"making it, before using it, and its gradient is computed")
+
+
+@_dispatch.register(torch.autograd.grad)
+def _autograd_grad(outputs, inputs, *args, is_grads_batched=False, **kwargs):
+    """Checks only (torch's own ``grad`` then runs): a batched backward (``vmap`` over it)
+    is a transform scorch does not support; see ``_refuse_read_through_inputs``."""
+    if is_grads_batched:
+        _tensor_type.refuse_transform(torch.autograd.grad)
+    _refuse_read_through_inputs("torch.autograd.grad", inputs)
+    return NotImplemented
+
+
+@_dispatch.register(torch.autograd.backward)
+def _autograd_backward(tensors, *args, inputs=None, **kwargs):
+    if inputs is not None:
+        _refuse_read_through_inputs("backward(inputs=...)", inputs)
+    return NotImplemented
+
+
+_tensor_type.CHECKS_ONLY.update((torch.autograd.grad, torch.autograd.backward))
+
+
 def from_values(P: Storage, values: torch.Tensor) -> SparseTensor:
     """A SparseTensor with ``P``'s pattern and ``values``: differentiable in ``values``."""
     if _tracked(values):
@@ -157,10 +194,34 @@ def from_values(P: Storage, values: torch.Tensor) -> SparseTensor:
     return SparseTensor(_pattern.with_pattern_values(P, values))
 
 
+class _LeafView(torch.autograd.Function):
+    """``_ViewOf`` of a leaf's own values, recorded on the leaf itself: the view's node
+    links to the leaf's AccumulateGrad, as a dense view does. torch finds a leaf's gradient
+    node through ``t.view_as(t).grad_fn.next_functions`` (``register_multi_grad_hook``,
+    ``get_gradient_edge``); through ``_Values`` it found a new node per call, which never
+    runs, and a multi-grad hook fired once per gradient instead of once."""
+
+    @staticmethod
+    def forward(ctx, leaf: SparseTensor, values: torch.Tensor, P: Storage) -> SparseTensor:
+        ctx.pattern, ctx.leaf_pattern = P.pattern_only(), leaf._storage.pattern_only()
+        ctx.save_for_backward(values)      # the version check, as _ViewOf's
+        return SparseTensor(_pattern.with_pattern_values(P, values))
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.saved_tensors                  # noqa: B018  (the version check)
+        # the view shares the leaf's values array: one gradient value per stored value
+        return mark_gradient(from_values(ctx.leaf_pattern, grad_values(ctx.pattern, g))), None, None
+
+
 def view_of(P: Storage, values: torch.Tensor) -> SparseTensor:
     """A SparseTensor on ``P`` sharing ``values`` (a view of their tensor): differentiable
-    in ``values``, and checked against in-place changes of them (``_ViewOf``)."""
+    in ``values``, and checked against in-place changes of them (``_ViewOf``; a leaf's own
+    values: ``_LeafView``)."""
     if _tracked(values):
+        leaf = getattr(_GRAD_FN(values), "leaf", None)
+        if leaf is not None:
+            return _LeafView.apply(leaf, values.detach(), P)
         return _ViewOf.apply(values, P)
     return SparseTensor(_pattern.with_pattern_values(P, values))
 

@@ -271,7 +271,11 @@ for _method, _dtype in ((torch.Tensor.double, torch.float64), (torch.Tensor.floa
 
 @register(torch.Tensor.type_as)
 def _type_as(t, other):
-    return _cast(t, other.dtype, False) if _tracked(t) else NotImplemented
+    """``t.to(other)``, as torch's ``type_as``: the sparse tensor cast (torch's own composite
+    reached ATen's ``_to_copy`` with a strided layout, a dense copy of any size)."""
+    if not isinstance(t, SparseTensor) or not isinstance(other, torch.Tensor):
+        return NotImplemented
+    return t.to(other.device, other.dtype)
 
 
 @register(torch.Tensor.data.__set__)

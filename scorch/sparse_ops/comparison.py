@@ -28,9 +28,10 @@ import torch
 from .._dispatch import check_dense_size, register
 from ..compiler_access import compiler
 from ..gradients.optimizer_step import values_level
+from ..gradients.pattern import same_pattern
 from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, with_values
 from .elementwise import (_build, _cast, _is_scalar, _scalar_like, _shape_of, as_bool, bool_as_uint8,
-                          result_dtype)
+                          on_stored_values, result_dtype)
 from ..broadcasting import broadcast_shapes
 
 __all__ = ["compare", "where", "masked_fill", "logical", "extremum"]
@@ -138,6 +139,9 @@ def where(cond, x, y, name: str = "where") -> torch.Tensor:
     if isinstance(cond, torch.Tensor) and cond.dtype != torch.bool:
         raise RuntimeError(f"{name}: expected condition to be a boolean tensor, but got a "
                            f"tensor with dtype {cond.dtype}")
+    stepped = _on_values_in_optimizer_step(torch.where, cond, x, y)
+    if stepped is not None:
+        return stepped
     out_dt = result_dtype(x, y)
     dt = _compute_dtype(out_dt)
     terms = [_in(cond, dt), _term(x, dt), _term(y, dt)]
@@ -148,6 +152,21 @@ def where(cond, x, y, name: str = "where") -> torch.Tensor:
     if out_dt == torch.bool:
         return as_bool(r)
     return r
+
+
+def _on_values_in_optimizer_step(fn, *operands):
+    """In an optimizer step, ``fn`` of sparse operands of one pattern and scalars acts on the
+    stored values, for every dtype (Rprop's ``where(sign.eq(etaminus), 0, grad)``, Adamax's
+    ``maximum(exp_inf, grad.abs().add_(eps), out=exp_inf)``); None otherwise."""
+    sparse = [t for t in operands if isinstance(t, SparseTensor)]
+    if not sparse or not all(isinstance(t, SparseTensor) or _scalar_value(t) is not None
+                             for t in operands) or not values_level():
+        return None
+    P = sparse[0]._storage
+    if not all(same_pattern(P, t._storage) for t in sparse[1:]):
+        return None
+    return with_values(sparse[0], fn(*[t._storage.values if isinstance(t, SparseTensor) else t
+                                       for t in operands]))
 
 
 def masked_fill(t, mask, value) -> torch.Tensor:
@@ -222,6 +241,9 @@ def extremum(op: str, a, b) -> torch.Tensor:
     torch's). Sparse with both operands sparse (the union of their patterns), else dense by
     nature; differentiable in both."""
     a, b = as_scorch(a), as_scorch(b)
+    stepped = _on_values_in_optimizer_step(getattr(torch, op), a, b)
+    if stepped is not None:
+        return stepped
     out_dt = result_dtype(a, b)
     dt = _compute_dtype(out_dt)
     ir = _ir()
@@ -307,7 +329,64 @@ def _logical(op: str, *torch_functions, bool_only: bool = False):
 
 for _op in ("and", "or", "xor"):
     _logical(_op, getattr(torch, f"logical_{_op}"), getattr(torch.Tensor, f"logical_{_op}"))
-_logical("and", torch.bitwise_and, torch.Tensor.bitwise_and, torch.Tensor.__and__, bool_only=True)
+
+
+def _integral(x) -> bool:
+    """An integer (or bool) number or tensor: what torch's bitwise ops take."""
+    if isinstance(x, torch.Tensor):
+        return not (x.dtype.is_floating_point or x.dtype.is_complex)
+    return isinstance(x, numbers.Integral)
+
+
+def bitwise_on_pattern(fn, x, other):
+    """``fn(x, other)`` for the integer bitwise ops with ``fn(0, y) == 0`` for every ``y``
+    (``&``, ``<<``, ``>>``): torch's op on the stored values of the sparse ``x``, so the
+    pattern is kept and the cost follows the stored entries. ``other``: a number or a dense
+    tensor (``elementwise.on_stored_values``: broadcast, read at the stored coordinates), or
+    a sparse tensor of ``x``'s shape, read there (0 where it stores nothing); anything else
+    (a broadcast sparse one): NotImplemented, the fallback."""
+    x, other = as_scorch(x), as_scorch(other)
+    if not isinstance(other, SparseTensor):
+        return on_stored_values(fn, x, other)
+    if tuple(other.shape) != tuple(x.shape):
+        return NotImplemented
+    if same_pattern(x._storage, other._storage):
+        at = other._storage.values
+    else:
+        from .positions import values_at_coordinates
+        from .._runtime import convert
+        at = values_at_coordinates(other, convert.coords(x._storage))
+    return with_values(x, fn(x._storage.values, at))
+
+
+def _bitwise(fn, *torch_functions, bool_op: Optional[str] = None, commutes: bool = False):
+    """Register ``fn`` (an integer bitwise op keeping 0 at 0) for integer operands, the sparse
+    one first (``commutes``: either; ``6 & S`` too); on bool operands it is the logical op
+    ``bool_op`` (its kernel, a bool result)."""
+    @register(*torch_functions)
+    def handler(a, b, *, out=None):
+        if out is not None or not _involves_sparse(a, b) or not (_operand(a) and _operand(b)):
+            return NotImplemented
+        if bool_op is not None and all(isinstance(x, bool) or (isinstance(x, torch.Tensor)
+                                                                and x.dtype == torch.bool)
+                                       for x in (a, b)):
+            return logical(bool_op, a, b)
+        if not (_integral(a) and _integral(b)):
+            return NotImplemented                    # torch's error, from the fallback
+        if not is_sparse_operand(a):
+            if not commutes:
+                return NotImplemented                # ``3 << S``: 3 where S is 0, dense by nature
+            a, b = b, a
+        return bitwise_on_pattern(fn, a, b)
+    return handler
+
+
+_bitwise(torch.bitwise_and, torch.bitwise_and, torch.Tensor.bitwise_and, torch.Tensor.__and__,
+         torch.Tensor.__rand__, bool_op="and", commutes=True)
+_bitwise(torch.bitwise_left_shift, torch.bitwise_left_shift, torch.Tensor.bitwise_left_shift,
+         torch.Tensor.__lshift__)
+_bitwise(torch.bitwise_right_shift, torch.bitwise_right_shift, torch.Tensor.bitwise_right_shift,
+         torch.Tensor.__rshift__)
 _logical("or", torch.bitwise_or, torch.Tensor.bitwise_or, torch.Tensor.__or__, bool_only=True)
 _logical("xor", torch.bitwise_xor, torch.Tensor.bitwise_xor, torch.Tensor.__xor__, bool_only=True)
 

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from typing import List, Tuple
 
 import torch
 
 from .._dispatch import check_dense_size, register
 from ..gradients.optimizer_step import values_level
+from ..gradients.optim_ops import check_scalar_step
+from ..gradients.pattern import same_pattern
 from ..gradients.values import from_values, values_of, with_dtype
 from .. import tensor_type as _tensor_type
 from ..level_storage import Storage
@@ -96,11 +99,13 @@ def _promotion_kind(x):
     return x.dtype, x.dim() > 0
 
 
-_RESULT_TYPES: dict = {}   # (kind, kind) -> torch.result_type of such operands
+_RESULT_TYPES: dict = {}   # (kind, kind, default dtype) -> torch.result_type of such operands
 
 
 def result_dtype(a, b, true_division: bool = False) -> torch.dtype:
-    key = (_promotion_kind(a), _promotion_kind(b))
+    # the default dtype is part of the key: an integer tensor with a Python float promotes
+    # to it (``torch.set_default_dtype(torch.float64)`` makes ``int_S + 0.5`` float64)
+    key = (_promotion_kind(a), _promotion_kind(b), torch.get_default_dtype())
     dt = _RESULT_TYPES.get(key)
     if dt is None:
         dt = _RESULT_TYPES[key] = torch.result_type(_stand_in(a), _stand_in(b))
@@ -113,6 +118,10 @@ def _cast(x, dtype: torch.dtype):
     """The operand in the result dtype: scalars become 0-d tensors (kernel arguments, not
     constants baked into the kernel), sparse values are cast, dense tensors converted."""
     if _is_scalar(x):
+        if isinstance(x, int) and not (dtype.is_floating_point or dtype.is_complex):
+            # an int out of the dtype's range wraps around, as dense torch casts a number
+            # operand (``int8_t + 1000`` adds -24); ``torch.tensor(1000, dtype=int8)`` raises
+            return torch.tensor(x, dtype=torch.int64).to(dtype)
         return torch.tensor(x, dtype=dtype)
     if isinstance(x, SparseTensor):
         return with_dtype(x, dtype)   # differentiable
@@ -259,16 +268,22 @@ def _bool_or(x, y):
     return ir.Gt(x + y, ir.Scalar(0))
 
 
-def _in_optimizer_step(op, a, b, alpha):
-    """In an optimizer step, a sparse tensor and a scalar act on the stored values
-    (``gradients.optimizer_step``); None otherwise."""
-    if not (isinstance(a, SparseTensor) and _scalar_like(b) or
-            isinstance(b, SparseTensor) and _scalar_like(a)) or not values_level():
+def _in_optimizer_step(op, a, b, **kwargs):
+    """In an optimizer step (``gradients.optimizer_step``) a sparse tensor with a scalar, or
+    two sparse tensors of one pattern, act on the stored values: the state lives on the
+    pattern, and torch's op on the values serves every dtype (the kernels have no float16:
+    NAdam's ``grad.add(param, alpha=wd)``, Rprop's ``grad.mul(prev)``). None otherwise."""
+    sa, sb = isinstance(a, SparseTensor), isinstance(b, SparseTensor)
+    if not (sa and (sb or _scalar_like(b)) or sb and _scalar_like(a)) or not values_level():
         return None
-    if isinstance(a, SparseTensor):
-        return with_values(a, op(a._storage.values, b, alpha=alpha))
+    if sa and sb:
+        if not same_pattern(a._storage, b._storage):
+            return None
+        return with_values(a, op(a._storage.values, b._storage.values, **kwargs))
+    if sa:
+        return with_values(a, op(a._storage.values, b, **kwargs))
     v = b._storage.values
-    return with_values(b, op(torch.as_tensor(a, dtype=v.dtype), v, alpha=alpha))
+    return with_values(b, op(torch.as_tensor(a, dtype=v.dtype), v, **kwargs))
 
 
 def _check_grown_dense(name: str, a, b, dt) -> None:
@@ -287,7 +302,7 @@ def add(a, b, alpha=1) -> torch.Tensor:
     """``a + alpha * b``: sparse when both are sparse (union of patterns), else dense."""
     if not (is_sparse_operand(a) or is_sparse_operand(b)):
         return torch.add(a, b, alpha=alpha)
-    stepped = _in_optimizer_step(torch.add, a, b, alpha)
+    stepped = _in_optimizer_step(torch.add, a, b, alpha=alpha)
     if stepped is not None:
         return stepped
     if alpha == 1:
@@ -316,7 +331,7 @@ def sub(a, b, alpha=1) -> torch.Tensor:
         raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. "
                            "If you are trying to invert a mask, use the `~` or `logical_not()` "
                            "operator instead.")
-    stepped = _in_optimizer_step(torch.sub, a, b, alpha)
+    stepped = _in_optimizer_step(torch.sub, a, b, alpha=alpha)
     if stepped is not None:
         return stepped
     if alpha == 1:
@@ -338,6 +353,9 @@ def mul(a, b) -> torch.Tensor:
     """``a * b``: sparse when either is sparse (intersection of patterns)."""
     if not (is_sparse_operand(a) or is_sparse_operand(b)):
         return torch.mul(a, b)
+    stepped = _in_optimizer_step(torch.mul, a, b)
+    if stepped is not None:
+        return stepped
     if pending_of(a) is not None or pending_of(b) is not None:
         r = fused("mul", a, b)
         if r is not None:
@@ -357,6 +375,9 @@ def div(a, divisor) -> torch.Tensor:
     (a 0 / 0 where ``a`` stores nothing stays 0, as in torch.sparse and JAX sparse). As torch's sparse layouts do,
     division by zero changes only the stored entries (inf/nan there; unstored stay 0).
     A sparse divisor gives a dense result (:func:`divide_by_sparse`)."""
+    stepped = _in_optimizer_step(torch.div, a, divisor)
+    if stepped is not None:
+        return stepped
     if not _scalar_like(divisor):
         if is_sparse_operand(divisor):
             return divide_by_sparse(a, divisor)
@@ -551,9 +572,20 @@ def mul_(self, other):
 
 
 def div_(self, other):
-    if not _scalar_like(other) and (not isinstance(self, SparseTensor) or is_sparse_operand(other)):
-        # a dense tensor divided by a sparse one, or by a sparse divisor (dense by nature;
-        # an optimizer step's same-pattern values go to optim_ops): not here
+    if isinstance(self, SparseTensor) and is_sparse_operand(other):
+        # x / 0 wherever the divisor stores nothing: dense by nature (the out-of-place
+        # ``A / B``), so it cannot be written into the pattern unless the divisor covers
+        # every position the dividend leaves unstored
+        other = as_scorch(other)
+        if _divisor_gaps(self, other):
+            raise RuntimeError(
+                f"div_: the sparse divisor stores {other.nnz} of {math.prod(other.shape)} "
+                f"positions, so x / 0 (inf, or NaN where both are 0) lands outside the sparse "
+                f"tensor's pattern; in-place ops keep the pattern, use the out-of-place form "
+                f"(dense by nature)")
+        return _in_place("div_", self, other, div)
+    if not _scalar_like(other) and not isinstance(self, SparseTensor):
+        # a dense tensor divided by a sparse one (dense by nature): not here
         return NotImplemented
     if not (self.dtype.is_floating_point or self.dtype.is_complex):
         raise RuntimeError(f"div_: result type Float can't be cast to the desired output type "
@@ -562,6 +594,39 @@ def div_(self, other):
         from .in_place import write_values           # as mul_; x / 0 changes the stored entries only
         return write_values(self, lambda v: v.div_(other), lambda v: v / other)
     return _in_place("div_", self, other, div)
+
+
+def _divisor_gaps(self: SparseTensor, divisor: SparseTensor) -> bool:
+    """Whether ``self / divisor`` certainly divides by 0 at a position ``self`` does not
+    store: the (broadcast) divisor stores fewer entries than ``self`` leaves unstored."""
+    total = math.prod(self.shape)
+    stored = divisor.nnz * (total // max(math.prod(divisor.shape), 1))
+    return stored < total - self.nnz
+
+
+def _scalar_add_(name: str, self: SparseTensor, other, alpha, sign: int) -> SparseTensor:
+    """``self += sign * alpha * other`` for a constant scalar ``other`` (a number or a dense
+    0-d tensor) outside an optimizer step. A non-zero step lands on every unstored position
+    too, so the result leaves the pattern: it raises (as adding a dense tensor does) unless
+    ``self`` stores every position; a zero step changes nothing. Either way on the stored
+    values, so every dtype works."""
+    check_scalar_step(name, self, (other.item() if isinstance(other, torch.Tensor) else other)
+                      * alpha * sign)
+    from .in_place import write_values
+    mutate = getattr(torch.Tensor, name)
+    return write_values(self, lambda v: mutate(v, other, alpha=alpha),
+                        lambda v: getattr(torch, name.rstrip("_"))(v, other, alpha=alpha))
+
+
+def _values_level_in_place(self, other) -> bool:
+    """In an optimizer step, an in-place op of a sparse tensor with a scalar or with a sparse
+    tensor of its own pattern acts on the stored values: torch's own path takes it to the
+    ATen values-level handlers (``gradients.optim_ops``), which serve every dtype (the
+    kernels have no float16: SGD's ``param.add_(grad, alpha=-lr)``)."""
+    if not isinstance(self, SparseTensor) or not (
+            _scalar_like(other) or isinstance(other, SparseTensor)) or not values_level():
+        return False
+    return not isinstance(other, SparseTensor) or same_pattern(self._storage, other._storage)
 
 
 # --- registration ----------------------------------------------------------------------------
@@ -641,12 +706,23 @@ def _other_at_stored(t: SparseTensor, other):
     return other.expand(t.shape)[tuple(convert.coords(t._storage))]
 
 
+def from_numpy(x):
+    """A numpy array operand as a tensor, as torch's argument parser reads it (``A // nd``
+    as ``A * nd`` does); declining it would let numpy's reflected operator try to convert
+    the sparse tensor instead. Anything else as it is."""
+    np = sys.modules.get("numpy")
+    return torch.as_tensor(x) if np is not None and isinstance(x, np.ndarray) else x
+
+
 def _keeps_zero(op, other, strict: bool, dtype: torch.dtype = torch.float64) -> bool:
     """``op(0, other)`` is 0 for a number. A dense ``other``: ``strict``, at every one of its
     entries (``heaviside``, a polynomial of degree ``n``); else its zeros where nothing is
     stored stay 0 (a division by a dense tensor, as torch.sparse). ``dtype``: the sparse
-    operand's (``heaviside`` wants both of one type)."""
-    zero = torch.zeros((), dtype=dtype if dtype.is_floating_point else torch.float64)
+    operand's (``heaviside`` wants both of one type; an integer one is kept for the bitwise
+    ops, which float64 lacks: ``x // 0`` of an integer 0 raises torch's error, as the dense
+    op would)."""
+    zero = torch.zeros((), dtype=dtype if dtype.is_floating_point or (
+        not dtype.is_complex and dtype != torch.bool) else torch.float64)
     with torch.no_grad():
         if isinstance(other, torch.Tensor) and other.dim() > 0:
             if not strict:
@@ -663,7 +739,7 @@ def on_stored_values(op, x, other, *, strict_zero: bool = False, **kwargs):
     stored entries repeated). Where ``op(0, other)`` is not 0 (``_keeps_zero``) the result is
     dense by nature: torch's op on the dense copy. NotImplemented (the fallback) for a sparse
     ``other``."""
-    x = as_scorch(x)
+    x, other = as_scorch(x), from_numpy(other)
     if (not isinstance(x, SparseTensor) or kwargs.pop("out", None) is not None
             or x.dtype.is_complex):
         return NotImplemented
@@ -729,31 +805,39 @@ def _addcdiv(c, x, y, *, value=1, out=None):
     return addcdiv(c, x, y, value)
 
 
-# a scalar added in place to a sparse tensor goes to the stored values only (the ATen
-# values-level handlers of scorch.gradients.optim_ops: optimizers add eps to their state)
+# In an optimizer step an in-place op with a scalar or a same-pattern operand goes to the
+# stored values (``_values_level_in_place``: optimizers add eps to their state); outside
+# one a non-zero scalar added in place leaves the pattern (``_scalar_add_``).
 @register(torch.Tensor.add_, torch.Tensor.__iadd__)
 def _add_(self, other, *, alpha=1):
-    if not _involves_sparse(self, other) or (isinstance(self, SparseTensor) and _scalar_like(other)):
+    if not _involves_sparse(self, other) or _values_level_in_place(self, other):
         return NotImplemented
+    if isinstance(self, SparseTensor) and _constant_scalar(other):
+        return _scalar_add_("add_", self, other, alpha, 1)
     return add_(self, other, alpha)
 
 
 @register(torch.Tensor.sub_, torch.Tensor.subtract_, torch.Tensor.__isub__)
 def _sub_(self, other, *, alpha=1):
-    if not _involves_sparse(self, other) or (isinstance(self, SparseTensor) and _scalar_like(other)):
+    if not _involves_sparse(self, other) or _values_level_in_place(self, other):
         return NotImplemented
+    if isinstance(self, SparseTensor) and _constant_scalar(other):
+        return _scalar_add_("sub_", self, other, alpha, -1)
     return sub_(self, other, alpha)
 
 
 @register(torch.Tensor.mul_, torch.Tensor.multiply_, torch.Tensor.__imul__)
 def _mul_(self, other):
-    return mul_(self, other) if _involves_sparse(self, other) else NotImplemented
+    if not _involves_sparse(self, other) or _values_level_in_place(self, other):
+        return NotImplemented
+    return mul_(self, other)
 
 
 @register(torch.Tensor.div_, torch.Tensor.divide_, torch.Tensor.true_divide_,
           torch.Tensor.__itruediv__)
 def _div_(self, other, *, rounding_mode=None):
-    if not isinstance(self, SparseTensor):
+    if not isinstance(self, SparseTensor) or (
+            rounding_mode is None and _values_level_in_place(self, other)):
         return NotImplemented
     if rounding_mode is not None:
         # ``floor`` / ``trunc`` of 0 / x is 0: on the pattern, as the out-of-place form

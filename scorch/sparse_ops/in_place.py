@@ -176,7 +176,8 @@ def _at_stored(name: str, x: SparseTensor, pure: Callable, args: tuple, kwargs: 
 
 
 def _method(name: str):
-    """``Tensor.<name>_(*args)`` (and ``torch.<name>_`` where torch has it)."""
+    """``Tensor.<name>_(*args)`` (and ``torch.<name>_`` where torch has it, and the augmented
+    assignment that is the same op: ``**=``, ``//=``, ``%=``, ``&=``, ``<<=``, ``>>=``)."""
     in_place, pure = getattr(torch.Tensor, name + "_"), getattr(torch.Tensor, name)
 
     def handler(x, *args, **kwargs):
@@ -187,18 +188,41 @@ def _method(name: str):
         return run_in_place(name + "_", x, lambda v: in_place(v, *args, **kwargs),
                             lambda v: pure(v, *args, **kwargs))
     fns = [in_place] + ([getattr(torch, name + "_")] if hasattr(torch, name + "_") else [])
+    fns += [getattr(torch.Tensor, d) for d in _AUGMENTED.get(name, ())]
     register(*fns)(handler)
     return fns
 
 
+#: the augmented assignments torch sends to ``__torch_function__`` as functions of their own
+#: (``S **= 2`` arrives as ``Tensor.__ipow__``, not ``Tensor.pow_``)
+_AUGMENTED = {"pow": ("__ipow__",), "floor_divide": ("__ifloordiv__",), "remainder": ("__imod__",),
+              "bitwise_and": ("__iand__",), "bitwise_left_shift": ("__ilshift__",),
+              "bitwise_right_shift": ("__irshift__",)}
+
 #: Tensor methods whose in-place form runs on the stored values (the zero check decides per
-#: call: ``clamp_(-1, 1)`` runs, ``clamp_(1)`` raises)
+#: call: ``clamp_(-1, 1)`` runs, ``clamp_(1)`` raises; ``floor_divide_(2)``, ``remainder_(3)``
+#: keep the pattern as ``S // 2`` and ``S % 3`` do, ``floor_divide_(0)`` raises)
 METHODS = ("relu", "abs", "absolute", "sqrt", "sin", "tanh", "sign", "sgn", "square", "expm1",
            "log1p", "erf", "erfinv", "atan", "arctan", "floor", "ceil", "trunc", "fix", "frac",
            "asin", "arcsin", "asinh", "arcsinh", "atanh", "arctanh", "sinh", "tan", "deg2rad",
            "rad2deg", "round", "neg", "negative", "clamp", "clip", "clamp_min", "clamp_max",
-           "nan_to_num", "pow", "sigmoid", "exp", "cos", "log")
+           "nan_to_num", "pow", "sigmoid", "exp", "cos", "log", "floor_divide", "remainder",
+           "fmod", "bitwise_and", "bitwise_left_shift", "bitwise_right_shift")
 REGISTERED = [fn for name in METHODS for fn in _method(name)]
+
+
+@register(torch.Tensor.fill_, torch.fill_)
+def _fill_(x, value):
+    """``fill_(0)`` is ``zero_`` (the stored values set to 0, the pattern kept); another value
+    would fill the unstored positions too, so it raises (``run_in_place``'s zero check),
+    except in an optimizer step, whose state lives on the pattern."""
+    v = _scalar(value)
+    if not isinstance(x, SparseTensor) or v is None or (
+            isinstance(value, torch.Tensor) and value.requires_grad):
+        return NotImplemented
+    everywhere = torch.ones((), dtype=torch.bool)
+    # the out-of-place form as a function of the values (masked_fill: a zero derivative)
+    return run_in_place("fill_", x, lambda t: t.fill_(v), lambda t: t.masked_fill(everywhere, v))
 
 
 def _functional(name: str):

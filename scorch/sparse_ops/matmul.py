@@ -34,7 +34,6 @@ def _shape(x) -> tuple:
     return st.shape if st is not None else tuple(x.shape)
 
 
-_LOWER = (torch.float16, torch.bfloat16, torch.float32)
 _any_autocast = torch._C._is_any_autocast_enabled
 
 
@@ -178,25 +177,17 @@ def _sparse_only(fn):
 
 
 def autocast_aware(fn):
-    """torch's CPU autocast (``torch.autocast("cpu", torch.bfloat16)``) casts a product's
-    float operands to the lower precision below scorch's handlers, where it cannot reach
-    them: a bf16 activation times a float32 sparse matrix then raised on the dtypes. Inside
-    an autocast block these products compute in float32 (the kernels have no bf16 path)
-    and return autocast's dtype, as dense torch's do. Outside one, one C call (~0.1 us)."""
+    """For a product on torch's CPU autocast list (``mm``, ``bmm``, ``matmul``, ``addmm``,
+    ``baddbmm``, ``linear``; not ``mv`` / ``addmv``): torch's CPU autocast
+    (``torch.autocast("cpu", torch.bfloat16)``) casts its float operands to the lower
+    precision below scorch's handlers, where it cannot reach them: a bf16 activation times a
+    float32 sparse matrix then raised on the dtypes. Inside an autocast block these products
+    compute in float32 (the kernels have no bf16 path) and return autocast's dtype, as dense
+    torch's do. Outside one, one C call (~0.1 us)."""
     def handler(*args, **kwargs):
-        if not _any_autocast() or not torch.is_autocast_enabled("cpu"):
+        if not _any_autocast():
             return fn(*args, **kwargs)
-        target = torch.get_autocast_dtype("cpu")
-
-        def up(x):
-            if isinstance(x, torch.Tensor) and _dtype(x) in _LOWER and _dtype(x) != torch.float32:
-                return x.to(torch.float32)
-            return x
-        with torch.autocast("cpu", enabled=False):
-            out = fn(*(up(a) for a in args), **{k: up(v) for k, v in kwargs.items()})
-        if isinstance(out, torch.Tensor) and _dtype(out) == torch.float32:
-            return out.to(target)
-        return out
+        return _einsum_entry.autocast_product(fn, *args, **kwargs)
     handler.__name__ = fn.__name__
     handler.__doc__ = fn.__doc__
     return handler
@@ -348,7 +339,6 @@ def _sparse_mm(a, b, reduce=None):
 
 
 @register(torch.mv, torch.Tensor.mv)
-@autocast_aware
 @_sparse_only
 def _mv(a, v, **kwargs):
     if not kwargs:
@@ -376,7 +366,6 @@ def _addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
 
 
 @register(torch.addmv, torch.Tensor.addmv)
-@autocast_aware
 @_sparse_only
 def _addmv(input, mat, vec, *, beta=1, alpha=1, out=None):
     _no_out("addmv", {"out": out})

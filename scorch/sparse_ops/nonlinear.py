@@ -96,7 +96,9 @@ def apply(fn: str, t: SparseTensor, p: Optional[float] = None) -> torch.Tensor:
         def op(x):
             return f.torch_op(x, f.param(p)) if f.parameter else f.torch_op(x)
         if f.preserves_zero(p):
-            return from_values(t._storage, op(t._storage.values))
+            # the differentiable values: a complex tensor that requires grad stays in the
+            # graph (torch's derivative of ``op`` on the stored values, as dense torch's)
+            return from_values(t._storage, op(values_of(t)))
         if t.dtype.is_complex:
             check_dense_size(fn, t.shape, t.dtype)
             return op(t.to_dense())
@@ -404,6 +406,8 @@ def _sgn(x, *, out=None):
 
 @register(torch.pow, torch.Tensor.pow, torch.Tensor.__pow__)
 def _pow(x, exponent, *, out=None):
+    from .elementwise import from_numpy
+    exponent = from_numpy(exponent)      # a numpy exponent as torch's parser reads it (A ** nd)
     t = _sparse(x)
     if out is None and isinstance(as_scorch(exponent), SparseTensor):
         # 0 ** 0 is 1 wherever neither stores an entry (a number base: b ** 0): dense by nature

@@ -14,7 +14,7 @@ from .._dispatch import register
 from ..tensor_type import as_scorch
 from .comparison import _involves_sparse
 from .dims import checked_dim
-from .einsum import einsum
+from .einsum import autocast_like, einsum
 
 __all__ = ["outer", "dot", "inner", "tensordot", "kron", "trace", "diagonal"]
 
@@ -159,14 +159,14 @@ def _inner(a, b, *, out=None):
     if out is not None or not _involves_sparse(a, b) or not isinstance(a, torch.Tensor) \
             or not isinstance(b, torch.Tensor) or a.dtype.is_complex or b.dtype.is_complex:
         return NotImplemented
-    return inner(a, b)
+    return autocast_like(torch.inner, inner, (a, b))   # dense torch's dtype under CPU autocast
 
 
 @register(torch.tensordot)
 def _tensordot(a, b, dims=2, out=None):
     if out is not None or not _involves_sparse(a, b):
         return NotImplemented
-    return tensordot(a, b, dims)
+    return autocast_like(torch.tensordot, tensordot, (a, b, dims))
 
 
 @register(torch.kron)

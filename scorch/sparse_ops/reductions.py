@@ -60,6 +60,12 @@ def _in_dtype(t: SparseTensor, dtype: Optional[torch.dtype]) -> SparseTensor:
     return t if values.dtype == target else with_dtype(t, target)   # differentiable
 
 
+def _as_dtype(result: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.Tensor:
+    """The sum in the ``dtype`` asked for: einsum sums a lone integer operand in int64 (as
+    torch's ``sum`` without a dtype), whatever dtype it was cast to first."""
+    return result if dtype is None or result.dtype == dtype else result.to(dtype)
+
+
 def _einsum_sum(t: SparseTensor, dims: Tuple[int, ...], out_format=None) -> torch.Tensor:
     rank = len(t._storage.shape)
     if rank > len(_LETTERS):
@@ -156,8 +162,7 @@ def sum(t: SparseTensor, dim: Dims = None, keepdim: bool = False,
         result = _dense_pass_sum(t, dims)
     if result is None:
         result = _einsum_sum(t, dims)
-    if dtype is not None and result.dtype != dtype:   # einsum sums a lone int operand in int64
-        result = result.to(dtype)
+    result = _as_dtype(result, dtype)
     return _keepdim(result, dims) if keepdim else result
 
 
@@ -193,8 +198,8 @@ def sparse_sum(t: SparseTensor, dim: Dims = None, dtype: Optional[torch.dtype] =
     t = _in_dtype(as_scorch(t), dtype)
     dims = _reduced_dims(dim, t.dim(), "sparse.sum")
     if len(dims) == t.dim():
-        return _einsum_sum(t, dims)
-    return _einsum_sum(t, dims, out_format="coo")
+        return _as_dtype(_einsum_sum(t, dims), dtype)
+    return _as_dtype(_einsum_sum(t, dims, out_format="coo"), dtype)
 
 
 # --- registration --------------------------------------------------------------------------

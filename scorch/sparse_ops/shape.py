@@ -494,8 +494,9 @@ def _stack(tensors, dim=0, *, out=None):
 
 # --- indexing -----------------------------------------------------------------------------------
 
-def _index_tensor(ix, size: int, dim: int) -> torch.Tensor:
-    """A 1-D int64 index tensor (bool masks become the positions they select)."""
+def _index_tensor(ix, size: int, dim: int, check: bool = True) -> torch.Tensor:
+    """A 1-D int64 index tensor (bool masks become the positions they select); ``check``:
+    its bounds checked and negative indices wrapped now (else by :func:`_in_bounds`)."""
     if not isinstance(ix, torch.Tensor):
         # an empty list indexes nothing (torch reads it as int64, not as float)
         ix = torch.as_tensor(ix) if len(ix) else torch.zeros(0, dtype=torch.int64)
@@ -513,6 +514,11 @@ def _index_tensor(ix, size: int, dim: int) -> torch.Tensor:
     ix = ix.reshape(-1)
     if ix.dtype != torch.int64:
         ix = ix.to(torch.int64)
+    return _in_bounds(ix, size, dim) if check else ix
+
+
+def _in_bounds(ix: torch.Tensor, size: int, dim: int) -> torch.Tensor:
+    """``ix`` (1-D int64) with negative indices wrapped; an index out of bounds raises."""
     if not ix.numel():
         return ix
     lo, hi = (int(v) for v in torch.aminmax(ix))
@@ -779,13 +785,17 @@ def getitem(t: SparseTensor, index) -> torch.Tensor:
             d += m
             continue
         elif isinstance(ix, (torch.Tensor, list, tuple)):
-            adv.append((d, _index_tensor(ix, size, d)))
+            adv.append((d, _index_tensor(ix, size, d, check=False)))
             if len(adv) == 1:   # all index tensors together give one output dimension
                 out_rows.append(("adv", None))
                 out_shape.append(0)
         else:
             raise IndexError(f"unsupported index {ix!r} for a sparse tensor")
         d += 1
+    # as torch: index tensors are bounds-checked only where the selection is not empty
+    # (``X[..., 0:0, [5]]`` of an extent-1 last dimension is an empty result, no error)
+    empty = 0 in st.shape or any(n == 0 for (kind, _), n in zip(out_rows, out_shape) if kind == "row")
+    adv = [(k, ix if empty else _in_bounds(ix, st.shape[k], k)) for k, ix in adv]
     if keep is not None:
         sel = torch.nonzero(keep).reshape(-1)
         c, values = c[:, sel], values[sel]

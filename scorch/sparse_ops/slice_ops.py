@@ -125,7 +125,6 @@ def rms_norm(t: SparseTensor, normalized_shape, weight: Optional[torch.Tensor] =
         raise RuntimeError(f"rms_norm: expected weight to be of same shape as normalized_shape, "
                            f"but got weight of shape {list(weight.shape)} and normalized_shape = "
                            f"{list(normalized_shape)}")
-    eps = torch.finfo(t.dtype).eps if eps is None else eps
     lead, trail = t.shape[:t.dim() - k], t.shape[t.dim() - k:]
     coords, vals = _coords(t), values_of(t)
     if fiber_ops.wide_groups(t._storage, range(len(lead))):   # one slot per stored row
@@ -135,6 +134,9 @@ def rms_norm(t: SparseTensor, normalized_shape, weight: Optional[torch.Tensor] =
         slots = math.prod(lead)
     # float16 / bfloat16 squared and summed in float32, as torch's (40000^2 overflows float16)
     wide = vals.to(torch.float32) if vals.dtype in (torch.float16, torch.bfloat16) else vals
+    # the default eps is that of the type it computes in, as ATen's (bfloat16's 7.8e-3 moved
+    # small rows' results by a third)
+    eps = torch.finfo(wide.dtype).eps if eps is None else eps
     squares = torch.zeros(slots, dtype=wide.dtype).index_add(0, lead_key, wide * wide)
     factor = torch.rsqrt(squares / max(math.prod(trail), 1) + eps)
     out = (wide * factor[lead_key]).to(vals.dtype)

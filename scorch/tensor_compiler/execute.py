@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from ..formats import Format
 from ..kept_conversions import converted_partner, reformatted, seen_again
