@@ -203,7 +203,8 @@ def check_dense_size(name: str, shape, dtype) -> None:
     if n > limit:
         raise DenseFallbackError(
             f"scorch: '{name}' of a sparse tensor of shape {tuple(shape)} is dense by nature: "
-            f"its result would take {_fmt_bytes(n)}, above the dense limit of "
+            f"a dense array of that shape (its result, or the operand's dense copy it runs "
+            f"on) would take {_fmt_bytes(n)}, above the dense limit of "
             f"{_fmt_bytes(limit)}; raise it with scorch.set_dense_fallback_limit(bytes) / "
             f"${_ENV_LIMIT} if you mean it")
 

@@ -52,11 +52,10 @@ def _to_copy(t, dtype=None, layout=None, device=None, pin_memory=None, non_block
              memory_format=None):
     if device is not None and torch.device(device).type != "cpu":
         raise RuntimeError(f"scorch: sparse tensors live on the CPU; cannot move to {device}")
-    # (autograd casts a gradient back with its input's options, whose layout reads strided
-    # for a SparseTensor: a gradient on its tensor's pattern stays on it)
-    if layout is not None and layout is torch.strided and not t.__dict__.get("_values_grad"):
-        out = t.to_dense()
-        return out if dtype is None else out.to(dtype)
+    # ``layout`` is ignored: a SparseTensor's reads strided (a wrapper's), so torch passes
+    # strided for "keep it" (``A.to(copy=True)``, ``type_as``, autograd casting a gradient
+    # back with its input's options); densifying made ``A.to("cpu", copy=True)`` a dense
+    # tensor (14.6 TiB for a 2M x 2M matrix). ``to_dense()`` is the way to a dense copy.
     values = t._storage.values
     if dtype is not None and dtype != values.dtype:
         values = values.to(dtype)

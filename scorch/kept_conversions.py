@@ -46,7 +46,8 @@ def _equal_arrays(xs: tuple, ys: tuple, versions: tuple) -> bool:
             if version(y) == v:
                 continue
             return False        # written in place since: what was converted is gone
-        if x.shape != y.shape or not torch.equal(x.to(torch.int64), y.to(torch.int64)):
+        if x.shape != y.shape or not (torch.equal(x, y) if x.dtype == y.dtype else
+                                      torch.equal(x.to(torch.int64), y.to(torch.int64))):
             return False
     return True
 

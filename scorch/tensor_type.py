@@ -38,6 +38,10 @@ _TB = torch._C.TensorBase
 #: the innermost ``torch.func`` transform being run, or None (nearly always): see
 #: ``refuse_transform``
 _functorch_stack = torch._C._functorch.peek_interpreter_stack
+#: some torch function mode is active, torch.jit.trace runs (nearly never): see
+#: ``refuse_foreign_context``
+_tf_mode_on = torch._C._is_torch_function_mode_enabled
+_jit_tracing = torch._C._get_tracing_state
 
 
 def _slot_property(slot, settable: bool = False) -> property:
@@ -126,6 +130,8 @@ class SparseTensor(torch.Tensor):
         differentiable when the tensor requires grad."""
         if _functorch_stack() is not None:
             refuse_transform(SparseTensor.values)
+        if _tf_mode_on() or _jit_tracing() is not None:
+            refuse_foreign_context(SparseTensor.values)
         if _grad_enabled() and _any_requires_grad(self):
             return _AUTOGRAD["values"](self)
         return self._storage.values
@@ -148,6 +154,8 @@ class SparseTensor(torch.Tensor):
     def to_dense(self, dtype: Optional[torch.dtype] = None, *, masked_grad=None) -> torch.Tensor:
         if _functorch_stack() is not None:
             refuse_transform(SparseTensor.to_dense)
+        if _tf_mode_on() or _jit_tracing() is not None:
+            refuse_foreign_context(SparseTensor.to_dense)
         if _is_compiling():
             out = _UNDER_COMPILE[0](SparseTensor.to_dense, (self,), {})
         elif _grad_enabled() and _any_requires_grad(self):
@@ -163,6 +171,8 @@ class SparseTensor(torch.Tensor):
             return self
         if _functorch_stack() is not None:
             refuse_transform(SparseTensor.to_format)
+        if _tf_mode_on() or _jit_tracing() is not None:
+            refuse_foreign_context(SparseTensor.to_format)
         if _is_compiling():
             return _UNDER_COMPILE[0](SparseTensor.to_format, (self, fmt), {})
         if _grad_enabled() and _any_requires_grad(self):
@@ -174,6 +184,8 @@ class SparseTensor(torch.Tensor):
         shared where torch's layout agrees with the storage; differentiable."""
         if _functorch_stack() is not None:
             refuse_transform(SparseTensor.to_torch)
+        if _tf_mode_on() or _jit_tracing() is not None:
+            refuse_foreign_context(SparseTensor.to_torch)
         if _is_compiling():
             return _UNDER_COMPILE[0](SparseTensor.to_torch, (self,), {})
         if _grad_enabled() and _any_requires_grad(self):
@@ -311,6 +323,8 @@ class SparseTensor(torch.Tensor):
         kwargs = kwargs or {}
         if _functorch_stack() is not None:
             refuse_transform(func)
+        if _tf_mode_on() or _jit_tracing() is not None:
+            refuse_foreign_context(func)
         if _FWAD._current_level >= 0:
             _refuse_dual(func, args, kwargs)
         handler = _dispatch.lookup(func)
@@ -336,6 +350,8 @@ class SparseTensor(torch.Tensor):
         spmm = _SPMM[0]
         if _functorch_stack() is not None:
             refuse_transform(torch.Tensor.__matmul__)
+        if _tf_mode_on() or _jit_tracing() is not None:
+            refuse_foreign_context(torch.Tensor.__matmul__)
         if _FWAD._current_level >= 0:
             _refuse_dual(torch.Tensor.__matmul__, (self, other), {})
         if spmm is not None and type(other) is torch.Tensor:   # the hot path, inline
@@ -391,19 +407,24 @@ class SparseTensor(torch.Tensor):
     def __neg__(self):
         if _functorch_stack() is not None:
             refuse_transform(torch.neg)
+        if _tf_mode_on() or _jit_tracing() is not None:
+            refuse_foreign_context(torch.neg)
         if (_grad_enabled() and _any_requires_grad(self)) or _deferred(self):
             return _direct(torch.Tensor.__neg__, self)
         return carry_grad_flag(self, with_values(self, torch.neg(self._storage.values)))
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        if func not in _GRAD_SAFE and _tf_enabled() and _graph_task() == -1:
-            # An op reaching here with torch functions on, outside a backward, did not come
-            # through ``__torch_function__`` (whose fall-through turns them off): a tensor
-            # wrapping this one passed it down, which is what torch.func's grad / vjp /
-            # jacrev do with a sparse argument (their interpreter is popped by now). It would
-            # run on the dense fallback and give a dense, off-pattern gradient: refused.
-            refuse_transform(func)
+        if func not in _GRAD_SAFE and _tf_enabled() and _graph_task() == -1 \
+                and func not in _dispatch._ATEN_HANDLERS and func not in _NOT_FROM_TRANSFORMS:
+            # An op bound for the dense fallback with torch functions on, outside a
+            # backward, did not come through ``__torch_function__`` (whose fall-through
+            # turns them off): a tensor wrapping this one passed it down, which is what
+            # torch.func's grad / vjp / jacrev do with a sparse argument (their interpreter
+            # is popped by now). It would give a dense, off-pattern gradient: refused. (A
+            # few methods skip ``__torch_function__`` on their own: ``set_``; TorchScript
+            # calls no ``__torch_function__`` at all.)
+            refuse_transform(func, scripted=True)
         if (func not in _GRAD_SAFE and func.overloadpacket not in _NO_GRADIENT
                 and _grad_enabled() and _any_requires_grad(*args)
                 and not (func is _aten.copy_.default and _sparse_to_sparse(args))):
@@ -583,6 +604,8 @@ def _direct(method, *args, **kwargs):
     torch's own method (which dispatches through ``__torch_function__`` as usual)."""
     if _functorch_stack() is not None:
         refuse_transform(method)
+    if _tf_mode_on() or _jit_tracing() is not None:
+        refuse_foreign_context(method)
     if _FWAD._current_level >= 0:
         _refuse_dual(method, args, kwargs)
     if _is_compiling():
@@ -664,7 +687,7 @@ _TRANSFORMS_REFUSED = (
     "or a batched einsum in place of vmap")
 
 
-def refuse_transform(func, error: Optional[BaseException] = None) -> None:
+def refuse_transform(func, error: Optional[BaseException] = None, scripted: bool = False) -> None:
     """Raise the refusal of ``torch.func`` transforms for ``func`` (a sparse tensor met one).
 
     Scorch's kernels read real arrays and its autograd Functions use the classic
@@ -672,11 +695,52 @@ def refuse_transform(func, error: Optional[BaseException] = None) -> None:
     or, worse, runs on the dense fallback and returns a dense (off-pattern) or all-zero
     result (``jacfwd``'s basis written into a copy). Callers test ``_functorch_stack()``
     first (~0.1 us), so this costs nothing outside a transform. A graph being compiled is
-    left alone (its tracing is not a user's transform)."""
+    left alone (its tracing is not a user's transform). ``scripted``: seen where TorchScript
+    looks the same (below ``__torch_dispatch__``): the message names it too."""
     if _is_compiling():
         return
     name = getattr(func, "__name__", None) or str(func)
-    raise NotImplementedError(_TRANSFORMS_REFUSED.format(name)) from error
+    message = _TRANSFORMS_REFUSED.format(name)
+    if scripted:   # seen below torch's dispatch, where a transform and a script look alike
+        message += ("; TorchScript (torch.jit.script), which calls no __torch_function__, "
+                    "cannot run scorch sparse tensors either: use torch.compile")
+    raise NotImplementedError(message) from error
+
+
+def refuse_foreign_context(func) -> None:
+    """Raise at a scorch entry that torch's dispatch does not pass through (a SparseTensor's
+    own methods and operators, the constructors) where what runs around it cannot hold a
+    scorch kernel, whose arrays are written through raw pointers:
+
+    * ``torch.jit.trace`` and ``make_fx`` would record only the output's allocation: a
+      program that returns uninitialized memory, silently (``torch.compile`` is supported);
+    * a default device other than the CPU (``with torch.device("meta")``,
+      ``torch.set_default_device``) would place every array scorch allocates there, and the
+      kernels would write through a meta tensor's null pointer (a segfault)."""
+    if _is_compiling():
+        return
+    name = getattr(func, "__name__", None) or str(func)
+    if _jit_tracing() is not None or _proxy_mode(_PROXY) is not None:
+        raise RuntimeError(
+            f"scorch: {name} inside torch.jit.trace / make_fx: scorch's kernels write their "
+            f"results through raw pointers, which a trace does not record (it would replay an "
+            f"empty program); use torch.compile, or run the model eagerly")
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._device import DeviceContext
+    for mode in reversed(_get_current_function_mode_stack()):
+        if isinstance(mode, DeviceContext):
+            if mode.device.type != "cpu":
+                raise RuntimeError(
+                    f"scorch: {name} with the default device set to {mode.device} (with "
+                    f"torch.device(...) or torch.set_default_device): scorch sparse tensors "
+                    f"and their kernels live on the CPU; build and use them outside that "
+                    f"context (deferred initialization: create the sparse weight after "
+                    f"to_empty(device='cpu'))")
+            return
+
+
+_proxy_mode = torch._C._get_dispatch_mode
+_PROXY = torch._C._TorchDispatchModeKey.PROXY
 
 
 def refuse_transformed_source(name: str, *tensors) -> None:
@@ -687,6 +751,8 @@ def refuse_transformed_source(name: str, *tensors) -> None:
     if _functorch_stack() is not None or any(
             isinstance(x, torch.Tensor) and _functorch_wrapped(x) for x in tensors):
         refuse_transform(name)
+    if _tf_mode_on() or _jit_tracing() is not None:
+        refuse_foreign_context(name)
     if _FWAD._current_level >= 0:
         _refuse_dual(name, tensors, {})
 
@@ -739,6 +805,8 @@ def _matmul_direct(method, a, b):
     """``a @ b`` or ``a.mm(b)``: the warm SpMM when it takes the call, else the handler."""
     if _functorch_stack() is not None:
         refuse_transform(method)
+    if _tf_mode_on() or _jit_tracing() is not None:
+        refuse_foreign_context(method)
     if _FWAD._current_level >= 0:
         _refuse_dual(method, (a, b), {})
     spmm = _SPMM[0]
@@ -759,6 +827,8 @@ def _scalar_op(fn, t: "SparseTensor", scalar):
     backward on a small matrix, which went through the compiler both ways)."""
     if _functorch_stack() is not None:
         refuse_transform(fn)
+    if _tf_mode_on() or _jit_tracing() is not None:
+        refuse_foreign_context(fn)
     if type(scalar) not in _PY_SCALARS or _deferred(t):
         return None   # a deferred operand goes to the handler, which fuses it
     if _grad_enabled() and _any_requires_grad(t):
@@ -773,6 +843,8 @@ def _pattern_op(fn, a: "SparseTensor", b):
     level arrays (same format and shape), or None; under autograd as ``_scalar_op``."""
     if _functorch_stack() is not None:
         refuse_transform(fn)
+    if _tf_mode_on() or _jit_tracing() is not None:
+        refuse_foreign_context(fn)
     if type(b) is not SparseTensor or _deferred(a) or _deferred(b):
         return None   # a deferred operand goes to the handler, which fuses it
     sa, sb = a._storage, b._storage
@@ -807,6 +879,9 @@ _AUTOGRAD: dict = {}
 _aten = torch.ops.aten
 #: ATen ops whose autograd formula is right for a sparse operand (views, copies, casts,
 #: metadata, and adding gradients of one pattern)
+#: ops that reach ``__torch_dispatch__`` without ``__torch_function__`` by themselves (not
+#: through a transform's wrapper): torch's own error then, not the transforms' refusal
+_NOT_FROM_TRANSFORMS = frozenset(getattr(_aten.set_, o) for o in _aten.set_.overloads())
 _GRAD_SAFE = {_aten.detach.default, _aten.alias.default, _aten.clone.default,
               _aten._to_copy.default, _aten._nnz.default, _aten.is_same_size.default,
               _aten.add.Tensor, _aten.add_.Tensor, _aten.zeros_like.default,

@@ -894,6 +894,7 @@ _COVERED_ELSEWHERE = {torch.Tensor.share_memory_: "tests/test_serialization.py",
                       _T.data_ptr: "tests/test_object_protocol.py",
                       _T.apply_: "tests/test_object_protocol.py",
                       _T.__contains__: "tests/test_object_protocol.py",
+                      _T.pin_memory: "tests/test_capture_and_devices.py",
                       # refusals naming what to call instead (no tensor to differentiate)
                       torch.Tensor.numpy: "tests/test_torch_semantics.py",
                       torch.Tensor.tolist: "tests/test_torch_semantics.py",

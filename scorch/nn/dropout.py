@@ -31,10 +31,19 @@ _DOUBLE = {torch.float32: False, torch.float64: True}
 _is_compiling = torch.compiler.is_compiling
 
 
+_tf_mode_on = torch._C._is_torch_function_mode_enabled
+_jit_tracing = torch._C._get_tracing_state
+
+
 def _covered(input, p, training) -> bool:
+    """The fast mask applies: a dense float CPU tensor in training, and nothing around the
+    call that must see torch's own op: a compile, ``torch.jit.trace`` (the seed drawn here
+    would be recorded as a constant: one mask for every call), a function mode (``make_fx``,
+    a ``torch.device("meta")`` default, where the seed tensor would land)."""
     return (type(input) is torch.Tensor and training and 0.0 < p < 1.0
             and input.dtype in _DOUBLE and input.layout is torch.strided
-            and input.device.type == "cpu" and input.is_contiguous() and not _is_compiling())
+            and input.device.type == "cpu" and input.is_contiguous() and not _is_compiling()
+            and not _tf_mode_on() and _jit_tracing() is None)
 
 
 def _draw_seed() -> int:

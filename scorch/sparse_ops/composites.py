@@ -147,8 +147,9 @@ def vector_norm(t: SparseTensor, ord=2, dim=None, keepdim: bool = False) -> torc
     a = nonlinear.apply("abs", t)
     if ord == math.inf:
         return nonlinear.amax(a, dims, keepdim)
-    if ord == 0:
-        return reductions.sum(from_values(t._storage, (values_of(t) != 0).to(t.dtype)), dims, keepdim)
+    if ord == 0:   # dense, as every other order (a sum into a sparse result for some formats)
+        s = reductions.sum(from_values(t._storage, (values_of(t) != 0).to(t.dtype)), dims, keepdim)
+        return s.to_dense() if isinstance(s, SparseTensor) else s
     powered = nonlinear.apply("square", t) if ord == 2 else nonlinear.apply("pow", a, float(ord))
     s = reductions.sum(powered, dims, keepdim)
     s = s.to_dense() if isinstance(s, SparseTensor) else s
@@ -634,19 +635,17 @@ def _expand(x, *sizes):
 
 @register(torch.linalg.matrix_power, torch.matrix_power, torch.Tensor.matrix_power)
 def _matrix_power(x, n, *, out=None):
-    """``A ** n`` for a square sparse ``A`` and ``n >= 1``: repeated squaring, each product a
-    sparse @ sparse kernel (SpGEMM); n = 0 is the identity, as a sparse tensor. A negative
-    power (an inverse) is dense by nature: the fallback's."""
+    """``A ** n`` for a square sparse ``A`` (or a batch of them: ``@`` is then the batched
+    product) and ``n >= 1``: repeated squaring, each product a sparse @ sparse kernel
+    (SpGEMM); n = 0 is the identity, as a sparse tensor, in the graph (its gradient 0, as
+    dense torch's). A negative power (an inverse) is dense by nature: the fallback's."""
     t = _sparse(x)
-    if t is None or out is not None or not isinstance(n, numbers.Integral) or n < 0 or t.dim() != 2:
+    if t is None or out is not None or not isinstance(n, numbers.Integral) or n < 0 or t.dim() < 2:
         return NotImplemented
-    if t.shape[0] != t.shape[1]:
-        raise RuntimeError(f"matrix_power: A must be a square matrix, got shape {tuple(t.shape)}")
-    if n == 0:                 # the identity from its coordinates (no n x n array)
-        diag = torch.arange(t.shape[0])
-        return SparseTensor(_convert().from_coords(torch.stack([diag, diag]),
-                                                   torch.ones(t.shape[0], dtype=t.dtype),
-                                                   tuple(t.shape), t._storage.format))
+    if t.shape[-1] != t.shape[-2]:
+        raise RuntimeError(f"matrix_power: A must be a batch of square matrices, got shape {tuple(t.shape)}")
+    if n == 0:
+        return _identity_like(t)
     result, base = None, t
     while n:
         if n & 1:
@@ -655,6 +654,37 @@ def _matrix_power(x, n, *, out=None):
         if n:
             base = base @ base
     return result.clone() if result is t else result     # torch returns a new tensor for n = 1
+
+
+class _OnesOf(torch.autograd.Function):
+    """``count`` ones, with a zero gradient for ``values``: the identity ``A ** 0`` stays in
+    ``A``'s graph, as dense torch's does (cut off, its ``.backward()`` raised)."""
+
+    @staticmethod
+    def forward(ctx, values, count):
+        ctx.numel = values.numel()
+        return torch.ones(count, dtype=values.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.new_zeros(ctx.numel), None
+
+
+def _identity_like(t: SparseTensor) -> SparseTensor:
+    """The identity of each of ``t``'s (batched) square matrices, from its coordinates (no
+    n x n array), in ``t``'s format."""
+    n, lead = t.shape[-1], tuple(t.shape[:-2])
+    diag = torch.arange(n)
+    coords = diag.expand(2, n)
+    if lead:
+        batch = torch.cartesian_prod(*[torch.arange(b) for b in lead]).reshape(-1, len(lead)).t()
+        coords = torch.cat([batch.repeat_interleave(n, dim=1), diag.repeat(batch.shape[1]).expand(2, -1)])
+    count = coords.shape[1]
+    storage = _convert().from_coords(coords.contiguous(), torch.ones(count, dtype=t.dtype),
+                                     tuple(t.shape), t._storage.format)
+    if torch.is_grad_enabled() and t.requires_grad:
+        return from_values(storage, _OnesOf.apply(values_of(t), count))
+    return SparseTensor(storage)
 
 
 @register(torch.equal)

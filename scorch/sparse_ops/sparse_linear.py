@@ -100,6 +100,18 @@ def _column_weight(weight) -> bool:
     return st.ndim == 2 and st.format.block is None and st.values.dtype in _COLUMN_DTYPES
 
 
+def add_bias_(out: torch.Tensor, bias: torch.Tensor) -> None:
+    """``out += bias`` where ``out`` is this call's own result. A bias on another device
+    raises as dense ``F.linear`` does: torch's CPU ``add_`` with a meta operand does nothing
+    at all (a layer built under ``torch.device("meta")`` whose bias was never materialized
+    returned ``x @ W^T`` without it)."""
+    if bias.device != out.device:
+        raise RuntimeError(f"F.linear: the bias is on device {bias.device}, the result on "
+                           f"{out.device} (materialize it first, e.g. module.to_empty(device="
+                           f"'cpu') and initialize it)")
+    out.add_(bias)
+
+
 def _plain_bias(bias, dtype) -> bool:
     return bias is None or (isinstance(bias, torch.Tensor) and not is_sparse_operand(bias)
                             and bias.dim() <= 1 and bias.dtype == dtype)
@@ -171,7 +183,7 @@ def _panel_forward(x, weight: SparseTensor, bias, rows: Optional[int]):
         xts.append(xt)
         out[lo:hi] = _column_forward(xt, weight, None)
     if bias is not None:
-        out.add_(bias)
+        add_bias_(out, bias)
     return out, xts
 
 
@@ -184,7 +196,7 @@ def _column_forward(xt: torch.Tensor, weight: SparseTensor, bias) -> torch.Tenso
         out_t = _einsum_entry._compiler().einsum(_COLUMN_EQUATION, weight._storage, xt, out_format="dense")
     out = transposed(out_t, threads_for)
     if bias is not None:
-        out.add_(bias)
+        add_bias_(out, bias)
     return out
 
 
@@ -320,7 +332,7 @@ class _SparseBatchLinear(torch.autograd.Function):
         out = _einsum_entry._compiler().einsum(equation, input._storage, ctx.input_major,
                                                out_format="dense")
         if bias is not None:
-            out.add_(bias)
+            add_bias_(out, bias)
         ctx.save_for_backward(input, weight, bias)
         return out
 
