@@ -1,5 +1,7 @@
 """torch optimizers on sparse parameters: values updated in place, pattern kept, and the
 same trajectory as dense training restricted to the pattern."""
+import copy
+
 import pytest
 from hypothesis import given, settings, strategies as st
 import torch
@@ -368,3 +370,30 @@ def test_state_from_an_old_pattern_says_how_to_reset_it():
     opt.state[W] = {}
     opt.step()
     assert W.nnz == 2
+
+
+@pytest.mark.parametrize("fmt", ["coo", "csc"])
+def test_resuming_into_a_parameter_of_another_format(fmt):
+    """An optimizer checkpoint saved from a CSR parameter, loaded for the same weight built
+    as COO / CSC: load_state_dict casts dtype and device, not format; the step converts the
+    state once (each update's first op raised that the pattern differed)."""
+    g = torch.Generator().manual_seed(7)
+    d = torch.randn(20, 15, generator=g) * (torch.rand(20, 15, generator=g) < 0.3)
+    x = torch.randn(8, 15, generator=g)
+
+    def step(W, opt):
+        opt.zero_grad()
+        (x @ W.t()).square().sum().backward()
+        opt.step()
+
+    W = torch.nn.Parameter(scorch.sparse_tensor(d, format="csr"))
+    opt = torch.optim.Adam([W], lr=0.01)
+    step(W, opt)
+    saved = copy.deepcopy(opt.state_dict())
+    W2 = torch.nn.Parameter(scorch.sparse_tensor(W.detach().to_dense(), format=fmt))
+    opt2 = torch.optim.Adam([W2], lr=0.01)
+    opt2.load_state_dict(saved)
+    step(W, opt)
+    step(W2, opt2)
+    assert opt2.state[W2]["exp_avg"].format == W2.format
+    torch.testing.assert_close(W2.detach().to_dense(), W.detach().to_dense(), rtol=1e-5, atol=1e-5)

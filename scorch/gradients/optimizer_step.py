@@ -51,11 +51,15 @@ def _gradients_on_pattern(optimizer) -> None:
     is; a non-zero off the pattern could not be applied to the parameter in place, so the
     step refuses it, naming the parameter (the update's first op used to fail with a
     message about ``lerp_`` or ``add_``)."""
+    states = optimizer.state
     for g, group in enumerate(optimizer.param_groups):
         for k, p in enumerate(group["params"]):
             grad = p.grad
             if grad is None or not isinstance(p, SparseTensor):
                 continue
+            state = states.get(p)
+            if state:
+                _state_in_format(state, p._storage.format)
             if isinstance(grad, SparseTensor):
                 if same_pattern(p._storage, grad._storage):
                     # a gradient of the stored values already, though maybe built by hand
@@ -80,6 +84,16 @@ def _gradients_on_pattern(optimizer) -> None:
                     f"pattern; a sparse parameter's gradient lives on its pattern (assign a sparse "
                     f"gradient on it, or mask the gradient to the pattern)")
             p.grad = mark_gradient(SparseTensor(p._storage.on_pattern(values.to(p.dtype).contiguous())))
+
+
+def _state_in_format(state: dict, fmt) -> None:
+    """A sparse parameter's optimizer state in another format than the parameter's (a
+    checkpoint saved from a CSR model, loaded into the same model built as COO or CSC:
+    ``load_state_dict`` casts dtype and device, not format) is converted once, here; each
+    update's first op raised that the pattern differed, though only the format did."""
+    for key, v in state.items():
+        if type(v) is SparseTensor and v._storage.format is not fmt and v._storage.format != fmt:
+            state[key] = v.to_format(fmt)
 
 
 def _enter(optimizer, args, kwargs) -> None:
