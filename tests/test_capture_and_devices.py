@@ -229,3 +229,13 @@ def test_vector_norm_of_order_zero_is_dense_in_every_format(fmt):
     d = torch.tensor([[1.0, 0.0, 2.0], [3.0, 0.0, 0.0]])
     r = torch.linalg.vector_norm(scorch.sparse_tensor(d, format=fmt), 0, dim=0)
     assert type(r) is torch.Tensor and r.tolist() == [2.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("call", [lambda x: torch.linalg.matrix_norm(x, 1), lambda x: torch.linalg.matrix_norm(x, float("inf")),
+                                  lambda x: torch.trace(x.bool())], ids=["norm1", "norm_inf", "trace_bool"])
+def test_dense_torchs_input_checks_hold_for_sparse_operands(call):
+    d = torch.tensor([[1, 0, 2], [0, 3, 0]])
+    with pytest.raises((RuntimeError, NotImplementedError)) as want:
+        call(d)
+    with pytest.raises(type(want.value), match=str(want.value)[:40].replace("(", r"\(").replace(")", r"\)")):
+        call(scorch.sparse_tensor(d, format="csr"))

@@ -180,6 +180,8 @@ def _kron(a, b, *, out=None):
 def _trace(a):
     if not _involves_sparse(a):
         return NotImplemented
+    if a.dtype == torch.bool:   # torch's own refusal (its trace has no bool kernel)
+        raise NotImplementedError('"trace" not implemented for \'Bool\'')
     return trace(a)
 
 

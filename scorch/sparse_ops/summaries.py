@@ -65,11 +65,19 @@ def _aminmax(x, *, dim=None, keepdim=False, out=None):
     return torch.return_types.aminmax((_dense(lo), _dense(hi)))
 
 
+#: torch's names of the integer scalar types (its error messages')
+_SCALAR_NAMES = {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
+                 torch.uint8: "Byte", torch.bool: "Bool"}
+
+
 def matrix_norm(t: SparseTensor, ord, dim=(-2, -1), keepdim: bool = False, dtype=None) -> torch.Tensor:
     """Frobenius: ``vector_norm`` over the two dims; the max column / row sum norms (``1``,
     ``inf``; ``-1``, ``-inf`` with the min): sums of ``|x|`` then ``amax``/``amin``, from the
     stored entries; the spectral and nuclear norms need an SVD: dense by nature."""
     d0, d1 = checked_dims(dim, t.dim(), "linalg.matrix_norm")
+    if not (t.dtype.is_floating_point or t.dtype.is_complex):   # torch's check, every order
+        raise RuntimeError(f"linalg.matrix_norm: Expected a floating point or complex tensor as "
+                           f"input. Got {_SCALAR_NAMES.get(t.dtype, t.dtype)}")
     if ord == "fro":
         return torch.linalg.vector_norm(t, 2, dim=(d0, d1), keepdim=keepdim, dtype=dtype)
     if ord in (1, -1, math.inf, -math.inf):
