@@ -232,7 +232,9 @@ def test_vector_norm_of_order_zero_is_dense_in_every_format(fmt):
 
 
 @pytest.mark.parametrize("call", [lambda x: torch.linalg.matrix_norm(x, 1), lambda x: torch.linalg.matrix_norm(x, float("inf")),
-                                  lambda x: torch.trace(x.bool())], ids=["norm1", "norm_inf", "trace_bool"])
+                                  lambda x: torch.trace(x.bool()),
+                                  lambda x: torch.linalg.cross(x.float()[:, :3].expand(2, 3), torch.ones(3))],
+                         ids=["norm1", "norm_inf", "trace_bool", "cross_ranks"])
 def test_dense_torchs_input_checks_hold_for_sparse_operands(call):
     d = torch.tensor([[1, 0, 2], [0, 3, 0]])
     with pytest.raises((RuntimeError, NotImplementedError)) as want:

@@ -67,7 +67,9 @@ def cross(a: torch.Tensor, b: torch.Tensor, dim: int) -> torch.Tensor:
     """``a x b`` along ``dim`` (size 3), broadcast: ``c_k = a_{k+1} b_{k+2} - a_{k+2} b_{k+1}``,
     each slice a sparse product (the intersection of the operands' patterns, or a sparse
     operand's pattern against a dense one) and a sparse difference (their union)."""
-    rank = max(a.dim(), b.dim())
+    if a.dim() != b.dim():   # torch's check (the stand-ins below share one rank)
+        raise RuntimeError("linalg.cross: inputs must have the same number of dimensions.")
+    rank = a.dim()
     torch.linalg.cross(_stand_in(a, rank, dim), _stand_in(b, rank, dim), dim=dim)
     d = dim % rank
     shape = broadcast_shapes(a.shape, b.shape)
