@@ -241,3 +241,18 @@ def test_dense_torchs_input_checks_hold_for_sparse_operands(call):
         call(d)
     with pytest.raises(type(want.value), match=str(want.value)[:40].replace("(", r"\(").replace(")", r"\)")):
         call(scorch.sparse_tensor(d, format="csr"))
+
+
+def test_the_profiler_attributes_kernel_time_to_a_scorch_range():
+    """A kernel writes through raw pointers (no ATen op): under a profiler each einsum runs
+    in a ``scorch::einsum <equation>`` range (the warm C calls step aside), where before only
+    the output's ``aten::empty`` showed."""
+    A, x = _sparse(), torch.randn(5, 3)
+    A @ x
+    with torch.profiler.profile() as prof:
+        for _ in range(3):
+            y = A @ x
+            scorch.einsum("ij,jk->ik", A, x)
+    events = {e.key: e.count for e in prof.key_averages()}
+    assert events.get("scorch::einsum ij,jk->ik", 0) >= 6, events
+    torch.testing.assert_close(y, _dense() @ x)

@@ -55,6 +55,8 @@ def _compiler():
     return _compiler_module
 
 
+_PROFILER = torch.autograd.profiler   # a profiler runs: the kernel's range (tensor_compiler.api)
+
 def einsum(*args: Any, out_format: Optional[FormatLike] = None, sorted: bool = True) -> torch.Tensor:
     """torch.einsum over any mix of dense and sparse operands, compiled into one kernel.
 
@@ -92,7 +94,7 @@ def einsum(*args: Any, out_format: Optional[FormatLike] = None, sorted: bool = T
         from ..gradients.functions import einsum as differentiable_einsum
         return differentiable_einsum(equation, *operands, out_format=out_format)
     compiler = _compiler_module or _compiler()
-    if out_format is None and sorted:
+    if out_format is None and sorted and not _PROFILER._is_profiler_enabled:
         # a warm call, whole, in C (tensor_compiler.fastcall): NotImplemented where it declines
         dispatch = compiler._DISPATCH[0]
         if dispatch is not None:

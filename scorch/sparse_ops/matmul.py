@@ -219,6 +219,8 @@ def _spmm_out_format(a: SparseTensor, b: torch.Tensor, equation: str):
     return _SPMM_OUT[key]
 
 
+_PROFILER = torch.autograd.profiler
+
 def _sparse_dense(a, b, nd: int = 2):
     """The hot path of sparse matrix @ dense operand of rank ``nd`` (2: SpMM for ``A @ X``,
     ``A.mm(X)``; 1: SpMV for ``A @ x``, ``A.mv(x)``; ``SparseTensor.__matmul__`` calls it
@@ -226,7 +228,8 @@ def _sparse_dense(a, b, nd: int = 2):
     SpMV is a few us): the einsum with the output format that keeps its warm C call; None
     where another path must decide (and check), as inside an autocast block
     (``autocast_aware``)."""
-    if type(a) is SparseTensor and type(b) is torch.Tensor and not _any_autocast():
+    if type(a) is SparseTensor and type(b) is torch.Tensor and not _any_autocast() \
+            and not _PROFILER._is_profiler_enabled:   # (profiled: einsum names the kernel)
         st = a._storage
         if st.format is _last_spmm[0] and nd == _last_spmm[1] and _last_spmm[2] is None \
                 and not (_grad_enabled() and _any_requires_grad(a, b)):
