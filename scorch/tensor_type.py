@@ -18,6 +18,8 @@ from __future__ import annotations
 import copy
 from typing import Optional, Sequence
 
+import sys
+
 import torch
 
 from . import _dispatch, saving
@@ -128,10 +130,8 @@ class SparseTensor(torch.Tensor):
     def values(self) -> torch.Tensor:
         """Stored values in storage order (1-d), sharing memory with the tensor;
         differentiable when the tensor requires grad."""
-        if _functorch_stack() is not None:
-            refuse_transform(SparseTensor.values)
-        if _tf_mode_on() or _jit_tracing() is not None:
-            refuse_foreign_context(SparseTensor.values)
+        if _functorch_stack() is not None or _tf_mode_on() or _jit_tracing() is not None:
+            refuse_foreign(SparseTensor.values)
         if _grad_enabled() and _any_requires_grad(self):
             return _AUTOGRAD["values"](self)
         return self._storage.values
@@ -152,10 +152,8 @@ class SparseTensor(torch.Tensor):
         return coords
 
     def to_dense(self, dtype: Optional[torch.dtype] = None, *, masked_grad=None) -> torch.Tensor:
-        if _functorch_stack() is not None:
-            refuse_transform(SparseTensor.to_dense)
-        if _tf_mode_on() or _jit_tracing() is not None:
-            refuse_foreign_context(SparseTensor.to_dense)
+        if _functorch_stack() is not None or _tf_mode_on() or _jit_tracing() is not None:
+            refuse_foreign(SparseTensor.to_dense)
         if _is_compiling():
             out = _UNDER_COMPILE[0](SparseTensor.to_dense, (self,), {})
         elif _grad_enabled() and _any_requires_grad(self):
@@ -169,10 +167,8 @@ class SparseTensor(torch.Tensor):
         fmt = as_format(format, self.dim())
         if fmt == self._storage.format:
             return self
-        if _functorch_stack() is not None:
-            refuse_transform(SparseTensor.to_format)
-        if _tf_mode_on() or _jit_tracing() is not None:
-            refuse_foreign_context(SparseTensor.to_format)
+        if _functorch_stack() is not None or _tf_mode_on() or _jit_tracing() is not None:
+            refuse_foreign(SparseTensor.to_format)
         if _is_compiling():
             return _UNDER_COMPILE[0](SparseTensor.to_format, (self, fmt), {})
         if _grad_enabled() and _any_requires_grad(self):
@@ -182,10 +178,8 @@ class SparseTensor(torch.Tensor):
     def to_torch(self) -> torch.Tensor:
         """The torch layout that matches the format (COO, CSR, CSC, BSR, BSC); arrays are
         shared where torch's layout agrees with the storage; differentiable."""
-        if _functorch_stack() is not None:
-            refuse_transform(SparseTensor.to_torch)
-        if _tf_mode_on() or _jit_tracing() is not None:
-            refuse_foreign_context(SparseTensor.to_torch)
+        if _functorch_stack() is not None or _tf_mode_on() or _jit_tracing() is not None:
+            refuse_foreign(SparseTensor.to_torch)
         if _is_compiling():
             return _UNDER_COMPILE[0](SparseTensor.to_torch, (self,), {})
         if _grad_enabled() and _any_requires_grad(self):
@@ -321,10 +315,8 @@ class SparseTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if _functorch_stack() is not None:
-            refuse_transform(func)
-        if _tf_mode_on() or _jit_tracing() is not None:
-            refuse_foreign_context(func)
+        if _functorch_stack() is not None or _tf_mode_on() or _jit_tracing() is not None:
+            refuse_foreign(func)
         if _FWAD._current_level >= 0:
             _refuse_dual(func, args, kwargs)
         handler = _dispatch.lookup(func)
@@ -348,10 +340,8 @@ class SparseTensor(torch.Tensor):
     # ``dense @ sparse`` comes here too. A handler that declines leaves the call to torch.
     def __matmul__(self, other):
         spmm = _SPMM[0]
-        if _functorch_stack() is not None:
-            refuse_transform(torch.Tensor.__matmul__)
-        if _tf_mode_on() or _jit_tracing() is not None:
-            refuse_foreign_context(torch.Tensor.__matmul__)
+        if _functorch_stack() is not None or _tf_mode_on() or _jit_tracing() is not None:
+            refuse_foreign(torch.Tensor.__matmul__)
         if _FWAD._current_level >= 0:
             _refuse_dual(torch.Tensor.__matmul__, (self, other), {})
         if spmm is not None and type(other) is torch.Tensor:   # the hot path, inline
@@ -364,9 +354,9 @@ class SparseTensor(torch.Tensor):
             if result is not None:
                 return result
         if not isinstance(other, torch.Tensor):
-            if type(other).__name__ != "ndarray" or type(other).__module__ != "numpy":
+            other = numpy_as_tensor(other)   # (torch's parser takes a numpy array)
+            if not isinstance(other, torch.Tensor):
                 return NotImplemented      # Python's TypeError, as for a dense tensor
-            other = torch.as_tensor(other)   # (torch's parser takes a numpy array)
         return _direct(torch.Tensor.__matmul__, self, other)
 
     def __rmatmul__(self, other):
@@ -405,10 +395,8 @@ class SparseTensor(torch.Tensor):
         return _or_handler(_pattern_op(torch.sub, self, other), torch.Tensor.__sub__, self, other)
 
     def __neg__(self):
-        if _functorch_stack() is not None:
-            refuse_transform(torch.neg)
-        if _tf_mode_on() or _jit_tracing() is not None:
-            refuse_foreign_context(torch.neg)
+        if _functorch_stack() is not None or _tf_mode_on() or _jit_tracing() is not None:
+            refuse_foreign(torch.neg)
         if (_grad_enabled() and _any_requires_grad(self)) or _deferred(self):
             return _direct(torch.Tensor.__neg__, self)
         return carry_grad_flag(self, with_values(self, torch.neg(self._storage.values)))
@@ -542,6 +530,14 @@ for _k in range(8):
 SparseTensor._level_values = property(lambda self: self._storage.values)
 
 
+def numpy_as_tensor(x):
+    """A numpy array as a tensor, as torch's argument parser reads one (``A * nd``,
+    ``A[np.array([0, 2])]``); anything else as it is. numpy is looked up only where it is
+    imported already (no array can exist otherwise)."""
+    np = sys.modules.get("numpy")
+    return torch.as_tensor(x) if np is not None and type(x) is np.ndarray else x
+
+
 def _reading_numpy(method):
     """``method``, one of torch's C operator methods, with a numpy array operand read as a
     tensor first, as torch's argument parser reads it elsewhere (``A * nd``): the C method
@@ -549,9 +545,7 @@ def _reading_numpy(method):
     (which tries to convert the sparse tensor: "no numpy / list form"), and ``S += nd``
     rebinds ``S`` to ``S + nd`` instead of updating it in place."""
     def operator(self, other):
-        if type(other).__name__ == "ndarray" and type(other).__module__ == "numpy":
-            other = torch.as_tensor(other)
-        return method(self, other)
+        return method(self, numpy_as_tensor(other))
     operator.__name__ = method.__name__
     return operator
 
@@ -602,10 +596,8 @@ def _refuse_dual(func, args, kwargs) -> None:
 def _direct(method, *args, **kwargs):
     """``method(*args)`` through its registered handler without torch's dispatch, else
     torch's own method (which dispatches through ``__torch_function__`` as usual)."""
-    if _functorch_stack() is not None:
-        refuse_transform(method)
-    if _tf_mode_on() or _jit_tracing() is not None:
-        refuse_foreign_context(method)
+    if _functorch_stack() is not None or _tf_mode_on() or _jit_tracing() is not None:
+        refuse_foreign(method)
     if _FWAD._current_level >= 0:
         _refuse_dual(method, args, kwargs)
     if _is_compiling():
@@ -667,11 +659,9 @@ def _foreign_operands(func, handler, args, kwargs):
     NotImplemented, so Python asks that operand's reflected method, as for a dense tensor
     (``A * None`` then raises Python's TypeError); else the error stands."""
     import numbers
-    import sys
-    np = sys.modules.get("numpy")
-    if np is not None and any(type(a) is np.ndarray for a in args):
-        return handler(*(torch.as_tensor(a) if type(a) is np.ndarray else a for a in args),
-                       **kwargs)
+    read = tuple(numpy_as_tensor(a) for a in args)
+    if any(r is not a for r, a in zip(read, args)):
+        return handler(*read, **kwargs)
     if (getattr(func, "__name__", "").startswith("__") and len(args) == 2
             and not isinstance(args[1], (torch.Tensor, numbers.Number))):
         return NotImplemented
@@ -705,6 +695,17 @@ def refuse_transform(func, error: Optional[BaseException] = None, scripted: bool
         message += ("; TorchScript (torch.jit.script), which calls no __torch_function__, "
                     "cannot run scorch sparse tensors either: use torch.compile")
     raise NotImplementedError(message) from error
+
+
+def refuse_foreign(func) -> None:
+    """The refusal at a scorch entry where its callers' one combined test found something
+    around the call (``_functorch_stack() is not None or _tf_mode_on() or _jit_tracing()
+    is not None``: three C calls, ~0.1 us together): a ``torch.func`` transform
+    (:func:`refuse_transform`), else a trace or a default device (:func:`refuse_foreign_context`);
+    returns where none of them applies (a user's own function mode)."""
+    if _functorch_stack() is not None:
+        refuse_transform(func)
+    refuse_foreign_context(func)
 
 
 def refuse_foreign_context(func) -> None:
@@ -769,7 +770,6 @@ def _building_vmapped_basis() -> bool:
     """Whether a caller a few frames up is torch building a vmapped jacobian's basis
     (``autograd.functional.jacobian(vectorize=True)``, ``hessian(vectorize=True)``): read
     on the error path only."""
-    import sys
     frame = sys._getframe(2)
     for _ in range(12):
         if frame is None:
@@ -803,10 +803,8 @@ def _or_handler(result, method, a, b):
 
 def _matmul_direct(method, a, b):
     """``a @ b`` or ``a.mm(b)``: the warm SpMM when it takes the call, else the handler."""
-    if _functorch_stack() is not None:
-        refuse_transform(method)
-    if _tf_mode_on() or _jit_tracing() is not None:
-        refuse_foreign_context(method)
+    if _functorch_stack() is not None or _tf_mode_on() or _jit_tracing() is not None:
+        refuse_foreign(method)
     if _FWAD._current_level >= 0:
         _refuse_dual(method, (a, b), {})
     spmm = _SPMM[0]
@@ -825,10 +823,8 @@ def _scalar_op(fn, t: "SparseTensor", scalar):
     as the dense op), or None. Under autograd, torch's op on the differentiable values:
     its gradient is torch's, on the pattern (165 -> ~50 us for ``(A * 2).sum()`` and its
     backward on a small matrix, which went through the compiler both ways)."""
-    if _functorch_stack() is not None:
-        refuse_transform(fn)
-    if _tf_mode_on() or _jit_tracing() is not None:
-        refuse_foreign_context(fn)
+    if _functorch_stack() is not None or _tf_mode_on() or _jit_tracing() is not None:
+        refuse_foreign(fn)
     if type(scalar) not in _PY_SCALARS or _deferred(t):
         return None   # a deferred operand goes to the handler, which fuses it
     if _grad_enabled() and _any_requires_grad(t):
@@ -841,10 +837,8 @@ def _scalar_op(fn, t: "SparseTensor", scalar):
 def _pattern_op(fn, a: "SparseTensor", b):
     """``fn(a, b)`` on the stored values when ``b`` is a SparseTensor over the very same
     level arrays (same format and shape), or None; under autograd as ``_scalar_op``."""
-    if _functorch_stack() is not None:
-        refuse_transform(fn)
-    if _tf_mode_on() or _jit_tracing() is not None:
-        refuse_foreign_context(fn)
+    if _functorch_stack() is not None or _tf_mode_on() or _jit_tracing() is not None:
+        refuse_foreign(fn)
     if type(b) is not SparseTensor or _deferred(a) or _deferred(b):
         return None   # a deferred operand goes to the handler, which fuses it
     sa, sb = a._storage, b._storage

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import sys
 from typing import List, Tuple
 
 import torch
@@ -30,7 +29,8 @@ from ..gradients.pattern import same_pattern
 from ..gradients.values import from_values, values_of, with_dtype
 from .. import tensor_type as _tensor_type
 from ..level_storage import Storage
-from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand, make_pending, with_values
+from ..tensor_type import (SparseTensor, as_scorch, is_sparse_operand, make_pending, numpy_as_tensor,
+                           with_values)
 from . import shape as _shape
 from .fusion import Pending, consumer_follows, fused, pending_of, register_dispatch_frames
 from ..broadcasting import broadcast_shapes
@@ -706,14 +706,6 @@ def _other_at_stored(t: SparseTensor, other):
     return other.expand(t.shape)[tuple(convert.coords(t._storage))]
 
 
-def from_numpy(x):
-    """A numpy array operand as a tensor, as torch's argument parser reads it (``A // nd``
-    as ``A * nd`` does); declining it would let numpy's reflected operator try to convert
-    the sparse tensor instead. Anything else as it is."""
-    np = sys.modules.get("numpy")
-    return torch.as_tensor(x) if np is not None and isinstance(x, np.ndarray) else x
-
-
 def _keeps_zero(op, other, strict: bool, dtype: torch.dtype = torch.float64) -> bool:
     """``op(0, other)`` is 0 for a number. A dense ``other``: ``strict``, at every one of its
     entries (``heaviside``, a polynomial of degree ``n``); else its zeros where nothing is
@@ -739,7 +731,7 @@ def on_stored_values(op, x, other, *, strict_zero: bool = False, **kwargs):
     stored entries repeated). Where ``op(0, other)`` is not 0 (``_keeps_zero``) the result is
     dense by nature: torch's op on the dense copy. NotImplemented (the fallback) for a sparse
     ``other``."""
-    x, other = as_scorch(x), from_numpy(other)
+    x, other = as_scorch(x), numpy_as_tensor(other)
     if (not isinstance(x, SparseTensor) or kwargs.pop("out", None) is not None
             or x.dtype.is_complex):
         return NotImplemented

@@ -31,7 +31,7 @@ from ..gradients import fiber_ops
 from ..gradients.optimizer_step import values_level
 from ..gradients.values import from_values, values_of, with_dtype
 from ..level_storage import Storage
-from ..tensor_type import SparseTensor, as_scorch, with_values
+from ..tensor_type import SparseTensor, as_scorch, numpy_as_tensor, with_values
 from .dims import checked_dim
 from . import inner_level
 from .in_place import in_place_functional
@@ -406,8 +406,7 @@ def _sgn(x, *, out=None):
 
 @register(torch.pow, torch.Tensor.pow, torch.Tensor.__pow__)
 def _pow(x, exponent, *, out=None):
-    from .elementwise import from_numpy
-    exponent = from_numpy(exponent)      # a numpy exponent as torch's parser reads it (A ** nd)
+    exponent = numpy_as_tensor(exponent)   # as torch's parser reads it (A ** nd)
     t = _sparse(x)
     if out is None and isinstance(as_scorch(exponent), SparseTensor):
         # 0 ** 0 is 1 wherever neither stores an entry (a number base: b ** 0): dense by nature

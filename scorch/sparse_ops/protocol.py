@@ -1,7 +1,6 @@
 """Python-level protocol methods of ``torch.Tensor`` on a SparseTensor: ``reversed(A)`` and
 ``v in A`` (torch's own bodies call ``flip`` / ``eq`` below the handlers, where only the
-dense fallback is); numpy index arrays in ``A[...]`` and ``A[...] = v`` (torch's parser makes
-them tensors); and the memory-level accessors a sparse tensor cannot serve, refused by name
+dense fallback is); and the memory-level accessors a sparse tensor cannot serve, refused by name
 (``__dlpack__``, ``apply_``, ``storage``, ``untyped_storage``; ``data_ptr`` is the values'): torch's own
 read the wrapper's empty memory (a segfault, garbage values, an internal message). Under
 torch.compile, whose fake-tensor conversion calls ``untyped_storage`` on a sparse input,
@@ -10,11 +9,10 @@ from __future__ import annotations
 
 import math
 import numbers
-import sys
 
 import torch
 
-from .._dispatch import lookup, register
+from .._dispatch import register
 from ..tensor_type import SparseTensor
 
 
@@ -96,31 +94,3 @@ def _contains(t, element):
                        f"a {type(element)}.")
 
 
-# --- numpy index arrays -------------------------------------------------------------------
-
-def _tensor_index(index):
-    """``index`` with its numpy arrays as tensors, as torch's indexing takes them (the item
-    handlers read tensors, lists, ints, slices); anything else unchanged."""
-    np = sys.modules.get("numpy")      # no numpy imported: no numpy array to convert
-    if np is None:
-        return index
-    if type(index) is np.ndarray:
-        return torch.as_tensor(index)
-    if type(index) is tuple and any(type(i) is np.ndarray for i in index):
-        return tuple(torch.as_tensor(i) if type(i) is np.ndarray else i for i in index)
-    return index
-
-
-def _taking_numpy_indices(method):
-    """Register ``method`` (``__getitem__`` / ``__setitem__``) as its item handler (registered
-    before this module is imported) after numpy index arrays became tensors."""
-    items = lookup(method)
-
-    @register(method)
-    def handler(t, index, *value):
-        return items(t, _tensor_index(index), *value)
-    return handler
-
-
-_taking_numpy_indices(torch.Tensor.__getitem__)
-_taking_numpy_indices(torch.Tensor.__setitem__)

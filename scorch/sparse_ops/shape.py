@@ -34,7 +34,7 @@ from ..formats import Format, LevelKind, as_format
 from ..gradients.values import from_values, values_of, view_of
 from ..level_kinds.base import segment_positions
 from ..level_storage import Level, Storage, index_dtype_for
-from ..tensor_type import SparseTensor, as_scorch, carry_grad_flag as _carried, is_sparse_operand, permute_view
+from ..tensor_type import SparseTensor, as_scorch, carry_grad_flag as _carried, is_sparse_operand, numpy_as_tensor, permute_view
 from .dims import checked_dim
 from .inner_level import cat_inner, filter_inner
 from .outer_level import (cat_outer, gather_outer, int_or_range, locate_entry, select_outer,
@@ -682,6 +682,7 @@ def index_items(index) -> tuple:
     tensor is a mask (torch's deprecated byte mask: the same warning, then a bool mask), and
     only int64, int32, uint8 and bool tensors index (int8, int16: torch's error)."""
     items = index if isinstance(index, tuple) else (index,)
+    items = tuple(numpy_as_tensor(i) for i in items)   # numpy index arrays, as torch's parser
     if not any(isinstance(i, torch.Tensor) and i.dtype not in (torch.int64, torch.int32, torch.bool)
                for i in items):
         return items
