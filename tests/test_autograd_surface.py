@@ -693,8 +693,8 @@ CASES = [
              torch.diag_embed(s), s.diag_embed(1), torch.diagflat(s), s.diagflat(-1),
              s.index_fill(1, torch.tensor([0, 2]), 0.0), torch.index_fill(s, 0, torch.tensor([1]), 0)]]) * torch.arange(1.0, 7.0)),
     Case("new_zeros", [_T.new_zeros, _T.new_empty, _T.sparse_dim, _T.dense_dim],
-         lambda s: torch.tensor([s.new_zeros(2, 3).nnz, s.new_empty(3).nnz, s.sparse_dim(), s.dense_dim()]),
-         bool_result=True, oracle=lambda d: torch.tensor([0, 0, 2, 0])),
+         lambda s: torch.tensor([s.new_zeros(2, 3).nnz, s.new_empty(3).numel(), s.sparse_dim(), s.dense_dim()]),
+         bool_result=True, oracle=lambda d: torch.tensor([0, 3, 2, 0])),
     Case("embedding_bag", [F.embedding_bag],
          lambda s: F.embedding_bag(torch.tensor([[0, 3], [2, 2]]), s, mode="sum")
          + F.embedding_bag(torch.tensor([1, 0, 3]), s, torch.tensor([0, 1]), mode="mean")),

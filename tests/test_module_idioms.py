@@ -227,3 +227,34 @@ def test_adagrad_initial_accumulator_on_the_pattern():
     torch.testing.assert_close(results[0], results[1] * (results[0] != 0))
     S = scorch.sparse_tensor(torch.eye(3))
     assert not isinstance(torch.full_like(S, 0.5), scorch.SparseTensor)
+
+
+@pytest.mark.parametrize("kind", ["utils", "parametrizations"])
+def test_spectral_norm_of_a_sparse_weight(kind):
+    """``spectral_norm`` draws ``u, v`` with ``weight.new_empty(h).normal_()``: ``new_empty`` is
+    dense (a pattern would refuse the fill), and ``W / sigma`` keeps the weight's pattern; no
+    warning (``sigma`` requires grad)."""
+    import warnings
+    from torch.nn.utils import parametrizations
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(5, 6, generator=g) * (torch.rand(5, 6, generator=g) < 0.6)
+    x = torch.randn(3, 6, generator=g)
+    wrap = torch.nn.utils.spectral_norm if kind == "utils" else parametrizations.spectral_norm
+    out, grads = [], []
+    for sparse in (True, False):
+        torch.manual_seed(0)
+        m = torch.nn.Linear(6, 5)
+        m.weight = torch.nn.Parameter(scorch.sparse_tensor(w, format="csr") if sparse else w.clone())
+        torch.manual_seed(1)
+        m = wrap(m)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            y = m(x)
+            y.pow(2).sum().backward()
+        if sparse:
+            assert isinstance(m.weight, scorch.SparseTensor)
+        out.append(y)
+        orig = m.weight_orig if kind == "utils" else m.parametrizations.weight.original
+        grads.append(orig.grad.to_dense() if sparse else orig.grad * (w != 0))
+    torch.testing.assert_close(out[0], out[1])
+    torch.testing.assert_close(grads[0], grads[1])

@@ -390,7 +390,7 @@ def div(a, divisor) -> torch.Tensor:
     else:
         d = divisor.reshape(()).to(dt)
         recip = torch.reciprocal(d)
-        tiny = dt.is_floating_point and 0 < abs(float(d)) < _tiniest_divisor(dt)
+        tiny = dt.is_floating_point and 0 < abs(float(d.detach())) < _tiniest_divisor(dt)
     if tiny:
         # a divisor so small its reciprocal overflows (1e-39 in float32): torch's division
         # of the stored values (x * (1 / 1e-39) would be inf where x / 1e-39 is finite)

@@ -4,7 +4,8 @@ over the entries), ``tile``, ``F.pad`` with 0 or by ``reflect`` / ``replicate`` 
 ``block_diag``, ``diag_embed`` / ``diagflat`` / ``diag`` of a vector, ``diagonal`` at any
 offset and dims,
 ``unfold`` (windows: each entry in each window covering it), ``cartesian_prod``,
-``new_zeros`` / ``new_empty`` (sparse, storing nothing; ``new_ones`` / ``new_full``: dense) and
+``new_zeros`` (sparse, storing nothing; ``new_ones`` / ``new_full`` / ``new_empty``: dense, as
+an empty tensor is one the caller fills in place, which a pattern would refuse) and
 the torch.sparse queries
 ``sparse_dim`` / ``dense_dim``. Each result is differentiable in the stored values (the
 coordinates move, the values are gathered)."""
@@ -437,11 +438,11 @@ def _new_sparse(x, *size, dtype=None, device=None, requires_grad=False, layout=N
     return out.requires_grad_(requires_grad) if requires_grad else out
 
 
-register(torch.Tensor.new_zeros, torch.Tensor.new_empty)(_new_sparse)
+register(torch.Tensor.new_zeros)(_new_sparse)
 
 
 def _new_dense(method):
-    """``new_ones``, ``new_full``, ``new_tensor`` of a sparse tensor: a dense tensor that only
+    """``new_ones``, ``new_full``, ``new_tensor``, ``new_empty`` of a sparse tensor: a dense tensor that only
     takes its dtype (and device) from it; no dense copy of it is made."""
     def handler(x, *args, **kwargs):
         t = _sparse(x)
@@ -451,7 +452,8 @@ def _new_dense(method):
     return handler
 
 
-for _method in (torch.Tensor.new_ones, torch.Tensor.new_full, torch.Tensor.new_tensor):
+for _method in (torch.Tensor.new_ones, torch.Tensor.new_full, torch.Tensor.new_tensor,
+                torch.Tensor.new_empty):
     register(_method)(_new_dense(_method))
 
 
