@@ -884,6 +884,9 @@ CASES = [
 
 #: handlers registered for non-differentiable things whose rows above do not run them
 _COVERED_ELSEWHERE = {torch.Tensor.share_memory_: "tests/test_serialization.py",
+                      # the recurrent layers and cells: gradients against the dense module
+                      **{getattr(torch, m + c): "tests/test_recurrent.py"
+                         for m in ("lstm", "gru", "rnn_tanh", "rnn_relu") for c in ("", "_cell")},
                       # no single memory block / a bool answer: refused by name, or no tensor
                       # to differentiate
                       _T.__dlpack__: "tests/test_object_protocol.py",
