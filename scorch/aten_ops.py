@@ -6,7 +6,7 @@ import torch
 
 from . import constructors, conversion
 from ._dispatch import register_aten
-from .tensor_type import SparseTensor, carry_grad_flag, clone_sparse, with_values
+from .tensor_type import SparseTensor, carry_grad_flag, clone_sparse, refuse_write_to_copy, with_values
 
 aten = torch.ops.aten
 
@@ -77,6 +77,7 @@ def _copy_(self, src, non_blocking=False):
                                 if self.layout in (torch.sparse_bsr, torch.sparse_bsc) else None)
             return self.copy_(t, non_blocking)
         return self.copy_(src.to_dense(), non_blocking)
+    refuse_write_to_copy(self, "copy_")
     if tuple(src.shape) != tuple(self.shape):
         raise RuntimeError(f"copy_: shape {tuple(src.shape)} does not match the sparse "
                            f"tensor's shape {tuple(self.shape)}")

@@ -16,6 +16,7 @@ requires_grad), and ``_storage`` holds the level arrays. Calls reach scorch in t
 from __future__ import annotations
 
 import copy
+import numbers
 from typing import Optional, Sequence
 
 import sys
@@ -208,7 +209,11 @@ class SparseTensor(torch.Tensor):
         arrays = [(lv.kind.letter, lv.dim, lv.size, lv.pos, lv.crd, lv.block_inner)
                   for lv in st.levels]
         extra = _user_state(self)
-        return (_load, (st.format, st.shape, arrays, st.values, self.requires_grad)
+        values = st.values
+        if values.untyped_storage().nbytes() > values.numel() * values.element_size() and \
+                not values.is_shared():
+            values = values.clone()     # rows viewing a matrix's values: only theirs are written
+        return (_load, (st.format, st.shape, arrays, values, self.requires_grad)
                 + ((extra,) if extra else ()))
 
     def __deepcopy__(self, memo):
@@ -628,7 +633,58 @@ def _run_handler(func, handler, args, kwargs):
         return _foreign_operands(func, handler, args, kwargs)
     if type(out) is SparseTensor:
         _carry_gradient_pattern(args, out)
+    if func in _VIEW_FUNCTIONS:
+        _mark_copies(func, args, out)
     return out
+
+
+#: the functions torch documents as views (``tensor_view.html``): an in-place write to the
+#: result reaches the input. Scorch's result of one shares the input's values where the
+#: selected entries are contiguous in them (rows of a row-major tensor outside autograd, a
+#: transpose, a reshape); elsewhere it is a copy, marked by ``_mark_copies`` so that an
+#: in-place write to it raises (``refuse_write_to_copy``) instead of being lost.
+_VIEW_FUNCTIONS = frozenset(
+    f for name in ("__getitem__", "select", "narrow", "unbind", "split", "chunk", "tensor_split",
+                   "hsplit", "vsplit", "dsplit", "split_with_sizes", "diagonal", "expand",
+                   "expand_as", "unfold", "unflatten", "movedim", "moveaxis", "squeeze",
+                   "unsqueeze", "t", "transpose", "swapaxes", "swapdims", "permute", "view",
+                   "view_as", "adjoint")
+    for f in (getattr(torch, name, None), getattr(torch.Tensor, name, None)) if f is not None)
+
+
+def _mark_copies(func, args, out) -> None:
+    src = args[0] if args else None
+    if type(src) is not SparseTensor or (func is _GETITEM and _advanced(args[1])):
+        return                          # an index tensor or list: a copy in torch too
+    base = src._storage.values.untyped_storage().data_ptr()
+    for o in (out if isinstance(out, (list, tuple)) else (out,)):
+        if type(o) is SparseTensor and o._storage.values.numel() and \
+                o._storage.values.untyped_storage().data_ptr() != base:
+            o.__dict__["_copy_of_view"] = getattr(func, "__name__", str(func))
+
+
+_GETITEM = torch.Tensor.__getitem__
+
+
+def _advanced(index) -> bool:
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, (list, torch.Tensor)) or (hasattr(i, "__array__") and not isinstance(i, numbers.Number))
+               for i in items)
+
+
+def refuse_write_to_copy(s, name: str = "") -> None:
+    """An in-place write to a copy that stands for a torch view (``_mark_copies``) would not
+    reach the tensor it came from, where dense torch's would: raise, naming both."""
+    view = s.__dict__.get("_copy_of_view") if type(s) is SparseTensor else None
+    if view is not None:
+        what = f"in-place '{name}'" if name else "an in-place write"
+        raise RuntimeError(
+            f"scorch: {what} on the result of "
+            f"'{view}' of a sparse tensor: torch makes "
+            f"that a view, but here it is a copy (its entries are gathered from the tensor's "
+            f"values; rows of a row-major tensor taken outside autograd are views), so the write "
+            f"would not reach the tensor. Write through the tensor itself (t[...] = v, "
+            f"index_put_, masked_fill_), or .clone() the result first to change only it")
 
 
 def _carry_gradient_pattern(args, out: "SparseTensor") -> None:

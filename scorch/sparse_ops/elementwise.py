@@ -30,7 +30,7 @@ from ..gradients.values import from_values, values_of, with_dtype
 from .. import tensor_type as _tensor_type
 from ..level_storage import Storage
 from ..tensor_type import (SparseTensor, as_scorch, is_sparse_operand, make_pending, numpy_as_tensor,
-                           with_values)
+                           refuse_write_to_copy, with_values)
 from . import shape as _shape
 from .fusion import Pending, consumer_follows, fused, pending_of, register_dispatch_frames
 from ..broadcasting import broadcast_shapes
@@ -486,6 +486,7 @@ def _store_in_place(name: str, self, result) -> torch.Tensor:
     """Write ``result`` into ``self`` when its entries lie on self's pattern (self's values
     array is updated in place, so views and optimizers see it; self's entries the result
     does not store become zeros); otherwise a clear error."""
+    refuse_write_to_copy(self, name)
     if not torch.can_cast(result.dtype, self.dtype):
         raise RuntimeError(f"{name}: result type {result.dtype} can't be cast to the desired "
                            f"output type {self.dtype}")
@@ -538,7 +539,7 @@ def _in_place(name: str, self, other, op) -> torch.Tensor:
     (``in_place.record_in_place``: its history rebased, the backward the out-of-place op's)."""
     if isinstance(self, SparseTensor) and _grad_enabled() and _any_requires_grad(self, other):
         from .in_place import record_in_place
-        return record_in_place(self, other, op, lambda s, r: _store_in_place(name, s, r))
+        return record_in_place(self, other, op, lambda s, r: _store_in_place(name, s, r), name)
     return _store_in_place(name, self, op(_operand(self, other), other))
 
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from .._dispatch import register
 from ..gradients.optimizer_step import values_level
 from ..gradients.values import from_values, grad_values, mark_gradient, values_of
-from ..tensor_type import SparseTensor
+from ..tensor_type import SparseTensor, refuse_write_to_copy
 from ..broadcasting import broadcast_shapes
 
 __all__ = ["run_in_place", "write_values", "record_in_place"]
@@ -74,12 +74,13 @@ def run_in_place(name: str, s: SparseTensor, mutate: Op, op: Op) -> SparseTensor
         raise RuntimeError(
             f"scorch: in-place '{name}' maps 0 to {zero.item()}, so its result could not stay "
             f"sparse; use the out-of-place form (a dense result) or .to_dense() first")
-    return write_values(s, mutate, op)
+    return write_values(s, mutate, op, name)
 
 
-def write_values(s: SparseTensor, mutate: Op, op: Op) -> SparseTensor:
+def write_values(s: SparseTensor, mutate: Op, op: Op, name: str = "") -> SparseTensor:
     """``mutate`` on ``s``'s stored values in place; under autograd, rebased (``_InPlace``)
     with ``op`` (the same map out of place) as what the backward differentiates."""
+    refuse_write_to_copy(s, name)
     if torch.is_grad_enabled() and s.requires_grad:
         return _InPlace.apply(s, _values_before(s), mutate, op)
     mutate(s._storage.values)
@@ -127,10 +128,12 @@ class _InPlaceWith(torch.autograd.Function):
         return mark_gradient(from_values(P, gs)), None, go, None, None
 
 
-def record_in_place(s: SparseTensor, other, op: Callable, store: Callable) -> SparseTensor:
+def record_in_place(s: SparseTensor, other, op: Callable, store: Callable,
+                    name: str = "") -> SparseTensor:
     """``store(s, op(s, other))`` recorded by autograd as an in-place op of ``s`` (see
     ``_InPlaceWith``). A leaf that requires grad raises torch's error before anything is
     written (autograd would notice only after the write)."""
+    refuse_write_to_copy(s, name)
     if s.is_leaf and s.requires_grad:
         raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
     return _InPlaceWith.apply(s, _values_before(s), other, op, store)

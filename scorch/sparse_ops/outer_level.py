@@ -177,7 +177,12 @@ def select_outer(t: SparseTensor, items: list) -> Optional[torch.Tensor]:
         del shape[d0]
     else:
         shape[d0] = stop - start
-    values = values_of(t)[lo:hi].clone()     # a copy, as the general path's gather
+    values = values_of(t)[lo:hi]
+    # a view, as dense torch's slice (in-place writes reach t), where autograd is not
+    # recording: it would not see a write through the pattern's detached alias, so there the
+    # rows are a copy (which refuses in-place writes: ``tensor_type.refuse_write_to_copy``)
+    if values.requires_grad and torch.is_grad_enabled():
+        values = values.clone()
     pattern = Storage(new_fmt, shape, new_levels, values.detach(), st.index_dtype)
     return from_values(pattern, values)
 
