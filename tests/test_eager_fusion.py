@@ -3,7 +3,6 @@
 too when new operands are allowed), equal dense torch, and are never deferred where something could
 change an operand in between; a pending result never reaches anything but the next operator."""
 import copy
-import os
 import pickle
 import sys
 
@@ -14,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 from ops_helpers import DENSITIES, assert_matches, dense_values, side, sparse
 from scorch.sparse_ops import fusion
 from scorch.sparse_ops.fusion import Pending, pending_of
-from scorch.tensor_compiler import api
+from scorch.tensor_compiler import api, build
 from scorch.tensor_type import PENDING_LIVE, make_pending
 
 
@@ -306,7 +305,7 @@ def test_results_held_in_names_are_never_pending():
 
 
 def test_on_by_default(eager_fusion):
-    assert eager_fusion == (os.environ.get("SCORCH_EAGER_FUSION", "1") != "0")
+    assert eager_fusion == build.env_flag("SCORCH_EAGER_FUSION")
     assert not fusion._NEW_OPERANDS[0]
 
 

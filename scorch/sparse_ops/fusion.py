@@ -30,7 +30,8 @@ union, whose steps cost more than the two two-way merges of the eager form; nor 
 multiplied in (``A * B * C``: a three-way intersection measured 0.5-0.9x of the eager two).
 ``set_eager_fusion(True, new_operands=True)`` defers there too (the mechanism's tests).
 
-On by default; ``set_eager_fusion(False)`` or ``SCORCH_EAGER_FUSION=0`` turns it off.
+On by default; ``set_eager_fusion(False)`` or ``SCORCH_EAGER_FUSION=0`` (or false/off/no) turns
+it off.
 
 Never deferred: under autograd (an operand requires grad), under torch.compile, under a
 TorchFunctionMode or a trace function, from inside torch or scorch, for a call that is not
@@ -43,12 +44,12 @@ from __future__ import annotations
 
 import builtins
 import dis
-import os
 import sys
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from ..tensor_compiler.build import env_flag
 from ..tensor_type import PENDING_LIVE, SparseTensor, make_pending, with_values
 from .einsum import _compiler
 
@@ -249,7 +250,7 @@ def _adds_number(tree: Tree, terms) -> bool:
 
 # --- is the result handed straight to the next operator? ----------------------------------
 
-_ENABLED = [os.environ.get("SCORCH_EAGER_FUSION", "1") != "0"]
+_ENABLED = [env_flag("SCORCH_EAGER_FUSION")]
 _NEW_OPERANDS = [False]    # defer also where a non-product meets a new tensor operand
 #: operands with fewer stored entries (both together) are never deferred: reading the
 #: caller's bytecode costs ~2 us, more than fusion saves on a few thousand entries (a

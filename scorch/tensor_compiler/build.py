@@ -16,7 +16,8 @@ functions, the same instructions). ``SCORCH_CXX_KERNELS=0`` turns this off.
 
 The pipeline is tuned for cold-compile latency, not generality: Cython runs in process
 (no subprocess, no setuptools, whose import and distutils machinery alone cost more than
-a kernel's compile), and gcc/g++ is invoked once to compile *and* link. Cython directives
+a kernel's compile), and the compiler (``$CC`` / ``$CXX``, else gcc / g++) is invoked
+once to compile *and* link. Cython directives
 that only add code we never use (CyFunction binding, docstring signatures, pickling,
 code comments) are switched off, which cuts gcc time by about 40%. Where the time goes
 for a C SpMM kernel on the 2-core dev box: Cython's one-time start-up in a process
@@ -67,6 +68,7 @@ import logging
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -99,11 +101,29 @@ cpu_flags, openmp_link_flags, runnable = (_target.cpu_flags, _target.openmp_link
                                           _target.runnable)
 target_named = _target.target_named
 
-__all__ = ["BUILD_VERSION", "CompileError", "load_kernel", "cache_info", "cache_clear",
-           "cache_dir", "kernel_cflags", "source_target", "cache_limit", "prune_cache"]
+__all__ = ["BUILD_VERSION", "CompileError", "CompilerNotFound", "env_flag", "load_kernel",
+           "cache_info", "cache_clear", "cache_dir", "kernel_cflags", "source_target",
+           "cache_limit", "prune_cache"]
 
 #: ``SCORCH_CXX_KERNELS=0`` builds every kernel with Cython (for comparing the two forms).
 CXX_ENV = "SCORCH_CXX_KERNELS"
+
+_ON, _OFF = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
+
+
+def env_flag(name: str, default: bool = True) -> bool:
+    """An on/off environment switch (``SCORCH_CXX_KERNELS``, ``SCORCH_FASTCALL``, ...):
+    1/true/on/yes is on and 0/false/off/no off, in any case; unset or empty is ``default``.
+    Anything else raises ValueError naming the variable: a value such as "flase" silently
+    meaning "on" hides the user's intent."""
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
+    if not value:
+        return default
+    if value in _ON or value in _OFF:
+        return value in _ON
+    raise ValueError(f"scorch: {name}={raw!r} is not an on/off value: use one of "
+                     f"{', '.join(_ON)} (on) or {', '.join(_OFF)} (off)")
 
 #: The most megabytes of kernels the cache folder keeps (``SCORCH_CACHE_MAX_MB``; 0: no
 #: bound). Past it, the kernels used least recently (loading one from disk marks its file's
@@ -220,12 +240,41 @@ PCH_CXX_HEADERS: tuple[str, ...] = (
 )
 
 
+class _NoCacheFolder(Exception):
+    """No cache folder can be named (see :func:`_configured_base`); the message says why."""
+
+
 def _configured_base() -> Path:
+    """``$SCORCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/scorch``, else ``~/.cache/scorch``.
+
+    A relative ``SCORCH_CACHE_DIR`` is made absolute against the working directory of its
+    first use and kept (re-resolved at each lookup, a program that ``os.chdir``s would start
+    a second cache). A relative ``XDG_CACHE_HOME`` is ignored, as the XDG spec says. Raises
+    :class:`_NoCacheFolder` where no home directory is known (``HOME`` unset and a user id
+    without a passwd entry, as in containers run under an arbitrary ``--user``)."""
     root = os.environ.get("SCORCH_CACHE_DIR")
     if root:
-        return Path(root).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "scorch"
+        base = _absolute_env_paths.get(root)
+        if base is None:
+            try:   # os.path.expanduser leaves "~" alone where no home is known
+                base = Path(os.path.abspath(os.path.expanduser(root)))
+            except OSError as exc:      # the working directory was removed
+                raise _NoCacheFolder(f"SCORCH_CACHE_DIR={root!r} is relative and the working "
+                                     f"directory is gone ({exc.strerror or exc})") from None
+            _absolute_env_paths[root] = base
+        return base
+    xdg = os.path.expanduser(os.environ.get("XDG_CACHE_HOME", ""))
+    if os.path.isabs(xdg):
+        return Path(xdg) / "scorch"
+    try:
+        home = Path.home()
+    except (RuntimeError, KeyError):
+        raise _NoCacheFolder("no home directory: HOME is unset and this user id has no passwd "
+                             "entry; set SCORCH_CACHE_DIR to name a cache folder") from None
+    return home / ".cache" / "scorch"
+
+
+_absolute_env_paths: dict[str, Path] = {}   # SCORCH_CACHE_DIR as set -> the folder it named
 
 
 _checked_dirs: dict[str, Path] = {}       # configured versioned dir -> the dir to use
@@ -238,17 +287,22 @@ def cache_dir() -> Path:
     so tests and users can redirect it with ``SCORCH_CACHE_DIR`` at any time).
 
     A configured folder that cannot be used safely (not a directory, not writable, owned by
-    another user, or writable by group/others) is replaced by a private temporary folder
-    for this process, with one warning."""
-    wanted = _configured_base() / f"kernels-v{BUILD_VERSION}"
+    another user, or writable by group/others), one on a file system mounted ``noexec`` (no
+    kernel could be loaded from it), or none at all (no home directory) is replaced by a
+    private temporary folder for this process, with one warning."""
+    try:
+        wanted: Path | None = _configured_base() / f"kernels-v{BUILD_VERSION}"
+    except _NoCacheFolder as exc:
+        wanted, problem = None, str(exc)
     key = str(wanted)
     hit = _checked_dirs.get(key)
     if hit is not None and (hit != wanted or hit.is_dir()):
         return hit
-    problem = _unusable(wanted)
-    if problem is None:
-        _checked_dirs[key] = wanted
-        return wanted
+    if wanted is not None:
+        problem = _unusable(wanted)
+        if problem is None:
+            _checked_dirs[key] = wanted
+            return wanted
     fallback = _private_cache()
     if problem == NOT_WRITABLE:
         # ours and safe, only read-only (a cache baked into an image): its kernels are still
@@ -257,7 +311,8 @@ def cache_dir() -> Path:
     if key not in _warned_dirs:
         _warned_dirs.add(key)
         reading = " (its kernels are still read)" if problem == NOT_WRITABLE else ""
-        warnings.warn(f"scorch: kernel cache {wanted} is not usable ({problem}); using the "
+        warnings.warn(f"scorch: kernel cache {wanted or '~/.cache/scorch'} is not usable "
+                      f"({problem}); using the "
                       f"private temporary cache {fallback} for this process{reading}",
                       RuntimeWarning, stacklevel=2)
     _checked_dirs[key] = fallback
@@ -294,9 +349,30 @@ def _unusable(d: Path) -> str | None:
         if st.st_mode & 0o022:
             return f"{level} is writable by {'group' if st.st_mode & 0o020 else 'others'} " \
                    f"(mode {oct(st.st_mode & 0o777)})"
+    if _noexec(d):
+        return NOEXEC
     if not os.access(d, os.W_OK | os.X_OK):
         return NOT_WRITABLE
     return None
+
+
+NOEXEC = ("its file system is mounted noexec, so no kernel can be loaded from it; set "
+          "SCORCH_CACHE_DIR to a folder elsewhere")
+
+
+def _noexec(d: Path) -> bool:
+    """``d`` is on a file system mounted ``noexec`` (a hardened /tmp, a Docker tmpfs):
+    ``dlopen`` cannot map a shared object from there ("failed to map segment")."""
+    try:
+        return bool(os.statvfs(d).f_flag & getattr(os, "ST_NOEXEC", 0))
+    except OSError:
+        return False
+
+
+def _unloadable(exc: BaseException) -> bool:
+    """The error of ``dlopen`` on a file it may not map executable (``noexec`` where
+    :func:`_noexec` cannot see it): the folder's fault, not the file's."""
+    return isinstance(exc, ImportError) and "failed to map segment" in str(exc)
 
 
 def _make_private_dirs(d: Path) -> None:
@@ -338,9 +414,17 @@ def _give_up_on(cdir: Path, problem: str) -> Path:
 
 
 def _private_cache() -> Path:
+    """This process's private cache folder (made once, removed at exit), in the temporary
+    folder, or where that is mounted ``noexec`` in the first other candidate kernels can be
+    loaded from."""
     if not _fallback_dir:
         import atexit
-        d = Path(tempfile.mkdtemp(prefix="scorch-kernels-")) / f"kernels-v{BUILD_VERSION}"
+        candidates = (tempfile.gettempdir(), "/var/tmp", "/dev/shm",
+                      os.environ.get("XDG_RUNTIME_DIR", ""))
+        parent = next((c for c in candidates if c and os.path.isdir(c) and not _noexec(Path(c))
+                       and os.access(c, os.W_OK | os.X_OK)), None)
+        d = Path(tempfile.mkdtemp(prefix="scorch-kernels-", dir=parent))
+        d = d / f"kernels-v{BUILD_VERSION}"
         d.mkdir(mode=0o700)
         atexit.register(shutil.rmtree, d.parent, True)
         _fallback_dir.append(d)
@@ -364,13 +448,51 @@ def _cpu_fingerprint() -> str:
     return "\n".join(parts)
 
 
-def _compiler_version(cc: str) -> str:
-    try:
-        out = subprocess.run([cc, "-dumpfullversion", "-dumpversion"], capture_output=True,
-                             text=True, timeout=30)
-        return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+def compiler_command(cpp: bool) -> list[str]:
+    """The C++ (``cpp``) or C compiler as a command: ``$CXX`` / ``$CC`` where set, split
+    into words as setuptools does (``CXX="ccache g++-12"`` works), else ``g++`` / ``gcc``."""
+    var, default = ("CXX", "g++") if cpp else ("CC", "gcc")
+    return shlex.split(os.environ.get(var, "")) or [default]
+
+
+class CompilerNotFound(CompileError):
+    """No C/C++ compiler to build a kernel with: the environment's problem, not the kernel's
+    (not a failed translation; nothing is kept under ``failed/``)."""
+
+
+def require_compiler(cpp: bool) -> list[str]:
+    """:func:`compiler_command`, or :class:`CompilerNotFound` saying what to install or set
+    when it is not there: checked before any work, so an op fails in microseconds (a PATH
+    look-up), each time, until a compiler is installed."""
+    cmd = compiler_command(cpp)
+    if shutil.which(cmd[0]) is None:
+        var = "CXX" if cpp else "CC"
+        how = f"from {var}" if os.environ.get(var) else f"the default; {var} is not set"
+        raise CompilerNotFound(
+            f"scorch compiles kernels on first use and needs a {'C++' if cpp else 'C'} compiler, "
+            f"but {cmd[0]!r} ({how}) was not found. Install GCC (e.g. `apt install "
+            f"build-essential`, which has gcc and g++, or `conda install -c conda-forge "
+            f"gxx_linux-64`), or set {var} to a compiler's path. (The standard kernels "
+            f"prebuilt at install time run without one.)", stage="cc")
+    return cmd
+
+
+_compiler_ids: dict[tuple[str, ...], str] = {}
+
+
+def _compiler_id(cpp: bool) -> str:
+    """The compiler command and its version (asked once per command): a precompiled header
+    is only good for the compiler that made it. (Kernels are not keyed by it: a built
+    ``.so`` loads without a compiler, and a point release changes no ABI.)"""
+    cmd = tuple(compiler_command(cpp))
+    if cmd not in _compiler_ids:
+        try:
+            out = subprocess.run([*cmd, "-dumpfullversion", "-dumpversion"], capture_output=True,
+                                 text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            out = "unknown"
+        _compiler_ids[cmd] = " ".join(cmd) + " " + out
+    return _compiler_ids[cmd]
 
 
 def _runtime_fingerprint() -> str:
@@ -385,7 +507,10 @@ def _runtime_fingerprint() -> str:
 
 
 def _environment_fingerprint() -> str:
-    """Everything besides the source that changes the produced binary; computed once."""
+    """Everything besides the source that decides whether a built binary fits this
+    process (Python, its ABI, numpy, the CPU, the flags, the runtime headers, the codegen
+    version); computed once. Not the compiler's version: a prebuilt or cached kernel loads
+    without a compiler, and one compiler's point release builds the same ABI."""
     global _fingerprint_cache
     if _fingerprint_cache is None:
         import Cython
@@ -402,7 +527,6 @@ def _environment_fingerprint() -> str:
             "abi": _EXT_SUFFIX,
             "cython": Cython.__version__,
             "numpy": np_version,
-            "gcc": _compiler_version("gcc"),
             "cpu": _cpu_fingerprint(),
             "runtime": _runtime_fingerprint(),
             # torch's OpenMP runtime linked by path (absent where -fopenmp's is the one
@@ -521,6 +645,7 @@ def _load_slow(source: str, name_hint: str) -> types.ModuleType:
         if mod is not None:
             _stats["disk_hits"] += 1
         else:
+            cdir = cache_dir()            # load_published gives up a folder nothing loads from
             _log_compile(name, cdir)
             t0 = time.perf_counter()
             mod = _build_and_import(source, name, cdir)
@@ -571,6 +696,10 @@ def load_published(name: str, cdir: Path | None = None) -> types.ModuleType | No
         except FileNotFoundError:      # removed since (another process's cache_clear)
             continue
         except (ImportError, KernelFileError) as exc:   # damaged, stale: rebuild
+            if _unloadable(exc):     # a good file in a folder nothing loads from (noexec)
+                if in_cache:
+                    _give_up_on(folder, f"loading {path.name} from it failed: {exc}")
+                continue
             logger.warning("scorch: module file %s not used (%s); %s", path, exc,
                            "rebuilding it" if in_cache else "building it instead")
             if in_cache:
@@ -591,23 +720,15 @@ def cache_info() -> dict[str, Any]:
     (loaded from disk, no compile), ``misses`` (compiled), ``compile_seconds``,
     ``cxx_builds`` (compiled from the C++ form, no Cython) and ``cxx_fallbacks`` (C++
     forms g++ rejected, built with Cython instead: a bug to report), and
-    ``disk_limit_bytes`` (:func:`cache_limit`)."""
+    ``disk_limit_bytes`` (:func:`cache_limit`), and ``older_versions_bytes`` (the folders
+    an earlier scorch left beside it, which :func:`cache_clear` removes)."""
     cdir = cache_dir()
-    n_so = 0
-    n_bytes = 0
-    if cdir.is_dir():
-        for dirpath, _dirs, files in os.walk(cdir):
-            for fn in files:
-                try:
-                    n_bytes += os.path.getsize(os.path.join(dirpath, fn))
-                except OSError:
-                    continue                      # removed concurrently
-                if dirpath == str(cdir) and fn.endswith(_EXT_SUFFIX):
-                    n_so += 1
+    n_bytes, n_so = _tree_size(cdir)
     return {
         "cache_dir": str(cdir),
         "disk_kernels": n_so,
         "disk_bytes": n_bytes,
+        "older_versions_bytes": sum(_tree_size(d)[0] for d in _older_versions(cdir)),
         "loaded": len(_memory),
         "hits": _stats["hits"],
         "disk_hits": _stats["disk_hits"],
@@ -619,11 +740,42 @@ def cache_info() -> dict[str, Any]:
     }
 
 
+def _tree_size(d: Path) -> tuple[int, int]:
+    """(bytes of all files under ``d``, kernel modules directly in it)."""
+    n_bytes = n_so = 0
+    for dirpath, _dirs, files in os.walk(d):
+        for fn in files:
+            try:
+                n_bytes += os.path.getsize(os.path.join(dirpath, fn))
+            except OSError:
+                continue                      # removed concurrently
+            if dirpath == str(d) and fn.endswith(_EXT_SUFFIX):
+                n_so += 1
+    return n_bytes, n_so
+
+
+_VERSION_FOLDER = re.compile(r"kernels-v(\d+)")
+
+
+def _older_versions(cdir: Path) -> list[Path]:
+    """The cache folders of earlier versions (:data:`BUILD_VERSION`) beside ``cdir``
+    (``kernels-v1`` after an upgrade): nothing loads them any more, so :func:`cache_clear`
+    removes them and :func:`prune_cache` counts them and removes them first. (Newer
+    versions' folders belong to a newer scorch sharing the folder and are left alone.)"""
+    try:
+        entries = list(cdir.parent.iterdir())
+    except OSError:
+        return []
+    return sorted(e for e in entries if (m := _VERSION_FOLDER.fullmatch(e.name))
+                  and int(m.group(1)) < BUILD_VERSION and e.is_dir() and not e.is_symlink())
+
+
 def cache_clear() -> None:
     """Delete the on-disk kernels (and ``failed/``, ``quarantine/``, the precompiled
-    headers and temporary build folders no live build holds), empty the in-process table
-    and reset the counters. Modules already handed out stay usable (they remain mapped and
-    in ``sys.modules``). Other processes' in-flight temp dirs are left alone."""
+    headers, temporary build folders no live build holds and the folders of earlier
+    versions), empty the in-process table and reset the counters. Modules already handed
+    out stay usable (they remain mapped and in ``sys.modules``). Other processes' in-flight
+    temp dirs are left alone."""
     with _slow_lock:
         _memory.clear()
         _pch_threads.clear()
@@ -631,6 +783,8 @@ def cache_clear() -> None:
         for k in _stats:
             _stats[k] = 0.0 if k == "compile_seconds" else 0
         cdir = cache_dir()
+        for old in _older_versions(cdir):
+            shutil.rmtree(old, ignore_errors=True)
         if not cdir.is_dir():
             return
         for entry in cdir.iterdir():
@@ -666,11 +820,12 @@ def cache_limit() -> int | None:
 
 
 def prune_cache(cdir: Path | None = None, limit: int | None = None) -> int:
-    """Where the kernels in ``cdir`` (a module: its ``.so``, checksum and ``.pyx``) total
-    more than ``limit`` bytes, remove the least recently used (by their ``.so``'s time)
-    until they total at most :data:`PRUNE_TO` of it; returns the bytes removed. A process
-    that has a removed kernel loaded keeps it (the mapping outlives the file); one that
-    looks for it later builds it again. Each module goes under the publish lock, so a
+    """Where the kernels in ``cdir`` (a module: its ``.so``, checksum and ``.pyx``) and the
+    folders of earlier versions beside it (removed first) total more than ``limit`` bytes,
+    remove the least recently used (by their ``.so``'s time) until they total at most
+    :data:`PRUNE_TO` of it; returns the bytes removed. A process that has a removed kernel
+    loaded keeps it (the mapping outlives the file); one that looks for it later builds it
+    again. Each module goes under the publish lock, so a
     concurrent build of the same key is never half removed."""
     cdir = cache_dir() if cdir is None else cdir
     limit = cache_limit() if limit is None else limit
@@ -693,10 +848,14 @@ def prune_cache(cdir: Path | None = None, limit: int | None = None) -> int:
             m[0] += st.st_size
             if suffix == _EXT_SUFFIX:
                 m[1] = st.st_mtime
-    total = sum(size for size, _ in modules.values())
+    older = {d: _tree_size(d)[0] for d in _older_versions(cdir)}
+    total = sum(size for size, _ in modules.values()) + sum(older.values())
     if total <= limit:
         return 0
     removed = 0
+    for d, size in older.items():       # an earlier version's kernels: never loaded again
+        shutil.rmtree(d, ignore_errors=True)
+        removed += size
     for stem, (size, _used) in sorted(modules.items(), key=lambda kv: kv[1][1]):
         if total - removed <= limit * PRUNE_TO:
             break
@@ -956,6 +1115,7 @@ def _build(source: str, name: str, cdir: Path) -> types.ModuleType:
         so = work / (name + _EXT_SUFFIX)
         if not _built_as_cxx(source, name, pyx, so, cdir, work):
             cpp = _is_cpp(source)
+            require_compiler(cpp)        # before any work: no compiler fails at once, clearly
             pch = _pch(cdir, cpp)        # first: a background PCH build overlaps Cython
             c_file = work / (name + (".cpp" if cpp else ".c"))
             _cythonize(pyx, c_file, name, cpp, cdir)
@@ -965,7 +1125,14 @@ def _build(source: str, name: str, cdir: Path) -> types.ModuleType:
         os.link(so, own)
         os.replace(pyx, cdir / pyx.name)
         publish(so, cdir / so.name)
-        mod = _import_extension(name, own)        # our own build: the ELF check suffices
+        try:
+            mod = _import_extension(name, own)    # our own build: the ELF check suffices
+        except ImportError as exc:
+            if _unloadable(exc):                  # the folder's fault: _build_and_import moves on
+                raise OSError(errno.EACCES, f"kernels cannot be loaded from {cdir} (a file "
+                              f"system mounted noexec?; SCORCH_CACHE_DIR names another "
+                              f"folder): {exc}") from None
+            raise
         mod.__file__ = str(cdir / so.name)         # where it lives from now on
         return mod
     finally:
@@ -992,12 +1159,14 @@ def _built_as_cxx(source: str, name: str, pyx: Path, so: Path, cdir: Path, work:
     is outside that subset (or ``SCORCH_CXX_KERNELS=0``), and Cython builds it. A C++
     form that g++ rejects is a bug in the lowering: it is kept under ``failed/``, logged
     as a warning and counted (``cache_info()["cxx_fallbacks"]``), and the kernel is built
-    with Cython."""
-    if os.environ.get(CXX_ENV, "1") == "0":
+    with Cython (as it is where there is no C++ compiler: C needs only the C compiler)."""
+    if not env_flag(CXX_ENV):
         return False
     try:
         text = _cxx.to_cpp(source)
     except _cxx.Unsupported:
+        return False
+    if shutil.which(compiler_command(True)[0]) is None:
         return False
     c_file = work / (name + "_lowered.cpp")    # not Cython's output name: it may follow
     c_file.write_text(text, encoding="utf-8")
@@ -1059,6 +1228,8 @@ def _cythonize(pyx: Path, c_file: Path, name: str, cpp: bool, cdir: Path) -> Non
     except (Errors.CompileError, Errors.AbortError, Errors.InternalError) as exc:
         num_errors = max(num_errors, 1)
         error_text = str(exc)
+    except OSError:            # writing its output failed (a full disk): not the kernel's fault
+        raise
     except Exception as exc:  # Cython crashed on odd input: still a compile error
         num_errors = max(num_errors, 1)
         error_text = f"{type(exc).__name__}: {exc}"
@@ -1069,6 +1240,8 @@ def _cythonize(pyx: Path, c_file: Path, name: str, cpp: bool, cdir: Path) -> Non
     if num_errors or not c_file.exists():
         if listing.exists():
             error_text = (listing.read_text(encoding="utf-8", errors="replace") + error_text)
+        if _disk_error(error_text):
+            raise _disk_error(error_text)
         kept_pyx, _ = _keep_failed(pyx, None, cdir)
         msg = _trim(error_text.replace(str(pyx), str(kept_pyx))) or "(no message from Cython)"
         raise CompileError(f"Cython failed on kernel source {kept_pyx}:\n{msg}",
@@ -1124,7 +1297,8 @@ def _pch(cdir: Path, cpp: bool) -> Path | None:
 def _pch_paths(cdir: Path, cpp: bool) -> tuple[Path, Path]:
     """The header and its ``.gch`` for this cache dir; the name carries the fingerprint."""
     headers = "\0".join(PCH_CXX_HEADERS if cpp else PCH_C_HEADERS)
-    tag = hashlib.sha256((_environment_fingerprint() + headers).encode()).hexdigest()[:16]
+    tag = hashlib.sha256((_environment_fingerprint() + _compiler_id(cpp) + headers).encode()
+                         ).hexdigest()[:16]
     header = cdir / "pch" / f"scorch_{'cxx' if cpp else 'c'}_{tag}.h"
     return header, header.with_name(header.name + ".gch")
 
@@ -1210,7 +1384,7 @@ def _build_pch(header: Path, gch: Path, cpp: bool) -> None:
         sum_path = gch.with_name(gch.name + CHECKSUM_SUFFIX)
         flags = [f for f in CFLAGS if f != "-shared"]
         nice = ["nice", "-n", "15"] if shutil.which("nice") else []
-        cc, lang = ("g++", "c++-header") if cpp else ("gcc", "c-header")
+        cc, lang = compiler_command(cpp), ("c++-header" if cpp else "c-header")
         # The shell renames the finished files itself, so a process that exits before
         # the build ends (daemon thread) still publishes them instead of leaving a .tmp.
         script = ('out="$1"; dst="$2"; sum="$3"; shift 3; '
@@ -1220,7 +1394,7 @@ def _build_pch(header: Path, gch: Path, cpp: bool) -> None:
                   'mv -f "$out.sum" "$sum" && mv -f "$out" "$dst" '
                   '|| { rm -f "$out" "$out.sum"; exit 1; }')
         proc = subprocess.run(["sh", "-c", script, "sh", str(tmp_gch), str(gch), str(sum_path),
-                               *nice, cc, *flags, *_include_flags(""), "-x", lang, str(header)],
+                               *nice, *cc, *flags, *_include_flags(""), "-x", lang, str(header)],
                               capture_output=True, text=True, errors="replace",
                               pass_fds=(lock_fd,))
         if proc.returncode != 0:
@@ -1237,26 +1411,42 @@ def _build_pch(header: Path, gch: Path, cpp: bool) -> None:
 
 def _cc(source: str, c_file: Path, so: Path, pyx: Path, cpp: bool, cdir: Path,
         pch: Path | None = None, extra: tuple[str, ...] = ()) -> None:
-    """Compile and link in one gcc/g++ call (no separate .o step)."""
-    cc = "g++" if cpp else "gcc"
+    """Compile and link in one gcc/g++ call (no separate .o step; ``$CXX`` / ``$CC``).
+    A compiler that ran out of disk raises the OSError (``_build_and_import`` moves to
+    the private cache; the kernel is not at fault)."""
+    cc = require_compiler(cpp)
     flags = kernel_cflags(source)
     # the precompiled header is built with the native flags (gcc would only reject it)
     pch_flags = ["-include", str(pch)] if pch is not None and source_target(source) is None else []
-    cmd = [cc, *flags, *extra, *pch_flags, *_include_flags(source), str(c_file), "-o", str(so)]
+    cmd = [*cc, *flags, *extra, *pch_flags, *_include_flags(source), str(c_file), "-o", str(so)]
     _last_cc_cmd[:] = cmd
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
     except OSError as exc:
         kept_pyx, _ = _keep_failed(pyx, c_file, cdir)
-        raise CompileError(f"could not run {cc} for kernel {kept_pyx}: {exc}",
+        raise CompileError(f"could not run {cc[0]} for kernel {kept_pyx}: {exc}",
                            pyx_path=str(kept_pyx), stage="cc") from None
+    if proc.returncode != 0 and _disk_error(proc.stderr):
+        raise _disk_error(proc.stderr)
     if proc.returncode != 0 or not so.exists():
         kept_pyx, kept_c = _keep_failed(pyx, c_file, cdir)
         text = proc.stderr.replace(str(c_file), str(kept_c)).replace(str(pyx), str(kept_pyx))
         raise CompileError(
-            f"{cc} failed (exit {proc.returncode}) on kernel {kept_pyx} "
+            f"{cc[0]} failed (exit {proc.returncode}) on kernel {kept_pyx} "
             f"(generated C: {kept_c}):\n{_trim(_errors_first(text))}",
             pyx_path=str(kept_pyx), stage="cc")
+
+
+#: what a compiler or Cython reports when the disk, not the kernel, is the problem
+_DISK_ERRORS = {"No space left on device": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT}
+
+
+def _disk_error(text: str) -> OSError | None:
+    """The OSError a failed compile's message reports (a full disk, a quota), or None."""
+    for message, code in _DISK_ERRORS.items():
+        if message in text:
+            return OSError(code, f"{message} (while compiling a kernel)")
+    return None
 
 
 def _errors_first(text: str) -> str:

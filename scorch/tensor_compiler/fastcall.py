@@ -2,17 +2,17 @@
 
 The module reads tensors through ATen, so it is compiled against the installed torch's
 headers: by ``scorch.tensor_compiler.prebuilt`` at install time (about 15 s), or on first
-use when no copy exists, and kept in the kernel cache under a key of its source, torch's
-version and the compiler, with its checksum (``build.publish``): like a kernel, it is verified
+use when no copy exists (with ``$CXX``, else g++), and kept in the kernel cache under a key of
+its source, torch's and Python's versions and the flags (not the compiler's version: a built
+copy loads without a compiler), with its checksum (``build.publish``): like a kernel, it is verified
 before it is loaded, and a damaged copy is quarantined and rebuilt. Where it cannot be built
-(no headers, no g++) warm calls keep the Python runner, which does the same work more slowly;
-``SCORCH_FASTCALL=0`` chooses that.
+(no headers, no C++ compiler) warm calls keep the Python runner, which does the same work more
+slowly; ``SCORCH_FASTCALL=0`` (or false/off/no) chooses that.
 """
 from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import subprocess
 import sys
 import sysconfig
@@ -52,7 +52,7 @@ def module_name() -> str:
     import torch
     h = hashlib.sha256(b"published with a checksum\0")
     for part in (SOURCE.read_bytes(), torch.__version__.encode(), sys.version.encode(),
-                 " ".join(CXXFLAGS).encode(), build._compiler_version("g++").encode()):
+                 " ".join(CXXFLAGS).encode()):
         h.update(part + b"\0")
     return f"scorch_fastcall_{h.hexdigest()[:20]}"
 
@@ -61,13 +61,14 @@ def _compile(name: str, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="fastcall-", dir=dest.parent) as tmp:
         so = Path(tmp) / dest.name
-        cmd = ["g++", *CXXFLAGS, f"-DSCORCH_FASTCALL_MODULE={name}", str(SOURCE), "-o", str(so),
-               *_torch_flags()]
+        cmd = [*build.require_compiler(True), *CXXFLAGS, f"-DSCORCH_FASTCALL_MODULE={name}",
+               str(SOURCE), "-o", str(so), *_torch_flags()]
         proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
         if proc.returncode != 0 or not so.exists():
             raise build.CompileError(
-                f"g++ failed (exit {proc.returncode}) on {SOURCE}:\n"
-                f"{build._trim(build._errors_first(proc.stderr))}", pyx_path=str(SOURCE), stage="cc")
+                f"{cmd[0]} failed (exit {proc.returncode}) on {SOURCE}:\n"
+                f"{build._trim(build._errors_first(proc.stderr))}", pyx_path=str(SOURCE),
+                stage="cc")
         build.publish(so, dest)     # with its checksum, checked before every load
 
 
@@ -80,7 +81,7 @@ def load(compile_missing: bool = True) -> Optional[types.ModuleType]:
     with _lock:
         if "module" in _state:
             return _state["module"]
-        if os.environ.get("SCORCH_FASTCALL", "1") == "0":
+        if not build.env_flag("SCORCH_FASTCALL"):
             _state["module"] = None
             return None
         try:

@@ -8,6 +8,7 @@ import time
 import torch
 
 from ..level_storage import Storage
+from .build import env_flag
 
 __all__ = ["PARALLEL_MIN_WORK", "PASSIVE_MIN_WORK", "PASSIVE", "WORK_PER_THREAD", "threads_for", "work_of"]
 
@@ -55,7 +56,7 @@ PASSIVE = os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE"
 #: the load estimate averages the machine's busy time over windows of at least this long
 #: (``convert._runnable_others``); its first reading only opens the first window
 LOAD_WINDOW_S = 0.1
-_ADAPTIVE = os.environ.get("SCORCH_ADAPTIVE_THREADS", "1") != "0"
+_ADAPTIVE = env_flag("SCORCH_ADAPTIVE_THREADS")
 _free_cores = None
 _load_known_at = None    # monotonic time from which the load estimate covers a whole window
 _load_known = not _ADAPTIVE
