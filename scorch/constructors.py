@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from . import interop
+from .dynamo_rules import script_as_builtin, trace_instead
 from .formats import FormatLike, as_format
 from .tensor_type import SparseTensor, _TORCH_SPARSE_LAYOUTS, refuse_transformed_source
 
@@ -233,6 +234,24 @@ def tensor(data: Any, *args, format: FormatLike = None, **kwargs) -> torch.Tenso
     """``torch.tensor`` extended with ``format=``: with a format the result is sparse."""
     if format is None:
         return torch.tensor(data, *args, **kwargs)
+    return _sparse_from_data(data, args, format, kwargs)
+
+
+def _traced_tensor(data: Any, *args, format: FormatLike = None, **kwargs) -> torch.Tensor:
+    """What Dynamo traces where user code calls ``scorch.tensor``: ``torch.tensor``, kept in
+    the graph (scorch's code is opaque to Dynamo: ``dynamo_rules``); a ``format`` keeps the
+    eager call (a graph break)."""
+    if format is None:
+        return torch.tensor(data, *args, **kwargs)
+    return _sparse_from_data(data, args, format, kwargs)
+
+
+trace_instead(tensor, _traced_tensor)
+script_as_builtin(tensor, "aten::tensor")   # torch.jit.script: torch's tensor
+
+
+def _sparse_from_data(data: Any, args: tuple, format: FormatLike, kwargs: dict) -> torch.Tensor:
+    """``tensor(data, *args, format=format, **kwargs)`` with a format: a sparse tensor."""
     _check_dtype_arg(kwargs.get("dtype"))
     requires_grad = kwargs.pop("requires_grad", False)
     if interop.is_scipy_sparse(data) or (isinstance(data, torch.Tensor)

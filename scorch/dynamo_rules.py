@@ -28,7 +28,7 @@ try:
 except ImportError:       # a torch without Dynamo's frame strategies: nothing to mark
     set_code_exec_strategy = None
 
-__all__ = ["opaque_to_dynamo", "trace_instead", "mark_package"]
+__all__ = ["opaque_to_dynamo", "trace_instead", "script_as_builtin", "mark_package"]
 
 
 def opaque_to_dynamo(fn: Callable) -> Callable:
@@ -49,6 +49,18 @@ def trace_instead(fn: Callable, traced: Callable) -> None:
     fn._torchdynamo_inline = traced
     fn.__dict__.pop("_torchdynamo_disable", None)
     traced._scorch_traced = True    # mark_package leaves it traceable
+
+
+def script_as_builtin(fn: Callable, op: str) -> None:
+    """``torch.jit.script`` compiles a call to ``fn`` as the ATen builtin ``op``
+    (``"aten::einsum"``), as it does torch's own function: it cannot compile scorch's Python
+    wrapper (``*args``, keyword-only arguments), and scripted code needs no sparse path (a
+    SparseTensor reaching a scripted function is refused below torch's dispatch)."""
+    try:
+        from torch.jit._builtins import _register_builtin
+    except ImportError:      # a torch without the table: scripting fn fails as it did
+        return
+    _register_builtin(fn, op)
 
 
 def _functions_of(obj) -> Iterable[Callable]:

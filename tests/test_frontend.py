@@ -20,9 +20,9 @@ def _sparse(m=6, n=5, seed=0, fmt="csr"):
 @pytest.mark.parametrize("equation", [None, 3, b"ij,jk->ik"])
 def test_equation_must_be_a_string(equation):
     _, A = _sparse()
-    with pytest.raises(TypeError, match="equation must be a string"):
+    with pytest.raises(TypeError, match=r"equation.*must be (a )?str"):
         scorch.einsum(equation, A, torch.ones(5, 2))
-    with pytest.raises(TypeError, match="equation must be a string"):
+    with pytest.raises(TypeError, match=r"equation.*must be (a )?str"):
         C.einsum(equation, A, torch.ones(5, 2))
 
 

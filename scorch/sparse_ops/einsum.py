@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
+import torch.backends.opt_einsum  # noqa: F401  (read as torch.einsum reads it)
 
 from .._dispatch import register
+from ..dynamo_rules import script_as_builtin
 from ..compiler_access import compiler
 from ..formats import FormatLike
 from ..level_storage import Storage
@@ -15,32 +17,42 @@ from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand
 
 __all__ = ["einsum", "explain"]
 
-_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_NO_OPERANDS = ("einsum(): must specify the equation string and at least one operand, "
+                "or at least one operand and its subscripts list")   # torch's words
+
+
+def _subscript(n) -> str:
+    """A subscript of the sublist form as torch reads it: 0-25 are 'A'-'Z', 26-51 'a'-'z'
+    (with the letters swapped, implicit-output mode ordered a mix of both the other way: a
+    transposed result), ``...`` an ellipsis; anything else is torch's ValueError."""
+    if n == Ellipsis:
+        return "..."
+    if 0 <= n < 26:
+        return chr(ord("A") + n)
+    if 26 <= n < 52:
+        return chr(ord("a") + n - 26)
+    raise ValueError("einsum(): subscript in subscript list is not within the valid range [0, 52)")
 
 
 def _equation_and_operands(args):
-    """torch.einsum's call forms: (eq, *ops), (eq, [ops]) and the sublist form."""
-    if not args:
-        raise TypeError("einsum(): expected an equation and operands")
-    if not isinstance(args[0], (str, torch.Tensor)):
-        raise TypeError(f"einsum(): the equation must be a string such as 'ij,jk->ik', got "
-                        f"{type(args[0]).__name__} {args[0]!r}")
-    if args and isinstance(args[0], str):
+    """torch.einsum's call forms, read as torch reads them and with its errors: (eq, *ops),
+    (eq, [ops]) and the sublist form op1, [0, 1], op2, [1, 2], ..., [output]."""
+    if len(args) < 2:
+        raise ValueError(_NO_OPERANDS)
+    if not isinstance(args[0], torch.Tensor):
+        if not isinstance(args[0], str):
+            raise TypeError(f"einsum(): argument 'equation' (position 1) must be str, not "
+                            f"{type(args[0]).__name__}")
         eq, ops = args[0], args[1:]
         if len(ops) == 1 and isinstance(ops[0], (list, tuple)):
             ops = tuple(ops[0])
+            if not ops:
+                raise ValueError(_NO_OPERANDS)
         return eq, ops
-    # sublist form: op1, [0, 1], op2, [1, 2], ..., [output]
-    ops, subs = list(args[0::2]), list(args[1::2])
-    out = None
-    if len(args) % 2 == 1:
-        out = args[-1]
-        ops = ops[:-1]
-
-    def letters(sub):
-        return "".join("..." if s is Ellipsis else _LETTERS[s] for s in sub)
-    eq = ",".join(letters(s) for s in subs) + ("" if out is None else "->" + letters(out))
-    return eq, tuple(ops)
+    eq = ",".join("".join(map(_subscript, sub)) for sub in args[1::2])
+    if len(args) % 2 == 1:    # the output's subscripts close the list
+        return eq + "->" + "".join(map(_subscript, args[-1])), args[:-1:2]
+    return eq, args[::2]
 
 
 _compiler_module = None
@@ -56,6 +68,19 @@ def _compiler():
 
 
 _PROFILER = torch.autograd.profiler   # a profiler runs: the kernel's range (tensor_compiler.api)
+_TENSOR, _STRIDED = torch.Tensor, torch.strided
+_has_torch_function = torch._C._has_torch_function
+_VF_EINSUM = torch._VF.einsum   # what torch.einsum calls (torch.functional.einsum)
+_OPT_EINSUM = torch.backends.opt_einsum
+
+
+def _dense_only(operands) -> bool:
+    """Whether every operand is a dense torch tensor (strided, and not a SparseTensor)."""
+    for x in operands:
+        if isinstance(x, SparseTensor) or not isinstance(x, _TENSOR) or x.layout is not _STRIDED:
+            return False
+    return True
+
 
 def einsum(*args: Any, out_format: Optional[FormatLike] = None, sorted: bool = True) -> torch.Tensor:
     """torch.einsum over any mix of dense and sparse operands, compiled into one kernel.
@@ -69,10 +94,21 @@ def einsum(*args: Any, out_format: Optional[FormatLike] = None, sorted: bool = T
     ``"ij,jk->ik"``) may keep each row's columns in the order they were produced, as scipy's
     ``A @ B`` does, and skips the sort; every scorch operation that needs order sorts such
     a tensor first (once)."""
-    if args and type(args[0]) is str and not (len(args) == 2 and isinstance(args[1], (list, tuple))):
+    if len(args) > 1 and type(args[0]) is str and not (
+            len(args) == 2 and isinstance(args[1], (list, tuple))):
         equation, operands = args[0], args[1:]
     else:
         equation, operands = _equation_and_operands(args)
+    if out_format is None and _dense_only(operands):
+        # torch's einsum, first and as torch.einsum runs it (its C entry where opt_einsum
+        # plans no path; torch.einsum where it does, or where a mode or subclass takes the
+        # call), so a dense call costs what torch's does (the path below added ~4 us),
+        # forward-mode AD and torch.jit.trace see torch's op, and nothing below reads the
+        # operands
+        if not _has_torch_function(operands) and (
+                len(operands) <= 2 or not _OPT_EINSUM.enabled):
+            return _VF_EINSUM(equation, operands)
+        return torch.einsum(equation, *operands)
     if _tensor_type._FWAD._current_level >= 0:
         _tensor_type._refuse_dual(einsum, operands, {})
     if len(operands) == 1 and _sums_integers(equation, operands[0]):
@@ -105,6 +141,9 @@ def einsum(*args: Any, out_format: Optional[FormatLike] = None, sorted: bool = T
     # torch.einsum, so a call goes straight there (each extra check cost ~1 us)
     result = compiler.einsum_declined(equation, tuple(operands), out_format, sorted)
     return SparseTensor(result) if type(result) is Storage else result
+
+
+script_as_builtin(einsum, "aten::einsum")   # torch.jit.script: torch's einsum
 
 
 def _sums_integers(equation: str, x) -> bool:

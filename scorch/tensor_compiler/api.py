@@ -127,7 +127,6 @@ def einsum_declined(equation: str, operands: tuple, out_format=None, sorted: boo
     key = [equation, out_format] if sorted else [equation, out_format, "unsorted"]
     sparse = False
     elsewhere = None   # a dense operand on another device (fine for torch.einsum alone)
-    stretched = False  # a dense operand with a size-1 dimension (that may broadcast)
     for n, x in enumerate(operands):
         tx = type(x)
         if tx is Storage:
@@ -150,19 +149,22 @@ def einsum_declined(equation: str, operands: tuple, out_format=None, sorted: boo
         else:
             ops.append(st)
             key.append(st.dtype)
-            if 1 in st.shape:     # the rank, and which extents are 1 (planner.unit_mask)
-                stretched = True
-                key.append(st.dim() | unit_mask(st) << 8)
-            else:
-                key.append(st.dim())
+            key.append(st.dim())
     if out_format is None and not sparse:
         return torch.einsum(check_equation(equation), *operands)   # the caller's tensors: autograd intact
+    # a dense operand's size-1 extents (that may broadcast) are part of the plan: read only
+    # here, past the dense-only return (under torch.jit.trace a shape test warns, 24 times
+    # for a 4-d einsum); the key is then rebuilt, as it is from the operands read
+    # (COO read compressed)
+    stretched = False
+    for st in ops:            # (a loop: ``any`` of a generator costs ~0.3 us more)
+        if type(st) is not Storage and 1 in st.shape:
+            stretched = True
+            break
     converted = _products_read_compressed(equation, ops)
-    if converted is not ops:
+    if converted is not ops or stretched:
         ops = converted
-        stretched = True          # the key is rebuilt from the operands read
-    if stretched:
-        if any(type(st) is not Storage and 1 in st.shape for st in ops):
+        if stretched:
             equation, ops = squeeze_dense_broadcasts(equation, ops)
         key = [equation, out_format] if sorted else [equation, out_format, "unsorted"]
         for st in ops:
