@@ -106,6 +106,21 @@ def _linear_keys(coords: torch.Tensor, shape, mode_order) -> torch.Tensor:
     return key
 
 
+def _positions_by_sorting(pk: torch.Tensor, rk: torch.Tensor) -> Optional[torch.Tensor]:
+    """Where the queries ``rk`` (many, in random order: an edge list the pattern was built
+    from) hold exactly the sorted keys ``pk``, with repeats: each query's position as the
+    rank of its run after one sort (a random-order binary search per query took 10x the
+    build: NotreDame's 1.5M edges 1.26 s). None where the keys differ (search instead)."""
+    sorted_keys, query_order = torch.sort(rk)
+    starts = torch.ones(rk.shape, dtype=torch.bool)
+    torch.ne(sorted_keys[1:], sorted_keys[:-1], out=starts[1:])
+    if int(starts.sum()) != pk.numel() or not torch.equal(sorted_keys[starts], pk):
+        return None
+    pos = torch.empty_like(rk)
+    pos[query_order] = torch.cumsum(starts, 0) - 1
+    return pos
+
+
 def positions_in_pattern(P: Storage, coords: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """For (ndim, n) coordinates: their positions in ``P`` and a mask of those ``P`` stores.
     O((nnz + n) log nnz), vectorized."""
@@ -117,8 +132,12 @@ def positions_in_pattern(P: Storage, coords: torch.Tensor) -> Tuple[torch.Tensor
         pk, perm = torch.sort(pk)
     if pk.numel() == 0:
         return torch.zeros_like(rk), torch.zeros(rk.shape, dtype=torch.bool)
-    pos = torch.searchsorted(pk, rk).clamp_(max=pk.numel() - 1)
-    hit = pk[pos] == rk
+    pos = _positions_by_sorting(pk, rk) if rk.numel() > 65536 else None
+    if pos is not None:
+        hit = torch.ones(rk.shape, dtype=torch.bool)
+    else:
+        pos = torch.searchsorted(pk, rk).clamp_(max=pk.numel() - 1)
+        hit = pk[pos] == rk
     if perm is not None:
         pos = perm[pos]
     return pos, hit

@@ -374,13 +374,17 @@ def div(a, divisor) -> torch.Tensor:
     reciprocal, a dense tensor divisor is the compiler's division; both keep ``a``'s pattern
     (a 0 / 0 where ``a`` stores nothing stays 0, as in torch.sparse and JAX sparse). As torch's sparse layouts do,
     division by zero changes only the stored entries (inf/nan there; unstored stay 0).
-    A sparse divisor gives a dense result (:func:`divide_by_sparse`)."""
+    A sparse divisor gives a dense result (:func:`divide_by_sparse`), except a sparse
+    divisor broadcast along a dimension of a sparse ``a`` (``A / A.sum(1, keepdim=True)``),
+    read as the dense vector it is (:func:`_broadcast_divisor`)."""
     stepped = _in_optimizer_step(torch.div, a, divisor)
     if stepped is not None:
         return stepped
     if not _scalar_like(divisor):
         if is_sparse_operand(divisor):
-            return divide_by_sparse(a, divisor)
+            divisor = _broadcast_divisor(a, divisor)
+            if is_sparse_operand(divisor):
+                return divide_by_sparse(a, divisor)
         dt = result_dtype(as_scorch(a), divisor, true_division=True)
         return _build((_cast(as_scorch(a), dt), _cast(divisor, dt)), "div")
     dt = result_dtype(as_scorch(a), divisor, true_division=True)
@@ -401,6 +405,24 @@ def div(a, divisor) -> torch.Tensor:
 def _tiniest_divisor(dt: torch.dtype) -> float:
     """The least magnitude whose reciprocal ``dt`` holds."""
     return 1.0 / torch.finfo(dt).max
+
+
+def _broadcast_divisor(a, divisor):
+    """A sparse ``divisor`` that broadcasts along a dimension of a sparse ``a`` (a degree
+    vector: ``A / A.sum(1, keepdim=True)``) as a dense tensor (differentiably), so the
+    division keeps ``a``'s pattern as a dense divisor's does: whether ``sum(keepdim=True)``
+    came back dense or sparse depends on the format (CSR's ``sum(1)`` is dense, COO's is
+    sparse), and the same line of code raised or gave NaN rows for the other formats.
+    Bounded: at most max(2^20, 8 per stored entry of ``a``) elements; else unchanged."""
+    if not isinstance(a, SparseTensor) or not isinstance(divisor, SparseTensor):
+        return divisor
+    a_shape, d_shape = tuple(a.shape), tuple(divisor.shape)
+    if len(d_shape) > len(a_shape) or broadcast_shapes(a_shape, d_shape) != a_shape or \
+            (1,) * (len(a_shape) - len(d_shape)) + d_shape == a_shape or \
+            2 * divisor.numel() > a.numel() or \
+            divisor.numel() > max(1 << 20, 8 * a._storage.nnz):
+        return divisor
+    return divisor.to_dense()
 
 
 def divide_by_sparse(a, divisor) -> torch.Tensor:

@@ -109,14 +109,15 @@ def trace(a) -> torch.Tensor:
 
 
 def diagonal(a, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Optional[torch.Tensor]:
-    """The main diagonal of a matrix (``einsum("ii->i")``); other offsets or dimensions are
-    left to the fallback (None)."""
+    """The main diagonal of a matrix (``einsum("ii->i")``), a sparse vector in every format
+    (inference made CSR's dense, so ``diag(diag(A))`` built a dense N x N matrix); other
+    offsets or dimensions are left to the fallback (None)."""
     a = as_scorch(a)
     if a.dim() != 2 or offset != 0 or a.dtype == torch.bool:
         return None                   # (bool: no kernels; the entries' path takes it)
     if {checked_dim(dim1, 2, "diagonal"), checked_dim(dim2, 2, "diagonal")} != {0, 1}:
         return None
-    return einsum("ii->i", _square(a))
+    return einsum("ii->i", _square(a), out_format="c")
 
 
 # --- registration -------------------------------------------------------------------------

@@ -620,6 +620,11 @@ def _with_nd_index(t: SparseTensor, items: tuple) -> torch.Tensor:
     except RuntimeError:
         raise IndexError("shape mismatch: indexing tensors could not be broadcast together "
                          f"with shapes {[list(items[j].shape) for j in tensors]}") from None
+    if len(items) == 2 and tensors == [0, 1] and items[0].dim() == 2 and items[0].shape[1] == 1 \
+            and items[1].dim() <= 2 and (items[1].dim() == 1 or items[1].shape[0] == 1):
+        # ``t[rows[:, None], cols]`` (a subgraph): rows, then columns of those, one pass each
+        # over their entries, not a lookup per position of the k1 x k2 grid
+        return getitem(getitem(t, items[0].reshape(-1)), (slice(None), items[1].reshape(-1)))
     flat = list(items)
     for j in tensors:
         flat[j] = items[j].expand(shape).reshape(-1)
