@@ -87,3 +87,21 @@ def test_learnable_edge_weights_from_a_shuffled_edge_list(fmt):
     (dense @ x).pow(2).sum().backward()
     torch.testing.assert_close(A.detach().to_dense(), dense.detach())
     torch.testing.assert_close(w.grad, w2.grad)
+
+
+@pytest.mark.parametrize("mode_order", [(0, 1), (1, 0)])
+def test_picking_columns_of_coo(mode_order):
+    """``A[:, idx]`` / ``A[idx]`` of COO: a table lookup per stored entry
+    (``inner_level._pick_coo_columns``), any order of the index; repeats take the general
+    path; gradients on the pattern."""
+    a = _graph(15, 0.3, 4, isolated=False)
+    A = scorch.sparse_tensor(a, format=scorch.Format("qq", mode_order=mode_order), requires_grad=True)
+    d = a.clone().requires_grad_()
+    for idx in [torch.tensor([0, 5, 14]), torch.tensor([14, 0, 7, 3]), torch.tensor([], dtype=torch.long),
+                [4, 2], torch.tensor([3, 3, 1]), torch.tensor([2, 9], dtype=torch.int32)]:
+        for take in (lambda x: x[:, idx], lambda x: x[idx]):
+            out = take(A)
+            assert torch.equal(out.to_dense(), take(a)), idx
+            take(A).sum().backward()
+            take(d).sum().backward()
+    torch.testing.assert_close(A.grad.to_dense(), d.grad * (a != 0))

@@ -107,9 +107,11 @@ def filter_inner(t: SparseTensor, items: list) -> Optional[torch.Tensor]:
     if inner.pos is None and first.crd is None:
         return None              # a singleton under a dense level: the general path answers
     item = items[d1]
-    if (isinstance(item, list) or (isinstance(item, torch.Tensor) and item.dim() == 1)) \
-            and kinds[0].full and inner.pos is not None:
-        return _pick_columns(t, item)
+    if (isinstance(item, list) or (isinstance(item, torch.Tensor) and item.dim() == 1)):
+        if kinds[0].full and inner.pos is not None:
+            return _pick_columns(t, item)
+        if inner.pos is None:
+            return _pick_coo_columns(t, item)
     if isinstance(item, slice) and item.step is not None and item.step > 1:
         if not (kinds[0].full and inner.pos is not None):
             return None
@@ -183,6 +185,53 @@ def _pick_columns(t: SparseTensor, item) -> Optional[torch.Tensor]:
     if not increasing and not bool((table[ix] == place).all()):
         return _pick_repeated(t, ix, size)   # a coordinate picked twice
     return keep_entries(t, size=ix.numel(), table=table, reorder=not increasing)
+
+
+def _picked_places(st: Storage, item) -> Optional[tuple]:
+    """For ``_pick_columns`` / ``_pick_coo_columns``: the index as int64, a table over the
+    second stored dimension giving each coordinate its place in the index (-1: not picked),
+    and whether the index increases; None where the general path must answer (negative or
+    out-of-range indices: its errors; another dtype; a dimension far beyond the entries)."""
+    size = st.shape[st.levels[1].dim]
+    ix = item if isinstance(item, torch.Tensor) else torch.as_tensor(item)
+    if ix.dim() != 1 or ix.dtype not in _INDEX_DTYPES or size > 4 * st.nnz + (1 << 16):
+        return None
+    ix = ix.to(torch.int64)
+    if ix.numel() and (int(ix.min()) < 0 or int(ix.max()) >= size):
+        return None
+    increasing = ix.numel() < 2 or bool((ix[1:] > ix[:-1]).all())
+    table = torch.full((size,), -1, dtype=torch.int64)
+    table[ix] = torch.arange(ix.numel())
+    return ix, table, increasing
+
+
+def _pick_coo_columns(t: SparseTensor, item) -> Optional[torch.Tensor]:
+    """``t[:, index]`` of a COO matrix (either mode order) for a 1-d index naming no
+    coordinate twice: one table lookup per stored entry keeps the picked ones (their rows
+    stay in order; an index that does not increase sorts them by (row, place) after). The
+    general path joined on a sort of every entry: NotreDame, 16 columns 64 -> ~5 ms."""
+    st = t._storage
+    first, inner = st.levels
+    found = _picked_places(st, item)
+    if found is None:
+        return None
+    ix, table, increasing = found
+    if not increasing and not bool((table[ix] == torch.arange(ix.numel())).all()):
+        return None                          # a coordinate picked twice: the general path
+    place = table[inner.crd.to(torch.int64)]
+    kept = (place >= 0).nonzero().flatten()
+    rows, cols = first.crd[kept], place[kept]
+    if not increasing:
+        order = torch.sort(rows.to(torch.int64) * max(ix.numel(), 1) + cols, stable=True)[1]
+        kept, rows, cols = kept[order], rows[order], cols[order]
+    values = values_of(t)[kept]
+    index_dtype = st.index_dtype
+    shape = list(st.shape)
+    shape[inner.dim] = ix.numel()
+    levels = [Level(first.kind, first.dim, first.size,
+                    torch.tensor([0, kept.numel()], dtype=first.pos.dtype), rows),
+              Level(inner.kind, inner.dim, ix.numel(), None, cols.to(index_dtype))]
+    return from_values(Storage(st.format, shape, levels, values.detach(), index_dtype), values)
 
 
 def _pick_repeated(t: SparseTensor, ix: torch.Tensor, size: int) -> SparseTensor:
