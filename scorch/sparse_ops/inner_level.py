@@ -168,22 +168,14 @@ def _pick_columns(t: SparseTensor, item) -> Optional[torch.Tensor]:
     2M-entry matrix: 36 -> 4 ms. An index with repeats: ``_pick_repeated``. None for any
     other index (the general path answers)."""
     st = t._storage
-    inner = st.levels[1]
-    size = st.shape[inner.dim]
-    ix = item if isinstance(item, torch.Tensor) else torch.as_tensor(item)
-    if ix.dim() != 1 or ix.dtype not in _INDEX_DTYPES or size > 4 * st.nnz + (1 << 16):
+    found = _picked_places(st, item)
+    if found is None:
         return None
+    ix, table, increasing = found
     if ix.numel() == 0:
         return keep_entries(t, torch.zeros(st.nnz, dtype=torch.bool), size=0)
-    ix = ix.to(torch.int64)
-    if int(ix.min()) < 0 or int(ix.max()) >= size:
-        return None                  # negative or out-of-range indices: the general path's errors
-    increasing = ix.numel() < 2 or bool((ix[1:] > ix[:-1]).all())
-    table = torch.full((size,), -1, dtype=torch.int64)
-    place = torch.arange(ix.numel())
-    table[ix] = place
-    if not increasing and not bool((table[ix] == place).all()):
-        return _pick_repeated(t, ix, size)   # a coordinate picked twice
+    if not increasing and not bool((table[ix] == torch.arange(ix.numel())).all()):
+        return _pick_repeated(t, ix, st.shape[st.levels[1].dim])   # a coordinate picked twice
     return keep_entries(t, size=ix.numel(), table=table, reorder=not increasing)
 
 
