@@ -68,6 +68,7 @@ def _values_before(s: SparseTensor) -> torch.Tensor:
 def run_in_place(name: str, s: SparseTensor, mutate: Op, op: Op) -> SparseTensor:
     """``mutate`` (torch's in-place op) on ``s``'s stored values when ``op`` (its
     out-of-place form) keeps 0 at 0; ``s`` itself is returned, as torch's in-place ops do."""
+    refuse_write_to_copy(s, name)
     values = s._storage.values
     zero = op(torch.zeros(1, dtype=values.dtype))
     if not bool((zero == 0).all()) and not values_level():   # an optimizer step: on the values
