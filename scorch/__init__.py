@@ -37,7 +37,10 @@ _mirror()   # Tensor.X where only torch.X was registered, and the reverse
 
 _dynamo_rules.mark_package(__name__)   # torch.compile: scorch calls run eagerly, never traced into
 
-__version__ = "0.1.0"
+# a drop-in answers as torch: user version gates (``version.parse(torch.__version__) >= ...``)
+# under ``import scorch as torch`` read torch's version; scorch's own is ``scorch_version``
+__version__ = _torch.__version__
+scorch_version = "0.1.0"
 
 
 def __getattr__(name: str):

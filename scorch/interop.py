@@ -29,6 +29,7 @@ counter moves (its index arrays share the counter), so a warm einsum pays only a
 """
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import numpy as np
@@ -214,9 +215,27 @@ def _compressed_storage(x: torch.Tensor, layout, pos: torch.Tensor, crd: torch.T
     return Storage(fmt, x.shape, levels, values.contiguous().reshape(-1), pos.dtype)
 
 
-def to_torch(st: Storage) -> torch.Tensor:
+#: torch's one-time notice on the first compressed sparse tensor of a process
+_BETA_NOTICE = r"Sparse \w+ tensor support is in beta state"
+
+
+def _compressed_tensor(ctor, internal: bool, *args) -> torch.Tensor:
+    if not internal:
+        return ctor(*args, check_invariants=False)
+    # a tensor scorch builds for its own use: torch's beta notice would be about a tensor
+    # the user never made (and an error under ``python -W error``)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", _BETA_NOTICE, UserWarning)
+        return ctor(*args, check_invariants=False)
+
+
+def to_torch(st: Storage, *, internal: bool = False) -> torch.Tensor:
     """The torch layout matching the format; other formats go through COO. Coordinates are
-    sorted within rows (an ``einsum(..., sorted=False)`` result is sorted first)."""
+    sorted within rows (an ``einsum(..., sorted=False)`` result is sorted first).
+
+    ``internal=True``: the tensor is scorch's own (a CSR factor handed to a torch kernel),
+    not one the user asked for (``SparseTensor.to_torch()``): torch's "Sparse CSR tensor
+    support is in beta state" warning is not shown for it."""
     st = st.with_sorted_coordinates()
     fmt = st.format
     if fmt.is_dense and fmt.block is None:
@@ -226,10 +245,10 @@ def to_torch(st: Storage) -> torch.Tensor:
         rowwise = fmt.mode_order == (0, 1)
         if fmt.block is None:
             ctor = torch.sparse_csr_tensor if rowwise else torch.sparse_csc_tensor
-            return ctor(pos, crd, st.values, st.shape, check_invariants=False)
+            return _compressed_tensor(ctor, internal, pos, crd, st.values, st.shape)
         ctor = torch.sparse_bsr_tensor if rowwise else torch.sparse_bsc_tensor
         values = st.values.reshape(-1, *fmt.block)
-        return ctor(pos, crd, values, st.shape, check_invariants=False)
+        return _compressed_tensor(ctor, internal, pos, crd, values, st.shape)
     coo_fmt = Format("q" * fmt.rank)
     if fmt != coo_fmt:
         st = _convert().convert(st, coo_fmt)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._pytree import tree_map
 
+from .. import interop
 from .._dispatch import check_dense_size, register
 from ..tensor_type import SparseTensor
 
@@ -137,7 +138,7 @@ def _solved(A, B, upper: bool, transpose: bool, unitriangular: bool) -> Optional
         return None
     if not unitriangular and not bool((torch.diagonal(A) != 0).all()):
         return None   # singular: the dense solve's inf / NaN, which MKL's differ from
-    csr = A.to_format("csr").to_torch()
+    csr = interop.to_torch(A.to_format("csr")._storage, internal=True)   # not the user's tensor
     return torch.triangular_solve(B, csr, upper=upper, transpose=transpose,
                                   unitriangular=unitriangular).solution
 
