@@ -692,6 +692,11 @@ CASES = [
          lambda s: torch.stack([p.sum() for p in [
              torch.diag_embed(s), s.diag_embed(1), torch.diagflat(s), s.diagflat(-1),
              s.index_fill(1, torch.tensor([0, 2]), 0.0), torch.index_fill(s, 0, torch.tensor([1]), 0)]]) * torch.arange(1.0, 7.0)),
+    Case("quantile", [torch.quantile, _T.quantile, torch.nanquantile, _T.nanquantile],
+         lambda s: torch.cat([torch.quantile(s, 0.3, 1), s.quantile(torch.tensor([0.2, 0.9], dtype=F64), dim=0).reshape(-1),
+                              torch.nanquantile(s, 0.6, 0, interpolation="midpoint"), s.nanquantile(0.5).reshape(1),
+                              torch.quantile(s, 0.75, interpolation="nearest").reshape(1)])),
+    Case("renorm_", [_T.renorm_], lambda s: (s * 1.0).renorm_(2, 0, 0.8) + (s * 2.0).renorm_(1, 1, 1.0)),
     Case("new_zeros", [_T.new_zeros, _T.new_empty, _T.sparse_dim, _T.dense_dim],
          lambda s: torch.tensor([s.new_zeros(2, 3).nnz, s.new_empty(3).numel(), s.sparse_dim(), s.dense_dim()]),
          bool_result=True, oracle=lambda d: torch.tensor([0, 3, 2, 0])),

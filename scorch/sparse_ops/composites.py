@@ -92,7 +92,7 @@ def count_nonzero(t: SparseTensor, dim=None) -> torch.Tensor:
         return torch.count_nonzero(values)
     dims = checked_dims(dim, t.dim(), "count_nonzero")
     kept = [d for d in range(t.dim()) if d not in dims]
-    if not kept:
+    if not kept or not dims:              # dim=[] counts over every dim, as torch
         return torch.count_nonzero(values)
     nonzero = values != 0
     every = bool(nonzero.all())
@@ -150,10 +150,25 @@ def vector_norm(t: SparseTensor, ord=2, dim=None, keepdim: bool = False) -> torc
     if ord == 0:   # dense, as every other order (a sum into a sparse result for some formats)
         s = reductions.sum(from_values(t._storage, (values_of(t) != 0).to(t.dtype)), dims, keepdim)
         return s.to_dense() if isinstance(s, SparseTensor) else s
-    powered = nonlinear.apply("square", t) if ord == 2 else nonlinear.apply("pow", a, float(ord))
+    if ord == 2:
+        powered = nonlinear.apply("square", t)
+    elif ord < 1:                 # |x|^p's derivative is inf * 0 at a stored 0: masked there
+        powered = from_values(t._storage, _abs_pow(values_of(t), float(ord)))
+    else:
+        powered = nonlinear.apply("pow", a, float(ord))
     s = reductions.sum(powered, dims, keepdim)
     s = s.to_dense() if isinstance(s, SparseTensor) else s
     return _Root.apply(s, float(ord))
+
+
+def _abs_pow(vals: torch.Tensor, p: float) -> torch.Tensor:
+    """``|vals| ** p`` whose gradient is 0 at a 0 (torch's norm backward masks the zeros; the
+    power's own derivative there is ``p * 0^(p-1) * sign(0) = inf * 0 = NaN`` for ``p < 1``):
+    the power taken on 1 in place of each 0, its result replaced by 0 there, so no NaN
+    reaches the backward (nor a second one)."""
+    zero = vals == 0
+    safe = torch.where(zero, torch.ones((), dtype=vals.dtype), vals)
+    return torch.where(zero, torch.zeros((), dtype=vals.dtype), safe.abs().pow(p))
 
 
 def var(t: SparseTensor, dim=None, correction: float = 1, keepdim: bool = False,
@@ -416,17 +431,20 @@ def _any_all(t: SparseTensor, name: str, dim, keepdim: bool) -> torch.Tensor:
 
 def _negative_order_norm(t: SparseTensor, ord: float, reduced, keepdim: bool) -> torch.Tensor:
     """``ord < 0``: ``(sum |x|^ord)^(1/ord)`` (``-inf``: the smallest ``|x|``) is 0 over any
-    fiber holding a 0, so a fiber with an unstored position gives 0; the others follow from
-    their stored values (``|x|^ord`` on the values, one sparse sum)."""
+    fiber holding a 0, so a fiber with an unstored position or a stored 0 gives 0 unless it
+    stores a NaN (NaN, as torch: its sum of powers is NaN); the others follow from their
+    stored values (``|x|^ord`` on the values, one sparse sum; taken as 0 at a stored 0, whose
+    fiber is 0 anyway, so no ``inf * 0`` reaches the gradient: 0 there, as torch's)."""
     dims = tuple(reduced)
     size = math.prod(t.shape[d] for d in dims)
     if ord == -math.inf:
         return _shape_dense(nonlinear.amin(nonlinear.apply("abs", t), dims, keepdim))
     vals = values_of(t)
-    powered = reductions.sum(from_values(t._storage, vals.abs().pow(ord)), dims, keepdim)
-    count = reductions.sum(from_values(t._storage, torch.ones_like(vals)), dims, keepdim)
+    powered = reductions.sum(from_values(t._storage, _abs_pow(vals, ord)), dims, keepdim)
+    nonzero = (vals.detach() != 0).to(vals.dtype)
+    count = reductions.sum(from_values(t._storage, nonzero), dims, keepdim)
     powered, count = _shape_dense(powered), _shape_dense(count)
-    full = count == size
+    full = (count == size) | powered.isnan()
     root = torch.where(full, powered, torch.ones((), dtype=powered.dtype)).pow(1.0 / ord)
     return torch.where(full, root, torch.zeros((), dtype=root.dtype))
 
@@ -521,17 +539,53 @@ def _narrow(x, dim, start, length):
 @register(torch.diff, torch.Tensor.diff)
 def _diff(x, n=1, dim=-1, prepend=None, append=None, *, out=None):
     """``x[1:] - x[:-1]`` along ``dim``, ``n`` times: slices and a sparse subtraction (the
-    union of the two shifted patterns), differentiable."""
+    union of the two shifted patterns), differentiable. Bool: ``x[1:] != x[:-1]`` (torch's
+    logical xor of neighbours; bools have no subtraction), sparse on the union too."""
     t = _sparse(x)
     if t is None or out is not None or prepend is not None or append is not None or t.dim() == 0:
         return NotImplemented
     d = checked_dim(dim, t.dim(), "diff")
+    step = (lambda a, b: a != b) if t.dtype == torch.bool else (lambda a, b: a - b)
     for _ in range(n):
         if t.shape[d] == 0:
             break
         head = (slice(None),) * d
-        t = _shape.getitem(t, head + (slice(1, None),)) - _shape.getitem(t, head + (slice(None, -1),))
+        t = step(_shape.getitem(t, head + (slice(1, None),)), _shape.getitem(t, head + (slice(None, -1),)))
     return t
+
+
+def _renormed_values(v: torch.Tensor, key: torch.Tensor, slots: int, p: float,
+                     maxnorm: float) -> torch.Tensor:
+    """``renorm`` on stored values ``v`` whose slices are ``key`` (0 .. ``slots`` - 1): each
+    times ``maxnorm / (norm + 1e-7)`` where its slice's ``p``-norm exceeds ``maxnorm``
+    (torch's formula). Plain tensor ops only: this runs in the in-place op's backward too,
+    where ``torch.autograd.grad`` with a sparse input has switched scorch's handlers off."""
+    if p == math.inf:
+        norm = v.abs().new_zeros(slots).scatter_reduce(0, key, v.abs(), "amax")
+    else:
+        norm = _Root.apply(v.new_zeros(slots).index_add(0, key, _abs_pow(v, p)), p)
+    scale = torch.where(norm > maxnorm, maxnorm / (norm + 1e-7), torch.ones((), dtype=norm.dtype))
+    return v * scale[key]
+
+
+@register(torch.Tensor.renorm_)
+def _renorm_(x, p, dim, maxnorm):
+    """In place: ``renorm`` keeps the pattern (each stored value times its slice's factor),
+    so the new values are written into the stored ones (``in_place.write_values``; under
+    autograd rebased with the same map as what the backward differentiates). torch's
+    argument checks run first, on a stand-in, before anything is written."""
+    if not isinstance(x, SparseTensor) or not x.dtype.is_floating_point \
+            or x._storage.format.block is not None:
+        return NotImplemented
+    torch.renorm(torch.zeros(tuple(min(n, 1) for n in x.shape), dtype=x.dtype), p, dim, maxnorm)
+    from .in_place import write_values
+    key, slots = fiber_ops.entry_groups(x._storage, [dim % x.dim()])
+
+    def op(v):
+        return _renormed_values(v, key, slots, float(p), float(maxnorm))
+    with torch.no_grad():
+        new = op(x._storage.values)
+    return write_values(x, lambda v: v.copy_(new), op, "renorm_")
 
 
 class _Root(torch.autograd.Function):

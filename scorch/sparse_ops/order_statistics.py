@@ -191,6 +191,60 @@ def median_all(t: SparseTensor, ignore_nan: bool = False) -> torch.Tensor:
     return _EvenShare.apply(vals, result, equal.to(vals.dtype) / ties)
 
 
+def _flat(t: SparseTensor) -> _Ranked:
+    """``t``'s elements (row-major) as one ranked fiber."""
+    coords = _convert().coords(t._storage)
+    strides = torch.tensor([math.prod(t.shape[k + 1:]) for k in range(t.dim())], dtype=torch.int64)
+    pos = (coords * strides[:, None]).sum(0)
+    return _Ranked(torch.zeros_like(pos), pos, values_of(t), 1, math.prod(t.shape), False)
+
+
+def quantile(t: SparseTensor, q, dim: Optional[int] = None, keepdim: bool = False,
+             interpolation: str = "linear", ignore_nan: bool = False) -> torch.Tensor:
+    """``quantile`` / ``nanquantile`` as torch computes them on the sorted fibers (the
+    implicit zeros counted): rank ``q * (n - 1)`` (``n`` the fiber's non-NaN count for
+    nanquantile; a fiber holding NaN gives NaN for quantile), rounded as ``interpolation``
+    says, and the two neighbouring order statistics interpolated (``lerp``). Each is a
+    ``_Ranked.select`` gathered from the stored values, so the gradient splits between the
+    two picked stored entries as torch's (an unstored zero picked gets none). Cost: sorts of
+    the stored entries plus the dense result (fibers x quantiles)."""
+    name = "nanquantile" if ignore_nan else "quantile"
+    # torch's checks (dtypes, q's range and rank, interpolation, empty input, dim) on a stand-in
+    getattr(torch, name)(torch.zeros(tuple(min(n, 1) for n in t.shape), dtype=t.dtype), q, dim,
+                         keepdim, interpolation=interpolation)
+    if dim is None:
+        ranked, rest_shape, d = _flat(t), [], None
+    else:
+        d = _checked_dim(dim, t.dim())
+        ranked, rest_shape = _along(t, d, False)
+    n = ranked.extent
+    if n > 2 ** 24:                  # torch's limit (ranks are computed in the input's dtype)
+        raise RuntimeError("quantile() input tensor is too large")
+    qs = q if isinstance(q, torch.Tensor) else torch.tensor(q, dtype=t.dtype)
+    qs = qs.reshape(1, -1)                                   # [1, quantiles]
+    if ignore_nan:
+        ranks = qs * (n - ranked.nans[:, None] - 1)
+        ranks = ranks.masked_fill(ranks < 0, 0)              # only NaNs: rank 0 (a NaN)
+    else:
+        ranks = (qs * (n - 1)).expand(ranked.nfib, -1)
+        ranks = ranks.masked_fill((ranked.nans > 0)[:, None], n - 1)    # NaN: the last
+    if interpolation in ("lower", "higher", "nearest"):
+        ranks = {"lower": torch.floor, "higher": torch.ceil, "nearest": torch.round}[interpolation](ranks)
+    below = ranks.to(torch.int64)
+    values = ranked.select(below)[0]
+    if interpolation in ("linear", "midpoint"):
+        weights = torch.full_like(ranks, 0.5) if interpolation == "midpoint" else ranks - below
+        values = values.lerp(ranked.select(ranks.ceil().to(torch.int64))[0], weights)
+    if not isinstance(q, torch.Tensor) or q.dim() == 0:
+        return _place(values, rest_shape, d, keepdim) if d is not None else \
+            values.reshape([1] * t.dim() if keepdim else [])
+    values = values.t()                                      # [quantiles, fibers]
+    if d is None:
+        return values.reshape([-1] + [1] * t.dim() if keepdim else [-1])
+    values = values.reshape([-1] + rest_shape)
+    return values.unsqueeze(d + 1) if keepdim else values
+
+
 def extreme_along(t: SparseTensor, dim: int, keepdim: bool, largest: bool):
     """``max``/``min`` with a dim: torch's first-occurrence index (``arg_extreme``), and the
     value at it gathered from the stored values, so the gradient goes to that entry alone."""
@@ -326,6 +380,18 @@ def _median_handler(ignore_nan: bool):
     return handler
 
 
+def _quantile_handler(ignore_nan: bool):
+    def handler(x, q, dim=None, keepdim=False, *, interpolation="linear", out=None):
+        t = _ranked_sparse(x)
+        if t is None or out is not None or isinstance(q, SparseTensor) \
+                or not (dim is None or _integer(dim)):
+            return NotImplemented
+        return quantile(t, q, dim, bool(keepdim), interpolation, ignore_nan)
+    return handler
+
+
+register(torch.quantile, torch.Tensor.quantile)(_quantile_handler(False))
+register(torch.nanquantile, torch.Tensor.nanquantile)(_quantile_handler(True))
 register(torch.median, torch.Tensor.median)(_median_handler(False))
 register(torch.nanmedian, torch.Tensor.nanmedian)(_median_handler(True))
 

@@ -89,6 +89,16 @@ def _nansum(x, dim=None, keepdim=False, *, dtype=None, out=None):
         else torch.sum(_nan_as_zero(t), dtype=dtype)
 
 
+def _stored_nans(t: SparseTensor) -> torch.Tensor:
+    """1 at each stored NaN of ``t`` and nothing elsewhere (a sparse tensor of ``t``'s
+    shape): its sums along dims are sparse on the fibers that hold a NaN, and only there."""
+    from .._runtime import convert
+    from .shape import _build
+    nan = t._storage.values.detach().isnan()
+    coords = convert.coords(t._storage)[:, nan]
+    return _build(coords, torch.ones(coords.shape[1], dtype=t.dtype), t.shape)
+
+
 @register(torch.nanmean, torch.Tensor.nanmean)
 def _nanmean(x, dim=None, keepdim=False, *, dtype=None, out=None):
     """The sum of the non-NaN values over their count: the count is the dense extent minus
@@ -98,20 +108,23 @@ def _nanmean(x, dim=None, keepdim=False, *, dtype=None, out=None):
         return NotImplemented
     if dtype is not None:
         t = t.to(dtype)
-    nans = from_values(t._storage, values_of(t).detach().isnan().to(t.dtype))
     if dim is None:
-        return _nan_as_zero(t).sum() / (t.numel() - nans.sum())
+        nan_count = int(t._storage.values.isnan().sum())
+        return _nan_as_zero(t).sum() / (t.numel() - nan_count)
     dims = [dim] if isinstance(dim, int) else list(dim)
+    if not dims:                             # dim=[]: every dim, as torch (not none of them)
+        dims = list(range(t.dim()))
     extent = 1
     for d in dims:
         extent *= t.shape[d]
     if extent == 0:                          # nothing to average: NaN, as torch (no element)
         return torch.nanmean(torch.zeros(t.shape, dtype=t.dtype), dims, keepdim=keepdim)
     total = torch.sum(_nan_as_zero(t), dims, keepdim=keepdim)
-    nan_count = torch.sum(nans, dims, keepdim=keepdim)
+    nan_count = torch.sum(_stored_nans(t), dims, keepdim=keepdim)
     if isinstance(total, SparseTensor) and isinstance(nan_count, SparseTensor):
-        # sparse sums: divide by the extent, then correct the fibers that hold NaNs (the
-        # count ``extent - nans`` is dense by nature, the correction is on nans' fibers)
+        # sparse sums: divide by the extent, then correct the fibers that hold NaNs. The
+        # correction is stored only there (never a stored 0: total * 0 is NaN at a fiber
+        # summing to +-inf); ``extent - nans`` itself would be dense by nature
         counts = nan_count._storage.values
         correction = from_values(nan_count._storage, 1 / (extent - counts) - 1 / extent)
         return total / extent + total * correction
