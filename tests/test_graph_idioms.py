@@ -105,3 +105,24 @@ def test_picking_columns_of_coo(mode_order):
             take(A).sum().backward()
             take(d).sum().backward()
     torch.testing.assert_close(A.grad.to_dense(), d.grad * (a != 0))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dim", [0, 1])
+def test_degree_gradient_is_written_on_the_pattern(fmt, dim, monkeypatch):
+    """The gradient of ``A.sum(dim)`` (a sparse vector where the summed-over level is the
+    inner one) reads the vector densely at each stored entry (``pattern._located``), so the
+    kernel writes onto A's pattern: no positions searched afterwards (CSR ``sum(0)`` at 4M
+    entries had 14x the memory and 28x the time of ``sum(1)``)."""
+    from scorch.gradients import pattern
+    a = _graph(30, 0.2, 5)
+    A = scorch.sparse_tensor(a, format=fmt, requires_grad=True)
+    w = torch.randn(30, generator=torch.Generator().manual_seed(dim))
+    searched = []
+    monkeypatch.setattr(pattern, "positions_in_pattern",
+                        lambda *args: searched.append(1) or (_ for _ in ()).throw(AssertionError("searched")))
+    (A.sum(dim) * w).sum().backward()
+    assert not searched
+    d = a.clone().requires_grad_()
+    (d.sum(dim) * w).sum().backward()
+    torch.testing.assert_close(A.grad.to_dense(), d.grad * (a != 0))

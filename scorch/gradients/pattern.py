@@ -192,9 +192,10 @@ def located_format(fmt: Format, shape: Tuple[int, ...], nnz: int, term: str,
     the gradient straight onto the pattern (every stored entry visited once, no entry
     skipped where the factor holds nothing), with no search for positions afterwards: for a
     sparse batch ``X`` through a sparse weight, ``X`` in CSC. None: nothing to change, or
-    not possible without densifying (every dimension shared, or the dense levels would hold
-    more slots than both operands' stored entries; one shared dimension, a CSC's column
-    pointers, while they number at most 8 per stored entry or 4M)."""
+    not possible without densifying (the dense levels would hold more slots than both
+    operands' stored entries; one shared dimension, a CSC's column pointers or a whole
+    vector (``A.sum(0)``'s gradient read at each column), while they number at most 8 per
+    stored entry or 4M)."""
     located, shared = _located(fmt, term, pattern_vars)
     if located is not None:
         slots = 1
@@ -214,7 +215,7 @@ def _located(fmt: Format, term: str, pattern_vars: str) -> Tuple[Optional[Format
     per format and subscripts: a training step asks again for every new batch)."""
     shared = tuple(sorted((d for d, v in enumerate(term) if v in pattern_vars),
                           key=lambda d: pattern_vars.index(term[d])))
-    if not shared or len(shared) == len(term) or fmt.block is not None:
+    if not shared or fmt.block is not None:
         return None, shared
     order = shared + tuple(d for d in fmt.mode_order if d not in shared)
     if order[:len(shared)] == fmt.mode_order[:len(shared)] and \
