@@ -176,6 +176,14 @@ def test_a_torch_coo_incoming_gradient():
         assert torch.equal(got.to_dense(), torch.tensor([[6.0, 0.0, 6.0], [0.0, 6.0, 0.0]]))
 
 
+def _linear_with(w: torch.Tensor, sparse: bool) -> torch.nn.Linear:
+    """A Linear (seeded bias) holding ``w`` as its weight, as a CSR tensor or dense."""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(w.shape[1], w.shape[0])
+    m.weight = torch.nn.Parameter(scorch.sparse_tensor(w, format="csr") if sparse else w.clone())
+    return m
+
+
 @pytest.mark.parametrize("kind", ["utils", "parametrizations"])
 @pytest.mark.parametrize("dim", [0, 1])
 def test_weight_norm_of_a_sparse_weight(kind, dim):
@@ -190,10 +198,7 @@ def test_weight_norm_of_a_sparse_weight(kind, dim):
     wrap = torch.nn.utils.weight_norm if kind == "utils" else parametrizations.weight_norm
     out, grads = [], []
     for sparse in (True, False):
-        torch.manual_seed(0)
-        m = torch.nn.Linear(6, 4)
-        m.weight = torch.nn.Parameter(scorch.sparse_tensor(w, format="csr") if sparse else w.clone())
-        m = wrap(m, dim=dim)
+        m = wrap(_linear_with(w, sparse), dim=dim)
         y = m(x)
         y.pow(2).sum().backward()
         out.append(y)
@@ -242,9 +247,7 @@ def test_spectral_norm_of_a_sparse_weight(kind):
     wrap = torch.nn.utils.spectral_norm if kind == "utils" else parametrizations.spectral_norm
     out, grads = [], []
     for sparse in (True, False):
-        torch.manual_seed(0)
-        m = torch.nn.Linear(6, 5)
-        m.weight = torch.nn.Parameter(scorch.sparse_tensor(w, format="csr") if sparse else w.clone())
+        m = _linear_with(w, sparse)
         torch.manual_seed(1)
         m = wrap(m)
         with warnings.catch_warnings():
