@@ -177,10 +177,21 @@ def pattern_factor(P: Storage, dtype: torch.dtype) -> Tuple[Storage, Optional[to
 def values_from_factor(P: Storage, Q: Storage, perm: Optional[torch.Tensor], R: Storage,
                        vals: torch.Tensor) -> torch.Tensor:
     """A gradient einsum's result ``R`` (values ``vals``), run with pattern factor ``Q``, as
-    values at ``P``'s positions."""
-    if perm is not None and shares_arrays(Q, R):
-        return torch.zeros(P.nnz, dtype=vals.dtype).index_copy(0, perm, vals)
+    values at ``P``'s positions. Where the kernel produced exactly ``Q``'s entries in new
+    arrays (the usual case: the incoming gradient covers the pattern), its values are
+    already in ``Q``'s order: an O(nnz) comparison of the level arrays instead of
+    ``positions_in_pattern``'s int64 keys, sort and search (2M entries: 0.2 s and 3x the
+    gradient's memory per kernel)."""
+    if shares_arrays(Q, R) or _same_entries(Q, R):
+        return vals if perm is None else torch.zeros(P.nnz, dtype=vals.dtype).index_copy(0, perm, vals)
     return values_on_pattern(P, R, vals)
+
+
+def _same_entries(Q: Storage, R: Storage) -> bool:
+    """``R`` stores ``Q``'s entries in ``Q``'s order: same format, shape and level arrays
+    by contents (not kept: ``R`` is a fresh kernel result)."""
+    return (R.nnz == Q.nnz and R.format == Q.format and tuple(R.shape) == tuple(Q.shape)
+            and _equal_arrays(_arrays(Q), _arrays(R), _versions(_arrays(R))))
 
 
 def located_format(fmt: Format, shape: Tuple[int, ...], nnz: int, term: str,

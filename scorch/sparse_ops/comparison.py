@@ -255,10 +255,13 @@ def extremum(op: str, a, b) -> torch.Tensor:
             def tie(x, y):
                 # x + (y - x) / 2: exact at a finite tie, where x / 2 + y / 2 overflowed at
                 # +-max (the compiler regroups it as (x + y) / 2) and halved the least
-                # subnormal to 0; an infinite tie or a NaN makes y - x NaN: the halves then
-                # (inf, NaN). Either way each side's gradient is a half, as torch's.
+                # subnormal to 0; an infinite tie makes y - x NaN: the halves then. Each
+                # side's gradient is a half, as torch's. A NaN on either side: x + y (NaN),
+                # each side's gradient whole, as torch's (NaN == NaN is false there)
                 gap = y - x
-                return ir.Where(ir.Ne(gap, gap), x * half + y * half, x + gap * half)
+                both = x + y
+                return ir.Where(ir.Ne(x, x), both, ir.Where(ir.Ne(y, y), both, ir.Where(
+                    ir.Ne(gap, gap), x * half + y * half, x + gap * half)))
         else:
             def tie(x, y):
                 return ir.Where(ir.Ne(x, x), y, x)
