@@ -656,11 +656,18 @@ def _mark_copies(func, args, out) -> None:
     src = args[0] if args else None
     if type(src) is not SparseTensor or (func is _GETITEM and _advanced(args[1])):
         return                          # an index tensor or list: a copy in torch too
-    base = src._storage.values.untyped_storage().data_ptr()
+    base = _root(src._storage.values)
     for o in (out if isinstance(out, (list, tuple)) else (out,)):
         if type(o) is SparseTensor and o._storage.values.numel() and \
-                o._storage.values.untyped_storage().data_ptr() != base:
+                _root(o._storage.values) is not base:
             o.__dict__["_copy_of_view"] = getattr(func, "__name__", str(func))
+
+
+def _root(values: torch.Tensor) -> torch.Tensor:
+    """The tensor ``values`` views (itself if none): torch points every view at the root,
+    so two values arrays share memory exactly when their roots are one tensor."""
+    base = values._base
+    return values if base is None else base
 
 
 _GETITEM = torch.Tensor.__getitem__
