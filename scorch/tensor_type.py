@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import copy
 import numbers
-from typing import Optional, Sequence
-
 import sys
+from typing import Optional, Sequence
 
 import torch
 

@@ -171,10 +171,10 @@ def _pick_columns(t: SparseTensor, item) -> Optional[torch.Tensor]:
     found = _picked_places(st, item)
     if found is None:
         return None
-    ix, table, increasing = found
+    ix, table, increasing, repeated = found
     if ix.numel() == 0:
         return keep_entries(t, torch.zeros(st.nnz, dtype=torch.bool), size=0)
-    if not increasing and not bool((table[ix] == torch.arange(ix.numel())).all()):
+    if repeated:
         return _pick_repeated(t, ix, st.shape[st.levels[1].dim])   # a coordinate picked twice
     return keep_entries(t, size=ix.numel(), table=table, reorder=not increasing)
 
@@ -182,8 +182,9 @@ def _pick_columns(t: SparseTensor, item) -> Optional[torch.Tensor]:
 def _picked_places(st: Storage, item) -> Optional[tuple]:
     """For ``_pick_columns`` / ``_pick_coo_columns``: the index as int64, a table over the
     second stored dimension giving each coordinate its place in the index (-1: not picked),
-    and whether the index increases; None where the general path must answer (negative or
-    out-of-range indices: its errors; another dtype; a dimension far beyond the entries)."""
+    whether the index increases and whether it names a coordinate twice; None where the
+    general path must answer (negative or out-of-range indices: its errors; another dtype; a
+    dimension far beyond the entries)."""
     size = st.shape[st.levels[1].dim]
     ix = item if isinstance(item, torch.Tensor) else torch.as_tensor(item)
     if ix.dim() != 1 or ix.dtype not in _INDEX_DTYPES or size > 4 * st.nnz + (1 << 16):
@@ -193,8 +194,10 @@ def _picked_places(st: Storage, item) -> Optional[tuple]:
         return None
     increasing = ix.numel() < 2 or bool((ix[1:] > ix[:-1]).all())
     table = torch.full((size,), -1, dtype=torch.int64)
-    table[ix] = torch.arange(ix.numel())
-    return ix, table, increasing
+    place = torch.arange(ix.numel())
+    table[ix] = place
+    repeated = not increasing and not bool((table[ix] == place).all())
+    return ix, table, increasing, repeated
 
 
 def _pick_coo_columns(t: SparseTensor, item) -> Optional[torch.Tensor]:
@@ -207,8 +210,8 @@ def _pick_coo_columns(t: SparseTensor, item) -> Optional[torch.Tensor]:
     found = _picked_places(st, item)
     if found is None:
         return None
-    ix, table, increasing = found
-    if not increasing and not bool((table[ix] == torch.arange(ix.numel())).all()):
+    ix, table, increasing, repeated = found
+    if repeated:
         return None                          # a coordinate picked twice: the general path
     place = table[inner.crd.to(torch.int64)]
     kept = (place >= 0).nonzero().flatten()

@@ -20,7 +20,7 @@ from ..tensor_type import SparseTensor
 __all__ = ["recurrent_layers"]
 
 Tensor = torch.Tensor
-_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+_MODES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 
 
 def _any_sparse(*groups) -> bool:
@@ -67,25 +67,31 @@ def _direction(mode: str, projected: Tensor, batch_sizes: List[int], h0: Tensor,
     if not reverse:
         h, c = h0, c0
         for t, b in enumerate(batch_sizes):
-            h_t, c_t = _step(mode, steps[t], _rows(h, b), _rows(c, b),
-                             w_hh, b_hh, w_hr)
+            h_t, c_t = _step(mode, steps[t], _rows(h, b), _rows(c, b), w_hh, b_hh, w_hr)
             outputs[t] = h_t
-            h = h_t if b == h.shape[0] else torch.cat([h_t, h[b:]])
-            if c is not None:
-                c = c_t if b == c.shape[0] else torch.cat([c_t, c[b:]])
+            h, c = _kept(h_t, h, b), _kept(c_t, c, b)
         return torch.cat(outputs), h, c
     h = c = None
     for t in reversed(range(len(batch_sizes))):
         b = batch_sizes[t]
-        h_in = _rows(h0, b) if h is None else (h if b == h.shape[0] else torch.cat([h, h0[h.shape[0]:b]]))
-        c_in = None if c0 is None else (_rows(c0, b) if c is None else
-                                         (c if b == c.shape[0] else torch.cat([c, c0[c.shape[0]:b]])))
-        h, c = _step(mode, steps[t], h_in, c_in, w_hh, b_hh, w_hr)
+        h, c = _step(mode, steps[t], _joined(h, h0, b), _joined(c, c0, b), w_hh, b_hh, w_hr)
         outputs[t] = h
-    if h.shape[0] < h0.shape[0]:                 # sequences with no step at all (length 0)
-        h = torch.cat([h, h0[h.shape[0]:]])
-        c = None if c is None else torch.cat([c, c0[c.shape[0]:]])
-    return torch.cat(outputs), h, c
+    return torch.cat(outputs), h, c             # (step 0 holds every sequence: h is whole)
+
+
+def _kept(new: Optional[Tensor], old: Optional[Tensor], b: int) -> Optional[Tensor]:
+    """Forward in time: the first ``b`` sequences' new state, the ended ones' kept."""
+    return new if old is None or b == old.shape[0] else torch.cat([new, old[b:]])
+
+
+def _joined(state: Optional[Tensor], initial: Optional[Tensor], b: int) -> Optional[Tensor]:
+    """Backward in time: the running state of ``b`` sequences, those that start at this step
+    (shorter ones, last in a packed batch) joining with their initial state."""
+    if initial is None:
+        return None
+    if state is None:
+        return _rows(initial, b)
+    return state if b == state.shape[0] else torch.cat([state, initial[state.shape[0]:b]])
 
 
 def recurrent_layers(mode: str, data: Tensor, batch_sizes: List[int], h0: Tensor,
@@ -159,7 +165,7 @@ def _layers_handler(mode: str):
     return handler
 
 
-for _mode in _GATES:
+for _mode in _MODES:
     register(getattr(torch, _mode))(_layers_handler(_mode))
 
 
@@ -173,5 +179,5 @@ def _cell_handler(mode: str):
     return handler
 
 
-for _mode in _GATES:
+for _mode in _MODES:
     register(getattr(torch, _mode + "_cell"))(_cell_handler(_mode))
