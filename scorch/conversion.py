@@ -8,6 +8,7 @@ assembles itself from those sorted coordinates (``level_kinds.assembly``). Every
 runtime offers is reached through this module unchanged."""
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import torch
@@ -17,11 +18,13 @@ from .level_kinds.assembly import build_levels
 from .level_storage import Level, Storage, index_dtype_for, materialized
 from .tensor_compiler.allocate import zeros_output
 
-__all__ = ["convert", "from_dense", "from_coords", "coords", "to_dense", "runtime_builds"]
+__all__ = ["convert", "from_dense", "from_coords", "coords", "to_dense", "runtime_builds",
+           "dense_dim", "hybrid_nnz", "hybrid_indices", "hybrid_values"]
 
 
 _RUNTIME: list = []
 _BUILDS: dict = {}   # Format -> runtime_builds(Format)
+_DENSE_DIMS: dict = {}   # Format -> dense_dim(Format)
 
 
 def _runtime():
@@ -81,6 +84,57 @@ def from_coords(indices, values, shape: Sequence[int], fmt: Format, *args, **kwa
 
 def coords(st: Storage) -> torch.Tensor:
     return _runtime().coords(st)
+
+
+# --- torch's hybrid meaning: sparse dims, then dense dims -----------------------------------
+# torch's hybrid layouts (a COO whose values are (nnz, *dense), a CSR with dense dims) are the
+# formats whose last levels are dense and store the last dims in order, after a sparse level
+# (``qqd``, ``dcd``). torch's accessors count their index tuples, not the stored entries
+# (``Storage.nnz``, which counts each tuple's dense fill): these give torch's answers.
+
+def dense_dim(fmt: Format) -> int:
+    """torch's ``dense_dim`` of a tensor stored in ``fmt``: its trailing dense levels when
+    they store the trailing dims in order after at least one sparse level; 0 for any other
+    format (blocked and all-dense ones included, every dim of which counts as sparse). Kept
+    per format: ``values()`` asks on every call."""
+    got = _DENSE_DIMS.get(fmt)
+    if got is None:
+        rank, got = fmt.rank, 0
+        if fmt.block is None and not fmt.is_dense:
+            while fmt.levels[rank - 1 - got].full and fmt.mode_order[rank - 1 - got] == rank - 1 - got:
+                got += 1
+        _DENSE_DIMS[fmt] = got
+    return got
+
+
+def hybrid_nnz(st: Storage) -> int:
+    """torch's ``_nnz``: the index tuples of the sparse dims (``st.nnz`` without a dense dim)."""
+    dense = dense_dim(st.format)
+    if not dense:
+        return st.nnz
+    fill = math.prod(st.shape[st.ndim - dense:])
+    # the last sparse level holds one coordinate per tuple (a dense dim of size 0 stores none)
+    return st.nnz // fill if fill else int(st.levels[st.ndim - dense - 1].crd.numel())
+
+
+def hybrid_indices(st: Storage) -> torch.Tensor:
+    """torch's ``indices()``: (sparse dims, index tuples) in storage order, read from the
+    sparse levels alone (no coordinate per dense-fill entry); ``coords(st)`` without one."""
+    dense = dense_dim(st.format)
+    if not dense:
+        return coords(st)
+    sparse = st.ndim - dense
+    fmt = Format([k.letter for k in st.format.levels[:sparse]], st.format.mode_order[:sparse])
+    part = Storage(fmt, st.shape[:sparse], st.levels[:sparse],
+                   st.values.new_zeros(1).expand(hybrid_nnz(st)), st.index_dtype)
+    return coords(part)
+
+
+def hybrid_values(st: Storage, values: torch.Tensor) -> torch.Tensor:
+    """``values`` (``st``'s, flat, in storage order) as torch's ``values()``: a view of shape
+    (index tuples, *dense dims); unchanged without a dense dim."""
+    dense = dense_dim(st.format)
+    return values.reshape(hybrid_nnz(st), *st.shape[st.ndim - dense:]) if dense else values
 
 
 def dense_on_pattern(st: Storage, dense: torch.Tensor) -> Optional[torch.Tensor]:

@@ -7,8 +7,8 @@ Which layouts map onto which formats, without copying the index or value arrays:
 torch / scipy          scorch format                                  shared
 =====================  =============================================  ==========================
 COO (coalesced)        coordinate at every sparse dim (+ dense dims)   indices rows, values
-CSR / csr              ``dc``                                         crow, col, values
-CSC / csc              ``dc`` with mode order (1, 0)                  ccol, row, values
+CSR / csr              ``dc`` (+ dense levels: a hybrid CSR)          crow, col, values
+CSC / csc              ``dc`` with mode order (1, 0) (+ dense levels)  ccol, row, values
 BSR / bsr              ``dc`` with ``block=(b0, b1)``                 crow, col, values
 BSC                    ``dc``, mode order (1, 0), blocked             ccol, row, values
 scipy coo (canonical)  ``coo``                                        row, col, data
@@ -35,6 +35,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from .conversion import dense_dim, hybrid_values
 from .formats import Format, LevelKind, as_format
 from .level_storage import Level, Storage, sorted_segment_keys
 from .tensor_cache import TensorKeyedCache, version
@@ -115,9 +116,10 @@ def _checked_torch(x: torch.Tensor, layout) -> Optional[Storage]:
         redo = torch.sparse_coo_tensor(indices, values, x.shape, check_invariants=False)
         return _torch_storage(redo.coalesce())
     if layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
-        if x.dim() != 2:
-            # batched or hybrid: read through torch's COO of it (a copy, kept with this
-            # tensor's version like any checked import)
+        if x.dim() != 2 + (x.dense_dim() if layout in (torch.sparse_csr, torch.sparse_csc) else 0):
+            # batched, or a hybrid BSR / BSC: read through torch's COO of it (a copy, kept
+            # with this tensor's version like any checked import); a hybrid CSR / CSC is read
+            # as it is (``dc`` then dense levels), so that it goes back to torch as one
             coo = x.to_sparse()
             st = _checked_torch(coo, torch.sparse_coo)
             return st if st is not None else _torch_storage(coo)
@@ -209,9 +211,11 @@ def _compressed_storage(x: torch.Tensor, layout, pos: torch.Tensor, crd: torch.T
                   Level(_D, 0, block[0], block_inner=True),
                   Level(_D, 1, block[1], block_inner=True)]
         fmt = Format("dc", (outer, inner), block)
-    else:
-        levels = [Level(_D, outer, x.shape[outer]), Level(_C, inner, x.shape[inner], pos, crd)]
-        fmt = Format("dc", (outer, inner))
+    else:   # a hybrid's dense dims (values of shape (nnz, *dense)) as trailing dense levels
+        dense = range(2, x.dim())
+        levels = [Level(_D, outer, x.shape[outer]), Level(_C, inner, x.shape[inner], pos, crd),
+                  *(Level(_D, d, x.shape[d]) for d in dense)]
+        fmt = Format("dc" + "d" * len(dense), (outer, inner, *dense))
     return Storage(fmt, x.shape, levels, values.contiguous().reshape(-1), pos.dtype)
 
 
@@ -240,21 +244,25 @@ def to_torch(st: Storage, *, internal: bool = False) -> torch.Tensor:
     fmt = st.format
     if fmt.is_dense and fmt.block is None:
         return _convert().to_dense(st)
-    if fmt.rank == 2 and fmt.levels == (_D, _C):
+    # torch's hybrid layouts (trailing dense levels: ``dcd`` is a CSR with a dense dim, ``qqd``
+    # a COO whose values are (nnz, *dense)) go back as those, values reshaped (a view)
+    dense = dense_dim(fmt)
+    sparse = fmt.rank - dense
+    if sparse == 2 and fmt.levels[:2] == (_D, _C):
         pos, crd = st.levels[1].pos, st.levels[1].crd
-        rowwise = fmt.mode_order == (0, 1)
+        rowwise = fmt.mode_order[:2] == (0, 1)
         if fmt.block is None:
             ctor = torch.sparse_csr_tensor if rowwise else torch.sparse_csc_tensor
-            return _compressed_tensor(ctor, internal, pos, crd, st.values, st.shape)
+            return _compressed_tensor(ctor, internal, pos, crd, hybrid_values(st, st.values), st.shape)
         ctor = torch.sparse_bsr_tensor if rowwise else torch.sparse_bsc_tensor
         values = st.values.reshape(-1, *fmt.block)
         return _compressed_tensor(ctor, internal, pos, crd, values, st.shape)
-    coo_fmt = Format("q" * fmt.rank)
+    coo_fmt = Format("q" * sparse + "d" * dense)
     if fmt != coo_fmt:
         st = _convert().convert(st, coo_fmt)
-    indices = torch.stack([lv.crd.to(torch.int64) for lv in st.levels]) if st.levels else \
+    indices = torch.stack([lv.crd.to(torch.int64) for lv in st.levels[:sparse]]) if sparse else \
         torch.zeros((0, st.nnz), dtype=torch.int64)
-    return torch.sparse_coo_tensor(indices, st.values, st.shape, is_coalesced=True,
+    return torch.sparse_coo_tensor(indices, hybrid_values(st, st.values), st.shape, is_coalesced=True,
                                    check_invariants=False)
 
 

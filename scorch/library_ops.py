@@ -470,7 +470,7 @@ def pattern_map_under_compile(name: str, t: SparseTensor) -> SparseTensor:
     """``name`` (see ``pattern_map_op``) of ``t`` through the registered operator."""
     metas, arrays = flatten_operands([t])
     if torch.is_grad_enabled() and t.requires_grad:
-        arrays[-1] = t.values()   # differentiably (see einsum_under_compile)
+        arrays[-1] = _tensor_type._AUTOGRAD["values"](t)   # differentiably, flat (see einsum_under_compile)
     key = _key(name, None, metas, [t])
     return _on_pattern(t._storage, pattern_map_op(name, key, arrays))
 
@@ -523,7 +523,7 @@ def to_dense_under_compile(t: SparseTensor) -> torch.Tensor:
     """``t.to_dense()`` through the registered operator."""
     metas, arrays = flatten_operands([t])
     if torch.is_grad_enabled() and t.requires_grad:
-        arrays[-1] = t.values()   # differentiably (see einsum_under_compile)
+        arrays[-1] = _tensor_type._AUTOGRAD["values"](t)   # differentiably, flat (see einsum_under_compile)
     return to_dense_op(_key("to_dense", None, metas, [t]), arrays)
 
 
@@ -538,7 +538,7 @@ class _OnPattern(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        return (g.values() if isinstance(g, SparseTensor) else g), None
+        return (_tensor_type._AUTOGRAD["values"](g) if isinstance(g, SparseTensor) else g), None
 
 
 def _on_pattern(P: Storage, values: torch.Tensor) -> SparseTensor:
@@ -562,7 +562,7 @@ def einsum_under_compile(equation: str, *operands, out_format=None) -> torch.Ten
             if isinstance(x, SparseTensor) and x.requires_grad:
                 # its values, differentiably: the gradient goes back as a SparseTensor on
                 # its pattern (what eager autograd gives it)
-                arrays[_values_index(metas, n)] = x.values()
+                arrays[_values_index(metas, n)] = _tensor_type._AUTOGRAD["values"](x)   # flat
     key = _key(equation, out_format, metas, operands)
     kind, p = _spec(key)[3]
     if kind == "dense":

@@ -128,16 +128,18 @@ class SparseTensor(torch.Tensor):
                 and not _is_compiling())
 
     def values(self) -> torch.Tensor:
-        """Stored values in storage order (1-d), sharing memory with the tensor;
-        differentiable when the tensor requires grad."""
+        """Stored values in storage order, sharing memory with the tensor; differentiable
+        when the tensor requires grad. 1-d, but for torch's hybrid layouts (trailing dense
+        levels, ``qqd`` / ``dcd``): (index tuples, *dense dims), as torch's."""
         if _functorch_stack() is not None or _tf_mode_on() or _jit_tracing() is not None:
             refuse_foreign(SparseTensor.values)
-        if _grad_enabled() and _any_requires_grad(self):
-            return _AUTOGRAD["values"](self)
-        return self._storage.values
+        st = self._storage
+        vals = _AUTOGRAD["values"](self) if _grad_enabled() and _any_requires_grad(self) else st.values
+        return _convert_module().hybrid_values(st, vals)
 
     def indices(self) -> torch.Tensor:
-        """(ndim, nnz) int64 coordinates of ``values()``, as torch's COO ``indices()``: built
+        """(sparse_dim, _nnz) int64 coordinates of ``values()``, as torch's COO ``indices()``
+        (a hybrid's dense dims have none: ``conversion.hybrid_indices``): built
         once per pattern and kept with it (a loop calling ``A.indices()`` had rebuilt them
         each time, ~1 ms for 1M entries, where torch's is a view), rebuilt if the caller
         wrote into the returned tensor."""
@@ -147,7 +149,7 @@ class SparseTensor(torch.Tensor):
         kept = st._coords
         if kept is not None and version(kept[0]) == kept[1]:
             return kept[0]
-        coords = _convert_module().coords(st)
+        coords = _convert_module().hybrid_indices(st)
         st._coords = (coords, version(coords))
         return coords
 
@@ -196,6 +198,11 @@ class SparseTensor(torch.Tensor):
                                "Use tensor.detach().to_scipy() instead.")
         from . import interop
         return interop.to_scipy(self._storage, kind)
+
+    def eliminate_zeros(self) -> "SparseTensor":
+        """A new tensor without the stored entries equal to zero (out of place, unlike
+        scipy's; ``t`` is unchanged): ``scorch.eliminate_zeros``, which says what is kept."""
+        return _ELIMINATE_ZEROS[0](self)
 
     def __repr__(self, *, tensor_contents=None) -> str:
         st = self._storage
@@ -891,7 +898,7 @@ def _scalar_op(fn, t: "SparseTensor", scalar):
         return None   # a deferred operand goes to the handler, which fuses it
     if _grad_enabled() and _any_requires_grad(t):
         if _is_compiling():
-            return _ON_PATTERN_UNDER_COMPILE[0](t._storage, fn(t.values(), scalar))
+            return _ON_PATTERN_UNDER_COMPILE[0](t._storage, fn(_AUTOGRAD["values"](t), scalar))
         return _AUTOGRAD["from_values"](t._storage, fn(_AUTOGRAD["values"](t), scalar))
     return with_values(t, fn(t._storage.values, scalar))
 
@@ -907,9 +914,9 @@ def _pattern_op(fn, a: "SparseTensor", b):
     if not (_same_index_arrays(sa, sb) if _is_compiling() else sa.shares_pattern(sb)):
         return None
     if _grad_enabled() and _any_requires_grad(a, b):
+        values = _AUTOGRAD["values"]   # flat (a hybrid's values() are not)
         if _is_compiling():
-            return _ON_PATTERN_UNDER_COMPILE[0](sa, fn(a.values(), b.values()))
-        values = _AUTOGRAD["values"]
+            return _ON_PATTERN_UNDER_COMPILE[0](sa, fn(values(a), values(b)))
         return _AUTOGRAD["from_values"](sa, fn(values(a), values(b)))
     return with_values(a, fn(sa.values, sb.values))
 
@@ -932,6 +939,9 @@ _any_requires_grad = torch._C._any_requires_grad
 #: the differentiable forms of values / to_dense / to_format / permute, installed by
 #: ``scorch.gradients.values`` (which imports this module, so this one cannot import it)
 _AUTOGRAD: dict = {}
+#: ``SparseTensor.eliminate_zeros``'s function, installed by ``scorch.sparse_ops.stored_zeros``
+#: (which imports this module)
+_ELIMINATE_ZEROS: list = [None]
 _aten = torch.ops.aten
 #: ATen ops whose autograd formula is right for a sparse operand (views, copies, casts,
 #: metadata, and adding gradients of one pattern)
@@ -1077,5 +1087,5 @@ def permute_view(t: SparseTensor, dims: Sequence[int]) -> SparseTensor:
     if st.format.block is not None:
         return _permuted_blocked(t, dims)
     if _grad_enabled() and _any_requires_grad(t):
-        return _AUTOGRAD["view_of"](st.permuted(dims), t.values())   # same values, new view
+        return _AUTOGRAD["view_of"](st.permuted(dims), _AUTOGRAD["values"](t))   # same (flat) values, new view
     return SparseTensor(st.permuted(dims))

@@ -179,7 +179,11 @@ def test_reductions_of_heads_under_a_pattern_are_laid_out_as_torchs(dim):
     scores = scorch.einsum("ij,bhid,bhjd->bhij", S, q, k)
     full = scores.to_dense()
     got = torch.amax(scores, dim)
-    assert got.is_contiguous()
+    if dim == 3:
+        assert got.is_contiguous()
+    else:     # the result keeps j, stored sparsely: sparse over the fibers storing an entry
+        assert isinstance(got, SparseTensor)
+        got = got.to_dense()
     torch.testing.assert_close(got, torch.amax(full, dim))
     mask = (dense != 0).expand_as(full)
     y = torch.softmax(scores, dim).to_dense()

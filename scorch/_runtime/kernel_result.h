@@ -133,6 +133,27 @@ inline void result_hand_over(KernelResult* r, int i, void* block, size_t nbytes,
   result_array(r, i, block, n, kind, itemsize, nbytes, give);
 }
 
+// ``n`` coordinates into ``crd_out`` at offset ``off``, as int64 (``wide``) or int32.
+// ``crd`` may be ``crd_out`` itself (narrowing in place: front to back, each slot is read
+// before a write reaches it).
+template <typename C>
+inline void result_put_coords(int64_t n, int64_t off, const C* crd, void* crd_out, int wide) {
+  if (n <= 0) return;
+  if (wide) {
+    int64_t* out = (int64_t*)crd_out + off;
+    if (sizeof(C) == sizeof(int64_t)) {
+      if ((const void*)out != (const void*)crd) memmove(out, crd, (size_t)n * sizeof(int64_t));
+    }
+    else for (int64_t e = n - 1; e >= 0; e--) out[e] = (int64_t)crd[e];   // back to front
+  } else {
+    int32_t* out = (int32_t*)crd_out + off;
+    if (sizeof(C) == sizeof(int32_t)) {
+      if ((const void*)out != (const void*)crd) memmove(out, crd, (size_t)n * sizeof(int32_t));
+    }
+    else for (int64_t e = 0; e < n; e++) out[e] = (int32_t)crd[e];
+  }
+}
+
 // One chunk's ``n`` entries into the output at offset ``off``: values, and coordinates as
 // int64 (``wide``) or int32 at ``crd_out``.
 template <typename C, typename V>
@@ -140,15 +161,97 @@ inline void result_gather(int64_t n, int64_t off, const C* crd, const V* val, vo
                           V* val_out, int wide) {
   if (n <= 0) return;
   memcpy(val_out + off, val, (size_t)n * sizeof(V));
-  if (wide) {
-    int64_t* out = (int64_t*)crd_out + off;
-    if (sizeof(C) == sizeof(int64_t)) memcpy(out, crd, (size_t)n * sizeof(int64_t));
-    else for (int64_t e = 0; e < n; e++) out[e] = (int64_t)crd[e];
-  } else {
-    int32_t* out = (int32_t*)crd_out + off;
-    if (sizeof(C) == sizeof(int32_t)) memcpy(out, crd, (size_t)n * sizeof(int32_t));
-    else for (int64_t e = 0; e < n; e++) out[e] = (int32_t)crd[e];
+  result_put_coords(n, off, crd, crd_out, wide);
+}
+
+// ``block`` (malloc'd: a handed-over AppendBuffer block) resized to ``bytes`` in place where
+// the allocator can (an mmapped block is remapped; shrinking gives the tail back). On
+// failure the block is freed and NULL returned.
+inline void* result_resize(void* block, size_t bytes) {
+  void* p = realloc(block, bytes ? bytes : 1);
+  if (p == NULL) free(block);
+  return p;
+}
+
+// Level ``l`` of the coordinate tuples of one chunk's ``R`` level buffers joined into one
+// level-major array of int64 (``wide``) or int32, built in level 0's block: ``block`` (``n``
+// values of ``C``, a malloc'd block this takes over) is converted into ``out`` (the array
+// so far; level 0: the block itself), resized in place, then freed, so no copy of the
+// output is held beside the buffers (a union's COO/DCSR output peaked at 3-4.5x its size
+// with a concatenated copy). Returns the array (``(l + 1) * n`` coordinates, a block
+// result_free takes back), or NULL once out of memory (every block freed).
+template <typename C>
+inline void* result_join_level(void* out, C* block, int l, int R, int64_t n, int wide) {
+  const size_t isz = wide ? 8 : 4;
+  if (l == 0) out = block;
+  else if (out == NULL) {
+    free(block);
+    return NULL;
   }
+  if (l > 0 || isz > sizeof(C)) {
+    out = result_resize(out, (size_t)(l + 1) * (size_t)n * isz);
+    if (out == NULL) {
+      if (l > 0) free(block);
+      return NULL;
+    }
+  }
+  result_put_coords(n, (int64_t)l * n, l ? block : (C*)out, out, wide);
+  if (l > 0) free(block);
+  if (R == 1) out = result_resize(out, (size_t)n * isz);   // one level: its tail back
+  return out;
+}
+
+// The first level at which sorted tuple ``e`` (> 0) of a level-major array differs from
+// tuple ``e - 1``, among levels ``0 .. R - 2`` (``R - 1``: only the last level differs).
+template <typename I>
+inline int result_first_change(const I* crd, int R, int64_t n, int64_t e) {
+  int d = 0;
+  while (d < R - 1 && crd[(int64_t)d * n + e] == crd[(int64_t)d * n + e - 1]) d++;
+  return d;
+}
+
+// The levels of a chain of compressed levels (DCSR, CSF) from the level-major array
+// ``crd`` of ``n`` sorted unique tuples of ``R`` coordinates, in one pass and in the
+// index type itself (no per-entry parent array). Every level but the last keeps one entry
+// per distinct prefix: a new array, ``*count`` long, holds ``m_0 .. m_{R-2}`` (those
+// counts), then for each level k < R - 1 its crd (``m_k``) and the next level's pos
+// (``m_k + 1``). The last level's coordinates are moved to the front of ``crd`` (the
+// caller gives the rest back). NULL: out of memory.
+template <typename I>
+inline I* result_chain_levels(I* crd, int R, int64_t n, int64_t* count) {
+  const int U = R - 1;
+  int64_t m[16] = {0};
+  if (U > 16) return NULL;
+  for (int64_t e = 0; e < n; e++) {
+    const int d = e ? result_first_change(crd, R, n, e) : 0;
+    for (int k = d; k < U; k++) m[k]++;
+  }
+  int64_t size = U;
+  for (int k = 0; k < U; k++) size += 2 * m[k] + 1;
+  I* out = (I*)result_alloc((size_t)size * sizeof(I));
+  if (out == NULL) return NULL;
+  I* crd_k[16];
+  I* pos_k[16];          // the pos of level k + 1
+  int64_t next[16] = {0};
+  I* at = out + U;
+  for (int k = 0; k < U; k++) {
+    out[k] = (I)m[k];
+    crd_k[k] = at;
+    pos_k[k] = at + m[k];
+    at += 2 * m[k] + 1;
+  }
+  for (int64_t e = 0; e < n; e++) {
+    const int d = e ? result_first_change(crd, R, n, e) : 0;
+    for (int k = d; k < U; k++) {   // a new prefix at levels d .. U - 1, its children from here
+      crd_k[k][next[k]] = crd[(int64_t)k * n + e];
+      pos_k[k][next[k]] = (I)(k + 1 < U ? next[k + 1] : e);
+      next[k]++;
+    }
+  }
+  for (int k = 0; k < U; k++) pos_k[k][m[k]] = (I)(k + 1 < U ? m[k + 1] : n);
+  memmove(crd, crd + (int64_t)U * n, (size_t)n * sizeof(I));
+  *count = size;
+  return out;
 }
 
 // The rows' counts ``p[1..P]`` prefix-summed into pos in one pass: as int64, or (``narrow``)

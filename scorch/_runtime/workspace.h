@@ -6,10 +6,14 @@
 // can use them inside `nogil` prange loops (see workspace.pxd for the exact usage).
 #pragma once
 
+#include <Python.h>   // the process pool is fetched through a capsule (process_pool_api)
+
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <type_traits>
 #include <utility>
@@ -530,92 +534,222 @@ class DenseWorkspace {
 // Memory blocks that output buffers hand back for the next kernel call. Fresh pages cost a
 // page fault each on first touch (for a mid-size SpGEMM that was a quarter of its time);
 // a returned block keeps its pages, so steady-state calls touch no new memory. Blocks are
-// powers of two bytes, kept in one free list per size (taking and giving back are O(1)),
-// at most kPoolBytes in all; larger returns go back to malloc, and so do blocks past
-// kMaxPooledBlock (a big output's pages fault in cheaply: result_alloc asks for huge pages).
-// The bound is what each kernel module holds once its results are freed (each module has its
-// own pool: 256 MB a module with no size limit kept 0.2 GB for every distinct big SpGEMM).
+// powers of two bytes, kept in one list per size (oldest first), at most ``limit()`` bytes
+// in all: a block given back past the limit evicts the oldest kept ones (a training loop's
+// kernels keep reusing theirs, blocks of one-off calls age out). Blocks past kMaxPooledBlock
+// go back to malloc (a big output's pages fault in cheaply: result_alloc asks for huge pages).
+// ONE pool serves the whole process (process_pool_api): Python loads each kernel module
+// RTLD_LOCAL, so a static here is per module, and per-module pools of 64 MB each kept
+// 0.3-0.9 GB once 14 distinct kernels had run. Each kept block remembers the module that gave it
+// back (``owner``) for take_own_largest.
 class BlockPool {
  public:
-  static constexpr size_t kPoolBytes = size_t(64) << 20;
+  static constexpr size_t kPoolBytes = size_t(128) << 20;   // default limit (SCORCH_POOL_MB)
   static constexpr size_t kMaxPooledBlock = size_t(32) << 20;
 
-  // A block of at least ``need`` bytes; its size (a power of two) goes to ``*got``.
-  void* take(size_t need, size_t* got) {
-    int cls = 0;
-    while ((size_t(1) << cls) < need) ++cls;
-    const size_t size = size_t(1) << cls;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      std::vector<void*>& list = free_[cls];
-      if (!list.empty()) {
-        void* p = list.back();
-        list.pop_back();
-        held_ -= size;
-        *got = size;
-        return p;
-      }
-    }
-    void* p = result_alloc(size);   // malloc, huge pages asked for from 4 MB
-    if (p == nullptr) throw std::bad_alloc();
-    *got = size;
-    return p;
+  BlockPool() {
+    const char* mb = std::getenv("SCORCH_POOL_MB");
+    char* end = nullptr;
+    const unsigned long long v = mb ? std::strtoull(mb, &end, 10) : 0;
+    if (mb && end != mb && *end == 0) limit_ = static_cast<size_t>(v) << 20;
   }
-  // The largest kept block if it holds ``need`` bytes, else take(need): an output buffer's
-  // first block. A kernel called again gets back the room its last call grew to, so its
-  // buffers do not double their way up again (4elt A @ A^T: 4 MB of copies a call).
-  void* take_largest(size_t need, size_t* got) {
+
+  // A block of at least ``need`` bytes (its size, a power of two, to ``*got``), or nullptr
+  // when malloc fails.
+  void* take(size_t need, size_t* got) {
+    const int cls = size_class(need);
+    *got = size_t(1) << cls;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      for (int cls = 63; cls >= 0 && (size_t(1) << cls) >= need; --cls) {
-        std::vector<void*>& list = free_[cls];
-        if (list.empty()) continue;
-        void* p = list.back();
+      std::deque<Kept>& list = free_[cls];
+      if (!list.empty()) {
+        void* p = list.back().p;
         list.pop_back();
-        held_ -= size_t(1) << cls;
-        *got = size_t(1) << cls;
+        held_ -= *got;
         return p;
       }
-      // none kept (the last calls' outputs still hold theirs, see AppendBuffer::release):
-      // the size the last first block had, so the buffer does not double its way up again
-      need = std::max(need, last_first_);
     }
-    void* p = take(need, got);
+    return result_alloc(*got);   // malloc, huge pages asked for from 4 MB
+  }
+  // The largest kept block of at least ``need`` bytes that ``owner`` gave back, or nullptr.
+  void* take_own_largest(size_t need, size_t* got, const void* owner) {
     std::lock_guard<std::mutex> lock(mutex_);
-    last_first_ = *got;
-    return p;
+    for (int cls = 63; cls >= 0 && (size_t(1) << cls) >= need; --cls) {
+      std::deque<Kept>& list = free_[cls];
+      for (auto it = list.end(); it != list.begin();) {
+        if ((--it)->owner != owner) continue;
+        void* p = it->p;
+        list.erase(it);
+        *got = size_t(1) << cls;
+        held_ -= *got;
+        return p;
+      }
+    }
+    return nullptr;
   }
   // Give back a block that take() returned (``size`` as it reported).
-  void give(void* p, size_t size) {
+  void give(void* p, size_t size, const void* owner) {
     if (p == nullptr) return;
-    int cls = 0;
-    while ((size_t(1) << cls) < size) ++cls;
+    std::vector<void*> evicted;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (size <= kMaxPooledBlock && held_ + size <= kPoolBytes) {
-        free_[cls].push_back(p);
+      // (a size take() did not report, not a power of two, would be taken back as more)
+      if (size <= kMaxPooledBlock && size <= limit_ && (size & (size - 1)) == 0) {
+        evict(limit_ - size, &evicted);
+        free_[size_class(size)].push_back(Kept{p, ++seq_, owner});
         held_ += size;
-        return;
+        p = nullptr;
       }
     }
+    for (void* q : evicted) std::free(q);
     std::free(p);
+  }
+  size_t held() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return held_;
+  }
+  size_t limit() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return limit_;
+  }
+  // A new limit (0: keep nothing); the kept blocks past it go back to malloc.
+  void set_limit(size_t bytes) {
+    std::vector<void*> evicted;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      limit_ = bytes;
+      evict(bytes, &evicted);
+    }
+    for (void* q : evicted) std::free(q);
+  }
+  // Every kept block back to malloc (blocks that live arrays hold come back later).
+  void release() {
+    std::vector<void*> evicted;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      evict(0, &evicted);
+    }
+    for (void* q : evicted) std::free(q);
   }
 
  private:
+  struct Kept {
+    void* p;
+    uint64_t seq;        // order of giving back: the oldest is evicted first
+    const void* owner;
+  };
   std::mutex mutex_;
-  std::vector<void*> free_[64];
+  std::deque<Kept> free_[64];
   size_t held_ = 0;
-  size_t last_first_ = 0;   // the size of the last block take_largest had to allocate
+  size_t limit_ = kPoolBytes;
+  uint64_t seq_ = 0;
+
+  static int size_class(size_t bytes) {
+    int cls = 0;
+    while ((size_t(1) << cls) < bytes) ++cls;
+    return cls;
+  }
+  // The oldest kept blocks to ``out`` until at most ``keep`` bytes are kept (mutex held).
+  void evict(size_t keep, std::vector<void*>* out) {
+    while (held_ > keep) {
+      int oldest = -1;
+      for (int cls = 0; cls < 64; ++cls) {
+        if (!free_[cls].empty() && (oldest < 0 || free_[cls].front().seq < free_[oldest].front().seq))
+          oldest = cls;
+      }
+      out->push_back(free_[oldest].front().p);
+      free_[oldest].pop_front();
+      held_ -= size_t(1) << oldest;
+    }
+  }
 };
 
-inline BlockPool& block_pool() {
-  static BlockPool pool;
+// The process pool's entry points, as scorch._runtime.workspace exports them (capsule
+// SCORCH_POOL_CAPSULE). Plain C functions with no exception: a module built from another
+// version of this header reaches the pool only through them, never through BlockPool's
+// layout; a change to them must rename the capsule (old modules then keep pools of their own).
+struct PoolApi {
+  void* (*take)(size_t need, size_t* got);                              // nullptr: no memory
+  void* (*take_own_largest)(size_t need, size_t* got, const void* owner);  // nullptr: none kept
+  void (*give)(void* p, size_t size, const void* owner);
+};
+#define SCORCH_POOL_CAPSULE "scorch._runtime.workspace.BLOCK_POOL_V1"
+
+// This module's BlockPool: scorch._runtime.workspace's is the process pool; another module
+// uses its own only if that one cannot be imported. Never destroyed: an array may give its
+// block back from a thread still running at exit.
+inline BlockPool& local_pool() {
+  static BlockPool* pool = new BlockPool();
+  return *pool;
+}
+inline void* local_pool_take(size_t need, size_t* got) { return local_pool().take(need, got); }
+inline void* local_pool_take_own_largest(size_t need, size_t* got, const void* owner) {
+  return local_pool().take_own_largest(need, got, owner);
+}
+inline void local_pool_give(void* p, size_t size, const void* owner) { local_pool().give(p, size, owner); }
+inline PoolApi* local_pool_api() {
+  static PoolApi api = {local_pool_take, local_pool_take_own_largest, local_pool_give};
+  return &api;
+}
+
+// The process pool, fetched from scorch._runtime.workspace on this module's first use: the
+// GIL (taken here, from any thread: kernels call this without it, inside OpenMP regions)
+// serializes the import, and no other lock is held while waiting for it.
+inline PoolApi* process_pool_api() {
+  static std::atomic<PoolApi*> api{nullptr};
+  PoolApi* a = api.load(std::memory_order_acquire);
+  if (a != nullptr) return a;
+  if (!Py_IsInitialized()) return local_pool_api();
+  const PyGILState_STATE gil = PyGILState_Ensure();
+  a = api.load(std::memory_order_acquire);
+  if (a == nullptr) {
+    a = static_cast<PoolApi*>(PyCapsule_Import(SCORCH_POOL_CAPSULE, 0));
+    if (a == nullptr) {
+      PyErr_Clear();
+      a = local_pool_api();
+    }
+    api.store(a, std::memory_order_release);
+  }
+  PyGILState_Release(gil);
+  return a;
+}
+
+// What this module's output buffers take blocks from and give them back to: the process
+// pool, with this module's own hint for take_largest.
+class PoolHandle {
+ public:
+  void* take(size_t need, size_t* got) {
+    void* p = process_pool_api()->take(need, got);
+    if (p == nullptr) throw std::bad_alloc();
+    return p;
+  }
+  // The largest block this module gave back if it holds ``need`` bytes, else take(need): an
+  // output buffer's first block. A kernel called again gets back the room its last call
+  // grew to, so its buffers do not double their way up again (4elt A @ A^T: 4 MB of copies a
+  // call); only this module's blocks, or a small kernel's output would hold another's big one.
+  void* take_largest(size_t need, size_t* got) {
+    void* p = process_pool_api()->take_own_largest(need, got, this);
+    if (p != nullptr) return p;
+    // none kept (the last calls' outputs still hold theirs, see AppendBuffer::release):
+    // the size the last first block had, so the buffer does not double its way up again
+    p = take(std::max(need, last_first_.load(std::memory_order_relaxed)), got);
+    last_first_.store(*got, std::memory_order_relaxed);
+    return p;
+  }
+  // Give back a block that take() returned (``size`` as it reported).
+  void give(void* p, size_t size) { process_pool_api()->give(p, size, this); }
+
+ private:
+  std::atomic<size_t> last_first_{0};   // the size of the last block take_largest had to allocate
+};
+
+inline PoolHandle& block_pool() {
+  static PoolHandle pool;
   return pool;
 }
 
-// Give back a block to this module's pool (each kernel module has its own: an output array
-// that took over a block gives it back through the module that made it, see
-// AppendBuffer::release).
+// Give back a block to the pool (an output array that took over a block gives it back
+// through the module that made it, see AppendBuffer::release).
 inline void pool_give(void* p, size_t bytes) { block_pool().give(p, bytes); }
 
 // A growable array of plain values that, unlike std::vector::resize, does not initialize

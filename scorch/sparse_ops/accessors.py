@@ -12,10 +12,13 @@ import torch
 from .._dispatch import register
 from ..formats import Format, as_format
 from ..gradients.values import from_values, values_of
-from ..conversion import coords
+from ..conversion import coords, dense_dim, hybrid_nnz
 from ..tensor_type import SparseTensor, as_scorch, with_values
 from .positions import values_at_coordinates
 
+
+# torch's hybrid meaning (``conversion.dense_dim``): a format with trailing dense levels
+# (``qqd``, ``dcd``) answers as torch's hybrid COO / CSR, values (index tuples, *dense dims)
 
 @register(torch.Tensor.values, torch.Tensor._values)
 def _values(t):
@@ -24,7 +27,9 @@ def _values(t):
 
 @register(torch.Tensor.indices, torch.Tensor._indices)
 def _indices(t):
-    return t.indices() if isinstance(t, SparseTensor) else NotImplemented
+    if not isinstance(t, SparseTensor):
+        return NotImplemented
+    return t.indices()
 
 
 @register(torch.Tensor.to_dense)
@@ -34,15 +39,20 @@ def _to_dense(t, dtype=None, *, masked_grad=None):
 
 @register(torch.Tensor._nnz)
 def _nnz(t):
-    return t.nnz if isinstance(t, SparseTensor) else NotImplemented
+    """torch's: the index tuples (``t.nnz``, scorch's, counts the dense dims' fill too)."""
+    return hybrid_nnz(t._storage) if isinstance(t, SparseTensor) else NotImplemented
 
 
 # --- torch.sparse's layout accessors, for code written against torch's CSR/CSC/COO ---------
 
 def _compressed_arrays(t: SparseTensor, name: str, fmt: str):
-    """(pos, crd) of a 2-D tensor stored as ``fmt`` (csr / csc); anything else says which
-    format it is and how to get the layout asked for."""
-    if t.dim() != 2 or t.format != as_format(fmt, 2):
+    """(pos, crd) of a 2-D tensor stored as ``fmt`` (csr / csc), or of torch's hybrid of one
+    (then dense dims: ``dcd``); anything else says which format it is and how to get the
+    layout asked for."""
+    base = as_format(fmt, 2)
+    dense = dense_dim(t.format)
+    if t.dim() != 2 + dense or t.format != Format(
+            "dc" + "d" * dense, base.mode_order + tuple(range(2, t.dim()))):
         raise RuntimeError(f"{name}(): expected a {fmt.upper()} tensor, got a scorch tensor of "
                            f"format {t.format} and shape {tuple(t.shape)}; convert it with "
                            f".to_format('{fmt}') first")
@@ -143,7 +153,7 @@ def _to_sparse(t, *args, layout=None, blocksize=None, dense_dim=None, sparse_dim
 def _hybrid(layout, rank: int, dense: int) -> Format:
     """The scorch format of torch's hybrid ``layout`` with ``dense`` trailing dense dims:
     COO's coordinate levels, or CSR's / CSC's two levels, then dense levels (scorch reports
-    every dim as a sparse one: ``sparse_dim``, ``dense_dim``)."""
+    torch's hybrid meaning: ``sparse_dim``, ``dense_dim``, ``values()``)."""
     sparse = rank - dense
     if dense < 0 or sparse < 1:
         raise RuntimeError(f"to_sparse: {dense} dense dims do not fit a {rank}-d tensor")
@@ -189,8 +199,8 @@ def _sparse_mask(x, mask):
             return from_values(mask._storage, vals if vals.dtype == x.dtype else vals.to(x.dtype))
     # a 0-d or blocked mask, or a result the compiler did not write on the mask's arrays:
     # x gathered at the mask's coordinates (O(stored entries))
-    coords = mask.indices()
-    return from_values(mask._storage, x[tuple(coords)] if coords.shape[1] else x.new_zeros(0))
+    at = coords(mask._storage)      # one coordinate per stored entry (dense fill included)
+    return from_values(mask._storage, x[tuple(at)] if at.shape[1] else x.new_zeros(0))
 
 
 def _sparse_sparse_mask(x: SparseTensor, mask) -> SparseTensor:

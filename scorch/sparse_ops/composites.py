@@ -145,8 +145,8 @@ def vector_norm(t: SparseTensor, ord=2, dim=None, keepdim: bool = False) -> torc
         return _negative_order_norm(t, float(ord), reduced, keepdim)
     dims = tuple(range(t.dim())) if dim is None else dim
     a = nonlinear.apply("abs", t)
-    if ord == math.inf:
-        return nonlinear.amax(a, dims, keepdim)
+    if ord == math.inf:   # dense, as every other order
+        return _shape_dense(nonlinear.amax(a, dims, keepdim))
     if ord == 0:   # dense, as every other order (a sum into a sparse result for some formats)
         s = reductions.sum(from_values(t._storage, (values_of(t) != 0).to(t.dtype)), dims, keepdim)
         return s.to_dense() if isinstance(s, SparseTensor) else s

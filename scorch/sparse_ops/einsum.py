@@ -13,7 +13,7 @@ from ..compiler_access import compiler
 from ..formats import FormatLike
 from ..level_storage import Storage
 from .. import tensor_type as _tensor_type
-from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand
+from ..tensor_type import SparseTensor, is_sparse_operand
 
 __all__ = ["einsum", "explain"]
 
@@ -111,19 +111,9 @@ def einsum(*args: Any, out_format: Optional[FormatLike] = None, sorted: bool = T
         return torch.einsum(equation, *operands)
     if _tensor_type._FWAD._current_level >= 0:
         _tensor_type._refuse_dual(einsum, operands, {})
-    if len(operands) == 1 and _sums_integers(equation, operands[0]):
-        operands = (operands[0].to(torch.int64),)
-    elif operands and all(getattr(x, "dtype", None) is torch.bool for x in operands) and \
-            any(is_sparse_operand(x) for x in operands):
-        # bool (the kernels have no bool type): products as 0/1 bytes, a contraction in
-        # int32 (an OR of ANDs, as torch's bool einsum where it has one), then bool again
-        lhs, arrow, rhs = equation.replace(" ", "").partition("->")
-        letters = lhs.replace("...", "").replace(",", "")
-        kept = set(rhs.replace("...", "")) if arrow else {c for c in letters if letters.count(c) == 1}
-        wide = torch.int32 if any(c not in kept for c in letters) else torch.uint8
-        result = einsum(equation, *(x.to(wide) for x in operands), out_format=out_format,
-                        sorted=sorted)
-        return result.to(torch.bool)
+    operands, as_bool = _kernel_operands(equation, operands)
+    if as_bool:
+        return einsum(equation, *operands, out_format=out_format, sorted=sorted).to(torch.bool)
     if _grad_enabled() and _any_requires_grad(*operands):
         # the graph goes through the Function (a SparseTensor's .requires_grad is a Python
         # __torch_function__ call, ~3 us; this C check reads every operand's flag in ~0.3 us)
@@ -146,11 +136,29 @@ def einsum(*args: Any, out_format: Optional[FormatLike] = None, sorted: bool = T
 script_as_builtin(einsum, "aten::einsum")   # torch.jit.script: torch's einsum
 
 
+def _kernel_operands(equation: str, operands) -> tuple:
+    """The operands as the kernels take them (``einsum`` and ``explain`` both, so the plan
+    explained is the one that runs), and whether the result goes back to bool: a sum of one
+    integer operand in int64 (``_sums_integers``); bool operands (the kernels have no bool
+    type) as 0/1 bytes for products, int32 for a contraction (an OR of ANDs, as torch's
+    bool einsum where it has one)."""
+    if len(operands) == 1 and _sums_integers(equation, operands[0]):
+        return (operands[0].to(torch.int64),), False
+    if operands and all(getattr(x, "dtype", None) is torch.bool for x in operands) and \
+            any(is_sparse_operand(x) for x in operands):
+        lhs, arrow, rhs = equation.replace(" ", "").partition("->")
+        letters = lhs.replace("...", "").replace(",", "")
+        kept = set(rhs.replace("...", "")) if arrow else {c for c in letters if letters.count(c) == 1}
+        wide = torch.int32 if any(c not in kept for c in letters) else torch.uint8
+        return tuple(x.to(wide) for x in operands), True
+    return operands, False
+
+
 def _sums_integers(equation: str, x) -> bool:
     """One sparse integer or bool operand summed over an index: torch.einsum sums it as
     ``sum`` does, in int64 (``"ij->j"`` of int8 counts past 127; a diagonal or transpose
     keeps the dtype)."""
-    if x.dtype.is_floating_point or x.dtype.is_complex or not is_sparse_operand(x):
+    if not is_sparse_operand(x) or x.dtype.is_floating_point or x.dtype.is_complex:
         return False
     lhs, arrow, rhs = equation.replace(" ", "").partition("->")
     letters = lhs.replace("...", "")
@@ -158,12 +166,17 @@ def _sums_integers(equation: str, x) -> bool:
     return any(c not in kept for c in letters)
 
 
-def explain(*args: Any, out_format: Optional[FormatLike] = None):
-    """The compiler's plan for this einsum and these operands; nothing runs."""
+def explain(*args: Any, out_format: Optional[FormatLike] = None, sorted: bool = True):
+    """The compiler's plan for ``einsum(*args, out_format=..., sorted=...)``; nothing runs.
+
+    The operands are prepared as ``einsum`` prepares them (the same casts: an integer sum
+    in int64, bool operands as uint8 / int32 with the result cast back to bool; the same
+    errors), so ``source`` is the kernel that runs. With only dense operands and no
+    ``out_format``, ``einsum`` is torch.einsum: the plan then has no loops, a dense
+    ``output_format`` and a ``source`` that says torch.einsum computes it."""
     equation, operands = _equation_and_operands(args)
-    compiler = _compiler()
-    operands = tuple(as_scorch(x) for x in operands)
-    return compiler.explain(equation, *operands, out_format=out_format)
+    operands, _ = _kernel_operands(equation, operands)
+    return _compiler().explain(equation, *operands, out_format=out_format, sorted=sorted)
 
 
 _any_autocast = torch._C._is_any_autocast_enabled

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .._dispatch import check_dense_size, register
+from ..conversion import dense_dim
 from ..formats import as_format
 from ..gradients.values import values_of
 from ..tensor_type import SparseTensor
@@ -459,12 +460,14 @@ for _method in (torch.Tensor.new_ones, torch.Tensor.new_full, torch.Tensor.new_t
 
 @register(torch.Tensor.sparse_dim)
 def _sparse_dim(x):
-    return x.dim()          # every dimension is a sparse one (blocks are stored, not dense dims)
+    # every dimension is a sparse one (blocks are stored, not dense dims), but the trailing
+    # dense levels of torch's hybrid layouts (``qqd``, ``dcd``: ``conversion.dense_dim``)
+    return x.dim() - dense_dim(x.format)
 
 
 @register(torch.Tensor.dense_dim)
 def _dense_dim(x):
-    return 0
+    return dense_dim(x.format)
 
 
 def repeat_interleave(t: SparseTensor, repeats, dim: Optional[int] = None) -> SparseTensor:

@@ -220,6 +220,7 @@ def _spmm_out_format(a: SparseTensor, b: torch.Tensor, equation: str):
 
 
 _PROFILER = torch.autograd.profiler
+_STRIDED = torch.strided
 
 def _sparse_dense(a, b, nd: int = 2):
     """The hot path of sparse matrix @ dense operand of rank ``nd`` (2: SpMM for ``A @ X``,
@@ -227,8 +228,12 @@ def _sparse_dense(a, b, nd: int = 2):
     straight), written out flat (each helper call costs ~0.1 us and a warm small SpMM or
     SpMV is a few us): the einsum with the output format that keeps its warm C call; None
     where another path must decide (and check), as inside an autocast block
-    (``autocast_aware``)."""
-    if type(a) is SparseTensor and type(b) is torch.Tensor and not _any_autocast() \
+    (``autocast_aware``). ``b`` must be strided: torch's sparse layouts are plain
+    ``torch.Tensor`` too, and a product with one is sparse @ sparse (``matmul``), never
+    this path (its dense result, or an error on the strides, and a wrong ``_SPMM_OUT``
+    entry for every later call)."""
+    if type(a) is SparseTensor and type(b) is torch.Tensor and b.layout is _STRIDED \
+            and not _any_autocast() \
             and not _PROFILER._is_profiler_enabled:   # (profiled: einsum names the kernel)
         st = a._storage
         if st.format is _last_spmm[0] and nd == _last_spmm[1] and _last_spmm[2] is None \
@@ -320,7 +325,7 @@ def _sparse_mm(a, b, reduce=None):
         raise RuntimeError(f"torch.sparse.mm: reduce argument must be one of sum, mean, amax, "
                            f"amin, got {reduce}")
     if not (isinstance(a, SparseTensor) and a.dim() == 2 and isinstance(b, torch.Tensor)
-            and not isinstance(b, SparseTensor) and b.dim() == 2):
+            and not is_sparse_operand(b) and b.dim() == 2):
         return NotImplemented
     if a.shape[1] != b.shape[0]:
         raise RuntimeError(f"torch.sparse.mm: mat1 and mat2 shapes cannot be multiplied "

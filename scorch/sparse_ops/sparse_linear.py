@@ -33,7 +33,7 @@ from ..gradients.values import from_values, mark_gradient, values_of
 from ..tensor_compiler.relayout import transposed
 from ..tensor_compiler.threads import threads_for
 from ..tensor_compiler.tiling import l2_cache_bytes
-from ..tensor_type import SparseTensor, is_sparse_operand
+from ..tensor_type import SparseTensor, as_scorch, is_sparse_operand
 from . import elementwise
 from . import einsum as _einsum_entry
 from .gathered_columns import gathered_columns_product
@@ -428,4 +428,5 @@ def linear(input: torch.Tensor, weight: torch.Tensor,
 @autocast_aware
 @_sparse_only
 def _linear(input, weight, bias=None):
-    return linear(input, weight, bias)
+    # torch's sparse layouts as scorch tensors (sharing arrays): the paths below read _storage
+    return linear(as_scorch(input), as_scorch(weight), bias)

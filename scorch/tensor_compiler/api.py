@@ -11,15 +11,16 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from ..formats import Format
+from ..formats import Format, as_format
 from ..level_storage import Storage
 from .codegen import print_kernel
 from .lower import lower_kernel
 from .execute import gathered_relayout, ordered_relayout, run, stored_entries, strided_reads
 from .frontend import bind_sizes, check_equation
-from .index_notation import Assignment, accesses
+from .index_notation import Assignment, accesses, parse_einsum
 from .operands import as_operand
 from .relayout import relayout_pays
+from .shared_pattern import values_plan
 from . import threads
 from .tiling import relaid_panel_narrower
 from .planner import (block_key, broadcast_key, einsum_entry, make_entry, resolve_out_format,
@@ -118,9 +119,12 @@ def einsum(equation: str, *operands, out_format=None, sorted: bool = True):
         raise
 
 
-def einsum_declined(equation: str, operands: tuple, out_format=None, sorted: bool = True):
+def einsum_declined(equation: str, operands: tuple, out_format=None, sorted: bool = True,
+                    plan_only: bool = False):
     """``einsum`` after the C warm call declined (or was not tried): the Python path.
-    ``scorch.einsum`` tries the C call itself and continues here."""
+    ``scorch.einsum`` tries the C call itself and continues here. ``plan_only``
+    (``explain``): the plan entry and the operands as prepared for it, nothing run (None
+    where torch.einsum would run), so what ``explain`` shows is what runs."""
     # the warm path: one pass builds the operands and the plan key (ints for storages,
     # dtype and rank for dense tensors; the two kinds never compare equal)
     ops = []
@@ -151,6 +155,8 @@ def einsum_declined(equation: str, operands: tuple, out_format=None, sorted: boo
             key.append(st.dtype)
             key.append(st.dim())
     if out_format is None and not sparse:
+        if plan_only:
+            return None
         return torch.einsum(check_equation(equation), *operands)   # the caller's tensors: autograd intact
     # a dense operand's size-1 extents (that may broadcast) are part of the plan: read only
     # here, past the dense-only return (under torch.jit.trace a shape test warns, 24 times
@@ -200,13 +206,49 @@ def einsum_declined(equation: str, operands: tuple, out_format=None, sorted: boo
         _fast[key] = entry
     else:
         _stats["plan_hits"] += 1
+    if plan_only:
+        return entry, ops
     if _PROFILER._is_profiler_enabled:
         # a profiler sees torch's ops only: the kernel (raw pointers, no ATen op) gets a
         # range of its own, or its time went unattributed (the output's ``aten::empty``);
         # the warm C calls step aside while one runs
         with _PROFILER.record_function(f"scorch::einsum {equation}"):
-            return run(entry, ops)
-    return run(entry, ops)
+            return run(entry, ops) if out_format is None else _run_into(entry, ops, out_format)
+    return run(entry, ops) if out_format is None else _run_into(entry, ops, out_format)
+
+
+def _dense_order(out_format, rank: int) -> Optional[Tuple[int, ...]]:
+    """The mode order of an all-dense ``out_format`` that is not row-major (None for any
+    other): ``Format("dd", mode_order=(1, 0))`` asks for a column-major result."""
+    fmt = as_format(out_format, rank)
+    if fmt.block is None and all(k.letter == "d" for k in fmt.levels) \
+            and tuple(fmt.mode_order) != tuple(range(rank)):
+        return tuple(fmt.mode_order)
+    return None
+
+
+def _run_into(entry, ops, out_format):
+    """``run`` for a call that names its ``out_format``. The kernels write a dense result
+    row-major: one in a dense format of another mode order is laid out in it (a copy of a
+    result dense by nature; ``Format("dd", mode_order=(1, 0))`` gives a column-major
+    tensor). A result that does not fit a singleton level (``"ds"``, ``"cs"``: one entry
+    per row) is an error that names the format, not only the level that refused it."""
+    try:
+        result = run(entry, ops)
+    except ValueError as e:
+        out = entry.schedule.output
+        fmt = out.final_format or out.format
+        if fmt is None or not any(k.letter == "s" for k in fmt.levels):
+            raise
+        raise ValueError(f"einsum(): the result does not fit out_format={fmt!r}, which stores "
+                         f"at most one entry below each position of the level above its "
+                         f"singleton level: {e}") from None
+    if type(result) is torch.Tensor and result.dim() > 1:
+        order = _dense_order(out_format, result.dim())
+        if order is not None:
+            inverse = sorted(range(len(order)), key=order.__getitem__)
+            result = result.permute(order).contiguous().permute(inverse)
+    return result
 
 
 _EXPR_FAST: Dict[tuple, tuple] = {}   # front cache of compute's plans (see compute)
@@ -372,12 +414,34 @@ def _bind_sizes(every, ops) -> None:
                [f"operand {a.tensor} (access {a})" for a in every], "compute()")
 
 
-def explain(equation: str, *operands, out_format=None) -> Plan:
-    """The plan for ``einsum(equation, *operands)``; nothing is compiled or run."""
+def explain(equation: str, *operands, out_format=None, sorted: bool = True) -> Plan:
+    """The plan for ``einsum(equation, *operands)``; nothing is compiled or run. The
+    operands go through ``einsum_declined`` itself (the same checks and errors, COO read
+    compressed, a dense operand's broadcast size-1 dimensions dropped), so the plan is
+    the one that runs. With only dense operands (and no ``out_format``) torch.einsum
+    runs: a plan with no loops whose ``source`` says so and whose output is dense."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    ops = _products_read_compressed(equation, _keyed_operands(operands)[0])
-    return _plan_of(einsum_entry(equation, ops, out_format), ops)
+    prepared = einsum_declined(check_equation(equation), tuple(operands), out_format, sorted,
+                               plan_only=True)
+    if prepared is None:
+        return _torch_einsum_plan(equation, operands)
+    plan = _plan_of(*prepared)
+    order = _dense_order(out_format, len(plan.output_format.levels)) \
+        if out_format is not None and plan.output_format.is_dense else None
+    if order is not None:    # laid out in the format's mode order (_run_into)
+        plan.output_format = Format(plan.output_format.levels, order)
+    return plan
+
+
+def _torch_einsum_plan(equation: str, operands) -> Plan:
+    """``explain``'s plan where only dense operands are given: ``einsum`` hands the call to
+    torch.einsum, no scorch kernel is made."""
+    spec = parse_einsum(equation, [tuple(getattr(x, "shape", ())) for x in operands])
+    rank = len(spec.assignment.output)
+    return Plan([], [], [], Format("d" * max(1, rank)),
+                "# only dense operands: torch.einsum computes this (no scorch kernel)\n",
+                [], spec.assignment)
 
 
 def _plan_of(entry, ops) -> Plan:
@@ -399,6 +463,10 @@ def _plan_of(entry, ops) -> Plan:
     if entry.dense_route is not None:
         workspaces.append("or the dense route where the dense result is at most the product's "
                           "work (computed dense, its touched rows kept: dense_route.py)")
+    if values_plan(entry):   # execute.run tries it first: then ``source`` does not run
+        workspaces.append("or values only where the sparse operands share one pattern: the "
+                          "result's values computed over the stored entries, no kernel "
+                          "(shared_pattern.py)")
     return Plan(list(s.loop_order), workspaces, list(s.tiled), ofmt, print_kernel(kernel),
                 transposes, s.assignment, s, kernel, _relayouts(entry, ops),
                 _plan_of(entry.reuse, ops) if entry.reuse is not None else None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..level_storage import Level, Storage, index_dtype_for, make_level
-from ..level_kinds.assembly import build_levels
+from ..level_kinds.assembly import build_levels, segment_chain
 from .operands import convert_storage
 from .plans import PlanEntry
 
@@ -17,7 +17,10 @@ def assemble(entry: PlanEntry, res, sizes) -> Storage:
     """The sparse output from what the kernel returned: ``(pos, crd, vals)`` of a CSR-like
     output (``codegen`` rows assembly), or level-major coordinate tuples and values."""
     out = entry.schedule.output
-    if len(res) == 3:
+    if len(res) == 3 and len(out.format.levels) > 1 and segment_chain(out.format.levels) == "chain":
+        # a chain of compressed levels (never rows assembly: those levels do not locate)
+        levels, values, idt = _chain_levels(out, res, sizes)
+    elif len(res) == 3:
         levels, values, idt = _rows_levels(out, res, sizes)
     else:
         levels, values, idt = _tuple_levels(out, res, sizes)
@@ -54,6 +57,8 @@ def _tuple_levels(out, res, sizes):
         v = out.level_vars[0]
         return [Level(kinds[0], 0, sizes[v], pos, c if c.dtype == idt else c.to(idt))], \
             torch.from_numpy(vals), idt
+    # the kernel's coordinates are in the index type already (int64 only where an extent
+    # or the count needs it)
     coords = torch.from_numpy(crd).view(len(out.level_vars), -1).t()
     built, values, count = build_levels(out.format.levels, coords, torch.from_numpy(vals),
                                         [sizes[v] for v in out.level_vars])
@@ -62,6 +67,27 @@ def _tuple_levels(out, res, sizes):
                     None if pos is None else pos.to(idt), None if c is None else c.to(idt))
               for kind, v, (pos, c) in zip(out.format.levels, out.level_vars, built)]
     return levels, values, idt
+
+
+def _chain_levels(out, res, sizes):
+    """A chain of compressed levels the kernel built (``codegen._tuples_epilogue``): the last
+    level's coordinates, the values, and the other levels packed in one array (their
+    counts ``m_0 .. m_{R-2}``, then each level's crd and the next level's pos): every level
+    array is a view of those, with no assembly pass."""
+    last, vals, up = (torch.from_numpy(x) for x in res)
+    n, U = vals.shape[0], len(out.level_vars) - 1
+    m = up[:U].tolist()
+    idt = index_dtype_for(tuple(sizes[v] for v in out.vars), n)
+    pos, at, arrays = torch.tensor([0, m[0]], dtype=up.dtype), U, []
+    for k in range(U):
+        arrays.append((pos, up[at:at + m[k]]))
+        pos = up[at + m[k]:at + 2 * m[k] + 1]
+        at += 2 * m[k] + 1
+    arrays.append((pos, last))
+    levels = [Level(kind, out.vars.index(v), sizes[v], p if p.dtype == idt else p.to(idt),
+                    c if c.dtype == idt else c.to(idt))
+              for kind, v, (p, c) in zip(out.format.levels, out.level_vars, arrays)]
+    return levels, vals, idt
 
 
 def pattern_ready(entry: PlanEntry, sizes) -> bool:

@@ -233,7 +233,8 @@ _last_cc_cmd: list[str] = []                      # for tests and debugging
 PCH_C_HEADERS: tuple[str, ...] = ("stdint.h", "stddef.h", "math.h", "omp.h")
 PCH_CXX_HEADERS: tuple[str, ...] = (
     "ios", "new", "stdexcept", "typeinfo", "utility", "mutex", "map", "unordered_map",
-    "vector", "algorithm", "cstdint", "climits", "cstdlib", "cstring", "type_traits",
+    "vector", "deque", "atomic", "algorithm", "cstdint", "climits", "cstdlib", "cstring",
+    "type_traits",
     "stdlib.h", "string.h", "math.h", "omp.h", "stdio.h", "sys/mman.h",   # + kernel_result.h's
     # workspace.h's intrinsics: ~1 s of parsing in each sparse-output kernel otherwise
     "immintrin.h" if platform.machine().lower() in ("x86_64", "amd64") else "cstddef",
@@ -775,7 +776,11 @@ def cache_clear() -> None:
     headers, temporary build folders no live build holds and the folders of earlier
     versions), empty the in-process table and reset the counters. Modules already handed
     out stay usable (they remain mapped and in ``sys.modules``). Other processes' in-flight
-    temp dirs are left alone."""
+    temp dirs are left alone. The freed output blocks kernels keep for reuse (the process
+    pool, ``scorch._runtime.workspace``) go back to malloc too."""
+    release = getattr(sys.modules.get("scorch._runtime.workspace"), "release_memory", None)
+    if release is not None:          # not imported yet: no kernel has kept a block
+        release()
     with _slow_lock:
         _memory.clear()
         _pch_threads.clear()
@@ -1113,13 +1118,16 @@ def _build(source: str, name: str, cdir: Path) -> types.ModuleType:
         pyx = work / (name + ".pyx")
         pyx.write_text(source, encoding="utf-8")
         so = work / (name + _EXT_SUFFIX)
-        if not _built_as_cxx(source, name, pyx, so, cdir, work):
+        rejected: list = []              # the C++ form's CompileError (see _built_as_cxx)
+        if not _built_as_cxx(source, name, pyx, so, cdir, work, rejected):
             cpp = _is_cpp(source)
             require_compiler(cpp)        # before any work: no compiler fails at once, clearly
             pch = _pch(cdir, cpp)        # first: a background PCH build overlaps Cython
             c_file = work / (name + (".cpp" if cpp else ".c"))
             _cythonize(pyx, c_file, name, cpp, cdir)
             _cc_with_pch(source, c_file, so, pyx, cpp, cdir, pch)
+            if rejected:                 # Cython's form built: the lowering was at fault
+                _report_cxx_fallback(name, rejected[0])
         own = work / "loaded" / so.name
         own.parent.mkdir()
         os.link(so, own)
@@ -1153,13 +1161,20 @@ def _cc_with_pch(source: str, c_file: Path, so: Path, pyx: Path, cpp: bool, cdir
         _cc(source, c_file, so, pyx, cpp, cdir, None, extra)
 
 
-def _built_as_cxx(source: str, name: str, pyx: Path, so: Path, cdir: Path, work: Path) -> bool:
+def _built_as_cxx(source: str, name: str, pyx: Path, so: Path, cdir: Path, work: Path,
+                  rejected: list | None = None) -> bool:
     """Build a kernel whose entry is ``kernel_c`` from the C++ that ``cxx_module`` lowers
     it to, skipping Cython's module code (~3x faster to compile); False when the source
-    is outside that subset (or ``SCORCH_CXX_KERNELS=0``), and Cython builds it. A C++
-    form that g++ rejects is a bug in the lowering: it is kept under ``failed/``, logged
-    as a warning and counted (``cache_info()["cxx_fallbacks"]``), and the kernel is built
-    with Cython (as it is where there is no C++ compiler: C needs only the C compiler)."""
+    is outside that subset (or ``SCORCH_CXX_KERNELS=0``), and Cython builds it.
+
+    A C++ form that g++ rejects with diagnostics in it may be a bug in the lowering: its
+    CompileError goes into ``rejected`` and the kernel is built with Cython; only once
+    that build succeeds is it reported as one (``_report_cxx_fallback``), since a Cython
+    build that fails too means the compiler or its setup is at fault. A compiler that
+    failed without reading the C++ form (it cannot run, cannot write its output, ...) is
+    the environment's fault, never the lowering's: its CompileError is raised at once
+    when the Cython route would run the same compiler (one failing call, not four or
+    five), and the Cython route is taken, unreported, when it runs another (``$CC``)."""
     if not env_flag(CXX_ENV):
         return False
     try:
@@ -1174,13 +1189,28 @@ def _built_as_cxx(source: str, name: str, pyx: Path, so: Path, cdir: Path, work:
         _cc_with_pch(source, c_file, so, pyx, True, cdir, _pch(cdir, True),
                      (f"-D{_cxx.MODULE_MACRO}={name}",))
     except CompileError as exc:
-        _stats["cxx_fallbacks"] += 1
-        logger.warning("scorch: the C++ form of kernel %s did not compile; building it with "
-                       "Cython instead. Please report this with the files it names:\n%s",
-                       name, exc)
+        # gcc locates a complaint about the code as ``file:line`` (``file:(.text+0x..)`` for
+        # the linker), where the file is the lowered C++ (a path under ``failed/`` by now)
+        if re.search(re.escape(c_file.name) + r":[\d(]", str(exc)):
+            if rejected is not None:
+                rejected.append(exc)
+            else:
+                _report_cxx_fallback(name, exc)
+            return False
+        if _is_cpp(source) or compiler_command(False) == compiler_command(True):
+            raise
         return False
     _stats["cxx_builds"] += 1
     return True
+
+
+def _report_cxx_fallback(name: str, exc: CompileError) -> None:
+    """A C++ form gcc rejected while Cython's form of the same kernel built: a lowering
+    bug, logged with the kept files and counted (``cache_info()["cxx_fallbacks"]``)."""
+    _stats["cxx_fallbacks"] += 1
+    logger.warning("scorch: the C++ form of kernel %s did not compile; building it with "
+                   "Cython instead. Please report this with the files it names:\n%s",
+                   name, exc)
 
 
 def _keep_failed(pyx: Path, c_file: Path | None, cdir: Path) -> tuple[Path, Path | None]:

@@ -34,9 +34,12 @@ variable through a scalar accumulator), or by draining a per-chunk workspace in 
 reduction above an output variable: Gustavson SpGEMM; a one-variable workspace drains
 straight into the buffers). Chunks cover increasing ranges of the outermost loop, so
 concatenating the buffers in chunk order gives sorted, unique coordinate tuples, returned
-level-major; ``pos``/``crd`` are then built in one vectorized O(nnz) pass
-(``level_kinds.assembly.build_levels``). This needs no symbolic pass and no over-allocation bound, and
-reads the inputs once; the price is one copy of the output through the buffers.
+level-major in the output's index type: one chunk's buffers become the output in place
+(``result_join_level``: no copy beside them), several are gathered into it. A chain of
+compressed levels (DCSR, CSF) has its upper levels built in the kernel from there
+(``result_chain_levels``); other formats' ``pos``/``crd`` are built in one vectorized
+O(nnz) pass (``level_kinds.assembly.build_levels``). This needs no symbolic pass and no
+over-allocation bound, and reads the inputs once.
 A CSR-like output written directly (no workspace: unions, intersections, selections) has a
 bound pass instead (``run_bound``: the loops down to the last output level, adding up that
 loop's trip-count bound, e.g. the operands' row lengths of a union) and its chunks write
@@ -51,13 +54,14 @@ from typing import Callable, Dict, List, Sequence, Tuple
 import torch
 
 from .loop_ir import (AddTo, ArgSpec, AppendEntry, Assign, Call, ChunkFunction, DenseOutput, For, If,
-                      Kernel, LevelCode, RowEnd, RowsOutput, Stmt, While)
+                      Kernel, LevelCode, RowEnd, RowsOutput, Stmt, TuplesOutput, While)
 from .lower import (CTYPES, DENSE_WS_LIMIT, ITYPES, NPTYPES, SHORT_ROWS, SHORT_ROWS_BY_DTYPE,
                     kernel_facts, lower_kernel, reads_strided, relayouts, order_relayouts, gather_relayouts, short_rows, short_rows_limit,
                     unit_stride_accesses)
 from .lower.register_tile import has_tile
 from .canonical import caller_args, canonical_schedule
 from .schedule import Schedule
+from ..level_kinds.assembly import segment_chain
 from .target import MIN_VECTOR_BYTES, SOURCE_TAG, value_bytes, vector_type_name
 
 # the type tables and schedule analyses live with the lowering; the compiler reads them here
@@ -395,8 +399,11 @@ def _no_memory(w, ind: str, test: str, what: str, count: str, free: Sequence[str
     w(f'{ind}    return result_error(res, RESULT_NOMEM, b"out of memory for the %lld {what} of the output", {count})')
 
 
-def _tuples_epilogue(k: Kernel, w, fn: str, ret: str) -> None:
-    """Run the chunks, then concatenate their coordinate tuples (level-major) and values."""
+def _tuples_epilogue(k: Kernel, w, fn: str, ret: str, chain: bool = False) -> None:
+    """Run the chunks, then concatenate their coordinate tuples (level-major, in the output's
+    index type) and values; ``chain``: the output is a chain of compressed levels (DCSR,
+    CSF), whose levels but the last are built here (``result_chain_levels``: a third
+    array), the first array holding only the last level's coordinates."""
     if isinstance(k.output, DenseOutput):
         # nothing is appended: no buffers (their allocation showed in small kernels)
         if k.panels is not None:
@@ -405,30 +412,63 @@ def _tuples_epilogue(k: Kernel, w, fn: str, ret: str) -> None:
         w(f"    return{ret}")
         return
     R, vt = k.output.levels, k.value_type
+    ct = k.buffers[0][len("AppendBuffer["):-1]     # the chunks' coordinate type
+    extents = [f"a.{name}" for name, _, _ in k.args if name.startswith("N_")]
+    if ct == "int32_t" and extents:   # int32 coordinates cannot hold a larger extent
+        w(f"    if max({', '.join(extents + ['0'])}) > 2147483647:")
+        w('        return result_error(res, RESULT_OVERFLOW, b"a loop extent does not fit the int32 '
+          'coordinates of this kernel%.0lld", 0)')
     w(f"    cdef vector[{k.buffers[0]}] crds")
     w(f"    cdef vector[{k.buffers[1]}] vals")
     w(f"    crds.resize(nchunks * {R})")
     w("    vals.resize(nchunks)")
     _run_chunks(w, fn, "&crds[0], &vals[0]", f"&crds[t * {R}], &vals[t]", choices=_variants_of(k, fn))
     _buffers_failed(w)
-    w("    total = 0")
+    w("    cdef vector[int64_t] offs")
+    w("    offs.resize(nchunks + 1)")
+    w("    offs[0] = 0")
     w("    for t in range(nchunks):")
-    w("        total += vals[t].size()")
-    # level-major coordinates: row l = level l
-    w(f"    cdef int64_t* cp = <int64_t*>result_alloc({R} * total * sizeof(int64_t))")
-    _set_array(w, "    ", 0, "cp", f"{R} * total", "int64_t")
-    w(f"    cdef {vt}* vp = <{vt}*>result_alloc(total * sizeof({vt}))")
+    w("        offs[t + 1] = offs[t] + vals[t].size()")
+    w("    total = offs[nchunks]")
+    # level-major coordinates (row l = level l) in the output's index type: int64 only
+    # where a count or an extent needs it (assemble's index_dtype_for; every loop's extent
+    # is checked, the output's among them: a wider one costs only assemble's conversion)
+    w(f"    cdef bint wide = max({', '.join(['total'] + extents)}) > 2147483647")
+    w("    cdef int64_t isz = 8 if wide else 4")
+    w("    cdef size_t nbytes")
+    w("    cdef int l")
+    w("    cdef void* cp")
+    w(f"    cdef {vt}* vp")
+    w("    if nchunks == 1 and total > 0:")
+    # one chunk: its buffers become the output, converted and resized in place (no copy
+    # of the output beside them)
+    w("        cp = NULL")
+    w(f"        for l in range({R}):")
+    w(f"            cp = result_join_level(cp, crds[l].release(&nbytes), l, {R}, total, wide)")
+    w(f"        vp = <{vt}*>result_resize(vals[0].release(&nbytes), total * sizeof({vt}))")
+    w("    else:")
+    w(f"        cp = result_alloc({R} * total * isz)")
+    w(f"        vp = <{vt}*>result_alloc(total * sizeof({vt}))")
+    w("        if cp != NULL and vp != NULL:")
+    w("            for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):")
+    w(f"                memcpy(vp + offs[t], vals[t].data(), vals[t].size() * sizeof({vt}))")
+    for l in range(R):   # unrolled: a prange body that writes no local (cxx_module)
+        w(f"                result_put_coords(vals[t].size(), {l} * total + offs[t], crds[t * {R} + {l}].data(), cp, wide)")
+    w(f"    result_array(res, 0, cp, {R} * total, RESULT_INT, isz, {R} * total * isz, result_free)")
     _set_array(w, "    ", 1, "vp", "total", vt)
     _no_memory(w, "    ", "cp == NULL or vp == NULL", "entries", "total")
-    w("    cdef int64_t l")
-    w("    off = 0")
-    w("    for t in range(nchunks):")
-    w("        n = vals[t].size()")
-    w("        if n:")
-    w(f"            for l in range({R}):")
-    w(f"                memcpy(cp + l * total + off, crds[t * {R} + l].data(), n * sizeof(int64_t))")
-    w(f"            memcpy(vp + off, vals[t].data(), n * sizeof({vt}))")
-    w("        off += n")
+    if chain:
+        w("    cdef int64_t nup = 0")
+        w("    cdef void* up")
+        w("    if wide:")
+        w(f"        up = result_chain_levels(<int64_t*>cp, {R}, total, &nup)")
+        w("    else:")
+        w(f"        up = result_chain_levels(<int32_t*>cp, {R}, total, &nup)")
+        w("    result_array(res, 2, up, nup, RESULT_INT, isz, nup * isz, result_free)")
+        _no_memory(w, "    ", "up == NULL", "levels", "total")
+        w("    cp = result_resize(cp, total * isz)   # the last level's coordinates")
+        w("    result_array(res, 0, cp, total, RESULT_INT, isz, total * isz, result_free)")
+        _no_memory(w, "    ", "cp == NULL", "entries", "total")
     w("    return RESULT_OK")
 
 
@@ -597,8 +637,8 @@ def _result_entry(k: Kernel, w) -> None:
     w("")
 
 
-def print_kernel(k: Kernel) -> str:
-    """The Cython module of kernel ``k``."""
+def print_kernel(k: Kernel, chain: bool = False) -> str:
+    """The Cython module of kernel ``k`` (``chain``: see ``_tuples_epilogue``)."""
     src: List[str] = []
     w = src.append
     w("# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True")
@@ -612,6 +652,9 @@ def print_kernel(k: Kernel) -> str:
         w(f"# {line}")
     for line in k.imports:
         w(line)
+    if isinstance(k.output, TuplesOutput):   # the tuples epilogue's helpers
+        w("from scorch._runtime.result cimport result_join_level, result_resize, result_put_coords, "
+          "result_chain_levels")
     w("")
     w("cdef struct Args:")
     for name, ct, _ in k.args:
@@ -659,7 +702,7 @@ def print_kernel(k: Kernel) -> str:
     elif rows:
         _rows_epilogue(k, w, fn)
     else:
-        _tuples_epilogue(k, w, fn, ret)
+        _tuples_epilogue(k, w, fn, ret, chain)
     w("")
     if k.c_entry:
         _c_entry(k, w)
@@ -698,6 +741,14 @@ def tiled_widths(s: Schedule, value_dtype: torch.dtype) -> Tuple[int, ...]:
                         if fn.width is not None and has_tile(fn.body)))
 
 
+def _compressed_chain(k: Kernel, s: Schedule) -> bool:
+    """The kernel appends tuples of a chain of compressed levels (DCSR, CSF: see
+    ``level_kinds.assembly.segment_chain``), built in the kernel (``_tuples_epilogue``)."""
+    fmt = s.output.format
+    return (isinstance(k.output, TuplesOutput) and fmt is not None and 1 < len(fmt.levels) <= 17
+            and segment_chain(fmt.levels) == "chain")
+
+
 def generate(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, torch.dtype],
              scalar_inner: bool = False):
     """Cython source of the kernel and its argument list (field, C type, meaning).
@@ -708,7 +759,7 @@ def generate(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, torc
     caller's letters; the argument list names the caller's variables."""
     s, back = canonical_schedule(s)
     k = lower_kernel(s, value_dtype, index_dtypes, short_module=scalar_inner)
-    src = print_kernel(k)
+    src = print_kernel(k, _compressed_chain(k, s))
     if scalar_inner:
         lines = src.split("\n")
         lines.insert(2, f"# scorch-cflags: {SHORT_ROWS_CFLAGS}")

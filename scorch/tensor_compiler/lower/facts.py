@@ -768,8 +768,9 @@ def kernel_facts(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, 
         crd_buf, val_buf = f"AppendBuffer[{oit}]", f"AppendBuffer[{vt}]"
     elif s.output.dense or s.output.pattern >= 0:   # nothing appended (the signature only)
         crd_buf, val_buf = "vector[int64_t]", f"vector[{vt}]"
-    else:   # coordinate tuples: buffers that record a failed allocation (never throw)
-        crd_buf, val_buf = "AppendBuffer[int64_t]", f"AppendBuffer[{vt}]"
+    else:   # coordinate tuples: buffers that record a failed allocation (never throw), in
+        # the operands' index type (codegen._tuples_epilogue hands them over as the output)
+        crd_buf, val_buf = f"AppendBuffer[{oit}]", f"AppendBuffer[{vt}]"
     scatter = not dot and _scattered_rows(s, out_unit, row_depth)
     widths: Tuple[int, ...] = ()
     # fixed-width variants compute on GCC vector types: arithmetic only, no function calls

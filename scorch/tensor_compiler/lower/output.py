@@ -411,6 +411,12 @@ def _drain_call(n: Nest, it: str, crd: str, vals: str) -> Call:
 _STOP_AFTER_FAILURE = If("allocation_failed()", (Call("return"),))
 
 
+def _tuple_coords(f) -> str:
+    """The C type of the coordinate tuples' buffers (``KernelFacts.crd_buf``:
+    ``AppendBuffer[T]``), the type the drain writes into them."""
+    return f.crd_buf[len("AppendBuffer["):-1]
+
+
 def _drain_runtime(n: Nest) -> List[Stmt]:
     """Drain the runtime workspace (sorted, leaves it empty) and append the entries."""
     f, d = n.facts, n.decls
@@ -443,7 +449,7 @@ def _drain_runtime(n: Nest) -> List[Stmt]:
         d.need("wb")
         body = [Assign("wb", "deref(oval).size()"), Call("deref(oval).grow(wn)"),
                 Call(f"ocrd[{L}].grow(wn)"),
-                _drain_call(n, "int64_t", f"ocrd[{L}].data() + wb", "deref(oval).data() + wb")]
+                _drain_call(n, _tuple_coords(f), f"ocrd[{L}].data() + wb", "deref(oval).data() + wb")]
         body += [For("wi", None, "wn", tuple(Call(f"ocrd[{l}].push_back({cvar(v)})")
                                              for l, v in enumerate(out.level_vars[:L])), "drain"),
                  _STOP_AFTER_FAILURE]
