@@ -464,10 +464,17 @@ def _scatter_add(input, dim, index, src, *, out=None):
 
 
 def _in_place(self, coords: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
-    """A dense ``self`` updated at ``coords`` (duplicates accumulate), recorded by autograd on
-    the dense tensor as torch's own ``index_put_``."""
+    """A dense ``self`` updated at ``coords`` (duplicates accumulate, in the entries' order),
+    recorded by autograd on the dense tensor. Not ``index_put_(accumulate=True)``: torch's CPU
+    kernel adds float repeats in parallel with atomics, so the bits changed from call to call
+    at 2 threads; a 1-d ``index_add_`` at the row-major positions adds them one after another,
+    in the order torch's own index_add_ / scatter_add_ do (the stored entries are row-major)."""
     if coords.shape[1]:
-        self.index_put_(tuple(coords), vals, accumulate=True)
+        keys = _row_major_keys(coords, self.shape)
+        if self.is_contiguous():
+            self.view(-1).index_add_(0, keys, vals)
+        else:      # a strided view: its update goes through one contiguous copy (self is dense)
+            self.copy_(self.contiguous().view(-1).index_add_(0, keys, vals).view(self.shape))
     return self
 
 

@@ -76,7 +76,7 @@ def _load_dispatch() -> None:
         _DISPATCH[:] = [lambda table, equation, operands: NotImplemented, None]
         return
     fc.configure(Storage, _SPARSE_TENSOR[0])
-    _DISPATCH[:] = [fc.dispatch, fc]
+    _DISPATCH[:] = [threads.checked(fc.dispatch), fc]   # a changed thread count noticed before the lookup
 
 
 def _not_recorded(entry: str, operands, any_operand: bool) -> None:
@@ -198,6 +198,7 @@ def einsum_declined(equation: str, operands: tuple, out_format=None, sorted: boo
             key.append(block_key(equation, ops))
             break
     key = tuple(key)
+    threads.check_requested()   # (as ``checked``): a plan priced for this thread count
     entry = _fast.get(key)
     if entry is None:
         entry = einsum_entry(equation, ops, out_format, sorted)

@@ -28,7 +28,7 @@ from .cost_model import OrderProblem, concordant_dims, measure
 
 __all__ = ["Statistics", "Estimate", "estimate", "TRANSPOSE_PASSES", "KEPT_TRANSPOSE_PASSES",
            "VECTOR_VISITS", "UPDATE_VISITS", "WIDE_WORKSPACE_VISITS", "MAP_WORKSPACE_VISITS",
-           "ROW_WORKSPACE_VISITS"]
+           "ROW_WORKSPACE_VISITS", "RESTARTED_MERGE_VISITS"]
 
 #: entry visits a transpose costs on a call that converts (count, prefix sum, scatter of
 #: coordinates and values, fresh arrays): CSC -> CSR of 45k entries takes 70 us warm and
@@ -79,6 +79,15 @@ MAP_WORKSPACE_VISITS = 400.0
 #: ``o, j, a`` on the weight's pattern 0.40 ms (~14 ns an entry, ~90 visits). Unpriced, the
 #: model chose the workspace (its ``a`` loop of extent 1 looked free).
 ROW_WORKSPACE_VISITS = 60.0
+
+#: body visits per entry of a merge against an operand's whole top (compressed) level
+#: that restarts for every iteration of an enclosing loop: a DCSR right operand of ``A @
+#: A`` in ``i, j, k`` cannot locate row ``j``, so each row of A is merged (two pointers,
+#: a branch per step) with the whole list of B's stored rows. Measured ~0.7 ns a visit
+#: (4elt, DCSR: 2.4e8 visits, 169 ms; random n = 5000, 4 a row: 2.5e7, 17 ms; 1 thread),
+#: ~4.5x a nest visit. Priced at 1, the model kept that plan over the outer product
+#: (25 ms) and, at 2 threads, chose it again as soon as it parallelized.
+RESTARTED_MERGE_VISITS = 4.0
 
 #: the extent above which a workspace is the runtime's (``lower.facts.DENSE_WS_LIMIT``)
 _DENSE_WS_LIMIT = 1 << 22
@@ -149,6 +158,13 @@ def _fanout(p: OrderProblem, acc, i: int, fmt, var: str, order: Sequence[str]) -
     return None
 
 
+def _top_level(acc, fmt, var: str, order: Sequence[str], p: OrderProblem) -> bool:
+    """Whether ``var`` is the variable of ``acc``'s first level as ``order`` reads it, a
+    compressed one (a merge there walks the whole level: :data:`RESTARTED_MERGE_VISITS`)."""
+    dims, _tr = concordant_dims(acc.indices, fmt, order, p.fixed_tail.get(acc.tensor, 0))
+    return bool(dims) and acc.indices[dims[0]] == var and fmt.levels[0].is_sparse
+
+
 def _heaviest_row_share(p: OrderProblem, outer: str) -> float:
     """The largest fraction of one operand's entries under one coordinate of ``outer``
     (its rows when ``outer`` is its first level's variable)."""
@@ -180,10 +196,23 @@ def estimate(order: Sequence[str], p: OrderProblem, threads: int = 1) -> Optiona
             if depth == len(order) - 1:
                 fans = [max(1.0, fans[0] / VECTOR_VISITS)]
         else:
-            fans = [f for acc, i, fmt in p.sparse_accesses
-                    for f in [_fanout(p, acc, i, fmt, v, order)] if f is not None]
+            # a co-iteration visits every level's entries; one that merges a whole top
+            # level under an enclosing loop pays each visit as a branchy merge step
+            fans, visits = [], 0.0
+            for acc, i, fmt in p.sparse_accesses:
+                f = _fanout(p, acc, i, fmt, v, order)
+                if f is not None:
+                    fans.append(f)
+                    top = depth and _top_level(acc, fmt, v, order, p)
+                    visits += f * (RESTARTED_MERGE_VISITS if top else 1.0)
+            if len(fans) < 2:
+                visits = sum(fans)
             if not fans:
                 fans = [float(p.extents.get(v, 1))]
+                visits = fans[0]
+            work += iters * visits
+            iters *= min(fans)
+            continue
         work += iters * sum(fans)
         iters *= min(fans)
     moved = 0.0
