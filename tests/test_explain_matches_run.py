@@ -50,6 +50,18 @@ def test_explain_shows_the_kernel_that_runs_for_a_broadcast_dense_operand(monkey
     torch.testing.assert_close(result.to_dense(), a * d)
 
 
+@pytest.mark.parametrize("equation", ["ij,jk->ik", "ij,ij->ij"])
+def test_explain_shows_the_kernel_that_builds_a_dcsr_output(monkeypatch, equation):
+    """A DCSR output's upper levels are built in the kernel (``result_chain_levels``): the
+    source explain shows is that kernel's, not the one without the chain epilogue."""
+    a, b = _matrix(7, 7, 1), _matrix(7, 7, 2)
+    A, B = (scorch.sparse_tensor(x, format="dcsr") for x in (a, b))
+    plan = scorch.explain(equation, A, B)
+    result, loaded = _run_capturing_kernels(monkeypatch, lambda: scorch.einsum(equation, A, B))
+    assert plan.source in loaded and "result_chain_levels(" in plan.source
+    torch.testing.assert_close(result.to_dense(), torch.einsum(equation, a, b))
+
+
 @pytest.mark.parametrize("equation, make, want", [
     ("ij,jk->ik", lambda a: (a > 0, (a > 0).T.contiguous()),
      lambda x, y: (x.int() @ y.int()) > 0),                               # bool, contracted

@@ -13,7 +13,7 @@ import torch
 
 from ..formats import Format, as_format
 from ..level_storage import Storage
-from .codegen import print_kernel
+from .codegen import kernel_source
 from .lower import lower_kernel
 from .execute import gathered_relayout, ordered_relayout, run, stored_entries, strided_reads
 from .frontend import bind_sizes, check_equation
@@ -222,7 +222,7 @@ def _dense_order(out_format, rank: int) -> Optional[Tuple[int, ...]]:
     """The mode order of an all-dense ``out_format`` that is not row-major (None for any
     other): ``Format("dd", mode_order=(1, 0))`` asks for a column-major result."""
     fmt = as_format(out_format, rank)
-    if fmt.block is None and all(k.letter == "d" for k in fmt.levels) \
+    if fmt.block is None and all(k.full for k in fmt.levels) \
             and tuple(fmt.mode_order) != tuple(range(rank)):
         return tuple(fmt.mode_order)
     return None
@@ -468,7 +468,7 @@ def _plan_of(entry, ops) -> Plan:
         workspaces.append("or values only where the sparse operands share one pattern: the "
                           "result's values computed over the stored entries, no kernel "
                           "(shared_pattern.py)")
-    return Plan(list(s.loop_order), workspaces, list(s.tiled), ofmt, print_kernel(kernel),
+    return Plan(list(s.loop_order), workspaces, list(s.tiled), ofmt, kernel_source(kernel, s),
                 transposes, s.assignment, s, kernel, _relayouts(entry, ops),
                 _plan_of(entry.reuse, ops) if entry.reuse is not None else None)
 

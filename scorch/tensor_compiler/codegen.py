@@ -65,7 +65,7 @@ from ..level_kinds.assembly import segment_chain
 from .target import MIN_VECTOR_BYTES, SOURCE_TAG, value_bytes, vector_type_name
 
 # the type tables and schedule analyses live with the lowering; the compiler reads them here
-__all__ = ["generate", "print_kernel", "print_stmts", "panel_widths", "cache_panels", "tiled_widths", "reads_strided", "relayouts", "order_relayouts", "gather_relayouts",
+__all__ = ["generate", "kernel_source", "print_kernel", "print_stmts", "panel_widths", "cache_panels", "tiled_widths", "reads_strided", "relayouts", "order_relayouts", "gather_relayouts",
            "short_rows", "short_rows_limit", "unit_stride_accesses", "CTYPES", "NPTYPES", "ITYPES", "ArgSpec",
            "SHORT_ROWS", "SHORT_ROWS_BY_DTYPE", "SHORT_ROWS_CFLAGS", "DENSE_WS_LIMIT", "CODEGEN_VERSION",
            "KERNEL_C_CAPSULE"]
@@ -743,10 +743,17 @@ def tiled_widths(s: Schedule, value_dtype: torch.dtype) -> Tuple[int, ...]:
 
 def _compressed_chain(k: Kernel, s: Schedule) -> bool:
     """The kernel appends tuples of a chain of compressed levels (DCSR, CSF: see
-    ``level_kinds.assembly.segment_chain``), built in the kernel (``_tuples_epilogue``)."""
+    ``level_kinds.assembly.segment_chain``), built in the kernel (``_tuples_epilogue``;
+    ``result_chain_levels`` builds at most 16 upper levels)."""
     fmt = s.output.format
     return (isinstance(k.output, TuplesOutput) and fmt is not None and 1 < len(fmt.levels) <= 17
             and segment_chain(fmt.levels) == "chain")
+
+
+def kernel_source(k: Kernel, s: Schedule) -> str:
+    """The Cython module of kernel ``k`` lowered from ``s``: what ``generate`` builds and
+    ``explain`` shows."""
+    return print_kernel(k, _compressed_chain(k, s))
 
 
 def generate(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, torch.dtype],
@@ -759,7 +766,7 @@ def generate(s: Schedule, value_dtype: torch.dtype, index_dtypes: Dict[int, torc
     caller's letters; the argument list names the caller's variables."""
     s, back = canonical_schedule(s)
     k = lower_kernel(s, value_dtype, index_dtypes, short_module=scalar_inner)
-    src = print_kernel(k, _compressed_chain(k, s))
+    src = kernel_source(k, s)
     if scalar_inner:
         lines = src.split("\n")
         lines.insert(2, f"# scorch-cflags: {SHORT_ROWS_CFLAGS}")
