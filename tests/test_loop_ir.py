@@ -223,7 +223,7 @@ def test_coo_rows_are_grouped_runs():
                       "    e0_0 += 1")) in group.body
     assert group.body[-2] == Assign("q0_0", "e0_0")            # past the run
     # coordinate tuples: a chunk stops after an outer step whose output could not grow
-    assert group.body[-1] == If("allocation_failed()", (Call("return"),))
+    assert group.body[-1] == If("deref(oval).call_failed()", (Call("return"),))
     assert ("c_j", "dense") not in _loops(k)                      # j iterates its segment
 
 

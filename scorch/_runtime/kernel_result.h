@@ -33,6 +33,9 @@ struct KernelResult {
   int narrays;
   ResultArray arrays[RESULT_MAX_ARRAYS];
   char message[256];
+  int allocation_failed;   // set (by any OpenMP worker of this call) when an output buffer
+                           // could not grow: see result_failure_flag. Last, so that
+                           // result.pyx, built before it, reads the fields above unmoved
 };
 
 inline void result_free(void* p, size_t) { free(p); }
@@ -77,6 +80,7 @@ inline void result_init(KernelResult* r) {
   r->status = RESULT_OK;
   r->narrays = 0;
   r->message[0] = 0;
+  r->allocation_failed = 0;
 }
 
 // An error: ``fmt`` with at most one ``%lld`` (``value``). Returns ``status``.
@@ -96,19 +100,24 @@ inline void result_release(KernelResult* r) {
   r->narrays = 0;
 }
 
-// Set when an output buffer could not grow inside a kernel (AppendBuffer, workspace.h): a
-// C++ exception thrown in an OpenMP region, or through the kernel's C entry, ends the
-// process, so the buffer records the failure, keeps a row's room to write into, and the
-// call ends with MemoryError (result_check_allocation). One flag per kernel module.
-inline volatile int& allocation_failed() {
-  static volatile int failed = 0;
-  return failed;
+// Where an output buffer of this call records that it could not grow (AppendBuffer,
+// workspace.h: report_failure_to): a C++ exception thrown in an OpenMP region, or through
+// the kernel's C entry, ends the process, so the buffer records the failure, keeps a row's
+// room to write into, and the call ends with MemoryError (result_check_allocation). One
+// flag per call, in its result: one per kernel module (a static) let a failing call in one
+// Python thread make another thread's call of the same kernel raise, and the failing call
+// lose its own failure (the other call's check had cleared it). Workers write it and read
+// it with relaxed atomics: any value once set stays set, and nothing else is ordered by it.
+inline int* result_failure_flag(KernelResult* r) { return &r->allocation_failed; }
+
+// Whether an output buffer of this call could not grow.
+inline int result_failed(KernelResult* r) {
+  return __atomic_load_n(&r->allocation_failed, __ATOMIC_RELAXED);
 }
 
 // After kernel_result_c: a failed allocation turns the call's result into MemoryError.
 inline void result_check_allocation(KernelResult* r) {
-  if (!allocation_failed()) return;
-  allocation_failed() = 0;
+  if (!result_failed(r)) return;
   result_release(r);
   result_error(r, RESULT_NOMEM,
                "out of memory while the kernel appended its output entries: the result does "

@@ -30,6 +30,7 @@ cdef extern from "kernel_result.h" namespace "scorch" nogil:
         int narrays
         ResultArray arrays[3]
         char message[256]
+        int allocation_failed
     void result_free(void* p, size_t nbytes)
     void* result_alloc(size_t nbytes)
     int64_t* result_zeros_i64(int64_t n)
@@ -39,7 +40,8 @@ cdef extern from "kernel_result.h" namespace "scorch" nogil:
     int result_error(KernelResult* r, int status, const char* fmt, int64_t value)
     void result_release(KernelResult* r)
     void result_check_allocation(KernelResult* r)
-    int allocation_failed()
+    int* result_failure_flag(KernelResult* r)
+    int result_failed(KernelResult* r)
     void result_hand_over(KernelResult* r, int i, void* block, size_t nbytes, int64_t n, int kind,
                           int itemsize, give_fn give)
     void result_gather[C, V](int64_t n, int64_t off, const C* crd, const V* val, void* crd_out,

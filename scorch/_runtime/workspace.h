@@ -764,7 +764,8 @@ class alignas(64) AppendBuffer {
   AppendBuffer(const AppendBuffer&) = delete;
   AppendBuffer& operator=(const AppendBuffer&) = delete;
   AppendBuffer(AppendBuffer&& o) noexcept
-      : ptr(o.ptr), n(o.n), cap(o.cap), failed(o.failed), sink(o.sink), sink_bytes(o.sink_bytes) {
+      : ptr(o.ptr), n(o.n), cap(o.cap), failed(o.failed), sink(o.sink), sink_bytes(o.sink_bytes),
+        call_failed_(o.call_failed_) {
     o.ptr = nullptr;
     o.n = o.cap = 0;
     o.failed = false;
@@ -793,6 +794,14 @@ class alignas(64) AppendBuffer {
   inline int64_t size() const { return n; }
   // Give back the last k values grow() added (room a read-out did not fill).
   inline void trim(int64_t k) { n -= k; }
+  // Record a failed allocation also in ``*flag``: the call's flag (kernel_result.h:
+  // result_failure_flag), which every buffer of the call shares, so that one chunk's
+  // failure stops the others and fails that call, and no other.
+  inline void report_failure_to(int* flag) { call_failed_ = flag; }
+  // Whether this buffer, or another buffer of its call, could not grow.
+  inline bool call_failed() const {
+    return failed || (call_failed_ != nullptr && __atomic_load_n(call_failed_, __ATOMIC_RELAXED));
+  }
   // Hand the block over (its size in bytes to ``*bytes``; pool_give takes it back): the
   // output array of a call whose entries all sit in this one buffer is this memory, with
   // no copy into fresh pages. The buffer is empty afterwards.
@@ -807,8 +816,8 @@ class alignas(64) AppendBuffer {
  private:
   T* ptr = nullptr;
   int64_t n = 0, cap = 0;
-  // After a failed allocation (``fail``): the kernel's result is lost (allocation_failed:
-  // its entry returns before reading any buffer, and the call raises MemoryError), but its
+  // After a failed allocation (``fail``): the kernel's result is lost (call_failed: its
+  // entry returns before reading any buffer, and the call raises MemoryError), but its
   // chunk runs to the end, writing at ``data() + size()`` or where grow() points. So writes
   // go to a small ``sink`` block with room for the values written at a time: ``n`` keeps
   // counting, and ``ptr`` is placed ``n`` values before the sink, so that both ways of
@@ -816,10 +825,11 @@ class alignas(64) AppendBuffer {
   bool failed = false;
   T* sink = nullptr;
   size_t sink_bytes = 0;
+  int* call_failed_ = nullptr;   // the call's flag (report_failure_to)
 
   void fail(int64_t need) {
     if (!failed) {
-      allocation_failed() = 1;
+      if (call_failed_ != nullptr) __atomic_store_n(call_failed_, 1, __ATOMIC_RELAXED);
       failed = true;
       block_pool().give(ptr, static_cast<size_t>(cap) * sizeof(T));   // the lost entries
     }

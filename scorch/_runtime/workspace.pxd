@@ -92,6 +92,8 @@ cdef extern from "workspace.h" namespace "scorch" nogil:
         int64_t size()
         void trim(int64_t k)
         T* release(size_t* nbytes)
+        void report_failure_to(int* flag)
+        bint call_failed()
 
     void pool_give(void* p, size_t nbytes)
 

@@ -41,6 +41,14 @@ class _NotOnePattern(RuntimeError):
     """An operand the values-level op cannot take: a dense tensor, another pattern."""
 
 
+#: what an operand of another pattern means inside an optimizer step, and what to do: the
+#: out-of-place form a pattern error otherwise suggests is not the user's to choose there
+STALE_STATE_HINT = ("In an optimizer step this is state kept from before the parameter's "
+                    "pattern changed (pruning, p.data = ...; e.g. SGD's momentum buffer, "
+                    "Adam's moments): reset it, optimizer.state[p] = {}, or build a new "
+                    "optimizer")
+
+
 def _values(name: str, P: Storage, x: Any, k: int):
     """Operand ``k`` as the value-array op sees it."""
     if isinstance(x, SparseTensor):
@@ -49,9 +57,7 @@ def _values(name: str, P: Storage, x: Any, k: int):
             raise _NotOnePattern(
                 f"scorch: {name}: operand {k} has a different sparsity pattern than the first "
                 f"sparse operand (values-level ops need one pattern; convert or union first). "
-                f"In an optimizer step this is state kept from before the parameter's pattern "
-                f"changed (pruning, p.data = ...): reset it, optimizer.state[p] = {{}}, or "
-                f"build a new optimizer")
+                + STALE_STATE_HINT)
         return st.values
     if isinstance(x, torch.Tensor) and x.dim() > 0 and x.numel() != 1:
         raise _NotOnePattern(

@@ -24,7 +24,7 @@ import torch
 
 from .._dispatch import check_dense_size, register
 from ..gradients.optimizer_step import values_level
-from ..gradients.optim_ops import check_scalar_step
+from ..gradients.optim_ops import STALE_STATE_HINT, check_scalar_step
 from ..gradients.pattern import same_pattern
 from ..gradients.values import from_values, values_of, with_dtype
 from .. import tensor_type as _tensor_type
@@ -531,8 +531,8 @@ def _store_in_place(name: str, self, result) -> torch.Tensor:
         if outside:
             raise RuntimeError(f"{name}: the result is dense (e.g. adding a dense tensor or a "
                                f"scalar) and nonzero at {outside} positions outside the sparse "
-                               f"tensor's pattern, so it cannot be stored in it in place; use "
-                               f"the out-of-place form")
+                               f"tensor's pattern, so it cannot be stored in it in place"
+                               + _pattern_remedy())
         st.values.copy_(picked.to(st.values.dtype))
         return self
     rs = result.to_format(st.format)._storage
@@ -542,17 +542,25 @@ def _store_in_place(name: str, self, result) -> torch.Tensor:
         return self
     if st.format.block is not None:
         raise RuntimeError(f"{name}: the result's pattern differs from the blocked sparse "
-                           f"tensor's; in-place ops keep the pattern, use the out-of-place form")
+                           f"tensor's; in-place ops keep the pattern" + _pattern_remedy())
     own, theirs = _level_keys(st), _level_keys(rs)
     at = torch.searchsorted(own, theirs)
     inside = at < own.numel()
     if not bool(inside.all()) or not torch.equal(own[at], theirs):
         raise RuntimeError(f"{name}: the result stores entries outside the sparse tensor's "
-                           f"pattern (in-place ops keep the pattern); use the out-of-place form")
+                           f"pattern (in-place ops keep the pattern)" + _pattern_remedy())
     fresh = torch.zeros_like(values)
     fresh[at] = rs.values.to(values.dtype)
     values.copy_(fresh)
     return self
+
+
+def _pattern_remedy() -> str:
+    """How an error for an in-place result off the pattern ends: use the out-of-place form,
+    except in an optimizer step (``values_level``), where the operand off the pattern is the
+    optimizer's state from an older pattern (SGD's ``param.add_(momentum_buffer)`` after
+    pruning) and the user writes no op to change: reset that state."""
+    return ". " + STALE_STATE_HINT if values_level() else "; use the out-of-place form"
 
 
 def _in_place(name: str, self, other, op) -> torch.Tensor:

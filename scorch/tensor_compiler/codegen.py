@@ -422,6 +422,7 @@ def _tuples_epilogue(k: Kernel, w, fn: str, ret: str, chain: bool = False) -> No
     w(f"    cdef vector[{k.buffers[1]}] vals")
     w(f"    crds.resize(nchunks * {R})")
     w("    vals.resize(nchunks)")
+    _sharing_failure(w, R)
     _run_chunks(w, fn, "&crds[0], &vals[0]", f"&crds[t * {R}], &vals[t]", choices=_variants_of(k, fn))
     _buffers_failed(w)
     w("    cdef vector[int64_t] offs")
@@ -484,6 +485,7 @@ def _rows_epilogue(k: Kernel, w, fn: str) -> None:
     w(f"    cdef vector[{k.buffers[1]}] vals")
     w("    crds.resize(nchunks)")
     w("    vals.resize(nchunks)")
+    _sharing_failure(w, 1)
     _run_chunks(w, fn, "&crds[0], &vals[0]", "&crds[t], &vals[t]", choices=_variants_of(k, fn))
     _buffers_failed(w)
     _offsets_and_pos(o, w, "vals[t].size()", "appended")
@@ -501,10 +503,20 @@ def _rows_epilogue(k: Kernel, w, fn: str) -> None:
     w("    return RESULT_OK")
 
 
+def _sharing_failure(w, R: int) -> None:
+    """Every output buffer of the call (``R`` coordinate buffers and one value buffer a
+    chunk) records a failed allocation in the call's flag (``result_failure_flag``), not
+    the module's: a call in another Python thread neither sees it nor clears it."""
+    w("    for t in range(nchunks):")
+    w("        vals[t].report_failure_to(result_failure_flag(res))")
+    for l in range(R):
+        w(f"        crds[t * {R} + {l}].report_failure_to(result_failure_flag(res))")
+
+
 def _buffers_failed(w) -> None:
-    """An output buffer that could not grow (``AppendBuffer``, ``workspace.h``) lost the
-    chunks' entries: no buffer is read, and the call raises MemoryError."""
-    w("    if allocation_failed():")
+    """An output buffer of this call that could not grow (``AppendBuffer``, ``workspace.h``)
+    lost the chunks' entries: no buffer is read, and the call raises MemoryError."""
+    w("    if result_failed(res):")
     w('        return result_error(res, RESULT_NOMEM, b"out of memory while the kernel appended '
       'its output entries: the result does not fit in memory%.0lld", 0)')
 

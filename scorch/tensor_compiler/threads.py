@@ -60,6 +60,7 @@ _ADAPTIVE = env_flag("SCORCH_ADAPTIVE_THREADS")
 _free_cores = None
 _load_known_at = None    # monotonic time from which the load estimate covers a whole window
 _load_known = not _ADAPTIVE
+_START_LOCK = threading.Lock()   # the load estimate's start (``_start_load_estimate``), once
 
 
 #: called when the requested thread count (``torch.get_num_threads()``) differs from the one
@@ -116,7 +117,7 @@ def threads_for(work: int) -> int:
     OpenMP workers as load. Until it has measured one whole window, one thread: its first
     reading reports no load, and the first 2-thread SpMV calls of a process on a busy
     machine took 20-50 ms instead of 13 us."""
-    global _free_cores, _load_known_at, _load_known
+    global _load_known
     T = torch.get_num_threads()
     if T != getattr(_seen, "count", None):
         _check_requested(T)
@@ -125,15 +126,27 @@ def threads_for(work: int) -> int:
     if T <= 1 or work < PARALLEL_MIN_WORK or (PASSIVE and work < PASSIVE_MIN_WORK):
         return 1
     if _free_cores is None:
-        from .._runtime.convert import free_cores
-        _free_cores = free_cores
-        _free_cores(T)    # opens the first window
-        _load_known_at = time.monotonic() + LOAD_WINDOW_S
+        _start_load_estimate(T)
     if not _load_known:
         if time.monotonic() < _load_known_at:
             return 1
         _load_known = True
     return _free_cores(T)
+
+
+def _start_load_estimate(T: int) -> None:
+    """Open the load estimate's first window, once per process. Under a lock, and
+    ``_free_cores`` set last: the first reading releases the GIL (it reads /proc), and a
+    second thread that saw ``_free_cores`` before ``_load_known_at`` compared the clock with
+    None (TypeError in user threads, and a lost gradient where a backward thread died)."""
+    global _free_cores, _load_known_at
+    with _START_LOCK:
+        if _free_cores is not None:
+            return
+        from .._runtime.convert import free_cores
+        free_cores(T)    # opens the first window
+        _load_known_at = time.monotonic() + LOAD_WINDOW_S
+        _free_cores = free_cores
 
 
 def work_of(data) -> int:

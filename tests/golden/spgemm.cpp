@@ -116,7 +116,7 @@ static void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer<int32_t>*
                 (*(ocrd)).grow(wn);
                 dense_ws_drain_list<int32_t, float>(wl, wc, wv, wm, ((*(ocrd)).data() + wb), ((*(oval)).data() + wb), wsp->sort_tmp);
                 a.out_pos[(c_i + 1)] += wn;
-                if (allocation_failed()) {
+                if ((*(oval)).call_failed()) {
                     return;
                 }
             }
@@ -202,7 +202,7 @@ static void run_chunk_scan(Args* pa, int64_t clo, int64_t chi, AppendBuffer<int3
                 (*(oval)).trim((wsize - wn));
                 (*(ocrd)).trim((wsize - wn));
                 a.out_pos[(c_i + 1)] += wn;
-                if (allocation_failed()) {
+                if ((*(oval)).call_failed()) {
                     return;
                 }
             }
@@ -273,7 +273,7 @@ static void run_chunk_map(Args* pa, int64_t clo, int64_t chi, AppendBuffer<int32
                 (*(ocrd)).grow(wn);
                 ws.drain(((*(ocrd)).data() + wb), ((*(oval)).data() + wb), 0);
                 a.out_pos[(c_i + 1)] += wn;
-                if (allocation_failed()) {
+                if ((*(oval)).call_failed()) {
                     return;
                 }
             }
@@ -377,6 +377,14 @@ static int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelR
     a.out_pos = pp;
     crds.resize(nchunks);
     vals.resize(nchunks);
+    {
+        int64_t scorch_end2 = nchunks;
+        for (int64_t scorch_i2 = 0; scorch_i2 < scorch_end2; scorch_i2 += 1) {
+            t = scorch_i2;
+            vals[t].report_failure_to(result_failure_flag(res));
+            crds[((t * 1) + 0)].report_failure_to(result_failure_flag(res));
+        }
+    }
     if ((nchunks == 1)) {
         {
             if ((fn == run_chunk)) {
@@ -395,11 +403,11 @@ static int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelR
     }
     else {
         {
-            int64_t scorch_end2 = nchunks;
-            if (scorch_end2 > 0) {
+            int64_t scorch_end3 = nchunks;
+            if (scorch_end3 > 0) {
 #pragma omp parallel for schedule(dynamic) num_threads(nthreads)
-                for (int64_t scorch_i2 = 0; scorch_i2 < scorch_end2; scorch_i2++) {
-                    int64_t t = scorch_i2;
+                for (int64_t scorch_i3 = 0; scorch_i3 < scorch_end3; scorch_i3++) {
+                    int64_t t = scorch_i3;
                     if ((fn == run_chunk)) {
                         run_chunk((&a), bounds[t], bounds[(t + 1)], (&crds[t]), (&vals[t]));
                     }
@@ -416,15 +424,15 @@ static int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelR
             }
         }
     }
-    if (allocation_failed()) {
+    if (result_failed(res)) {
         return result_error(res, RESULT_NOMEM, "out of memory while the kernel appended its output entries: the result does not fit in memory%.0lld", 0);
     }
     offs.resize((nchunks + 1));
     offs[0] = 0;
     {
-        int64_t scorch_end3 = nchunks;
-        for (int64_t scorch_i3 = 0; scorch_i3 < scorch_end3; scorch_i3 += 1) {
-            t = scorch_i3;
+        int64_t scorch_end4 = nchunks;
+        for (int64_t scorch_i4 = 0; scorch_i4 < scorch_end4; scorch_i4 += 1) {
+            t = scorch_i4;
             offs[(t + 1)] = (offs[t] + vals[t].size());
         }
     }
@@ -452,11 +460,11 @@ static int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelR
         return result_error(res, RESULT_NOMEM, "out of memory for the %lld entries of the output", total);
     }
     {
-        int64_t scorch_end4 = nchunks;
-        if (scorch_end4 > 0) {
+        int64_t scorch_end5 = nchunks;
+        if (scorch_end5 > 0) {
 #pragma omp parallel for schedule(dynamic) num_threads(nthreads)
-            for (int64_t scorch_i4 = 0; scorch_i4 < scorch_end4; scorch_i4++) {
-                int64_t t = scorch_i4;
+            for (int64_t scorch_i5 = 0; scorch_i5 < scorch_end5; scorch_i5++) {
+                int64_t t = scorch_i5;
                 result_gather(vals[t].size(), offs[t], crds[t].data(), vals[t].data(), cp, vp, wide);
             }
         }

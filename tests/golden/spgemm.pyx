@@ -18,7 +18,7 @@ from scorch._runtime.workspace cimport AppendBuffer, DenseScratch, SparseWorkspa
 from scorch._runtime.workspace cimport dense_ws_drain_scan
 from cython.operator cimport dereference as deref, preincrement as inc
 from cython.parallel cimport prange
-from scorch._runtime.result cimport KernelResult, RESULT_OK, RESULT_OVERFLOW, RESULT_RUNTIME, RESULT_NOMEM, RESULT_INT, RESULT_UINT, RESULT_FLOAT, result_init, result_alloc, result_free, result_zeros_i64, result_array, result_error, result_hand_over, result_gather, result_pos, result_check_allocation, allocation_failed, result_to_python
+from scorch._runtime.result cimport KernelResult, RESULT_OK, RESULT_OVERFLOW, RESULT_RUNTIME, RESULT_NOMEM, RESULT_INT, RESULT_UINT, RESULT_FLOAT, result_init, result_alloc, result_free, result_zeros_i64, result_array, result_error, result_hand_over, result_gather, result_pos, result_check_allocation, result_failed, result_failure_flag, result_to_python
 
 cdef struct Args:
     int64_t N_i
@@ -98,7 +98,7 @@ cdef void run_chunk(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* o
             deref(ocrd).grow(wn)
             dense_ws_drain_list[int32_t, float](wl, wc, wv, wm, deref(ocrd).data() + wb, deref(oval).data() + wb, wsp.sort_tmp)
             a.out_pos[c_i + 1] += wn
-            if allocation_failed():
+            if deref(oval).call_failed():
                 return
 
 cdef void run_chunk_scan(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* ocrd, AppendBuffer[float]* oval) noexcept nogil:
@@ -164,7 +164,7 @@ cdef void run_chunk_scan(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_
             deref(oval).trim(wsize - wn)
             deref(ocrd).trim(wsize - wn)
             a.out_pos[c_i + 1] += wn
-            if allocation_failed():
+            if deref(oval).call_failed():
                 return
 
 cdef void run_chunk_map(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t]* ocrd, AppendBuffer[float]* oval) noexcept nogil:
@@ -215,7 +215,7 @@ cdef void run_chunk_map(Args* pa, int64_t clo, int64_t chi, AppendBuffer[int32_t
             deref(ocrd).grow(wn)
             ws.drain(deref(ocrd).data() + wb, deref(oval).data() + wb, 0)
             a.out_pos[c_i + 1] += wn
-            if allocation_failed():
+            if deref(oval).call_failed():
                 return
 
 cdef int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelResult* res) noexcept nogil:
@@ -270,6 +270,9 @@ cdef int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelRes
     cdef vector[AppendBuffer[float]] vals
     crds.resize(nchunks)
     vals.resize(nchunks)
+    for t in range(nchunks):
+        vals[t].report_failure_to(result_failure_flag(res))
+        crds[t * 1 + 0].report_failure_to(result_failure_flag(res))
     if nchunks == 1:
         with nogil:
             if fn == run_chunk:
@@ -290,7 +293,7 @@ cdef int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelRes
                 run_chunk_map(&a, bounds[t], bounds[t + 1], &crds[t], &vals[t])
             else:
                 fn(&a, bounds[t], bounds[t + 1], &crds[t], &vals[t])
-    if allocation_failed():
+    if result_failed(res):
         return result_error(res, RESULT_NOMEM, b"out of memory while the kernel appended its output entries: the result does not fit in memory%.0lld", 0)
     cdef vector[int64_t] offs
     offs.resize(nchunks + 1)

@@ -282,7 +282,7 @@ def _imports(f: KernelFacts, short_module: bool) -> Tuple[str, ...]:
 RESULT_DECL = ("from scorch._runtime.result cimport KernelResult, RESULT_OK, RESULT_OVERFLOW, RESULT_RUNTIME, "
                "RESULT_NOMEM, RESULT_INT, RESULT_UINT, RESULT_FLOAT, result_init, result_alloc, result_free, "
                "result_zeros_i64, result_array, result_error, result_hand_over, result_gather, "
-               "result_pos, result_check_allocation, allocation_failed, result_to_python")
+               "result_pos, result_check_allocation, result_failed, result_failure_flag, result_to_python")
 
 
 def _has_c_entry(f: KernelFacts) -> bool:

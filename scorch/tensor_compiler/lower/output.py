@@ -406,9 +406,10 @@ def _drain_call(n: Nest, it: str, crd: str, vals: str) -> Call:
     return Call(f"dense_ws_drain_list[{it}, {n.facts.vt}](wl, wc, wv, wm, {crd}, {vals}, wsp.sort_tmp)")
 
 
-#: a chunk stops at the row after an output buffer failed to grow (``AppendBuffer``): the
-#: call raises MemoryError, and the rest of the product would only be computed into nothing
-_STOP_AFTER_FAILURE = If("allocation_failed()", (Call("return"),))
+#: a chunk stops at the row after an output buffer of its call failed to grow
+#: (``AppendBuffer.call_failed``: its own, or another chunk's): the call raises MemoryError,
+#: and the rest of the product would only be computed into nothing
+_STOP_AFTER_FAILURE = If("deref(oval).call_failed()", (Call("return"),))
 
 
 def _tuple_coords(f) -> str:
