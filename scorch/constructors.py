@@ -112,7 +112,10 @@ def sparse_tensor(data: Any, size: Optional[Sequence[int]] = None, format: Forma
     ``format`` defaults to COO for dense, numpy and coordinate input, and to the matching
     format (shared arrays, no copy) for torch sparse and scipy input. Duplicate coordinates
     are summed. ``size`` is required only for ``(indices, values)`` input, where it defaults
-    to one more than the largest coordinate in each dimension."""
+    to one more than the largest coordinate in each dimension. An ``(indices, values)`` pair
+    is copied (sorted into the format's order), so a later write to ``values`` does not
+    reach the result, unlike ``torch.sparse_coo_tensor``'s, which aliases it; write through
+    ``A.values()`` instead."""
     _check_dtype_arg(dtype)
     # a transform's wrapped tensor or a dual tensor would lose its batch dim / tangent here
     refuse_transformed_source("scorch.sparse_tensor",

@@ -24,8 +24,20 @@ O(nnz) pass (``scorch._runtime.validate``, about 0.7 ms per million entries of C
 coordinate out of range, a decreasing, short or overlong pointer array, or a values array
 of the wrong length is a ValueError naming the operand, the array, the entry and the value.
 Unsorted or repeated coordinates, valid in torch and scipy, are sorted and summed into a
-copy. For a torch tensor the verdict (and any canonical copy) is kept until its version
-counter moves (its index arrays share the counter), so a warm einsum pays only a lookup.
+copy. For a torch tensor the verdict that its arrays can be read as they are is kept until
+its version counter moves (its index arrays' aliases share the counter), so a warm einsum
+pays only a lookup; a canonical copy is made again each call, as torch's ``coalesce`` is:
+the tensors given to torch's constructor alias its arrays with version counters of their
+own, so a copy kept would miss their writes.
+
+Shared memory is written where no torch version counter sees it: through the numpy arrays
+of a scipy matrix (``m.data *= 2``, ``m.sort_indices()``), a torch sparse tensor's
+constructor arguments, or the tensors and arrays ``to_torch`` / ``to_scipy`` hand out over
+scorch's own. Such arrays are marked ``tensor_cache.untracked``, so nothing scorch derives
+from their contents (a kept transpose's gathered values, a pattern's conversion) is reused
+unchecked. Writes through ``.values().numpy()`` are not seen (as torch's autograd does not
+see them): after one, pass the tensor through ``scorch.sparse_tensor(A.to_scipy())`` or
+write through torch (``A.values().mul_(2)``).
 """
 from __future__ import annotations
 
@@ -38,7 +50,7 @@ import torch
 from .conversion import dense_dim, hybrid_values
 from .formats import Format, LevelKind, as_format
 from .level_storage import Level, Storage, sorted_segment_keys
-from .tensor_cache import TensorKeyedCache, version
+from .tensor_cache import TensorKeyedCache, untracked, version
 
 __all__ = ["from_torch", "to_torch", "from_scipy", "to_scipy"]
 
@@ -62,9 +74,9 @@ def _index_pair(a: torch.Tensor, b: torch.Tensor):
     return a, b
 
 
-#: a torch sparse tensor -> (None when its arrays are canonical and were checked, else the
-#: canonical Storage built from them,), kept per version counter. The index arrays
-#: share the tensor's version counter, so an in-place change of any of them is seen.
+#: a torch sparse tensor whose arrays were checked canonical (read as they are) -> True, per
+#: version counter (its arrays' aliases share it: an in-place op on the tensor or its
+#: ``values()`` moves it)
 _CHECKED = TensorKeyedCache()
 
 
@@ -80,14 +92,18 @@ def from_torch(x: torch.Tensor) -> Storage:
     verdict is kept until the tensor's version counter moves): an index out of range, a
     malformed pointer array or a values array of the wrong length raise ValueError naming
     the problem; unsorted or repeated coordinates (valid in torch) are sorted and summed into
-    a copy."""
+    a copy, made again each call (the module docstring says why). The arrays read as they
+    are get marked ``untracked``."""
     layout = x.layout
     if x.device.type != "cpu":
         raise ValueError(f"sparse tensor on {x.device}: scorch works on CPU tensors")
-    checked = _CHECKED.get(x, stamp=version(x))
-    if checked is None:     # checked once per tensor version: (the canonical Storage or None,)
-        checked = _CHECKED.put(x, (_checked_torch(x, layout),), stamp=version(x))
-    return checked[0] if checked[0] is not None else _torch_storage(x)
+    stamp = version(x)   # (read before the check: a write during it must miss next time)
+    if _CHECKED.get(x, stamp=stamp) is None:
+        canonical = _checked_torch(x, layout)
+        if canonical is not None:
+            return canonical
+        _CHECKED.put(x, True, stamp=stamp)
+    return _torch_storage(x, shared=True)
 
 
 def _checked_torch(x: torch.Tensor, layout) -> Optional[Storage]:
@@ -171,12 +187,16 @@ def _canonical_segments(pos: torch.Tensor, crd: torch.Tensor, values: torch.Tens
     return new_pos.to(idx), new_crd.to(idx), summed
 
 
-def _torch_storage(x: torch.Tensor) -> Storage:
-    """Storage over the arrays of a checked torch sparse tensor (no copy)."""
+def _torch_storage(x: torch.Tensor, shared: bool = False) -> Storage:
+    """Storage over the arrays of a checked torch sparse tensor (no copy); ``shared``: the
+    arrays are the user's tensor's, marked ``untracked``."""
     layout = x.layout
+    if layout is torch.sparse_coo and not x.is_coalesced():
+        x = x.coalesce()
+    if shared:
+        for a in torch_arrays(x):
+            untracked(a)
     if layout is torch.sparse_coo:
-        if not x.is_coalesced():
-            x = x.coalesce()
         indices, values = x._indices(), x._values()
         sparse_dims = indices.shape[0]
         dense_dims = x.dim() - sparse_dims
@@ -239,7 +259,28 @@ def to_torch(st: Storage, *, internal: bool = False) -> torch.Tensor:
 
     ``internal=True``: the tensor is scorch's own (a CSR factor handed to a torch kernel),
     not one the user asked for (``SparseTensor.to_torch()``): torch's "Sparse CSR tensor
-    support is in beta state" warning is not shown for it."""
+    support is in beta state" warning is not shown for it.
+
+    The user's tensor shares scorch's arrays, but writes through its ``values()`` (and
+    index accessors) move only its own version counter: the shared arrays are marked
+    ``untracked``."""
+    out = _to_torch(st, internal)
+    if not internal and out.layout is not torch.strided:
+        for a in torch_arrays(out):   # (the memory scorch's arrays share with them)
+            untracked(a)
+    return out
+
+
+def torch_arrays(x: torch.Tensor) -> tuple:
+    """A torch sparse tensor's index and value arrays."""
+    if x.layout is torch.sparse_coo:
+        return x._indices(), x._values()
+    if x.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return x.crow_indices(), x.col_indices(), x.values()
+    return x.ccol_indices(), x.row_indices(), x.values()
+
+
+def _to_torch(st: Storage, internal: bool) -> torch.Tensor:
     st = st.with_sorted_coordinates()
     fmt = st.format
     if fmt.is_dense and fmt.block is None:
@@ -301,7 +342,8 @@ def _t(a: np.ndarray, name: str = "a scipy.sparse array") -> torch.Tensor:
 
 
 def from_scipy(m) -> Storage:
-    """Storage sharing a scipy matrix/array's arrays where its layout is canonical."""
+    """Storage sharing a scipy matrix/array's arrays where its layout is canonical (marked
+    ``untracked``: scipy writes them in place, ``m.data *= 2``, ``m.sort_indices()``)."""
     sp = _sp()
     if not sp.issparse(m):
         raise TypeError(f"from_scipy: expected a scipy.sparse matrix or array, got {type(m).__name__}")
@@ -324,12 +366,16 @@ def from_scipy(m) -> Storage:
         verdict = _validate().compressed(
             indptr, indices, grid[outer], grid[inner], data.shape[0] if data.ndim else 0,
             operand, "indptr", "indices", "column" if rowwise else "row", exact=False)
-        if verdict != _validate().CANONICAL:
+        shared = verdict == _validate().CANONICAL
+        if not shared:
             m = m.copy()
             m.sum_duplicates()  # sorts indices too; safe now that they are in range
         nnz = int(m.indptr[-1])
         pos, crd = _index_pair(_t(m.indptr), _t(m.indices[:nnz]))
         values = _t(m.data[:nnz]).reshape(-1)
+        if shared:
+            for a in (pos, crd, values):
+                untracked(a)
         if fmt_name == "bsr":
             levels = [Level(_D, 0, grid[0]), Level(_C, 1, grid[1], pos, crd),
                       Level(_D, 0, block[0], block_inner=True),
@@ -347,11 +393,19 @@ def from_scipy(m) -> Storage:
                                       shape, f"row/col of a scipy coo matrix of shape {shape}")
     if verdict == _validate().CANONICAL:
         row, col = _index_pair(row, col)
+        for a in (row, col, data):
+            untracked(a)
         pos = torch.tensor([0, row.numel()], dtype=row.dtype)
         levels = [Level(_Q, 0, shape[0], pos, row), Level(_Q, 1, shape[1], None, col)]
         return Storage(Format("qq"), shape, levels, data, row.dtype)
     return _convert().from_coords(torch.stack([row.to(torch.int64), col.to(torch.int64)]),
                                   data, shape, Format("qq"))
+
+
+def _lent(t: torch.Tensor) -> np.ndarray:
+    """``t.numpy()``, with ``t``'s memory marked ``untracked``."""
+    untracked(t)
+    return t.numpy()
 
 
 #: value types scipy.sparse computes with (float16 arrays it builds but cannot multiply)
@@ -360,7 +414,8 @@ _SCIPY_DTYPES = frozenset({torch.float32, torch.float64, torch.complex64, torch.
 
 
 def to_scipy(st: Storage, kind: str = "array"):
-    """scipy.sparse ``*_array`` (or ``*_matrix`` with kind="matrix") sharing arrays."""
+    """scipy.sparse ``*_array`` (or ``*_matrix`` with kind="matrix") sharing arrays (marked
+    ``untracked``: scipy writes them in place)."""
     sp = _sp()
     if kind not in ("array", "matrix"):
         raise ValueError(f"to_scipy: kind must be 'array' or 'matrix', got {kind!r}")
@@ -372,9 +427,9 @@ def to_scipy(st: Storage, kind: str = "array"):
             # scipy >= 1.13: n-d (and 1-d) COO arrays
             if st.format != Format("q" * st.ndim):
                 st = _convert().convert(st, Format("q" * st.ndim))
-            coords = tuple(lv.crd.numpy() for lv in st.levels)
+            coords = tuple(_lent(lv.crd) for lv in st.levels)
             try:
-                return sp.coo_array((st.values.numpy(), coords), shape=st.shape, copy=False)
+                return sp.coo_array((_lent(st.values), coords), shape=st.shape, copy=False)
             except (TypeError, ValueError):
                 pass
         raise ValueError(f"to_scipy: this scipy.sparse holds matrices (kind={kind!r}); this "
@@ -382,18 +437,18 @@ def to_scipy(st: Storage, kind: str = "array"):
     fmt = st.format
     cls = lambda name: getattr(sp, f"{name}_{kind}")  # noqa: E731
     if fmt.levels == (_D, _C):
-        pos, crd = st.levels[1].pos.numpy(), st.levels[1].crd.numpy()
+        pos, crd = _lent(st.levels[1].pos), _lent(st.levels[1].crd)
         if fmt.block is not None:
             if fmt.mode_order != (0, 1):
                 st = _convert().convert(st, Format("dc", (0, 1), fmt.block))
-                pos, crd = st.levels[1].pos.numpy(), st.levels[1].crd.numpy()
-            data = st.values.numpy().reshape(-1, *fmt.block)
+                pos, crd = _lent(st.levels[1].pos), _lent(st.levels[1].crd)
+            data = _lent(st.values).reshape(-1, *fmt.block)
             return cls("bsr")((data, crd, pos), shape=st.shape, copy=False)
         name = "csr" if fmt.mode_order == (0, 1) else "csc"
-        return cls(name)((st.values.numpy(), crd, pos), shape=st.shape, copy=False)
+        return cls(name)((_lent(st.values), crd, pos), shape=st.shape, copy=False)
     if fmt != Format("qq"):
         st = _convert().convert(st, Format("qq"))
-    row, col = st.levels[0].crd.numpy(), st.levels[1].crd.numpy()
-    m = cls("coo")((st.values.numpy(), (row, col)), shape=st.shape, copy=False)
+    row, col = _lent(st.levels[0].crd), _lent(st.levels[1].crd)
+    m = cls("coo")((_lent(st.values), (row, col)), shape=st.shape, copy=False)
     m.has_canonical_format = True
     return m

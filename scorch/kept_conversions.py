@@ -9,15 +9,17 @@ from __future__ import annotations
 import weakref
 from typing import Dict, NamedTuple, Optional, Tuple
 
+import numpy as np
 import torch
 
-from .formats import Format
+from .formats import Format, compressed, dense
 from .level_storage import Level, Storage
 from .tensor_cache import TensorKeyedCache, version
 from .tensor_compiler.allocate import empty_output
 
 __all__ = ["reformatted", "through_permutation", "inverse_permuted", "converted_partner",
-           "reformat_permutation", "permuted", "reformat_cache_info", "seen_again"]
+           "reformat_permutation", "permuted", "reformat_cache_info", "seen_again",
+           "switched_top_level"]
 
 
 def _convert():
@@ -43,13 +45,92 @@ def _equal_arrays(xs: tuple, ys: tuple, versions: tuple) -> bool:
                 return False
             continue
         if x is y or (x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.dtype == y.dtype):
-            if version(y) == v:
+            # (v < 0: read from memory without a version, ``untracked``: only now, by the
+            # caller comparing two patterns; a conversion kept of it keeps a copy, compared
+            # below, ``_keep_recent``)
+            if v < 0 or version(y) == v:
                 continue
             return False        # written in place since: what was converted is gone
-        if x.shape != y.shape or not (torch.equal(x, y) if x.dtype == y.dtype else
-                                      torch.equal(x.to(torch.int64), y.to(torch.int64))):
+        if x.shape != y.shape or not _same_contents(x, y):
             return False
     return True
+
+
+def _same_contents(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Equal index arrays of one shape (numpy's comparison: 3x torch.equal's speed, 40k
+    int32: 12 against 37 us; a kept transpose of ``untracked`` arrays compares every call)."""
+    if x.dtype != y.dtype:
+        return torch.equal(x.to(torch.int64), y.to(torch.int64))
+    try:
+        return bool(np.array_equal(x.numpy(), y.numpy()))
+    except (RuntimeError, TypeError):   # (no numpy form: a fake tensor, a dtype numpy lacks)
+        return torch.equal(x, y)
+
+
+# --- a top level switched between compressed and dense --------------------------------
+
+def switched_top_level(st: Storage, fmt: Format) -> Optional[Storage]:
+    """``st`` in ``fmt`` where the two differ only in the first level's kind, compressed
+    against dense (DCSR <-> CSR, DCSC <-> CSC, a CSF's top level) over a compressed second
+    level: only the second level's ``pos`` is rebuilt (O(the top level's extent), no pass
+    over the entries), the rest of the arrays and the values are shared. A kernel that
+    must locate a row of a DCSR operand reads it so (``work_estimate.dense_top_reads``),
+    and a DCSR result is produced as CSR and compressed here (``schedule``): the runtime's
+    general conversion walks every entry (4elt's square, 289k entries: 1.0 ms, here 0.09;
+    its DCSR -> CSR 0.4 ms, here 0.1, then kept while the arrays live). None for any
+    other pair of formats."""
+    src = st.format
+    if (fmt.block is not None or src.block is not None or fmt.mode_order != src.mode_order
+            or len(fmt.levels) < 2 or fmt.levels[1:] != src.levels[1:]
+            or fmt.levels[1] is not compressed or {src.levels[0], fmt.levels[0]} != {compressed, dense}):
+        return None
+    top, below = st.levels[0], st.levels[1]
+    idt = st.index_dtype
+    if fmt.levels[0] is dense:
+        # an operand read so is usually read again (a solver's matrix, a graph): the rebuilt
+        # level is kept while the source's arrays live unchanged
+        # (memory without a version, ``tensor_cache.untracked``, is rebuilt every call)
+        arrays = _arrays(st)
+        versions = _versions(arrays)
+        stamp = (tuple(id(a) for a in arrays), versions)
+        kept = _DENSE_TOPS.get(top.crd, fmt, stamp)
+        if kept is None:
+            kept = _dense_top_levels(st)
+            if min(versions) >= 0:
+                _DENSE_TOPS.put(top.crd, kept, fmt, stamp)
+        return Storage(fmt, st.shape, kept, st.values, idt)
+    # the rows whose segment is not empty, and their segments' starts (numpy: torch's
+    # nonzero took 6x as long at 1M rows)
+    whole = below.pos.numpy()
+    rows = np.flatnonzero(whole[1:] != whole[:-1])
+    starts = np.empty(rows.size + 1, dtype=whole.dtype)
+    np.take(whole, rows, out=starts[:-1])
+    starts[-1] = whole[-1]
+    new_top = Level(compressed, top.dim, top.size, torch.tensor([0, rows.size], dtype=idt),
+                    torch.from_numpy(rows.astype(whole.dtype)))
+    levels = [new_top, Level(below.kind, below.dim, below.size, torch.from_numpy(starts), below.crd,
+                             below.block_inner, below.ordered)] + list(st.levels[2:])
+    return Storage(fmt, st.shape, levels, st.values, idt)
+
+
+#: a compressed top level's source array -> the levels read with it dense, per format
+_DENSE_TOPS = TensorKeyedCache()
+
+
+def _dense_top_levels(st: Storage) -> list:
+    """``switched_top_level``'s levels of ``st`` with its compressed top level dense."""
+    top, below = st.levels[0], st.levels[1]
+    # the stored rows' segment lengths scattered to their coordinates, prefix-summed (of
+    # the top level's one segment: a view may keep more in its arrays)
+    n, lo, hi = top.size, int(top.pos[0]), int(top.pos[1])
+    seg = below.pos[lo:hi + 1]
+    pos = torch.zeros(n + 1, dtype=st.index_dtype)
+    if hi > lo:
+        pos[1:].scatter_(0, top.crd[lo:hi].to(torch.int64), seg.diff())
+    pos[0] = seg[0]
+    pos = torch.cumsum(pos, 0, dtype=st.index_dtype)
+    return [Level(dense, top.dim, n), Level(below.kind, below.dim, below.size, pos, below.crd,
+                                            below.block_inner, below.ordered)] + list(st.levels[2:])
 
 
 # --- re-formatted patterns kept across backward steps ----------------------------------
@@ -108,7 +189,7 @@ def _reformat_entry(st: Storage, fmt: Format, build: bool = True) -> Optional[Tu
             return None
         conv = _sharing_nothing_with(conv, st)
         got = per_format[key] = (conv, conv.values)
-        _keep_recent(key, st, got)
+        _keep_recent(key, st, got, stamp[1])
     else:
         _stats["hits"] += 1
     return got
@@ -130,13 +211,17 @@ def _bytes(arrays) -> int:
     return sum(a.numel() * a.element_size() for a in arrays if a is not None)
 
 
-def _keep_recent(key: tuple, st: Storage, got: Tuple[Storage, torch.Tensor]) -> None:
-    arrays = _arrays(st)
+def _keep_recent(key: tuple, st: Storage, got: Tuple[Storage, torch.Tensor], versions: tuple) -> None:
+    """Keep ``got``, converted from ``st``'s arrays as they were at ``versions`` (read before
+    the conversion: a write during it must not count as seen). An ``untracked`` array (its
+    versions never repeat: scipy's, a torch layout's) is kept as a copy, so a later call
+    compares contents with what was converted."""
+    arrays = tuple(a.clone() if a is not None and v < 0 else a for a, v in zip(_arrays(st), versions))
     size = _bytes(arrays) + got[0].nbytes()      # (the permutation is got[0]'s values)
     _RECENT.pop(key, None)
     if size > _RECENT_BYTES:
         return
-    _RECENT[key] = (arrays, st.index_dtype, got, size, _versions(arrays))
+    _RECENT[key] = (arrays, st.index_dtype, got, size, versions)
     total = sum(e[3] for e in _RECENT.values())
     while len(_RECENT) > _RECENT_MAX or total > _RECENT_BYTES:
         total -= _RECENT.pop(next(iter(_RECENT)))[3]
@@ -182,6 +267,9 @@ def reformatted(st: Storage, fmt: Format) -> Storage:
     arrays live: a later call with new values only gathers them."""
     if fmt == st.format:
         return st
+    switched = switched_top_level(st, fmt)
+    if switched is not None:
+        return switched
     return _through_entry(st, fmt, _reformat_entry(st, fmt))
 
 
@@ -225,12 +313,17 @@ _GATHERED = TensorKeyedCache()
 
 def _gathered(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """``values[perm]``, reused while ``values`` is the same tensor, unchanged (its
-    version counter moves with every in-place update, e.g. an optimizer step)."""
-    hit = _GATHERED.get(perm, stamp=version(values))
+    version counter moves with every in-place update, e.g. an optimizer step; values
+    without one, ``untracked`` or inference tensors, are gathered every call)."""
+    # the version is read before the gather: an update landing during it (another thread's
+    # optimizer step; index_select releases the GIL) must not count as seen
+    v = version(values)
+    hit = _GATHERED.get(perm, stamp=v)
     if hit is not None and hit[0]() is values:
         return hit[1]
     out = _gather(values, perm)   # (advanced indexing ``values[perm]``: 6x slower)
-    _GATHERED.put(perm, (weakref.ref(values), out), stamp=version(values))
+    if v >= 0:
+        _GATHERED.put(perm, (weakref.ref(values), out), stamp=v)
     return out
 
 
@@ -246,6 +339,9 @@ def converted_partner(st: Storage, fmt: Format) -> Storage:
     anchor = _key_array(st)
     if anchor is None or fmt == st.format:
         return reformatted(st, fmt)
+    switched = switched_top_level(st, fmt)
+    if switched is not None:
+        return switched
     got = _reformat_entry(st, fmt, build=False)
     if got is None:
         ids = tuple(id(a) for a in _arrays(st))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kept_conversions import switched_top_level
 from ..level_storage import Level, Storage, index_dtype_for, make_level
 from ..level_kinds.assembly import build_levels, segment_chain
 from .operands import convert_storage
@@ -26,7 +27,10 @@ def assemble(entry: PlanEntry, res, sizes) -> Storage:
         levels, values, idt = _tuple_levels(out, res, sizes)
     st = Storage(out.format, tuple(sizes[v] for v in out.vars), levels, values, idt)
     if out.final_format is not None:
-        st = convert_storage(st, out.final_format)
+        # a DCSR result produced as CSR (``schedule._dense_top_output``) is compressed by its
+        # top level alone; any other requested format goes through the runtime's conversion
+        switched = switched_top_level(st, out.final_format)
+        st = switched if switched is not None else convert_storage(st, out.final_format)
     return st
 
 

@@ -23,8 +23,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..level_storage import Storage
 from ..tensor_cache import TensorKeyedCache, version
 
-__all__ = ["LevelStats", "OperandStats", "operand_stats", "stats_class", "SKEW_SPREAD",
-           "STATS_MIN_NNZ"]
+__all__ = ["LevelStats", "OperandStats", "operand_stats", "stats_class", "fits_dense_level",
+           "SKEW_SPREAD", "STATS_MIN_NNZ", "DENSE_LEVEL_PER_ENTRY"]
 
 #: a segment this many times longer than the mean one marks the operand skewed (power-law
 #: graphs: NotreDame's longest row is ~700x its mean; finite-element meshes stay under 4)
@@ -33,7 +33,22 @@ SKEW_SPREAD = 16.0
 #: and a warm call should not pay for them (class ``(0, False)``)
 STATS_MIN_NNZ = 4096
 
+#: a dense level over a dimension of at most this many coordinates a stored entry (or
+#: :data:`DENSE_LEVEL_FLOOR`) is affordable (``fits_dense_level``), as for COO operands of
+#: a product read as CSR (``api._products_read_compressed``)
+DENSE_LEVEL_PER_ENTRY = 8
+DENSE_LEVEL_FLOOR = 1 << 16
+
 _cache = TensorKeyedCache()
+
+
+def fits_dense_level(shape: Tuple[int, ...], nnz: int) -> bool:
+    """Whether an array over any one dimension of a tensor of ``shape`` storing ``nnz``
+    entries costs no more than a few words a stored entry: a compressed top level the
+    compiler reads dense (``work_estimate.dense_top_reads``), a DCSR result produced as
+    CSR (``schedule``). False for a hypersparse operand (20M x 20M, 1,000 entries: an 80 MB
+    ``pos`` for 8 KB of entries)."""
+    return max(shape, default=0) <= max(DENSE_LEVEL_PER_ENTRY * nnz, DENSE_LEVEL_FLOOR)
 
 
 @dataclass(frozen=True)
@@ -153,16 +168,20 @@ def _compute(st: Storage) -> OperandStats:
     return OperandStats(tuple(st.shape), st.nnz, tuple(levels), distinct, spread)
 
 
-def stats_class(st: Storage) -> Tuple[int, bool]:
-    """The coarse class a plan is made for: (stored entries' base-4 magnitude, skewed). Small
-    operands (< :data:`STATS_MIN_NNZ`) are class ``(0, False)`` with nothing computed; the
-    skew needs only the segments (``O(rows)``, no pass over the coordinates)."""
+def stats_class(st: Storage) -> tuple:
+    """The coarse class a plan is made for: (stored entries' base-4 magnitude, skewed,
+    hypersparse: a dimension too long for a dense level, ``fits_dense_level``; a plan that
+    reads a DCSR operand as CSR is never reused for one). Small operands (<
+    :data:`STATS_MIN_NNZ`) are class ``(0, False)`` with nothing computed (their plans are
+    priced without statistics); the skew needs only the segments (``O(rows)``, no pass over
+    the coordinates)."""
     n = st.nnz
     if n < STATS_MIN_NNZ:
         return (0, False)
+    long = not fits_dense_level(st.shape, n)
     anchor = _anchor(st)
     if traced(anchor):
-        return ((n.bit_length() + 1) // 2, False)   # no data to read (torch.compile's fakes)
+        return ((n.bit_length() + 1) // 2, False, long)   # no data to read (torch.compile's fakes)
     stamp = _stamp(st, anchor)
     skewed = _cache.get(anchor, "skewed", stamp)
     if skewed is None:
@@ -175,4 +194,4 @@ def stats_class(st: Storage) -> Tuple[int, bool]:
             skewed = bool(seg is not None and int(anchor[-1]) > 0 and
                           int(seg.max()) * seg.numel() >= SKEW_SPREAD * int(anchor[-1]))
         _cache.put(anchor, skewed, "skewed", stamp)
-    return ((n.bit_length() + 1) // 2, skewed)
+    return ((n.bit_length() + 1) // 2, skewed, long)

@@ -62,22 +62,26 @@ def torch_sparse_storage(x: torch.Tensor) -> Storage:
     ~20 us of Python, so the wrap is kept for the tensor's lifetime while it shares the
     tensor's value array (in-place changes of the values then show through) and the tensor's
     version counter is unchanged (an in-place op on the tensor may have replaced its arrays).
-    The kept Storage refers to the arrays' memory only, so the tensor can still be freed."""
-    hit = _TORCH_SPARSE.get(x, stamp=version(x))
+    The kept Storage refers to the arrays' memory only, so the tensor can still be freed.
+    Only the wrap is kept: the arrays are ``untracked`` (the tensors given to torch's
+    constructor write them unseen), so nothing derived from their contents is reused
+    unchecked; a copy made of them (an uncoalesced COO's) is made each call."""
+    stamp = version(x)   # (read before the wrap: a write during it must miss next time)
+    hit = _TORCH_SPARSE.get(x, stamp=stamp)
     if hit is not None:
         return hit
-    from ..interop import from_torch
+    from ..interop import from_torch, torch_arrays
     st = from_torch(x)
-    try:
-        shared = st.values.data_ptr() == x.values().data_ptr()
-    except RuntimeError:   # layouts without values() (uncoalesced COO): not kept
-        shared = False
-    if shared:
+    # kept only where every array is read in place (a copy of any, an uncoalesced COO's or
+    # strided index arrays made contiguous, would miss a write to the original)
+    mine = {a.data_ptr() for a in (st.values, *(y for lv in st.levels for y in (lv.pos, lv.crd)))
+            if a is not None}
+    if all(a.data_ptr() in mine for a in torch_arrays(x)):
         st = Storage(st.format, st.shape,
                      [Level(lv.kind, lv.dim, lv.size, _unlinked(lv.pos), _unlinked(lv.crd),
                             lv.block_inner) for lv in st.levels],
                      _unlinked(st.values), st.index_dtype)
-        _TORCH_SPARSE.put(x, st, stamp=version(x))
+        _TORCH_SPARSE.put(x, st, stamp=stamp)
     return st
 
 

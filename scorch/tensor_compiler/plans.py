@@ -63,7 +63,7 @@ class Plan:
                  f"workspaces:   {', '.join(self.workspaces) or 'none'}",
                  f"tiled:        {', '.join(self.tiled) or 'none'}"]
         for n, a, b in self.transposes:
-            lines.append(f"transpose:    operand {n}: {a} -> {b}")
+            lines.append(_conversion_line("", n, a, b))
         lines.extend(f"relayout:     {r}" for r in self.relayouts)
         s = self.schedule
         if s is not None and s.sparsity_order:
@@ -83,12 +83,22 @@ class Plan:
             lines.append(f"on reuse:     loop order {', '.join(r.loop_order)} from the call that "
                          f"sees the pattern again (kept_conversions.REUSED_AFTER), transposes kept: "
                          f"{r.schedule.estimates[0] if r.schedule.estimates else ''}")
-            lines.extend(f"  transpose:  operand {n}: {a} -> {b}" for n, a, b in r.transposes)
+            lines.extend(_conversion_line("  ", n, a, b) for n, a, b in r.transposes)
         if self.loop_ir is not None:
             lines.append("loop IR:")
             lines.extend("  " + ln for ln in outline(self.loop_ir).splitlines())
         return "\n".join(lines)
 
+
+
+def _conversion_line(indent: str, n: int, a: Format, b: Format) -> str:
+    """``explain``'s line for an operand the kernel reads re-formatted: a transpose, or
+    (the same mode order) its compressed top level read dense, a ``pos`` over the extent
+    (``work_estimate.dense_top_reads``; ``kept_conversions.switched_top_level``)."""
+    if a.mode_order == b.mode_order:
+        return (f"{indent}read dense:".ljust(14) + f"operand {n}: {a} -> {b} (its compressed top "
+                f"level read dense: located, not merged; built once, kept while its arrays live)")
+    return f"{indent}transpose:".ljust(14) + f"operand {n}: {a} -> {b}"
 
 
 @dataclass

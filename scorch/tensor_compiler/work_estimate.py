@@ -24,11 +24,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Sequence
 
+from . import merge_lattice as ml
 from .cost_model import OrderProblem, concordant_dims, measure
+from .operand_stats import fits_dense_level
 
-__all__ = ["Statistics", "Estimate", "estimate", "TRANSPOSE_PASSES", "KEPT_TRANSPOSE_PASSES",
-           "VECTOR_VISITS", "UPDATE_VISITS", "WIDE_WORKSPACE_VISITS", "MAP_WORKSPACE_VISITS",
-           "ROW_WORKSPACE_VISITS", "RESTARTED_MERGE_VISITS"]
+__all__ = ["Statistics", "Estimate", "estimate", "dense_top_reads", "TRANSPOSE_PASSES",
+           "KEPT_TRANSPOSE_PASSES", "VECTOR_VISITS", "UPDATE_VISITS", "WIDE_WORKSPACE_VISITS",
+           "MAP_WORKSPACE_VISITS", "ROW_WORKSPACE_VISITS", "RESTARTED_MERGE_VISITS",
+           "DENSE_TOP_VISITS"]
 
 #: entry visits a transpose costs on a call that converts (count, prefix sum, scatter of
 #: coordinates and values, fresh arrays): CSC -> CSR of 45k entries takes 70 us warm and
@@ -89,6 +92,13 @@ ROW_WORKSPACE_VISITS = 60.0
 #: (25 ms) and, at 2 threads, chose it again as soon as it parallelized.
 RESTARTED_MERGE_VISITS = 4.0
 
+#: body visits per coordinate of a compressed top level the kernel reads dense instead
+#: (:func:`dense_top_reads`): the level below gets a ``pos`` over the whole extent,
+#: scattered and prefix-summed once per call (``kept_conversions.switched_top_level``:
+#: 15,606 rows ~0.05 ms, 1M rows ~2.5 ms at 1 thread, ~2.5 ns a row). Then the row is
+#: located, where the merge restarted per row cost 4elt's ``A @ A`` 20-35 ms (CSR: 3 ms).
+DENSE_TOP_VISITS = 16.0
+
 #: the extent above which a workspace is the runtime's (``lower.facts.DENSE_WS_LIMIT``)
 _DENSE_WS_LIMIT = 1 << 22
 
@@ -121,24 +131,32 @@ class Estimate:
     in memory (times :data:`UPDATE_VISITS` in the total); ``transposes``: entries moved
     re-formatting discordant operands (times :data:`TRANSPOSE_PASSES`, or
     :data:`KEPT_TRANSPOSE_PASSES` where kept); ``threads``: the speedup the parallel outer
-    loop can reach (1: one chunk); ``total`` = (work + updates) / threads + transposes."""
+    loop can reach (1: one chunk); ``conversions``: coordinates of the compressed top
+    levels read dense (times :data:`DENSE_TOP_VISITS`), those of the accesses
+    ``dense_tops``; ``total`` = (work + updates) / threads + transposes + conversions."""
     work: float
     transposes: float
     threads: float
     total: float
     updates: float = 0.0
+    conversions: float = 0.0
+    dense_tops: FrozenSet[int] = frozenset()
 
     def __str__(self) -> str:
+        tops = (f", top level read dense: access {', '.join(map(str, sorted(self.dense_tops)))} "
+                f"(conversion {self.conversions:.4g})" if self.dense_tops else "")
         return (f"{self.total:.4g} (work {self.work:.4g}, updates {self.updates:.4g} on "
-                f"{self.threads:.3g} threads, transposes {self.transposes:.4g})")
+                f"{self.threads:.3g} threads, transposes {self.transposes:.4g}{tops})")
 
 
-def _fanout(p: OrderProblem, acc, i: int, fmt, var: str, order: Sequence[str]) -> Optional[float]:
+def _fanout(p: OrderProblem, acc, i: int, fmt, var: str, order: Sequence[str],
+            dense_top: bool = False) -> Optional[float]:
     """Mean entries per parent of ``acc``'s sparse level on ``var`` as ``order`` reads it
     (None: no such level, or no statistics). A concordant access has measured level
     counts; a transposed one is read with the same level kinds in another mode order,
     whose counts are estimated: a dense level multiplies by its extent, a sparse one too,
-    capped by the stored entries."""
+    capped by the stored entries. ``dense_top``: its top level is read dense
+    (:func:`dense_top_reads`), a level of the whole extent."""
     st = p.stats.get(i)
     if st is None:
         return None
@@ -147,13 +165,15 @@ def _fanout(p: OrderProblem, acc, i: int, fmt, var: str, order: Sequence[str]) -
         return None
     counts, n = [], 1.0
     for k, d in enumerate(dims):
-        if not tr:
+        if dense_top and k == 0:
+            n = float(st.shape[d])
+        elif not tr:
             n = float(st.levels[k].count)
         else:
             n = n * st.shape[d] if not fmt.levels[k].is_sparse else min(n * st.shape[d], float(st.nnz))
         counts.append(n)
     for k, d in enumerate(dims):
-        if acc.indices[d] == var and fmt.levels[k].is_sparse:
+        if acc.indices[d] == var and fmt.levels[k].is_sparse and not (dense_top and k == 0):
             return counts[k] / max(counts[k - 1] if k else 1.0, 1.0)
     return None
 
@@ -163,6 +183,31 @@ def _top_level(acc, fmt, var: str, order: Sequence[str], p: OrderProblem) -> boo
     compressed one (a merge there walks the whole level: :data:`RESTARTED_MERGE_VISITS`)."""
     dims, _tr = concordant_dims(acc.indices, fmt, order, p.fixed_tail.get(acc.tensor, 0))
     return bool(dims) and acc.indices[dims[0]] == var and fmt.levels[0].is_sparse
+
+
+def _may_read_dense_top(p: OrderProblem, acc, i: int, fmt, var: str, order: Sequence[str]) -> bool:
+    """Whether ``acc``'s compressed top level on ``var`` (below an enclosing loop) can be
+    read dense instead: a compressed level (its ``pos`` rebuilt over the extent,
+    ``kept_conversions.switched_top_level``) over a compressed one, of an operand no
+    dimension of which is far longer than its stored entries
+    (``operand_stats.fits_dense_level``: a 20M x 20M DCSR with 1,000 entries never gets an
+    80 MB ``pos``; the plan key's statistics class carries it), and other accesses still
+    drive the loop once this one only locates (an intersection: a union must iterate
+    every operand)."""
+    st = p.stats.get(i)
+    if (st is None or fmt.block is not None or p.fixed_tail.get(acc.tensor)
+            or len(fmt.levels) < 2 or fmt.levels[0].letter != "c" or fmt.levels[1].letter != "c"
+            or not fits_dense_level(st.shape, st.nnz)):
+        return False
+    others = []
+    for acc2, i2, fmt2 in p.sparse_accesses:
+        if i2 == i:
+            continue
+        dims, _tr = concordant_dims(acc2.indices, fmt2, order, p.fixed_tail.get(acc2.tensor, 0))
+        if dims is not None and any(acc2.indices[d] == var and fmt2.levels[k].is_sparse
+                                    for k, d in enumerate(dims)):
+            others.append(i2)
+    return bool(others) and not ml.dense_needed(p.f, others)
 
 
 def _heaviest_row_share(p: OrderProblem, outer: str) -> float:
@@ -187,7 +232,8 @@ def estimate(order: Sequence[str], p: OrderProblem, threads: int = 1) -> Optiona
     m = measure(order, p)
     if m is None:
         return None
-    iters, work = 1.0, 0.0
+    iters, work, converted = 1.0, 0.0, 0.0
+    dense_tops = set()                 # accesses whose top level is read dense
     entered: List[float] = []          # iterations reaching each depth
     for depth, v in enumerate(order):
         entered.append(iters)
@@ -197,13 +243,20 @@ def estimate(order: Sequence[str], p: OrderProblem, threads: int = 1) -> Optiona
                 fans = [max(1.0, fans[0] / VECTOR_VISITS)]
         else:
             # a co-iteration visits every level's entries; one that merges a whole top
-            # level under an enclosing loop pays each visit as a branchy merge step
+            # level under an enclosing loop pays each visit as a branchy merge step, unless
+            # that level is read dense (built once per call) and located instead
             fans, visits = [], 0.0
             for acc, i, fmt in p.sparse_accesses:
-                f = _fanout(p, acc, i, fmt, v, order)
+                f = _fanout(p, acc, i, fmt, v, order, i in dense_tops)
                 if f is not None:
-                    fans.append(f)
                     top = depth and _top_level(acc, fmt, v, order, p)
+                    if top and _may_read_dense_top(p, acc, i, fmt, v, order):
+                        build = DENSE_TOP_VISITS * float(p.extents.get(v, 1))
+                        if build < iters * f * RESTARTED_MERGE_VISITS:
+                            dense_tops.add(i)
+                            converted += build
+                            continue
+                    fans.append(f)
                     visits += f * (RESTARTED_MERGE_VISITS if top else 1.0)
             if len(fans) < 2:
                 visits = sum(fans)
@@ -229,7 +282,18 @@ def estimate(order: Sequence[str], p: OrderProblem, threads: int = 1) -> Optiona
     if order and order[0] in p.asg.output and threads > 1:   # chunked outer loop
         share = _heaviest_row_share(p, order[0])
         par = float(threads) if share <= 0 else max(1.0, min(float(threads), 1.0 / share))
-    return Estimate(work, moved, par, (work + updates) / par + moved, updates)
+    return Estimate(work, moved, par, (work + updates) / par + moved + converted, updates,
+                    converted, frozenset(dense_tops))
+
+
+def dense_top_reads(order: Sequence[str], p: OrderProblem, threads: int = 1) -> FrozenSet[int]:
+    """The accesses whose compressed top level ``order`` reads dense (built once per call,
+    then located: CSR's row lookup for a DCSR operand), where their estimate says that pays
+    over merging the whole level again under every iteration of the loops above
+    (:data:`RESTARTED_MERGE_VISITS`). Empty without statistics. ``schedule`` reads the
+    accesses so; the estimate prices them so (:data:`DENSE_TOP_VISITS`)."""
+    e = estimate(order, p, threads)
+    return e.dense_tops if e is not None else frozenset()
 
 
 def _drained(order: Sequence[str], m, p: OrderProblem, entered: Sequence[float],
