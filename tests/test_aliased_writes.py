@@ -293,3 +293,22 @@ def test_coordinate_constructor_copies_values(fmt):
     before = A.to_dense().clone()
     v.mul_(10)         # torch.sparse_coo_tensor's result would see this; scorch's copy does not
     assert torch.equal(A.to_dense(), before)
+
+
+def test_untracked_values_are_gathered_again_only_after_a_write():
+    """Values no version counter follows (a scipy matrix's) are compared with the copy
+    they were gathered from: unchanged, the kept gather is reused; any changed bit
+    (``-0.0`` for ``0.0`` too) gathers again."""
+    arr = np.arange(1000, dtype=np.float32) - 500
+    values = torch.from_numpy(arr)
+    tensor_cache.untracked(values)
+    perm = torch.randperm(1000, generator=torch.Generator().manual_seed(0))
+    first = kc._gathered(values, perm)
+    assert torch.equal(first, values[perm])
+    assert kc._gathered(values, perm) is first            # unchanged: reused
+    arr[7] = 1e6                                          # a write numpy makes, unseen by torch
+    second = kc._gathered(values, perm)
+    assert second is not first and torch.equal(second, values[perm])
+    arr[500] = -0.0                                       # was 0.0: equal as numbers, not as bits
+    third = kc._gathered(values, perm)
+    assert third is not second and torch.equal(third.view(torch.int32), values[perm].view(torch.int32))
