@@ -113,8 +113,15 @@ def hybrid_nnz(st: Storage) -> int:
     if not dense:
         return st.nnz
     fill = math.prod(st.shape[st.ndim - dense:])
-    # the last sparse level holds one coordinate per tuple (a dense dim of size 0 stores none)
-    return st.nnz // fill if fill else int(st.levels[st.ndim - dense - 1].crd.numel())
+    if fill:
+        return st.nnz // fill
+    # a dense dim of size 0 stores no value: count the last sparse level's positions (one a
+    # tuple): a level with coordinates lists them, a dense one (a permuted mode order puts
+    # one there) has ``size`` under each position of the level above
+    n = 1
+    for lv in st.levels[:st.ndim - dense]:
+        n = int(lv.crd.numel()) if lv.crd is not None else n * lv.size
+    return n
 
 
 def hybrid_indices(st: Storage) -> torch.Tensor:

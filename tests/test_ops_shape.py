@@ -2,6 +2,7 @@
 order): reshape/view/flatten/unflatten, unsqueeze/squeeze, t/T/mT/transpose/permute (also at
 the ATen level), cat/stack, indexing and index_select. They move coordinates only, so no
 kernel is compiled and any format can be drawn."""
+import itertools
 import warnings
 
 import pytest
@@ -312,3 +313,17 @@ def test_stepped_slices_and_repeated_picks_follow_the_levels(monkeypatch, fmt, r
     d = x.clone().requires_grad_()
     (d[:, repeats] * weight).sum().backward()
     assert torch.allclose(g.grad.to_dense(), d.grad * (x != 0))
+
+
+@pytest.mark.parametrize("shape", [(0, 0, 0), (2, 0, 3), (3, 2, 0)])
+def test_values_of_a_permuted_hybrid_with_an_empty_dense_dim(shape):
+    """A dense dim of size 0 stores no value, so torch's index-tuple count is read from
+    the last sparse level's positions, which a permuted mode order can make a dense level
+    (it had read that level's coordinates, which a dense level has none of)."""
+    x = torch.zeros(*shape, dtype=torch.float64)
+    s = scorch.sparse_tensor(x, format=scorch.Format("cdd"))
+    for perm in itertools.permutations(range(3)):
+        p = s.permute(perm)
+        assert p.values().numel() == 0
+        assert p.indices().shape[1] == p.values().shape[0]
+        assert torch.equal(p.to_dense(), x.permute(perm))
