@@ -27,6 +27,7 @@ from . import data_loading  # noqa: E402,F401  (DataLoader batches of sparse sam
 from . import gradients  # noqa: E402,F401  (sparse autograd: values-level ATen ops)
 from . import library_ops  # noqa: E402,F401  (torch.ops.scorch.*: the kernels under torch.compile)
 from .sparse_ops.einsum import einsum, explain  # noqa: E402,F401
+from .tensor_compiler.planner import UnsupportedDtypeError  # noqa: E402,F401
 from .sparse_ops.stored_zeros import eliminate_zeros  # noqa: E402,F401
 from .kernel_cache import cache_clear, cache_info  # noqa: E402,F401
 from ._dispatch import (DenseFallbackError, get_dense_fallback_limit,  # noqa: E402,F401

@@ -164,6 +164,13 @@ def test_unsupported_dtypes_say_what_to_do():
     A = scorch.sparse_tensor(torch.eye(3).half(), format="csr")
     with pytest.raises(RuntimeError, match=r"float16.*\.float\(\)"):
         A @ torch.ones(3, 2, dtype=torch.float16)
+    # API.md: an unsupported dtype is a ValueError naming the operand; torch's own
+    # "not implemented for 'Half'" is a RuntimeError: it is both, exported by name
+    B = scorch.sparse_tensor(torch.eye(3), format="csr")
+    with pytest.raises(scorch.UnsupportedDtypeError, match=r"operand 1 is complex64") as e:
+        torch.einsum("ij,jk->ik", B, torch.ones(3, 2, dtype=torch.complex64))
+    assert isinstance(e.value, ValueError) and isinstance(e.value, RuntimeError)
+    assert "operand 0" not in str(e.value)
 
 
 @pytest.mark.parametrize("block", [(2, 2), (2, 3), (1, 3)])

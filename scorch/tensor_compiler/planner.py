@@ -28,9 +28,10 @@ __all__ = ["value_dtype", "kernel_formats", "make_entry", "resolve_out_format", 
            "reuse_entry"]
 
 
-class UnsupportedDtypeError(RuntimeError):
+class UnsupportedDtypeError(RuntimeError, ValueError):
     """No kernel computes in the operands' promoted dtype (float16, bfloat16, complex,
-    bool): a RuntimeError, as torch's "not implemented for 'Half'". It had been a
+    bool): a RuntimeError, as torch's "not implemented for 'Half'", and a ValueError, as
+    API.md promises for unsupported dtypes (``scorch.UnsupportedDtypeError``). Never a
     TypeError, which torch's operators (``==``, ``!=``, ``+``) turn into NotImplemented:
     ``s16 != 0`` then silently became an identity test, ``True``."""
 
@@ -41,17 +42,21 @@ def value_dtype(ops) -> torch.dtype:
     dtypes = []
     for x in ops:
         d = x.values.dtype if isinstance(x, Storage) else x.dtype
-        dtypes.append(str(d).replace("torch.", ""))
+        dtypes.append(d)
         dt = d if dt is None else torch.promote_types(dt, d)
     if dt == torch.bool or dt not in codegen.CTYPES:
         # reached from any op (a sum, a product, an elementwise op), so the message names the
-        # operands' types and the way out rather than the op
-        kinds = ", ".join(str(t).replace("torch.", "") for t in codegen.CTYPES)
+        # operands (by position, as the kernel's einsum takes them), their types and the way
+        # out rather than the op
+        name = lambda t: str(t).replace("torch.", "")  # noqa: E731
+        kinds = ", ".join(name(t) for t in codegen.CTYPES)
+        bad = [n for n, d in enumerate(dtypes) if d == torch.bool or d not in codegen.CTYPES]
+        which = ", ".join(f"operand {n} is {name(dtypes[n])}" for n in (bad or range(len(dtypes))))
         raise UnsupportedDtypeError(
-            f"scorch: sparse kernels compute in {kinds}; operands of dtype {', '.join(dtypes)} "
-            f"compute in {str(dt).replace('torch.', '')}, which they do not support: convert "
-            f"the operands first (.float() for float16 / bfloat16, .to(torch.uint8) or .float() "
-            f"for bool; complex values have no kernels)")
+            f"scorch: sparse kernels compute in {kinds}; {which}, so the kernel would compute "
+            f"in {name(dt)}, which they do not support: convert the operand first (.float() "
+            f"for float16 / bfloat16, .to(torch.uint8) or .float() for bool; complex values "
+            f"have no kernels)")
     return dt
 
 
