@@ -21,7 +21,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..level_storage import Storage
-from ..tensor_cache import TensorKeyedCache, version
+from ..tensor_cache import TensorKeyedCache, counter
 
 __all__ = ["LevelStats", "OperandStats", "operand_stats", "stats_class", "fits_dense_level",
            "SKEW_SPREAD", "STATS_MIN_NNZ", "DENSE_LEVEL_PER_ENTRY"]
@@ -106,8 +106,11 @@ class OperandStats:
 
 
 def _stamp(st: Storage, anchor: torch.Tensor) -> tuple:
-    """What the cached statistics of ``st`` are valid for (its pattern, unmodified)."""
-    return (st.shape, st.nnz, st.format, version(anchor))
+    """What the cached statistics of ``st`` are valid for (its pattern, unmodified). The
+    anchor's version counter even over ``untracked`` memory (a scipy matrix's): statistics
+    only price plans, so a write they miss costs speed, never a wrong result, and
+    recomputing them each call cost a scipy-built operand O(rows) a call."""
+    return (st.shape, st.nnz, st.format, counter(anchor))
 
 
 def _anchor(st: Storage) -> torch.Tensor:
