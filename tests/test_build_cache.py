@@ -763,3 +763,21 @@ def test_a_read_only_cache_is_still_read(tmp_path, monkeypatch, pristine):
         assert Path(new.__file__).parent == private
     finally:
         _fresh_dir_state()
+
+
+def test_kernel_key_leaves_out_comment_lines_but_not_directives():
+    """The header codegen writes (expression, formats, loop order) does not change the
+    kernel: sources that differ only there are one cached module. Directives (Cython's,
+    distutils', scorch's flags, target and codegen version) and indented ``#`` lines (C
+    preprocessor lines in verbatim blocks) stay part of the key."""
+    body = ("# cython: language_level=3\n# distutils: language = c++\n"
+            "# scorch generated kernel (codegen v1)\n{head}cdef extern from *:\n"
+            '    """\n    #define N {n}\n    """\ndef f(): return 1  # the value\n')
+    one = body.format(head="# out(i,j) = A(i,j) * B(i,j)\n# loop order: i, j\n#\n", n=1)
+    two = body.format(head="# out(j,i) = A(j,i) * B(j,i)\n# loop order: j, i\n", n=1)
+    assert build._kernel_key(one) == build._kernel_key(two)
+    assert build._kernel_key(one) != build._kernel_key(body.format(head="", n=2))
+    for directive in ("# scorch-cflags: -fno-tree-vectorize\n", "# scorch-target: avx2\n",
+                      "# cython: boundscheck=True\n"):
+        assert build._kernel_key(directive + one) != build._kernel_key(one), directive
+    assert build._kernel_key(one.replace("codegen v1", "codegen v2")) != build._kernel_key(one)
