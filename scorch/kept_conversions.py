@@ -385,17 +385,10 @@ def _gathered_by_content(values: torch.Tensor, perm: torch.Tensor) -> torch.Tens
 
 
 def _same_values(x: torch.Tensor, y: torch.Tensor) -> bool:
-    """Equal values, bit for bit (``-0.0`` differs from ``0.0``, a NaN equals itself)."""
-    if x.shape != y.shape or x.dtype != y.dtype:
-        return False
-    same = _same_bytes(x, y)
-    if same is not None:
-        return same
-    try:
-        return bool(np.array_equal(x.numpy().reshape(-1).view(np.uint8),
-                                   y.numpy().reshape(-1).view(np.uint8)))
-    except (RuntimeError, TypeError, ValueError):   # no numpy form (bfloat16, a fake tensor)
-        return torch.equal(x, y)
+    """Equal values of one dtype: bit for bit where ``memcmp`` reads them (contiguous:
+    ``-0.0`` differs from ``0.0``, a NaN equals itself), else as numbers
+    (``_same_contents``; a NaN never equal: gathered again)."""
+    return x.shape == y.shape and x.dtype == y.dtype and _same_contents(x, y)
 
 
 #: patterns converted once for a gradient's partner operand (``converted_partner``)
