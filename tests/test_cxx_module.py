@@ -70,7 +70,7 @@ def test_expressions_outside_the_subset_are_refused(text, kw):
 PROBE = textwrap.dedent('''
     # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
     # distutils: language = c++
-    # probe {tag}
+    # scorch probe {tag} (a scorch comment line: part of the cache key, so a fresh build)
     from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t
     from libcpp.vector cimport vector
     from cython.parallel cimport prange
@@ -244,7 +244,7 @@ def test_a_sparse_output_kernel_reports_errors_from_cxx():
     src = C.explain("ij,jk->ik", a, b).source
     assert "kernel_result_c" in cxx_module.to_cpp(src)
     before = build.cache_info()["cxx_builds"]
-    mod = build.load_kernel(src + f"\n# {uuid.uuid4().hex}\n", "probe_result")
+    mod = build.load_kernel(src + f"\n# scorch probe {uuid.uuid4().hex}\n", "probe_result")
     assert build.cache_info()["cxx_builds"] == before + 1
     zeros = torch.zeros(8, dtype=torch.int32)
     vals = torch.zeros(8)

@@ -215,7 +215,7 @@ def test_a_cxx_form_whose_cython_build_fails_too_is_not_reported(monkeypatch, tm
     before = build.cache_info()["cxx_fallbacks"]
     with caplog.at_level(logging.WARNING, logger="scorch"), \
             pytest.raises(build.CompileError, match="Python.h"):
-        build.load_kernel(f"# probe {uuid.uuid4().hex}\n", "probe_env")
+        build.load_kernel(f"# scorch probe {uuid.uuid4().hex}\n", "probe_env")
     assert len(calls) == 2 and calls[0].endswith("_lowered.cpp")   # C++ form, then Cython's
     assert build.cache_info()["cxx_fallbacks"] == before
     assert "Please report" not in caplog.text
