@@ -130,3 +130,26 @@ def test_env_var_sets_the_limit():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout.split()[-1]) == 3 << 20
+
+
+def test_kernels_reach_the_pool_in_a_process_that_never_imported_it():
+    """A user's process imports scorch, not scorch._runtime.workspace: the first kernel
+    that appends output entries imports it, and its blocks go to that pool, not to a pool
+    of the kernel module's own (the capsule lookup alone found no submodule there, and
+    every kernel module kept up to the limit for itself)."""
+    code = "\n".join([
+        "import sys, scipy.sparse as sp, numpy as np, scorch",
+        "m = sp.random(400, 400, density=0.03, format='csr', dtype=np.float32, random_state=0)",
+        "A = scorch.from_scipy(m)",
+        "assert 'scorch._runtime.workspace' not in sys.modules",
+        "for _ in range(3):",
+        "    C = scorch.einsum('ij,jk->ik', A, A)",
+        "    del C",
+        "ws = sys.modules.get('scorch._runtime.workspace')",
+        "print(ws is not None and ws.pool_bytes())",
+    ])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, cwd=os.path.dirname(__file__))
+    assert out.returncode == 0, out.stderr
+    held = out.stdout.split()[-1]
+    assert held not in ("False", "0"), held

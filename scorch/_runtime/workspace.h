@@ -531,139 +531,6 @@ class DenseWorkspace {
   }
 };
 
-// Memory blocks that output buffers hand back for the next kernel call. Fresh pages cost a
-// page fault each on first touch (for a mid-size SpGEMM that was a quarter of its time);
-// a returned block keeps its pages, so steady-state calls touch no new memory. Blocks are
-// powers of two bytes, kept in one list per size (oldest first), at most ``limit()`` bytes
-// in all: a block given back past the limit evicts the oldest kept ones (a training loop's
-// kernels keep reusing theirs, blocks of one-off calls age out). Blocks past kMaxPooledBlock
-// go back to malloc (a big output's pages fault in cheaply: result_alloc asks for huge pages).
-// ONE pool serves the whole process (process_pool_api): Python loads each kernel module
-// RTLD_LOCAL, so a static here is per module, and per-module pools of 64 MB each kept
-// 0.3-0.9 GB once 14 distinct kernels had run. Each kept block remembers the module that gave it
-// back (``owner``) for take_own_largest.
-class BlockPool {
- public:
-  static constexpr size_t kPoolBytes = size_t(128) << 20;   // default limit (SCORCH_POOL_MB)
-  static constexpr size_t kMaxPooledBlock = size_t(32) << 20;
-
-  BlockPool() {
-    const char* mb = std::getenv("SCORCH_POOL_MB");
-    char* end = nullptr;
-    const unsigned long long v = mb ? std::strtoull(mb, &end, 10) : 0;
-    if (mb && end != mb && *end == 0) limit_ = static_cast<size_t>(v) << 20;
-  }
-
-  // A block of at least ``need`` bytes (its size, a power of two, to ``*got``), or nullptr
-  // when malloc fails.
-  void* take(size_t need, size_t* got) {
-    const int cls = size_class(need);
-    *got = size_t(1) << cls;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      std::deque<Kept>& list = free_[cls];
-      if (!list.empty()) {
-        void* p = list.back().p;
-        list.pop_back();
-        held_ -= *got;
-        return p;
-      }
-    }
-    return result_alloc(*got);   // malloc, huge pages asked for from 4 MB
-  }
-  // The largest kept block of at least ``need`` bytes that ``owner`` gave back, or nullptr.
-  void* take_own_largest(size_t need, size_t* got, const void* owner) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (int cls = 63; cls >= 0 && (size_t(1) << cls) >= need; --cls) {
-      std::deque<Kept>& list = free_[cls];
-      for (auto it = list.end(); it != list.begin();) {
-        if ((--it)->owner != owner) continue;
-        void* p = it->p;
-        list.erase(it);
-        *got = size_t(1) << cls;
-        held_ -= *got;
-        return p;
-      }
-    }
-    return nullptr;
-  }
-  // Give back a block that take() returned (``size`` as it reported).
-  void give(void* p, size_t size, const void* owner) {
-    if (p == nullptr) return;
-    std::vector<void*> evicted;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      // (a size take() did not report, not a power of two, would be taken back as more)
-      if (size <= kMaxPooledBlock && size <= limit_ && (size & (size - 1)) == 0) {
-        evict(limit_ - size, &evicted);
-        free_[size_class(size)].push_back(Kept{p, ++seq_, owner});
-        held_ += size;
-        p = nullptr;
-      }
-    }
-    for (void* q : evicted) std::free(q);
-    std::free(p);
-  }
-  size_t held() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return held_;
-  }
-  size_t limit() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return limit_;
-  }
-  // A new limit (0: keep nothing); the kept blocks past it go back to malloc.
-  void set_limit(size_t bytes) {
-    std::vector<void*> evicted;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      limit_ = bytes;
-      evict(bytes, &evicted);
-    }
-    for (void* q : evicted) std::free(q);
-  }
-  // Every kept block back to malloc (blocks that live arrays hold come back later).
-  void release() {
-    std::vector<void*> evicted;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      evict(0, &evicted);
-    }
-    for (void* q : evicted) std::free(q);
-  }
-
- private:
-  struct Kept {
-    void* p;
-    uint64_t seq;        // order of giving back: the oldest is evicted first
-    const void* owner;
-  };
-  std::mutex mutex_;
-  std::deque<Kept> free_[64];
-  size_t held_ = 0;
-  size_t limit_ = kPoolBytes;
-  uint64_t seq_ = 0;
-
-  static int size_class(size_t bytes) {
-    int cls = 0;
-    while ((size_t(1) << cls) < bytes) ++cls;
-    return cls;
-  }
-  // The oldest kept blocks to ``out`` until at most ``keep`` bytes are kept (mutex held).
-  void evict(size_t keep, std::vector<void*>* out) {
-    while (held_ > keep) {
-      int oldest = -1;
-      for (int cls = 0; cls < 64; ++cls) {
-        if (!free_[cls].empty() && (oldest < 0 || free_[cls].front().seq < free_[oldest].front().seq))
-          oldest = cls;
-      }
-      out->push_back(free_[oldest].front().p);
-      free_[oldest].pop_front();
-      held_ -= size_t(1) << oldest;
-    }
-  }
-};
-
 // The process pool's entry points, as scorch._runtime.workspace exports them (capsule
 // SCORCH_POOL_CAPSULE). Plain C functions with no exception: a module built from another
 // version of this header reaches the pool only through them, never through BlockPool's
@@ -675,39 +542,50 @@ struct PoolApi {
 };
 #define SCORCH_POOL_CAPSULE "scorch._runtime.workspace.BLOCK_POOL_V1"
 
-// This module's BlockPool: scorch._runtime.workspace's is the process pool; another module
-// uses its own only if that one cannot be imported. Never destroyed: an array may give its
-// block back from a thread still running at exit.
-inline BlockPool& local_pool() {
-  static BlockPool* pool = new BlockPool();
-  return *pool;
+// Where the process pool cannot be had (scorch._runtime.workspace not importable, or the
+// interpreter finalizing): plain malloc and free, nothing kept. The pool itself
+// (block_pool.h) is compiled into scorch._runtime.workspace only: in every kernel module it
+// cost ~0.2 s of g++ for code that never ran there.
+inline void* malloc_pool_take(size_t need, size_t* got) {
+  int cls = 0;
+  while ((size_t(1) << cls) < need) ++cls;
+  *got = size_t(1) << cls;      // the size class the pool would report
+  return result_alloc(*got);
 }
-inline void* local_pool_take(size_t need, size_t* got) { return local_pool().take(need, got); }
-inline void* local_pool_take_own_largest(size_t need, size_t* got, const void* owner) {
-  return local_pool().take_own_largest(need, got, owner);
-}
-inline void local_pool_give(void* p, size_t size, const void* owner) { local_pool().give(p, size, owner); }
-inline PoolApi* local_pool_api() {
-  static PoolApi api = {local_pool_take, local_pool_take_own_largest, local_pool_give};
+inline void* malloc_pool_take_own_largest(size_t, size_t*, const void*) { return nullptr; }
+inline void malloc_pool_give(void* p, size_t, const void*) { std::free(p); }
+inline PoolApi* malloc_pool_api() {
+  static PoolApi api = {malloc_pool_take, malloc_pool_take_own_largest, malloc_pool_give};
   return &api;
 }
 
-// The process pool, fetched from scorch._runtime.workspace on this module's first use: the
-// GIL (taken here, from any thread: kernels call this without it, inside OpenMP regions)
-// serializes the import, and no other lock is held while waiting for it.
+// The process pool's entry points from scorch._runtime.workspace, imported here (under the
+// GIL) if no one has yet: PyCapsule_Import alone imports only the top package, and finds
+// no ``workspace`` attribute on scorch._runtime until the submodule is imported, which
+// nothing else in a user's process does. Each kernel module then kept a pool of its own.
+inline PoolApi* import_process_pool() {
+  PyObject* module = PyImport_ImportModule("scorch._runtime.workspace");
+  PyObject* capsule = module == nullptr ? nullptr : PyObject_GetAttrString(module, "BLOCK_POOL_V1");
+  Py_XDECREF(module);
+  void* api = capsule == nullptr ? nullptr : PyCapsule_GetPointer(capsule, SCORCH_POOL_CAPSULE);
+  Py_XDECREF(capsule);
+  if (api == nullptr) PyErr_Clear();
+  return static_cast<PoolApi*>(api);
+}
+
+// The process pool, fetched on this module's first use: the GIL (taken here, from any
+// thread: kernels call this without it, inside OpenMP regions) serializes the import, and
+// no other lock is held while waiting for it.
 inline PoolApi* process_pool_api() {
   static std::atomic<PoolApi*> api{nullptr};
   PoolApi* a = api.load(std::memory_order_acquire);
   if (a != nullptr) return a;
-  if (!Py_IsInitialized()) return local_pool_api();
+  if (!Py_IsInitialized()) return malloc_pool_api();
   const PyGILState_STATE gil = PyGILState_Ensure();
   a = api.load(std::memory_order_acquire);
   if (a == nullptr) {
-    a = static_cast<PoolApi*>(PyCapsule_Import(SCORCH_POOL_CAPSULE, 0));
-    if (a == nullptr) {
-      PyErr_Clear();
-      a = local_pool_api();
-    }
+    a = import_process_pool();
+    if (a == nullptr) a = malloc_pool_api();
     api.store(a, std::memory_order_release);
   }
   PyGILState_Release(gil);
@@ -827,7 +705,8 @@ class alignas(64) AppendBuffer {
   size_t sink_bytes = 0;
   int* call_failed_ = nullptr;   // the call's flag (report_failure_to)
 
-  void fail(int64_t need) {
+  // out of line: a cold path (g++ inlined it, and reserve, at every push_back site)
+  __attribute__((noinline, cold)) void fail(int64_t need) {
     if (!failed) {
       if (call_failed_ != nullptr) __atomic_store_n(call_failed_, 1, __ATOMIC_RELAXED);
       failed = true;
@@ -848,7 +727,7 @@ class alignas(64) AppendBuffer {
     cap = n;                           // the next write past n comes back here
   }
 
-  void reserve(int64_t need) {
+  __attribute__((noinline)) void reserve(int64_t need) {
     if (failed) {
       fail(need);
       return;

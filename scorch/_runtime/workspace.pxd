@@ -97,13 +97,3 @@ cdef extern from "workspace.h" namespace "scorch" nogil:
 
     void pool_give(void* p, size_t nbytes)
 
-    # the process pool of output blocks (owned by scorch._runtime.workspace, which exports it)
-    cdef cppclass BlockPool:
-        size_t held()
-        size_t limit()
-        void set_limit(size_t nbytes)
-        void release()
-    BlockPool& local_pool()
-    cdef cppclass PoolApi:
-        pass
-    PoolApi* local_pool_api()

@@ -6,7 +6,7 @@ objects generated kernels use can be tested, and used by Python-level fallbacks.
 ``PySparseWorkspace(dtype)`` wraps ``SparseWorkspace[V]``; ``PyDenseWorkspace(n, dtype)`` wraps
 ``DenseWorkspace[V]``; dtype is one of torch.float32, float64, int32, int64.
 
-This module also owns the process pool of output blocks (``BlockPool``, workspace.h): every
+This module also owns the process pool of output blocks (``BlockPool``, block_pool.h): every
 kernel module fetches it through the ``BLOCK_POOL_V1`` capsule, so the blocks kept for reuse
 stay under one limit (``pool_limit()``: 128 MB, or ``SCORCH_POOL_MB``) however many kernels
 ran. ``pool_bytes()`` reads what it keeps, ``release_memory()`` frees it (scorch.cache_clear()
@@ -17,32 +17,44 @@ from libc.stdint cimport int32_t, int64_t, intptr_t
 
 from typing import Tuple
 
+cdef extern from "block_pool.h" namespace "scorch" nogil:
+    # the process pool of output blocks (this module owns it and exports it)
+    cdef cppclass BlockPool:
+        size_t held()
+        size_t limit()
+        void set_limit(size_t nbytes)
+        void release()
+    BlockPool& process_pool()
+    cdef cppclass PoolApi:
+        pass
+    PoolApi* process_pool_exports()
+
 import torch
 
 __all__ = ["PySparseWorkspace", "PyDenseWorkspace"]
 
 #: the process pool's entry points (workspace.h: PoolApi, SCORCH_POOL_CAPSULE)
-BLOCK_POOL_V1 = PyCapsule_New(<void*>local_pool_api(), b"scorch._runtime.workspace.BLOCK_POOL_V1", NULL)
+BLOCK_POOL_V1 = PyCapsule_New(<void*>process_pool_exports(), b"scorch._runtime.workspace.BLOCK_POOL_V1", NULL)
 
 
 def pool_bytes() -> int:
     """Bytes of freed output blocks the process pool keeps for the next kernel calls."""
-    return local_pool().held()
+    return process_pool().held()
 
 
 def pool_limit() -> int:
     """The most bytes the process pool keeps."""
-    return local_pool().limit()
+    return process_pool().limit()
 
 
 def set_pool_limit(size_t nbytes) -> None:
     """A new limit for the process pool (0: keep nothing); blocks past it are freed."""
-    local_pool().set_limit(nbytes)
+    process_pool().set_limit(nbytes)
 
 
 def release_memory() -> None:
     """Free every block the process pool keeps (blocks live tensors hold come back later)."""
-    local_pool().release()
+    process_pool().release()
 
 ctypedef fused wv_t:
     float
