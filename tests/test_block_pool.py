@@ -133,10 +133,11 @@ def test_env_var_sets_the_limit():
 
 
 def test_kernels_reach_the_pool_in_a_process_that_never_imported_it():
-    """A user's process imports scorch, not scorch._runtime.workspace: the first kernel
-    that appends output entries imports it, and its blocks go to that pool, not to a pool
-    of the kernel module's own (the capsule lookup alone found no submodule there, and
-    every kernel module kept up to the limit for itself)."""
+    """A user's process imports scorch, not scorch._runtime.workspace: loading the first
+    kernel imports it (and a kernel module that finds it missing imports it itself), so
+    output blocks go to that one pool, not to a pool of each kernel module's own (the
+    capsule lookup alone found no submodule there, and every kernel module kept up to the
+    limit for itself)."""
     code = "\n".join([
         "import sys, scipy.sparse as sp, numpy as np, scorch",
         "m = sp.random(400, 400, density=0.03, format='csr', dtype=np.float32, random_state=0)",

@@ -646,6 +646,9 @@ def load_kernel(source: str, name_hint: str = "kernel") -> types.ModuleType:
 
 
 def _load_slow(source: str, name_hint: str) -> types.ModuleType:
+    # the process pool the kernels' output buffers share (workspace.h: process_pool_api):
+    # imported here, on this thread, so that no kernel's OpenMP thread has to import it
+    import scorch._runtime.workspace  # noqa: F401
     with _slow_lock:
         mod = _memory.get((name_hint, source))
         if mod is not None:                      # another thread just built it
