@@ -95,5 +95,10 @@ cdef extern from "workspace.h" namespace "scorch" nogil:
         void report_failure_to(int* flag)
         bint call_failed()
 
+    # the buffers of a call's chunks (workspace.h: ChunkBuffers)
+    cdef cppclass ChunkBuffers[B]:
+        void allocate(int64_t n) except +
+        B& operator[](int64_t i)
+
     void pool_give(void* p, size_t nbytes)
 

@@ -299,8 +299,8 @@ static int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelR
     int64_t bmid;
     int64_t P;
     int64_t* pp;
-    std::vector<AppendBuffer<int32_t>> crds;
-    std::vector<AppendBuffer<float>> vals;
+    ChunkBuffers<AppendBuffer<int32_t>> crds;
+    ChunkBuffers<AppendBuffer<float>> vals;
     std::vector<int64_t> offs;
     int wide;
     size_t nbytes;
@@ -375,8 +375,8 @@ static int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelR
         return result_error(res, RESULT_NOMEM, "out of memory for the %lld row counts of the output", (P + 1));
     }
     a.out_pos = pp;
-    crds.resize(nchunks);
-    vals.resize(nchunks);
+    crds.allocate(nchunks);
+    vals.allocate(nchunks);
     {
         int64_t scorch_end2 = nchunks;
         for (int64_t scorch_i2 = 0; scorch_i2 < scorch_end2; scorch_i2 += 1) {

@@ -14,7 +14,7 @@ cdef extern from *:
     #define scorch_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)
     """
     void scorch_prefetch(const void*) noexcept nogil
-from scorch._runtime.workspace cimport AppendBuffer, DenseScratch, SparseWorkspace, dense_scratch, dense_ws_drain_list, pool_give
+from scorch._runtime.workspace cimport AppendBuffer, ChunkBuffers, DenseScratch, SparseWorkspace, dense_scratch, dense_ws_drain_list, pool_give
 from scorch._runtime.workspace cimport dense_ws_drain_scan
 from cython.operator cimport dereference as deref, preincrement as inc
 from cython.parallel cimport prange
@@ -266,10 +266,10 @@ cdef int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelRes
     if pp == NULL:
         return result_error(res, RESULT_NOMEM, b"out of memory for the %lld row counts of the output", P + 1)
     a.out_pos = pp
-    cdef vector[AppendBuffer[int32_t]] crds
-    cdef vector[AppendBuffer[float]] vals
-    crds.resize(nchunks)
-    vals.resize(nchunks)
+    cdef ChunkBuffers[AppendBuffer[int32_t]] crds
+    cdef ChunkBuffers[AppendBuffer[float]] vals
+    crds.allocate(nchunks)
+    vals.allocate(nchunks)
     for t in range(nchunks):
         vals[t].report_failure_to(result_failure_flag(res))
         crds[t * 1 + 0].report_failure_to(result_failure_flag(res))

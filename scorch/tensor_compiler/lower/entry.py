@@ -253,18 +253,18 @@ def _imports(f: KernelFacts, short_module: bool) -> Tuple[str, ...]:
         if short_module:
             lines.append(f"    void {STREAM_PREFETCH}(const void*) noexcept nogil")
     if out.mode == "ws" and f.rt_ws:
-        lines.append("from scorch._runtime.workspace cimport AppendBuffer, DenseScratch, SparseWorkspace, "
-                     "dense_scratch, dense_ws_drain_list, pool_give")
+        lines.append("from scorch._runtime.workspace cimport AppendBuffer, ChunkBuffers, DenseScratch, "
+                     "SparseWorkspace, dense_scratch, dense_ws_drain_list, pool_give")
         if out.unsorted:
             lines.append("from scorch._runtime.workspace cimport dense_ws_drain_unsorted")
         if any(v.ws_scan for v in variants(f)):
             lines.append("from scorch._runtime.workspace cimport dense_ws_drain_scan")
     elif f.rows and not f.row_room:
-        lines.append("from scorch._runtime.workspace cimport AppendBuffer, pool_give")
+        lines.append("from scorch._runtime.workspace cimport AppendBuffer, ChunkBuffers, pool_give")
     elif out.mode == "ws" and not out.ws_dense:
         lines.append("from libcpp.map cimport map as cmap")
     if _appends_tuples(f) and not (out.mode == "ws" and f.rt_ws):
-        lines.append("from scorch._runtime.workspace cimport AppendBuffer")   # tuples' buffers
+        lines.append("from scorch._runtime.workspace cimport AppendBuffer, ChunkBuffers")   # tuples' buffers
     rl = _row_loop(f)
     if rl is not None and (short_module or pipelined_gathers(f)):
         lines += list(extern_lines(f, rl))
