@@ -126,11 +126,7 @@ class BlockPool {
   size_t limit_ = kPoolBytes;
   uint64_t seq_ = 0;
 
-  static int size_class(size_t bytes) {
-    int cls = 0;
-    while ((size_t(1) << cls) < bytes) ++cls;
-    return cls;
-  }
+  static int size_class(size_t bytes) { return pool_size_class(bytes); }
   // The oldest kept blocks to ``out`` until at most ``keep`` bytes are kept (mutex held).
   void evict(size_t keep, std::vector<void*>* out) {
     while (held_ > keep) {

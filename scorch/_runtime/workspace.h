@@ -13,8 +13,6 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <mutex>
 #include <type_traits>
 #include <utility>
 #include <new>
@@ -531,6 +529,13 @@ class DenseWorkspace {
   }
 };
 
+// The pool's sizes are powers of two: the exponent of the smallest that holds ``bytes``.
+inline int pool_size_class(size_t bytes) {
+  int cls = 0;
+  while ((size_t(1) << cls) < bytes) ++cls;
+  return cls;
+}
+
 // The process pool's entry points, as scorch._runtime.workspace exports them (capsule
 // SCORCH_POOL_CAPSULE). Plain C functions with no exception: a module built from another
 // version of this header reaches the pool only through them, never through BlockPool's
@@ -547,9 +552,7 @@ struct PoolApi {
 // (block_pool.h) is compiled into scorch._runtime.workspace only: in every kernel module it
 // cost ~0.2 s of g++ for code that never ran there.
 inline void* malloc_pool_take(size_t need, size_t* got) {
-  int cls = 0;
-  while ((size_t(1) << cls) < need) ++cls;
-  *got = size_t(1) << cls;      // the size class the pool would report
+  *got = size_t(1) << pool_size_class(need);   // the size the pool would report
   return result_alloc(*got);
 }
 inline void* malloc_pool_take_own_largest(size_t, size_t*, const void*) { return nullptr; }
