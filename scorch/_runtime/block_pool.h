@@ -21,9 +21,9 @@ namespace scorch {
 // kernels keep reusing theirs, blocks of one-off calls age out). Blocks past kMaxPooledBlock
 // go back to malloc (a big output's pages fault in cheaply: result_alloc asks for huge pages).
 // ONE pool serves the whole process (process_pool_api): Python loads each kernel module
-// RTLD_LOCAL, so a static here is per module, and per-module pools of 64 MB each kept
-// 0.3-0.9 GB once 14 distinct kernels had run. Each kept block remembers the module that gave it
-// back (``owner``) for take_own_largest.
+// RTLD_LOCAL, so a pool compiled into the kernels would be one per module (per-module pools
+// kept 0.3-0.9 GB once 14 distinct kernels had run). Each kept block remembers the module
+// that gave it back (``owner``) for take_own_largest.
 class BlockPool {
  public:
   static constexpr size_t kPoolBytes = size_t(128) << 20;   // default limit (SCORCH_POOL_MB)

@@ -764,7 +764,7 @@ class ChunkBuffers {
   ChunkBuffers(const ChunkBuffers&) = delete;
   ChunkBuffers& operator=(const ChunkBuffers&) = delete;
   ~ChunkBuffers() { delete[] items_; }
-  // n empty buffers (any earlier ones are given back first)
+  // n empty buffers (any earlier ones are given back first; none left if new throws)
   void allocate(int64_t n) {
     delete[] items_;
     items_ = nullptr;
