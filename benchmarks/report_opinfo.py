@@ -20,13 +20,17 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import itertools
 import math
+import random
 import signal
 import sys
 import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -110,7 +114,38 @@ def _sparsify(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return torch.where(torch.rand(x.shape, generator=g) < 0.5, torch.zeros((), dtype=x.dtype), x)
 
 
+@contextlib.contextmanager
+def _lean_sample_inputs():
+    """torch's sample iterators, without the bookkeeping meant for its unittest classes:
+    each sample looks for the running ``unittest.TestCase`` with ``inspect.stack()`` (None
+    here, as outside such a class: the survey then took 60 of its 90 s) and reseeds every
+    device's generator, which records a stack trace for each lazy CUDA / XPU / MTIA call
+    (20 s). Here the lookup answers None at once and the reseeding covers the CPU's
+    generators (torch, ``random``, numpy): the same samples, the same seed."""
+    from torch.testing._internal import common_utils
+    from torch.testing._internal.opinfo import core
+
+    def cpu_seed(seed=None):
+        seed = common_utils.SEED if seed is None else seed
+        torch.default_generator.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed)
+
+    saved = common_utils.extract_test_fn, core.extract_test_fn, common_utils.set_rng_seed
+    common_utils.extract_test_fn = core.extract_test_fn = lambda: None
+    common_utils.set_rng_seed = cpu_seed
+    try:
+        yield
+    finally:
+        common_utils.extract_test_fn, core.extract_test_fn, common_utils.set_rng_seed = saved
+
+
 def survey(names=(), samples: int = 4, timeout: int = 20):
+    with _lean_sample_inputs():
+        return _survey(names, samples, timeout)
+
+
+def _survey(names, samples: int, timeout: int):
     from torch.testing._internal.common_methods_invocations import op_db
     torch.manual_seed(0)                 # the samples' values (make_tensor draws from torch's RNG)
     signal.signal(signal.SIGALRM, _alarm)
@@ -122,7 +157,8 @@ def survey(names=(), samples: int = 4, timeout: int = 20):
         try:
             if torch.float64 not in op.supported_dtypes("cpu"):
                 continue
-            inputs = list(op.sample_inputs("cpu", torch.float64, requires_grad=False))[:samples]
+            inputs = list(itertools.islice(op.sample_inputs("cpu", torch.float64, requires_grad=False),
+                                           samples))
         except Exception:   # noqa: BLE001  (an op whose samples cannot be made here)
             continue
         g = torch.Generator().manual_seed(0)

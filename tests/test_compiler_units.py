@@ -279,9 +279,11 @@ def test_spgemm_map_workspace_for_huge_extent():
     from scorch.tensor_compiler.codegen import DENSE_WS_LIMIT
     n = DENSE_WS_LIMIT + 1000
     A = sp.random(30, 50, density=0.2, format="csr", random_state=1)
-    B = sp.random(50, n, density=4e-6, format="csr", random_state=2)
-    ends = sp.csr_matrix(([1.0, 2.0, 3.0], ([0, 0, 1], [0, n - 1, n // 2])), shape=(50, n))
-    B = (B + ends).tocsr()   # coordinates at both ends of the extent
+    rng = np.random.default_rng(2)   # ~840 entries (sp.random over 2e8 positions takes 17 s)
+    rows = np.concatenate([rng.integers(0, 50, 840), [0, 0, 1]])
+    cols = np.concatenate([rng.integers(0, n, 840), [0, n - 1, n // 2]])   # both ends of the extent
+    B = sp.csr_matrix((rng.random(rows.size), (rows, cols)), shape=(50, n))
+    B.sum_duplicates()
     B.sort_indices()
     from scorch.interop import from_scipy
     a, b = from_scipy(A), from_scipy(B)

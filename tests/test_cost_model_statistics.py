@@ -19,13 +19,22 @@ from scorch.tensor_compiler.schedule import schedule
 from scorch.tensor_compiler.work_estimate import Statistics, estimate
 
 
+def _distinct(k: int, n: int, g: torch.Generator) -> torch.Tensor:
+    """k distinct integers drawn uniformly from [0, n) in random order (a randperm of n
+    takes seconds for the 4e7 positions here)."""
+    drawn = torch.empty(0, dtype=torch.long)
+    while drawn.numel() < k:
+        drawn = torch.cat([drawn, torch.randint(0, n, (2 * k,), generator=g)]).unique()
+    return drawn[torch.randperm(drawn.numel(), generator=g)[:k]]
+
+
 def matrix(m: int, n: int, nnz: int, hub: int, seed: int = 0, fmt: str = "csr",
            dtype=torch.float64):
     """An m x n matrix with exactly ``nnz`` entries, ``hub`` of them in row 0 and the rest
     spread uniformly over the other rows (hub = 0: uniform)."""
     g = torch.Generator().manual_seed(seed)
     hub_cols = torch.randperm(n, generator=g)[:hub]
-    rest = torch.randperm((m - 1) * n, generator=g)[:nnz - hub]
+    rest = _distinct(nnz - hub, (m - 1) * n, g)
     rows = torch.cat([torch.zeros(hub, dtype=torch.long), 1 + rest // n])
     cols = torch.cat([hub_cols, rest % n])
     vals = torch.rand(nnz, generator=g, dtype=torch.float64).to(dtype) + 0.5
@@ -216,9 +225,9 @@ def test_sparse_products_avoid_a_workspace_as_large_as_the_result(fa, fb):
     B = scorch.sparse_tensor((idx.flip(0), val), size=(n, n), format=fb)
     plan = scorch.explain("ij,jk->ik", A, B)
     assert all(not w.startswith(("i,k", "k,i")) for w in plan.workspaces), plan.workspaces
-    torch.testing.assert_close((A @ B).to_dense(), A.to_dense() @ B.to_dense())
-    torch.testing.assert_close(scorch.einsum("ij,jk->ik", A, B).to_dense(),
-                               A.to_dense() @ B.to_dense())
+    want = A.to_dense() @ B.to_dense()
+    torch.testing.assert_close((A @ B).to_dense(), want)
+    torch.testing.assert_close(scorch.einsum("ij,jk->ik", A, B).to_dense(), want)
 
 
 def test_hypersparse_coo_products_keep_compressed_levels():
