@@ -188,15 +188,17 @@ def test_kernel_cimports_workspace_inside_prange(tmp_path, monkeypatch):
 
 
 def test_sparse_workspace_combines_as_it_grows():
-    """The sparse workspace appends pairs and combines them (a stable sort, a merge with
-    what was combined before) when read or when the pending pairs double: reads between
-    adds, thousands of distinct coordinates over a 2^62 range and repeated ones all give
-    a dict's sums, in the order of the adds (bitwise for floats)."""
+    """The sparse workspace appends pairs and combines them (a stable radix sort, a merge
+    with what was combined before) when read or when the pending pairs double: reads
+    between adds, thousands of distinct coordinates over a 2^62 range (negative ones too)
+    and repeated ones all give a dict's sums, in the order of the adds (bitwise for
+    floats)."""
     rng = np.random.default_rng(1)
     ws = PySparseWorkspace(torch.float64)
     expect = {}
-    for round_ in range(4):
-        c = rng.integers(0, 1 << 62, 3000) if round_ % 2 else rng.integers(0, 700, 3000)
+    for round_ in range(5):
+        c = (rng.integers(-(1 << 62), 1 << 62, 3000) if round_ == 4 else
+             rng.integers(0, 1 << 62, 3000) if round_ % 2 else rng.integers(0, 700, 3000))
         v = rng.normal(size=3000)
         for k in range(0, 3000, 500):
             ws.add_many(torch.from_numpy(c[k:k + 500]), torch.from_numpy(v[k:k + 500]))

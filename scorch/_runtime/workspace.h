@@ -38,11 +38,17 @@ inline void ws_accumulate<bool>(bool& acc, bool v) { acc = acc || v; }
 // ones (so memory stays within about twice the fiber's distinct entries). O(log k) per add
 // amortized like the std::map it replaced, but sequential: the map's node allocation and
 // pointer chasing made a 200k-entry sum into a 10M-wide sparse vector 210 ms (now ~15).
+// The sort is a radix sort and the merge a loop into a second buffer, not std::stable_sort
+// and std::inplace_merge: those two instantiated ~13 KB of code in every kernel with such
+// a workspace (+0.3 s of g++ each) for what is a cold path. The second buffer is kept for
+// the next combine: at the peak the two hold about four times the fiber's distinct entries
+// (stable_sort's temporary buffer made it about three).
 template <typename V>
 class SparseWorkspace {
  public:
   using Entry = std::pair<int64_t, V>;
   std::vector<Entry> entries;   // [0, combined): sorted, distinct; the rest: pending adds
+  std::vector<Entry> scratch;   // combine's second buffer (kept: no allocation per fiber)
   int64_t combined = 0;
   int64_t limit = 1024;
 
@@ -54,22 +60,31 @@ class SparseWorkspace {
     }
   }
   // Sort the pending adds, merge them into the combined head and sum equal coordinates.
-  inline void combine() {
+  __attribute__((noinline)) void combine() {
     const int64_t n = static_cast<int64_t>(entries.size());
     if (combined == n) return;
-    auto by_coord = [](const Entry& a, const Entry& b) { return a.first < b.first; };
-    std::stable_sort(entries.begin() + combined, entries.end(), by_coord);
-    std::inplace_merge(entries.begin(), entries.begin() + combined, entries.end(), by_coord);
-    int64_t k = 0;
-    for (int64_t i = 1; i < n; ++i) {
-      if (entries[i].first == entries[k].first) {
-        ws_accumulate(entries[k].second, entries[i].second);
+    if (scratch.size() < static_cast<size_t>(n)) scratch.resize(static_cast<size_t>(n));
+    Entry* pending = entries.data() + combined;
+    sort_pending(pending, n - combined, scratch.data());
+    // merge head and pending into scratch, summing equal coordinates (the head's first:
+    // its adds came earlier)
+    const Entry* a = entries.data();
+    const Entry* a_end = pending;
+    const Entry* b = pending;
+    const Entry* b_end = entries.data() + n;
+    Entry* out = scratch.data();
+    int64_t k = -1;
+    while (a != a_end || b != b_end) {
+      const Entry& e = (b == b_end || (a != a_end && a->first <= b->first)) ? *a++ : *b++;
+      if (k >= 0 && out[k].first == e.first) {
+        ws_accumulate(out[k].second, e.second);
       } else {
-        entries[++k] = entries[i];
+        out[++k] = e;
       }
     }
-    entries.resize(n ? k + 1 : 0);
-    combined = static_cast<int64_t>(entries.size());
+    entries.swap(scratch);
+    entries.resize(static_cast<size_t>(k + 1));
+    combined = k + 1;
   }
   inline int64_t size() { combine(); return static_cast<int64_t>(entries.size()); }
   inline bool empty() const { return entries.empty(); }
@@ -108,6 +123,41 @@ class SparseWorkspace {
     return offset;
   }
   inline void clear() { entries.clear(); combined = 0; limit = 1024; }
+
+ private:
+  // Stable sort of p[0:n] by coordinate: insertion sort for a few, else LSD radix sort
+  // 8 bits a pass over the bits the coordinates' range needs (tmp holds n entries).
+  static void sort_pending(Entry* p, int64_t n, Entry* tmp) {
+    if (n <= 32) {
+      for (int64_t i = 1; i < n; ++i) {
+        Entry e = p[i];
+        int64_t j = i;
+        for (; j > 0 && p[j - 1].first > e.first; --j) p[j] = p[j - 1];
+        p[j] = e;
+      }
+      return;
+    }
+    int64_t lo = p[0].first, hi = p[0].first;
+    for (int64_t i = 1; i < n; ++i) {
+      lo = p[i].first < lo ? p[i].first : lo;
+      hi = p[i].first > hi ? p[i].first : hi;
+    }
+    const uint64_t span = static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo);
+    Entry* src = p;
+    Entry* dst = tmp;
+    for (int shift = 0; shift < 64 && (span >> shift) != 0; shift += 8) {
+      int64_t count[257] = {0};
+      for (int64_t i = 0; i < n; ++i)
+        ++count[((static_cast<uint64_t>(src[i].first) - static_cast<uint64_t>(lo)) >> shift & 255) + 1];
+      for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
+      for (int64_t i = 0; i < n; ++i)
+        dst[count[(static_cast<uint64_t>(src[i].first) - static_cast<uint64_t>(lo)) >> shift & 255]++] = src[i];
+      Entry* t = src;
+      src = dst;
+      dst = t;
+    }
+    if (src != p) std::copy(src, src + n, p);
+  }
 };
 
 // The dense workspace: a values array over the fiber's extent (zero outside the fiber), a
