@@ -4,6 +4,7 @@ cache runs them without compiling, through einsum and through the torch ops (``@
 a source checkout without built extensions says so on import."""
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -123,3 +124,32 @@ def test_source_tree_without_built_extensions_says_why(tmp_path):
                                f"no built extensions"), out.stderr[-2000:]
         assert "convert" in last and "pip install -e ." in last and "another directory" in last
     assert f"It hides the installed scorch at {package}" in last     # PYTHONPATH run: ours is found
+
+
+def test_the_precompiled_header_holds_what_lowered_kernels_include_and_no_more():
+    """gcc maps the whole ``.gch`` into every kernel's compile, and parses itself any header
+    a kernel includes that the ``.gch`` lacks. So the PCH lists each system header that the
+    C++ lowering (``cxx_module``) and the runtime headers it includes can bring in, and none
+    of the heavy libstdc++ headers no lowered kernel includes (75 -> 54 MB: 0.19 -> 0.13 s
+    for a small kernel). Only ``<map>`` (the rare std::map workspace) is left to the kernel
+    that needs it."""
+    import re
+
+    from scorch.tensor_compiler import build, cxx_module
+    from scorch.tensor_compiler.lower import facts
+
+    runtime = Path(build.__file__).resolve().parent.parent / "_runtime"
+    wanted = {"stdint.h", "type_traits"}                       # every lowered kernel's
+    wanted |= {inc.strip("<>") for inc in cxx_module._INCLUDES.values()
+               if inc and inc.startswith("<")}
+    wanted |= set(re.findall(r"#include <([^>]+)>", "\n".join(map(str, vars(facts).values()))))
+    for header in ("workspace.h", "kernel_result.h", "gather_dot.h", "pack_nonzeros.h"):
+        wanted |= set(re.findall(r"#include <([^>]+)>", (runtime / header).read_text()))
+    wanted -= {"Python.h", "map"}
+    have = set(build.PCH_CXX_HEADERS)
+    # a C header is in when its C++ form is (<cstdint> includes <stdint.h>)
+    missing = {h for h in wanted if h not in have and not (h.endswith(".h") and f"c{h[:-2]}" in have)}
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        missing.discard("immintrin.h")
+    assert not missing, f"headers lowered kernels include that the PCH lacks: {sorted(missing)}"
+    assert not have & {"ios", "map", "unordered_map", "deque", "mutex", "stdexcept", "typeinfo"}
