@@ -32,6 +32,27 @@ inline void ws_accumulate(V& acc, V v) { acc += v; }
 template <>
 inline void ws_accumulate<bool>(bool& acc, bool v) { acc = acc || v; }
 
+// LSD radix sort of items[0:k] by key(item), a value in [0, span], 8 bits a pass over the
+// bits span needs; stable. ``tmp`` holds k items. (A touched list of a few hundred
+// spread-out coordinates: std::sort's compares mispredict about half the time, these passes
+// do not branch on the keys; the sparse workspace's pending pairs: no std::stable_sort
+// instantiated in every kernel.)
+template <typename T, typename Key>
+inline void radix_sort_by(T* items, int64_t k, uint64_t span, Key key, T* tmp) {
+  T* src = items;
+  T* dst = tmp;
+  for (int shift = 0; shift < 64 && (span >> shift) != 0; shift += 8) {
+    int64_t count[257] = {0};
+    for (int64_t i = 0; i < k; ++i) ++count[(key(src[i]) >> shift & 255) + 1];
+    for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
+    for (int64_t i = 0; i < k; ++i) dst[count[key(src[i]) >> shift & 255]++] = src[i];
+    T* t = src;
+    src = dst;
+    dst = t;
+  }
+  if (src != items) std::copy(src, src + k, items);
+}
+
 // Accumulation for huge or unknown extents: each add is appended as a (coordinate, value)
 // pair, and the pairs are sorted (stably, so equal coordinates sum in the order they came)
 // and combined when the fiber is read, or when the pending pairs reach twice the combined
@@ -125,8 +146,8 @@ class SparseWorkspace {
   inline void clear() { entries.clear(); combined = 0; limit = 1024; }
 
  private:
-  // Stable sort of p[0:n] by coordinate: insertion sort for a few, else LSD radix sort
-  // 8 bits a pass over the bits the coordinates' range needs (tmp holds n entries).
+  // Stable sort of p[0:n] by coordinate: insertion sort for a few, else radix_sort_by over
+  // the coordinates' range (tmp holds n entries).
   static void sort_pending(Entry* p, int64_t n, Entry* tmp) {
     if (n <= 32) {
       for (int64_t i = 1; i < n; ++i) {
@@ -142,21 +163,9 @@ class SparseWorkspace {
       lo = p[i].first < lo ? p[i].first : lo;
       hi = p[i].first > hi ? p[i].first : hi;
     }
-    const uint64_t span = static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo);
-    Entry* src = p;
-    Entry* dst = tmp;
-    for (int shift = 0; shift < 64 && (span >> shift) != 0; shift += 8) {
-      int64_t count[257] = {0};
-      for (int64_t i = 0; i < n; ++i)
-        ++count[((static_cast<uint64_t>(src[i].first) - static_cast<uint64_t>(lo)) >> shift & 255) + 1];
-      for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
-      for (int64_t i = 0; i < n; ++i)
-        dst[count[(static_cast<uint64_t>(src[i].first) - static_cast<uint64_t>(lo)) >> shift & 255]++] = src[i];
-      Entry* t = src;
-      src = dst;
-      dst = t;
-    }
-    if (src != p) std::copy(src, src + n, p);
+    const uint64_t base = static_cast<uint64_t>(lo);
+    radix_sort_by(p, n, static_cast<uint64_t>(hi) - base,
+                  [base](const Entry& e) { return static_cast<uint64_t>(e.first) - base; }, tmp);
   }
 };
 
@@ -171,25 +180,11 @@ class SparseWorkspace {
 // a kernel's per-thread arrays need no clearing. Generated kernels keep these arrays in
 // their own locals (registers), with the add as inline code; DenseWorkspace wraps the same
 // arrays for other callers. ``mark`` needs 8 bytes of padding past the extent.
-// LSD radix sort of k keys in [lo, hi], 8 bits a pass over the bits the range needs (a
-// touched list of a few hundred spread-out coordinates: std::sort's compares mispredict
-// about half the time, these passes do not branch on the keys). ``tmp`` holds k keys.
+// Sort k keys in [lo, hi] (radix_sort_by); ``tmp`` holds k keys.
 template <typename K>
 inline void radix_sort_range(K* keys, int64_t k, int64_t lo, int64_t hi, K* tmp) {
-  int bits = 0;
-  while (bits < 63 && ((hi - lo) >> bits) != 0) ++bits;
-  K* src = keys;
-  K* dst = tmp;
-  for (int shift = 0; shift < bits; shift += 8) {
-    int64_t count[257] = {0};
-    for (int64_t i = 0; i < k; ++i) ++count[((src[i] - lo) >> shift & 255) + 1];
-    for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
-    for (int64_t i = 0; i < k; ++i) dst[count[(src[i] - lo) >> shift & 255]++] = src[i];
-    K* t = src;
-    src = dst;
-    dst = t;
-  }
-  if (src != keys) std::memcpy(keys, src, static_cast<size_t>(k) * sizeof(K));
+  radix_sort_by(keys, k, static_cast<uint64_t>(hi - lo),
+                [lo](K c) { return static_cast<uint64_t>(static_cast<int64_t>(c) - lo); }, tmp);
 }
 
 // Fibers up to this many entries are drained by rank sort (see dense_ws_drain).
