@@ -61,7 +61,7 @@ def small_limit():
 
 def test_the_default_limit_is_process_wide_and_finite():
     assert 0 < ws.pool_limit() <= 256 << 20
-    assert type(ws.BLOCK_POOL_V1).__name__ == "PyCapsule"
+    assert type(ws.BLOCK_POOL_V2).__name__ == "PyCapsule"
 
 
 def test_every_kernel_shares_one_bounded_pool(small_limit):

@@ -19,7 +19,7 @@ namespace scorch {
 // powers of two bytes, kept in one list per size (oldest first), at most ``limit()`` bytes
 // in all: a block given back past the limit evicts the oldest kept ones (a training loop's
 // kernels keep reusing theirs, blocks of one-off calls age out). Blocks past kMaxPooledBlock
-// go back to malloc (a big output's pages fault in cheaply: result_alloc asks for huge pages).
+// are given back at once (a big output's pages fault in cheaply: result_alloc maps them on huge pages).
 // ONE pool serves the whole process (process_pool_api): Python loads each kernel module
 // RTLD_LOCAL, so a pool compiled into the kernels would be one per module (per-module pools
 // kept 0.3-0.9 GB once 14 distinct kernels had run). Each kept block remembers the module
@@ -51,7 +51,7 @@ class BlockPool {
         return p;
       }
     }
-    return result_alloc(*got);   // malloc, huge pages asked for from 4 MB
+    return result_alloc(*got);   // a mapping of its own from 1 MB (huge pages from 4 MB)
   }
   // The largest kept block of at least ``need`` bytes that ``owner`` gave back, or nullptr.
   void* take_own_largest(size_t need, size_t* got, const void* owner) {
@@ -72,7 +72,7 @@ class BlockPool {
   // Give back a block that take() returned (``size`` as it reported).
   void give(void* p, size_t size, const void* owner) {
     if (p == nullptr) return;
-    std::vector<void*> evicted;
+    std::vector<Freed> evicted;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       // (a size take() did not report, not a power of two, would be taken back as more)
@@ -83,8 +83,8 @@ class BlockPool {
         p = nullptr;
       }
     }
-    for (void* q : evicted) std::free(q);
-    std::free(p);
+    free_blocks(evicted);
+    result_free(p, size);
   }
   size_t held() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -96,22 +96,22 @@ class BlockPool {
   }
   // A new limit (0: keep nothing); the kept blocks past it go back to malloc.
   void set_limit(size_t bytes) {
-    std::vector<void*> evicted;
+    std::vector<Freed> evicted;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       limit_ = bytes;
       evict(bytes, &evicted);
     }
-    for (void* q : evicted) std::free(q);
+    free_blocks(evicted);
   }
   // Every kept block back to malloc (blocks that live arrays hold come back later).
   void release() {
-    std::vector<void*> evicted;
+    std::vector<Freed> evicted;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       evict(0, &evicted);
     }
-    for (void* q : evicted) std::free(q);
+    free_blocks(evicted);
   }
 
  private:
@@ -127,15 +127,23 @@ class BlockPool {
   uint64_t seq_ = 0;
 
   static int size_class(size_t bytes) { return pool_size_class(bytes); }
+  struct Freed {
+    void* p;
+    size_t bytes;
+  };
+  // (outside the lock: a mapping's munmap is a system call)
+  static void free_blocks(const std::vector<Freed>& blocks) {
+    for (const Freed& f : blocks) result_free(f.p, f.bytes);
+  }
   // The oldest kept blocks to ``out`` until at most ``keep`` bytes are kept (mutex held).
-  void evict(size_t keep, std::vector<void*>* out) {
+  void evict(size_t keep, std::vector<Freed>* out) {
     while (held_ > keep) {
       int oldest = -1;
       for (int cls = 0; cls < 64; ++cls) {
         if (!free_[cls].empty() && (oldest < 0 || free_[cls].front().seq < free_[oldest].front().seq))
           oldest = cls;
       }
-      out->push_back(free_[oldest].front().p);
+      out->push_back(Freed{free_[oldest].front().p, size_t(1) << oldest});
       free_[oldest].pop_front();
       held_ -= size_t(1) << oldest;
     }

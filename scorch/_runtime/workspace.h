@@ -585,12 +585,14 @@ inline int pool_size_class(size_t bytes) {
 // SCORCH_POOL_CAPSULE). Plain C functions with no exception: a module built from another
 // version of this header reaches the pool only through them, never through BlockPool's
 // layout; a change to them must rename the capsule (old modules then keep pools of their own).
+// V2: blocks carry result_alloc's header (kernel_result.h), which a V1 module's free() would
+// not expect.
 struct PoolApi {
   void* (*take)(size_t need, size_t* got);                              // nullptr: no memory
   void* (*take_own_largest)(size_t need, size_t* got, const void* owner);  // nullptr: none kept
   void (*give)(void* p, size_t size, const void* owner);
 };
-#define SCORCH_POOL_CAPSULE "scorch._runtime.workspace.BLOCK_POOL_V1"
+#define SCORCH_POOL_CAPSULE "scorch._runtime.workspace.BLOCK_POOL_V2"
 
 // Where the process pool cannot be had (scorch._runtime.workspace not importable, or the
 // interpreter finalizing): plain malloc and free, nothing kept. The pool itself
@@ -601,7 +603,7 @@ inline void* malloc_pool_take(size_t need, size_t* got) {
   return result_alloc(*got);
 }
 inline void* malloc_pool_take_own_largest(size_t, size_t*, const void*) { return nullptr; }
-inline void malloc_pool_give(void* p, size_t, const void*) { std::free(p); }
+inline void malloc_pool_give(void* p, size_t bytes, const void*) { result_free(p, bytes); }
 inline PoolApi* malloc_pool_api() {
   static PoolApi api = {malloc_pool_take, malloc_pool_take_own_largest, malloc_pool_give};
   return &api;
@@ -613,7 +615,7 @@ inline PoolApi* malloc_pool_api() {
 // nothing else in a user's process does. Each kernel module then kept a pool of its own.
 inline PoolApi* import_process_pool() {
   PyObject* module = PyImport_ImportModule("scorch._runtime.workspace");
-  PyObject* capsule = module == nullptr ? nullptr : PyObject_GetAttrString(module, "BLOCK_POOL_V1");
+  PyObject* capsule = module == nullptr ? nullptr : PyObject_GetAttrString(module, "BLOCK_POOL_V2");
   Py_XDECREF(module);
   void* api = capsule == nullptr ? nullptr : PyCapsule_GetPointer(capsule, SCORCH_POOL_CAPSULE);
   Py_XDECREF(capsule);
@@ -738,8 +740,19 @@ class alignas(64) AppendBuffer {
     n = cap = 0;
     return p;
   }
+  // Give the block back to the pool now (its values were copied out), not when the call
+  // ends: the output is gathered chunk by chunk beside the chunks' buffers.
+  inline void give_back() {
+    size_t bytes = 0;
+    T* p = release(&bytes);
+    block_pool().give(p, bytes);
+  }
 
  private:
+  // a block this big grows in place (result_regrow: a mapping, remapped, no copy); a smaller
+  // one by taking a bigger block from the pool (whose pages may be touched already) and
+  // copying
+  static constexpr size_t kRegrowBytes = size_t(1) << 20;
   T* ptr = nullptr;
   int64_t n = 0, cap = 0;
   // After a failed allocation (``fail``): the kernel's result is lost (call_failed: its
@@ -785,6 +798,17 @@ class alignas(64) AppendBuffer {
     size_t got = 0;
     const size_t bytes = static_cast<size_t>(c) * sizeof(T);
     T* p = nullptr;
+    if (static_cast<size_t>(cap) * sizeof(T) >= kRegrowBytes) {   // in place (result_regrow)
+      got = size_t(1) << pool_size_class(bytes);   // a size the pool keeps
+      p = static_cast<T*>(result_regrow(ptr, got));
+      if (p == nullptr) {
+        fail(need);
+        return;
+      }
+      ptr = p;
+      cap = static_cast<int64_t>(got / sizeof(T));
+      return;
+    }
     try {
       p = static_cast<T*>(cap ? block_pool().take(bytes, &got) : block_pool().take_largest(bytes, &got));
     } catch (const std::bad_alloc&) {

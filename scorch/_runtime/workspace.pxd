@@ -25,7 +25,8 @@ workspace empty for the next fiber::
 
 ``AppendBuffer[T]`` is a growable array whose ``grow(k)`` adds k uninitialized slots (a
 workspace drains into them): kernels collect each chunk's output entries in one;
-``release`` hands its block to an output array, which gives it back with ``pool_give``.
+``release`` hands its block to an output array, which gives it back with ``pool_give``;
+``give_back`` returns it to the pool at once (its values copied out).
 
 ``size()`` gives the number of distinct coordinates (for a counting pass that sizes the
 output before a fill pass); ``drain_unsorted`` (dense only) skips the sort; ``scatter(out)``
@@ -92,6 +93,7 @@ cdef extern from "workspace.h" namespace "scorch" nogil:
         int64_t size()
         void trim(int64_t k)
         T* release(size_t* nbytes)
+        void give_back()
         void report_failure_to(int* flag)
         bint call_failed()
 

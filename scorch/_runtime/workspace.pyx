@@ -7,7 +7,7 @@ objects generated kernels use can be tested, and used by Python-level fallbacks.
 ``DenseWorkspace[V]``; dtype is one of torch.float32, float64, int32, int64.
 
 This module also owns the process pool of output blocks (``BlockPool``, block_pool.h): every
-kernel module fetches it through the ``BLOCK_POOL_V1`` capsule, so the blocks kept for reuse
+kernel module fetches it through the ``BLOCK_POOL_V2`` capsule, so the blocks kept for reuse
 stay under one limit (``pool_limit()``: 128 MB, or ``SCORCH_POOL_MB``) however many kernels
 ran. ``pool_bytes()`` reads what it keeps, ``release_memory()`` frees it (scorch.cache_clear()
 calls it).
@@ -34,7 +34,7 @@ import torch
 __all__ = ["PySparseWorkspace", "PyDenseWorkspace"]
 
 #: the process pool's entry points (workspace.h: PoolApi, SCORCH_POOL_CAPSULE)
-BLOCK_POOL_V1 = PyCapsule_New(<void*>process_pool_exports(), b"scorch._runtime.workspace.BLOCK_POOL_V1", NULL)
+BLOCK_POOL_V2 = PyCapsule_New(<void*>process_pool_exports(), b"scorch._runtime.workspace.BLOCK_POOL_V2", NULL)
 
 
 def pool_bytes() -> int:

@@ -305,6 +305,8 @@ static int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelR
     int wide;
     size_t nbytes;
     void* block;
+    int32_t* gc;
+    float* gv;
     int64_t isz;
     void* cp;
     float* vp;
@@ -451,6 +453,31 @@ static int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelR
         result_hand_over(res, 2, block, nbytes, total, RESULT_FLOAT, sizeof(float), pool_give);
         return RESULT_OK;
     }
+    if (((total > 0) && (wide == 0))) {
+        gc = ((int32_t*)result_resize(crds[0].release((&nbytes)), (total * sizeof(int32_t))));
+        gv = ((float*)result_resize(vals[0].release((&nbytes)), (total * sizeof(float))));
+        if (((gc == NULL) || (gv == NULL))) {
+            result_free(gc, 0);
+            result_free(gv, 0);
+            return result_error(res, RESULT_NOMEM, "out of memory for the %lld entries of the output", total);
+        }
+        {
+            int64_t scorch_end5 = nchunks;
+            if (scorch_end5 > 1) {
+#pragma omp parallel for schedule(dynamic) num_threads(nthreads)
+                for (int64_t scorch_i5 = 1; scorch_i5 < scorch_end5; scorch_i5++) {
+                    int64_t t = scorch_i5;
+                    memcpy((gc + offs[t]), crds[t].data(), (((offs[(t + 1)] - offs[t])) * sizeof(int32_t)));
+                    memcpy((gv + offs[t]), vals[t].data(), (((offs[(t + 1)] - offs[t])) * sizeof(float)));
+                    crds[t].give_back();
+                    vals[t].give_back();
+                }
+            }
+        }
+        result_array(res, 1, gc, total, RESULT_INT, sizeof(int32_t), ((total) * sizeof(int32_t)), result_free);
+        result_array(res, 2, gv, total, RESULT_FLOAT, sizeof(float), ((total) * sizeof(float)), result_free);
+        return RESULT_OK;
+    }
     isz = ((wide) ? (8) : (4));
     cp = result_alloc((total * isz));
     vp = ((float*)result_alloc((total * sizeof(float))));
@@ -460,11 +487,11 @@ static int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelR
         return result_error(res, RESULT_NOMEM, "out of memory for the %lld entries of the output", total);
     }
     {
-        int64_t scorch_end5 = nchunks;
-        if (scorch_end5 > 0) {
+        int64_t scorch_end6 = nchunks;
+        if (scorch_end6 > 0) {
 #pragma omp parallel for schedule(dynamic) num_threads(nthreads)
-            for (int64_t scorch_i5 = 0; scorch_i5 < scorch_end5; scorch_i5++) {
-                int64_t t = scorch_i5;
+            for (int64_t scorch_i6 = 0; scorch_i6 < scorch_end6; scorch_i6++) {
+                int64_t t = scorch_i6;
                 result_gather(vals[t].size(), offs[t], crds[t].data(), vals[t].data(), cp, vp, wide);
             }
         }

@@ -19,6 +19,7 @@ from scorch._runtime.workspace cimport dense_ws_drain_scan
 from cython.operator cimport dereference as deref, preincrement as inc
 from cython.parallel cimport prange
 from scorch._runtime.result cimport KernelResult, RESULT_OK, RESULT_OVERFLOW, RESULT_RUNTIME, RESULT_NOMEM, RESULT_INT, RESULT_UINT, RESULT_FLOAT, result_init, result_alloc, result_free, result_zeros_i64, result_array, result_error, result_hand_over, result_gather, result_pos, result_check_allocation, result_failed, result_failure_flag, result_to_python
+from scorch._runtime.result cimport result_resize
 
 cdef struct Args:
     int64_t N_i
@@ -313,6 +314,23 @@ cdef int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelRes
         result_hand_over(res, 1, block, nbytes, total, RESULT_INT, sizeof(int32_t), pool_give)
         block = vals[0].release(&nbytes)
         result_hand_over(res, 2, block, nbytes, total, RESULT_FLOAT, sizeof(float), pool_give)
+        return RESULT_OK
+    cdef int32_t* gc
+    cdef float* gv
+    if total > 0 and wide == False:
+        gc = <int32_t*>result_resize(crds[0].release(&nbytes), total * sizeof(int32_t))
+        gv = <float*>result_resize(vals[0].release(&nbytes), total * sizeof(float))
+        if gc == NULL or gv == NULL:
+            result_free(gc, 0)
+            result_free(gv, 0)
+            return result_error(res, RESULT_NOMEM, b"out of memory for the %lld entries of the output", total)
+        for t in prange(1, nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):
+            memcpy(gc + offs[t], crds[t].data(), (offs[t + 1] - offs[t]) * sizeof(int32_t))
+            memcpy(gv + offs[t], vals[t].data(), (offs[t + 1] - offs[t]) * sizeof(float))
+            crds[t].give_back()
+            vals[t].give_back()
+        result_array(res, 1, gc, total, RESULT_INT, sizeof(int32_t), (total) * sizeof(int32_t), result_free)
+        result_array(res, 2, gv, total, RESULT_FLOAT, sizeof(float), (total) * sizeof(float), result_free)
         return RESULT_OK
     cdef int64_t isz = 8 if wide else 4
     cdef void* cp = result_alloc(total * isz)
