@@ -48,6 +48,7 @@ cdef extern from "kernel_result.h" namespace "scorch" nogil:
                              V* val_out, int wide)
     void result_put_coords[C](int64_t n, int64_t off, const C* crd, void* crd_out, int wide)
     void* result_resize(void* block, size_t nbytes)
+    void result_drop_range(void* p, size_t nbytes)
     void* result_join_level[C](void* out, C* block, int l, int R, int64_t n, int wide)
     I* result_chain_levels[I](I* crd, int R, int64_t n, int64_t* count)
     int64_t result_pos(int64_t* p, int64_t P, int narrow)

@@ -457,6 +457,10 @@ def _tuples_epilogue(k: Kernel, w, fn: str, ret: str, chain: bool = False) -> No
     w(f"                memcpy(vp + offs[t], vals[t].data(), vals[t].size() * sizeof({vt}))")
     for l in range(R):   # unrolled: a prange body that writes no local (cxx_module)
         w(f"                result_put_coords(vals[t].size(), {l} * total + offs[t], crds[t * {R} + {l}].data(), cp, wide)")
+    # each chunk's blocks back once copied: the output is not held twice while gathered
+    for l in range(R):
+        w(f"                crds[t * {R} + {l}].give_back()")
+    w("                vals[t].give_back()")
     w(f"    result_array(res, 0, cp, {R} * total, RESULT_INT, isz, {R} * total * isz, result_free)")
     _set_array(w, "    ", 1, "vp", "total", vt)
     _no_memory(w, "    ", "cp == NULL or vp == NULL", "entries", "total")
@@ -567,11 +571,14 @@ def _gather_into_first_chunk(k: Kernel, w) -> None:
     w("        return RESULT_OK")
 
 
-def _gather_chunks(k: Kernel, w, count: str, crd_src: str, val_src: str) -> None:
+def _gather_chunks(k: Kernel, w, count: str, crd_src: str, val_src: str, drop: bool = False) -> None:
     """Copy every chunk's ``count`` entries (``crd_src`` / ``val_src``: its coordinates and
     values, expressions in ``t``), in chunk order and in parallel, into output arrays of
     the exact size (``total`` entries at offsets ``offs``), the coordinates in the output's
-    index type (``wide``: int64; a plain memcpy where the chunk's type is that one)."""
+    index type (``wide``: int64; a plain memcpy where the chunk's type is that one).
+    ``drop``: the pages of each chunk's source go back to the system once it is copied
+    (``result_drop_range``), so the output is not held twice while it is gathered (a CSR
+    union on 2 threads peaked at 2x: the room its chunks wrote into, and the copy)."""
     vt = k.value_type
     w("    cdef int64_t isz = 8 if wide else 4")
     w("    cdef void* cp = result_alloc(total * isz)")
@@ -579,6 +586,10 @@ def _gather_chunks(k: Kernel, w, count: str, crd_src: str, val_src: str) -> None
     _no_memory(w, "    ", "cp == NULL or vp == NULL", "entries", "total", free=("cp", "vp"))
     w("    for t in prange(nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):")
     w(f"        result_gather({count}, offs[t], {crd_src}, {val_src}, cp, vp, wide)")
+    if drop:
+        it = k.output.index_type
+        w(f"        result_drop_range({crd_src}, {count} * sizeof({it}))")
+        w(f"        result_drop_range({val_src}, {count} * sizeof({vt}))")
 
 
 def _set_gathered(k: Kernel, w) -> None:
@@ -618,7 +629,7 @@ def _rows_bound_epilogue(k: Kernel, w, fn: str) -> None:
     w(f"        result_hand_over(res, 1, bc, room[1] * sizeof({it}), total, RESULT_INT, sizeof({it}), result_free)")
     w(f"        result_hand_over(res, 2, bv, room[1] * sizeof({vt}), total, {_result_kind(vt)}, sizeof({vt}), result_free)")
     w("        return RESULT_OK")
-    _gather_chunks(k, w, "counts[t]", "bc + room[t]", "bv + room[t]")
+    _gather_chunks(k, w, "counts[t]", "bc + room[t]", "bv + room[t]", drop=True)
     w("    result_free(bc, 0)")
     w("    result_free(bv, 0)")
     _set_gathered(k, w)
@@ -695,8 +706,8 @@ def print_kernel(k: Kernel, chain: bool = False) -> str:
     if isinstance(k.output, TuplesOutput):   # the tuples epilogue's helpers
         w("from scorch._runtime.result cimport result_join_level, result_resize, result_put_coords, "
           "result_chain_levels")
-    elif isinstance(k.output, RowsOutput) and not k.output.bound:   # _gather_into_first_chunk's
-        w("from scorch._runtime.result cimport result_resize")
+    elif isinstance(k.output, RowsOutput):   # _gather_into_first_chunk's, _gather_chunks's
+        w("from scorch._runtime.result cimport result_resize, result_drop_range")
     w("")
     w("cdef struct Args:")
     for name, ct, _ in k.args:

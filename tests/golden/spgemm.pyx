@@ -19,7 +19,7 @@ from scorch._runtime.workspace cimport dense_ws_drain_scan
 from cython.operator cimport dereference as deref, preincrement as inc
 from cython.parallel cimport prange
 from scorch._runtime.result cimport KernelResult, RESULT_OK, RESULT_OVERFLOW, RESULT_RUNTIME, RESULT_NOMEM, RESULT_INT, RESULT_UINT, RESULT_FLOAT, result_init, result_alloc, result_free, result_zeros_i64, result_array, result_error, result_hand_over, result_gather, result_pos, result_check_allocation, result_failed, result_failure_flag, result_to_python
-from scorch._runtime.result cimport result_resize
+from scorch._runtime.result cimport result_resize, result_drop_range
 
 cdef struct Args:
     int64_t N_i
