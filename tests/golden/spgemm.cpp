@@ -467,8 +467,7 @@ static int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelR
 #pragma omp parallel for schedule(dynamic) num_threads(nthreads)
                 for (int64_t scorch_i5 = 1; scorch_i5 < scorch_end5; scorch_i5++) {
                     int64_t t = scorch_i5;
-                    memcpy((gc + offs[t]), crds[t].data(), (((offs[(t + 1)] - offs[t])) * sizeof(int32_t)));
-                    memcpy((gv + offs[t]), vals[t].data(), (((offs[(t + 1)] - offs[t])) * sizeof(float)));
+                    result_gather((offs[(t + 1)] - offs[t]), offs[t], crds[t].data(), vals[t].data(), gc, gv, wide);
                     crds[t].give_back();
                     vals[t].give_back();
                 }

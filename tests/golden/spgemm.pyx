@@ -325,8 +325,7 @@ cdef int kernel_result_c(const int64_t* args, int nthreads, int panel, KernelRes
             result_free(gv, 0)
             return result_error(res, RESULT_NOMEM, b"out of memory for the %lld entries of the output", total)
         for t in prange(1, nchunks, nogil=True, schedule='dynamic', num_threads=nthreads):
-            memcpy(gc + offs[t], crds[t].data(), (offs[t + 1] - offs[t]) * sizeof(int32_t))
-            memcpy(gv + offs[t], vals[t].data(), (offs[t + 1] - offs[t]) * sizeof(float))
+            result_gather(offs[t + 1] - offs[t], offs[t], crds[t].data(), vals[t].data(), gc, gv, wide)
             crds[t].give_back()
             vals[t].give_back()
         result_array(res, 1, gc, total, RESULT_INT, sizeof(int32_t), (total) * sizeof(int32_t), result_free)
