@@ -72,7 +72,7 @@ class BlockPool {
   // Give back a block that take() returned (``size`` as it reported).
   void give(void* p, size_t size, const void* owner) {
     if (p == nullptr) return;
-    std::vector<Freed> evicted;
+    std::vector<void*> evicted;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       // (a size take() did not report, not a power of two, would be taken back as more)
@@ -96,7 +96,7 @@ class BlockPool {
   }
   // A new limit (0: keep nothing); the kept blocks past it go back to malloc.
   void set_limit(size_t bytes) {
-    std::vector<Freed> evicted;
+    std::vector<void*> evicted;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       limit_ = bytes;
@@ -106,7 +106,7 @@ class BlockPool {
   }
   // Every kept block back to malloc (blocks that live arrays hold come back later).
   void release() {
-    std::vector<Freed> evicted;
+    std::vector<void*> evicted;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       evict(0, &evicted);
@@ -127,23 +127,19 @@ class BlockPool {
   uint64_t seq_ = 0;
 
   static int size_class(size_t bytes) { return pool_size_class(bytes); }
-  struct Freed {
-    void* p;
-    size_t bytes;
-  };
   // (outside the lock: a mapping's munmap is a system call)
-  static void free_blocks(const std::vector<Freed>& blocks) {
-    for (const Freed& f : blocks) result_free(f.p, f.bytes);
+  static void free_blocks(const std::vector<void*>& blocks) {
+    for (void* q : blocks) result_free(q, 0);
   }
   // The oldest kept blocks to ``out`` until at most ``keep`` bytes are kept (mutex held).
-  void evict(size_t keep, std::vector<Freed>* out) {
+  void evict(size_t keep, std::vector<void*>* out) {
     while (held_ > keep) {
       int oldest = -1;
       for (int cls = 0; cls < 64; ++cls) {
         if (!free_[cls].empty() && (oldest < 0 || free_[cls].front().seq < free_[oldest].front().seq))
           oldest = cls;
       }
-      out->push_back(Freed{free_[oldest].front().p, size_t(1) << oldest});
+      out->push_back(free_[oldest].front().p);
       free_[oldest].pop_front();
       held_ -= size_t(1) << oldest;
     }

@@ -43,8 +43,8 @@ struct KernelResult {
 // of kMapFrom bytes or more are mappings of their own (mmap), smaller ones come from malloc.
 // Why not malloc for all: glibc carves blocks of up to 32 MB from its heap once a process
 // has freed a mapped one, and there realloc copies (the old block and the new held at once)
-// and a freed block stays in the process: A @ A^T peaked at 1.6x its output on 1 thread and
-// 2.3x on 2. A mapping grows and shrinks in place (mremap: no copy) and leaves at once.
+// and a freed block stays in the process (a process's first A @ A^T peaked at 2.2x its
+// output). A mapping grows and shrinks in place (mremap: no copy) and leaves at once.
 enum { BLOCK_HEAP = 0x5c0c4eafu, BLOCK_MAPPED = 0x5c0cd1a9u };
 struct BlockHead {
   uint32_t kind;    // BLOCK_HEAP / BLOCK_MAPPED
@@ -57,13 +57,14 @@ static const size_t kHugeFrom = (size_t)4 << 20;
 
 inline BlockHead* result_block_head(void* p) { return (BlockHead*)((char*)p - kBlockHeader); }
 
-// A mapping of its own for ``bytes``: zeroed by the system, and from kHugeFrom on asking for
-// transparent huge pages, as numpy's allocator does (first-touch page faults of a big fresh
-// output cost more than the kernel that fills it).
-inline void* result_map(size_t bytes) {
-  const size_t length = (bytes + kBlockHeader + 4095) & ~(size_t)4095;
-  void* m = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (m == MAP_FAILED) return NULL;
+// The length of the mapping that holds a block of ``bytes``.
+inline size_t result_map_length(size_t bytes) { return (bytes + kBlockHeader + 4095) & ~(size_t)4095; }
+
+// Mapping ``m`` (``length`` bytes, for a block of ``bytes``) as a block: its header written,
+// and from kHugeFrom on asking for transparent huge pages for the whole mapping, as numpy's
+// allocator does (first-touch page faults of a big fresh output cost more than the kernel
+// that fills it; advising only some of its pages would split it, and mremap refuses those).
+inline void* result_mapped_block(void* m, size_t length, size_t bytes) {
 #ifdef MADV_HUGEPAGE
   if (bytes >= kHugeFrom) madvise(m, length, MADV_HUGEPAGE);
 #endif
@@ -71,6 +72,13 @@ inline void* result_map(size_t bytes) {
   h->kind = BLOCK_MAPPED;
   h->length = length;
   return (char*)m + kBlockHeader;
+}
+
+// A mapping of its own for ``bytes``, zeroed by the system.
+inline void* result_map(size_t bytes) {
+  const size_t length = result_map_length(bytes);
+  void* m = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return m == MAP_FAILED ? NULL : result_mapped_block(m, length, bytes);
 }
 
 // ``bytes`` of uninitialized memory that result_free gives back.
@@ -98,15 +106,10 @@ inline void* result_regrow(void* block, size_t bytes) {
   if (block == NULL) return result_alloc(bytes);
   BlockHead* h = result_block_head(block);
   if (h->kind == BLOCK_MAPPED) {
-    const size_t length = (bytes + kBlockHeader + 4095) & ~(size_t)4095;
+    const size_t length = result_map_length(bytes);
     if (length == h->length) return block;
     void* m = mremap(h, h->length, length, MREMAP_MAYMOVE);
-    if (m == MAP_FAILED) return NULL;
-#ifdef MADV_HUGEPAGE
-    if (bytes >= kHugeFrom) madvise(m, length, MADV_HUGEPAGE);
-#endif
-    ((BlockHead*)m)->length = length;
-    return (char*)m + kBlockHeader;
+    return m == MAP_FAILED ? NULL : result_mapped_block(m, length, bytes);
   }
   if (bytes >= kMapFrom) {
     void* q = result_map(bytes);
@@ -266,8 +269,8 @@ inline void result_gather(int64_t n, int64_t off, const C* crd, const V* val, vo
 
 // Level ``l`` of the coordinate tuples of one chunk's ``R`` level buffers joined into one
 // level-major array of int64 (``wide``) or int32, built in level 0's block: ``block`` (``n``
-// values of ``C``, a block from result_alloc that this takes over) is converted into ``out`` (the array
-// so far; level 0: the block itself), resized in place, then freed, so no copy of the
+// values of ``C``, a block from result_alloc that this takes over) is converted into ``out``
+// (the array so far; level 0: the block itself), resized in place, then freed, so no copy of the
 // output is held beside the buffers (a union's COO/DCSR output peaked at 3-4.5x its size
 // with a concatenated copy). Returns the array (``(l + 1) * n`` coordinates, a block
 // result_free takes back), or NULL once out of memory (every block freed).

@@ -749,10 +749,6 @@ class alignas(64) AppendBuffer {
   }
 
  private:
-  // a block this big grows in place (result_regrow: a mapping, remapped, no copy); a smaller
-  // one by taking a bigger block from the pool (whose pages may be touched already) and
-  // copying
-  static constexpr size_t kRegrowBytes = size_t(1) << 20;
   T* ptr = nullptr;
   int64_t n = 0, cap = 0;
   // After a failed allocation (``fail``): the kernel's result is lost (call_failed: its
@@ -798,7 +794,10 @@ class alignas(64) AppendBuffer {
     size_t got = 0;
     const size_t bytes = static_cast<size_t>(c) * sizeof(T);
     T* p = nullptr;
-    if (static_cast<size_t>(cap) * sizeof(T) >= kRegrowBytes) {   // in place (result_regrow)
+    // a block that is a mapping (kMapFrom) grows in place (result_regrow: remapped, no copy);
+    // a smaller one by taking a bigger block from the pool (whose pages may be touched
+    // already) and copying
+    if (static_cast<size_t>(cap) * sizeof(T) >= kMapFrom) {
       got = size_t(1) << pool_size_class(bytes);   // a size the pool keeps
       p = static_cast<T*>(result_regrow(ptr, got));
       if (p == nullptr) {
