@@ -69,8 +69,13 @@ def _variants(A, x):
                 codegen.SHORT_ROWS_CFLAGS, "-fno-tree-vectorize")),
             "short + streams": build.load_kernel(_forced(short, "run_chunk_streams")),
             "short + streams + prefetch": build.load_kernel(_forced(short, "run_chunk_prefetch")),
+            "short, two sums a row": build.load_kernel(_forced(short, "run_chunk_pairs")),
             "vectorized (8 lanes)": build.load_kernel(_forced(vec, "run_chunk")),
             "vectorized (register width)": build.load_kernel(_forced(register, "run_chunk"))}
+    if "run_chunk_gathers" in short:  # the hardware-gather row loop (AVX-512 targets)
+        out["short, gathered dots"] = build.load_kernel(_forced(short, "run_chunk_gathers"))
+        out["short, gathered dots + streams"] = build.load_kernel(
+            _forced(short, "run_chunk_gathers_streams"))
     if _X86:  # the same two with the CPU's vector gathers (the kernels are built without them)
         out["vectorized (8 lanes, hw gathers)"] = build.load_kernel(
             _with_flag(_forced(vec, "run_chunk"), "-mtune-ctrl=use_gather"))

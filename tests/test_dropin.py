@@ -45,5 +45,6 @@ def test_dense_einsum_is_torch():
     a, b = torch.randn(3, 4), torch.randn(4, 5)
     assert torch.equal(scorch.einsum("ij,jk->ik", a, b), torch.einsum("ij,jk->ik", a, b))
     assert torch.equal(scorch.einsum("ij,jk", [a, b]), torch.einsum("ij,jk", [a, b]))
-    assert torch.equal(scorch.einsum(a, [0, 1], b, [1, 2], [0, 2]), a @ b)
+    # torch's own einsum, not a @ b: on an Intel Xeon the two round differently
+    assert torch.equal(scorch.einsum(a, [0, 1], b, [1, 2], [0, 2]), torch.einsum(a, [0, 1], b, [1, 2], [0, 2]))
     assert torch.equal(scorch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0]))

@@ -88,7 +88,8 @@ def test_learnable_edge_weights_from_a_shuffled_edge_list(fmt):
     dense = torch.zeros(n, n).index_put((edges[0], edges[1]), w2, accumulate=True)
     (dense @ x).pow(2).sum().backward()
     torch.testing.assert_close(A.detach().to_dense(), dense.detach())
-    torch.testing.assert_close(w.grad, w2.grad)
+    # float32 sums of different orders (MKL's dense product on an Intel Xeon: 1.2e-5 apart)
+    torch.testing.assert_close(w.grad, w2.grad, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("mode_order", [(0, 1), (1, 0)])

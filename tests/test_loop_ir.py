@@ -18,7 +18,7 @@ from scorch.tensor_compiler.loop_ir import (AddTo, AppendEntry, Assign, Call, De
                                             If, LevelCode, RowsOutput, TuplesOutput,
                                             While, walk)
 from scorch.tensor_compiler.lower import kernel_facts, lower_kernel
-from scorch.tensor_compiler.lower.facts import HW_GATHER_TARGETS
+from scorch.tensor_compiler.lower.facts import HW_GATHER_TARGETS, row_loop_tuning
 from scorch.tensor_compiler.schedule import schedule
 from scorch.tensor_compiler.target import use_target
 
@@ -63,9 +63,12 @@ def test_spmv_rows_are_segments_and_the_accumulator_is_stored_once():
     assert isinstance(k.output, DenseOutput) and k.c_entry
     # plus the variant prefetching x ahead when x exceeds L2 (facts.PREFETCH_MIN_BYTES) and,
     # on targets with pipelined gathers, the gathered-dot row loops (lower/gather_rows.py)
-    gathers = kernel_facts(s, torch.float64, {}).target.name in HW_GATHER_TARGETS
+    # and, where the cores gain from them (facts.row_loop_tuning), its stream form
+    tg = kernel_facts(s, torch.float64, {}).target
+    gathers = tg.name in HW_GATHER_TARGETS
+    streams = ["run_chunk_gathers_streams"] if row_loop_tuning(tg).stream_requests else []
     assert [f.name for f in k.chunk_functions] == ["run_chunk", "run_chunk_prefetch"] + (
-        ["run_chunk_gathers", "run_chunk_gathers_streams"] if gathers else [])
+        ["run_chunk_gathers"] + streams if gathers else [])
     assert ("acc", "int64_t") not in _fn(k).locals and ("acc", "double") in _fn(k).locals
 
 

@@ -14,8 +14,9 @@ from hypothesis import given, settings, strategies as st
 import scorch
 from scorch.tensor_compiler import build, codegen, target
 from scorch.tensor_compiler.lower import short_rows_limit
-from scorch.tensor_compiler.lower.facts import (HW_GATHER_MIN_BYTES, PAIRED_ROWS_MIN, ROWS_VARY_PERCENT, ROWS_VARY_SAMPLES,
-                                                STREAM_BLOCK, STREAM_MIN_BYTES, STREAM_MIN_GATHER_BYTES)
+from scorch.tensor_compiler.lower.facts import (AMD_ROW_LOOPS, HW_GATHER_MIN_BYTES, INTEL_ROW_LOOPS, PAIRED_ROWS_MIN,
+                                                ROWS_VARY_PERCENT, ROWS_VARY_SAMPLES, STREAM_BLOCK, STREAM_MIN_BYTES,
+                                                STREAM_MIN_GATHER_BYTES, row_loop_tuning)
 
 FAST = settings(max_examples=20, deadline=None)
 AVX2 = target.runnable(target.target_named("avx2"))
@@ -88,11 +89,14 @@ def test_avx2_spmv_variants_match_dense(case):
 
 
 def _forced(src: str, variant: str) -> str:
-    """``src`` with the chunk function ``variant`` chosen whatever the input's size."""
+    """``src`` with the chunk function ``variant`` chosen whatever the input's size
+    (``run_chunk``: none of the others)."""
     lines = src.split("\n")
-    at = lines.index(f"        fn = {variant}")
-    assert lines[at - 1].startswith("    if ")
-    lines[at - 1] = "    if True:"
+    at = -1
+    if variant != "run_chunk":
+        at = lines.index(f"        fn = {variant}")
+        assert lines[at - 1].startswith("    if ")
+        lines[at - 1] = "    if True:"
     for n, ln in enumerate(lines):     # later selects would override it
         if n > at and ln.startswith("        fn = run_chunk_"):
             lines[n - 1] = "    if False:"
@@ -100,7 +104,9 @@ def _forced(src: str, variant: str) -> str:
 
 
 def test_short_rows_module_has_stream_variants_chosen_by_size():
-    short, default = _spmv_source(), _spmv_source(scalar_inner=False)
+    """AMD's tuning (``facts.AMD_ROW_LOOPS``: Intel's cores have no stream variants)."""
+    with target.use_target(None, cpu="amd"):
+        short, default = _spmv_source(), _spmv_source(scalar_inner=False)
     assert "cdef void run_chunk_streams" in short
     select = short.split("\n")[short.split("\n").index("        fn = run_chunk_streams") - 1]
     assert f">= {STREAM_MIN_BYTES}" in select and f">= {STREAM_MIN_GATHER_BYTES}" in select
@@ -158,14 +164,16 @@ def csr_case(draw, dtypes=(torch.float32, torch.float64), indices=(torch.int32, 
     return M, dtype, index
 
 
-def _run_forced(M, dtype, index, variant, threads=1, name="native", scalar_inner=True):
+def _run_forced(M, dtype, index, variant, threads=1, name="native", scalar_inner=True, cpu="amd"):
+    """Runs ``variant`` of the kernel generated for target ``name`` tuned for ``cpu``'s cores
+    (AMD's tuning has every variant) on ``M`` and checks it against dense torch."""
     np_index = {torch.int32: np.int32, torch.int64: np.int64}[index]
     np_dtype = {torch.float32: np.float32, torch.float64: np.float64}[dtype]
     ptr, crd = M.indptr.astype(np_index), M.indices.astype(np_index)
     vals = M.data.astype(np_dtype)
     x = np.random.default_rng(1).standard_normal(M.shape[1]).astype(np_dtype)
     out = np.full(M.shape[0], np.nan, np_dtype)
-    with target.use_target(name):
+    with target.use_target(name, cpu=cpu):
         mod = build.load_kernel(_forced(_spmv_source(dtype, scalar_inner, index), variant), name_hint="spmv_forced")
     mod.kernel([M.shape[0], M.shape[1], ptr.ctypes.data, crd.ctypes.data, vals.ctypes.data, 1,
                 x.ctypes.data, out.ctypes.data, 1], threads)
@@ -176,11 +184,12 @@ def _run_forced(M, dtype, index, variant, threads=1, name="native", scalar_inner
 
 @FAST
 @given(data=st.data(), variant=st.sampled_from(["run_chunk_streams", "run_chunk_prefetch", "run_chunk_pairs"]),
-       threads=st.sampled_from([1, 2]))
-def test_stream_variants_match_dense(data, variant, threads):
-    """Forced on small inputs (2 threads: chunks of rows from 64 rows up)."""
+       threads=st.sampled_from([1, 2]), cpu=st.sampled_from(["amd", "intel"]))
+def test_stream_variants_match_dense(data, variant, threads, cpu):
+    """Forced on small inputs (2 threads: chunks of rows from 64 rows up); Intel's tuning
+    has no stream variant, and its gather prefetch runs without stream requests."""
     M, dtype, index = data.draw(csr_case())
-    _run_forced(M, dtype, index, variant, threads)
+    _run_forced(M, dtype, index, variant, threads, cpu="amd" if variant == "run_chunk_streams" else cpu)
 
 
 @settings(max_examples=6, deadline=None)
@@ -212,7 +221,7 @@ def test_large_short_rows_input_takes_stream_variant(name):
                        rng.integers(0, cols, ptr[-1]).astype(np.int32), ptr), shape=(rows, cols))
     M.sort_indices()
     x = torch.from_numpy(rng.standard_normal(cols).astype(np.float32))
-    with target.use_target(name):
+    with target.use_target(name, cpu="amd"):
         got = scorch.einsum("ij,j->i", scorch.from_scipy(M), x)
     ref = torch.from_numpy((M.astype(np.float64) @ x.double().numpy()))
     torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-4)
@@ -221,8 +230,9 @@ def test_large_short_rows_input_takes_stream_variant(name):
 def test_short_rows_module_calls_the_runtime_row_loops():
     """The plain chunk is the runtime's scalar row loop on every target; AVX-512 adds the
     gathered-dot loop, chosen when x spans HW_GATHER_MIN_BYTES and the rows vary, with its
-    stream form last; AVX2 has no gathered variant (its gathers were never measured fast)."""
-    with target.use_target("avx512"):
+    stream form last; AVX2 has no gathered variant (its gathers were never measured fast).
+    AMD's tuning; Intel's: ``test_intel_tuning_gathers_more_rows_and_requests_no_streams``."""
+    with target.use_target("avx512", cpu="amd"):
         short = _spmv_source()
         f64 = _spmv_source(torch.float64, index=torch.int64)
     lines = short.split("\n")
@@ -240,17 +250,61 @@ def test_short_rows_module_calls_the_runtime_row_loops():
     assert short.index("fn = run_chunk_prefetch") < short.index("fn = run_chunk_gathers")
     assert "rows_gather_dot_f32_i32(" in short and ", clo, chi, 0)" in short and ", clo, chi, 512)" in short
     assert "rows_gather_dot_f64_i64(" in f64 and "rows_vary_i64(" in f64
-    with target.use_target("avx2"):
+    with target.use_target("avx2", cpu="amd"):
         avx2 = _spmv_source()
     assert "rows_dot_f32_i32(" in avx2 and "run_chunk_gathers" not in avx2
     # the vectorized module keeps its generated loop, and on AVX-512 gets the gathered one
-    with target.use_target("avx512"):
+    with target.use_target("avx512", cpu="amd"):
         vec = _spmv_source(scalar_inner=False)
     plain = vec[vec.index("cdef void run_chunk("):vec.index("cdef void run_chunk_prefetch")]
     assert "rows_dot" not in plain and "for q0_1 in range(" in plain
     assert "rows_gather_dot_f32_i32(" in vec and "fn = run_chunk_gathers_streams" in vec
     with target.use_target("avx2"):
         assert "rows_" not in _spmv_source(scalar_inner=False)
+
+
+def test_intel_tuning_gathers_more_rows_and_requests_no_streams():
+    """Intel's cores (``facts.INTEL_ROW_LOOPS``): no non-temporal stream requests (no stream
+    variants, the gather prefetch without them), and the gathered dots for rows of
+    PAIRED_ROWS_MIN and more on average or lengths that change in a fifth of the pairs,
+    whatever x spans; the kernels of the two makers differ, and so do their plan keys."""
+    tune = INTEL_ROW_LOOPS
+    with target.use_target("avx512", cpu="intel") as t:
+        assert t.cpu == "intel" and row_loop_tuning(t) is tune
+        short, vec = _spmv_source(), _spmv_source(scalar_inner=False)
+        intel_key = t.key
+    with target.use_target("avx512", cpu="amd") as t:
+        amd_short, amd_key = _spmv_source(), t.key
+    assert intel_key != amd_key and short != amd_short
+    for src in (short, vec):
+        assert "run_chunk_streams" not in src and "run_chunk_gathers_streams" not in src
+        assert "scorch_prefetch_stream(a." not in src and ", clo, chi, 512)" not in src
+        lines = src.split("\n")
+        select = lines[lines.index("        fn = run_chunk_gathers") - 1]
+        assert select == (f"    if (a.t0_pos1[a.N_i] - a.t0_pos1[0] >= {tune.gather_rows_min} * a.N_i or "
+                          f"rows_vary_i32(a.t0_pos1, a.N_i, {ROWS_VARY_SAMPLES}, {tune.gather_vary_percent})):")
+    pf = short[short.index("cdef void run_chunk_prefetch"):short.index("cdef void run_chunk_gathers")]
+    assert "scorch_prefetch(a.t1_vals" in pf and "qb" not in pf
+    assert not tune.stream_requests and AMD_ROW_LOOPS.stream_requests
+    with target.use_target("avx2", cpu="intel"):     # no gathered dots on AVX2, Intel or not
+        assert "run_chunk_gathers" not in _spmv_source()
+
+
+@pytest.mark.parametrize("dtype,index", [(torch.float32, torch.int32), (torch.float64, torch.int64)])
+@pytest.mark.parametrize("variant", ["run_chunk", "run_chunk_pairs"])
+def test_scalar_row_loops_split_long_rows(dtype, index, variant):
+    """Rows of 1-3 entries with a few long ones (the scalar loops' four-sum path from 64
+    entries: rows of 63, 64, 65 and 1,000, and a last row of 200) equal dense torch."""
+    rng = np.random.default_rng(11)
+    lens = rng.integers(1, 4, 300)
+    lens[[10, 50, 51, 120]] = [63, 64, 65, 1000]
+    lens[-1] = 200
+    cols = 1200
+    crd = [np.sort(rng.choice(cols, int(n), replace=False)) for n in lens]
+    M = sp.csr_matrix((rng.standard_normal(int(lens.sum())), np.concatenate(crd),
+                       np.concatenate([[0], np.cumsum(lens)])), shape=(len(lens), cols))
+    for threads in (1, 2):
+        _run_forced(M, dtype, index, variant, threads)
 
 
 @FAST

@@ -104,7 +104,7 @@ def test_plan_key_carries_the_target():
     with T.use_target("avx2"):
         chosen = C.explain(eq, a, b)
     assert (native.source == chosen.source) == T.target_named("avx2").native
-    assert any(k[-1] == ("avx2", T.target_named("avx2").native) for k in plans._plans)
+    assert any(k[-1] == ("avx2", T.target_named("avx2").native, T.cpu_maker()) for k in plans._plans)
     # warm calls after a switch run the new target's kernel (the front table was emptied)
     plans._fast[("marker",)] = None
     T.set_target("sse" if T.current().name != "sse" else "avx2")   # another target than now
@@ -267,3 +267,30 @@ def test_openmp_link_flags(tmp_path, monkeypatch):
     assert str(renamed) in flags and f"-Wl,-rpath,{tmp_path}" in flags and "-Wl,--as-needed" in flags
     monkeypatch.setattr(build, "_omp_flags", [flags])
     assert build.kernel_cflags("# kernel\n")[-len(flags):] == list(flags)
+
+
+def test_cpu_maker_goes_with_every_target(monkeypatch):
+    """The maker comes from /proc/cpuinfo (or SCORCH_CPU) and travels with named targets too;
+    use_target can choose another for a block and restores the one before; unknown makers
+    are refused by name."""
+    monkeypatch.delenv(T.CPU_ENV, raising=False)
+    here = T.cpu_maker()
+    assert here in T.CPU_MAKERS and T.native_target().cpu == here
+    assert T.target_named("avx2").cpu == here and T.target_named("native").cpu == here
+    monkeypatch.setenv(T.CPU_ENV, "intel")
+    assert T.cpu_maker() == "intel"
+    monkeypatch.setenv(T.CPU_ENV, "arm")
+    with pytest.raises(ValueError, match="SCORCH_CPU='arm'.*intel, amd, other"):
+        T.cpu_maker()
+    monkeypatch.delenv(T.CPU_ENV)
+    before = T.current()
+    other = "amd" if before.cpu == "intel" else "intel"
+    with T.use_target(None, cpu=other) as t:
+        assert t.cpu == other and t.name == before.name and T.current() == t
+        assert t.key != before.key
+        with T.use_target("avx2") as t2:            # a named target keeps this CPU's maker
+            assert t2.cpu == here
+    assert T.current() == before
+    with pytest.raises(ValueError, match="cpu='via'"):
+        T.set_target(None, cpu="via")
+    assert T.current() == before

@@ -95,6 +95,26 @@ static inline double gather_dot_f64_i64(const int64_t* c, const double* v, const
 
 #define SCORCH_ROW_LOOP __attribute__((noinline, aligned(64)))
 
+// A row of at least ``kLongRow`` entries in a matrix of short rows (the dense row of an arrow
+// matrix, a hub of a graph) runs four partial sums: one sum waits out an add latency an entry
+// (arrow_spqr_46500's row of 46,500 entries: most of its SpMV's time). One compare a row,
+// never taken where all rows are short.
+constexpr int64_t kLongRow = 64;
+
+template <class V, class I>
+__attribute__((noinline)) static V dot_long(const I* crd, const V* v, const V* x, int64_t n) {
+    V a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    int64_t q = 0;
+    for (; q + 4 <= n; q += 4) {
+        a0 += v[q] * x[crd[q]];
+        a1 += v[q + 1] * x[crd[q + 1]];
+        a2 += v[q + 2] * x[crd[q + 2]];
+        a3 += v[q + 3] * x[crd[q + 3]];
+    }
+    for (; q < n; q++) a0 += v[q] * x[crd[q]];
+    return (a0 + a1) + (a2 + a3);
+}
+
 // the scalar row loops: the row's end carried to the next row's start (one pos load a row);
 // ``rows_dot`` keeps one sum a row, ``rows_dot_pairs`` two (a 6-entry row waits out 3 add
 // latencies, not 6: 4elt 35.8 -> 31.5 us; but rows of 2 pay for the pairing: arrow 57 ->
@@ -106,6 +126,10 @@ SCORCH_ROW_LOOP static void rows_dot(const I* pos, const I* crd, const V* v, con
     for (int64_t i = lo; i < hi; i++) {
         int64_t h = pos[i + 1];
         V acc = 0;
+        if (__builtin_expect(h - q >= kLongRow, 0)) {
+            acc = dot_long(crd + q, v + q, x, h - q);
+            q = h;
+        }
         for (; q < h; q++) acc += v[q] * x[crd[q]];
         out[i * ost] = acc;
     }
@@ -118,6 +142,10 @@ SCORCH_ROW_LOOP static void rows_dot_pairs(const I* pos, const I* crd, const V* 
     for (int64_t i = lo; i < hi; i++) {
         int64_t h = pos[i + 1];
         V a0 = 0, a1 = 0;
+        if (__builtin_expect(h - q >= kLongRow, 0)) {
+            a0 = dot_long(crd + q, v + q, x, h - q);
+            q = h;
+        }
         for (; q + 1 < h; q += 2) {
             a0 += v[q] * x[crd[q]];
             a1 += v[q + 1] * x[crd[q + 1]];

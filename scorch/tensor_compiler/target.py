@@ -18,22 +18,34 @@ kernels are then built with ``-march=x86-64-v4`` / ``-march=haswell`` / ``-march
 ``# scorch-target:`` line (so the kernel cache keys differ), and the plan key carries the
 target. Kernels of a target this CPU cannot run are refused at build time, not at their
 first illegal instruction.
+
+The CPU's maker (``cpu``: ``intel``, ``amd`` or ``other``, from ``/proc/cpuinfo``'s
+``vendor_id``; ``SCORCH_CPU`` overrides it) goes with every target, whichever ISA level it
+builds for: the kernels run on this CPU, and some loop choices measured on one maker's cores
+lose on the other's (``lower/facts.py``'s ``row_loop_tuning``: hardware gathers and
+non-temporal stream requests in SpMV's row loop).
 """
 from __future__ import annotations
 
 import os
 import platform
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, Tuple
 
-__all__ = ["Target", "TARGETS", "TARGET_ENV", "ROW_BYTES", "MIN_VECTOR_BYTES", "value_bytes", "vector_type_name", "current", "set_target", "use_target", "target_named",
+__all__ = ["Target", "TARGETS", "TARGET_ENV", "CPU_ENV", "CPU_MAKERS", "cpu_maker", "ROW_BYTES", "MIN_VECTOR_BYTES", "value_bytes", "vector_type_name", "current", "set_target", "use_target", "target_named",
            "native_target", "cpu_flags", "runnable", "on_change", "SOURCE_TAG",
            "openmp_library", "openmp_link_flags"]
 
 #: the environment variable that overrides the detected target
 TARGET_ENV = "SCORCH_TARGET"
+#: the environment variable that overrides the detected CPU maker
+CPU_ENV = "SCORCH_CPU"
+#: the CPU makers whose cores the loop choices know (anything else: ``other``)
+CPU_MAKERS = ("intel", "amd", "other")
+#: ``/proc/cpuinfo``'s ``vendor_id`` -> maker
+_VENDOR_IDS = {"GenuineIntel": "intel", "AuthenticAMD": "amd", "HygonGenuine": "amd"}
 #: the kernel-source line naming a chosen (not native) target: ``# scorch-target: avx2``
 SOURCE_TAG = "# scorch-target: "
 
@@ -57,14 +69,16 @@ def value_bytes(ctype: str) -> int:
 class Target:
     """One ISA level: ``vector_bytes`` per vector register, ``vector_registers`` of them,
     ``march`` (the flags choosing the ISA when built for it by name), ``requires`` (the
-    ``/proc/cpuinfo`` flags a CPU needs to run its kernels) and ``native`` (detected here:
-    built with ``-march=native``)."""
+    ``/proc/cpuinfo`` flags a CPU needs to run its kernels), ``native`` (detected here:
+    built with ``-march=native``) and ``cpu``, the maker of the CPU the kernels run on
+    (:func:`cpu_maker`)."""
     name: str
     vector_bytes: int
     vector_registers: int
     march: Tuple[str, ...]
     requires: FrozenSet[str] = frozenset()
     native: bool = False
+    cpu: str = "other"
 
     def lanes(self, ctype: str) -> int:
         """Values of C type ``ctype`` (``float``, ``double``) per vector register."""
@@ -101,9 +115,9 @@ class Target:
         return "" if self.native else self.name
 
     @property
-    def key(self) -> Tuple[str, bool]:
+    def key(self) -> Tuple[str, bool, str]:
         """The target's part of a plan key."""
-        return (self.name, self.native)
+        return (self.name, self.native, self.cpu)
 
 
 def vector_type_name(ctype: str, nbytes: int, register_bytes: int) -> str:
@@ -144,6 +158,26 @@ def cpu_flags() -> FrozenSet[str]:
     return frozenset()
 
 
+def cpu_maker() -> str:
+    """This CPU's maker, one of :data:`CPU_MAKERS`: ``$SCORCH_CPU`` if set, else
+    ``/proc/cpuinfo``'s ``vendor_id`` (``other`` where unknown, and on non-x86 machines)."""
+    name = os.environ.get(CPU_ENV, "").strip().lower()
+    if name:
+        if name not in CPU_MAKERS:
+            raise ValueError(f"{CPU_ENV}={name!r} is not a known CPU maker; choose one of "
+                             f"{', '.join(CPU_MAKERS)}")
+        return name
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "vendor_id":
+                    return _VENDOR_IDS.get(value.strip(), "other")
+    except OSError:
+        pass
+    return "other"
+
+
 def _detect(flags: FrozenSet[str]) -> Target:
     """The best target this machine runs, as its native build."""
     if _X86:
@@ -151,10 +185,10 @@ def _detect(flags: FrozenSet[str]) -> Target:
             t = TARGETS[name]
             if t.requires <= flags:
                 return Target(t.name, t.vector_bytes, t.vector_registers, ("-march=native",),
-                              t.requires, native=True)
+                              t.requires, native=True, cpu=cpu_maker())
     if _ARM:
-        return Target("neon", 16, 32, ("-march=native",), native=True)
-    return Target("generic", 16, 16, ("-march=native",), native=True)
+        return Target("neon", 16, 32, ("-march=native",), native=True, cpu=cpu_maker())
+    return Target("generic", 16, 16, ("-march=native",), native=True, cpu=cpu_maker())
 
 
 _native: List[Target] = []
@@ -182,7 +216,7 @@ def target_named(name: str) -> Target:
     if t.march and t.march[0].startswith("-march=x86") and not _X86:
         raise ValueError(f"{TARGET_ENV}={name!r} is an x86 target and this machine is "
                          f"{platform.machine()}")
-    return t
+    return replace(t, cpu=nat.cpu)
 
 
 def runnable(t: Target) -> bool:
@@ -194,8 +228,7 @@ def current() -> Target:
     """The target kernels are generated and built for now: ``set_target``'s, else
     ``$SCORCH_TARGET``'s (read once), else the native one."""
     if not _chosen:
-        name = os.environ.get(TARGET_ENV, "").strip().lower()
-        _chosen.append(target_named(name) if name else native_target())
+        _chosen.append(_from_environment())
     return _chosen[0]
 
 
@@ -205,13 +238,30 @@ def on_change(hook: Callable[[], None]) -> None:
     _hooks.append(hook)
 
 
-def set_target(name: Optional[str]) -> Target:
+def set_target(name: Optional[str], cpu: Optional[str] = None) -> Target:
     """Generate and build kernels for target ``name`` from now on in this process (None:
-    back to ``$SCORCH_TARGET`` / the native one); returns the target now in use."""
+    back to ``$SCORCH_TARGET`` / the native one), tuned for the cores of CPU maker ``cpu``
+    (None: this CPU's, :func:`cpu_maker`); returns the target now in use."""
+    if cpu is not None and cpu not in CPU_MAKERS:
+        raise ValueError(f"cpu={cpu!r} is not a known CPU maker; choose one of {', '.join(CPU_MAKERS)}")
+    chosen = None
+    if name is not None:
+        chosen = target_named(name.strip().lower())
+    if cpu is not None:
+        chosen = replace(chosen or _from_environment(), cpu=cpu)
+    return _set(chosen)
+
+
+def _from_environment() -> Target:
+    name = os.environ.get(TARGET_ENV, "").strip().lower()
+    return target_named(name) if name else native_target()
+
+
+def _set(chosen: Optional[Target]) -> Target:
     before = _chosen[0] if _chosen else None
     _chosen.clear()
-    if name is not None:
-        _chosen.append(target_named(name.strip().lower()))
+    if chosen is not None:
+        _chosen.append(chosen)
     now = current()
     if now != before:
         for hook in _hooks:
@@ -220,13 +270,13 @@ def set_target(name: Optional[str]) -> Target:
 
 
 @contextmanager
-def use_target(name: Optional[str]) -> Iterator[Target]:
-    """``set_target(name)`` for the ``with`` block, then the previous target again."""
+def use_target(name: Optional[str], cpu: Optional[str] = None) -> Iterator[Target]:
+    """``set_target(name, cpu)`` for the ``with`` block, then the previous target again."""
     before = current()
     try:
-        yield set_target(name)
+        yield set_target(name, cpu)
     finally:
-        set_target(before.name if not before.native else "native")
+        _set(before)
 
 
 def openmp_library(torch_lib: Optional[Path] = None) -> Optional[Path]:

@@ -17,13 +17,13 @@ from ..loop_ir import (ArgSpec, Assign, Call, ChunkFunction, Chunking, DenseOutp
                        Panels, RowsOutput, Stmt, TuplesOutput, While)
 from ..schedule import Schedule
 from ..target import value_bytes
-from .facts import (DENSE_WS_LIMIT, GATHER_DOT_LANES, HW_GATHER_MIN_BYTES, PAIRED_ROWS_MIN, PREFETCH_DISTANCE,
+from .facts import (DENSE_WS_LIMIT, GATHER_DOT_LANES, PAIRED_ROWS_MIN, PREFETCH_DISTANCE,
                     PREFETCH_MIN_BYTES,
                     ROWS_VARY_PERCENT, ROWS_VARY_SAMPLES, STREAM_MIN_BYTES,
                     STREAM_MIN_GATHER_BYTES, UNPREDICTABLE_DECL, L2_BYTES_DECL, KernelFacts, dot_entries_type,
                     dot_prefetch_skips_in_l2, fiber_products,
                     kernel_facts, math_functions, reads_strided,
-                    reduce_identity, short_rows, ws_size)
+                    reduce_identity, row_loop_tuning, short_rows, ws_size)
 from .loops import loop_nest
 from .output import _STOP_AFTER_FAILURE
 from .nest import Cursor, Decls, Nest, Variant
@@ -139,14 +139,20 @@ def _streams_bytes(f: KernelFacts) -> str:
     return f"({lv.pos}[{extent}] - {lv.pos}[0]) * (sizeof({lv.crd}[0]) + sizeof({f.vt}))"
 
 
+def _rows_average_at_least(f: KernelFacts, entries: int) -> str:
+    """The C condition that the short-rows level holds at least ``entries`` a row on average."""
+    lv, extent = f.loops[-1].iters[0], _rows_extent(f)
+    return f"{lv.pos}[{extent}] - {lv.pos}[0] >= {entries} * {extent}"
+
+
 def _rows_extent(f: KernelFacts) -> str:
     return " * ".join(f"a.N_{v}" for v in short_rows(f.s)[1]) or "1"
 
 
-def _rows_vary(f: KernelFacts, rl) -> str:
-    """The C condition that the rows' lengths vary (``gather_dot.h``'s ``rows_vary``)."""
-    return (f"{rl.rows_vary}({rl.pos}, {_rows_extent(f)}, {ROWS_VARY_SAMPLES}, "
-            f"{ROWS_VARY_PERCENT})")
+def _rows_vary(f: KernelFacts, rl, percent: int = ROWS_VARY_PERCENT) -> str:
+    """The C condition that the rows' lengths change between neighbours in at least
+    ``percent`` % of sampled pairs (``gather_dot.h``'s ``rows_vary``)."""
+    return f"{rl.rows_vary}({rl.pos}, {_rows_extent(f)}, {ROWS_VARY_SAMPLES}, {percent})"
 
 
 def _row_loop(f: KernelFacts):
@@ -174,7 +180,8 @@ def variants(f: KernelFacts, short_module: bool = False) -> Tuple[Variant, ...]:
     out += [Variant(f"run_chunk_w{W}", f"a.N_{L} == {W}", width=W) for W in f.widths]
     rl = _row_loop(f)
     vary = _rows_vary(f, rl) if rl is not None else ""
-    if f.gathers and short_module:
+    tune = row_loop_tuning(f.target)
+    if f.gathers and short_module and tune.stream_requests:
         # the stream requests make up for the row exits a varying row length mispredicts
         # (stream_rows); where the lengths repeat they only cost (NotreDame, 58 % empty rows:
         # 1136 -> 996 us without them, AVX-512 Zen 5; mdual equal), so SpMV asks rows_vary
@@ -183,21 +190,26 @@ def variants(f: KernelFacts, short_module: bool = False) -> Tuple[Variant, ...]:
                                                 + (f" and {vary}" if vary else ""), streams=True))
     if f.gathers:
         out.append(Variant("run_chunk_prefetch", _gathers_span(f, PREFETCH_MIN_BYTES), prefetch=True,
-                           streams=short_module))
+                           streams=short_module and tune.stream_requests))
     if rl is not None and short_module:
         out[0] = Variant(row_loop="dot")
-        lv = f.loops[-1].iters[0]
         # right after run_chunk: the stream and prefetch variants override it past the cache
-        out.insert(1, Variant("run_chunk_pairs", f"{lv.pos}[{_rows_extent(f)}] - {lv.pos}[0] >= "
-                                                 f"{PAIRED_ROWS_MIN} * {_rows_extent(f)}", row_loop="pairs"))
+        out.insert(1, Variant("run_chunk_pairs", _rows_average_at_least(f, PAIRED_ROWS_MIN), row_loop="pairs"))
     if rl is not None and pipelined_gathers(f):
-        # random row lengths past L1: one gathered dot a row (gather_rows), with the
-        # stream requests where the streams outgrow the cache; in the vectorized module
-        # too (rows of 17 and more: uniform 2^18 x 24 a row 6.1 -> 3.9 ms)
-        out.append(Variant("run_chunk_gathers", f"({_gathers_span(f, HW_GATHER_MIN_BYTES)}) and {vary}",
-                           row_loop="gather"))
-        out.append(Variant("run_chunk_gathers_streams", f"fn == run_chunk_gathers and {_streams_bytes(f)} >= {STREAM_MIN_BYTES}",
-                           row_loop="gather", streams=True))
+        # random row lengths past L1 (on Intel also rows of several entries, and any x):
+        # one gathered dot a row (gather_rows), with the stream requests where the streams
+        # outgrow the cache and the cores gain from them; in the vectorized module too (rows
+        # of 17 and more: uniform 2^18 x 24 a row 6.1 -> 3.9 ms)
+        vary = _rows_vary(f, rl, tune.gather_vary_percent)
+        rows = vary if tune.gather_rows_min is None else \
+            f"({_rows_average_at_least(f, tune.gather_rows_min)} or {vary})"
+        select = rows if not tune.gather_min_bytes else \
+            f"({_gathers_span(f, tune.gather_min_bytes)}) and {rows}"
+        out.append(Variant("run_chunk_gathers", select, row_loop="gather"))
+        if tune.stream_requests:
+            out.append(Variant("run_chunk_gathers_streams",
+                               f"fn == run_chunk_gathers and {_streams_bytes(f)} >= {STREAM_MIN_BYTES}",
+                               row_loop="gather", streams=True))
     if reads_strided(s):     # last: chosen over the widths whenever a streamed stride is not 1
         out.append(Variant("run_chunk_strided", " or ".join(f"a.t{i}_st_{L} != 1" for i in sorted(f.unit)),
                            strided=True))

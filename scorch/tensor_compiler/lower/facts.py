@@ -25,7 +25,7 @@ from ..target import Target, current as current_target, value_bytes, vector_type
 __all__ = ["UNPREDICTABLE", "UNPREDICTABLE_DECL", "CTYPES", "NPTYPES", "ITYPES", "DENSE_WS_LIMIT", "SHORT_ROWS",
            "SHORT_ROWS_BY_DTYPE", "PREFETCH_DISTANCE", "PREFETCH_MIN_BYTES", "STREAM_BLOCK", "STREAM_DISTANCE",
            "STREAM_MIN_BYTES", "STREAM_MIN_GATHER_BYTES", "GATHER_DOT_LANES", "HW_GATHER_TARGETS",
-           "HW_GATHER_MIN_BYTES", "PAIRED_ROWS_MIN", "ROWS_VARY_SAMPLES", "ROWS_VARY_PERCENT", "gathered", "short_rows_limit",
+           "HW_GATHER_MIN_BYTES", "PAIRED_ROWS_MIN", "RowLoopTuning", "AMD_ROW_LOOPS", "INTEL_ROW_LOOPS", "row_loop_tuning", "ROWS_VARY_SAMPLES", "ROWS_VARY_PERCENT", "gathered", "short_rows_limit",
            "DOT_PREFETCH_BYTES", "DOT_FAR_PREFETCH_ENTRIES", "DOT_FAR_PREFETCH_MIN_BYTES", "dot_gathers",
            "DOT_PREFETCH_SKIP_IN_L2", "dot_prefetch_skips_in_l2", "L2_BYTES_DECL",
            "dot_prefetch_distance", "dot_far_prefetch_distance", "DOT_ENTRIES", "dot_entries_type",
@@ -110,6 +110,45 @@ HW_GATHER_MIN_BYTES = 64 << 10
 PAIRED_ROWS_MIN = 5
 ROWS_VARY_SAMPLES = 128
 ROWS_VARY_PERCENT = 60
+
+
+@dataclass(frozen=True)
+class RowLoopTuning:
+    """How SpMV's row loop runs on one CPU maker's cores (``target.cpu``), each choice
+    measured there: ``stream_requests``: the non-temporal stream requests of the stream
+    variants (``stream_rows``, ``rows_gather_dot``'s distance); ``gather_min_bytes``: the
+    gathered operand's span from which the gathered-dot loop runs; ``gather_vary_percent``:
+    it runs where the rows' lengths change between neighbours in at least this share of
+    sampled pairs (``rows_vary``), and, ``gather_rows_min`` (None: never), whatever they do
+    where the rows hold at least that many entries on average."""
+    stream_requests: bool
+    gather_min_bytes: int
+    gather_vary_percent: int
+    gather_rows_min: Optional[int]
+
+
+#: the AMD cores' choices, and those of any CPU not measured (Zen 3/4/5: the stream requests
+#: gained 1.1-1.3x on uniform18 and rmat18, the gathers lost 1.2-2.6x on meshes, whose row
+#: lengths repeat; ``HW_GATHER_MIN_BYTES``, ``STREAM_MIN_BYTES`` above)
+AMD_ROW_LOOPS = RowLoopTuning(stream_requests=True, gather_min_bytes=HW_GATHER_MIN_BYTES,
+                              gather_vary_percent=ROWS_VARY_PERCENT, gather_rows_min=None)
+#: Intel's (a 2-core Xeon with AVX-512 and AMX, session 44, float32/int32, 1 thread, CPU time
+#: of the forced variants, ``benchmarks/bench_spmv_paths.py``; ``results/issue15/xeon-s44``):
+#: its non-temporal requests cost 1.2-3x (uniform16 392 -> 1104 us, uniform18 1737 -> 4235,
+#: rmat18 1960 -> 2420, 4elt 57 -> 91 in the scalar loop), and its gathers win on rows of 5
+#: and more whatever their lengths (4elt 57 -> 34 us, copter2 553 -> 330, Groebner, 35 a
+#: row, 52 -> 43 against the vectorized module), on rows whose lengths change in a fifth of
+#: the pairs or more (NotreDame_www, 2.9 a row, 26 % of pairs: 1231 -> 982 us; bcspwr10, 4.1
+#: a row, 37 %: 14.4 -> 12.1) and with x in L1 (G51, 4 KB: 7.2 -> 4.3 us), but not on short
+#: rows of repeating lengths (mdual, 4.0 a row, 4 %: 759 -> 818 us; Franz6, 4.6 a row, 0 %:
+#: 21 -> 23; arrow_spqr, 3.0 a row, 1 %: equal)
+INTEL_ROW_LOOPS = RowLoopTuning(stream_requests=False, gather_min_bytes=0, gather_vary_percent=20,
+                                gather_rows_min=PAIRED_ROWS_MIN)
+
+
+def row_loop_tuning(target: Target) -> RowLoopTuning:
+    """The row-loop choices for the cores of ``target.cpu``."""
+    return INTEL_ROW_LOOPS if target.cpu == "intel" else AMD_ROW_LOOPS
 
 
 def short_rows_limit(value_dtype: torch.dtype) -> int:

@@ -20,7 +20,9 @@ Two loops, chosen per call like the other chunk variants:
   repeat) and rows of 1-4 entries keep the scalar loop: one gather step costs ~8-10 cycles
   whatever its lanes (bcspwr10 8.5 -> 16.8 us, mdual 566 -> 968 us in a C prototype).
   AVX-512 Zen 5, 1 thread, C prototypes: rmat16 674 -> 460 us, uniform16 627 -> 476, rmat18
-  3205 -> 2462, uniform20 16.9 -> 10.6 ms (``benchmarks/results/issue15/zen5-s20``).
+  3205 -> 2462, uniform20 16.9 -> 10.6 ms (``benchmarks/results/issue15/zen5-s20``). On
+  Intel's cores the gathers also win on meshes and with x in L1, and the stream form loses:
+  ``facts.row_loop_tuning`` says which rows and sizes take it on whose cores.
 
 Other short-rows kernels (a gathered operand with an offset, several row variables, other
 products) keep their generated loops.
